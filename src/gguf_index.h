@@ -1,0 +1,110 @@
+// gguf_index.h — moestream's own, validating reader of a GGUF file's metadata and of the
+// expert map that the streamer reads from.
+//
+// Why our own reader: moestream computes file offsets itself and reads them with O_DIRECT,
+// so every offset and size it will ever use is derived and bounds-checked here, before
+// llama.cpp sees the file (llama.cpp aborts on some corrupt files instead of failing).
+//
+// Invariants of a ModelIndex returned with Status::Ok():
+//  - every tensor's [file_offset, file_offset + nbytes) lies inside the file, computed with
+//    overflow-checked arithmetic; tensors do not overlap; offsets respect the alignment;
+//  - every tensor type is one ggml knows with a row size that divides the shape;
+//  - for each MoE layer, gate/up/down (or fused gate_up) expert tensors exist with
+//    consistent shapes ([n_embd, n_ff_exp, n_expert] for gate/up, [n_ff_exp, n_embd,
+//    n_expert] for down) and expert e's slice is [file_offset + e*slice_bytes, +slice_bytes);
+//  - 1 <= n_expert_used <= n_expert.
+// Reading is bounded: strings and arrays are capped (see kMax* in gguf_index.cpp), so a
+// hostile file cannot make the reader allocate more than a few MiB.
+// Thread-safety: load_model_index is reentrant; a ModelIndex is immutable after load.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace moestream {
+
+// One tensor of the file, as the tensor-info table describes it.
+struct TensorInfo {
+    std::string name;
+    int32_t type = 0;        // ggml_type
+    uint32_t n_dims = 0;
+    int64_t ne[4] = {1, 1, 1, 1};   // elements per dimension
+    uint64_t nb[4] = {0, 0, 0, 0};  // byte strides as ggml computes them (nb[0] = type size)
+    uint64_t file_offset = 0;       // absolute byte offset of the data in the file
+    uint64_t nbytes = 0;            // bytes of data
+};
+
+enum class Projection : int { kGate = 0, kUp = 1, kDown = 2, kGateUp = 3 };
+const char * projection_name(Projection p);  // "gate", "up", "down", "gate_up"
+
+// One expert tensor of a MoE layer: [n_in, n_out, n_expert], expert-major.
+struct ExpertTensor {
+    std::string name;             // e.g. "blk.3.ffn_up_exps.weight"
+    uint32_t layer = 0;           // il
+    Projection proj = Projection::kGate;
+    int32_t type = 0;             // ggml_type of the weights
+    int64_t ne[3] = {0, 0, 0};    // [n_in, n_out, n_expert]
+    uint64_t row_bytes = 0;       // nb[1]: bytes of one row of n_in elements
+    uint64_t slice_bytes = 0;     // nb[2] = ne[1] * nb[1]: bytes of one expert
+    uint64_t file_offset = 0;     // absolute file offset of expert 0's slice
+    uint64_t tensor_bytes = 0;    // n_expert * slice_bytes
+    // Expert e's slice in the file: [file_offset + e * slice_bytes, ... + slice_bytes).
+    uint64_t slice_offset(uint32_t e) const { return file_offset + uint64_t(e) * slice_bytes; }
+};
+
+struct MoeLayer {
+    uint32_t layer = 0;
+    std::vector<ExpertTensor> tensors;  // gate, up, down (or gate_up, down), in that order
+    uint64_t expert_bytes = 0;          // bytes of ONE expert over all its projections
+};
+
+// A scalar metadata value (arrays are summarized: type and length, plus strings kept
+// only for the few keys that need them).
+struct KvValue {
+    uint32_t type = 0;            // gguf_type
+    int64_t i = 0;                // integer / bool value
+    double f = 0;                 // float value
+    std::string s;                // string value
+    uint32_t arr_type = 0;        // for arrays: element type
+    uint64_t arr_len = 0;         // for arrays: length
+};
+
+struct ModelIndex {
+    std::string path;
+    uint64_t file_size = 0;
+    int64_t mtime_ns = 0;
+    uint32_t version = 0;          // GGUF version (2 or 3)
+    uint64_t alignment = 32;       // general.alignment
+    uint64_t data_offset = 0;      // start of the tensor data section
+
+    std::string arch;              // general.architecture
+    std::string name;              // general.name, if present
+    uint32_t n_layer = 0;          // <arch>.block_count
+    uint32_t n_embd = 0;           // <arch>.embedding_length
+    uint32_t n_expert = 0;         // <arch>.expert_count
+    uint32_t n_expert_used = 0;    // <arch>.expert_used_count
+    uint32_t n_ff_exp = 0;         // <arch>.expert_feed_forward_length (0 if absent)
+    uint32_t n_vocab = 0;          // length of tokenizer.ggml.tokens (0 if absent)
+
+    std::map<std::string, KvValue> kv;
+    std::vector<TensorInfo> tensors;     // in file order
+    std::vector<MoeLayer> moe_layers;    // ascending layer index
+
+    uint64_t expert_bytes_total = 0;     // all expert tensors
+    uint64_t dense_bytes_total = 0;      // every other tensor
+    // One token's routed working set: sum over MoE layers of n_expert_used * expert_bytes.
+    uint64_t token_working_set_bytes = 0;
+
+    const TensorInfo * find_tensor(const std::string & name) const;
+    bool is_expert_tensor(const std::string & name) const;  // part of the expert map
+};
+
+// Reads and validates `path`. On error the Status (ErrorCode::kBadModel) names the file,
+// what is wrong and the byte offset where it was found.
+Status load_model_index(const std::string & path, ModelIndex * out);
+
+}  // namespace moestream

@@ -1,0 +1,40 @@
+// synth.h — writes GGUF MoE models with deterministic random weights and real shapes,
+// for tests and benchmarks (no model weights can be downloaded where moestream is built).
+//
+// Invariants: the same SynthOptions give the same file bytes (seeded PRNG per tensor,
+// independent of thread count); the file loads in llama.cpp 0.7.0; weights have realistic
+// scale (finite activations, non-constant logits, routing spread over all experts).
+// Large files are streamed to disk (metadata first, then tensor data in file order), never
+// held in memory whole. Thread-safety: synth_model is reentrant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace moestream {
+
+struct SynthOptions {
+    std::string preset = "tiny";       // tiny | mid | qwen3-30b-a3b
+    std::string arch = "qwen3moe";     // qwen3moe | olmoe | <one sigmoid-gated arch>
+    std::string expert_type = "q8_0";  // f32 | f16 | q8_0 | q4_k
+    uint64_t seed = 1;
+    uint32_t alignment = 32;           // general.alignment (32 default, or 4096)
+    std::string out_path;
+    bool progress = false;             // progress bar + MB/s on stderr
+};
+
+struct SynthResult {
+    uint64_t file_bytes = 0;
+    double seconds = 0;
+};
+
+std::vector<std::string> synth_presets();
+std::vector<std::string> synth_archs();
+std::vector<std::string> synth_types();
+
+Status synth_model(const SynthOptions & opt, SynthResult * result);
+
+}  // namespace moestream
