@@ -1,0 +1,74 @@
+#include "test_util.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace moestream::test {
+
+std::string sh_quote(const std::string & s) {
+    std::string r = "'";
+    for (char c : s) {
+        if (c == '\'') r += "'\\''";
+        else r += c;
+    }
+    return r + "'";
+}
+
+static std::string slurp(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+CmdResult run_cmd(const std::string & cmd) {
+    char tmpl[] = "/tmp/moestream-test-XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    std::string dir = tmpl;
+    std::string full = "( " + cmd + " ) >" + dir + "/out 2>" + dir + "/err";
+    int st = std::system(full.c_str());
+    CmdResult r;
+    if (st == -1) r.exit_code = -1;
+    else if (WIFEXITED(st)) r.exit_code = WEXITSTATUS(st);
+    else if (WIFSIGNALED(st)) r.exit_code = 128 + WTERMSIG(st);
+    r.out = slurp(dir + "/out");
+    r.err = slurp(dir + "/err");
+    std::filesystem::remove_all(dir);
+    return r;
+}
+
+std::string cli_bin() {
+    const char * e = std::getenv("MOESTREAM_BIN");
+    return e ? e : "build/bin/moestream";
+}
+
+std::string models_dir() {
+    const char * e = std::getenv("MOESTREAM_TEST_MODELS");
+    std::string d = e ? e : "build/test-models";
+    std::filesystem::create_directories(d);
+    return d;
+}
+
+std::string synth_model(const std::string & preset, const std::string & arch,
+                        const std::string & type, int seed, int alignment) {
+    std::string path = models_dir() + "/" + preset + "-" + arch + "-" + type + "-s" +
+                       std::to_string(seed) + "-a" + std::to_string(alignment) + ".gguf";
+    if (std::filesystem::exists(path)) return path;
+    std::string tmp = path + ".tmp." + std::to_string(getpid());
+    std::string cmd = sh_quote(cli_bin()) + " synth --preset " + preset + " --arch " + arch +
+                      " --type " + type + " --seed " + std::to_string(seed) + " --alignment " +
+                      std::to_string(alignment) + " -o " + sh_quote(tmp);
+    CmdResult r = run_cmd(cmd);
+    if (r.exit_code != 0) throw std::runtime_error("synth failed: " + cmd + "\n" + r.err);
+    std::filesystem::rename(tmp, path);
+    return path;
+}
+
+}  // namespace moestream::test

@@ -1,0 +1,30 @@
+// test_util.h — shared helpers for the unit tests: where the test models live, making them
+// with the CLI's synth (cached per build dir), running a command and capturing its output.
+#pragma once
+
+#include <string>
+
+namespace moestream::test {
+
+struct CmdResult {
+    int exit_code = -1;   // process exit code (128+signal if killed)
+    std::string out;      // stdout
+    std::string err;      // stderr
+};
+
+// Runs `cmd` through /bin/sh; stdout and stderr captured separately.
+CmdResult run_cmd(const std::string & cmd);
+
+// $MOESTREAM_BIN (the CLI under test) and $MOESTREAM_TEST_MODELS (a cache dir).
+std::string cli_bin();
+std::string models_dir();
+
+// Path of a synth model (preset, arch, expert type, seed), generated on first use with
+// `moestream synth`. Safe when several test processes ask at once (write + rename).
+std::string synth_model(const std::string & preset, const std::string & arch,
+                        const std::string & type, int seed = 1, int alignment = 32);
+
+// Shell-quotes a string.
+std::string sh_quote(const std::string & s);
+
+}  // namespace moestream::test
