@@ -1,0 +1,95 @@
+// moestream.h — the public API of the moestream library.
+//
+// moestream runs Mixture-of-Experts GGUF models whose expert weights do not fit in RAM.
+// It loads the model through llama.cpp without reading the experts, rebinds every expert
+// tensor onto its own buffers, hooks the router node `ffn_moe_topk-<il>` through
+// llama.cpp's eval callback, and reads exactly the routed experts' slices from the file
+// (O_DIRECT, parallel lanes) before the layer's expert matmul runs. Output is byte-identical
+// to running with everything resident (docs/design.md, docs/seam.md).
+//
+// Thread-safety: an Engine is used from one thread at a time (decode is single-stream by
+// construction); it owns internal I/O lane threads. Distinct Engines are independent.
+// The library never aborts or exits on input: every failure comes back as a Status.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "moestream/status.h"
+
+namespace moestream {
+
+struct RunOptions {
+    std::string model_path;
+    int n_threads = 2;          // compute threads (-t)
+    int n_ctx = 4096;           // context length (-c)
+    int n_batch = 512;          // prompt tokens per llama_decode
+    float temp = 0.0f;          // 0 = greedy
+    uint32_t seed = 1;          // sampling seed (temp > 0)
+    bool stream = true;         // false: llama.cpp loads everything resident (--no-stream)
+    int io_threads = 2;         // read lanes, the calling thread included (--io-threads)
+    bool odirect = true;        // O_DIRECT reads (false: buffered pread; --no-odirect)
+};
+
+// Per generated token (one llama_decode of one token).
+struct TokenStats {
+    int32_t token = 0;
+    double decode_s = 0;              // wall time of the decode
+    double io_s = 0;                  // time blocked on expert reads in it
+    uint64_t flash_bytes_read = 0;    // bytes read from the model file (incl. alignment)
+    uint64_t flash_reads = 0;         // slice reads issued
+    uint64_t token_demand_bytes = 0;  // distinct expert bytes routed over all layers
+    uint64_t layer_demand_bytes = 0;  // the widest layer's routed expert bytes
+};
+
+struct RunStats {
+    double load_s = 0;                // model load + bind
+    double prefill_s = 0;
+    double decode_s = 0;
+    int n_prompt = 0;
+    int n_generated = 0;
+    double prefill_tok_s = 0;
+    double decode_tok_s = 0;
+    double ttft_s = 0;                // time to first token, from the start of open()
+    uint64_t peak_rss_bytes = 0;
+    double majflt_per_token = 0;      // major page faults during decode / generated tokens
+    uint64_t flash_bytes_read = 0;    // all reads (prefill + decode)
+    uint64_t flash_reads = 0;
+    double io_s = 0;
+    double bytes_per_token = 0;       // decode bytes read / generated tokens
+    uint64_t token_demand_bytes = 0;  // mean over decoded tokens
+    uint64_t layer_demand_bytes = 0;  // max over decoded tokens
+    uint64_t expert_buffer_bytes = 0; // RAM reserved for streaming buffers
+    std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
+    std::vector<TokenStats> tokens;   // decode steps, in order
+};
+
+struct GenerateResult {
+    std::vector<int32_t> tokens;      // generated token ids
+    std::string text;                 // their detokenized text
+    std::vector<float> final_logits;  // logits of the last decode
+};
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+
+    // Validates the model file, loads it (streaming: without reading the experts) and
+    // binds the expert tensors. Errors: kBadModel (file), kUsage (options), kRuntime.
+    static Status open(const RunOptions & opt, std::unique_ptr<Engine> * out);
+
+    // Tokenizes `prompt`, prefills, then decodes up to n_predict tokens (stops at
+    // end-of-generation). on_piece (optional) receives each token's text as produced;
+    // returning false stops generation. An I/O error stops generation with kRuntime.
+    virtual Status generate(const std::string & prompt, int n_predict,
+                            const std::function<bool(const std::string &)> & on_piece,
+                            GenerateResult * result) = 0;
+
+    virtual const RunStats & stats() const = 0;
+    virtual std::string settings_json() const = 0;  // resolved configuration, JSON object
+};
+
+}  // namespace moestream
