@@ -1,8 +1,168 @@
-// `moestream run` — placeholder until the run subcommand lands.
+// `moestream run` — generate text, streaming the routed experts from the model file.
+// Text goes to stdout as produced; the summary goes to stderr; --stats-json / --stats-csv
+// write the same figures to files (docs/metrics.md defines every field).
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
 #include "cli.h"
+#include "log.h"
+#include "moestream/moestream.h"
+
 namespace moestream::cli {
-void add_run_command(CLI::App & app, Action * action) {
-    auto * sub = app.add_subcommand("run", "generate text, streaming the experts");
-    sub->callback([action] { *action = [] { return 1; }; });
+namespace {
+
+struct RunFlags {
+    RunOptions opt;
+    std::string prompt = "Once upon a time";
+    std::string prompt_file;
+    int n_predict = 64;
+    std::string stats_json;
+    std::string stats_csv;
+    std::string dump_logits;
+    int verbose = 0;
+};
+
+double mib(double b) { return b / (1024.0 * 1024.0); }
+
+nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const Engine & e) {
+    nlohmann::json j;
+    j["tokens"] = g.tokens;
+    j["text"] = g.text;
+    j["n_prompt"] = s.n_prompt;
+    j["n_generated"] = s.n_generated;
+    j["load_s"] = s.load_s;
+    j["ttft_s"] = s.ttft_s;
+    j["prefill_s"] = s.prefill_s;
+    j["prefill_tok_s"] = s.prefill_tok_s;
+    j["decode_s"] = s.decode_s;
+    j["decode_tok_s"] = s.decode_tok_s;
+    j["peak_rss_bytes"] = s.peak_rss_bytes;
+    j["majflt_per_token"] = s.majflt_per_token;
+    j["flash_bytes_read"] = s.flash_bytes_read;
+    j["flash_reads"] = s.flash_reads;
+    j["io_s"] = s.io_s;
+    j["bytes_per_token"] = s.bytes_per_token;
+    j["token_demand_bytes"] = s.token_demand_bytes;
+    j["layer_demand_bytes"] = s.layer_demand_bytes;
+    j["expert_buffer_bytes"] = s.expert_buffer_bytes;
+    j["logits_sha"] = s.logits_sha;
+    j["settings"] = nlohmann::json::parse(e.settings_json());
+    return j;
 }
+
+Status write_file(const std::string & path, const std::string & data) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    if (!f) return Status::BadInput(path + ": cannot open for writing");
+    f.write(data.data(), std::streamsize(data.size()));
+    f.close();
+    if (!f) return Status::BadInput(path + ": write failed");
+    return Status::Ok();
+}
+
+int fail(const Status & st) {
+    MS_LOG_ERROR("%s", st.message().c_str());
+    return st.exit_code();
+}
+
+int do_run(RunFlags & f) {
+    apply_verbosity(f.verbose);
+    if (!f.prompt_file.empty()) {
+        std::ifstream in(f.prompt_file, std::ios::binary);
+        if (!in) return fail(Status::BadInput(f.prompt_file + ": cannot read the prompt file"));
+        std::stringstream ss;
+        ss << in.rdbuf();
+        f.prompt = ss.str();
+        if (f.prompt.empty()) return fail(Status::BadInput(f.prompt_file + ": the prompt file is empty"));
+    }
+    std::unique_ptr<Engine> engine;
+    Status st = Engine::open(f.opt, &engine);
+    if (!st.ok()) return fail(st);
+
+    GenerateResult g;
+    st = engine->generate(f.prompt, f.n_predict,
+                          [](const std::string & piece) {
+                              std::fwrite(piece.data(), 1, piece.size(), stdout);
+                              std::fflush(stdout);
+                              return true;
+                          },
+                          &g);
+    std::fputc('\n', stdout);
+    std::fflush(stdout);
+    if (!st.ok()) return fail(st);
+    const RunStats & s = engine->stats();
+
+    std::fprintf(stderr,
+                 "\nmoestream: %s | load %.2f s | first token %.2f s | prefill %d tok %.2f tok/s | "
+                 "decode %d tok %.2f tok/s\n",
+                 f.opt.stream ? "streaming" : "resident (--no-stream)", s.load_s, s.ttft_s,
+                 s.n_prompt, s.prefill_tok_s, s.n_generated, s.decode_tok_s);
+    if (f.opt.stream)
+        std::fprintf(stderr,
+                     "moestream: flash read %.1f MiB in %llu reads (io %.2f s) | %.2f MiB/token | "
+                     "token demand %.2f MiB | widest layer %.2f MiB\n",
+                     mib(double(s.flash_bytes_read)), (unsigned long long)s.flash_reads, s.io_s,
+                     mib(s.bytes_per_token), mib(double(s.token_demand_bytes)),
+                     mib(double(s.layer_demand_bytes)));
+    std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | lossless\n",
+                 mib(double(s.peak_rss_bytes)), s.majflt_per_token);
+
+    if (!f.stats_json.empty()) {
+        st = write_file(f.stats_json, stats_to_json(s, g, *engine).dump(2) + "\n");
+        if (!st.ok()) return fail(st);
+    }
+    if (!f.stats_csv.empty()) {
+        std::ostringstream o;
+        o << "step,token,decode_s,io_s,flash_bytes_read,flash_reads,token_demand_bytes,"
+             "layer_demand_bytes\n";
+        for (size_t i = 0; i < s.tokens.size(); ++i) {
+            const TokenStats & t = s.tokens[i];
+            o << i << ',' << t.token << ',' << t.decode_s << ',' << t.io_s << ','
+              << t.flash_bytes_read << ',' << t.flash_reads << ',' << t.token_demand_bytes << ','
+              << t.layer_demand_bytes << '\n';
+        }
+        st = write_file(f.stats_csv, o.str());
+        if (!st.ok()) return fail(st);
+    }
+    if (!f.dump_logits.empty()) {
+        st = write_file(f.dump_logits,
+                        std::string(reinterpret_cast<const char *>(g.final_logits.data()),
+                                    g.final_logits.size() * sizeof(float)));
+        if (!st.ok()) return fail(st);
+    }
+    return 0;
+}
+
+}  // namespace
+
+void add_run_command(CLI::App & app, Action * action) {
+    auto f = std::make_shared<RunFlags>();
+    auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
+    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
+    auto * p = sub->add_option("-p,--prompt", f->prompt, "prompt text");
+    sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file")->excludes(p);
+    sub->add_option("-n,--n-predict", f->n_predict, "tokens to generate")
+        ->check(CLI::Range(0, 1 << 24));
+    sub->add_option("-t,--threads", f->opt.n_threads, "compute threads")->check(CLI::Range(1, 512));
+    sub->add_option("-c,--ctx-size", f->opt.n_ctx, "context length")->check(CLI::Range(16, 1 << 22));
+    sub->add_option("-b,--batch", f->opt.n_batch, "prompt tokens per decode")
+        ->check(CLI::Range(1, 1 << 16));
+    sub->add_option("--temp", f->opt.temp, "sampling temperature; 0 = greedy")
+        ->check(CLI::Range(0.0, 100.0));
+    sub->add_option("--seed", f->opt.seed, "sampling seed");
+    sub->add_flag("--no-stream", [f](int64_t) { f->opt.stream = false; },
+                  "llama.cpp's own loading, everything resident (the reference)");
+    sub->add_option("--io-threads", f->opt.io_threads, "parallel read lanes (calling thread included)")
+        ->check(CLI::Range(1, 64));
+    sub->add_flag("--no-odirect", [f](int64_t) { f->opt.odirect = false; },
+                  "buffered reads instead of O_DIRECT");
+    sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
+    sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
+    sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");
+    sub->add_flag("-v,--verbose", f->verbose, "more log (-vv: debug, llama.cpp's log too)");
+    sub->callback([f, action] { *action = [f] { return do_run(*f); }; });
+}
+
 }  // namespace moestream::cli

@@ -1,0 +1,328 @@
+// engine.cpp — the Engine: validate, load, bind, then prefill + single-token decode with the
+// router hook streaming experts in. See include/moestream/moestream.h and docs/design.md.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "ggml-backend.h"
+#include "gguf_index.h"
+#include "io_lanes.h"
+#include "llama.h"
+#include "log.h"
+#include "model_loader.h"
+#include "moestream/moestream.h"
+#include "residency.h"
+#include "router_hook.h"
+#include "streamer.h"
+#include "sysinfo.h"
+
+namespace moestream {
+namespace {
+
+// Loads ggml's CPU backend once per process. GGML_BACKEND_PATH (env, read here): load exactly
+// that backend .so (the gates pin the same one for moestream and the reference tools).
+// MOESTREAM_GGML_BACKEND_DIR (env, read here): directory of backend variants, default the
+// prefix's ggml/backends0; ggml picks the best variant for this CPU.
+Status init_backend() {
+    static std::once_flag once;
+    static Status result;
+    std::call_once(once, [] {
+        log_capture_llama();
+        const char * one = std::getenv("GGML_BACKEND_PATH");
+        const char * dir = std::getenv("MOESTREAM_GGML_BACKEND_DIR");
+        if (one && *one) {
+            if (!ggml_backend_load(one)) result = Status::Runtime(std::string("cannot load ggml backend ") + one);
+        } else {
+            const char * d = (dir && *dir) ? dir : MOESTREAM_GGML_BACKEND_DIR;
+            if (*d) ggml_backend_load_all_from_path(d);
+            else ggml_backend_load_all();
+        }
+        if (result.ok() && ggml_backend_dev_count() == 0)
+            result = Status::Runtime("no ggml backend could be loaded (set GGML_BACKEND_PATH to a "
+                                     "libggml-cpu-*.so)");
+        if (result.ok()) llama_backend_init();
+    });
+    return result;
+}
+
+uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
+    const uint8_t * p = static_cast<const uint8_t *>(data);
+    for (size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+std::string hex64(uint64_t v) {
+    char b[17];
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    return b;
+}
+
+Status check_file_unchanged(const ModelIndex & index) {
+    struct stat st;
+    if (::stat(index.path.c_str(), &st) != 0)
+        return Status::Runtime(index.path + ": the model file disappeared: " + std::strerror(errno));
+    int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns)
+        return Status::Runtime(index.path + ": the model file changed since it was validated (size " +
+                               std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
+                               ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
+                               "); restart to use the new file");
+    return Status::Ok();
+}
+
+class EngineImpl final : public Engine {
+public:
+    ~EngineImpl() override {
+        if (sampler_) llama_sampler_free(sampler_);
+        if (ctx_) llama_free(ctx_);
+        if (lm_.model) llama_model_free(lm_.model);
+    }
+
+    Status init(const RunOptions & opt) {
+        t_open_ = now_s();
+        opt_ = opt;
+        if (opt.n_threads < 1 || opt.n_threads > 512) return Status::Usage("-t must be in 1..512");
+        if (opt.n_ctx < 16) return Status::Usage("-c must be >= 16");
+        if (opt.n_batch < 1) return Status::Usage("--batch must be >= 1");
+        if (opt.io_threads < 1 || opt.io_threads > 64) return Status::Usage("--io-threads must be in 1..64");
+        if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp)) return Status::Usage("--temp must be >= 0");
+
+        Status st = load_model_index(opt.model_path, &index_);
+        if (!st.ok()) return st;
+        st = init_backend();
+        if (!st.ok()) return st;
+
+        llama_model_params mp = llama_model_default_params();
+        mp.n_gpu_layers = 0;
+        mp.use_extra_bufts = false;  // load-bearing: see model_loader.h
+        mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
+
+        if (opt.stream) {
+            store_ = make_shared_slots(index_, &st);
+            if (!st.ok()) return st;
+            uint64_t max_slice = 0;
+            for (const auto & L : index_.moe_layers)
+                for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
+            st = lanes_.open(index_.path, opt.io_threads, opt.odirect, max_slice);
+            if (!st.ok()) return st;
+            st = load_model_streaming(index_, mp, &lm_);
+            if (!st.ok()) return st;
+            st = check_file_unchanged(index_);
+            if (!st.ok()) return st;
+            st = bind_experts(index_, store_.get(), &lm_);
+            if (!st.ok()) return st;
+            streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
+            hook_ = std::make_unique<RouterHook>(streamer_.get(), index_.n_expert);
+        } else {
+            st = load_model_resident(index_, mp, &lm_);
+            if (!st.ok()) return st;
+        }
+
+        llama_context_params cp = llama_context_default_params();
+        cp.n_ctx = uint32_t(opt.n_ctx);
+        cp.n_batch = uint32_t(opt.n_batch);
+        cp.n_ubatch = uint32_t(opt.n_batch);
+        cp.n_threads = opt.n_threads;
+        cp.n_threads_batch = opt.n_threads;
+        cp.no_perf = true;
+        if (hook_) {
+            cp.cb_eval = &RouterHook::eval_callback;
+            cp.cb_eval_user_data = hook_.get();
+            cp.abort_callback = &RouterHook::abort_callback;
+            cp.abort_callback_data = hook_.get();
+        }
+        ctx_ = llama_init_from_model(lm_.model, cp);
+        if (!ctx_) return Status::Runtime("llama.cpp could not create a context (n_ctx " +
+                                          std::to_string(opt.n_ctx) + "); run with -vv for its log");
+
+        auto sp = llama_sampler_chain_default_params();
+        sampler_ = llama_sampler_chain_init(sp);
+        if (opt.temp <= 0.0f) {
+            llama_sampler_chain_add(sampler_, llama_sampler_init_greedy());
+        } else {
+            llama_sampler_chain_add(sampler_, llama_sampler_init_temp(opt.temp));
+            llama_sampler_chain_add(sampler_, llama_sampler_init_dist(opt.seed));
+        }
+        stats_.load_s = now_s() - t_open_;
+        stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
+        MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s, opt.stream ? "streaming" : "resident");
+        return Status::Ok();
+    }
+
+    Status decode(llama_batch batch) {
+        if (streamer_) streamer_->begin_step();
+        int rc = llama_decode(ctx_, batch);
+        if (hook_ && hook_->failed()) {
+            Status e = hook_->error();
+            hook_->clear_error();
+            return Status::Runtime("generation stopped: " + e.message());
+        }
+        if (rc != 0) return Status::Runtime("llama_decode failed with code " + std::to_string(rc));
+        return Status::Ok();
+    }
+
+    Status generate(const std::string & prompt, int n_predict,
+                    const std::function<bool(const std::string &)> & on_piece,
+                    GenerateResult * result) override {
+        if (n_predict < 0) return Status::Usage("-n must be >= 0");
+        if (streamer_) {
+            Status st = check_file_unchanged(index_);
+            if (!st.ok()) return st;
+        }
+        const llama_vocab * vocab = llama_model_get_vocab(lm_.model);
+        std::vector<llama_token> toks(prompt.size() + 16);
+        int n = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), toks.data(),
+                               int32_t(toks.size()), true, true);
+        if (n < 0) {
+            toks.resize(size_t(-n));
+            n = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), toks.data(),
+                               int32_t(toks.size()), true, true);
+        }
+        if (n <= 0) return Status::BadInput("the prompt tokenizes to no tokens");
+        toks.resize(size_t(n));
+        if (n + n_predict > opt_.n_ctx)
+            return Status::Usage("prompt (" + std::to_string(n) + " tokens) + -n " +
+                                 std::to_string(n_predict) + " exceeds the context (-c " +
+                                 std::to_string(opt_.n_ctx) + ")");
+
+        llama_memory_clear(llama_get_memory(ctx_), true);
+        llama_sampler_reset(sampler_);
+        RunStats & s = stats_;
+        s.tokens.clear();
+        s.n_prompt = n;
+        s.n_generated = 0;
+        const int n_vocab = llama_vocab_n_tokens(vocab);
+        uint64_t logit_hash = 0xcbf29ce484222325ull;
+        *result = GenerateResult{};
+
+        // Prefill.
+        double t0 = now_s();
+        uint64_t prefill_bytes = 0, prefill_reads = 0;
+        double prefill_io = 0;
+        for (int i = 0; i < n; i += opt_.n_batch) {
+            int m = std::min(opt_.n_batch, n - i);
+            Status st = decode(llama_batch_get_one(toks.data() + i, m));
+            if (streamer_) {
+                prefill_bytes += streamer_->step().bytes_read;
+                prefill_reads += streamer_->step().reads;
+                prefill_io += streamer_->step().io_s;
+            }
+            if (!st.ok()) return st;
+        }
+        s.prefill_s = now_s() - t0;
+        s.prefill_tok_s = s.prefill_s > 0 ? n / s.prefill_s : 0;
+
+        // Decode: sample from the last logits, emit, feed back one token at a time.
+        const uint64_t majflt0 = major_faults();
+        double decode_s = 0;
+        uint64_t dec_bytes = 0, dec_reads = 0, demand_sum = 0, layer_demand_max = 0;
+        double dec_io = 0;
+        for (int i = 0; i < n_predict; ++i) {
+            const float * logits = llama_get_logits_ith(ctx_, -1);
+            logit_hash = fnv1a(logit_hash, logits, sizeof(float) * size_t(n_vocab));
+            llama_token tok = llama_sampler_sample(sampler_, ctx_, -1);
+            if (i == n_predict - 1 || llama_vocab_is_eog(vocab, tok))
+                result->final_logits.assign(logits, logits + n_vocab);
+            if (llama_vocab_is_eog(vocab, tok)) break;
+            if (i == 0) s.ttft_s = now_s() - t_open_;
+            result->tokens.push_back(tok);
+            s.n_generated++;
+            char buf[256];
+            int pn = llama_token_to_piece(vocab, tok, buf, sizeof buf, 0, false);
+            std::string piece = pn > 0 ? std::string(buf, size_t(pn)) : std::string();
+            result->text += piece;
+            if (on_piece && !on_piece(piece)) break;
+            if (i == n_predict - 1) break;
+
+            double ts = now_s();
+            Status st = decode(llama_batch_get_one(&tok, 1));
+            TokenStats t;
+            t.token = tok;
+            t.decode_s = now_s() - ts;
+            if (streamer_) {
+                const StepCounters & c = streamer_->step();
+                t.io_s = c.io_s;
+                t.flash_bytes_read = c.bytes_read;
+                t.flash_reads = c.reads;
+                t.token_demand_bytes = c.demand_bytes;
+                t.layer_demand_bytes = c.layer_demand_bytes;
+            }
+            if (!st.ok()) return st;
+            decode_s += t.decode_s;
+            dec_bytes += t.flash_bytes_read;
+            dec_reads += t.flash_reads;
+            dec_io += t.io_s;
+            demand_sum += t.token_demand_bytes;
+            layer_demand_max = std::max(layer_demand_max, t.layer_demand_bytes);
+            s.tokens.push_back(t);
+        }
+        const size_t steps = s.tokens.size();
+        s.decode_s = decode_s;
+        s.decode_tok_s = decode_s > 0 ? double(steps) / decode_s : 0;
+        s.majflt_per_token = steps ? double(major_faults() - majflt0) / double(steps) : 0;
+        s.flash_bytes_read = prefill_bytes + dec_bytes;
+        s.flash_reads = prefill_reads + dec_reads;
+        s.io_s = prefill_io + dec_io;
+        s.bytes_per_token = steps ? double(dec_bytes) / double(steps) : 0;
+        s.token_demand_bytes = steps ? demand_sum / steps : 0;
+        s.layer_demand_bytes = layer_demand_max;
+        s.peak_rss_bytes = peak_rss_bytes();
+        s.logits_sha = hex64(logit_hash);
+        return Status::Ok();
+    }
+
+    const RunStats & stats() const override { return stats_; }
+
+    std::string settings_json() const override {
+        nlohmann::json j;
+        j["model"] = opt_.model_path;
+        j["stream"] = opt_.stream;
+        j["n_threads"] = opt_.n_threads;
+        j["n_ctx"] = opt_.n_ctx;
+        j["n_batch"] = opt_.n_batch;
+        j["temp"] = opt_.temp;
+        j["seed"] = opt_.seed;
+        j["io_threads"] = opt_.io_threads;
+        j["odirect_requested"] = opt_.odirect;
+        j["odirect"] = opt_.stream && lanes_.direct();
+        j["cache_mb"] = 0;
+        j["lossy"] = false;
+        j["arch"] = index_.arch;
+        j["n_expert"] = index_.n_expert;
+        j["n_expert_used"] = index_.n_expert_used;
+        j["use_extra_bufts"] = false;
+        return j.dump();
+    }
+
+private:
+    RunOptions opt_;
+    ModelIndex index_;
+    LoadedModel lm_;
+    std::unique_ptr<ResidencyStore> store_;
+    IoLanes lanes_;
+    std::unique_ptr<Streamer> streamer_;
+    std::unique_ptr<RouterHook> hook_;
+    llama_context * ctx_ = nullptr;
+    llama_sampler * sampler_ = nullptr;
+    RunStats stats_;
+    double t_open_ = 0;
+};
+
+}  // namespace
+
+Status Engine::open(const RunOptions & opt, std::unique_ptr<Engine> * out) {
+    auto e = std::make_unique<EngineImpl>();
+    Status st = e->init(opt);
+    if (!st.ok()) return st;
+    *out = std::move(e);
+    return Status::Ok();
+}
+
+}  // namespace moestream

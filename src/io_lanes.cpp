@@ -1,0 +1,238 @@
+#include "io_lanes.h"
+
+#include <fcntl.h>
+#include <linux/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "log.h"
+
+namespace moestream {
+namespace {
+
+// Direct-I/O offset alignment the file system reports for `fd` (statx STATX_DIOALIGN,
+// Linux >= 6.1), or 0 when unknown.
+uint64_t statx_dio_alignment(int fd) {
+    struct statx stx;
+    std::memset(&stx, 0, sizeof stx);
+    long rc = syscall(SYS_statx, fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &stx);
+    if (rc != 0 || !(stx.stx_mask & STATX_DIOALIGN)) return 0;
+    uint64_t a = stx.stx_dio_offset_align;
+    if (stx.stx_dio_mem_align > a) a = stx.stx_dio_mem_align;
+    return a;
+}
+
+uint64_t round_down(uint64_t v, uint64_t a) { return v - v % a; }
+
+std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+
+}  // namespace
+
+IoLanes::~IoLanes() {
+    {
+        std::lock_guard<std::mutex> lk(mu_);
+        stop_ = true;
+    }
+    cv_work_.notify_all();
+    for (auto & t : threads_) t.join();
+    for (auto & l : lanes_) {
+        if (l.fd >= 0) ::close(l.fd);
+        std::free(l.bounce);
+    }
+}
+
+Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
+                     uint64_t max_request_bytes) {
+    if (n_lanes < 1) return Status::Usage("--io-threads must be >= 1");
+    path_ = path;
+    direct_ = odirect;
+    lanes_.resize(static_cast<size_t>(n_lanes));
+    for (int i = 0; i < n_lanes; ++i) {
+        Lane & l = lanes_[i];
+        if (direct_) {
+            l.fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+            if (l.fd < 0 && errno == EINVAL) {
+                MS_LOG_WARN("%s: the file system refuses O_DIRECT; using buffered reads",
+                            path.c_str());
+                direct_ = false;
+                for (int j = 0; j < i; ++j) {
+                    ::close(lanes_[j].fd);
+                    lanes_[j].fd = -1;
+                }
+                i = -1;  // reopen every lane buffered
+                continue;
+            }
+        } else {
+            l.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        }
+        if (l.fd < 0) return Status::Runtime(path + ": cannot open for reading: " + errno_text(errno));
+    }
+    if (direct_) {
+        uint64_t a = statx_dio_alignment(lanes_[0].fd);
+        align_ = (a >= 512 && (a & (a - 1)) == 0) ? a : 4096;
+    } else {
+        align_ = 64;  // memory alignment of the bounce buffer only
+    }
+    // Bounce buffer: a request of max_request_bytes at any offset spans at most
+    // max_request_bytes + 2 alignment units once rounded. Capped: larger requests loop.
+    const uint64_t cap = 16ull << 20;
+    uint64_t want = max_request_bytes + 2 * align_;
+    if (want > cap) want = cap;
+    want = (want + align_ - 1) / align_ * align_;
+    for (auto & l : lanes_) {
+        void * p = nullptr;
+        if (posix_memalign(&p, align_ < 4096 ? 4096 : align_, want) != 0)
+            return Status::Runtime("cannot allocate " + std::to_string(want) + " bytes of I/O buffer");
+        std::memset(p, 0, want);  // commit now, not under memory pressure during decode
+        l.bounce = static_cast<uint8_t *>(p);
+        l.bounce_bytes = want;
+    }
+    for (int i = 1; i < n_lanes; ++i) threads_.emplace_back(&IoLanes::worker, this, i);
+    MS_LOG_INFO("io: %d lane(s), %s, alignment %llu, bounce %llu KiB each", n_lanes,
+                direct_ ? "O_DIRECT" : "buffered", (unsigned long long)align_,
+                (unsigned long long)(want >> 10));
+    return Status::Ok();
+}
+
+long IoLanes::do_pread(int lane, void * buf, size_t len, uint64_t off) {
+    if (hook_) return hook_(lanes_[lane].fd, buf, len, off, lane, hook_ud_);
+    return ::pread(lanes_[lane].fd, buf, len, static_cast<off_t>(off));
+}
+
+Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred) {
+    Lane & l = lanes_[lane];
+    uint8_t * dest = static_cast<uint8_t *>(r.dest);
+    uint64_t done = 0;  // bytes of the request delivered to dest
+    while (done < r.len) {
+        const uint64_t want_off = r.file_offset + done;
+        const uint64_t want_len = r.len - done;
+        uint64_t io_off, skip, io_len;
+        if (direct_) {
+            io_off = round_down(want_off, align_);
+            skip = want_off - io_off;
+            io_len = skip + want_len;
+            io_len = (io_len + align_ - 1) / align_ * align_;
+            if (io_len > l.bounce_bytes) io_len = l.bounce_bytes;
+        } else {
+            io_off = want_off;
+            skip = 0;
+            io_len = want_len < l.bounce_bytes ? want_len : l.bounce_bytes;
+        }
+        // One transfer of io_len bytes into the bounce buffer; short reads completed.
+        uint64_t got = 0;
+        while (got < io_len) {
+            long n = do_pread(lane, l.bounce + got, io_len - got, io_off + got);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                int e = errno;
+                std::memset(dest, 0, r.len);
+                return Status::Runtime(path_ + ": read failed at offset " + std::to_string(io_off + got) +
+                                       " length " + std::to_string(io_len - got) + " (slice at offset " +
+                                       std::to_string(r.file_offset) + ", " + std::to_string(r.len) +
+                                       " bytes): " + errno_text(e));
+            }
+            if (n == 0) break;  // end of file
+            got += static_cast<uint64_t>(n);
+            // An O_DIRECT read that ends unaligned has reached the end of the file (the
+            // next transfer would start unaligned): stop; the check below decides whether
+            // the wanted bytes are covered.
+            if (direct_ && got % align_ != 0) break;
+        }
+        *transferred += got;
+        if (got <= skip) {
+            std::memset(dest, 0, r.len);
+            return Status::Runtime(path_ + ": unexpected end of file at offset " +
+                                   std::to_string(io_off + got) + " reading the slice at offset " +
+                                   std::to_string(r.file_offset) + " (" + std::to_string(r.len) +
+                                   " bytes): the file is shorter than the model says (truncated?)");
+        }
+        uint64_t useful = got - skip;
+        if (useful > want_len) useful = want_len;
+        std::memcpy(dest + done, l.bounce + skip, useful);
+        done += useful;
+        if (got < io_len && done < r.len) {
+            std::memset(dest, 0, r.len);
+            return Status::Runtime(path_ + ": unexpected end of file at offset " +
+                                   std::to_string(io_off + got) + " reading the slice at offset " +
+                                   std::to_string(r.file_offset) + " (" + std::to_string(r.len) +
+                                   " bytes): the file is shorter than the model says (truncated?)");
+        }
+    }
+    return Status::Ok();
+}
+
+void IoLanes::run_lane(int lane) {
+    const auto & reqs = *batch_;
+    uint64_t transferred = 0;
+    for (;;) {
+        if (failed_.load(std::memory_order_relaxed)) break;
+        size_t i = next_.fetch_add(1, std::memory_order_relaxed);
+        if (i >= reqs.size()) break;
+        Status st = read_one(lane, reqs[i], &transferred);
+        if (!st.ok()) {
+            std::lock_guard<std::mutex> lk(err_mu_);
+            if (!failed_.exchange(true)) err_ = st;
+        }
+    }
+    bytes_.fetch_add(transferred, std::memory_order_relaxed);
+}
+
+void IoLanes::worker(int lane) {
+    uint64_t seen = 0;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lk(mu_);
+            cv_work_.wait(lk, [&] { return stop_ || generation_ != seen; });
+            if (stop_) return;
+            seen = generation_;
+        }
+        run_lane(lane);
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (--lanes_busy_ == 0) cv_done_.notify_one();
+        }
+    }
+}
+
+Status IoLanes::read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats * stats) {
+    auto t0 = std::chrono::steady_clock::now();
+    if (reqs.empty()) return Status::Ok();
+    batch_ = &reqs;
+    next_.store(0);
+    bytes_.store(0);
+    failed_.store(false);
+    err_ = Status::Ok();
+    const int helpers = reqs.size() > 1 ? static_cast<int>(lanes_.size()) - 1 : 0;
+    if (helpers > 0) {
+        std::lock_guard<std::mutex> lk(mu_);
+        lanes_busy_ = static_cast<int>(lanes_.size()) - 1;
+        ++generation_;
+    }
+    if (helpers > 0) cv_work_.notify_all();
+    run_lane(0);
+    if (helpers > 0) {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_done_.wait(lk, [&] { return lanes_busy_ == 0; });
+    }
+    batch_ = nullptr;
+    if (stats) {
+        stats->bytes_read += bytes_.load();
+        stats->reads += reqs.size();
+        stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    if (failed_.load()) {
+        // Requests never started by any lane leave their destination untouched: zero them
+        // so no consumer ever sees stale bytes presented as this batch's result.
+        size_t started = next_.load();
+        for (size_t i = started; i < reqs.size(); ++i) std::memset(reqs[i].dest, 0, reqs[i].len);
+        return err_;
+    }
+    return Status::Ok();
+}
+
+}  // namespace moestream

@@ -1,0 +1,61 @@
+// streamer.h — turns each MoE layer's routing into reads: the "load" step of the design.
+//
+// On every routing (RouterHook -> on_routing) it takes the distinct experts over all rows of
+// the ubatch (prefill routes the union of its tokens' experts), asks the ResidencyStore
+// which of them need a read, and reads those slices over the I/O lanes into their canonical
+// offsets before returning — i.e. before the layer's expert matmul runs.
+//
+// Accounting per token (decode step): bytes and reads issued, time blocked on reads,
+// token demand (distinct expert bytes routed over all layers) and layer demand (the widest
+// layer's routed bytes). See docs/metrics.md.
+//
+// Thread-safety: driven from the llama_decode thread only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gguf_index.h"
+#include "io_lanes.h"
+#include "residency.h"
+#include "router_hook.h"
+
+namespace moestream {
+
+struct StepCounters {
+    uint64_t bytes_read = 0;
+    uint64_t reads = 0;
+    double io_s = 0;
+    uint64_t demand_bytes = 0;        // distinct routed expert bytes, summed over layers
+    uint64_t layer_demand_bytes = 0;  // max over layers
+    uint64_t lookups = 0, hits = 0, misses = 0;
+    uint64_t routings = 0;            // layers routed
+};
+
+class Streamer final : public RouteSink {
+public:
+    Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes);
+
+    Status on_routing(const Routing & r) override;
+
+    // Step accounting: begin_step() zeroes the current step's counters.
+    void begin_step() { step_ = StepCounters{}; }
+    const StepCounters & step() const { return step_; }
+    const StepCounters & total() const { return total_; }
+
+    // Maps a graph layer index il to the MoE layer slot, -1 if the layer is dense.
+    int moe_slot(uint32_t il) const { return il < layer_to_moe_.size() ? layer_to_moe_[il] : -1; }
+
+private:
+    const ModelIndex & index_;
+    ResidencyStore * store_;
+    IoLanes * lanes_;
+    std::vector<int> layer_to_moe_;
+    std::vector<uint8_t> seen_;        // per expert, scratch for the distinct set
+    std::vector<uint32_t> experts_;    // distinct routed experts, scratch
+    std::vector<ReadRequest> reads_;   // scratch
+    StepCounters step_, total_;
+};
+
+}  // namespace moestream
