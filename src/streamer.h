@@ -48,6 +48,8 @@ public:
     int moe_slot(uint32_t il) const { return il < layer_to_moe_.size() ? layer_to_moe_[il] : -1; }
 
 private:
+    void corrupt_for_test(int slot);
+
     const ModelIndex & index_;
     ResidencyStore * store_;
     IoLanes * lanes_;
@@ -56,6 +58,8 @@ private:
     std::vector<uint32_t> experts_;    // distinct routed experts, scratch
     std::vector<ReadRequest> reads_;   // scratch
     StepCounters step_, total_;
+    static constexpr int kCorruptAll = -2;
+    int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
 };
 
 }  // namespace moestream
