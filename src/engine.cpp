@@ -99,8 +99,23 @@ public:
         st = init_backend();
         if (!st.ok()) return st;
 
+        if (opt.n_expert_used < 0 || uint32_t(opt.n_expert_used) > index_.n_expert_used)
+            return Status::Usage("--n-expert-used must be in 1.." +
+                                 std::to_string(index_.n_expert_used) + " (the model's top-k)");
+        k_eff_ = opt.n_expert_used > 0 ? uint32_t(opt.n_expert_used) : index_.n_expert_used;
+
         llama_model_params mp = llama_model_default_params();
         mp.n_gpu_layers = 0;
+        // --n-expert-used: llama.cpp's kv override of <arch>.expert_used_count; the graph's
+        // topk then selects k_eff experts and the reads follow.
+        llama_model_kv_override kvo[2];
+        std::memset(kvo, 0, sizeof kvo);
+        if (k_eff_ != index_.n_expert_used) {
+            std::snprintf(kvo[0].key, sizeof kvo[0].key, "%s.expert_used_count", index_.arch.c_str());
+            kvo[0].tag = LLAMA_KV_OVERRIDE_TYPE_INT;
+            kvo[0].val_i64 = k_eff_;
+            mp.kv_overrides = kvo;
+        }
         mp.use_extra_bufts = false;  // load-bearing: see model_loader.h
         mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
 
@@ -279,6 +294,7 @@ public:
     }
 
     const RunStats & stats() const override { return stats_; }
+    bool lossy() const override { return k_eff_ != index_.n_expert_used; }
 
     std::string settings_json() const override {
         nlohmann::json j;
@@ -293,10 +309,11 @@ public:
         j["odirect_requested"] = opt_.odirect;
         j["odirect"] = opt_.stream && lanes_.direct();
         j["cache_mb"] = 0;
-        j["lossy"] = false;
+        j["n_expert_used"] = k_eff_;
+        j["n_expert_used_model"] = index_.n_expert_used;
+        j["lossy"] = lossy();
         j["arch"] = index_.arch;
         j["n_expert"] = index_.n_expert;
-        j["n_expert_used"] = index_.n_expert_used;
         j["use_extra_bufts"] = false;
         return j.dump();
     }
@@ -313,6 +330,7 @@ private:
     llama_sampler * sampler_ = nullptr;
     RunStats stats_;
     double t_open_ = 0;
+    uint32_t k_eff_ = 0;  // effective top-k
 };
 
 }  // namespace

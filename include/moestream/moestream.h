@@ -32,6 +32,8 @@ struct RunOptions {
     bool stream = true;         // false: llama.cpp loads everything resident (--no-stream)
     int io_threads = 2;         // read lanes, the calling thread included (--io-threads)
     bool odirect = true;        // O_DIRECT reads (false: buffered pread; --no-odirect)
+    // Lossy knobs (off by default; docs/lossy-knobs.md).
+    int n_expert_used = 0;      // experts per token; 0 = the model's top-k (--n-expert-used)
 };
 
 // Per generated token (one llama_decode of one token).
@@ -89,6 +91,8 @@ public:
                             GenerateResult * result) = 0;
 
     virtual const RunStats & stats() const = 0;
+    // True when an opt-in lossy knob changes the output vs the all-resident model.
+    virtual bool lossy() const = 0;
     virtual std::string settings_json() const = 0;  // resolved configuration, JSON object
 };
 

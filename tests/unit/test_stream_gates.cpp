@@ -24,7 +24,7 @@ using namespace moestream::test;
 
 namespace {
 
-struct Run {
+struct RunOut {
     json stats;
     std::string stdout_text;
     std::string logits;  // raw final logits bytes
@@ -45,7 +45,7 @@ const char * kPrompts[] = {
     "layer after layer, and the output must not change by a single bit.",
 };
 
-Run run_moestream(const std::string & model, const std::string & prompt, const std::string & flags,
+RunOut run_moestream(const std::string & model, const std::string & prompt, const std::string & flags,
                   const std::string & env = "") {
     static int counter = 0;
     std::string base = models_dir() + "/gate-" + std::to_string(getpid()) + "-" +
@@ -55,7 +55,7 @@ Run run_moestream(const std::string & model, const std::string & prompt, const s
                       ".json --dump-logits " + base + ".logits --stats-csv " + base + ".csv";
     CmdResult r = run_cmd(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
-    Run out;
+    RunOut out;
     out.stdout_text = r.out;
     if (r.exit_code == 0) {
         out.stats = json::parse(slurp(base + ".json"));
@@ -100,14 +100,14 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
     for (const char * prompt : kPrompts) {
         SCOPED_TRACE(prompt);
-        Run ref = run_moestream(model, prompt, "--no-stream");
+        RunOut ref = run_moestream(model, prompt, "--no-stream");
         ASSERT_FALSE(ref.stats.is_null());
         ASSERT_EQ(ref.stats["n_generated"].get<int>(), 32) << "model stopped early; pick a prompt";
         ASSERT_EQ(ref.logits.size() % 4, 0u);
         ASSERT_GT(ref.logits.size(), 0u);
         for (const char * flags : {"", "--no-odirect", "--io-threads 1", "--io-threads 4"}) {
             SCOPED_TRACE(flags);
-            Run s = run_moestream(model, prompt, flags);
+            RunOut s = run_moestream(model, prompt, flags);
             ASSERT_FALSE(s.stats.is_null());
             EXPECT_TRUE(s.stats["settings"]["stream"].get<bool>());
             EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
@@ -124,8 +124,8 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
 TEST_P(StreamGate, NegativeControlCorruptSliceIsDetected) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
     const char * prompt = kPrompts[0];
-    Run ref = run_moestream(model, prompt, "--no-stream");
-    Run bad = run_moestream(model, prompt, "", "MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
+    RunOut ref = run_moestream(model, prompt, "--no-stream");
+    RunOut bad = run_moestream(model, prompt, "", "MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
     ASSERT_FALSE(bad.stats.is_null());
     EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
     EXPECT_FALSE(bad.logits == ref.logits);
@@ -155,7 +155,7 @@ TEST(StreamReads, BytesPerTokenEqualRoutedSlices) {
 
     for (bool direct : {false, true}) {
         SCOPED_TRACE(direct ? "O_DIRECT" : "buffered");
-        Run r = run_moestream(model, kPrompts[0], direct ? "" : "--no-odirect");
+        RunOut r = run_moestream(model, kPrompts[0], direct ? "" : "--no-odirect");
         ASSERT_FALSE(r.stats.is_null());
         std::istringstream csv(r.csv);
         std::string line;

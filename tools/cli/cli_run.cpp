@@ -106,8 +106,13 @@ int do_run(RunFlags & f) {
                      mib(double(s.flash_bytes_read)), (unsigned long long)s.flash_reads, s.io_s,
                      mib(s.bytes_per_token), mib(double(s.token_demand_bytes)),
                      mib(double(s.layer_demand_bytes)));
-    std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | lossless\n",
-                 mib(double(s.peak_rss_bytes)), s.majflt_per_token);
+    std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | %s\n",
+                 mib(double(s.peak_rss_bytes)), s.majflt_per_token,
+                 engine->lossy() ? "LOSSY output (opt-in knobs changed it; see settings)"
+                                 : "lossless");
+    if (f.opt.n_expert_used > 0 && engine->lossy())
+        std::fprintf(stderr, "moestream: --n-expert-used %d: fewer experts per token than the model's "
+                             "top-k: output differs from the model's\n", f.opt.n_expert_used);
 
     if (!f.stats_json.empty()) {
         st = write_file(f.stats_json, stats_to_json(s, g, *engine).dump(2) + "\n");
@@ -158,6 +163,9 @@ void add_run_command(CLI::App & app, Action * action) {
         ->check(CLI::Range(1, 64));
     sub->add_flag("--no-odirect", [f](int64_t) { f->opt.odirect = false; },
                   "buffered reads instead of O_DIRECT");
+    sub->add_option("--n-expert-used", f->opt.n_expert_used,
+                    "LOSSY: experts per token, 1..the model's top-k (default: the model's)")
+        ->check(CLI::Range(1, 1 << 16));
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
     sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
     sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");
