@@ -21,14 +21,19 @@ struct SynthOptions {
     std::string arch = "qwen3moe";     // qwen3moe | olmoe | <one sigmoid-gated arch>
     std::string expert_type = "q8_0";  // f32 | f16 | q8_0 | q4_k
     uint64_t seed = 1;
-    uint32_t alignment = 32;           // general.alignment (32 default, or 4096)
+    uint32_t alignment = 32;  // general.alignment (32 default, or 4096)
     std::string out_path;
-    bool progress = false;             // progress bar + MB/s on stderr
+    bool progress = false;  // progress bar + MB/s on stderr
+    unsigned threads = 0;   // generator threads (0 = min(cores, 4)); no effect on bytes
+    bool dry_run = false;   // plan only: fill SynthResult, write nothing
 };
 
 struct SynthResult {
     uint64_t file_bytes = 0;
     double seconds = 0;
+    uint64_t n_tensors = 0;
+    uint64_t expert_bytes = 0;  // all ffn_{gate,up,down}_exps tensors
+    uint64_t data_offset = 0;   // start of the tensor data section
 };
 
 std::vector<std::string> synth_presets();

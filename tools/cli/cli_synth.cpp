@@ -1,8 +1,104 @@
-// `moestream synth` — placeholder until the synth subcommand lands.
+// `moestream synth` — writes a GGUF MoE model with deterministic random weights.
+//   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N]
+//                   [--progress] -o FILE
+// Bad flags exit 64 (CLI11 validation); I/O errors exit 1 with one line naming the file.
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+
 #include "cli.h"
+#include "log.h"
+#include "synth.h"
+
 namespace moestream::cli {
-void add_synth_command(CLI::App & app, Action * action) {
-    auto * sub = app.add_subcommand("synth", "write a random-weight MoE GGUF model");
-    sub->callback([action] { *action = [] { return 1; }; });
+
+namespace {
+
+CLI::Validator one_of(const std::vector<std::string> & names, const std::string & what) {
+    std::string list;
+    for (const auto & n : names) list += (list.empty() ? "" : "|") + n;
+    return CLI::Validator(
+        [names, what](std::string & v) -> std::string {
+            for (const auto & n : names)
+                if (n == v) return "";
+            std::string msg = "unknown " + what + " '" + v + "' (one of:";
+            for (const auto & n : names) msg += " " + n;
+            return msg + ")";
+        },
+        list);
 }
+
+}  // namespace
+
+void add_synth_command(CLI::App & app, Action * action) {
+    auto * sub = app.add_subcommand(
+        "synth", "write a random-weight MoE GGUF model (deterministic, for tests and benchmarks)");
+    auto opt = std::make_shared<SynthOptions>();
+    auto verbosity = std::make_shared<int>(0);
+    sub->add_option("--preset", opt->preset, "model shapes")
+        ->required()
+        ->check(one_of(synth_presets(), "preset"));
+    sub->add_option("--arch", opt->arch, "architecture (router gating differs)")
+        ->check(one_of(synth_archs(), "architecture"))
+        ->capture_default_str();
+    sub->add_option("--type", opt->expert_type, "type of the expert tensors")
+        ->check(one_of(synth_types(), "type"))
+        ->capture_default_str();
+    sub->add_option("--seed", opt->seed, "PRNG seed (same options => same bytes)")
+        ->check(CLI::Validator(
+            [](std::string & v) -> std::string {
+                if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+                    return "seed must be a non-negative integer";
+                return "";
+            },
+            "UINT64"))
+        ->capture_default_str();
+    sub->add_option("--alignment", opt->alignment, "general.alignment (power of two)")
+        ->check(CLI::Range(32u, 1u << 21))
+        ->check(CLI::Validator(
+            [](std::string & v) -> std::string {
+                unsigned long n = 0;
+                try {
+                    n = std::stoul(v);
+                } catch (const std::exception &) {
+                    return "alignment must be a number";
+                }
+                return (n & (n - 1)) == 0 ? "" : "alignment must be a power of two";
+            },
+            "POW2"))
+        ->capture_default_str();
+    sub->add_option("-o,--output", opt->out_path, "output file (written via temp + rename)")
+        ->required();
+    sub->add_flag("--progress", opt->progress, "progress bar on stderr (automatic above 1 GB)");
+    sub->add_option("--threads", opt->threads, "generator threads (0 = auto; same bytes)")
+        ->check(CLI::Range(0u, 64u))
+        ->capture_default_str();
+    sub->add_flag("--dry-run", opt->dry_run, "print the planned file size, write nothing");
+    sub->add_flag("-v", *verbosity, "more log (-vv: debug)");
+    sub->callback([action, opt, verbosity] {
+        *action = [opt, verbosity] {
+            apply_verbosity(*verbosity);
+            SynthResult r;
+            Status st = synth_model(*opt, &r);
+            if (!st.ok()) {
+                std::fprintf(stderr, "moestream: %s\n", st.message().c_str());
+                return st.exit_code();
+            }
+            const double mb = double(r.file_bytes) / 1e6;
+            if (opt->dry_run) {
+                std::printf("%s: %llu bytes (%.1f MB), %llu tensors, experts %.1f MB\n",
+                            opt->out_path.c_str(), static_cast<unsigned long long>(r.file_bytes),
+                            mb, static_cast<unsigned long long>(r.n_tensors),
+                            double(r.expert_bytes) / 1e6);
+                return 0;
+            }
+            std::printf("wrote %s: %llu bytes (%.1f MB) in %.2f s, %.1f MB/s\n",
+                        opt->out_path.c_str(), static_cast<unsigned long long>(r.file_bytes), mb,
+                        r.seconds, r.seconds > 0 ? mb / r.seconds : 0.0);
+            return 0;
+        };
+    });
+}
+
 }  // namespace moestream::cli
