@@ -11,7 +11,9 @@
 //  - every tensor type is one ggml knows with a row size that divides the shape;
 //  - for each MoE layer, gate/up/down (or fused gate_up) expert tensors exist with
 //    consistent shapes ([n_embd, n_ff_exp, n_expert] for gate/up, [n_ff_exp, n_embd,
-//    n_expert] for down) and expert e's slice is [file_offset + e*slice_bytes, +slice_bytes);
+//    n_expert] for down, [n_embd, 2*n_ff_exp, n_expert] for fused gate_up; n_embd may instead
+//    be the arch's expert latent width for latent-MoE archs) and expert e's slice is
+//    [file_offset + e*slice_bytes, +slice_bytes);
 //  - 1 <= n_expert_used <= n_expert.
 // Reading is bounded: strings and arrays are capped (see kMax* in gguf_index.cpp), so a
 // hostile file cannot make the reader allocate more than a few MiB.
@@ -20,6 +22,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,6 +74,9 @@ struct KvValue {
     std::string s;                // string value
     uint32_t arr_type = 0;        // for arrays: element type
     uint64_t arr_len = 0;         // for arrays: length
+    // Integer arrays (per-layer hparams such as expert_feed_forward_length) are kept when
+    // small (the reader's byte budget); other arrays are skipped, only type and length kept.
+    std::vector<int64_t> arr_i;
 };
 
 struct ModelIndex {
@@ -87,7 +93,8 @@ struct ModelIndex {
     uint32_t n_embd = 0;           // <arch>.embedding_length
     uint32_t n_expert = 0;         // <arch>.expert_count
     uint32_t n_expert_used = 0;    // <arch>.expert_used_count
-    uint32_t n_ff_exp = 0;         // <arch>.expert_feed_forward_length (0 if absent)
+    uint32_t n_ff_exp = 0;         // <arch>.expert_feed_forward_length (0 if absent/0; for a
+                                   // per-layer array, the value when all MoE layers agree)
     uint32_t n_vocab = 0;          // length of tokenizer.ggml.tokens (0 if absent)
 
     std::map<std::string, KvValue> kv;
@@ -98,6 +105,10 @@ struct ModelIndex {
     uint64_t dense_bytes_total = 0;      // every other tensor
     // One token's routed working set: sum over MoE layers of n_expert_used * expert_bytes.
     uint64_t token_working_set_bytes = 0;
+
+    // Lookup tables filled by load_model_index.
+    std::map<std::string, size_t> tensor_ids;        // tensor name -> index in `tensors`
+    std::set<std::string> expert_tensor_names;       // names of the expert-map tensors
 
     const TensorInfo * find_tensor(const std::string & name) const;
     bool is_expert_tensor(const std::string & name) const;  // part of the expert map

@@ -1,0 +1,894 @@
+// gguf_index.cpp — moestream's own validating GGUF metadata reader (see gguf_index.h).
+//
+// The file is read once, front to back, through a small buffered reader that knows the file
+// size (fstat) and refuses any read past it, so a truncated file is reported precisely
+// ("needs N bytes at offset M, file has S") instead of being discovered later by O_DIRECT.
+// Every count and size read from the file is bounded (kMax* below) and every sum/product
+// is computed with overflow-checked builtins. Errors are raised internally as an exception
+// carrying the byte offset and converted into one Status at the API boundary.
+#include "gguf_index.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ggml.h"
+
+namespace moestream {
+
+namespace {
+
+// ---- bounds on what a file may ask us to hold or walk ------------------------------------
+constexpr uint64_t kMaxKeyLen = 65535;                // GGUF keys are short ASCII paths
+constexpr uint64_t kMaxStringLen = 16ull << 20;       // any one string value (skipped or kept)
+constexpr uint64_t kMaxStoredStringLen = 1ull << 20;  // a scalar string value we keep in kv
+constexpr uint64_t kMaxStoredBytes = 8ull << 20;      // all kept strings together
+constexpr uint64_t kMaxArrayLen = 1ull << 30;         // elements of one array (never stored)
+constexpr uint32_t kMaxArrayDepth = 2;                // array of arrays ok; deeper rejected
+constexpr uint64_t kMaxStoredIntArray = 4096;         // integer arrays kept (per-layer hparams)
+constexpr int64_t kMaxKv = 1 << 16;
+constexpr int64_t kMaxTensors = 1 << 16;
+constexpr uint64_t kMaxTensorName = 63;  // GGML_MAX_NAME - 1
+constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
+constexpr uint32_t kMaxLayers = 1 << 16;
+constexpr uint64_t kMaxAlignment = 1ull << 30;
+
+// gguf_type ids (stable file-format values; see gguf.h).
+enum : uint32_t {
+    kU8 = 0,
+    kI8 = 1,
+    kU16 = 2,
+    kI16 = 3,
+    kU32 = 4,
+    kI32 = 5,
+    kF32 = 6,
+    kBool = 7,
+    kString = 8,
+    kArray = 9,
+    kU64 = 10,
+    kI64 = 11,
+    kF64 = 12,
+    kTypeCount = 13,
+};
+
+const char * gguf_type_str(uint32_t t) {
+    static const char * const names[] = {"u8",   "i8",  "u16", "i16", "u32", "i32", "f32",
+                                         "bool", "str", "arr", "u64", "i64", "f64"};
+    return t < kTypeCount ? names[t] : "invalid";
+}
+
+// Size in bytes of a fixed-size gguf scalar, 0 for string/array/invalid.
+uint64_t gguf_scalar_size(uint32_t t) {
+    switch (t) {
+        case kU8:
+        case kI8:
+        case kBool:
+            return 1;
+        case kU16:
+        case kI16:
+            return 2;
+        case kU32:
+        case kI32:
+        case kF32:
+            return 4;
+        case kU64:
+        case kI64:
+        case kF64:
+            return 8;
+        default:
+            return 0;
+    }
+}
+
+struct ParseError {
+    uint64_t offset;
+    std::string what;
+};
+
+[[noreturn]] void fail(uint64_t offset, std::string what) {
+    throw ParseError{offset, std::move(what)};
+}
+
+// Buffered, bounds-checked sequential reader over a file descriptor.
+class Reader {
+public:
+    Reader(int fd, uint64_t file_size) : fd_(fd), size_(file_size), buf_(kBufSize) {}
+
+    uint64_t pos() const { return pos_; }
+    uint64_t size() const { return size_; }
+    uint64_t remaining() const { return size_ - pos_; }
+
+    // Throws a "truncated" error unless n bytes are available at the current position.
+    void need(uint64_t n) const {
+        uint64_t end;
+        if (__builtin_add_overflow(pos_, n, &end) || end > size_) {
+            fail(pos_, "truncated: needs " + std::to_string(n) + " bytes at offset " +
+                           std::to_string(pos_) + ", file has " + std::to_string(size_));
+        }
+    }
+
+    void read(void * dst, uint64_t n) {
+        need(n);
+        auto * out = static_cast<uint8_t *>(dst);
+        while (n > 0) {
+            if (pos_ < buf_start_ || pos_ >= buf_start_ + buf_len_) fill();
+            uint64_t off = pos_ - buf_start_;
+            uint64_t take = std::min<uint64_t>(n, buf_len_ - off);
+            std::memcpy(out, buf_.data() + off, take);
+            out += take;
+            pos_ += take;
+            n -= take;
+        }
+    }
+
+    void skip(uint64_t n) {
+        need(n);
+        pos_ += n;
+    }
+
+    void seek(uint64_t p) {
+        if (p > size_) {
+            fail(pos_, "truncated: needs offset " + std::to_string(p) + ", file has " +
+                           std::to_string(size_));
+        }
+        pos_ = p;
+    }
+
+    template <typename T>
+    T get() {
+        T v;
+        read(&v, sizeof(v));
+        return v;
+    }
+
+private:
+    static constexpr size_t kBufSize = 1 << 16;
+
+    void fill() {
+        buf_start_ = pos_;
+        buf_len_ = 0;
+        uint64_t want = std::min<uint64_t>(kBufSize, size_ - pos_);
+        while (buf_len_ < want) {
+            ssize_t r = ::pread(fd_, buf_.data() + buf_len_, want - buf_len_,
+                                static_cast<off_t>(buf_start_ + buf_len_));
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                fail(buf_start_ + buf_len_, std::string("read error: ") + std::strerror(errno));
+            }
+            if (r == 0) {
+                // The file shrank after fstat.
+                fail(buf_start_ + buf_len_,
+                     "truncated: needs " + std::to_string(want - buf_len_) + " bytes at offset " +
+                         std::to_string(buf_start_ + buf_len_) + ", file has " +
+                         std::to_string(buf_start_ + buf_len_) + " (shrank while reading)");
+            }
+            buf_len_ += static_cast<uint64_t>(r);
+        }
+    }
+
+    int fd_;
+    uint64_t size_;
+    uint64_t pos_ = 0;
+    std::vector<uint8_t> buf_;
+    uint64_t buf_start_ = 0;
+    uint64_t buf_len_ = 0;
+};
+
+class Fd {
+public:
+    explicit Fd(int fd) : fd_(fd) {}
+    ~Fd() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+    Fd(const Fd &) = delete;
+    Fd & operator=(const Fd &) = delete;
+    int get() const { return fd_; }
+
+private:
+    int fd_;
+};
+
+std::string quoted(const std::string & s) {
+    // Names come from the file: keep the message one printable line.
+    std::string r = "'";
+    for (unsigned char c : s.substr(0, 80)) r += (c >= 0x20 && c < 0x7f) ? char(c) : '?';
+    if (s.size() > 80) r += "...";
+    return r + "'";
+}
+
+bool is_pow2(uint64_t v) {
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+class Parser {
+public:
+    Parser(Reader & r, ModelIndex & m) : r_(r), m_(m) {}
+
+    void parse() {
+        header();
+        for (int64_t i = 0; i < n_kv_; ++i) kv_pair(i);
+        kv_end_ = r_.pos();
+        alignment();
+        for (int64_t i = 0; i < n_tensors_; ++i) tensor_info(i);
+        data_section();
+        model_params();
+        expert_map();
+        totals();
+    }
+
+private:
+    // ---- primitives ----------------------------------------------------------------------
+    // Reads a string's length and validates it; the caller reads or skips the bytes.
+    uint64_t string_len(uint64_t max, const char * what) {
+        uint64_t at = r_.pos();
+        uint64_t n = r_.get<uint64_t>();
+        if (n > max) {
+            fail(at, std::string(what) + " length " + std::to_string(n) + " exceeds the maximum " +
+                         std::to_string(max));
+        }
+        r_.need(n);
+        return n;
+    }
+
+    std::string read_string(uint64_t max, const char * what) {
+        uint64_t n = string_len(max, what);
+        std::string s(n, '\0');
+        r_.read(s.data(), n);
+        return s;
+    }
+
+    // An integer of gguf type t (u64 saturates at INT64_MAX).
+    int64_t read_int(uint32_t t) {
+        switch (t) {
+            case kU8:
+                return r_.get<uint8_t>();
+            case kI8:
+                return r_.get<int8_t>();
+            case kU16:
+                return r_.get<uint16_t>();
+            case kI16:
+                return r_.get<int16_t>();
+            case kU32:
+                return r_.get<uint32_t>();
+            case kI32:
+                return r_.get<int32_t>();
+            case kI64:
+                return r_.get<int64_t>();
+            default: {
+                uint64_t u = r_.get<uint64_t>();
+                return u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(u);
+            }
+        }
+    }
+
+    void skip_string() { r_.skip(string_len(kMaxStringLen, "string")); }
+
+    uint32_t read_type(const std::string & key, bool element) {
+        uint64_t at = r_.pos();
+        uint32_t t = r_.get<uint32_t>();
+        if (t >= kTypeCount) {
+            fail(at, "key " + quoted(key) + " has invalid " + (element ? "array element " : "") +
+                         "value type " + std::to_string(t));
+        }
+        return t;
+    }
+
+    // Skips the body of an array whose header (element type, count) was read.
+    void skip_array(const std::string & key, uint32_t elem, uint64_t n, uint32_t depth) {
+        if (elem == kString) {
+            // Each element is at least its 8-byte length: reject impossible counts up front.
+            uint64_t min_bytes;
+            if (__builtin_mul_overflow(n, 8ull, &min_bytes)) min_bytes = UINT64_MAX;
+            r_.need(min_bytes);
+            for (uint64_t i = 0; i < n; ++i) skip_string();
+        } else if (elem == kArray) {
+            if (depth >= kMaxArrayDepth) {
+                fail(r_.pos(), "key " + quoted(key) + " nests arrays deeper than " +
+                                   std::to_string(kMaxArrayDepth));
+            }
+            uint64_t min_bytes;
+            if (__builtin_mul_overflow(n, 12ull, &min_bytes)) min_bytes = UINT64_MAX;
+            r_.need(min_bytes);
+            for (uint64_t i = 0; i < n; ++i) {
+                uint32_t t = read_type(key, true);
+                uint64_t at = r_.pos();
+                uint64_t len = r_.get<uint64_t>();
+                check_array_len(key, len, at);
+                skip_array(key, t, len, depth + 1);
+            }
+        } else {
+            uint64_t bytes;
+            if (__builtin_mul_overflow(n, gguf_scalar_size(elem), &bytes)) bytes = UINT64_MAX;
+            r_.skip(bytes);
+        }
+    }
+
+    void check_array_len(const std::string & key, uint64_t n, uint64_t at) {
+        if (n > kMaxArrayLen) {
+            fail(at, "key " + quoted(key) + " array length " + std::to_string(n) +
+                         " exceeds the maximum " + std::to_string(kMaxArrayLen));
+        }
+    }
+
+    // ---- sections ------------------------------------------------------------------------
+    void header() {
+        char magic[4];
+        r_.read(magic, 4);
+        if (std::memcmp(magic, "GGUF", 4) != 0) {
+            std::string shown;
+            for (char c : magic) {
+                unsigned char u = static_cast<unsigned char>(c);
+                shown += (u >= 0x20 && u < 0x7f) ? c : '?';
+            }
+            fail(0, "not a GGUF file (bad magic '" + shown + "', expected 'GGUF')");
+        }
+        uint64_t at = r_.pos();
+        m_.version = r_.get<uint32_t>();
+        if (m_.version == 1) fail(at, "GGUF version 1 is not supported (need 2 or 3)");
+        if (m_.version != 2 && m_.version != 3) {
+            fail(at, "unsupported GGUF version " + std::to_string(m_.version) +
+                         " (need 2 or 3; a huge value means a byte-order mismatch)");
+        }
+        at = r_.pos();
+        n_tensors_ = r_.get<int64_t>();
+        if (n_tensors_ < 0 || n_tensors_ > kMaxTensors) {
+            fail(at, "tensor count " + std::to_string(n_tensors_) + " is out of range [0, " +
+                         std::to_string(kMaxTensors) + "]");
+        }
+        at = r_.pos();
+        n_kv_ = r_.get<int64_t>();
+        if (n_kv_ < 0 || n_kv_ > kMaxKv) {
+            fail(at, "metadata key count " + std::to_string(n_kv_) + " is out of range [0, " +
+                         std::to_string(kMaxKv) + "]");
+        }
+        // A KV pair takes at least 8 (key length) + 1 (key) + 4 (type) + 1 (value) bytes, a
+        // tensor info 8 (name length) + 1 (name) + 4 (n_dims) + 8 (ne) + 4 (type) + 8 (offset).
+        const uint64_t min_meta = uint64_t(n_kv_) * 14 + uint64_t(n_tensors_) * 33;
+        if (min_meta > r_.remaining()) {
+            fail(r_.pos(), "truncated: " + std::to_string(n_kv_) + " metadata keys and " +
+                               std::to_string(n_tensors_) + " tensor infos need at least " +
+                               std::to_string(min_meta) + " bytes at offset " +
+                               std::to_string(r_.pos()) + ", file has " +
+                               std::to_string(r_.size()));
+        }
+    }
+
+    void kv_pair(int64_t i) {
+        uint64_t at = r_.pos();
+        std::string key = read_string(kMaxKeyLen, "key");
+        if (key.empty()) fail(at, "metadata key #" + std::to_string(i) + " is empty");
+        if (m_.kv.count(key)) fail(at, "duplicate metadata key " + quoted(key));
+        KvValue v;
+        v.type = read_type(key, false);
+        uint64_t vat = r_.pos();
+        switch (v.type) {
+            case kU8:
+            case kI8:
+            case kU16:
+            case kI16:
+            case kU32:
+            case kI32:
+            case kI64:
+                v.i = read_int(v.type);
+                break;
+            case kU64: {
+                uint64_t u = r_.get<uint64_t>();
+                // Stored as int64: values above INT64_MAX are kept saturated and flagged.
+                v.i = u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(u);
+                if (u > uint64_t(INT64_MAX)) huge_u64_.push_back(key);
+                break;
+            }
+            case kBool:
+                v.i = r_.get<int8_t>() != 0;
+                break;
+            case kF32:
+                v.f = r_.get<float>();
+                break;
+            case kF64:
+                v.f = r_.get<double>();
+                break;
+            case kString: {
+                uint64_t n = string_len(kMaxStringLen, "string value");
+                if (n <= kMaxStoredStringLen && stored_ + n <= kMaxStoredBytes) {
+                    v.s.resize(n);
+                    r_.read(v.s.data(), n);
+                    stored_ += n;
+                } else {
+                    r_.skip(n);  // too large to keep (e.g. a chat template); never needed
+                }
+                break;
+            }
+            case kArray: {
+                v.arr_type = read_type(key, true);
+                uint64_t lat = r_.pos();
+                v.arr_len = r_.get<uint64_t>();
+                check_array_len(key, v.arr_len, lat);
+                const uint64_t esize = gguf_scalar_size(v.arr_type);
+                const bool integer =
+                    esize != 0 && v.arr_type != kBool && v.arr_type != kF32 && v.arr_type != kF64;
+                if (integer && v.arr_len <= kMaxStoredIntArray &&
+                    stored_ + v.arr_len * 8 <= kMaxStoredBytes) {
+                    r_.need(v.arr_len * esize);
+                    v.arr_i.reserve(v.arr_len);
+                    for (uint64_t k = 0; k < v.arr_len; ++k)
+                        v.arr_i.push_back(read_int(v.arr_type));
+                    stored_ += v.arr_len * 8;
+                } else {
+                    skip_array(key, v.arr_type, v.arr_len, 1);
+                }
+                break;
+            }
+            default:
+                fail(vat, "key " + quoted(key) + " has invalid value type");
+        }
+        stored_ += key.size();
+        kv_at_[key] = at;
+        m_.kv.emplace(std::move(key), std::move(v));
+    }
+
+    void alignment() {
+        auto it = m_.kv.find("general.alignment");
+        if (it == m_.kv.end()) {
+            m_.alignment = 32;
+            return;
+        }
+        const KvValue & v = it->second;
+        uint64_t at = kv_at_["general.alignment"];
+        if (v.type != kU32) {
+            fail(at, std::string("general.alignment must be u32, is ") + gguf_type_str(v.type));
+        }
+        if (!is_pow2(uint64_t(v.i)) || uint64_t(v.i) > kMaxAlignment) {
+            fail(at,
+                 "general.alignment " + std::to_string(v.i) + " is not a power of 2 in [1, 2^30]");
+        }
+        m_.alignment = uint64_t(v.i);
+    }
+
+    void tensor_info(int64_t i) {
+        TensorInfo t;
+        uint64_t at = r_.pos();
+        t.name = read_string(kMaxTensorName, "tensor name");
+        if (t.name.empty()) fail(at, "tensor #" + std::to_string(i) + " has an empty name");
+        if (m_.tensor_ids.count(t.name)) fail(at, "duplicate tensor name " + quoted(t.name));
+        const std::string tn = "tensor " + quoted(t.name);
+
+        at = r_.pos();
+        t.n_dims = r_.get<uint32_t>();
+        if (t.n_dims < 1 || t.n_dims > kMaxDims) {
+            fail(at, tn + " has " + std::to_string(t.n_dims) + " dimensions (need 1..4)");
+        }
+        int64_t nelem = 1;
+        for (uint32_t d = 0; d < t.n_dims; ++d) {
+            at = r_.pos();
+            t.ne[d] = r_.get<int64_t>();
+            if (t.ne[d] <= 0) {
+                fail(at, tn + " dimension " + std::to_string(d) + " has " +
+                             std::to_string(t.ne[d]) + " elements (need > 0)");
+            }
+            if (__builtin_mul_overflow(nelem, t.ne[d], &nelem)) {
+                fail(at, tn + " element count overflows (dimension " + std::to_string(d) + ")");
+            }
+        }
+
+        at = r_.pos();
+        t.type = r_.get<int32_t>();
+        if (t.type < 0 || t.type >= GGML_TYPE_COUNT) {
+            fail(at, tn + " has unknown ggml type " + std::to_string(t.type));
+        }
+        const auto gt = static_cast<ggml_type>(t.type);
+        const uint64_t type_size = ggml_type_size(gt);
+        const int64_t blck = ggml_blck_size(gt);
+        if (type_size == 0 || blck <= 0) {
+            fail(at, tn + " has unsupported ggml type " + std::to_string(t.type) +
+                         " (removed from ggml)");
+        }
+        if (t.ne[0] % blck != 0) {
+            fail(at, tn + " row of " + std::to_string(t.ne[0]) + " elements is not a multiple of " +
+                         ggml_type_name(gt) + "'s block size " + std::to_string(blck));
+        }
+        // nb[] as ggml computes them; nbytes = nb[3] * ne[3], all overflow-checked.
+        t.nb[0] = type_size;
+        bool of = __builtin_mul_overflow(type_size, uint64_t(t.ne[0] / blck), &t.nb[1]);
+        of = of || __builtin_mul_overflow(t.nb[1], uint64_t(t.ne[1]), &t.nb[2]);
+        of = of || __builtin_mul_overflow(t.nb[2], uint64_t(t.ne[2]), &t.nb[3]);
+        of = of || __builtin_mul_overflow(t.nb[3], uint64_t(t.ne[3]), &t.nbytes);
+        if (of) fail(at, tn + " byte size overflows");
+
+        at = r_.pos();
+        uint64_t rel = r_.get<uint64_t>();
+        t.file_offset = rel;  // relative until the data section start is known
+        m_.tensor_ids.emplace(t.name, m_.tensors.size());
+        m_.tensors.push_back(std::move(t));
+        offset_at_.push_back(at);
+    }
+
+    void data_section() {
+        const uint64_t end_of_infos = r_.pos();
+        uint64_t data;
+        if (__builtin_add_overflow(end_of_infos, m_.alignment - 1, &data)) {
+            fail(end_of_infos, "data section offset overflows");
+        }
+        data &= ~(m_.alignment - 1);
+        m_.data_offset = data;
+        if (!m_.tensors.empty() && data > r_.size()) {
+            fail(end_of_infos, "truncated: data section starts at offset " + std::to_string(data) +
+                                   ", file has " + std::to_string(r_.size()));
+        }
+        for (size_t i = 0; i < m_.tensors.size(); ++i) {
+            TensorInfo & t = m_.tensors[i];
+            const uint64_t rel = t.file_offset;
+            const std::string tn = "tensor " + quoted(t.name);
+            if (rel % m_.alignment != 0) {
+                fail(offset_at_[i], tn + " offset " + std::to_string(rel) +
+                                        " is not a multiple of the alignment " +
+                                        std::to_string(m_.alignment));
+            }
+            uint64_t abs, end;
+            if (__builtin_add_overflow(data, rel, &abs) ||
+                __builtin_add_overflow(abs, t.nbytes, &end) || end > r_.size()) {
+                fail(offset_at_[i], tn + " data [" + std::to_string(data) + "+" +
+                                        std::to_string(rel) + ", +" + std::to_string(t.nbytes) +
+                                        " bytes) lies outside the file (size " +
+                                        std::to_string(r_.size()) + ")");
+            }
+            t.file_offset = abs;
+        }
+        // No two tensors may share bytes.
+        std::vector<size_t> order(m_.tensors.size());
+        for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+            return m_.tensors[a].file_offset < m_.tensors[b].file_offset;
+        });
+        for (size_t k = 1; k < order.size(); ++k) {
+            const TensorInfo & prev = m_.tensors[order[k - 1]];
+            const TensorInfo & cur = m_.tensors[order[k]];
+            if (cur.file_offset < prev.file_offset + prev.nbytes) {
+                fail(offset_at_[order[k]],
+                     "tensor " + quoted(cur.name) + " data at offset " +
+                         std::to_string(cur.file_offset) + " overlaps tensor " + quoted(prev.name) +
+                         " [" + std::to_string(prev.file_offset) + ", " +
+                         std::to_string(prev.file_offset + prev.nbytes) + ")");
+            }
+        }
+    }
+
+    // ---- model parameters ----------------------------------------------------------------
+    const KvValue * find_kv(const std::string & key) const {
+        auto it = m_.kv.find(key);
+        return it == m_.kv.end() ? nullptr : &it->second;
+    }
+
+    uint64_t kv_offset(const std::string & key) {
+        auto it = kv_at_.find(key);
+        return it == kv_at_.end() ? 0 : it->second;
+    }
+
+    // An integer-typed key in [lo, hi]; `required` false returns 0 when absent.
+    uint32_t int_key(const std::string & key, bool required, int64_t lo, int64_t hi,
+                     const char * missing_hint = "") {
+        const KvValue * v = find_kv(key);
+        if (!v) {
+            if (!required) return 0;
+            fail(kv_end_, "missing metadata key " + quoted(key) + missing_hint);
+        }
+        const uint64_t at = kv_offset(key);
+        switch (v->type) {
+            case kU8:
+            case kI8:
+            case kU16:
+            case kI16:
+            case kU32:
+            case kI32:
+            case kU64:
+            case kI64:
+                break;
+            default:
+                fail(at, "metadata key " + quoted(key) + " must be an integer, is " +
+                             gguf_type_str(v->type));
+        }
+        bool huge = std::find(huge_u64_.begin(), huge_u64_.end(), key) != huge_u64_.end();
+        if (huge || v->i < lo || v->i > hi) {
+            fail(at, "metadata key " + quoted(key) + " = " +
+                         (huge ? std::string("a value > 2^63") : std::to_string(v->i)) +
+                         " is out of range [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                         "]");
+        }
+        return static_cast<uint32_t>(v->i);
+    }
+
+    void model_params() {
+        const KvValue * a = find_kv("general.architecture");
+        if (!a) fail(kv_end_, "missing metadata key 'general.architecture'");
+        if (a->type != kString || a->s.empty()) {
+            fail(kv_offset("general.architecture"),
+                 "general.architecture must be a non-empty string");
+        }
+        m_.arch = a->s;
+        if (const KvValue * n = find_kv("general.name"); n && n->type == kString) m_.name = n->s;
+        const std::string & p = m_.arch;
+        m_.n_expert =
+            int_key(p + ".expert_count", true, 0, 1 << 20, " (not a MoE model: no expert count)");
+        if (m_.n_expert < 2) {
+            fail(kv_offset(p + ".expert_count"), "not a MoE model: " + p + ".expert_count is " +
+                                                     std::to_string(m_.n_expert) + " (need >= 2)");
+        }
+        m_.n_expert_used = int_key(p + ".expert_used_count", true, 0, INT32_MAX,
+                                   " (not a MoE model: no expert_used_count)");
+        m_.n_layer = int_key(p + ".block_count", true, 1, kMaxLayers);
+        m_.n_embd = int_key(p + ".embedding_length", true, 1, INT32_MAX);
+        // Expert FFN width: a scalar, or one value per layer; 0 means "not given".
+        const std::string ffk = p + ".expert_feed_forward_length";
+        const KvValue * ff = find_kv(ffk);
+        if (ff && ff->type == kArray) {
+            if (ff->arr_i.size() != ff->arr_len || ff->arr_len < m_.n_layer) {
+                fail(kv_offset(ffk), "metadata key " + quoted(ffk) +
+                                         " must be an integer or an array of >= n_layer integers");
+            }
+            for (uint64_t k = 0; k < m_.n_layer; ++k) {
+                if (ff->arr_i[k] < 0 || ff->arr_i[k] > INT32_MAX) {
+                    fail(kv_offset(ffk), "metadata key " + quoted(ffk) + "[" + std::to_string(k) +
+                                             "] = " + std::to_string(ff->arr_i[k]) +
+                                             " is out of range");
+                }
+                n_ff_layer_.push_back(uint32_t(ff->arr_i[k]));
+            }
+        } else {
+            m_.n_ff_exp = int_key(ffk, false, 0, INT32_MAX);
+            n_ff_layer_.assign(m_.n_layer, m_.n_ff_exp);
+        }
+        // Latent-MoE archs run the experts on a narrower width than n_embd.
+        for (const char * k : {".expert_latent_length", ".moe_latent_size"}) {
+            const KvValue * v = find_kv(p + k);
+            if (v && v->type != kArray && int_key(p + k, false, 0, INT32_MAX) > 0) {
+                latent_widths_.push_back(int64_t(v->i));
+            }
+        }
+        if (const KvValue * tok = find_kv("tokenizer.ggml.tokens")) {
+            if (tok->type != kArray || tok->arr_type != kString) {
+                fail(kv_offset("tokenizer.ggml.tokens"),
+                     "tokenizer.ggml.tokens must be an array of strings");
+            }
+            if (tok->arr_len > INT32_MAX) {
+                fail(kv_offset("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens is too long");
+            }
+            m_.n_vocab = static_cast<uint32_t>(tok->arr_len);
+        }
+        if (m_.n_expert_used < 1 || m_.n_expert_used > m_.n_expert) {
+            fail(kv_offset(p + ".expert_used_count"),
+                 p + ".expert_used_count " + std::to_string(m_.n_expert_used) +
+                     " is out of range [1, n_expert=" + std::to_string(m_.n_expert) + "]");
+        }
+    }
+
+    // ---- expert map ----------------------------------------------------------------------
+    // "blk.<N>.<suffix>" with a canonical decimal N; returns false otherwise.
+    static bool parse_expert_name(const std::string & name, uint32_t * layer, Projection * proj) {
+        static const char kPrefix[] = "blk.";
+        if (name.compare(0, 4, kPrefix) != 0) return false;
+        size_t i = 4, start = 4;
+        uint64_t n = 0;
+        while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) {
+            n = n * 10 + uint64_t(name[i] - '0');
+            ++i;
+        }
+        if (i == start || i >= name.size() || name[i] != '.') return false;
+        if (name[start] == '0' && i - start > 1) return false;  // no leading zeros
+        const std::string rest = name.substr(i + 1);
+        if (rest == "ffn_gate_exps.weight")
+            *proj = Projection::kGate;
+        else if (rest == "ffn_up_exps.weight")
+            *proj = Projection::kUp;
+        else if (rest == "ffn_down_exps.weight")
+            *proj = Projection::kDown;
+        else if (rest == "ffn_gate_up_exps.weight")
+            *proj = Projection::kGateUp;
+        else
+            return false;
+        *layer = static_cast<uint32_t>(n);
+        return true;
+    }
+
+    void expert_map() {
+        // Per layer: index of each projection's tensor (or -1).
+        std::map<uint32_t, std::array<int64_t, 4>> layers;
+        for (size_t i = 0; i < m_.tensors.size(); ++i) {
+            uint32_t il;
+            Projection pj;
+            if (!parse_expert_name(m_.tensors[i].name, &il, &pj)) continue;
+            const uint64_t at = offset_at_[i];
+            if (il >= m_.n_layer) {
+                fail(at, "expert tensor " + quoted(m_.tensors[i].name) + " is in layer " +
+                             std::to_string(il) + " but the model has " +
+                             std::to_string(m_.n_layer) + " layers");
+            }
+            auto & slot =
+                layers.try_emplace(il, std::array<int64_t, 4>{-1, -1, -1, -1}).first->second;
+            slot[int(pj)] = int64_t(i);
+        }
+        if (layers.empty()) {
+            fail(r_.pos(), "not a MoE model: no blk.N.ffn_{gate,up,down}_exps.weight tensors");
+        }
+        for (const auto & [il, slot] : layers) m_.moe_layers.push_back(moe_layer(il, slot));
+        if (m_.n_ff_exp == 0) {
+            // Per-layer (or absent) width: report it when every MoE layer's KV value agrees.
+            uint32_t v = n_ff_layer_[m_.moe_layers.front().layer];
+            for (const MoeLayer & l : m_.moe_layers) {
+                if (n_ff_layer_[l.layer] != v) v = 0;
+            }
+            m_.n_ff_exp = v;
+        }
+        for (const MoeLayer & l : m_.moe_layers) {
+            for (const ExpertTensor & e : l.tensors) m_.expert_tensor_names.insert(e.name);
+        }
+    }
+
+    MoeLayer moe_layer(uint32_t il, const std::array<int64_t, 4> & slot) {
+        const std::string blk = "blk." + std::to_string(il) + ".";
+        const bool gate = slot[int(Projection::kGate)] >= 0;
+        const bool up = slot[int(Projection::kUp)] >= 0;
+        const bool down = slot[int(Projection::kDown)] >= 0;
+        const bool fused = slot[int(Projection::kGateUp)] >= 0;
+        const uint64_t at = offset_at_[size_t(*std::max_element(slot.begin(), slot.end()))];
+        if (!down)
+            fail(at, "layer " + std::to_string(il) + ": missing " + blk + "ffn_down_exps.weight");
+        if (fused && (gate || up)) {
+            fail(at, "layer " + std::to_string(il) +
+                         ": has both fused ffn_gate_up_exps and separate gate/up experts");
+        }
+        if (!fused && !gate)
+            fail(at, "layer " + std::to_string(il) + ": missing " + blk + "ffn_gate_exps.weight");
+        if (!fused && !up)
+            fail(at, "layer " + std::to_string(il) + ": missing " + blk + "ffn_up_exps.weight");
+
+        // n_ff and the input width come from down ([n_ff, n_in, n_expert]); everything else
+        // must agree. n_in is n_embd, or one of the arch's declared expert latent widths.
+        const TensorInfo & dt = m_.tensors[size_t(slot[int(Projection::kDown)])];
+        const int64_t n_ff = dt.ne[0];
+        const uint32_t want_ff = n_ff_layer_[il];
+        if (want_ff != 0 && n_ff != int64_t(want_ff)) {
+            fail(offset_at_[size_t(slot[int(Projection::kDown)])],
+                 "tensor " + quoted(dt.name) + " has n_ff " + std::to_string(n_ff) + " but " +
+                     m_.arch + ".expert_feed_forward_length is " + std::to_string(want_ff));
+        }
+        int64_t n_in = m_.n_embd;
+        if (dt.n_dims >= 2 && dt.ne[1] != n_in &&
+            std::find(latent_widths_.begin(), latent_widths_.end(), dt.ne[1]) !=
+                latent_widths_.end()) {
+            n_in = dt.ne[1];
+        }
+        MoeLayer layer;
+        layer.layer = il;
+        std::vector<Projection> order;
+        if (fused)
+            order = {Projection::kGateUp, Projection::kDown};
+        else
+            order = {Projection::kGate, Projection::kUp, Projection::kDown};
+        for (Projection pj : order) {
+            const size_t ti = size_t(slot[int(pj)]);
+            const TensorInfo & t = m_.tensors[ti];
+            int64_t want[3];
+            if (pj == Projection::kDown) {
+                want[0] = n_ff, want[1] = n_in;
+            } else {
+                want[0] = n_in, want[1] = pj == Projection::kGateUp ? 2 * n_ff : n_ff;
+            }
+            want[2] = m_.n_expert;
+            if (t.n_dims != 3 || t.ne[0] != want[0] || t.ne[1] != want[1] || t.ne[2] != want[2]) {
+                std::string got = "[";
+                for (uint32_t d = 0; d < t.n_dims; ++d) {
+                    got += (d ? ", " : "") + std::to_string(t.ne[d]);
+                }
+                got += "]";
+                fail(offset_at_[ti],
+                     "tensor " + quoted(t.name) + " has shape " + got + ", expected [" +
+                         std::to_string(want[0]) + ", " + std::to_string(want[1]) + ", " +
+                         std::to_string(want[2]) + "] (n_in " + std::to_string(n_in) + ", n_ff " +
+                         std::to_string(n_ff) + ", n_expert " + std::to_string(m_.n_expert) + ")");
+            }
+            ExpertTensor e;
+            e.name = t.name;
+            e.layer = il;
+            e.proj = pj;
+            e.type = t.type;
+            for (int d = 0; d < 3; ++d) e.ne[d] = t.ne[d];
+            e.row_bytes = t.nb[1];
+            e.slice_bytes = t.nb[2];
+            e.file_offset = t.file_offset;
+            e.tensor_bytes = t.nbytes;
+            layer.expert_bytes += e.slice_bytes;  // cannot overflow: each is < file size
+            layer.tensors.push_back(std::move(e));
+        }
+        return layer;
+    }
+
+    void totals() {
+        uint64_t ws = 0;
+        for (const MoeLayer & l : m_.moe_layers) {
+            for (const ExpertTensor & e : l.tensors) m_.expert_bytes_total += e.tensor_bytes;
+            uint64_t per;
+            if (__builtin_mul_overflow(l.expert_bytes, uint64_t(m_.n_expert_used), &per) ||
+                __builtin_add_overflow(ws, per, &ws)) {
+                fail(0, "working set size overflows");
+            }
+        }
+        m_.token_working_set_bytes = ws;
+        // Tensors do not overlap and lie inside the file, so these sums cannot overflow.
+        uint64_t all = 0;
+        for (const TensorInfo & t : m_.tensors) all += t.nbytes;
+        m_.dense_bytes_total = all - m_.expert_bytes_total;
+    }
+
+    Reader & r_;
+    ModelIndex & m_;
+    int64_t n_tensors_ = 0;
+    int64_t n_kv_ = 0;
+    uint64_t stored_ = 0;
+    uint64_t kv_end_ = 0;                    // offset just past the metadata section
+    std::map<std::string, uint64_t> kv_at_;  // key -> offset of its record
+    std::vector<uint64_t> offset_at_;        // tensor i -> offset of its info record field
+    std::vector<std::string> huge_u64_;      // u64 keys whose value exceeds INT64_MAX
+    std::vector<uint32_t> n_ff_layer_;       // expert FFN width per layer from the KV (0 = any)
+    std::vector<int64_t> latent_widths_;     // allowed expert input widths besides n_embd
+};
+
+}  // namespace
+
+const char * projection_name(Projection p) {
+    switch (p) {
+        case Projection::kGate:
+            return "gate";
+        case Projection::kUp:
+            return "up";
+        case Projection::kDown:
+            return "down";
+        case Projection::kGateUp:
+            return "gate_up";
+    }
+    return "?";
+}
+
+const TensorInfo * ModelIndex::find_tensor(const std::string & n) const {
+    auto it = tensor_ids.find(n);
+    return it == tensor_ids.end() ? nullptr : &tensors[it->second];
+}
+
+bool ModelIndex::is_expert_tensor(const std::string & n) const {
+    return expert_tensor_names.count(n) != 0;
+}
+
+Status load_model_index(const std::string & path, ModelIndex * out) {
+    ModelIndex m;
+    m.path = path;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::BadModel(path + ": cannot open: " + std::strerror(errno));
+    Fd guard(fd);
+    struct stat st;
+    if (::fstat(fd, &st) != 0) {
+        return Status::BadModel(path + ": cannot stat: " + std::strerror(errno));
+    }
+    if (!S_ISREG(st.st_mode)) return Status::BadModel(path + ": not a regular file");
+    m.file_size = static_cast<uint64_t>(st.st_size);
+    m.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    try {
+        Reader r(fd, m.file_size);
+        Parser(r, m).parse();
+    } catch (const ParseError & e) {
+        return Status::BadModel(path + ": " + e.what + " at byte offset " +
+                                std::to_string(e.offset));
+    } catch (const std::bad_alloc &) {
+        return Status::BadModel(path + ": out of memory while reading the metadata");
+    }
+    *out = std::move(m);
+    return Status::Ok();
+}
+
+}  // namespace moestream
