@@ -1,0 +1,91 @@
+"""Benchmark models: synth presets cached outside the repo (/var/tmp/moestream-models by
+default, MOESTREAM_MODELS_DIR to change), made once with `moestream synth` and reused."""
+from __future__ import annotations
+
+import fcntl
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from typing import Any
+
+PRESETS = ("tiny", "mid", "qwen3-30b-a3b")
+
+
+def models_dir() -> str:
+    return os.environ.get("MOESTREAM_MODELS_DIR", "/var/tmp/moestream-models")
+
+
+def preset_path(preset: str, arch: str, type_: str, seed: int) -> str:
+    s = "" if seed == 1 else f"-s{seed}"
+    return os.path.join(models_dir(), f"{preset}-{arch}-{type_}{s}.gguf")
+
+
+def _synth_in_progress(path: str) -> list[str]:
+    """Temp files of a `moestream synth` that is still running (FILE.tmp.<pid>)."""
+    live = []
+    for t in glob.glob(path + ".tmp.*"):
+        m = re.search(r"\.tmp\.(\d+)$", t)
+        if m and os.path.exists(f"/proc/{m.group(1)}"):
+            live.append(t)
+    return live
+
+
+def ensure(moestream: str, model: str, arch: str, type_: str, seed: int, log,
+           wait_s: int = 3600) -> dict[str, Any]:
+    """Path of the model to benchmark, synthesizing the preset if it is missing."""
+    if model not in PRESETS:
+        if not os.path.exists(model):
+            raise SystemExit(f"model {model!r}: neither a synth preset ({', '.join(PRESETS)}) nor a file")
+        return {"path": os.path.abspath(model), "preset": None, "synthesized": False}
+    path = preset_path(model, arch, type_, seed)
+    cmd = [moestream, "synth", "--preset", model, "--arch", arch, "--type", type_,
+           "--seed", str(seed), "-o", path]
+    info = {"path": path, "preset": model, "arch": arch, "type": type_, "seed": seed,
+            "synth_command": cmd, "synthesized": False}
+    os.makedirs(models_dir(), exist_ok=True)
+    t0 = time.monotonic()
+    while _synth_in_progress(path):
+        if time.monotonic() - t0 > wait_s:
+            raise SystemExit(f"{path}: another `moestream synth` is still writing it after {wait_s} s")
+        log(f"waiting: another process is synthesizing {path}")
+        time.sleep(30)
+    if os.path.exists(path):
+        return info
+    with open(os.path.join(models_dir(), ".synth.lock"), "w") as lk:
+        fcntl.flock(lk, fcntl.LOCK_EX)
+        if os.path.exists(path):
+            return info
+        dry = subprocess.run(cmd[:-2] + ["-o", path, "--dry-run"], capture_output=True, text=True)
+        m = re.search(r": (\d+) bytes", dry.stdout)
+        need = int(m.group(1)) if m else 0
+        free = shutil.disk_usage(models_dir()).free
+        if need and free < need + (2 << 30):
+            raise SystemExit(f"{path}: needs {need / 2**30:.1f} GiB, only {free / 2**30:.1f} GiB free")
+        log(f"synthesizing {path} ({need / 1e9:.1f} GB): {' '.join(cmd)}")
+        r = subprocess.run(cmd)
+        if r.returncode != 0:
+            raise SystemExit(f"synth failed (exit {r.returncode}): {' '.join(cmd)}")
+        info["synthesized"] = True
+    return info
+
+
+def inspect(moestream: str, path: str) -> dict[str, Any]:
+    r = subprocess.run([moestream, "inspect", "--json", "-m", path], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"moestream inspect --json -m {path} failed: {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def summary(ins: dict[str, Any]) -> dict[str, Any]:
+    """The inspect fields worth keeping in a results file (no per-tensor table)."""
+    keep = ("file_size", "arch", "name", "n_layer", "n_moe_layer", "n_expert", "n_expert_used",
+            "n_embd", "n_ff_exp", "expert_bytes_total", "dense_bytes_total", "expert_bytes",
+            "token_working_set_bytes", "odirect_read_bytes", "odirect_overread_pct",
+            "cache_min_mib", "cache_all_experts_mib", "alignment")
+    out = {k: ins[k] for k in keep if k in ins}
+    out["projections"] = ins.get("projections")
+    return out

@@ -1,0 +1,215 @@
+"""Unit tests of the harness's pure parts: matrix rules, statistics, output parsers, run order.
+Run: /usr/bin/python3 -m unittest discover -s bench/tests   (no root, no model, ~2 s)."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from moebench import config, harness, runners, stats  # noqa: E402
+
+EXP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
+
+
+def load_toml(text: str) -> config.Experiment:
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(textwrap.dedent(text))
+    try:
+        return config.load(f.name)
+    finally:
+        os.unlink(f.name)
+
+
+class MatrixRules(unittest.TestCase):
+    def test_every_shipped_experiment_is_valid(self):
+        for name in os.listdir(EXP_DIR):
+            if name.endswith(".toml"):
+                config.load(os.path.join(EXP_DIR, name))
+
+    def test_two_changes_are_refused(self):
+        with self.assertRaisesRegex(config.ConfigError, "changes 2 variables"):
+            load_toml("""
+                [[cell]]
+                name = "a"
+                [[cell]]
+                name = "b"
+                io_threads = 4
+                threads = 1
+                baseline = "a"
+            """)
+
+    def test_zero_changes_are_refused(self):
+        with self.assertRaisesRegex(config.ConfigError, "changes 0 variables"):
+            load_toml("""
+                [[cell]]
+                name = "a"
+                [[cell]]
+                name = "b"
+                baseline = "a"
+            """)
+
+    def test_loader_change_ignores_variables_that_do_not_apply(self):
+        e = load_toml("""
+            [[cell]]
+            name = "res"
+            loader = "resident"
+            [[cell]]
+            name = "st"
+            io_threads = 8
+            baseline = "res"
+        """)
+        self.assertEqual(config.diff(e.cell("st"), e.cell("res")), [("loader", "resident", "stream")])
+
+    def test_a_one_sided_non_neutral_value_counts(self):
+        # stream with a cache vs resident: two changes (loader, and a cache that resident lacks)
+        with self.assertRaisesRegex(config.ConfigError, "changes 2 variables"):
+            load_toml("""
+                [[cell]]
+                name = "res"
+                loader = "resident"
+                [[cell]]
+                name = "st"
+                cache_mb = 4000
+                baseline = "res"
+            """)
+
+    def test_sweep_names_and_baselines(self):
+        e = load_toml("""
+            [[cell]]
+            name = "ref"
+            loader = "resident"
+            [[sweep]]
+            vary = "io_threads"
+            values = [1, 2, 4]
+            name = "l{io_threads}"
+            first_baseline = "ref"
+        """)
+        self.assertEqual([(c.name, c.baseline) for c in e.cells],
+                         [("ref", None), ("l1", "ref"), ("l2", "l1"), ("l4", "l1")])
+
+    def test_unknown_variable_is_an_error(self):
+        with self.assertRaisesRegex(config.ConfigError, "not a matrix variable"):
+            load_toml("""
+                [[cell]]
+                name = "a"
+                lanes = 2
+            """)
+
+    def test_parse_bytes(self):
+        self.assertEqual(config.parse_bytes("8GiB"), 8 << 30)
+        self.assertEqual(config.parse_bytes("512MiB"), 512 << 20)
+        self.assertIsNone(config.parse_bytes("none"))
+
+
+class Statistics(unittest.TestCase):
+    def test_constant_tokens_give_exact_value_and_zero_width(self):
+        r = stats.tok_s([[0.5] * 10, [0.5] * 12])
+        self.assertAlmostEqual(r["value"], 2.0)
+        self.assertAlmostEqual(r["lo"], 2.0)
+        self.assertAlmostEqual(r["hi"], 2.0)
+
+    def test_ratio_of_sums_not_mean_of_ratios(self):
+        r = stats.tok_s([[0.1, 0.9]])
+        self.assertAlmostEqual(r["value"], 2 / 1.0)   # not (10 + 1.11) / 2
+
+    def test_interval_covers_the_truth_most_of_the_time(self):
+        rng = np.random.default_rng(1)
+        truth = 1 / 0.2
+        covered = 0
+        for i in range(200):
+            d = [rng.gamma(20, 0.01, size=30)]      # mean 0.2 s/token
+            r = stats.tok_s(d, B=1000, seed=i)
+            covered += r["lo"] <= truth <= r["hi"]
+        self.assertGreater(covered, 170)   # nominal 95%, percentile bootstrap n=30: ~90-95%
+
+    def test_ratio_of_identical_cells_straddles_one(self):
+        rng = np.random.default_rng(2)
+        a = stats.tok_s([rng.gamma(20, 0.01, size=40)], seed=1)
+        b = stats.tok_s([rng.gamma(20, 0.01, size=40)], seed=2)
+        r = stats.ratio(a, b)
+        self.assertLess(r["lo"], 1.0)
+        self.assertGreater(r["hi"], 1.0)
+
+    def test_ratio_detects_a_2x_difference(self):
+        rng = np.random.default_rng(3)
+        a = stats.tok_s([rng.gamma(20, 0.005, size=30)], seed=1)
+        b = stats.tok_s([rng.gamma(20, 0.01, size=30)], seed=2)
+        r = stats.ratio(a, b)
+        self.assertGreater(r["lo"], 1.5)
+        self.assertLess(r["hi"], 2.7)
+
+
+LLAMA_LOG = """\
+0.00.011.488 I llama_completion: load the model and apply lora adapter, if any
+0.00.032.140 I system_info: n_threads = 2 (n_threads_batch = 2) / 2 | CPU : AVX2 = 1 |
+Once upon a time
+0.00.113.852 D n_past = 16
+0.00.113.911 D n_remain: 3
+0.00.214.973 D n_past = 17
+0.00.215.024 D n_remain: 2
+0.00.315.704 D n_remain: 1
+0.00.417.007 D n_remain: 0
+0.00.417.100 I common_perf_print: prompt eval time =      80.00 ms /    16 tokens (    5.00 ms per token,   200.00 tokens per second)
+0.00.417.200 I common_perf_print:        eval time =     300.00 ms /     3 runs   (  100.00 ms per token,    10.00 tokens per second)
+"""
+
+
+class Parsers(unittest.TestCase):
+    def test_llama_completion_log(self):
+        m = runners.parse_llama_completion(LLAMA_LOG)
+        self.assertEqual(m["n_generated"], 4)
+        self.assertEqual(len(m["per_token"]["decode_s"]), 3)
+        self.assertAlmostEqual(m["ttft_s"], 0.113911)
+        self.assertAlmostEqual(m["load_s"], 0.032140)
+        self.assertAlmostEqual(m["llama_eval_s"], 0.3)
+        self.assertAlmostEqual(m["prefill_s"], 0.08)
+        self.assertAlmostEqual(m["decode_s"], 0.417007 - 0.113911, places=6)
+
+    def test_minutes_in_llama_timestamps(self):
+        m = runners.parse_llama_completion("1.02.003.004 D n_remain: 1\n1.03.003.004 D n_remain: 0\n")
+        self.assertAlmostEqual(m["ttft_s"], 62.003004)
+        self.assertAlmostEqual(m["per_token"]["decode_s"][0], 1.0)
+
+    def test_moestream_summary(self):
+        err = ("moestream: streaming | load 1.11 s | first token 1.35 s | prefill 16 tok 66.70 tok/s | "
+               "decode 8 tok 82.08 tok/s\n"
+               "moestream: flash read 19.0 MiB in 534 reads (io 0.07 s) | 1.71 MiB/token | token demand "
+               "1.69 MiB | widest layer 0.42 MiB\n"
+               "moestream: peak RSS 44.0 MiB | major faults/token 0.00 | lossless\n")
+        m = runners.parse_moestream_summary(err)
+        self.assertEqual(m["n_generated"], 8)
+        self.assertAlmostEqual(m["decode_tok_s"], 82.08)
+        self.assertAlmostEqual(m["bytes_per_token"], 1.71 * 2**20)
+        self.assertEqual(m["flash_reads"], 534)
+
+
+class Order(unittest.TestCase):
+    def _exp(self, order: str) -> config.Experiment:
+        return load_toml(f"""
+            order = "{order}"
+            reps = 3
+            [[cell]]
+            name = "a"
+            [[cell]]
+            name = "b"
+            io_threads = 4
+            baseline = "a"
+        """)
+
+    def test_interleaved(self):
+        o = harness.run_order(self._exp("interleaved"), ["a", "b"], 0)
+        self.assertEqual([n for _, n in o], ["a", "b", "a", "b", "a", "b"])
+
+    def test_alternate(self):
+        o = harness.run_order(self._exp("alternate"), ["a", "b"], 0)
+        self.assertEqual([n for _, n in o], ["a", "b", "b", "a", "a", "b"])
+
+
+if __name__ == "__main__":
+    unittest.main()
