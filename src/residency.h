@@ -10,9 +10,16 @@
 // layer's tensor, shared by all layers (one layer computes at a time). Every routed slice is
 // re-read every time. RAM for experts = one layer's expert tensors.
 //
+// LruCache (--cache-mb N, residency_cache.cpp, docs/cache.md): every (layer, projection) has
+// its own reserved, lazily committed address range; a routed expert already resident is a
+// hit (no read), a miss is committed, read and kept; over budget, the least recently used
+// (layer, expert) not routed in the layer being staged is evicted and its pages released.
+// Committed expert memory <= max(budget, the staged layer's routed set).
+//
 // Thread-safety: called from the eval callback only (one thread at a time).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -29,6 +36,51 @@ struct StageStats {
     uint64_t misses = 0;   // read from the file
 };
 
+// Counters of the LRU cache (docs/cache.md, "Metrics"). Byte figures are page-granular:
+// pages actually committed for expert data, a page shared by two experts counted once.
+struct CacheStats {
+    uint64_t lookups = 0;             // routed (layer, expert) looked up by stage()
+    uint64_t hits = 0;                // resident already: no read
+    uint64_t misses = 0;              // committed and read
+    uint64_t evictions = 0;           // resident experts released to make room
+    uint64_t rereads = 0;             // misses of experts that had been resident and were evicted
+    uint64_t abandoned = 0;           // experts released by abandon_stage() (their reads failed)
+    uint64_t over_budget_stages = 0;  // stages that ended above budget (routed set > budget)
+    uint64_t resident_experts = 0;    // (layer, expert) pairs resident now
+    uint64_t resident_expert_bytes = 0;  // bytes committed for expert data now
+    uint64_t peak_resident_bytes = 0;    // max of resident_expert_bytes since construction
+    uint64_t budget_bytes = 0;           // the budget the cache was built with
+    uint64_t reserved_bytes = 0;         // address space reserved (not RAM)
+    uint64_t page_bytes = 0;             // commit granularity
+    bool page_protect = false;           // released pages are PROT_NONE (else: flat mapping)
+};
+
+// Debug and test knobs of the LRU cache (docs/cache.md, "Debug mode").
+struct CacheDebug {
+    // Fill freshly committed pages with 0xFF (NaN for f32/f16/bf16, NaN scales for the
+    // quantized types) before their read, so an expert used without being read poisons the
+    // output instead of silently computing on stale or zero bytes. Under Mapping::kAuto,
+    // poison or check_residency select page protection: released pages are PROT_NONE, so a
+    // stray access to a released or never-loaded expert faults.
+    bool poison = false;
+    // Make verify_resident() check (store state + mincore + a poison scan) instead of
+    // returning Ok.
+    bool check_residency = false;
+
+    // How the reservations are mapped. kAuto: page-protected (PROT_NONE until committed)
+    // unless vm.max_map_count could be exhausted by the worst-case number of mappings, then
+    // flat (read-write, never touched until committed; release = MADV_DONTNEED only).
+    enum class Mapping { kAuto, kProtect, kFlat };
+    Mapping mapping = Mapping::kAuto;
+
+    // Test only: plant one bug, once, at the first stage() where it applies, so tests can
+    // show verify_resident() catches it. kForgetRead: the first miss is marked resident but
+    // its reads are not returned. kDropRouted: the first hit's pages are released (state
+    // left saying resident).
+    enum class Fault { kNone, kForgetRead, kDropRouted };
+    Fault fault = Fault::kNone;
+};
+
 class ResidencyStore {
 public:
     virtual ~ResidencyStore() = default;
@@ -43,9 +95,28 @@ public:
     // Bytes of RAM the store holds for expert data now.
     virtual uint64_t resident_bytes() const = 0;
     virtual uint64_t reserved_bytes() const = 0;
+
+    // --- Optional, with defaults for stores that keep nothing between routings. ---
+    // Whether expert `e` of MoE layer `moe_idx` is resident now (a routing of it would hit;
+    // includes the experts whose reads the last stage() handed out).
+    virtual bool is_resident(size_t /*moe_idx*/, uint32_t /*e*/) const { return false; }
+    // Cache counters since construction (all zero for a store that is not a cache).
+    virtual CacheStats cache_stats() const { return {}; }
+    // Debug check, meant to be called after the reads of stage(moe_idx, experts) completed
+    // and before the layer's matmul runs: every routed expert's slices are resident. Returns
+    // Ok without checking unless the store was built with CacheDebug::check_residency, so
+    // the caller may call it unconditionally.
+    virtual Status verify_resident(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/) {
+        return Status::Ok();
+    }
 };
 
 // Cache off: shared per-projection slots, re-read on every routing.
 std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st);
+
+// LRU cache with a budget of `budget_bytes` of committed expert memory (> 0). Reserves
+// address space for every expert tensor (no RAM). `index` must outlive the store.
+std::unique_ptr<ResidencyStore> make_lru_cache(const ModelIndex & index, uint64_t budget_bytes,
+                                               const CacheDebug & dbg, Status * st);
 
 }  // namespace moestream

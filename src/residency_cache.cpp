@@ -1,0 +1,567 @@
+// residency_cache.cpp — LruCache, the bounded expert cache (see residency.h, docs/cache.md).
+//
+// Layout: one reservation per (MoE layer, projection tensor) of the tensor's full size,
+// rounded up to whole pages. Expert e of that tensor sits at base + e * slice_bytes, its
+// canonical offset, so llama.cpp's MUL_MAT_ID finds it where it expects it. Nothing is
+// committed until an expert is loaded: a miss commits the pages covering the expert's slice
+// in every projection, a release gives back the pages that no other live expert of the same
+// tensor also covers (slices need not be page multiples, so neighbours can share a page).
+//
+// State per (layer, expert): absent, pending (committed, reads handed out by the current
+// stage()), resident. Pending becomes resident when the next stage() begins (the caller
+// reports failed reads through abandon_stage() before that). A doubly linked LRU list over
+// live (pending or resident) experts orders eviction; experts routed in the layer being
+// staged are never chosen as victims.
+#include <sys/mman.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "log.h"
+#include "residency.h"
+
+namespace moestream {
+namespace {
+
+constexpr uint8_t kPoisonByte = 0xFF;
+constexpr uint64_t kPoisonWord = ~uint64_t(0);
+
+enum : uint8_t { kAbsent = 0, kPending = 1, kResident = 2 };
+
+std::string errno_str(int e) {
+    return std::string(std::strerror(e));
+}
+
+uint64_t read_max_map_count() {
+    uint64_t v = 65530;  // the kernel default
+    if (FILE * f = std::fopen("/proc/sys/vm/max_map_count", "r")) {
+        unsigned long long x = 0;
+        if (std::fscanf(f, "%llu", &x) == 1 && x > 0) v = x;
+        std::fclose(f);
+    }
+    return v;
+}
+
+uint64_t count_current_maps() {
+    uint64_t n = 0;
+    if (FILE * f = std::fopen("/proc/self/maps", "r")) {
+        int c;
+        while ((c = std::fgetc(f)) != EOF)
+            if (c == '\n') ++n;
+        std::fclose(f);
+    }
+    return n;
+}
+
+class LruCache final : public ResidencyStore {
+public:
+    LruCache(const ModelIndex & index, uint64_t budget, const CacheDebug & dbg)
+        : index_(index), budget_(budget), dbg_(dbg) {}
+
+    ~LruCache() override {
+        for (const Reservation & r : res_)
+            if (r.base) munmap(r.base, r.map_bytes);
+    }
+
+    Status init();
+
+    uint8_t * tensor_base(size_t moe_idx, size_t t) override {
+        return res_[layer_res_[moe_idx] + t].base;
+    }
+
+    Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
+                 std::vector<ReadRequest> * reads, StageStats * stats) override;
+    void abandon_stage(size_t moe_idx) override;
+
+    uint64_t resident_bytes() const override { return committed_; }
+    uint64_t reserved_bytes() const override { return reserved_; }
+
+    bool is_resident(size_t moe_idx, uint32_t e) const override {
+        if (moe_idx >= layers_.size() || e >= layers_[moe_idx].n_expert) return false;
+        return state_[id_of(moe_idx, e)] != kAbsent;
+    }
+
+    CacheStats cache_stats() const override {
+        CacheStats s = stats_;
+        s.resident_experts = live_count_;
+        s.resident_expert_bytes = committed_;
+        s.budget_bytes = budget_;
+        s.reserved_bytes = reserved_;
+        s.page_bytes = page_;
+        s.page_protect = protect_;
+        return s;
+    }
+
+    Status verify_resident(size_t moe_idx, const std::vector<uint32_t> & experts) override;
+
+private:
+    struct Reservation {
+        uint8_t * base = nullptr;
+        uint64_t map_bytes = 0;    // tensor bytes rounded up to whole pages
+        uint64_t slice_bytes = 0;  // bytes of one expert
+    };
+    struct LayerInfo {
+        uint32_t n_expert = 0;
+        uint32_t first_id = 0;  // id of expert 0 in the per-(layer, expert) arrays
+    };
+
+    uint32_t id_of(size_t moe_idx, uint32_t e) const { return layers_[moe_idx].first_id + e; }
+
+    // Pages [*p0, *p1) covering expert e's slice of reservation r.
+    void page_range(const Reservation & r, uint32_t e, uint64_t * p0, uint64_t * p1) const {
+        const uint64_t begin = uint64_t(e) * r.slice_bytes;
+        const uint64_t end = begin + r.slice_bytes;
+        *p0 = begin / page_;
+        *p1 = (end + page_ - 1) / page_;
+    }
+
+    // Whether page p of reservation r (of layer moe_idx) is also covered by a live expert
+    // other than e.
+    bool page_shared(size_t moe_idx, const Reservation & r, uint64_t p, uint32_t e) const {
+        const LayerInfo & L = layers_[moe_idx];
+        const uint64_t lo = (p * page_) / r.slice_bytes;
+        const uint64_t hi =
+            std::min<uint64_t>(L.n_expert - 1, ((p + 1) * page_ - 1) / r.slice_bytes);
+        for (uint64_t x = lo; x <= hi; ++x)
+            if (x != e && state_[L.first_id + x] != kAbsent) return true;
+        return false;
+    }
+
+    // The pages of expert e's slice in r that no other live expert covers: [*q0, *q1).
+    // Only the two boundary pages can be shared; interior pages lie inside the slice.
+    void exclusive_range(size_t moe_idx, const Reservation & r, uint32_t e, uint64_t * q0,
+                         uint64_t * q1) const {
+        uint64_t p0, p1;
+        page_range(r, e, &p0, &p1);
+        if (page_shared(moe_idx, r, p0, e)) ++p0;
+        if (p1 > p0 && page_shared(moe_idx, r, p1 - 1, e)) --p1;
+        *q0 = p0;
+        *q1 = std::max(p0, p1);
+    }
+
+    // Bytes that committing expert e (absent now) would add.
+    uint64_t commit_cost(size_t moe_idx, uint32_t e) const {
+        uint64_t total = 0;
+        for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
+            uint64_t q0, q1;
+            exclusive_range(moe_idx, res_[layer_res_[moe_idx] + t], e, &q0, &q1);
+            total += (q1 - q0) * page_;
+        }
+        return total;
+    }
+
+    size_t layers_res_count(size_t moe_idx) const {
+        return layer_res_[moe_idx + 1] - layer_res_[moe_idx];
+    }
+
+    Status commit(size_t moe_idx, uint32_t e);
+    void release(size_t moe_idx, uint32_t e);
+    void release_pages(uint8_t * base, uint64_t q0, uint64_t q1);
+    bool evict_one(size_t moe_idx);
+
+    // LRU list: sentinel at index n_ids_; next_ goes from MRU towards LRU.
+    void lru_unlink(uint32_t id) {
+        next_[prev_[id]] = next_[id];
+        prev_[next_[id]] = prev_[id];
+    }
+    void lru_push_front(uint32_t id) {
+        const uint32_t s = n_ids_;
+        next_[id] = next_[s];
+        prev_[id] = s;
+        prev_[next_[s]] = id;
+        next_[s] = id;
+    }
+
+    const ModelIndex & index_;
+    const uint64_t budget_;
+    const CacheDebug dbg_;
+    uint64_t page_ = 4096;
+    bool protect_ = true;
+
+    std::vector<LayerInfo> layers_;
+    std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])
+    std::vector<Reservation> res_;
+    uint64_t reserved_ = 0;
+
+    uint32_t n_ids_ = 0;              // (layer, expert) pairs
+    std::vector<uint8_t> state_;      // kAbsent / kPending / kResident
+    std::vector<uint8_t> ever_;       // was resident once (for rereads)
+    std::vector<uint32_t> id_layer_;  // moe_idx of an id
+    std::vector<uint64_t> stamp_;     // stage generation that last routed the id
+    std::vector<uint32_t> prev_, next_;
+    uint64_t gen_ = 0;
+    uint64_t live_count_ = 0;
+    uint64_t committed_ = 0;
+
+    std::vector<uint32_t> pending_;  // ids committed by the last stage(), reads outstanding
+    std::vector<uint64_t> done_;     // stage generation that last looked the id up
+    bool fault_fired_ = false;
+    bool warned_protect_ = false;
+
+    CacheStats stats_;
+    std::vector<unsigned char> mincore_buf_;
+};
+
+Status LruCache::init() {
+    if (budget_ == 0)
+        return Status::Usage("expert cache budget must be > 0 (use the shared slots for 0)");
+    if (index_.moe_layers.empty())
+        return Status::BadModel(index_.path + ": no MoE layers to cache");
+    const long ps = sysconf(_SC_PAGESIZE);
+    page_ = ps > 0 ? uint64_t(ps) : 4096;
+
+    // Shapes: one expert count per layer, slices consistent with the tensor size.
+    uint64_t max_experts = 0, min_expert_bytes = UINT64_MAX;
+    size_t n_res = 0;
+    layers_.resize(index_.moe_layers.size());
+    layer_res_.assign(index_.moe_layers.size() + 1, 0);
+    for (size_t i = 0; i < index_.moe_layers.size(); ++i) {
+        const MoeLayer & ML = index_.moe_layers[i];
+        if (ML.tensors.empty())
+            return Status::BadModel(index_.path + ": MoE layer " + std::to_string(ML.layer) +
+                                    " has no expert tensors");
+        const int64_t n = ML.tensors[0].ne[2];
+        uint64_t eb = 0;
+        for (const ExpertTensor & et : ML.tensors) {
+            if (et.ne[2] != n || n <= 0 || n > (int64_t(1) << 24) || et.slice_bytes == 0 ||
+                et.tensor_bytes != uint64_t(n) * et.slice_bytes)
+                return Status::BadModel(index_.path + ": expert tensor '" + et.name +
+                                        "' has an inconsistent expert count or slice size");
+            eb += et.slice_bytes;
+        }
+        if (uint64_t(n_ids_) + uint64_t(n) > UINT32_MAX - 1)
+            return Status::BadModel(index_.path + ": too many experts to cache");
+        layers_[i].n_expert = uint32_t(n);
+        layers_[i].first_id = n_ids_;
+        n_ids_ += uint32_t(n);
+        layer_res_[i] = n_res;
+        n_res += ML.tensors.size();
+        max_experts = std::max<uint64_t>(max_experts, uint64_t(n));
+        min_expert_bytes = std::min(min_expert_bytes, eb);
+    }
+    layer_res_.back() = n_res;
+
+    // Mapping mode. Page protection splits a reservation into one mapping per run of
+    // committed / uncommitted pages; in the worst case (no two live experts adjacent) that is
+    // two per live slice. Stay well inside vm.max_map_count or mprotect would fail with
+    // ENOMEM mid-generation.
+    const uint64_t n_proj_max = [&] {
+        uint64_t m = 0;
+        for (const MoeLayer & ML : index_.moe_layers) m = std::max<uint64_t>(m, ML.tensors.size());
+        return m;
+    }();
+    const uint64_t max_live = std::min<uint64_t>(
+        n_ids_, budget_ / std::max<uint64_t>(1, min_expert_bytes) + 1 + max_experts);
+    const uint64_t worst_maps = 2 * max_live * n_proj_max + n_res;
+    const uint64_t map_limit = read_max_map_count();
+    const uint64_t in_use = count_current_maps();
+    const uint64_t headroom = 4096;  // llama.cpp, ggml, threads, malloc arenas, ...
+    const bool fits = in_use + headroom + worst_maps <= map_limit;
+    switch (dbg_.mapping) {
+        case CacheDebug::Mapping::kProtect:
+            protect_ = true;
+            break;
+        case CacheDebug::Mapping::kFlat:
+            protect_ = false;
+            break;
+        case CacheDebug::Mapping::kAuto:
+            protect_ = fits || dbg_.poison || dbg_.check_residency;
+            break;
+    }
+    if (!fits && protect_)
+        MS_LOG_WARN(
+            "expert cache: page protection may need up to %llu mappings, "
+            "vm.max_map_count is %llu (%llu in use); commits may fail",
+            (unsigned long long)worst_maps, (unsigned long long)map_limit,
+            (unsigned long long)in_use);
+    else if (!protect_ && dbg_.mapping == CacheDebug::Mapping::kAuto)
+        MS_LOG_INFO(
+            "expert cache: flat mapping (page protection could need %llu mappings, "
+            "vm.max_map_count is %llu)",
+            (unsigned long long)worst_maps, (unsigned long long)map_limit);
+
+    // Reservations.
+    res_.resize(n_res);
+    for (size_t i = 0; i < index_.moe_layers.size(); ++i) {
+        const MoeLayer & ML = index_.moe_layers[i];
+        for (size_t t = 0; t < ML.tensors.size(); ++t) {
+            const ExpertTensor & et = ML.tensors[t];
+            Reservation & r = res_[layer_res_[i] + t];
+            r.slice_bytes = et.slice_bytes;
+            r.map_bytes = (et.tensor_bytes + page_ - 1) / page_ * page_;
+            const int prot = protect_ ? PROT_NONE : (PROT_READ | PROT_WRITE);
+            void * p = mmap(nullptr, r.map_bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                            -1, 0);
+            if (p == MAP_FAILED)
+                return Status::Runtime(
+                    "expert cache: cannot reserve " + std::to_string(r.map_bytes) +
+                    " bytes of address space for '" + et.name + "': " + errno_str(errno));
+            r.base = static_cast<uint8_t *>(p);
+            reserved_ += r.map_bytes;
+            // Whole huge pages would commit neighbours' bytes and break the page accounting.
+            madvise(p, r.map_bytes, MADV_NOHUGEPAGE);
+        }
+    }
+
+    state_.assign(n_ids_, kAbsent);
+    ever_.assign(n_ids_, 0);
+    stamp_.assign(n_ids_, 0);
+    done_.assign(n_ids_, 0);
+    id_layer_.resize(n_ids_);
+    for (size_t i = 0; i < layers_.size(); ++i)
+        for (uint32_t e = 0; e < layers_[i].n_expert; ++e)
+            id_layer_[layers_[i].first_id + e] = uint32_t(i);
+    prev_.assign(size_t(n_ids_) + 1, n_ids_);
+    next_.assign(size_t(n_ids_) + 1, n_ids_);
+    return Status::Ok();
+}
+
+Status LruCache::commit(size_t moe_idx, uint32_t e) {
+    const size_t n_t = layers_res_count(moe_idx);
+    uint64_t added = 0;
+    for (size_t t = 0; t < n_t; ++t) {
+        const Reservation & r = res_[layer_res_[moe_idx] + t];
+        uint64_t p0, p1, q0, q1;
+        page_range(r, e, &p0, &p1);
+        exclusive_range(moe_idx, r, e, &q0, &q1);
+        if (protect_ && q1 > q0 &&
+            mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0) {
+            const int err = errno;
+            // Undo the projections committed so far (state is still absent).
+            for (size_t u = 0; u < t; ++u) {
+                uint64_t a0, a1;
+                exclusive_range(moe_idx, res_[layer_res_[moe_idx] + u], e, &a0, &a1);
+                release_pages(res_[layer_res_[moe_idx] + u].base, a0, a1);
+            }
+            return Status::Runtime(
+                "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
+                index_.moe_layers[moe_idx].tensors[t].name + "': mprotect: " + errno_str(err) +
+                (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
+        }
+        added += (q1 - q0) * page_;
+        if (dbg_.poison) {
+            // The slice itself, plus the parts of newly committed boundary pages outside it
+            // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
+            const uint64_t begin = uint64_t(e) * r.slice_bytes, end = begin + r.slice_bytes;
+            std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
+            if (q0 == p0 && q1 > q0)
+                std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
+            if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
+        }
+    }
+    committed_ += added;
+    stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, committed_);
+    return Status::Ok();
+}
+
+void LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
+    if (q1 <= q0) return;
+    uint8_t * p = base + q0 * page_;
+    const uint64_t len = (q1 - q0) * page_;
+    if (madvise(p, len, MADV_DONTNEED) != 0 && !warned_protect_) {
+        warned_protect_ = true;
+        MS_LOG_WARN("expert cache: madvise(MADV_DONTNEED) failed: %s", std::strerror(errno));
+    }
+    if (protect_ && mprotect(p, len, PROT_NONE) != 0 && !warned_protect_) {
+        // The pages are freed already; only the fault-on-stray-access protection is lost.
+        warned_protect_ = true;
+        MS_LOG_WARN("expert cache: mprotect(PROT_NONE) failed: %s (vm.max_map_count?)",
+                    std::strerror(errno));
+    }
+}
+
+// Releases a live expert's exclusively covered pages in every projection and marks it absent.
+void LruCache::release(size_t moe_idx, uint32_t e) {
+    const uint32_t id = id_of(moe_idx, e);
+    for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
+        const Reservation & r = res_[layer_res_[moe_idx] + t];
+        uint64_t q0, q1;
+        exclusive_range(moe_idx, r, e, &q0, &q1);
+        release_pages(r.base, q0, q1);
+        committed_ -= (q1 - q0) * page_;
+    }
+    state_[id] = kAbsent;
+    lru_unlink(id);
+    --live_count_;
+}
+
+// Evicts the least recently used live expert not routed in the stage of layer moe_idx.
+bool LruCache::evict_one(size_t moe_idx) {
+    for (uint32_t id = prev_[n_ids_]; id != n_ids_; id = prev_[id]) {
+        const uint32_t L = id_layer_[id];
+        if (L == moe_idx && stamp_[id] == gen_) continue;  // routed now: never a victim
+        release(L, id - layers_[L].first_id);
+        ++stats_.evictions;
+        return true;
+    }
+    return false;
+}
+
+Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
+                       std::vector<ReadRequest> * reads, StageStats * stats) {
+    if (moe_idx >= layers_.size())
+        return Status::Runtime("expert cache: MoE layer slot " + std::to_string(moe_idx) +
+                               " out of range");
+    const LayerInfo & L = layers_[moe_idx];
+    for (uint32_t e : experts)
+        if (e >= L.n_expert)
+            return Status::Runtime("expert cache: expert id " + std::to_string(e) +
+                                   " out of range for layer " +
+                                   std::to_string(index_.moe_layers[moe_idx].layer));
+
+    // The previous stage's reads succeeded (else abandon_stage() would have been called).
+    for (uint32_t id : pending_) {
+        state_[id] = kResident;
+        ever_[id] = 1;
+    }
+    pending_.clear();
+
+    ++gen_;
+    for (uint32_t e : experts) stamp_[id_of(moe_idx, e)] = gen_;
+
+    const MoeLayer & ML = index_.moe_layers[moe_idx];
+    int32_t first_hit = -1;
+    for (uint32_t e : experts) {
+        const uint32_t id = id_of(moe_idx, e);
+        if (done_[id] == gen_) continue;  // duplicate id in this routing
+        done_[id] = gen_;
+        ++stats_.lookups;
+        ++stats->lookups;
+        if (state_[id] == kResident) {
+            ++stats_.hits;
+            ++stats->hits;
+            lru_unlink(id);
+            lru_push_front(id);
+            if (first_hit < 0) first_hit = int32_t(e);
+            continue;
+        }
+        ++stats_.misses;
+        ++stats->misses;
+        // Make room first: the budget bounds what is committed, not just what is kept.
+        while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one(moe_idx)) {
+        }
+        Status st = commit(moe_idx, e);
+        if (!st.ok()) {
+            abandon_stage(moe_idx);
+            return st;
+        }
+        if (ever_[id]) ++stats_.rereads;
+        pending_.push_back(id);
+        state_[id] = kPending;
+        ++live_count_;
+        lru_push_front(id);
+
+        if (dbg_.fault == CacheDebug::Fault::kForgetRead && !fault_fired_) {
+            fault_fired_ = true;  // planted bug: no reads for this expert
+            continue;
+        }
+        for (size_t t = 0; t < ML.tensors.size(); ++t) {
+            const ExpertTensor & et = ML.tensors[t];
+            reads->push_back({et.slice_offset(e), et.slice_bytes,
+                              tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes});
+        }
+    }
+    if (committed_ > budget_) ++stats_.over_budget_stages;
+
+    if (dbg_.fault == CacheDebug::Fault::kDropRouted && !fault_fired_ && first_hit >= 0) {
+        // Planted bug: a routed, resident expert's pages go away; its state says resident.
+        fault_fired_ = true;
+        for (size_t t = 0; t < ML.tensors.size(); ++t) {
+            const Reservation & r = res_[layer_res_[moe_idx] + t];
+            uint64_t q0, q1;
+            exclusive_range(moe_idx, r, uint32_t(first_hit), &q0, &q1);
+            release_pages(r.base, q0, q1);
+        }
+    }
+    return Status::Ok();
+}
+
+void LruCache::abandon_stage(size_t /*moe_idx*/) {
+    // The pending experts all belong to the last stage()'s layer.
+    // They never count as resident: ever_ is set only when a pending expert is promoted.
+    for (uint32_t id : pending_) {
+        const uint32_t L = id_layer_[id];
+        release(L, id - layers_[L].first_id);
+        ++stats_.abandoned;
+    }
+    pending_.clear();
+}
+
+Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & experts) {
+    if (!dbg_.check_residency) return Status::Ok();
+    if (moe_idx >= layers_.size())
+        return Status::Runtime("verify_resident: MoE layer slot " + std::to_string(moe_idx) +
+                               " out of range");
+    const MoeLayer & ML = index_.moe_layers[moe_idx];
+    const LayerInfo & L = layers_[moe_idx];
+    auto where = [&](uint32_t e, size_t t) {
+        return "expert " + std::to_string(e) + " of layer " + std::to_string(ML.layer) + " ('" +
+               ML.tensors[t].name + "')";
+    };
+    for (uint32_t e : experts) {
+        if (e >= L.n_expert)
+            return Status::Runtime("verify_resident: expert id " + std::to_string(e) +
+                                   " out of range for layer " + std::to_string(ML.layer));
+        if (state_[id_of(moe_idx, e)] == kAbsent)
+            return Status::Runtime("verify_resident: " + where(e, 0) +
+                                   " is routed but the cache does not hold it");
+        for (size_t t = 0; t < ML.tensors.size(); ++t) {
+            const Reservation & r = res_[layer_res_[moe_idx] + t];
+            uint64_t p0, p1;
+            page_range(r, e, &p0, &p1);
+            // 1) Every page of the slice is in RAM (a released or never written page is not).
+            mincore_buf_.assign(size_t(p1 - p0), 0);
+            if (mincore(r.base + p0 * page_, (p1 - p0) * page_, mincore_buf_.data()) != 0)
+                return Status::Runtime("verify_resident: mincore failed for " + where(e, t) + ": " +
+                                       errno_str(errno));
+            for (uint64_t i = 0; i < p1 - p0; ++i)
+                if (!(mincore_buf_[i] & 1))
+                    return Status::Runtime("verify_resident: page " + std::to_string(p0 + i) +
+                                           " of " + where(e, t) + " is not in RAM");
+            // 2) Readable and not still the poison pattern. Read through process_vm_readv so a
+            // page left PROT_NONE is reported (EFAULT) rather than crashing the process.
+            const uint64_t begin = uint64_t(e) * r.slice_bytes;
+            const uint64_t n_words = r.slice_bytes / 8;
+            if (n_words == 0) continue;
+            constexpr uint64_t kSamples = 32;
+            uint64_t buf[kSamples];
+            iovec local[kSamples], remote[kSamples];
+            const uint64_t n = std::min(kSamples, n_words);
+            for (uint64_t k = 0; k < n; ++k) {
+                const uint64_t w = n == 1 ? 0 : k * (n_words - 1) / (n - 1);
+                local[k] = {&buf[k], 8};
+                remote[k] = {r.base + begin + w * 8, 8};
+            }
+            const ssize_t got = process_vm_readv(getpid(), local, n, remote, n, 0);
+            if (got < 0 && errno == EFAULT)
+                return Status::Runtime("verify_resident: " + where(e, t) +
+                                       " is not readable (page protected)");
+            if (got != ssize_t(n * 8)) continue;  // cannot sample here (EPERM, ENOSYS)
+            if (dbg_.poison) {
+                bool all_poison = true;
+                for (uint64_t k = 0; k < n && all_poison; ++k) all_poison = buf[k] == kPoisonWord;
+                if (all_poison)
+                    return Status::Runtime("verify_resident: " + where(e, t) +
+                                           " still holds the poison pattern (never read)");
+            }
+        }
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+std::unique_ptr<ResidencyStore> make_lru_cache(const ModelIndex & index, uint64_t budget_bytes,
+                                               const CacheDebug & dbg, Status * st) {
+    auto s = std::make_unique<LruCache>(index, budget_bytes, dbg);
+    *st = s->init();
+    if (!st->ok()) return nullptr;
+    return s;
+}
+
+}  // namespace moestream
