@@ -96,6 +96,9 @@ const TypeInfo kTypes[] = {
     {"q4_k", GGML_TYPE_Q4_K, LLAMA_FTYPE_MOSTLY_Q4_K_M},
 };
 
+// Gain of the attention output projection (see build_tensors).
+constexpr float kAttnOutGain = 0.3f;
+
 // glm4moe: number of leading dense (non-MoE) layers, as in GLM-4.5-Air.
 constexpr uint32_t kGlmLeadingDense = 1;
 constexpr uint32_t kGlmSharedExperts = 1;
@@ -209,9 +212,19 @@ TensorSpec make(const std::string & name, ggml_type type, std::initializer_list<
     return t;
 }
 
-// OLMoE has no grouped-query attention (its k-norm spans all heads): n_head_kv = n_head.
-uint32_t n_head_kv(const Model & m) {
-    return m.arch == Arch::kOlmoe ? m.preset->n_head : m.preset->n_head_kv;
+struct AttnShape {
+    uint32_t n_head, n_head_kv, head_dim;
+};
+
+// llama.cpp's OLMoE has no grouped-query attention (its q/k norms span all heads) and needs
+// n_head * head_dim == n_embd: it keeps the preset's head_dim with n_embd / head_dim heads.
+AttnShape attn_shape(const Model & m) {
+    const Preset & p = *m.preset;
+    if (m.arch == Arch::kOlmoe) {
+        const uint32_t h = p.n_embd / p.head_dim;
+        return {h, h, p.head_dim};
+    }
+    return {p.n_head, p.n_head_kv, p.head_dim};
 }
 
 std::string blk(uint32_t il, const char * what) {
@@ -221,7 +234,8 @@ std::string blk(uint32_t il, const char * what) {
 void build_tensors(Model & m) {
     const Preset & p = *m.preset;
     const int64_t E = p.n_embd, V = p.n_vocab, X = p.n_expert, F = p.n_ff_exp;
-    const int64_t D = p.head_dim, Q = int64_t(p.n_head) * D, KV = int64_t(n_head_kv(m)) * D;
+    const AttnShape a = attn_shape(m);
+    const int64_t D = a.head_dim, Q = int64_t(a.n_head) * D, KV = int64_t(a.n_head_kv) * D;
     const ggml_type dt = p.dense_type, et = m.type->type, f32 = GGML_TYPE_F32;
     const float inv_e = 1.0f / std::sqrt(float(E));
     auto & T = m.tensors;
@@ -238,8 +252,12 @@ void build_tensors(Model & m) {
         T.push_back(make(blk(il, "attn_q.weight"), dt, {E, Q}, Init::kWeight, inv_e));
         T.push_back(make(blk(il, "attn_k.weight"), dt, {E, KV}, Init::kWeight, inv_e));
         T.push_back(make(blk(il, "attn_v.weight"), dt, {E, KV}, Init::kWeight, inv_e));
+        // Random attention is nearly uniform, so its output is much the same vector at
+        // every position; at full gain that shared component builds up over the layers
+        // (token states grow alike, routing concentrates on a few experts). 0.3 keeps the
+        // mean cosine between token states below ~0.2 at 48 layers and routing spread.
         T.push_back(make(blk(il, "attn_output.weight"), dt, {Q, E}, Init::kWeight,
-                         1.0f / std::sqrt(float(Q))));
+                         kAttnOutGain / std::sqrt(float(Q))));
         switch (m.arch) {
             case Arch::kQwen3Moe:
                 T.push_back(make(blk(il, "attn_q_norm.weight"), f32, {D}, Init::kNorm, 0));
@@ -330,15 +348,16 @@ void set_metadata(const Model & m, uint32_t alignment, gguf_context * g) {
     // OLMoE sizes its experts with feed_forward_length (it has no dense FFN).
     gguf_set_val_u32(g, key(m, "feed_forward_length").c_str(),
                      m.arch == Arch::kOlmoe ? p.n_ff_exp : p.n_ff);
-    gguf_set_val_u32(g, key(m, "attention.head_count").c_str(), p.n_head);
-    gguf_set_val_u32(g, key(m, "attention.head_count_kv").c_str(), n_head_kv(m));
-    gguf_set_val_u32(g, key(m, "attention.key_length").c_str(), p.head_dim);
-    gguf_set_val_u32(g, key(m, "attention.value_length").c_str(), p.head_dim);
+    const AttnShape a = attn_shape(m);
+    gguf_set_val_u32(g, key(m, "attention.head_count").c_str(), a.n_head);
+    gguf_set_val_u32(g, key(m, "attention.head_count_kv").c_str(), a.n_head_kv);
+    gguf_set_val_u32(g, key(m, "attention.key_length").c_str(), a.head_dim);
+    gguf_set_val_u32(g, key(m, "attention.value_length").c_str(), a.head_dim);
     gguf_set_val_f32(g, key(m, "attention.layer_norm_rms_epsilon").c_str(),
                      m.arch == Arch::kOlmoe ? 1e-5f : 1e-6f);
     gguf_set_val_f32(g, key(m, "rope.freq_base").c_str(),
                      m.arch == Arch::kOlmoe ? 10000.0f : 1000000.0f);
-    const uint32_t n_rot = m.arch == Arch::kGlm4Moe ? p.head_dim / 2 : p.head_dim;
+    const uint32_t n_rot = m.arch == Arch::kGlm4Moe ? a.head_dim / 2 : a.head_dim;
     gguf_set_val_u32(g, key(m, "rope.dimension_count").c_str(), n_rot);
     gguf_set_val_u32(g, key(m, "expert_count").c_str(), p.n_expert);
     gguf_set_val_u32(g, key(m, "expert_used_count").c_str(), p.n_expert_used);
@@ -681,6 +700,10 @@ std::vector<std::string> synth_types() {
     return v;
 }
 
+std::string synth_temp_path(const SynthOptions & opt) {
+    return opt.out_path + ".tmp." + std::to_string(::getpid());
+}
+
 Status synth_model(const SynthOptions & opt, SynthResult * result) {
     const auto t0 = std::chrono::steady_clock::now();
     Model m;
@@ -724,7 +747,7 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
 
     // Temp file next to the output, renamed at the end.
     TempFile tmp;
-    tmp.path = opt.out_path + ".tmp." + std::to_string(::getpid());
+    tmp.path = synth_temp_path(opt);
     const std::string & shown = opt.out_path;
     tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (tmp.fd < 0) {
@@ -733,6 +756,14 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
         return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(e));
     }
 
+    // Reserve the whole file up front: a full disk fails here, at once, and the extents
+    // are allocated in one go. Filesystems without fallocate just skip this.
+    if (::fallocate(tmp.fd, 0, 0, off_t(file_bytes)) != 0 && errno != EOPNOTSUPP &&
+        errno != ENOSYS) {
+        const int e = errno;
+        return Status::Runtime("synth: cannot write '" + shown + "' (" +
+                               std::to_string(file_bytes) + " bytes): " + errno_str(e));
+    }
     int err = 0;
     if (!pwrite_all(tmp.fd, meta.data(), meta.size(), 0, &err)) {
         return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(err));

@@ -40,6 +40,13 @@ std::vector<std::string> synth_presets();
 std::vector<std::string> synth_archs();
 std::vector<std::string> synth_types();
 
+// Writes the model. The data goes to synth_temp_path(opt) first, renamed to opt.out_path
+// at the end; on error the temp file is removed. Errors: kUsage (bad options), kRuntime
+// (I/O: the message names opt.out_path).
 Status synth_model(const SynthOptions & opt, SynthResult * result);
+
+// The temp file synth_model writes in this process ("<out_path>.tmp.<pid>"): a CLI that
+// is interrupted by a signal can unlink it.
+std::string synth_temp_path(const SynthOptions & opt);
 
 }  // namespace moestream

@@ -2,7 +2,11 @@
 //   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N]
 //                   [--progress] -o FILE
 // Bad flags exit 64 (CLI11 validation); I/O errors exit 1 with one line naming the file.
+#include <unistd.h>
+
+#include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,6 +18,22 @@
 namespace moestream::cli {
 
 namespace {
+
+// The temp file of the running synth, removed if SIGINT/SIGTERM/SIGHUP arrives (a fixed
+// buffer: the handler may only call async-signal-safe functions).
+char g_temp_path[4096];
+
+void on_signal(int sig) {
+    if (g_temp_path[0]) ::unlink(g_temp_path);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+}
+
+void remove_temp_on_signals(const std::string & path) {
+    if (path.size() >= sizeof g_temp_path) return;
+    std::memcpy(g_temp_path, path.c_str(), path.size() + 1);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
+}
 
 CLI::Validator one_of(const std::vector<std::string> & names, const std::string & what) {
     std::string list;
@@ -80,6 +100,7 @@ void add_synth_command(CLI::App & app, Action * action) {
         *action = [opt, verbosity] {
             apply_verbosity(*verbosity);
             SynthResult r;
+            if (!opt->dry_run) remove_temp_on_signals(synth_temp_path(*opt));
             Status st = synth_model(*opt, &r);
             if (!st.ok()) {
                 std::fprintf(stderr, "moestream: %s\n", st.message().c_str());
