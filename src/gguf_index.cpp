@@ -645,11 +645,13 @@ private:
             m_.n_ff_exp = int_key(ffk, false, 0, INT32_MAX);
             n_ff_layer_.assign(m_.n_layer, m_.n_ff_exp);
         }
-        // Latent-MoE archs run the experts on a narrower width than n_embd.
+        // Latent-MoE archs run the experts on a narrower width than n_embd. These keys only
+        // widen what the shape check accepts, so a non-integer value is simply ignored.
         for (const char * k : {".expert_latent_length", ".moe_latent_size"}) {
             const KvValue * v = find_kv(p + k);
-            if (v && v->type != kArray && int_key(p + k, false, 0, INT32_MAX) > 0) {
-                latent_widths_.push_back(int64_t(v->i));
+            if (v && gguf_scalar_size(v->type) != 0 && v->type != kBool && v->type != kF32 &&
+                v->type != kF64 && v->i > 0 && v->i <= INT32_MAX) {
+                latent_widths_.push_back(v->i);
             }
         }
         if (const KvValue * tok = find_kv("tokenizer.ggml.tokens")) {

@@ -569,6 +569,33 @@ TEST(GgufIndex, FusedGateUpAndPerLayerFfArray) {
     expect_bad(path, "expert_feed_forward_length is 48", "per-layer n_ff mismatch");
 }
 
+// Latent MoE (experts on a width the file declares instead of n_embd): accepted only with
+// the declaring key.
+TEST(GgufIndex, LatentExpertWidth) {
+    TempDir tmp;
+    Builder b = moe_builder();
+    for (int il : {1, 2}) {
+        const std::string p = "blk." + std::to_string(il) + ".";
+        b.tensor(p + "ffn_gate_exps.weight")->ne = {32, kFf, kExperts};
+        b.tensor(p + "ffn_up_exps.weight")->ne = {32, kFf, kExperts};
+        b.tensor(p + "ffn_down_exps.weight")->ne = {kFf, 32, kExperts};
+    }
+    const std::string path = tmp.path("latent.gguf");
+    write_file(path, b.build());
+    expect_bad(path, "has shape [32, 32, 4], expected [64, 32, 4]", "latent without key");
+    b.str("qwen3moe.moe_latent_size", "32");  // not an integer: ignored
+    write_file(path, b.build());
+    expect_bad(path, "has shape", "latent key of the wrong type");
+    b.u32("qwen3moe.moe_latent_size", 32);
+    write_file(path, b.build());
+    ModelIndex m;
+    Status st = load_model_index(path, &m);
+    ASSERT_TRUE(st.ok()) << st.message();
+    expect_invariants(m);
+    EXPECT_EQ(m.moe_layers[0].tensors[0].ne[0], 32);
+    cross_check_with_gguf(path, m);
+}
+
 // Arrays of arrays are valid GGUF (depth 2 accepted and skipped); deeper nesting is rejected
 // (corruption matrix).
 TEST(GgufIndex, NestedArrays) {
