@@ -82,6 +82,9 @@ def main() -> int:
     ap.add_argument("--cells", help="comma-separated cells to run (their baselines are added)")
     ap.add_argument("--bin", default=os.environ.get("MOESTREAM_BIN", os.path.join(REPO, "build", "bin", "moestream")),
                     help="moestream binary (default build/bin/moestream, env MOESTREAM_BIN)")
+    ap.add_argument("--commit", metavar="REV",
+                    help="benchmark moestream exactly as committed at REV (bench/build-at.sh builds a "
+                         "clean export outside the work tree); overrides --bin")
     ap.add_argument("--results-dir", default=os.path.join(HERE, "results"))
     ap.add_argument("--wait", type=int, default=1800,
                     help="max seconds to wait for other jobs on the model / for free memory")
@@ -120,9 +123,19 @@ def main() -> int:
         for c in exp.cells:
             ch = f"vs {c.baseline}: {config.describe_change(c, exp.cell(c.baseline))}" if c.baseline else "reference"
             print(f"  {c.name:24s} {ch}")
+    commit = None
+    if a.commit:
+        import subprocess
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--verify", a.commit + "^{commit}"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+        r = subprocess.run([os.path.join(HERE, "build-at.sh"), commit], stdout=subprocess.PIPE, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"bench/build-at.sh {commit} failed")
+        a.bin = r.stdout.strip().splitlines()[-1]
     os.makedirs(a.results_dir, exist_ok=True)
     h = harness.Harness(exp, REPO, os.path.abspath(a.bin), a.results_dir,
-                        os.path.join(a.results_dir, "raw"), wait_s=a.wait, dry_run=a.dry_run)
+                        os.path.join(a.results_dir, "raw"), wait_s=a.wait, dry_run=a.dry_run,
+                        commit=commit)
     if a.dry_run:
         h.preflight()
         from moebench import models, runners, system  # noqa: F401

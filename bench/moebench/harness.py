@@ -80,10 +80,11 @@ def snapshot_binary(path: str) -> str:
 
 class Harness:
     def __init__(self, exp: config.Experiment, repo: str, moestream_bin: str, out_dir: str,
-                 raw_root: str, wait_s: int = 1800, dry_run: bool = False):
+                 raw_root: str, wait_s: int = 1800, dry_run: bool = False, commit: str | None = None):
         self.exp = exp
         self.repo = repo
         self.moestream_src = moestream_bin
+        self.commit = commit
         if not dry_run and os.access(moestream_bin, os.X_OK):
             # Other engineers rebuild build/ while an experiment runs: every cell must run the
             # very same binary, so run a private copy (named by its hash).
@@ -349,7 +350,13 @@ class Harness:
             "started_utc": now_utc(),
             "machine": system.machine_info(model),
             "versions": dict(system.versions(self.repo, self.tools.moestream, self.tools.llama_tool),
-                             moestream_bin_source=self.moestream_src),
+                             moestream_bin_source=self.moestream_src,
+                             # the commit the binary was built from: exact with --commit
+                             # (clean export); otherwise the work tree's HEAD plus whatever
+                             # uncommitted edits build/ was compiled with
+                             moestream_bin_commit=self.commit,
+                             moestream_bin_from=("clean export (bench/build-at.sh)" if self.commit
+                                                 else "work tree build (may include uncommitted edits)")),
             "model": minfo,
             "raw_dir": os.path.relpath(self.raw, self.repo),
             "order": [{"index": i, "rep": r, "cell": n} for i, (r, n) in enumerate(order)],

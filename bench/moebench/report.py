@@ -41,6 +41,11 @@ def _mean(d: dict[str, Any] | None, nd: int = 2, scale: float = 1.0) -> str:
     return f"{d['mean'] / scale:.{nd}f}"
 
 
+def _sched(s: str | None) -> str:
+    m = re.search(r"\[(\S+)\]", s or "")
+    return m.group(1) if m else str(s)
+
+
 def cell_status(s: dict[str, Any]) -> str:
     st = s["statuses"]
     if not st:
@@ -53,6 +58,8 @@ def cell_status(s: dict[str, Any]) -> str:
 
 
 def mib_per_token(s: dict[str, Any]) -> str:
+    if s.get("loader") == "resident":
+        return "—"
     if s.get("mib_read_per_token"):
         return _ci(s["mib_read_per_token"], 1)
     if s.get("proc_read_bytes_per_token_est"):
@@ -170,10 +177,12 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         f"{' (VM)' if m.get('hypervisor') else ''}, {m.get('ram_bytes', 0) / GiB:.1f} GiB RAM, "
         f"swap {m.get('swap_bytes', 0) / GiB:.1f} GiB, kernel {m.get('kernel')}; disk "
         f"{disk.get('name')} ({disk.get('mount', {}).get('fstype') if disk.get('mount') else '?'}, "
-        f"scheduler {disk.get('scheduler')}), readahead at start {m.get('readahead_kb_at_start')} KiB, "
+        f"scheduler {_sched(disk.get('scheduler'))}), readahead at start {m.get('readahead_kb_at_start')} KiB, "
         f"per run {', '.join(str(x) for x in ra)} KiB, restored to {m.get('readahead_kb_at_end')} KiB",
-        f"- **Versions:** moestream {str(v.get('moestream_git'))[:12]} "
-        f"({v.get('moestream_worktree_modified_files')} tracked files modified in the work tree), "
+        (f"- **Versions:** moestream {str(v.get('moestream_bin_commit'))[:12]} (clean build of the commit), "
+         if v.get("moestream_bin_commit") else
+         f"- **Versions:** moestream work-tree build at {str(v.get('moestream_git'))[:12]} "
+         f"({v.get('moestream_worktree_modified_files')} tracked files modified), ") +
         f"binary sha256 {str(v.get('moestream_bin_sha256'))[:12]}; Debian llama.cpp {llama_v}, "
         f"ggml {ggml_v} (deps/debian.lock); {v.get('fio') or 'no fio'}",
         f"- **Model:** {mo.get('preset') or mo.get('path')} ({exp['arch']}, {exp['type']} experts, "
@@ -184,7 +193,7 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         f"{ins.get('dense_bytes_total', 0) / MiB:.0f} MiB",
         f"- **Protocol:** prompt \"{exp['prompt']}\", {exp['tokens']} tokens greedy, "
         f"{exp['reps']} repetitions, order *{exp['order']}*, first {exp['trim']} decodes of each run "
-        f"dropped, memory cap {', '.join(str(c) for c in caps)} (page cache included), every run "
+        f"dropped, {'no memory cap' if caps == ['none'] else 'memory cap ' + ', '.join(str(c) for c in caps) + ' (page cache included)'}, every run "
         f"starts cold unless its cell says `start = \"warm\"`; intervals: per-token bootstrap "
         f"({res['summary']['bootstrap_resamples']} resamples, within runs)",
         f"- **Noise:** other processes used {sum(other):.0f} CPU-s during {sum(walls):.0f} s of runs "
