@@ -26,7 +26,8 @@ def main() -> int:
         res = json.load(f)
     res["summary"] = harness.summarize(res)
     publish(res, os.path.abspath(a.results), not a.no_docs)
-    print(report.table(res))
+    if res["experiment"]["cells"]:
+        print(report.table(res))
     for extra in (report.fio_table(res), report.bound_table(res)):
         if extra:
             print()

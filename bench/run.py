@@ -163,7 +163,8 @@ def main() -> int:
     print(f"results: {os.path.relpath(path_out, REPO)}", file=sys.stderr)
     docs = a.docs if a.docs is not None else (as_defined and exp.publish and not res.get("interrupted"))
     publish(res, path_out, docs)
-    print(report.table(res))
+    if res["experiment"]["cells"]:
+        print(report.table(res))
     for extra in (report.fio_table(res), report.bound_table(res)):
         if extra:
             print()

@@ -284,8 +284,8 @@ def load(path: str, overrides: dict[str, Any] | None = None) -> Experiment:
 
 
 def validate(exp: Experiment) -> None:
-    if not exp.cells:
-        raise ConfigError(f"{exp.name}: no cells")
+    if not exp.cells and not exp.fio:
+        raise ConfigError(f"{exp.name}: no cells and no fio probe")
     if exp.order not in ("interleaved", "alternate", "shuffled"):
         raise ConfigError(f"{exp.name}: order = {exp.order!r}: interleaved | alternate | shuffled")
     if exp.reps < 1 or exp.tokens < 2:

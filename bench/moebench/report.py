@@ -191,17 +191,19 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         f"{ins.get('expert_bytes', 0) / MiB:.2f} MiB, one token routes "
         f"{ins.get('token_working_set_bytes', 0) / MiB:.0f} MiB; dense "
         f"{ins.get('dense_bytes_total', 0) / MiB:.0f} MiB",
-        f"- **Protocol:** prompt \"{exp['prompt']}\", {exp['tokens']} tokens greedy, "
-        f"{exp['reps']} repetitions, order *{exp['order']}*, first {exp['trim']} decodes of each run "
-        f"dropped, {'no memory cap' if caps == ['none'] else 'memory cap ' + ', '.join(str(c) for c in caps) + ' (page cache included)'}, every run "
-        f"starts cold unless its cell says `start = \"warm\"`; intervals: per-token bootstrap "
-        f"({res['summary']['bootstrap_resamples']} resamples, within runs)",
+        (f"- **Protocol:** prompt \"{exp['prompt']}\", {exp['tokens']} tokens greedy, "
+         f"{exp['reps']} repetitions, order *{exp['order']}*, first {exp['trim']} decodes of each run "
+         f"dropped, {'no memory cap' if caps == ['none'] else 'memory cap ' + ', '.join(str(c) for c in caps) + ' (page cache included)'}, every run "
+         f"starts cold unless its cell says `start = \"warm\"`; intervals: per-token bootstrap "
+         f"({res['summary']['bootstrap_resamples']} resamples, within runs)") if exp["cells"] else
+        (f"- **Protocol:** {exp['reps']} repetitions, order *{exp['order']}*; fio reads with O_DIRECT "
+         "(the page cache plays no part), no eviction between probes"),
         f"- **Noise:** other processes used {sum(other):.0f} CPU-s during {sum(walls):.0f} s of runs "
         f"on {m.get('cores')} cores (per run: {', '.join(f'{x:.0f}' for x in other)})",
         "",
-        table(res),
-        "",
     ]
+    if exp["cells"]:
+        lines += [table(res), ""]
     if any(res["summary"]["cells"][c["name"]].get("proc_read_bytes_per_token_est")
            for c in exp["cells"]):
         lines += ["¹ llama.cpp does not count its reads: ≈ bytes this process read from the block "
