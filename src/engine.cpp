@@ -131,10 +131,9 @@ public:
             if (!st.ok()) return st;
             st = check_file_unchanged(index_);
             if (!st.ok()) return st;
-            st = bind_experts(index_, store_.get(), &lm_);
-            if (!st.ok()) return st;
+            binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
             streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
-            hook_ = std::make_unique<RouterHook>(streamer_.get(), index_.n_expert);
+            hook_ = std::make_unique<RouterHook>(streamer_.get(), index_.n_expert, binder_.get());
         } else {
             st = load_model_resident(index_, mp, &lm_);
             if (!st.ok()) return st;
@@ -180,6 +179,12 @@ public:
             return Status::Runtime("generation stopped: " + e.message());
         }
         if (rc != 0) return Status::Runtime("llama_decode failed with code " + std::to_string(rc));
+        if (binder_ && !bind_checked_) {
+            // The first graph ran every MoE layer: every expert tensor must be bound by now.
+            Status st = binder_->finish();
+            if (!st.ok()) return st;
+            bind_checked_ = true;
+        }
         return Status::Ok();
     }
 
@@ -324,6 +329,8 @@ private:
     LoadedModel lm_;
     std::unique_ptr<ResidencyStore> store_;
     IoLanes lanes_;
+    std::unique_ptr<WeightBinder> binder_;
+    bool bind_checked_ = false;
     std::unique_ptr<Streamer> streamer_;
     std::unique_ptr<RouterHook> hook_;
     llama_context * ctx_ = nullptr;

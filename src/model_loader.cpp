@@ -1,10 +1,12 @@
 #include "model_loader.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
-#include <unordered_map>
 
 #include "file_io.h"
 #include "ggml-backend.h"
@@ -12,6 +14,7 @@
 #include "gguf.h"
 #include "llama.h"
 #include "log.h"
+#include "mmap_guard.h"
 
 namespace moestream {
 
@@ -28,127 +31,128 @@ Status load_model_resident(const ModelIndex & index, const llama_model_params & 
     return Status::Ok();
 }
 
-namespace {
-
-struct InitCtx {
-    const ModelIndex * index = nullptr;
-    std::unordered_map<std::string, const TensorInfo *> by_name;
-    std::unordered_map<std::string, std::pair<size_t, size_t>> expert_pos;  // name -> (slot, t)
-    LoadedModel * out = nullptr;
-    int fd = -1;
-    Status error;
-    size_t n_seen = 0;
-};
-
-std::string shape_str(const int64_t * ne, int n) {
-    std::string s = "[";
-    for (int i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
-    return s + "]";
-}
-
-void set_tensor_data(ggml_tensor * t, void * ud) {
-    auto * c = static_cast<InitCtx *>(ud);
-    if (!c->error.ok()) return;
-    ++c->n_seen;
-    const std::string & path = c->index->path;
-    auto it = c->by_name.find(t->name);
-    if (it == c->by_name.end()) {
-        c->error = Status::BadModel(path + ": llama.cpp expects tensor '" + t->name +
-                                    "', which the file does not have");
-        return;
-    }
-    const TensorInfo & ti = *it->second;
-    if (int32_t(t->type) != ti.type || ggml_nbytes(t) != ti.nbytes ||
-        std::memcmp(t->ne, ti.ne, sizeof ti.ne) != 0) {
-        c->error = Status::BadModel(path + ": tensor '" + ti.name + "' is " +
-                                    ggml_type_name(ggml_type(ti.type)) + " " + shape_str(ti.ne, 4) +
-                                    " in the file but llama.cpp made it " +
-                                    ggml_type_name(t->type) + " " + shape_str(t->ne, 4));
-        return;
-    }
-    auto ep = c->expert_pos.find(t->name);
-    if (ep != c->expert_pos.end()) {
-        c->out->expert_tensors[ep->second.first][ep->second.second] = t;
-        return;  // expert bytes are streamed later, never read here
-    }
-    if (t->buffer == nullptr || !ggml_backend_buffer_is_host(t->buffer)) {
-        c->error = Status::Runtime("tensor '" + ti.name + "' is not in host memory");
-        return;
-    }
-    c->error = read_exact_at(c->fd, path, t->data, ti.nbytes, ti.file_offset);
-    if (c->error.ok()) {
-        c->out->dense_bytes_read += ti.nbytes;
-        // Dense weights now live in llama.cpp's buffer: drop the page-cache copy.
-        posix_fadvise(c->fd, off_t(ti.file_offset), off_t(ti.nbytes), POSIX_FADV_DONTNEED);
-    }
-}
-
-}  // namespace
-
 Status load_model_streaming(const ModelIndex & index, const llama_model_params & params,
                             LoadedModel * out) {
-    InitCtx c;
-    c.index = &index;
-    c.out = out;
-    for (const auto & ti : index.tensors) c.by_name[ti.name] = &ti;
-    out->expert_tensors.assign(index.moe_layers.size(), {});
-    for (size_t s = 0; s < index.moe_layers.size(); ++s) {
-        out->expert_tensors[s].assign(index.moe_layers[s].tensors.size(), nullptr);
-        for (size_t t = 0; t < index.moe_layers[s].tensors.size(); ++t)
-            c.expert_pos[index.moe_layers[s].tensors[t].name] = {s, t};
-    }
-    c.fd = ::open(index.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (c.fd < 0) return Status::BadModel(index.path + ": cannot open: " + std::strerror(errno));
-
-    gguf_init_params gp{/*no_alloc=*/true, /*ctx=*/nullptr};
-    gguf_context * meta = gguf_init_from_file(index.path.c_str(), gp);
-    if (!meta) {
-        ::close(c.fd);
-        return Status::BadModel(index.path + ": ggml's GGUF reader rejected the file");
-    }
+    if (!mmap_guard_active())
+        return Status::Runtime("the mmap guard is not interposed in this executable (link "
+                               "moestream_core into the executable, not a shared library): loading "
+                               "would read the whole model file");
+    int fd = ::open(index.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::BadModel(index.path + ": cannot open: " + std::strerror(errno));
+    mmap_guard_arm(fd);
     llama_model_params mp = params;
-    mp.load_mode = LLAMA_LOAD_MODE_NONE;
+    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
     mp.use_extra_bufts = false;
     mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
-    out->model = llama_model_init_from_user(meta, set_tensor_data, &c, mp);
-    gguf_free(meta);
-    ::close(c.fd);
-    if (!c.error.ok()) {
-        if (out->model) llama_model_free(out->model);
-        out->model = nullptr;
-        return c.error;
-    }
+    mp.check_tensors = false;  // validating rows would read every expert
+    out->model = llama_model_load_from_file(index.path.c_str(), mp);
+    GuardedMapping seen = mmap_guard_disarm();
+    ::close(fd);
     if (!out->model)
-        return Status::BadModel(index.path + ": llama.cpp could not build the model (run with -vv "
+        return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
                                 "for llama.cpp's log)");
-    for (size_t s = 0; s < out->expert_tensors.size(); ++s)
-        for (size_t t = 0; t < out->expert_tensors[s].size(); ++t)
-            if (out->expert_tensors[s][t] == nullptr) {
-                llama_model_free(out->model);
-                out->model = nullptr;
-                return Status::BadModel(index.path + ": llama.cpp does not use expert tensor '" +
-                                        index.moe_layers[s].tensors[t].name +
-                                        "' (unsupported architecture for streaming?)");
-            }
-    MS_LOG_INFO("loaded %zu tensors, %.1f MiB dense read, experts untouched", c.n_seen,
-                double(out->dense_bytes_read) / (1 << 20));
+    if (seen.addr == nullptr) {
+        llama_model_free(out->model);
+        out->model = nullptr;
+        return Status::Runtime(index.path + ": llama.cpp did not map the file as expected (the "
+                               "seam changed? see docs/seam.md)");
+    }
+    out->map_addr = seen.addr;
+    out->map_len = seen.len;
+    // No readahead around the few faults that may still hit the mapping.
+    ::madvise(seen.addr, seen.len, MADV_RANDOM);
+    MS_LOG_INFO("mapped %s without prefaulting (MAP_POPULATE removed: %s, %d advice calls dropped)",
+                index.path.c_str(), seen.populate_removed ? "yes" : "no", seen.advice_dropped);
     return Status::Ok();
 }
 
-Status bind_experts(const ModelIndex & index, ResidencyStore * store, LoadedModel * lm) {
-    for (size_t s = 0; s < lm->expert_tensors.size(); ++s) {
-        for (size_t t = 0; t < lm->expert_tensors[s].size(); ++t) {
-            ggml_tensor * g = lm->expert_tensors[s][t];
-            const ExpertTensor & et = index.moe_layers[s].tensors[t];
-            if (uint64_t(g->nb[2]) != et.slice_bytes || uint64_t(g->nb[1]) != et.row_bytes)
-                return Status::Runtime("tensor '" + et.name + "': ggml strides nb[1]=" +
-                                       std::to_string(g->nb[1]) + " nb[2]=" +
-                                       std::to_string(g->nb[2]) + " disagree with the file's " +
-                                       std::to_string(et.row_bytes) + "/" +
-                                       std::to_string(et.slice_bytes));
-            g->data = store->tensor_base(s, t);
-        }
+WeightBinder::WeightBinder(const ModelIndex & index, ResidencyStore * store, const LoadedModel & lm)
+    : index_(index), store_(store), map_addr_(lm.map_addr), map_len_(lm.map_len) {
+    expert_bound_.resize(index.moe_layers.size());
+    for (size_t sl = 0; sl < index.moe_layers.size(); ++sl) {
+        expert_bound_[sl].assign(index.moe_layers[sl].tensors.size(), false);
+        for (size_t t = 0; t < index.moe_layers[sl].tensors.size(); ++t)
+            experts_.push_back({index.moe_layers[sl].tensors[t].name, {sl, t}});
     }
+    std::sort(experts_.begin(), experts_.end());
+    fd_ = ::open(index.path.c_str(), O_RDONLY | O_CLOEXEC);
+}
+
+WeightBinder::~WeightBinder() {
+    for (void * p : heap_) std::free(p);
+    if (fd_ >= 0) ::close(fd_);
+}
+
+bool WeightBinder::in_map(const void * p) const {
+    auto a = static_cast<const uint8_t *>(p);
+    return map_addr_ && a >= map_addr_ && a < map_addr_ + map_len_;
+}
+
+Status WeightBinder::bind(ggml_tensor * t) {
+    if (t == nullptr) return Status::Ok();
+    ggml_tensor * root = t->view_src ? t->view_src : t;
+    if (root->data != nullptr && in_map(root->data)) {
+        Status st = bind_root(root);
+        if (!st.ok()) return st;
+    }
+    if (t != root && t->data != nullptr && in_map(t->data)) t->data = static_cast<uint8_t *>(root->data) + t->view_offs;
+    return Status::Ok();
+}
+
+Status WeightBinder::bind_root(ggml_tensor * g) {
+    const uint64_t off = uint64_t(static_cast<uint8_t *>(g->data) - map_addr_);
+    const size_t nbytes = ggml_nbytes(g);
+    if (off + nbytes > map_len_)
+        return Status::Runtime(std::string("weight '") + g->name + "' extends past the file mapping");
+    const TensorInfo * ti = index_.find_tensor(g->name);
+    if (ti == nullptr || ti->file_offset != off || ti->nbytes != nbytes || ti->type != int32_t(g->type))
+        return Status::Runtime(std::string("weight '") + g->name + "' at file offset " + std::to_string(off) +
+                               " does not match the validated index (the seam changed? docs/seam.md)");
+    auto it = std::lower_bound(experts_.begin(), experts_.end(),
+                               std::make_pair(std::string(g->name), std::make_pair(size_t(0), size_t(0))));
+    if (it != experts_.end() && it->first == g->name) {
+        auto [sl, t] = it->second;
+        const ExpertTensor & et = index_.moe_layers[sl].tensors[t];
+        if (g->ne[0] != et.ne[0] || g->ne[1] != et.ne[1] || g->ne[2] != et.ne[2] ||
+            uint64_t(g->nb[1]) != et.row_bytes || uint64_t(g->nb[2]) != et.slice_bytes)
+            return Status::Runtime("expert tensor '" + et.name + "': ggml's shape/strides disagree with "
+                                   "the file's expert map");
+        g->data = store_->tensor_base(sl, t);
+        if (!expert_bound_[sl][t]) ++n_expert_bound_;
+        expert_bound_[sl][t] = true;
+        MS_LOG_DEBUG("bound expert tensor %s", g->name);
+        return Status::Ok();
+    }
+    // A dense weight: one heap copy, read from the file (never through the mapping).
+    void * p = nullptr;
+    if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0)
+        return Status::Runtime("cannot allocate " + std::to_string(nbytes) + " bytes for weight '" +
+                               g->name + "'");
+    Status st = read_exact_at(fd_, index_.path, p, nbytes, ti->file_offset);
+    if (!st.ok()) {
+        std::free(p);
+        return st;
+    }
+    posix_fadvise(fd_, off_t(ti->file_offset), off_t(nbytes), POSIX_FADV_DONTNEED);
+    heap_.push_back(p);
+    g->data = p;
+    dense_bytes_ += nbytes;
+    return Status::Ok();
+}
+
+Status WeightBinder::finish() {
+    if (finished_) return Status::Ok();
+    finished_ = true;
+    for (size_t sl = 0; sl < expert_bound_.size(); ++sl)
+        for (size_t t = 0; t < expert_bound_[sl].size(); ++t)
+            if (!expert_bound_[sl][t])
+                return Status::Runtime("expert tensor '" + index_.moe_layers[sl].tensors[t].name +
+                                       "' was not used by llama.cpp's graph (unsupported architecture "
+                                       "for streaming?)");
+    // Nothing points into the mapping any more: drop its pages from this process.
+    if (map_addr_) ::madvise(map_addr_, map_len_, MADV_DONTNEED);
+    MS_LOG_INFO("bound %zu expert tensors; %.1f MiB of dense weights copied to RAM", n_expert_bound_,
+                double(dense_bytes_) / (1 << 20));
     return Status::Ok();
 }
 

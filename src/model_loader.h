@@ -3,13 +3,19 @@
 // Resident (--no-stream): llama_model_load_from_file with load_mode MMAP, exactly what the
 // reference tools do with `-lm mmap --no-repack` (llama.cpp prefaults the whole file).
 //
-// Streaming: llama_model_init_from_user(gguf metadata, callback). llama.cpp creates every
-// tensor in one CPU buffer (heap, lazily committed) and asks the callback for each tensor's
-// data; the callback reads dense tensors from the file (checked, buffered, page cache
-// released behind it) and leaves expert tensors untouched, so their pages are never
-// committed. bind_experts() then points each expert tensor's data at the residency store.
-// Every tensor llama.cpp creates is checked against the validated index (name, type,
-// shape, byte size) before a byte is read into it.
+// Streaming: the same llama_model_load_from_file with load_mode MMAP — llama.cpp's own loader,
+// so the model is exactly the file's — but with the mmap guard armed (mmap_guard.h): the
+// file is mapped without MAP_POPULATE / WILLNEED, so loading reads only metadata. All
+// tensors then point into the file mapping and nothing has been read.
+//
+// Binding happens on the first graph (llama.cpp keeps no public tensor lookup): the router
+// hook hands every node's operands to WeightBinder::bind in ask mode, which runs before the
+// node computes. A weight that points into the mapping is rebound: an expert tensor to the
+// residency store (never read here), any other weight to a heap copy (read once from the
+// file with checked reads; dense weights end up resident in anonymous memory, not in the
+// page cache). Views of a rebound weight are re-pointed. After the first graph nothing points
+// into the mapping: finish() checks that every expert tensor of the index was bound and drops
+// the mapping's pages and the page cache of the dense ranges.
 //
 // Both paths load with use_extra_bufts = false (repacking would change the in-memory
 // layout that file offsets describe: load-bearing, not a tunable) and lazy mode off.
@@ -31,18 +37,50 @@ namespace moestream {
 
 struct LoadedModel {
     llama_model * model = nullptr;
-    // expert_tensors[moe_slot][t] is the llama.cpp tensor of index.moe_layers[slot].tensors[t]
-    // (empty on the resident path).
-    std::vector<std::vector<ggml_tensor *>> expert_tensors;
-    uint64_t dense_bytes_read = 0;
+    uint8_t * map_addr = nullptr;  // streaming: llama.cpp's mapping of the file
+    size_t map_len = 0;
 };
 
 Status load_model_resident(const ModelIndex & index, const llama_model_params & params,
                            LoadedModel * out);
 Status load_model_streaming(const ModelIndex & index, const llama_model_params & params,
                             LoadedModel * out);
-// Points every expert tensor at store->tensor_base(slot, t); checks ggml's strides agree
-// with the index (nb[2] == slice_bytes).
-Status bind_experts(const ModelIndex & index, ResidencyStore * store, LoadedModel * lm);
+// Rebinds llama.cpp's weights off the file mapping, lazily, from the first graph.
+// Thread-safety: used from the llama_decode thread only.
+class WeightBinder {
+public:
+    WeightBinder(const ModelIndex & index, ResidencyStore * store, const LoadedModel & lm);
+    ~WeightBinder();
+    WeightBinder(const WeightBinder &) = delete;
+    WeightBinder & operator=(const WeightBinder &) = delete;
+
+    // True until finish(): the hook hands every node's operands to bind().
+    bool active() const { return !finished_; }
+    // `t` is an operand of a node about to compute. If it (or the weight it views) points
+    // into the file mapping, rebinds it (see above) and re-points the view.
+    Status bind(ggml_tensor * t);
+    // After the first graph: every expert tensor must have been bound; releases the mapping's
+    // pages and the dense ranges' page cache. Idempotent.
+    Status finish();
+
+    uint64_t dense_bytes() const { return dense_bytes_; }    // heap copies of dense weights
+    size_t n_experts_bound() const { return n_expert_bound_; }
+
+private:
+    bool in_map(const void * p) const;
+    Status bind_root(ggml_tensor * t);
+
+    const ModelIndex & index_;
+    ResidencyStore * store_;
+    uint8_t * map_addr_;
+    size_t map_len_;
+    int fd_ = -1;
+    std::vector<std::pair<std::string, std::pair<size_t, size_t>>> experts_;  // sorted by name
+    std::vector<std::vector<bool>> expert_bound_;                             // [slot][t]
+    std::vector<void *> heap_;                                                // dense copies
+    uint64_t dense_bytes_ = 0;
+    size_t n_expert_bound_ = 0;
+    bool finished_ = false;
+};
 
 }  // namespace moestream

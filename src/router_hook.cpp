@@ -1,10 +1,12 @@
 #include "router_hook.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
 #include "ggml.h"
 #include "log.h"
+#include "model_loader.h"
 
 namespace moestream {
 
@@ -57,10 +59,129 @@ Status read_routing(const ggml_tensor * t, uint32_t layer, uint32_t n_expert, Ro
 
 bool RouterHook::eval_callback(ggml_tensor * t, bool ask, void * user_data) {
     if (ask) {
-        // Hot path: every node of every decode. Only the routing nodes are wanted.
-        return std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0;
+        // Hot path: every node of every decode. Only the routing nodes are wanted (and, with
+        // --drop-cold-experts, the learned terminal nodes of the weight chains).
+        if (std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0) return true;
+        auto * self = static_cast<RouterHook *>(user_data);
+        if (self->binder_ && self->binder_->active()) self->ask_bind(t);
+        if (self->drop_cfg_.frac <= 0) return false;
+        return self->ask_drop(t);
     }
     return static_cast<RouterHook *>(user_data)->on_node(t);
+}
+
+bool RouterHook::ask_bind(ggml_tensor * t) {
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        Status st = binder_->bind(t->src[i]);
+        if (!st.ok()) {
+            if (error_.ok()) error_ = st;  // the abort callback stops the graph
+            return false;
+        }
+    }
+    return true;
+}
+
+void RouterHook::enable_drop_cold(const DropColdConfig & cfg, uint32_t n_layer) {
+    drop_cfg_ = cfg;
+    drop_state_.terminal.assign(n_layer, std::string());
+    drop_state_.relearns.assign(n_layer, 0);
+}
+
+std::string RouterHook::terminal_kind(uint32_t il) const {
+    if (il >= drop_state_.terminal.size()) return "";
+    std::string n = drop_state_.terminal[il];
+    size_t dash = n.rfind('-');
+    return dash == std::string::npos ? n : n.substr(0, dash);
+}
+
+namespace {
+constexpr char kWeightedPrefix[] = "ffn_moe_weighted-";
+constexpr int kMaxRelearns = 3;  // then the layer stays lossless (loads at the topk)
+
+bool is_view_op(ggml_op op) {
+    return op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE ||
+           op == GGML_OP_TRANSPOSE;
+}
+}  // namespace
+
+bool RouterHook::ask_drop(ggml_tensor * t) {
+    if (pending_) {
+        const std::string & term = drop_state_.terminal[pending_routing_.layer];
+        if (term == t->name) return true;
+        if (t->op == GGML_OP_MUL_MAT_ID) {
+            // The learned terminal did not arrive before the expert matmul: load now, lossless
+            // for this layer, and re-learn. (The matmul has not run: ask precedes compute.)
+            ++drop_state_.fallbacks;
+            ++drop_state_.relearns[pending_routing_.layer];
+            MS_LOG_INFO("layer %u: terminal node '%s' did not arrive; loading at the matmul and "
+                        "re-learning", pending_routing_.layer, term.c_str());
+            drop_state_.terminal[pending_routing_.layer].clear();
+            Status st = load_pending_unchanged();
+            if (!st.ok() && error_.ok()) error_ = st;
+            return false;
+        }
+    }
+    if (t->op == GGML_OP_MUL && std::strncmp(t->name, kWeightedPrefix, sizeof kWeightedPrefix - 1) == 0)
+        learn_terminal(t);
+    return false;
+}
+
+void RouterHook::learn_terminal(const ggml_tensor * weighted) {
+    uint32_t il = 0;
+    const char * p = weighted->name + sizeof kWeightedPrefix - 1;
+    if (*p < '0' || *p > '9') return;
+    il = uint32_t(std::strtoul(p, nullptr, 10));
+    if (il >= drop_state_.terminal.size() || !drop_state_.terminal[il].empty()) return;
+    if (drop_state_.relearns[il] >= kMaxRelearns) return;
+    // The weights operand has ne[0] == 1 ([1, k, rows]); follow it through views to its op.
+    const ggml_tensor * w = nullptr;
+    for (int i = 0; i < 2; ++i)
+        if (weighted->src[i] && weighted->src[i]->ne[0] == 1) w = weighted->src[i];
+    while (w && is_view_op(w->op) && w->src[0]) w = w->src[0];
+    if (!w || w->type != GGML_TYPE_F32 || w->name[0] == '\0') return;
+    drop_state_.terminal[il] = w->name;
+    MS_LOG_DEBUG("layer %u: weight chain ends at '%s' (%s)", il, w->name, ggml_op_name(w->op));
+}
+
+// Loads the pending routing as routed (no drops).
+Status RouterHook::load_pending_unchanged() {
+    pending_ = false;
+    return sink_->on_routing(pending_routing_);
+}
+
+Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
+    pending_ = false;
+    Routing & r = pending_routing_;
+    ggml_tensor * topk = pending_topk_;
+    // Weights are [k, rows] or [1, k, rows].
+    int64_t w_slot = 0, w_row = 0;
+    if (t->type == GGML_TYPE_F32 && t->ne[0] == r.k && t->ne[1] == r.n_rows) {
+        w_slot = int64_t(t->nb[0]);
+        w_row = int64_t(t->nb[1]);
+    } else if (t->type == GGML_TYPE_F32 && t->ne[0] == 1 && t->ne[1] == r.k && t->ne[2] == r.n_rows) {
+        w_slot = int64_t(t->nb[1]);
+        w_row = int64_t(t->nb[2]);
+    } else {
+        MS_LOG_INFO("layer %u: '%s' does not look like the final weights; re-learning", r.layer, t->name);
+        drop_state_.terminal[r.layer].clear();
+        ++drop_state_.relearns[r.layer];
+        return sink_->on_routing(r);
+    }
+    if (w_slot % 4 != 0 || w_row % 4 != 0 || topk->nb[0] % 4 != 0 || topk->nb[1] % 4 != 0)
+        return Status::Runtime(std::string("unaligned weights or ids at '") + t->name + "'");
+    ++drop_state_.deferred;
+    const uint64_t eb = sink_->expert_bytes(r.layer);
+    const uint64_t dropped_before = drop_.dropped;
+    for (int row = 0; row < r.n_rows; ++row) {
+        auto * ids = reinterpret_cast<int32_t *>(static_cast<char *>(topk->data) + size_t(row) * topk->nb[1]);
+        auto * w = reinterpret_cast<float *>(static_cast<char *>(t->data) + size_t(row) * size_t(w_row));
+        drop_cold_row(r.k, ids, int64_t(topk->nb[0] / 4), w, w_slot / 4, r.k, drop_cfg_,
+                      [&](int32_t e) { return sink_->is_resident(r.layer, e); }, &drop_);
+        for (int j = 0; j < r.k; ++j)
+            r.ids[size_t(row) * size_t(r.k) + size_t(j)] = ids[size_t(j) * (topk->nb[0] / 4)];
+    }
+    drop_.bytes_avoided += (drop_.dropped - dropped_before) * eb;
+    return sink_->on_routing(r);
 }
 
 bool RouterHook::abort_callback(void * user_data) {
@@ -70,10 +191,34 @@ bool RouterHook::abort_callback(void * user_data) {
 bool RouterHook::on_node(ggml_tensor * t) {
     if (failed()) return false;
     uint32_t il = 0;
-    if (!parse_topk_name(t->name, &il)) return true;  // a node we did not ask for
-    Status st = read_routing(t, il, n_expert_, &scratch_);
-    if (st.ok()) st = sink_->on_routing(scratch_);
-    ++routings_;
+    Status st;
+    if (!parse_topk_name(t->name, &il)) {
+        if (!pending_ || drop_state_.terminal[pending_routing_.layer] != t->name)
+            return true;  // a node we did not ask for
+        st = load_pending_at_terminal(t);
+    } else {
+        if (pending_) {
+            // The previous layer's terminal never came and no matmul of it was seen either.
+            st = load_pending_unchanged();
+            if (!st.ok()) {
+                error_ = st;
+                return false;
+            }
+        }
+        st = read_routing(t, il, n_expert_, &scratch_);
+        ++routings_;
+        if (st.ok()) {
+            if (policy_applies() && il < drop_state_.terminal.size() &&
+                !drop_state_.terminal[il].empty()) {
+                // Defer the load to the terminal node of this layer's weight chain.
+                pending_ = true;
+                pending_topk_ = t;
+                std::swap(pending_routing_, scratch_);
+                return true;
+            }
+            st = sink_->on_routing(scratch_);
+        }
+    }
     if (!st.ok()) {
         error_ = st;
         MS_LOG_DEBUG("routing failed, stopping the graph: %s", st.message().c_str());

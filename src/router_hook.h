@@ -18,13 +18,17 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "policy_drop_cold.h"
 #include "status.h"
 
 struct ggml_tensor;
 
 namespace moestream {
+
+class WeightBinder;
 
 // The routing of one MoE layer for one ubatch.
 struct Routing {
@@ -45,11 +49,48 @@ public:
     virtual ~RouteSink() = default;
     // Called for every MoE layer's routing; must make the routed experts resident.
     virtual Status on_routing(const Routing & r) = 0;
+    // Whether expert e of graph layer il is resident now (a routing of it would be a hit).
+    virtual bool is_resident(uint32_t il, int32_t e) const { return false; }
+    // Bytes of one expert of graph layer il over all its projections.
+    virtual uint64_t expert_bytes(uint32_t il) const { return 0; }
+};
+
+// Deferred loading for --drop-cold-experts (docs/lossy-knobs.md). The drop decision needs
+// the FINAL router weights, which appear several nodes after the topk. So, when the policy
+// applies, the layer's load is deferred from the topk to the terminal node of its weight
+// chain. Which node is terminal depends on the gating (softmax+norm, no norm, sigmoid,
+// scaled): it is learned from the graph — in ask mode, at `ffn_moe_weighted-<il>` (the MUL of
+// expert outputs by weights), the weights operand is followed through views/reshapes to the
+// op that produced it. Until a layer's terminal is known the layer loads at the topk. If a
+// learned terminal fails to arrive before the layer's first MUL_MAT_ID (seen in ask mode),
+// the pending routing is loaded right there without dropping, the terminal is forgotten and
+// re-learned.
+struct DropState {
+    std::vector<std::string> terminal;  // per graph layer: learned terminal node name
+    std::vector<uint8_t> relearns;      // per graph layer: times the terminal failed to arrive
+    uint64_t deferred = 0;              // routings loaded at their terminal node
+    uint64_t fallbacks = 0;             // routings loaded at MUL_MAT_ID because it did not arrive
 };
 
 class RouterHook {
 public:
-    RouterHook(RouteSink * sink, uint32_t n_expert) : sink_(sink), n_expert_(n_expert) {}
+    // binder (optional): while active, every node's operands are handed to it in ask mode
+    // (before the node computes) to be rebound off the file mapping; see model_loader.h.
+    RouterHook(RouteSink * sink, uint32_t n_expert, WeightBinder * binder = nullptr)
+        : sink_(sink), n_expert_(n_expert), binder_(binder) {}
+
+    // Turns the drop-cold policy on (frac > 0). n_layer sizes the per-layer state.
+    void enable_drop_cold(const DropColdConfig & cfg, uint32_t n_layer);
+    // The engine says whether the next llama_decode is prefill or decode.
+    // Called before every llama_decode: nothing may stay pending across graphs.
+    void set_decode_phase(bool decode) {
+        decode_phase_ = decode;
+        pending_ = false;
+    }
+    const DropCounters & drop_counters() const { return drop_; }
+    const DropState & drop_state() const { return drop_state_; }
+    // The learned terminal node of layer il with its "-<il>" suffix removed ("" if none).
+    std::string terminal_kind(uint32_t il) const;
 
     // ggml_backend_sched_eval_callback and ggml_abort_callback trampolines; user data = this.
     static bool eval_callback(ggml_tensor * t, bool ask, void * user_data);
@@ -62,12 +103,29 @@ public:
 
 private:
     bool on_node(ggml_tensor * t);
+    bool ask_drop(ggml_tensor * t);
+    void learn_terminal(const ggml_tensor * weighted);
+    Status load_pending_at_terminal(ggml_tensor * t);
+    Status load_pending_unchanged();
+    bool policy_applies() const { return drop_cfg_.frac > 0 && (decode_phase_ || drop_cfg_.in_prefill); }
+
+    bool ask_bind(ggml_tensor * t);
 
     RouteSink * sink_;
     uint32_t n_expert_;
+    WeightBinder * binder_;
     Status error_;
     uint64_t routings_ = 0;
     Routing scratch_;
+
+    // --drop-cold-experts
+    DropColdConfig drop_cfg_;
+    DropCounters drop_;
+    DropState drop_state_;
+    bool decode_phase_ = false;
+    bool pending_ = false;            // a routing waits for its terminal node
+    ggml_tensor * pending_topk_ = nullptr;
+    Routing pending_routing_;
 };
 
 }  // namespace moestream

@@ -43,7 +43,23 @@ void Streamer::corrupt_for_test(int slot) {
     }
 }
 
+void Streamer::flush_abandon() {
+    if (abandon_slot_ >= 0) store_->abandon_stage(size_t(abandon_slot_));
+    abandon_slot_ = -1;
+}
+
+bool Streamer::is_resident(uint32_t il, int32_t e) const {
+    const int slot = moe_slot(il);
+    return slot >= 0 && store_->is_resident(size_t(slot), uint32_t(e));
+}
+
+uint64_t Streamer::expert_bytes(uint32_t il) const {
+    const int slot = moe_slot(il);
+    return slot >= 0 ? index_.moe_layers[size_t(slot)].expert_bytes : 0;
+}
+
 Status Streamer::on_routing(const Routing & r) {
+    flush_abandon();
     const int slot = moe_slot(r.layer);
     if (slot < 0)
         return Status::Runtime("routing node for layer " + std::to_string(r.layer) +
@@ -82,7 +98,10 @@ Status Streamer::on_routing(const Routing & r) {
     account(step_, io, ss);
     account(total_, io, ss);
     if (!st.ok()) {
-        store_->abandon_stage(size_t(slot));
+        // The failed slices were zero-filled and their memory stays committed until the graph
+        // is gone: a matmul already scheduled reads zeros, never released pages. They stop
+        // counting as resident at the next step (begin_step / the next routing).
+        abandon_slot_ = slot;
         return st;
     }
     if (corrupt_layer_ >= 0 && uint32_t(corrupt_layer_) == r.layer) corrupt_for_test(slot);

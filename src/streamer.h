@@ -38,9 +38,15 @@ public:
     Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes);
 
     Status on_routing(const Routing & r) override;
+    bool is_resident(uint32_t il, int32_t e) const override;
+    uint64_t expert_bytes(uint32_t il) const override;
 
-    // Step accounting: begin_step() zeroes the current step's counters.
-    void begin_step() { step_ = StepCounters{}; }
+    // Step accounting: begin_step() zeroes the current step's counters (and completes the
+    // abandon of a failed stage: no graph is running between steps).
+    void begin_step() {
+        flush_abandon();
+        step_ = StepCounters{};
+    }
     const StepCounters & step() const { return step_; }
     const StepCounters & total() const { return total_; }
 
@@ -49,6 +55,7 @@ public:
 
 private:
     void corrupt_for_test(int slot);
+    void flush_abandon();
 
     const ModelIndex & index_;
     ResidencyStore * store_;
@@ -58,6 +65,7 @@ private:
     std::vector<uint32_t> experts_;    // distinct routed experts, scratch
     std::vector<ReadRequest> reads_;   // scratch
     StepCounters step_, total_;
+    int abandon_slot_ = -1;  // a failed stage to abandon once no graph can read it
     static constexpr int kCorruptAll = -2;
     int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
 };

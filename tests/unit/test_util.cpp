@@ -12,6 +12,22 @@
 
 namespace moestream::test {
 
+namespace {
+// Compiled-in defaults (tests/CMakeLists.txt) become environment variables unless already set,
+// so the CLI, the reference tools and the tests all see the same settings.
+struct EnvDefaults {
+    EnvDefaults() {
+#ifdef MOESTREAM_TEST_BIN
+        setenv("MOESTREAM_BIN", MOESTREAM_TEST_BIN, 0);
+        setenv("MOESTREAM_SRC", MOESTREAM_TEST_SRC, 0);
+        setenv("MOESTREAM_TEST_MODELS", MOESTREAM_TEST_MODELS_DIR, 0);
+        setenv("LLAMA_TOOL", MOESTREAM_TEST_LLAMA_TOOL, 0);
+        setenv("GGML_BACKEND_PATH", MOESTREAM_TEST_BACKEND, 0);
+#endif
+    }
+} g_env_defaults;
+}  // namespace
+
 std::string sh_quote(const std::string & s) {
     std::string r = "'";
     for (char c : s) {

@@ -115,7 +115,7 @@ int do_run(RunFlags & f) {
                              "top-k: output differs from the model's\n", f.opt.n_expert_used);
 
     if (!f.stats_json.empty()) {
-        st = write_file(f.stats_json, stats_to_json(s, g, *engine).dump(2) + "\n");
+        st = write_file(f.stats_json, stats_to_json(s, g, *engine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         if (!st.ok()) return fail(st);
     }
     if (!f.stats_csv.empty()) {
