@@ -456,7 +456,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         for k in ("load_s", "ttft_s", "prefill_tok_s", "majflt_per_token", "peak_rss_bytes",
                   "token_demand_bytes", "layer_demand_bytes", "expert_buffer_bytes",
                   "proc_read_bytes_per_token_est"):
-            vals = [r.get("metrics", {}).get(k) for r in ok]
+            vals = [r.get("metrics", {}).get(k, r.get(k)) for r in ok]
             vals = [v for v in vals if v is not None]
             if vals:
                 s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
