@@ -104,9 +104,9 @@ constexpr uint32_t kGlmLeadingDense = 1;
 constexpr uint32_t kGlmSharedExperts = 1;
 
 // Token ids of the vocabulary: 0..255 are the byte-level tokens.
-constexpr uint32_t kTokEndOfText = 256;  // <|endoftext|> (bos, eos)
-constexpr uint32_t kTokImStart = 257;
-constexpr uint32_t kTokImEnd = 258;
+// 256..258 are the control tokens <|endoftext|> (bos, eos, pad), <|im_start|>, <|im_end|>;
+// the rest, up to the preset's vocabulary size, are "[PAD<id>]" filler tokens.
+constexpr uint32_t kTokEndOfText = 256;
 constexpr uint32_t kFirstPadToken = 259;
 
 // ---------------------------------------------------------------------------------------
@@ -396,8 +396,6 @@ void set_metadata(const Model & m, uint32_t alignment, gguf_context * g) {
     gguf_set_val_u32(g, "tokenizer.ggml.eos_token_id", kTokEndOfText);
     gguf_set_val_u32(g, "tokenizer.ggml.padding_token_id", kTokEndOfText);
     gguf_set_val_bool(g, "tokenizer.ggml.add_bos_token", false);
-    (void)kTokImStart;
-    (void)kTokImEnd;
 }
 
 // ---------------------------------------------------------------------------------------

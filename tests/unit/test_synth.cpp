@@ -331,6 +331,7 @@ struct Probe {
     std::map<int, std::set<int>> routed;  // layer -> experts selected at least once
     bool nonfinite = false;
     size_t l_out_seen = 0;
+    std::map<std::string, std::string> moe_ops;  // "ffn_moe_probs" -> "SIGMOID", ...
 };
 
 bool probe_cb(ggml_tensor * t, bool ask, void * ud) {
@@ -338,7 +339,16 @@ bool probe_cb(ggml_tensor * t, bool ask, void * ud) {
     const char * n = t->name;
     const bool topk = std::strncmp(n, "ffn_moe_topk-", 13) == 0;
     const bool lout = std::strncmp(n, "l_out-", 6) == 0;
-    if (ask) return topk || lout;
+    if (ask) {
+        if (std::strncmp(n, "ffn_moe_", 8) == 0) {
+            // Only "<base>-<il>" names: views such as "... (reshaped)" keep the base name.
+            const char * dash = std::strrchr(n, '-');
+            if (dash && dash[1] && std::strspn(dash + 1, "0123456789") == std::strlen(dash + 1)) {
+                p->moe_ops.emplace(std::string(n, dash), ggml_op_desc(t));
+            }
+        }
+        return topk || lout;
+    }
     if (topk) {
         auto & s = p->routed[std::atoi(n + 13)];
         for (int64_t j = 0; j < t->ne[1]; ++j) {
@@ -423,6 +433,14 @@ TEST_P(SynthRealism, ActivationsLogitsRouting) {
         outs.push_back(out);
     }
     EXPECT_NE(outs[0], outs[1]) << "different prompts gave the same continuation";
+    // The router graph is the architecture's: softmax + normalized top-k weights (qwen3moe),
+    // softmax without normalization (olmoe), sigmoid + selection bias + normalization
+    // (glm4moe).
+    const std::string arch = GetParam();
+    EXPECT_EQ(probe.moe_ops["ffn_moe_probs"], arch == "glm4moe" ? "SIGMOID" : "SOFT_MAX");
+    EXPECT_EQ(probe.moe_ops.count("ffn_moe_probs_biased"), arch == "glm4moe" ? 1u : 0u);
+    EXPECT_EQ(probe.moe_ops.count("ffn_moe_weights_norm"), arch == "olmoe" ? 0u : 1u);
+    EXPECT_EQ(probe.moe_ops["ffn_moe_down"], "MUL_MAT_ID");
     EXPECT_FALSE(probe.nonfinite);
     EXPECT_GT(probe.l_out_seen, 0u);
     // Every MoE layer but the last (which only routes the output rows during prefill)
