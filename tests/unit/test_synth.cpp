@@ -35,26 +35,6 @@ using moestream::test::sh_quote;
 
 namespace {
 
-// Defaults for the env the CTest wiring is meant to pass (MOESTREAM_BIN, MOESTREAM_SRC,
-// MOESTREAM_TEST_MODELS, LLAMA_TOOL), derived from this executable's location
-// (<build>/bin/test_synth, source tree above the build dir), so that the binary also runs
-// standalone. Values already in the environment win.
-const bool kEnvDefaults = [] {
-    std::error_code ec;
-    const fs::path bin = fs::read_symlink("/proc/self/exe", ec).parent_path();
-    if (ec) return false;
-    setenv("MOESTREAM_BIN", (bin / "moestream").c_str(), 0);
-    setenv("MOESTREAM_TEST_MODELS", (bin.parent_path() / "test-models").c_str(), 0);
-    for (fs::path d = bin; !d.empty() && d != d.root_path(); d = d.parent_path()) {
-        if (fs::exists(d / "scripts" / "llama-tool")) {
-            setenv("MOESTREAM_SRC", d.c_str(), 0);
-            setenv("LLAMA_TOOL", (d / "scripts" / "llama-tool").c_str(), 0);
-            break;
-        }
-    }
-    return true;
-}();
-
 std::string llama_tool() {
     const char * e = std::getenv("LLAMA_TOOL");
     return e ? e : "scripts/llama-tool";
@@ -372,18 +352,23 @@ class SynthRealism : public ::testing::TestWithParam<std::string> {
 protected:
     static void SetUpTestSuite() {
         llama_log_set([](ggml_log_level, const char *, void *) {}, nullptr);
+        // The CPU backend variant the reference tools load (tests/CMakeLists.txt), else
+        // the one scripts/ggml-backend-path picks.
+        std::string so;
+        if (const char * e = std::getenv("GGML_BACKEND_PATH")) so = e;
         const char * src = std::getenv("MOESTREAM_SRC");
-        if (src && ggml_backend_dev_count() == 0) {
+        if (so.empty() && src) {
             CmdResult r = run_cmd(sh_quote(std::string(src) + "/scripts/ggml-backend-path"));
-            std::string so = r.out.substr(0, r.out.find('\n'));
-            if (r.exit_code == 0) ggml_backend_load(so.c_str());
+            if (r.exit_code == 0) so = r.out.substr(0, r.out.find('\n'));
         }
+        if (!so.empty() && ggml_backend_dev_count() == 0) ggml_backend_load(so.c_str());
         llama_backend_init();
     }
 };
 
 TEST_P(SynthRealism, ActivationsLogitsRouting) {
-    if (ggml_backend_dev_count() == 0) GTEST_SKIP() << "no ggml backend (MOESTREAM_SRC unset)";
+    if (ggml_backend_dev_count() == 0)
+        GTEST_SKIP() << "no ggml backend (GGML_BACKEND_PATH / MOESTREAM_SRC unset)";
     const std::string model_path = moestream::test::synth_model("tiny", GetParam(), "q8_0");
     llama_model_params mp = llama_model_default_params();
     llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
