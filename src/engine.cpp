@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ggml-backend.h"
+#include "cache_budget.h"
 #include "gguf_index.h"
 #include "io_lanes.h"
 #include "llama.h"
@@ -120,8 +121,6 @@ public:
         mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
 
         if (opt.stream) {
-            store_ = make_shared_slots(index_, &st);
-            if (!st.ok()) return st;
             uint64_t max_slice = 0;
             for (const auto & L : index_.moe_layers)
                 for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
@@ -131,9 +130,7 @@ public:
             if (!st.ok()) return st;
             st = check_file_unchanged(index_);
             if (!st.ok()) return st;
-            binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
-            streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
-            hook_ = std::make_unique<RouterHook>(streamer_.get(), index_.n_expert, binder_.get());
+            hook_ = std::make_unique<RouterHook>(nullptr, index_.n_expert, nullptr);
         } else {
             st = load_model_resident(index_, mp, &lm_);
             if (!st.ok()) return st;
@@ -156,6 +153,11 @@ public:
         if (!ctx_) return Status::Runtime("llama.cpp could not create a context (n_ctx " +
                                           std::to_string(opt.n_ctx) + "); run with -vv for its log");
 
+        if (opt.stream) {
+            st = make_store();
+            if (!st.ok()) return st;
+        }
+
         auto sp = llama_sampler_chain_default_params();
         sampler_ = llama_sampler_chain_init(sp);
         if (opt.temp <= 0.0f) {
@@ -167,6 +169,39 @@ public:
         stats_.load_s = now_s() - t_open_;
         stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
         MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s, opt.stream ? "streaming" : "resident");
+        return Status::Ok();
+    }
+
+    // Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
+    Status make_store() {
+        // Besides cached experts the run needs: dense weights (copied to RAM on the first
+        // graph), compute buffers not yet touched (estimate: logits and activations of one
+        // batch), and one layer's routed set above the budget.
+        uint64_t max_layer_set = 0;
+        for (const auto & L : index_.moe_layers)
+            max_layer_set = std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
+        const uint64_t compute_est = uint64_t(opt_.n_batch) *
+                                     (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
+        const uint64_t needs = index_.dense_bytes_total + compute_est + max_layer_set;
+        BudgetDecision d;
+        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
+                                        memory_availability(), &d);
+        if (!st.ok()) return st;
+        if (d.budget_bytes > 0) {
+            CacheDebug dbg;
+            dbg.poison = dbg.check_residency = opt_.cache_debug;
+            store_ = make_lru_cache(index_, d.budget_bytes, dbg, &st);
+        } else {
+            store_ = make_shared_slots(index_, &st);
+        }
+        if (!st.ok()) return st;
+        stats_.cache_budget_bytes = int64_t(d.budget_bytes);
+        stats_.cache_budget_reason = d.reason;
+        MS_LOG_INFO("cache: %s -> %s", d.reason.c_str(),
+                    d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) + " MiB LRU").c_str() : "off");
+        binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
+        streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
+        hook_->attach(streamer_.get(), binder_.get());
         return Status::Ok();
     }
 
@@ -273,6 +308,8 @@ public:
                 t.flash_reads = c.reads;
                 t.token_demand_bytes = c.demand_bytes;
                 t.layer_demand_bytes = c.layer_demand_bytes;
+                t.cache_hits = c.hits;
+                t.cache_misses = c.misses;
             }
             if (!st.ok()) return st;
             decode_s += t.decode_s;
@@ -295,6 +332,19 @@ public:
         s.layer_demand_bytes = layer_demand_max;
         s.peak_rss_bytes = peak_rss_bytes();
         s.logits_sha = hex64(logit_hash);
+        if (store_) {
+            const CacheStats cs = store_->cache_stats();
+            const StepCounters & tot = streamer_->total();
+            s.cache_lookups = tot.lookups;
+            s.cache_hits = tot.hits;
+            s.cache_misses = tot.misses;
+            s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
+            s.evictions = cs.evictions;
+            s.rereads = cs.rereads;
+            s.resident_expert_bytes = store_->resident_bytes();
+            s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
+        }
+        if (binder_) s.dense_bytes = binder_->dense_bytes();
         return Status::Ok();
     }
 
@@ -313,7 +363,10 @@ public:
         j["io_threads"] = opt_.io_threads;
         j["odirect_requested"] = opt_.odirect;
         j["odirect"] = opt_.stream && lanes_.direct();
-        j["cache_mb"] = 0;
+        j["cache_mb"] = opt_.stream ? stats_.cache_budget_bytes >> 20 : 0;
+        j["cache_mb_requested"] = opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
+        j["cache_budget_reason"] = stats_.cache_budget_reason;
+        j["cache_debug"] = opt_.cache_debug;
         j["n_expert_used"] = k_eff_;
         j["n_expert_used_model"] = index_.n_expert_used;
         j["lossy"] = lossy();

@@ -190,6 +190,10 @@ bool RouterHook::abort_callback(void * user_data) {
 
 bool RouterHook::on_node(ggml_tensor * t) {
     if (failed()) return false;
+    if (sink_ == nullptr) {
+        error_ = Status::Runtime("internal: routing before the streamer was attached");
+        return false;
+    }
     uint32_t il = 0;
     Status st;
     if (!parse_topk_name(t->name, &il)) {

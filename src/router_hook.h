@@ -79,6 +79,13 @@ public:
     RouterHook(RouteSink * sink, uint32_t n_expert, WeightBinder * binder = nullptr)
         : sink_(sink), n_expert_(n_expert), binder_(binder) {}
 
+    // Connects the sink and binder once they exist (the context, which holds a pointer to
+    // this hook, is created first so the cache budget can account for it).
+    void attach(RouteSink * sink, WeightBinder * binder) {
+        sink_ = sink;
+        binder_ = binder;
+    }
+
     // Turns the drop-cold policy on (frac > 0). n_layer sizes the per-layer state.
     void enable_drop_cold(const DropColdConfig & cfg, uint32_t n_layer);
     // The engine says whether the next llama_decode is prefill or decode.

@@ -105,6 +105,8 @@ Status Streamer::on_routing(const Routing & r) {
         return st;
     }
     if (corrupt_layer_ >= 0 && uint32_t(corrupt_layer_) == r.layer) corrupt_for_test(slot);
+    st = store_->verify_resident(size_t(slot), experts_);  // no-op unless --cache-debug
+    if (!st.ok()) return st;
     MS_LOG_DEBUG("layer %u: %zu distinct experts over %d row(s), %zu reads, %llu bytes",
                  r.layer, experts_.size(), r.n_rows, reads_.size(),
                  (unsigned long long)io.bytes_read);

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace moestream {
@@ -36,6 +37,125 @@ uint64_t major_faults() {
 
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace moestream
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace moestream {
+namespace {
+
+bool read_u64_file(const std::string & path, uint64_t * v) {
+    std::ifstream f(path);
+    std::string s;
+    if (!(f >> s)) return false;
+    if (s == "max") {
+        *v = UINT64_MAX;
+        return true;
+    }
+    char * end = nullptr;
+    unsigned long long x = std::strtoull(s.c_str(), &end, 10);
+    if (end == s.c_str()) return false;
+    *v = x;
+    return true;
+}
+
+uint64_t stat_field(const std::string & path, const std::string & key) {
+    std::ifstream f(path);
+    std::string k;
+    uint64_t v;
+    while (f >> k >> v)
+        if (k == key) return v;
+    return 0;
+}
+
+// The process's cgroup path for a controller ("" for v2's unified entry "0::").
+std::string cgroup_path(bool v2) {
+    std::ifstream f("/proc/self/cgroup");
+    std::string line;
+    while (std::getline(f, line)) {
+        // hierarchy-ID:controller-list:cgroup-path
+        size_t a = line.find(':'), b = line.find(':', a + 1);
+        if (a == std::string::npos || b == std::string::npos) continue;
+        std::string ctl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+        if (v2 && line.compare(0, 3, "0::") == 0) return path;
+        if (!v2) {
+            std::stringstream ss(ctl);
+            for (std::string c; std::getline(ss, c, ',');)
+                if (c == "memory") return path;
+        }
+    }
+    return "";
+}
+
+}  // namespace
+
+MemoryAvailability memory_availability() {
+    MemoryAvailability m;
+    {
+        std::ifstream f("/proc/meminfo");
+        std::string k;
+        uint64_t v;
+        std::string unit;
+        while (f >> k >> v >> unit)
+            if (k == "MemAvailable:") m.mem_available_bytes = v * 1024;
+    }
+    m.available_bytes = m.mem_available_bytes;
+    m.source = "MemAvailable";
+    // cgroup v1 (memory controller), walking up: the tightest limit on the path applies.
+    std::string p = cgroup_path(false);
+    uint64_t best_free = UINT64_MAX, best_limit = 0;
+    const char * src = nullptr;
+    if (!p.empty()) {
+        for (std::string q = p;; q = q.substr(0, q.rfind('/'))) {
+            std::string d = "/sys/fs/cgroup/memory" + (q == "/" ? std::string() : q);
+            uint64_t lim = 0, use = 0;
+            if (read_u64_file(d + "/memory.limit_in_bytes", &lim) && lim < (1ull << 60) &&
+                read_u64_file(d + "/memory.usage_in_bytes", &use)) {
+                uint64_t cache = stat_field(d + "/memory.stat", "total_inactive_file") +
+                                 stat_field(d + "/memory.stat", "total_active_file");
+                uint64_t hard = use > cache ? use - cache : 0;
+                uint64_t free = lim > hard ? lim - hard : 0;
+                if (free < best_free) {
+                    best_free = free;
+                    best_limit = lim;
+                    src = "cgroup v1";
+                }
+            }
+            if (q.empty() || q == "/") break;
+        }
+    }
+    // cgroup v2
+    std::string p2 = cgroup_path(true);
+    if (!p2.empty() || src == nullptr) {
+        for (std::string q = p2;; q = q.substr(0, q.rfind('/'))) {
+            std::string d = "/sys/fs/cgroup" + (q == "/" ? std::string() : q);
+            uint64_t lim = 0, use = 0;
+            if (read_u64_file(d + "/memory.max", &lim) && lim != UINT64_MAX &&
+                read_u64_file(d + "/memory.current", &use)) {
+                uint64_t cache = stat_field(d + "/memory.stat", "file");
+                uint64_t hard = use > cache ? use - cache : 0;
+                uint64_t free = lim > hard ? lim - hard : 0;
+                if (free < best_free) {
+                    best_free = free;
+                    best_limit = lim;
+                    src = "cgroup v2";
+                }
+            }
+            if (q.empty() || q == "/") break;
+        }
+    }
+    if (src != nullptr && best_free < m.available_bytes) {
+        m.available_bytes = best_free;
+        m.cgroup_limit_bytes = best_limit;
+        m.source = src;
+    } else if (src != nullptr) {
+        m.cgroup_limit_bytes = best_limit;
+    }
+    return m;
 }
 
 }  // namespace moestream

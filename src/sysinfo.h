@@ -13,3 +13,19 @@ uint64_t major_faults();        // this process, from getrusage
 double now_s();                 // steady clock, seconds
 
 }  // namespace moestream
+
+namespace moestream {
+
+// Memory this process may still use, in bytes, and where the figure comes from:
+// the cgroup's limit minus its current non-reclaimable usage when a cgroup limit applies
+// (v2 memory.max / memory.current, v1 memory.limit_in_bytes / memory.usage_in_bytes minus
+// the group's page cache), capped by /proc/meminfo MemAvailable. 0 if nothing is readable.
+struct MemoryAvailability {
+    uint64_t available_bytes = 0;
+    uint64_t cgroup_limit_bytes = 0;  // 0 = no cgroup limit found
+    uint64_t mem_available_bytes = 0; // MemAvailable
+    const char * source = "none";     // "cgroup v2", "cgroup v1", "MemAvailable"
+};
+MemoryAvailability memory_availability();
+
+}  // namespace moestream

@@ -32,6 +32,11 @@ struct RunOptions {
     bool stream = true;         // false: llama.cpp loads everything resident (--no-stream)
     int io_threads = 2;         // read lanes, the calling thread included (--io-threads)
     bool odirect = true;        // O_DIRECT reads (false: buffered pread; --no-odirect)
+    // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
+    // (shared slots, every routed slice re-read), N = LRU cache of N MiB.
+    int64_t cache_mb = -1;
+    bool force_cache = false;   // allow budgets in the 1..1499 MiB band (--force-cache)
+    bool cache_debug = false;   // poison + residency check of every routed slice (--cache-debug)
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;      // experts per token; 0 = the model's top-k (--n-expert-used)
 };
@@ -39,6 +44,8 @@ struct RunOptions {
 // Per generated token (one llama_decode of one token).
 struct TokenStats {
     int32_t token = 0;
+    uint64_t cache_hits = 0;          // routed (layer, expert) already resident
+    uint64_t cache_misses = 0;        // routed (layer, expert) read
     double decode_s = 0;              // wall time of the decode
     double io_s = 0;                  // time blocked on expert reads in it
     uint64_t flash_bytes_read = 0;    // bytes read from the model file (incl. alignment)
@@ -64,7 +71,17 @@ struct RunStats {
     double bytes_per_token = 0;       // decode bytes read / generated tokens
     uint64_t token_demand_bytes = 0;  // mean over decoded tokens
     uint64_t layer_demand_bytes = 0;  // max over decoded tokens
-    uint64_t expert_buffer_bytes = 0; // RAM reserved for streaming buffers
+    uint64_t expert_buffer_bytes = 0; // shared slots: their size; cache: address space reserved
+    // Cache (zero when off). Counted over the whole run (prefill + decode).
+    int64_t cache_budget_bytes = 0;   // 0 = cache off
+    std::string cache_budget_reason;  // why this budget (auto, explicit, ...)
+    double cache_hit_pct = 0;         // hits / lookups
+    uint64_t cache_lookups = 0, cache_hits = 0, cache_misses = 0;
+    uint64_t evictions = 0;
+    uint64_t rereads = 0;             // reads of experts that had been resident before
+    uint64_t resident_expert_bytes = 0;       // at the end
+    uint64_t peak_resident_expert_bytes = 0;
+    uint64_t dense_bytes = 0;         // dense weights copied to RAM
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
     std::vector<TokenStats> tokens;   // decode steps, in order
 };

@@ -49,6 +49,17 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["layer_demand_bytes"] = s.layer_demand_bytes;
     j["expert_buffer_bytes"] = s.expert_buffer_bytes;
     j["logits_sha"] = s.logits_sha;
+    j["cache_budget_bytes"] = s.cache_budget_bytes;
+    j["cache_budget_reason"] = s.cache_budget_reason;
+    j["cache_hit_pct"] = s.cache_hit_pct;
+    j["cache_lookups"] = s.cache_lookups;
+    j["cache_hits"] = s.cache_hits;
+    j["cache_misses"] = s.cache_misses;
+    j["evictions"] = s.evictions;
+    j["rereads"] = s.rereads;
+    j["resident_expert_bytes"] = s.resident_expert_bytes;
+    j["peak_resident_expert_bytes"] = s.peak_resident_expert_bytes;
+    j["dense_bytes"] = s.dense_bytes;
     j["settings"] = nlohmann::json::parse(e.settings_json());
     return j;
 }
@@ -106,6 +117,18 @@ int do_run(RunFlags & f) {
                      mib(double(s.flash_bytes_read)), (unsigned long long)s.flash_reads, s.io_s,
                      mib(s.bytes_per_token), mib(double(s.token_demand_bytes)),
                      mib(double(s.layer_demand_bytes)));
+    if (f.opt.stream) {
+        if (s.cache_budget_bytes > 0)
+            std::fprintf(stderr,
+                         "moestream: cache %lld MiB (%s) | hit %.1f%% of %llu lookups | %llu evictions | "
+                         "%llu rereads | resident %.1f MiB (peak %.1f)\n",
+                         (long long)(s.cache_budget_bytes >> 20), s.cache_budget_reason.c_str(),
+                         s.cache_hit_pct, (unsigned long long)s.cache_lookups,
+                         (unsigned long long)s.evictions, (unsigned long long)s.rereads,
+                         mib(double(s.resident_expert_bytes)), mib(double(s.peak_resident_expert_bytes)));
+        else
+            std::fprintf(stderr, "moestream: %s\n", s.cache_budget_reason.c_str());
+    }
     std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | %s\n",
                  mib(double(s.peak_rss_bytes)), s.majflt_per_token,
                  engine->lossy() ? "LOSSY output (opt-in knobs changed it; see settings)"
@@ -121,12 +144,12 @@ int do_run(RunFlags & f) {
     if (!f.stats_csv.empty()) {
         std::ostringstream o;
         o << "step,token,decode_s,io_s,flash_bytes_read,flash_reads,token_demand_bytes,"
-             "layer_demand_bytes\n";
+             "layer_demand_bytes,cache_hits,cache_misses\n";
         for (size_t i = 0; i < s.tokens.size(); ++i) {
             const TokenStats & t = s.tokens[i];
             o << i << ',' << t.token << ',' << t.decode_s << ',' << t.io_s << ','
               << t.flash_bytes_read << ',' << t.flash_reads << ',' << t.token_demand_bytes << ','
-              << t.layer_demand_bytes << '\n';
+              << t.layer_demand_bytes << ',' << t.cache_hits << ',' << t.cache_misses << '\n';
         }
         st = write_file(f.stats_csv, o.str());
         if (!st.ok()) return fail(st);
@@ -163,6 +186,28 @@ void add_run_command(CLI::App & app, Action * action) {
         ->check(CLI::Range(1, 64));
     sub->add_flag("--no-odirect", [f](int64_t) { f->opt.odirect = false; },
                   "buffered reads instead of O_DIRECT");
+    sub->add_option_function<std::string>(
+           "--cache-mb",
+           [f](const std::string & v) {
+               if (v == "auto") {
+                   f->opt.cache_mb = -1;
+                   return;
+               }
+               size_t pos = 0;
+               long long n = -1;
+               try {
+                   n = std::stoll(v, &pos);
+               } catch (...) {
+               }
+               if (pos != v.size() || n < 0 || n > (1ll << 40))
+                   throw CLI::ValidationError("--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
+               f->opt.cache_mb = n;
+           },
+           "expert cache budget in MiB: auto (default), 0 = off, N")
+        ->type_name("auto|N");
+    sub->add_flag("--force-cache", f->opt.force_cache, "allow a --cache-mb in the 1..1499 MiB band");
+    sub->add_flag("--cache-debug", f->opt.cache_debug,
+                  "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", f->opt.n_expert_used,
                     "LOSSY: experts per token, 1..the model's top-k (default: the model's)")
         ->check(CLI::Range(1, 1 << 16));

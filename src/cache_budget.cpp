@@ -1,0 +1,62 @@
+#include "cache_budget.h"
+
+#include <cstdio>
+
+namespace moestream {
+namespace {
+std::string mib(uint64_t b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.0f MiB", double(b) / (1 << 20));
+    return buf;
+}
+}  // namespace
+
+Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool force,
+                           uint64_t needs_bytes, const MemoryAvailability & mem,
+                           BudgetDecision * out) {
+    const uint64_t ws = index.token_working_set_bytes;
+    if (cache_mb == 0) {
+        *out = {0, "cache off (--cache-mb 0): every routed expert is read for every token"};
+        return Status::Ok();
+    }
+    if (cache_mb > 0) {
+        if (cache_mb < kCacheRuleMinMiB && !force)
+            return Status::Usage(
+                "--cache-mb " + std::to_string(cache_mb) + " is in the 1.." +
+                std::to_string(kCacheRuleMinMiB - 1) +
+                " MiB band: one token of this model routes " + mib(ws) +
+                " of experts (inspect: token working set); a cache below that gets no hits and "
+                "pays for evictions, which is slower than no cache. Use 0, or at least " +
+                mib(ws + ws / 2) + " (1.5 x the working set), or add --force-cache");
+        uint64_t b = uint64_t(cache_mb) << 20;
+        std::string why = "--cache-mb " + std::to_string(cache_mb);
+        if (b > index.expert_bytes_total) {
+            b = index.expert_bytes_total;
+            why += ", capped at the model's total expert bytes";
+        }
+        *out = {b, why};
+        return Status::Ok();
+    }
+    // auto
+    const uint64_t lo = ws + ws / 2, hi = index.expert_bytes_total;
+    const uint64_t reserve = needs_bytes + kAutoFloorBytes;
+    const uint64_t avail = mem.available_bytes;
+    std::string from = std::string(mem.source) + " " + mib(avail);
+    if (avail <= reserve || avail - reserve < lo) {
+        *out = {0, "auto: " + from + " available, minus " + mib(needs_bytes) +
+                       " for dense weights/KV/buffers and a " + mib(kAutoFloorBytes) +
+                       " floor, leaves less than 1.5 x the working set (" + mib(lo) + "): cache off"};
+        return Status::Ok();
+    }
+    uint64_t b = avail - reserve;
+    std::string why = "auto: " + from + " available - " + mib(needs_bytes) +
+                      " (dense weights, KV, buffers) - " + mib(kAutoFloorBytes) + " floor";
+    if (b > hi) {
+        b = hi;
+        why += ", capped at the model's total expert bytes " + mib(hi);
+    }
+    *out = {b, why};
+    return Status::Ok();
+}
+
+}  // namespace moestream
