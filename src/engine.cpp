@@ -94,6 +94,13 @@ public:
         if (opt.n_batch < 1) return Status::Usage("--batch must be >= 1");
         if (opt.io_threads < 1 || opt.io_threads > 64) return Status::Usage("--io-threads must be in 1..64");
         if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp)) return Status::Usage("--temp must be >= 0");
+        if (opt.drop_cold != 0 && !(opt.drop_cold > 0 && opt.drop_cold <= 1))
+            return Status::Usage("--drop-cold-experts must be in (0, 1]");
+        if (opt.drop_cold > 0 && !opt.stream)
+            return Status::Usage("--drop-cold-experts needs streaming (it drops cache misses); "
+                                 "remove --no-stream");
+        if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
+            return Status::Usage("--drop-in-prefill / --drop-renorm need --drop-cold-experts F");
 
         Status st = load_model_index(opt.model_path, &index_);
         if (!st.ok()) return st;
@@ -199,14 +206,30 @@ public:
         stats_.cache_budget_reason = d.reason;
         MS_LOG_INFO("cache: %s -> %s", d.reason.c_str(),
                     d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) + " MiB LRU").c_str() : "off");
+        if (opt_.drop_cold > 0) {
+            if (d.budget_bytes == 0)
+                return Status::Usage(
+                    "--drop-cold-experts needs the LRU cache: with the cache off every lookup "
+                    "misses, so the policy would silently become an unconditional cut of weakly "
+                    "weighted experts (" + d.reason + "). Give --cache-mb N (>= 1500) or auto with "
+                    "enough memory");
+            DropColdConfig dc;
+            dc.frac = opt_.drop_cold;
+            dc.in_prefill = opt_.drop_in_prefill;
+            dc.renorm = opt_.drop_renorm;
+            uint32_t n_layer = index_.n_layer;
+            for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
+            hook_->enable_drop_cold(dc, n_layer);
+        }
         binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
         streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
         hook_->attach(streamer_.get(), binder_.get());
         return Status::Ok();
     }
 
-    Status decode(llama_batch batch) {
+    Status decode(llama_batch batch, bool decode_phase) {
         if (streamer_) streamer_->begin_step();
+        if (hook_) hook_->set_decode_phase(decode_phase);
         int rc = llama_decode(ctx_, batch);
         if (hook_ && hook_->failed()) {
             Status e = hook_->error();
@@ -263,7 +286,7 @@ public:
         double prefill_io = 0;
         for (int i = 0; i < n; i += opt_.n_batch) {
             int m = std::min(opt_.n_batch, n - i);
-            Status st = decode(llama_batch_get_one(toks.data() + i, m));
+            Status st = decode(llama_batch_get_one(toks.data() + i, m), false);
             if (streamer_) {
                 prefill_bytes += streamer_->step().bytes_read;
                 prefill_reads += streamer_->step().reads;
@@ -297,7 +320,7 @@ public:
             if (i == n_predict - 1) break;
 
             double ts = now_s();
-            Status st = decode(llama_batch_get_one(&tok, 1));
+            Status st = decode(llama_batch_get_one(&tok, 1), true);
             TokenStats t;
             t.token = tok;
             t.decode_s = now_s() - ts;
@@ -345,11 +368,21 @@ public:
             s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
         }
         if (binder_) s.dense_bytes = binder_->dense_bytes();
+        if (hook_ && opt_.drop_cold > 0) {
+            const DropCounters & dc = hook_->drop_counters();
+            s.experts_routed = dc.routed;
+            s.experts_dropped = dc.dropped;
+            s.weight_mass_dropped = dc.weight_total > 0 ? dc.weight_dropped / dc.weight_total : 0;
+            s.drop_bytes_avoided = dc.bytes_avoided;
+            s.drop_deferred = hook_->drop_state().deferred;
+            s.drop_fallbacks = hook_->drop_state().fallbacks;
+            s.drop_terminal = index_.moe_layers.empty() ? "" : hook_->terminal_kind(index_.moe_layers[0].layer);
+        }
         return Status::Ok();
     }
 
     const RunStats & stats() const override { return stats_; }
-    bool lossy() const override { return k_eff_ != index_.n_expert_used; }
+    bool lossy() const override { return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0; }
 
     std::string settings_json() const override {
         nlohmann::json j;
@@ -370,6 +403,9 @@ public:
         j["n_expert_used"] = k_eff_;
         j["n_expert_used_model"] = index_.n_expert_used;
         j["lossy"] = lossy();
+        j["drop_cold_experts"] = opt_.drop_cold;
+        j["drop_in_prefill"] = opt_.drop_in_prefill;
+        j["drop_renorm"] = opt_.drop_renorm;
         j["arch"] = index_.arch;
         j["n_expert"] = index_.n_expert;
         j["use_extra_bufts"] = false;

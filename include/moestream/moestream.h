@@ -39,6 +39,9 @@ struct RunOptions {
     bool cache_debug = false;   // poison + residency check of every routed slice (--cache-debug)
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;      // experts per token; 0 = the model's top-k (--n-expert-used)
+    double drop_cold = 0;       // --drop-cold-experts F in (0, 1]; 0 = off
+    bool drop_in_prefill = false;  // --drop-in-prefill
+    bool drop_renorm = false;      // --drop-renorm
 };
 
 // Per generated token (one llama_decode of one token).
@@ -82,6 +85,14 @@ struct RunStats {
     uint64_t resident_expert_bytes = 0;       // at the end
     uint64_t peak_resident_expert_bytes = 0;
     uint64_t dense_bytes = 0;         // dense weights copied to RAM
+    // --drop-cold-experts (docs/lossy-knobs.md); zero when off.
+    uint64_t experts_routed = 0;      // routed slots the policy looked at
+    uint64_t experts_dropped = 0;
+    double weight_mass_dropped = 0;   // dropped router weight / total routed weight
+    uint64_t drop_bytes_avoided = 0;  // expert bytes not read because of drops
+    uint64_t drop_deferred = 0;       // routings loaded at their terminal node
+    uint64_t drop_fallbacks = 0;      // learned terminal did not arrive: loaded at the matmul
+    std::string drop_terminal;        // the learned terminal node of the first MoE layer
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
     std::vector<TokenStats> tokens;   // decode steps, in order
 };

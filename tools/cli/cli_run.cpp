@@ -60,6 +60,13 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["resident_expert_bytes"] = s.resident_expert_bytes;
     j["peak_resident_expert_bytes"] = s.peak_resident_expert_bytes;
     j["dense_bytes"] = s.dense_bytes;
+    j["experts_routed"] = s.experts_routed;
+    j["experts_dropped"] = s.experts_dropped;
+    j["weight_mass_dropped"] = s.weight_mass_dropped;
+    j["drop_bytes_avoided"] = s.drop_bytes_avoided;
+    j["drop_deferred"] = s.drop_deferred;
+    j["drop_fallbacks"] = s.drop_fallbacks;
+    j["drop_terminal"] = s.drop_terminal;
     j["settings"] = nlohmann::json::parse(e.settings_json());
     return j;
 }
@@ -133,6 +140,13 @@ int do_run(RunFlags & f) {
                  mib(double(s.peak_rss_bytes)), s.majflt_per_token,
                  engine->lossy() ? "LOSSY output (opt-in knobs changed it; see settings)"
                                  : "lossless");
+    if (f.opt.drop_cold > 0)
+        std::fprintf(stderr,
+                     "moestream: --drop-cold-experts %.2f (LOSSY): dropped %llu of %llu routed experts, "
+                     "%.2f%% of router weight mass, %.1f MiB of reads avoided (weights chain ends at %s)\n",
+                     f.opt.drop_cold, (unsigned long long)s.experts_dropped,
+                     (unsigned long long)s.experts_routed, 100.0 * s.weight_mass_dropped,
+                     mib(double(s.drop_bytes_avoided)), s.drop_terminal.empty() ? "?" : s.drop_terminal.c_str());
     if (f.opt.n_expert_used > 0 && engine->lossy())
         std::fprintf(stderr, "moestream: --n-expert-used %d: fewer experts per token than the model's "
                              "top-k: output differs from the model's\n", f.opt.n_expert_used);
@@ -211,6 +225,12 @@ void add_run_command(CLI::App & app, Action * action) {
     sub->add_option("--n-expert-used", f->opt.n_expert_used,
                     "LOSSY: experts per token, 1..the model's top-k (default: the model's)")
         ->check(CLI::Range(1, 1 << 16));
+    sub->add_option("--drop-cold-experts", f->opt.drop_cold,
+                    "LOSSY: skip a routed expert that is a cache miss with final weight < F/k (0<F<=1)")
+        ->check(CLI::Range(1e-12, 1.0));
+    sub->add_flag("--drop-in-prefill", f->opt.drop_in_prefill, "also drop during prefill (LOSSY)");
+    sub->add_flag("--drop-renorm", f->opt.drop_renorm,
+                  "renormalize the remaining weights after a drop (LOSSY)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
     sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
     sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");
