@@ -173,6 +173,9 @@ def diff(a: Cell, b: Cell) -> list[tuple[str, Any, Any]]:
                 out.append((var, vb, va))
         elif ina != inb:
             side_val = va if ina else vb
+            side = a if ina else b
+            if var == "force_cache" and side.params.get("cache_mb") == "off":
+                continue   # forcing a cache that is off changes nothing
             if var in NEUTRAL and side_val != NEUTRAL[var]:
                 out.append((var, vb if inb else "n/a", va if ina else "n/a"))
     return out

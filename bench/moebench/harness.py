@@ -460,8 +460,17 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             vals = [v for v in vals if v is not None]
             if vals:
                 s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
+        ch = [_kept(r, "cache_hits", trim) for r in ok]
+        cm = [_kept(r, "cache_misses", trim) for r in ok]
+        if ok and all(x is not None for x in ch + cm) and sum(map(sum, ch)) + sum(map(sum, cm)) > 0:
+            # decode-only hit rate over the kept tokens (the run-level cache_hit_pct includes
+            # the prefill and the cache filling up)
+            look = [[h + m for h, m in zip(a, b)] for a, b in zip(ch, cm)]
+            hp = stats.ratio_of_sums([[100.0 * h for h in a] for a in ch], look, B, seed)
+            s["decode_hit_pct"] = stats.public(hp)
         for k in list(ok[0].get("metrics", {}).keys()) if ok else []:
-            if k.startswith("cache_") or k in ("hit_rate",):
+            if k.startswith(("cache_", "experts_", "weight_mass_", "drop_", "resident_expert",
+                             "peak_resident_expert")) or k in ("hit_rate",):
                 vals = [r["metrics"].get(k) for r in ok]
                 if all(isinstance(v, (int, float)) for v in vals):
                     s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}

@@ -79,9 +79,12 @@ def table(res: dict[str, Any]) -> str:
         change = f"{c['change']} (vs `{c['baseline']}`)" if c["baseline"] else "*reference*"
         per_rep = ", ".join(_f(x) for x in s.get("decode_tok_s_per_rep", [])) or "—"
         hit = ""
-        for k in ("cache_hit_pct",):
-            if s.get(k):
-                hit = f"; hit {s[k]['mean']:.1f}%"
+        if s.get("decode_hit_pct"):
+            hit = f"; decode hit {_ci(s['decode_hit_pct'], 1)}%"
+        elif s.get("cache_hit_pct"):
+            hit = f"; hit {s['cache_hit_pct']['mean']:.1f}%"
+        if s.get("cache_budget_mib") and c["params"]["cache_mb"] in ("auto", "all-experts"):
+            hit += f"; budget {s['cache_budget_mib']['mean']:.0f} MiB"
         rows.append("| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |".format(
             c["name"], change, _ci(s.get("decode_tok_s")), _ci(s.get("ratio_to_baseline")),
             per_rep, _mean(s.get("load_s")), _mean(s.get("ttft_s")), mib_per_token(s),
@@ -325,7 +328,7 @@ def charts(res: dict[str, Any], img_dir: str) -> list[str]:
         plt.close(fig)
         written.append(p)
     hit = [(c, sm[c["name"]]) for c in exp["cells"]
-           if c["params"]["loader"] == "stream" and sm[c["name"]].get("cache_hit_pct")]
+           if c["params"]["loader"] == "stream" and sm[c["name"]].get("decode_hit_pct")]
     if hit:
         fig, ax = plt.subplots(figsize=(6, 4))
         by_lanes: dict[int, list[tuple[float, float]]] = {}
@@ -336,12 +339,12 @@ def charts(res: dict[str, Any], img_dir: str) -> list[str]:
                 x = cm if isinstance(cm, (int, float)) else None
             if x is None:
                 continue
-            by_lanes.setdefault(c["params"]["io_threads"], []).append((x, s["cache_hit_pct"]["mean"]))
+            by_lanes.setdefault(c["params"]["io_threads"], []).append((x, s["decode_hit_pct"]["value"]))
         for lanes, pts in sorted(by_lanes.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{lanes} lanes")
         ax.set_xlabel("cache budget (MiB)")
-        ax.set_ylabel("cache hit %")
+        ax.set_ylabel("decode cache hit % (kept tokens)")
         ax.set_title(f"{name}: hit rate vs budget", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend()

@@ -62,7 +62,11 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
             a.append("--no-odirect")
             need.append("--no-odirect")
         cm = p["cache_mb"]
-        if cm != "off":
+        if cm == "off" and tools.has_flag("--cache-mb"):
+            # since 9db6e53 the CLI's default is auto: "off" must be said (0 = off); before
+            # it, no flag meant no cache
+            a += ["--cache-mb", "0"]
+        elif cm != "off":
             if cm == "all-experts":
                 v = inspect.get("cache_all_experts_mib")
                 if v is None:
@@ -70,7 +74,7 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
                 cm = int(v) + 1
             a += ["--cache-mb", str(cm)]
             need.append("--cache-mb")
-        if p["force_cache"]:
+        if p["force_cache"] and p["cache_mb"] != "off":
             a.append("--force-cache")
             need.append("--force-cache")
         if p["drop_cold"] is not None:
@@ -348,7 +352,8 @@ def parse_moestream(prefix: str, stderr: str = "") -> dict[str, Any]:
             for k2, v2 in v.items():
                 if isinstance(v2, (int, float, str, bool)) or v2 is None:
                     out[f"{k}_{k2}" if not k2.startswith(k) else k2] = v2
-        elif k.startswith("cache_") or k.startswith("drop_") or k in ("hit_rate", "hits", "misses"):
+        elif k.startswith(("cache_", "drop_", "experts_", "weight_mass_", "resident_expert",
+                           "peak_resident_expert")) or k in ("hit_rate", "hits", "misses"):
             out[k] = v
     if "cache_hit_pct" not in out:
         hits, look = out.get("cache_hits"), out.get("cache_lookups")
@@ -357,7 +362,9 @@ def parse_moestream(prefix: str, stderr: str = "") -> dict[str, Any]:
         if isinstance(hits, (int, float)) and isinstance(look, (int, float)) and look > 0:
             out["cache_hit_pct"] = 100.0 * hits / look
     settings = sj.get("settings") or {}
-    if isinstance(settings.get("cache_mb"), (int, float)) and settings["cache_mb"] > 0:
+    if isinstance(out.get("cache_budget_bytes"), (int, float)) and out["cache_budget_bytes"] > 0:
+        out["cache_budget_mib"] = out["cache_budget_bytes"] / (1 << 20)
+    elif isinstance(settings.get("cache_mb"), (int, float)) and settings["cache_mb"] > 0:
         out["cache_budget_mib"] = settings["cache_mb"]
     cols: dict[str, list[float]] = {}
     try:
