@@ -28,7 +28,7 @@ json run_json(const std::string & model, const std::string & flags, int * exit_c
     static int counter = 0;
     std::string path = models_dir() + "/lossy-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".json";
     CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " + sh_quote(kPrompt) +
-                          " -n 32 -t 2 " + flags + " --stats-json " + path);
+                          " -n 32 -t 1 " + flags + " --stats-json " + path);
     if (exit_code) *exit_code = r.exit_code;
     if (err) *err = r.err;
     if (out) *out = r.out;
@@ -127,7 +127,7 @@ TEST(NExpertUsed, MatchesLlamaCompletionWithTheOverride) {
         const char * tool = std::getenv("LLAMA_TOOL");
         CmdResult ref = run_cmd(sh_quote(tool ? tool : "scripts/llama-tool") + " llama-completion -m " +
                                 sh_quote(model) + " -p " + sh_quote(kPrompt) +
-                                " -n 32 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 2 -fit off "
+                                " -n 32 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 1 -fit off "
                                 "--no-display-prompt --override-kv " + arch + ".expert_used_count=int:2");
         ASSERT_EQ(ref.exit_code, 0);
         EXPECT_EQ(strip(ref.out), strip(out));

@@ -54,7 +54,7 @@ RunOut run_moestream(const std::string & model, const std::string & prompt, cons
     std::string base = models_dir() + "/gate-" + std::to_string(getpid()) + "-" +
                        std::to_string(counter++);
     std::string cmd = env + " " + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
-                      sh_quote(prompt) + " -n 32 -t 2 " + flags + " --stats-json " + base +
+                      sh_quote(prompt) + " -n 32 -t 1 " + flags + " --stats-json " + base +
                       ".json --dump-logits " + base + ".logits --stats-csv " + base + ".csv";
     CmdResult r = run_cmd(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
@@ -75,7 +75,7 @@ std::string llama_completion_text(const std::string & model, const std::string &
     const char * tool = std::getenv("LLAMA_TOOL");
     std::string cmd = sh_quote(tool ? tool : "scripts/llama-tool") +
                       " llama-completion -m " + sh_quote(model) + " -p " + sh_quote(prompt) +
-                      " -n 32 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 2 -fit off "
+                      " -n 32 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 1 -fit off "
                       "--no-display-prompt";
     CmdResult r = run_cmd(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err.substr(r.err.size() > 4000 ? r.err.size() - 4000 : 0);
