@@ -17,6 +17,7 @@
 #include "model_loader.h"
 #include "moestream/moestream.h"
 #include "residency.h"
+#include "route_trace.h"
 #include "router_hook.h"
 #include "streamer.h"
 #include "sysinfo.h"
@@ -99,6 +100,9 @@ public:
         if (opt.drop_cold > 0 && !opt.stream)
             return Status::Usage("--drop-cold-experts needs streaming (it drops cache misses); "
                                  "remove --no-stream");
+        if (!opt.route_trace.empty() && !opt.stream)
+            return Status::Usage("--route-trace needs streaming (the streamer observes the "
+                                 "routing); remove --no-stream");
         if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
             return Status::Usage("--drop-in-prefill / --drop-renorm need --drop-cold-experts F");
 
@@ -224,13 +228,44 @@ public:
         binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
         streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
         hook_->attach(streamer_.get(), binder_.get());
+        if (!opt_.route_trace.empty()) open_trace();
         return Status::Ok();
+    }
+
+    // --route-trace: the header is the model's shape and the resolved settings.
+    void open_trace() {
+        TraceHeader h;
+        h.n_expert = index_.n_expert;
+        h.k_model = index_.n_expert_used;
+        h.k = k_eff_;
+        h.n_layer = index_.n_layer;
+        for (const auto & L : index_.moe_layers) {
+            h.n_layer = std::max(h.n_layer, L.layer + 1);
+            TraceLayerShape ls;
+            ls.layer = L.layer;
+            for (const auto & t : L.tensors) ls.slice_bytes.push_back(t.slice_bytes);
+            ls.expert_bytes = L.expert_bytes;
+            h.moe_layers.push_back(std::move(ls));
+        }
+        const CacheStats cs = store_->cache_stats();
+        h.page_bytes = cs.page_bytes ? cs.page_bytes : 4096;
+        h.cache_budget_bytes = uint64_t(stats_.cache_budget_bytes);
+        h.drop_cold = opt_.drop_cold;
+        h.drop_in_prefill = opt_.drop_in_prefill;
+        h.drop_renorm = opt_.drop_renorm;
+        h.settings_json = settings_json();
+        tracer_ = RouteTracer::open(opt_.route_trace, h);
+        hook_->enable_trace(tracer_.get(), h.n_layer);
+        streamer_->set_tracer(tracer_.get());
     }
 
     Status decode(llama_batch batch, bool decode_phase) {
         if (streamer_) streamer_->begin_step();
         if (hook_) hook_->set_decode_phase(decode_phase);
+        if (tracer_) tracer_->begin_graph(decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens));
+        trace_pos_ += batch.n_tokens;
         int rc = llama_decode(ctx_, batch);
+        if (tracer_) tracer_->end_graph();
         if (hook_ && hook_->failed()) {
             Status e = hook_->error();
             hook_->clear_error();
@@ -271,6 +306,7 @@ public:
                                  std::to_string(opt_.n_ctx) + ")");
 
         llama_memory_clear(llama_get_memory(ctx_), true);
+        trace_pos_ = 0;
         llama_sampler_reset(sampler_);
         RunStats & s = stats_;
         s.tokens.clear();
@@ -368,6 +404,7 @@ public:
             s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
         }
         if (binder_) s.dense_bytes = binder_->dense_bytes();
+        if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
         if (hook_ && opt_.drop_cold > 0) {
             const DropCounters & dc = hook_->drop_counters();
             s.experts_routed = dc.routed;
@@ -422,6 +459,8 @@ private:
     bool bind_checked_ = false;
     std::unique_ptr<Streamer> streamer_;
     std::unique_ptr<RouterHook> hook_;
+    std::unique_ptr<RouteTracer> tracer_;  // --route-trace
+    int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode
     llama_context * ctx_ = nullptr;
     llama_sampler * sampler_ = nullptr;
     RunStats stats_;

@@ -7,6 +7,7 @@
 #include "ggml.h"
 #include "log.h"
 #include "model_loader.h"
+#include "route_trace.h"
 
 namespace moestream {
 
@@ -64,7 +65,7 @@ bool RouterHook::eval_callback(ggml_tensor * t, bool ask, void * user_data) {
         if (std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0) return true;
         auto * self = static_cast<RouterHook *>(user_data);
         if (self->binder_ && self->binder_->active()) self->ask_bind(t);
-        if (self->drop_cfg_.frac <= 0) return false;
+        if (self->drop_cfg_.frac <= 0 && !self->tracing()) return false;
         return self->ask_drop(t);
     }
     return static_cast<RouterHook *>(user_data)->on_node(t);
@@ -87,6 +88,16 @@ void RouterHook::enable_drop_cold(const DropColdConfig & cfg, uint32_t n_layer) 
     drop_state_.relearns.assign(n_layer, 0);
 }
 
+void RouterHook::enable_trace(RouteTracer * tracer, uint32_t n_layer) {
+    tracer_ = tracer;
+    if (drop_state_.terminal.size() < n_layer) {
+        drop_state_.terminal.resize(n_layer);
+        drop_state_.relearns.resize(n_layer, 0);
+    }
+}
+
+bool RouterHook::tracing() const { return tracer_ && tracer_->active(); }
+
 std::string RouterHook::terminal_kind(uint32_t il) const {
     if (il >= drop_state_.terminal.size()) return "";
     std::string n = drop_state_.terminal[il];
@@ -102,9 +113,29 @@ bool is_view_op(ggml_op op) {
     return op == GGML_OP_VIEW || op == GGML_OP_RESHAPE || op == GGML_OP_PERMUTE ||
            op == GGML_OP_TRANSPOSE;
 }
+
+// Byte strides of final weights shaped [k, rows] or [1, k, rows]; false for any other shape.
+bool weight_strides(const ggml_tensor * t, int k, int rows, int64_t * w_slot, int64_t * w_row) {
+    if (t->type == GGML_TYPE_F32 && t->ne[0] == k && t->ne[1] == rows) {
+        *w_slot = int64_t(t->nb[0]);
+        *w_row = int64_t(t->nb[1]);
+    } else if (t->type == GGML_TYPE_F32 && t->ne[0] == 1 && t->ne[1] == k && t->ne[2] == rows) {
+        *w_slot = int64_t(t->nb[1]);
+        *w_row = int64_t(t->nb[2]);
+    } else {
+        return false;
+    }
+    return true;
+}
 }  // namespace
 
 bool RouterHook::ask_drop(ggml_tensor * t) {
+    if (tracing()) {
+        const int64_t w = tracer_->waiting_layer();
+        if (w >= 0 && size_t(w) < drop_state_.terminal.size() &&
+            !drop_state_.terminal[size_t(w)].empty() && drop_state_.terminal[size_t(w)] == t->name)
+            return true;
+    }
     if (pending_) {
         const std::string & term = drop_state_.terminal[pending_routing_.layer];
         if (term == t->name) return true;
@@ -155,13 +186,7 @@ Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
     ggml_tensor * topk = pending_topk_;
     // Weights are [k, rows] or [1, k, rows].
     int64_t w_slot = 0, w_row = 0;
-    if (t->type == GGML_TYPE_F32 && t->ne[0] == r.k && t->ne[1] == r.n_rows) {
-        w_slot = int64_t(t->nb[0]);
-        w_row = int64_t(t->nb[1]);
-    } else if (t->type == GGML_TYPE_F32 && t->ne[0] == 1 && t->ne[1] == r.k && t->ne[2] == r.n_rows) {
-        w_slot = int64_t(t->nb[1]);
-        w_row = int64_t(t->nb[2]);
-    } else {
+    if (!weight_strides(t, r.k, r.n_rows, &w_slot, &w_row)) {
         MS_LOG_INFO("layer %u: '%s' does not look like the final weights; re-learning", r.layer, t->name);
         drop_state_.terminal[r.layer].clear();
         ++drop_state_.relearns[r.layer];
@@ -172,16 +197,42 @@ Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
     ++drop_state_.deferred;
     const uint64_t eb = sink_->expert_bytes(r.layer);
     const uint64_t dropped_before = drop_.dropped;
+    const bool trace = tracing() && tracer_->waiting_layer() == int64_t(r.layer);
     for (int row = 0; row < r.n_rows; ++row) {
         auto * ids = reinterpret_cast<int32_t *>(static_cast<char *>(topk->data) + size_t(row) * topk->nb[1]);
         auto * w = reinterpret_cast<float *>(static_cast<char *>(t->data) + size_t(row) * size_t(w_row));
+        if (trace)  // the weights before the policy touches them
+            for (int j = 0; j < r.k; ++j) tracer_->set_weight(row, j, w[size_t(j) * size_t(w_slot / 4)]);
         drop_cold_row(r.k, ids, int64_t(topk->nb[0] / 4), w, w_slot / 4, r.k, drop_cfg_,
                       [&](int32_t e) { return sink_->is_resident(r.layer, e); }, &drop_);
-        for (int j = 0; j < r.k; ++j)
-            r.ids[size_t(row) * size_t(r.k) + size_t(j)] = ids[size_t(j) * (topk->nb[0] / 4)];
+        for (int j = 0; j < r.k; ++j) {
+            int32_t & id = r.ids[size_t(row) * size_t(r.k) + size_t(j)];
+            const int32_t now = ids[size_t(j) * (topk->nb[0] / 4)];
+            if (trace && now != id) tracer_->mark_dropped(row, j);  // repointed = dropped
+            id = now;
+        }
     }
+    if (trace) tracer_->done_weights();
     drop_.bytes_avoided += (drop_.dropped - dropped_before) * eb;
     return sink_->on_routing(r);
+}
+
+// The tracer asked for this layer's terminal node: record its final weights (loading already
+// happened at the topk; nothing here changes the graph's data).
+void RouterHook::trace_weights(const ggml_tensor * t) {
+    const int64_t L = tracer_->waiting_layer();
+    if (L < 0 || size_t(L) >= drop_state_.terminal.size() || drop_state_.terminal[size_t(L)] != t->name)
+        return;
+    const int k = scratch_.k, rows = scratch_.n_rows;
+    int64_t w_slot = 0, w_row = 0;
+    if (scratch_.layer != uint32_t(L) || !weight_strides(t, k, rows, &w_slot, &w_row) ||
+        w_slot % 4 != 0 || w_row % 4 != 0 || t->data == nullptr)
+        return;  // weights stay NaN
+    for (int row = 0; row < rows; ++row) {
+        const auto * w = reinterpret_cast<const float *>(static_cast<const char *>(t->data) + size_t(row) * size_t(w_row));
+        for (int j = 0; j < k; ++j) tracer_->set_weight(row, j, w[size_t(j) * size_t(w_slot / 4)]);
+    }
+    tracer_->done_weights();
 }
 
 bool RouterHook::abort_callback(void * user_data) {
@@ -197,8 +248,10 @@ bool RouterHook::on_node(ggml_tensor * t) {
     uint32_t il = 0;
     Status st;
     if (!parse_topk_name(t->name, &il)) {
-        if (!pending_ || drop_state_.terminal[pending_routing_.layer] != t->name)
-            return true;  // a node we did not ask for
+        if (!pending_ || drop_state_.terminal[pending_routing_.layer] != t->name) {
+            if (tracing()) trace_weights(t);
+            return true;  // a node we did not ask for (or only the tracer did)
+        }
         st = load_pending_at_terminal(t);
     } else {
         if (pending_) {
@@ -211,6 +264,7 @@ bool RouterHook::on_node(ggml_tensor * t) {
         }
         st = read_routing(t, il, n_expert_, &scratch_);
         ++routings_;
+        if (st.ok() && tracing()) tracer_->routing_start(il, scratch_.k, scratch_.n_rows, scratch_.ids.data());
         if (st.ok()) {
             if (policy_applies() && il < drop_state_.terminal.size() &&
                 !drop_state_.terminal[il].empty()) {

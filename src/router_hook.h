@@ -29,6 +29,7 @@ struct ggml_tensor;
 namespace moestream {
 
 class WeightBinder;
+class RouteTracer;
 
 // The routing of one MoE layer for one ubatch.
 struct Routing {
@@ -88,6 +89,10 @@ public:
 
     // Turns the drop-cold policy on (frac > 0). n_layer sizes the per-layer state.
     void enable_drop_cold(const DropColdConfig & cfg, uint32_t n_layer);
+    // --route-trace (docs/route-trace.md): every routing is handed to the tracer; the final
+    // weights are read at the layer's learned terminal node (asked for while a record waits),
+    // or, with drop-cold deferral, where the policy reads them. Loading is not moved.
+    void enable_trace(RouteTracer * tracer, uint32_t n_layer);
     // The engine says whether the next llama_decode is prefill or decode.
     // Called before every llama_decode: nothing may stay pending across graphs.
     void set_decode_phase(bool decode) {
@@ -117,6 +122,8 @@ private:
     bool policy_applies() const { return drop_cfg_.frac > 0 && (decode_phase_ || drop_cfg_.in_prefill); }
 
     bool ask_bind(ggml_tensor * t);
+    bool tracing() const;
+    void trace_weights(const ggml_tensor * t);
 
     RouteSink * sink_;
     uint32_t n_expert_;
@@ -133,6 +140,8 @@ private:
     bool pending_ = false;            // a routing waits for its terminal node
     ggml_tensor * pending_topk_ = nullptr;
     Routing pending_routing_;
+
+    RouteTracer * tracer_ = nullptr;  // --route-trace
 };
 
 }  // namespace moestream

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "log.h"
+#include "route_trace.h"
 
 namespace moestream {
 
@@ -89,6 +90,12 @@ Status Streamer::on_routing(const Routing & r) {
         c.routings += 1;
     };
 
+    const bool trace = tracer_ && tracer_->active();
+    if (trace) {  // residency before the stage = hit or miss (routed experts are never evicted)
+        was_resident_.resize(experts_.size());
+        for (size_t i = 0; i < experts_.size(); ++i)
+            was_resident_[i] = store_->is_resident(size_t(slot), experts_[i]) ? 1 : 0;
+    }
     reads_.clear();
     StageStats ss;
     Status st = store_->stage(size_t(slot), experts_, &reads_, &ss);
@@ -97,6 +104,7 @@ Status Streamer::on_routing(const Routing & r) {
     st = lanes_->read_batch(reads_, &io);
     account(step_, io, ss);
     account(total_, io, ss);
+    if (trace) tracer_->on_stage(r.layer, experts_, was_resident_, io.bytes_read);
     if (!st.ok()) {
         // The failed slices were zero-filled and their memory stays committed until the graph
         // is gone: a matmul already scheduled reads zeros, never released pages. They stop

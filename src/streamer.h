@@ -23,6 +23,8 @@
 
 namespace moestream {
 
+class RouteTracer;
+
 struct StepCounters {
     uint64_t bytes_read = 0;
     uint64_t reads = 0;
@@ -50,6 +52,9 @@ public:
     const StepCounters & step() const { return step_; }
     const StepCounters & total() const { return total_; }
 
+    // --route-trace: report every stage (which staged experts were resident, bytes read).
+    void set_tracer(RouteTracer * t) { tracer_ = t; }
+
     // Maps a graph layer index il to the MoE layer slot, -1 if the layer is dense.
     int moe_slot(uint32_t il) const { return il < layer_to_moe_.size() ? layer_to_moe_[il] : -1; }
 
@@ -64,6 +69,8 @@ private:
     std::vector<uint8_t> seen_;        // per expert, scratch for the distinct set
     std::vector<uint32_t> experts_;    // distinct routed experts, scratch
     std::vector<ReadRequest> reads_;   // scratch
+    RouteTracer * tracer_ = nullptr;
+    std::vector<uint8_t> was_resident_;  // per staged expert, scratch (tracing only)
     StepCounters step_, total_;
     int abandon_slot_ = -1;  // a failed stage to abandon once no graph can read it
     static constexpr int kCorruptAll = -2;

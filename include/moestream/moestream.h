@@ -42,6 +42,9 @@ struct RunOptions {
     double drop_cold = 0;       // --drop-cold-experts F in (0, 1]; 0 = off
     bool drop_in_prefill = false;  // --drop-in-prefill
     bool drop_renorm = false;      // --drop-renorm
+    // --route-trace FILE (docs/route-trace.md): record every routing (streaming only). A trace
+    // that cannot be written is turned off with a warning; generation is not affected.
+    std::string route_trace;
 };
 
 // Per generated token (one llama_decode of one token).

@@ -231,6 +231,8 @@ void add_run_command(CLI::App & app, Action * action) {
     sub->add_flag("--drop-in-prefill", f->opt.drop_in_prefill, "also drop during prefill (LOSSY)");
     sub->add_flag("--drop-renorm", f->opt.drop_renorm,
                   "renormalize the remaining weights after a drop (LOSSY)");
+    sub->add_option("--route-trace", f->opt.route_trace,
+                    "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
     sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
     sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");

@@ -1,0 +1,91 @@
+// replay.h — offline replay of a route trace through a simulated residency cache
+// (`moestream replay`, docs/replay.md).
+//
+// The simulator mirrors the engine's LRU cache (residency_cache.cpp) exactly: the same
+// per-(layer, expert) states, the same global LRU order, the same rule that experts routed in
+// the layer being staged are never victims, the same page-granular commit accounting (slices
+// that share a boundary page, the page size of the recording machine), the same "evict until
+// the miss fits, then commit" loop. Distinct experts are staged in first-seen order over the
+// routing's rows, as the streamer does, and --drop-cold-experts is decided by the engine's own
+// drop_cold_row() (policy_drop_cold.h) against the simulated residency. Replaying a trace
+// with the settings it was recorded under therefore reproduces its hits and misses slot for
+// slot (validate). Other settings are estimates: a lossy setting changes the hidden states and
+// so every later routing, which a trace cannot know, and the cache cannot respond to dropping
+// the way a live run's would (docs/replay.md).
+//
+// Policies: lru (the engine's), lfu (evict the lowest routing count over the whole replay,
+// ties by least recent use), belady (evict the expert whose next routing is farthest in the
+// future; the offline optimum for equal-size experts, a bound to aim at).
+// Thread-safety: a Replayer is used from one thread; distinct Replayers are independent.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "route_trace.h"
+#include "status.h"
+
+namespace moestream {
+
+enum class ReplayPolicy { kLru, kLfu, kBelady };
+const char * policy_name(ReplayPolicy p);
+bool parse_policy(const std::string & s, ReplayPolicy * out);
+
+struct ReplaySetting {
+    ReplayPolicy policy = ReplayPolicy::kLru;
+    uint64_t budget_bytes = 0;  // 0 = cache off (every routed expert is read)
+    double drop_cold = 0;       // --drop-cold-experts F, 0 = off
+    bool drop_in_prefill = false;
+    uint32_t k = 0;  // experts per token: the first k slots of each row; 0 = the trace's
+};
+
+struct ReplayResult {
+    ReplaySetting setting;
+    // Whole trace (prefill + decode).
+    uint64_t routings = 0, lookups = 0, hits = 0, misses = 0;
+    uint64_t evictions = 0, rereads = 0, over_budget_stages = 0;
+    uint64_t peak_committed_bytes = 0;
+    uint64_t bytes_read = 0;  // misses x expert bytes (no alignment over-read)
+    // Decode phase.
+    uint64_t decode_tokens = 0, decode_lookups = 0, decode_hits = 0, decode_misses = 0;
+    uint64_t decode_bytes_read = 0;
+    double decode_hit_pct = 0;   // decode hits / lookups
+    double bytes_per_token = 0;  // decode bytes read / decode tokens
+    // Lossy accounting over decode rows whose weights were observed, vs the trace's full k:
+    // slots cut by k, slots dropped by the policy, and their share of the router weight.
+    uint64_t slots_total = 0, slots_cut = 0, slots_dropped = 0;
+    uint64_t rows_weight_unknown = 0;  // decode rows without observed weights (not counted)
+    double weight_total = 0, weight_cut = 0, weight_dropped = 0;
+    double weight_mass_discarded = 0;  // (cut + dropped) / total
+};
+
+struct ValidateReport {
+    bool ok = true;
+    uint64_t slots_checked = 0, mismatches = 0;
+    uint64_t recorded_hits = 0, recorded_misses = 0, recorded_drops = 0;
+    uint64_t replay_hits = 0, replay_misses = 0, replay_drops = 0;
+    std::string first_mismatch;  // where and what, with the record's file offset
+};
+
+class Replayer {
+public:
+    explicit Replayer(const RouteTrace & trace);
+    Replayer(const Replayer &) = delete;
+    Replayer & operator=(const Replayer &) = delete;
+
+    // Replays the whole trace under `s`. With `v`, also compares every slot's residency and
+    // drop with the recorded ones (meaningful for the recorded settings).
+    Status run(const ReplaySetting & s, ReplayResult * out, ValidateReport * v = nullptr);
+
+    // The settings the trace was recorded under (lru, its budget, its drop settings, its k).
+    ReplaySetting recorded_setting() const;
+
+private:
+    struct Impl;
+    const RouteTrace & t_;
+    std::vector<std::vector<uint32_t>> next_use_;  // per k: per slot, next routing index
+    const std::vector<uint32_t> & next_use(uint32_t k);
+};
+
+}  // namespace moestream

@@ -1,0 +1,435 @@
+// route_trace.cpp — route trace writer and reader (format: docs/route-trace.md).
+#include "route_trace.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "log.h"
+
+namespace moestream {
+
+static_assert(std::endian::native == std::endian::little,
+              "route traces are little-endian; a big-endian host needs byte swapping here");
+
+namespace {
+
+constexpr uint8_t kTagRouting = 'R';
+constexpr uint8_t kTagEnd = 'E';
+constexpr uint64_t kRecordHeadBytes = 28;  // tag, phase, k, layer, n_rows, pos, graph, bytes
+constexpr uint64_t kSlotBytes = 8;         // u32 (id | flags << 24), f32 weight
+constexpr uint64_t kEndBytes = 20;         // tag, 3 zero bytes, u64 records, u64 slots
+constexpr size_t kFlushBytes = 1 << 20;
+
+template <typename T>
+void put(std::string & b, T v) {
+    char tmp[sizeof(T)];
+    std::memcpy(tmp, &v, sizeof(T));
+    b.append(tmp, sizeof(T));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Writer
+
+std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const TraceHeader & h) {
+    std::unique_ptr<RouteTracer> t(new RouteTracer());
+    t->path_ = path;
+    t->tmp_ = path + ".tmp." + std::to_string(getpid());
+    t->n_expert_ = h.n_expert;
+    t->resident_.assign(h.n_expert, 0);
+    t->fd_ = ::open(t->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (t->fd_ < 0) {
+        const int err = errno;
+        MS_LOG_WARN("route trace: cannot create '%s': %s; tracing is off, inference continues",
+                    t->tmp_.c_str(), std::strerror(err));
+        return t;
+    }
+    std::string & b = t->buf_;
+    b.append(kRouteTraceMagic, sizeof kRouteTraceMagic);
+    put<uint32_t>(b, kRouteTraceVersion);
+    put<uint32_t>(b, h.n_layer);
+    put<uint32_t>(b, h.n_expert);
+    put<uint32_t>(b, h.k_model);
+    put<uint32_t>(b, h.k);
+    put<uint32_t>(b, uint32_t(h.moe_layers.size()));
+    put<uint64_t>(b, h.page_bytes);
+    put<uint64_t>(b, h.cache_budget_bytes);
+    put<double>(b, h.drop_cold);
+    put<uint32_t>(b, (h.drop_in_prefill ? 1u : 0u) | (h.drop_renorm ? 2u : 0u));
+    for (const TraceLayerShape & L : h.moe_layers) {
+        put<uint32_t>(b, L.layer);
+        put<uint32_t>(b, uint32_t(L.slice_bytes.size()));
+        for (uint64_t s : L.slice_bytes) put<uint64_t>(b, s);
+    }
+    put<uint32_t>(b, uint32_t(h.settings_json.size()));
+    b += h.settings_json;
+    t->flush(true);
+    return t;
+}
+
+RouteTracer::~RouteTracer() {
+    if (fd_ >= 0) {
+        ::close(fd_);
+        ::unlink(tmp_.c_str());
+    }
+}
+
+void RouteTracer::fail(const std::string & what, int err) {
+    MS_LOG_WARN("route trace: %s '%s': %s; tracing is off, inference continues", what.c_str(),
+                tmp_.c_str(), std::strerror(err));
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(tmp_.c_str());
+    fd_ = -1;
+    open_ = false;
+    buf_.clear();
+    buf_.shrink_to_fit();
+}
+
+void RouteTracer::flush(bool force) {
+    if (fd_ < 0 || buf_.empty() || (!force && buf_.size() < kFlushBytes)) return;
+    const char * p = buf_.data();
+    size_t left = buf_.size();
+    while (left > 0) {
+        const ssize_t n = ::write(fd_, p, left);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) {
+            fail("cannot write", n < 0 ? errno : ENOSPC);
+            return;
+        }
+        p += n;
+        left -= size_t(n);
+    }
+    buf_.clear();
+}
+
+void RouteTracer::begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens) {
+    close_record();
+    if (graph_started_) ++graph_;
+    graph_started_ = true;
+    decode_ = decode;
+    pos0_ = pos0;
+    n_tokens_ = n_tokens;
+}
+
+void RouteTracer::routing_start(uint32_t layer, int k, int n_rows, const int32_t * ids) {
+    if (fd_ < 0) return;
+    close_record();
+    open_ = true;
+    have_weights_ = false;
+    cur_ = TraceRouting{};
+    cur_.layer = layer;
+    cur_.k = uint16_t(k);
+    cur_.n_rows = uint32_t(n_rows);
+    cur_.decode = decode_ ? 1 : 0;
+    cur_.graph = graph_;
+    // Rows are the batch's tokens, or (last layer) only its outputs: the last n_rows tokens.
+    cur_.pos = uint32_t(n_rows) >= n_tokens_ ? pos0_ : pos0_ + n_tokens_ - uint32_t(n_rows);
+    const size_t n = size_t(k) * size_t(n_rows);
+    ids_.assign(ids, ids + n);
+    weight_.assign(n, std::nanf(""));
+    flags_.assign(n, 0);
+}
+
+void RouteTracer::on_stage(uint32_t layer, const std::vector<uint32_t> & experts,
+                           const std::vector<uint8_t> & resident, uint64_t bytes_read) {
+    if (!open_ || layer != cur_.layer) return;
+    for (size_t i = 0; i < experts.size(); ++i)
+        if (experts[i] < n_expert_) resident_[experts[i]] = resident[i];
+    for (size_t s = 0; s < ids_.size(); ++s)
+        if (!(flags_[s] & kSlotDropped) && resident_[size_t(ids_[s])]) flags_[s] |= kSlotResident;
+    for (uint32_t e : experts)
+        if (e < n_expert_) resident_[e] = 0;
+    cur_.bytes_read += bytes_read;
+}
+
+void RouteTracer::close_record() {
+    if (!open_) return;
+    open_ = false;
+    if (fd_ < 0) return;
+    put<uint8_t>(buf_, kTagRouting);
+    put<uint8_t>(buf_, cur_.decode);
+    put<uint16_t>(buf_, cur_.k);
+    put<uint32_t>(buf_, cur_.layer);
+    put<uint32_t>(buf_, cur_.n_rows);
+    put<uint32_t>(buf_, cur_.pos);
+    put<uint32_t>(buf_, cur_.graph);
+    put<uint64_t>(buf_, cur_.bytes_read);
+    for (size_t s = 0; s < ids_.size(); ++s) {
+        put<uint32_t>(buf_, uint32_t(ids_[s]) | (uint32_t(flags_[s]) << 24));
+        put<float>(buf_, weight_[s]);
+    }
+    ++n_records_;
+    n_slots_ += ids_.size();
+    flush(false);
+}
+
+void RouteTracer::finish() {
+    if (fd_ < 0) return;
+    close_record();
+    put<uint8_t>(buf_, kTagEnd);
+    buf_.append(3, '\0');
+    put<uint64_t>(buf_, n_records_);
+    put<uint64_t>(buf_, n_slots_);
+    flush(true);
+    if (fd_ < 0) return;
+    if (::fsync(fd_) != 0) return fail("cannot sync", errno);
+    if (::close(fd_) != 0) {
+        fd_ = -1;
+        const int err = errno;
+        ::unlink(tmp_.c_str());
+        MS_LOG_WARN("route trace: cannot close '%s': %s; no trace written", tmp_.c_str(),
+                    std::strerror(err));
+        return;
+    }
+    fd_ = -1;
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+        const int err = errno;
+        ::unlink(tmp_.c_str());
+        MS_LOG_WARN("route trace: cannot rename '%s' to '%s': %s; no trace written", tmp_.c_str(),
+                    path_.c_str(), std::strerror(err));
+        return;
+    }
+    MS_LOG_INFO("route trace: %llu routings, %llu slots -> %s", (unsigned long long)n_records_,
+                (unsigned long long)n_slots_, path_.c_str());
+}
+
+// ---------------------------------------------------------------------------------------
+// Reader
+
+namespace {
+
+class Cursor {
+public:
+    Cursor(const uint8_t * d, uint64_t n, const std::string & name) : d_(d), n_(n), name_(name) {}
+    uint64_t off() const { return off_; }
+    uint64_t left() const { return n_ - off_; }
+    Status err(uint64_t at, const std::string & what) const {
+        return Status::BadInput(name_ + ": offset " + std::to_string(at) + ": " + what);
+    }
+    template <typename T>
+    Status get(T * v, const char * what) {
+        if (left() < sizeof(T))
+            return err(off_, std::string("truncated: ") + what + " needs " +
+                                 std::to_string(sizeof(T)) + " bytes, " + std::to_string(left()) +
+                                 " left");
+        std::memcpy(v, d_ + off_, sizeof(T));
+        off_ += sizeof(T);
+        return Status::Ok();
+    }
+    const uint8_t * ptr() const { return d_ + off_; }
+    void skip(uint64_t n) { off_ += n; }
+
+private:
+    const uint8_t * d_;
+    uint64_t n_;
+    uint64_t off_ = 0;
+    const std::string & name_;
+};
+
+#define MS_TRY(expr)               \
+    do {                           \
+        Status _st = (expr);       \
+        if (!_st.ok()) return _st; \
+    } while (0)
+
+}  // namespace
+
+Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string & name,
+                         RouteTrace * out) {
+    *out = RouteTrace{};
+    out->file_bytes = size;
+    Cursor c(data, size, name);
+    TraceHeader & h = out->header;
+    if (size < sizeof kRouteTraceMagic ||
+        std::memcmp(data, kRouteTraceMagic, sizeof kRouteTraceMagic) != 0)
+        return c.err(0, "not a moestream route trace (bad magic)");
+    c.skip(sizeof kRouteTraceMagic);
+    uint64_t at = c.off();
+    MS_TRY(c.get(&h.version, "version"));
+    if (h.version != kRouteTraceVersion)
+        return c.err(at, "unsupported trace version " + std::to_string(h.version) +
+                             " (this build reads " + std::to_string(kRouteTraceVersion) + ")");
+    uint32_t n_moe = 0, hflags = 0;
+    at = c.off();
+    MS_TRY(c.get(&h.n_layer, "n_layer"));
+    MS_TRY(c.get(&h.n_expert, "n_expert"));
+    MS_TRY(c.get(&h.k_model, "k_model"));
+    MS_TRY(c.get(&h.k, "k"));
+    MS_TRY(c.get(&n_moe, "n_moe_layers"));
+    if (h.n_layer == 0 || h.n_layer > 100000 || h.n_expert == 0 || h.n_expert > (1u << 24) ||
+        h.k == 0 || h.k > h.k_model || h.k_model > h.n_expert || h.k > 65535 || n_moe == 0 ||
+        n_moe > h.n_layer)
+        return c.err(at, "implausible model shape (n_layer " + std::to_string(h.n_layer) +
+                             ", n_expert " + std::to_string(h.n_expert) + ", k " +
+                             std::to_string(h.k) + " of " + std::to_string(h.k_model) +
+                             ", MoE layers " + std::to_string(n_moe) + ")");
+    at = c.off();
+    MS_TRY(c.get(&h.page_bytes, "page_bytes"));
+    if (h.page_bytes < 512 || h.page_bytes > (1u << 30) || (h.page_bytes & (h.page_bytes - 1)) != 0)
+        return c.err(at, "page size " + std::to_string(h.page_bytes) +
+                             " is not a power of two in [512, 1 GiB]");
+    MS_TRY(c.get(&h.cache_budget_bytes, "cache budget"));
+    at = c.off();
+    MS_TRY(c.get(&h.drop_cold, "drop_cold"));
+    if (!(h.drop_cold >= 0 && h.drop_cold <= 1))
+        return c.err(at, "drop-cold fraction outside [0, 1]");
+    at = c.off();
+    MS_TRY(c.get(&hflags, "settings flags"));
+    if (hflags & ~3u) return c.err(at, "unknown settings flags " + std::to_string(hflags));
+    h.drop_in_prefill = hflags & 1;
+    h.drop_renorm = hflags & 2;
+    std::vector<int32_t> layer_to_moe(h.n_layer, -1);
+    for (uint32_t i = 0; i < n_moe; ++i) {
+        TraceLayerShape L;
+        uint32_t n_proj = 0;
+        at = c.off();
+        MS_TRY(c.get(&L.layer, "MoE layer index"));
+        MS_TRY(c.get(&n_proj, "projection count"));
+        if (L.layer >= h.n_layer || (i > 0 && L.layer <= h.moe_layers.back().layer))
+            return c.err(at,
+                         "MoE layer " + std::to_string(L.layer) + " out of order or >= n_layer");
+        if (n_proj == 0 || n_proj > 16)
+            return c.err(at, "MoE layer " + std::to_string(L.layer) + ": " +
+                                 std::to_string(n_proj) + " projections");
+        for (uint32_t t = 0; t < n_proj; ++t) {
+            uint64_t s = 0;
+            at = c.off();
+            MS_TRY(c.get(&s, "slice bytes"));
+            if (s == 0 || s > (uint64_t(1) << 40))
+                return c.err(at, "slice bytes " + std::to_string(s));
+            L.slice_bytes.push_back(s);
+            L.expert_bytes += s;
+        }
+        layer_to_moe[L.layer] = int32_t(i);
+        h.moe_layers.push_back(std::move(L));
+    }
+    uint32_t json_len = 0;
+    at = c.off();
+    MS_TRY(c.get(&json_len, "settings length"));
+    if (json_len > c.left())
+        return c.err(at, "truncated: settings need " + std::to_string(json_len) + " bytes, " +
+                             std::to_string(c.left()) + " left");
+    h.settings_json.assign(reinterpret_cast<const char *>(c.ptr()), json_len);
+    if (json_len > 0 && nlohmann::json::parse(h.settings_json, nullptr, false).is_discarded())
+        return c.err(c.off(), "settings are not valid JSON");
+    c.skip(json_len);
+
+    // Records. Reserve from the size (an upper bound: every slot costs 8 bytes).
+    out->expert.reserve(size_t(c.left() / kSlotBytes));
+    out->weight.reserve(size_t(c.left() / kSlotBytes));
+    out->flags.reserve(size_t(c.left() / kSlotBytes));
+    uint32_t last_graph = 0;
+    while (true) {
+        const uint64_t rec = c.off();
+        if (c.left() == 0)
+            return c.err(rec, "truncated: no end marker (the trace was not finished)");
+        const uint8_t tag = *c.ptr();
+        if (tag == kTagEnd) {
+            if (c.left() < kEndBytes)
+                return c.err(rec, "truncated end marker (" + std::to_string(c.left()) + " of " +
+                                      std::to_string(kEndBytes) + " bytes)");
+            uint64_t n_rec = 0, n_slot = 0;
+            std::memcpy(&n_rec, c.ptr() + 4, 8);
+            std::memcpy(&n_slot, c.ptr() + 12, 8);
+            if (c.ptr()[1] || c.ptr()[2] || c.ptr()[3])
+                return c.err(rec + 1, "nonzero padding in the end marker");
+            if (n_rec != out->routings.size() || n_slot != out->expert.size())
+                return c.err(rec, "end marker counts " + std::to_string(n_rec) + " routings / " +
+                                      std::to_string(n_slot) + " slots, the file holds " +
+                                      std::to_string(out->routings.size()) + " / " +
+                                      std::to_string(out->expert.size()));
+            if (c.left() != kEndBytes)
+                return c.err(rec + kEndBytes, std::to_string(c.left() - kEndBytes) +
+                                                  " trailing bytes after the end marker");
+            break;
+        }
+        if (tag != kTagRouting) return c.err(rec, "unknown record tag " + std::to_string(tag));
+        if (c.left() < kRecordHeadBytes)
+            return c.err(rec, "truncated routing record (" + std::to_string(c.left()) +
+                                  " bytes left, the head needs " +
+                                  std::to_string(kRecordHeadBytes) + ")");
+        TraceRouting r;
+        uint8_t tag_again = 0;
+        r.offset = rec;
+        MS_TRY(c.get(&tag_again, "tag"));
+        MS_TRY(c.get(&r.decode, "phase"));
+        MS_TRY(c.get(&r.k, "k"));
+        MS_TRY(c.get(&r.layer, "layer"));
+        MS_TRY(c.get(&r.n_rows, "rows"));
+        MS_TRY(c.get(&r.pos, "position"));
+        MS_TRY(c.get(&r.graph, "graph"));
+        MS_TRY(c.get(&r.bytes_read, "bytes read"));
+        if (r.decode > 1)
+            return c.err(rec + 1, "phase " + std::to_string(r.decode) +
+                                      " is neither prefill (0) nor decode (1)");
+        if (r.k != h.k)
+            return c.err(rec + 2, "k " + std::to_string(r.k) + " differs from the header's " +
+                                      std::to_string(h.k));
+        if (r.layer >= h.n_layer || layer_to_moe[r.layer] < 0)
+            return c.err(rec + 4,
+                         "layer " + std::to_string(r.layer) + " is not a MoE layer of the header");
+        if (r.n_rows == 0 || r.n_rows > (1u << 24))
+            return c.err(rec + 8, "row count " + std::to_string(r.n_rows));
+        if (r.graph < last_graph) return c.err(rec + 16, "graph index goes backwards");
+        last_graph = r.graph;
+        r.moe_idx = uint32_t(layer_to_moe[r.layer]);
+        const uint64_t n = uint64_t(r.n_rows) * r.k;
+        if (c.left() / kSlotBytes < n)
+            return c.err(c.off(), "truncated: " + std::to_string(n) + " slots need " +
+                                      std::to_string(n * kSlotBytes) + " bytes, " +
+                                      std::to_string(c.left()) + " left");
+        r.first_slot = out->expert.size();
+        const uint8_t * p = c.ptr();
+        for (uint64_t s = 0; s < n; ++s, p += kSlotBytes) {
+            uint32_t word;
+            float w;
+            std::memcpy(&word, p, 4);
+            std::memcpy(&w, p + 4, 4);
+            const uint32_t id = word & 0xFFFFFFu;
+            const uint8_t fl = uint8_t(word >> 24);
+            const uint64_t so = c.off() + s * kSlotBytes;
+            if (id >= h.n_expert)
+                return c.err(so, "expert id " + std::to_string(id) + " >= n_expert " +
+                                     std::to_string(h.n_expert));
+            if ((fl & ~kSlotKnownFlags) || ((fl & kSlotDropped) && (fl & kSlotResident)))
+                return c.err(so, "invalid slot flags " + std::to_string(fl));
+            out->expert.push_back(int32_t(id));
+            out->weight.push_back(w);
+            out->flags.push_back(fl);
+        }
+        c.skip(n * kSlotBytes);
+        out->routings.push_back(r);
+    }
+    return Status::Ok();
+}
+
+Status read_route_trace(const std::string & path, RouteTrace * out) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::BadInput(path + ": cannot open: " + std::strerror(errno));
+    std::vector<uint8_t> data;
+    uint8_t chunk[1 << 16];
+    while (true) {
+        const ssize_t n = ::read(fd, chunk, sizeof chunk);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) {
+            const int err = errno;
+            ::close(fd);
+            return Status::BadInput(path + ": offset " + std::to_string(data.size()) +
+                                    ": read failed: " + std::strerror(err));
+        }
+        if (n == 0) break;
+        data.insert(data.end(), chunk, chunk + n);
+    }
+    ::close(fd);
+    return parse_route_trace(data.data(), data.size(), path, out);
+}
+
+}  // namespace moestream

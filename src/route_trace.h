@@ -1,0 +1,153 @@
+// route_trace.h — route traces (`moestream run --route-trace FILE`, docs/route-trace.md).
+//
+// A trace records every MoE layer's routing of every graph the engine ran: phase (prefill or
+// decode), token position, layer, and per routed slot (rank order) the expert id, its final
+// router weight, whether it was resident when the layer was staged (hit) and whether
+// --drop-cold-experts dropped it; per routing the bytes the streamer read. The header carries
+// the format version and the model's shape (layers, experts, k, slice bytes per projection,
+// page size, cache budget, settings), so `moestream replay` (replay.h) can re-run the
+// residency cache offline with the engine's own accounting.
+//
+// RouteTracer writes one: a temporary file next to the target, renamed over it by finish().
+// Any write failure (disk full, unwritable directory) turns tracing off with one warning and
+// removes the temporary file; inference is never affected. read_route_trace() parses and
+// validates one; every error names the byte offset (Status kBadInput).
+//
+// Thread-safety: a RouteTracer is driven from the llama_decode thread only (eval callback and
+// engine); parsed traces are plain values.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "status.h"
+
+namespace moestream {
+
+constexpr uint32_t kRouteTraceVersion = 1;
+constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
+
+// Per-slot flags (the top 8 bits of a slot's 32-bit word; the low 24 bits are the expert id).
+enum : uint8_t {
+    kSlotResident = 1,  // the expert was resident when the layer was staged (a hit)
+    kSlotDropped = 2,   // --drop-cold-experts dropped it (never looked up, never read)
+};
+constexpr uint8_t kSlotKnownFlags = kSlotResident | kSlotDropped;
+
+struct TraceLayerShape {
+    uint32_t layer = 0;                 // graph layer index il
+    std::vector<uint64_t> slice_bytes;  // bytes of one expert, per projection tensor
+    uint64_t expert_bytes = 0;          // their sum
+};
+
+struct TraceHeader {
+    uint32_t version = kRouteTraceVersion;
+    uint32_t n_layer = 0;             // graph layers (block_count)
+    uint32_t n_expert = 0;            // experts per MoE layer
+    uint32_t k_model = 0;             // the model's top-k
+    uint32_t k = 0;                   // top-k of the run (--n-expert-used, else k_model)
+    uint64_t page_bytes = 4096;       // the cache's commit granularity on the recording machine
+    uint64_t cache_budget_bytes = 0;  // 0 = cache off
+    double drop_cold = 0;             // --drop-cold-experts F, 0 = off
+    bool drop_in_prefill = false;
+    bool drop_renorm = false;
+    std::vector<TraceLayerShape> moe_layers;  // ascending layer
+    std::string settings_json;                // the engine's resolved settings (informational)
+};
+
+// One routing record: one MoE layer of one graph (llama_decode), n_rows tokens x k slots.
+struct TraceRouting {
+    uint64_t offset = 0;      // byte offset of the record in the file
+    uint32_t layer = 0;       // graph layer il
+    uint32_t moe_idx = 0;     // index into header.moe_layers (derived)
+    uint32_t n_rows = 0;      // tokens routed (prefill: the batch; last layer: outputs only)
+    uint32_t pos = 0;         // position of the first row's token
+    uint32_t graph = 0;       // llama_decode index since the trace began
+    uint64_t bytes_read = 0;  // bytes the streamer read for it (alignment over-read included)
+    uint64_t first_slot = 0;  // its slots: [first_slot, first_slot + n_rows * k)
+    uint16_t k = 0;
+    uint8_t decode = 0;  // 1 = decode phase, 0 = prefill
+};
+
+struct RouteTrace {
+    TraceHeader header;
+    std::vector<TraceRouting> routings;
+    // Slots, row-major within a routing, rank order within a row.
+    std::vector<int32_t> expert;  // the ROUTED expert id (before any drop repointing)
+    std::vector<float> weight;    // final router weight, NaN when it was not observed
+    std::vector<uint8_t> flags;   // kSlot*
+    uint64_t file_bytes = 0;
+};
+
+// Parses and validates a trace. Errors are kBadInput and name the file and byte offset.
+Status read_route_trace(const std::string & path, RouteTrace * out);
+Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string & name,
+                         RouteTrace * out);
+
+class RouteTracer {
+public:
+    // Creates "<path>.tmp.<pid>" and writes the header. On failure logs a warning and returns
+    // a tracer that is not active (every call is then a no-op).
+    static std::unique_ptr<RouteTracer> open(const std::string & path, const TraceHeader & header);
+    ~RouteTracer();  // removes the temporary file unless finish() renamed it
+
+    bool active() const { return fd_ >= 0; }
+
+    // --- engine ---
+    // Before every llama_decode: its phase, the position of its first token, its tokens.
+    void begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens);
+    void end_graph() { close_record(); }
+    // Writes the end marker, closes and renames the file over the target. Warns on failure.
+    void finish();
+
+    // --- router hook ---
+    // A layer's routing (ids row-major [n_rows][k], as routed). Opens a new record.
+    void routing_start(uint32_t layer, int k, int n_rows, const int32_t * ids);
+    // The layer whose record still waits for its final weights, or -1.
+    int64_t waiting_layer() const { return open_ && !have_weights_ ? int64_t(cur_.layer) : -1; }
+    // Sets the final weight of (row, slot) of the open record; done_weights() ends the wait.
+    void set_weight(int row, int slot, float w) {
+        weight_[size_t(row) * cur_.k + size_t(slot)] = w;
+    }
+    void done_weights() { have_weights_ = true; }
+    void mark_dropped(int row, int slot) {
+        flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotDropped;
+    }
+
+    // --- streamer ---
+    // The distinct experts staged for `layer`, whether each was resident before the stage,
+    // and the bytes read for them.
+    void on_stage(uint32_t layer, const std::vector<uint32_t> & experts,
+                  const std::vector<uint8_t> & resident, uint64_t bytes_read);
+
+    uint64_t records() const { return n_records_; }
+
+private:
+    RouteTracer() = default;
+    void close_record();
+    void flush(bool force);
+    void fail(const std::string & what, int err);
+
+    std::string path_, tmp_;
+    int fd_ = -1;
+    std::string buf_;
+    uint64_t n_records_ = 0, n_slots_ = 0;
+    uint32_t n_expert_ = 0;
+
+    // graph
+    bool decode_ = false;
+    uint32_t pos0_ = 0, n_tokens_ = 0, graph_ = 0;
+    bool graph_started_ = false;
+
+    // the open record
+    bool open_ = false, have_weights_ = false;
+    TraceRouting cur_;
+    std::vector<int32_t> ids_;
+    std::vector<float> weight_;
+    std::vector<uint8_t> flags_;
+    std::vector<uint8_t> resident_;  // per expert id, scratch
+};
+
+}  // namespace moestream

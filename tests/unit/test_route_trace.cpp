@@ -1,0 +1,348 @@
+// test_route_trace.cpp — route traces (docs/route-trace.md):
+//  - the writer and reader agree field for field; the size is what the format says and
+//    500 tokens of a Qwen3-30B-shaped model (48 MoE layers x 8 slots) stay under 3 MB;
+//  - every prefix of a valid trace (truncation) and corrupted fields are rejected with an
+//    error naming the byte offset, exit 3 from the CLI;
+//  - a trace recorded by `run` matches the run's own figures (hits, misses, bytes read),
+//    carries phases, positions and (after the first graph) the final router weights;
+//  - tracing never changes the output, and a trace that cannot be written (missing
+//    directory, file size limit hit mid-run) only warns: the run succeeds with identical output.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "route_trace.h"
+#include "test_util.h"
+
+using nlohmann::json;
+using namespace moestream;
+using namespace moestream::test;
+
+namespace {
+
+const char * kPrompt = "The expert streaming engine reads only what the router selects.";
+
+std::string slurp(const std::string & p) {
+    std::ifstream f(p, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+void spit(const std::string & p, const std::string & data) {
+    std::ofstream f(p, std::ios::binary | std::ios::trunc);
+    f.write(data.data(), std::streamsize(data.size()));
+}
+
+std::string tmp_path(const std::string & name) {
+    return models_dir() + "/rt-" + std::to_string(getpid()) + "-" + name;
+}
+
+TraceHeader shape_header(uint32_t n_moe, uint32_t n_expert, uint32_t k, uint64_t slice) {
+    TraceHeader h;
+    h.n_layer = n_moe;
+    h.n_expert = n_expert;
+    h.k_model = h.k = k;
+    h.page_bytes = 4096;
+    h.cache_budget_bytes = 64ull << 20;
+    h.drop_cold = 0.5;
+    h.drop_in_prefill = true;
+    h.settings_json = R"({"note":"hand-made"})";
+    for (uint32_t l = 0; l < n_moe; ++l) {
+        TraceLayerShape s;
+        s.layer = l;
+        s.slice_bytes = {slice, slice, slice + 4096};
+        s.expert_bytes = 3 * slice + 4096;
+        h.moe_layers.push_back(s);
+    }
+    return h;
+}
+
+// Writes a hand-made trace: `tokens` decode graphs over every layer, plus one 3-row prefill.
+void write_synthetic(const std::string & path, const TraceHeader & h, int tokens) {
+    auto t = RouteTracer::open(path, h);
+    ASSERT_TRUE(t->active());
+    std::vector<int32_t> ids(size_t(h.k) * 3);
+    t->begin_graph(false, 0, 3);
+    for (uint32_t l = 0; l < h.moe_layers.size(); ++l) {
+        for (size_t s = 0; s < ids.size(); ++s) ids[s] = int32_t((s * 7 + l) % h.n_expert);
+        t->routing_start(l, int(h.k), 3, ids.data());
+        t->on_stage(l, {}, {}, 0);
+    }
+    for (int tok = 0; tok < tokens; ++tok) {
+        t->begin_graph(true, uint32_t(3 + tok), 1);
+        for (uint32_t l = 0; l < h.moe_layers.size(); ++l) {
+            for (uint32_t j = 0; j < h.k; ++j)
+                ids[j] = int32_t((tok * 5 + l * 3 + j * 11) % h.n_expert);
+            t->routing_start(l, int(h.k), 1, ids.data());
+            for (uint32_t j = 0; j < h.k; ++j) t->set_weight(0, int(j), 1.0f / float(j + 1));
+            t->done_weights();
+            if (h.k > 1) t->mark_dropped(0, int(h.k) - 1);
+            std::vector<uint32_t> ex = {uint32_t(ids[0])};
+            t->on_stage(l, ex, {uint8_t(tok % 2)}, 1000 + l);
+        }
+        t->end_graph();
+    }
+    t->finish();
+}
+
+TEST(RouteTraceFormat, RoundTripsEveryField) {
+    const TraceHeader h = shape_header(3, 16, 4, 10000);
+    const std::string path = tmp_path("roundtrip.trace");
+    write_synthetic(path, h, 5);
+    RouteTrace t;
+    Status st = read_route_trace(path, &t);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(t.header.version, kRouteTraceVersion);
+    EXPECT_EQ(t.header.n_expert, 16u);
+    EXPECT_EQ(t.header.k, 4u);
+    EXPECT_EQ(t.header.page_bytes, 4096u);
+    EXPECT_EQ(t.header.cache_budget_bytes, 64ull << 20);
+    EXPECT_EQ(t.header.drop_cold, 0.5);
+    EXPECT_TRUE(t.header.drop_in_prefill);
+    EXPECT_FALSE(t.header.drop_renorm);
+    EXPECT_EQ(t.header.settings_json, h.settings_json);
+    ASSERT_EQ(t.header.moe_layers.size(), 3u);
+    EXPECT_EQ(t.header.moe_layers[1].slice_bytes, (std::vector<uint64_t>{10000, 10000, 14096}));
+    EXPECT_EQ(t.header.moe_layers[1].expert_bytes, 34096u);
+    ASSERT_EQ(t.routings.size(), 3u + 5u * 3u);
+    // Prefill records: 3 rows, weights unknown, no flags.
+    EXPECT_EQ(t.routings[0].decode, 0);
+    EXPECT_EQ(t.routings[0].n_rows, 3u);
+    EXPECT_EQ(t.routings[0].pos, 0u);
+    EXPECT_TRUE(std::isnan(t.weight[0]));
+    // Decode token 2, layer 1.
+    const TraceRouting & r = t.routings[3 + 2 * 3 + 1];
+    EXPECT_EQ(r.decode, 1);
+    EXPECT_EQ(r.layer, 1u);
+    EXPECT_EQ(r.pos, 5u);
+    EXPECT_EQ(r.graph, 3u);
+    EXPECT_EQ(r.n_rows, 1u);
+    EXPECT_EQ(r.bytes_read, 1001u);
+    for (uint32_t j = 0; j < 4; ++j) {
+        EXPECT_EQ(t.expert[r.first_slot + j], int32_t((2 * 5 + 1 * 3 + j * 11) % 16));
+        EXPECT_EQ(t.weight[r.first_slot + j], 1.0f / float(j + 1));
+    }
+    EXPECT_EQ(t.flags[r.first_slot + 3], kSlotDropped);
+    EXPECT_EQ(t.flags[r.first_slot + 0], 0);  // tok 2: staged as not resident
+    EXPECT_EQ(t.flags[t.routings[3 + 3 + 1].first_slot], kSlotResident);  // tok 1: resident
+    // Size: exactly the format's arithmetic.
+    uint64_t header = 8 + 4 * 6 + 8 + 8 + 8 + 4 + 3 * (8 + 3 * 8) + 4 + h.settings_json.size();
+    uint64_t body = t.routings.size() * 28 + t.expert.size() * 8 + 20;
+    EXPECT_EQ(t.file_bytes, header + body);
+    std::remove(path.c_str());
+}
+
+TEST(RouteTraceFormat, FiveHundredTokensOfA30BShapeTakeUnderThreeMB) {
+    TraceHeader h = shape_header(48, 128, 8, 884736);
+    const std::string path = tmp_path("30b.trace");
+    write_synthetic(path, h, 500);
+    const uint64_t size = std::filesystem::file_size(path);
+    EXPECT_LT(size, 3u * 1000 * 1000) << size;
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(path, &t).ok());
+    EXPECT_EQ(t.routings.size(), 48u * 501u);
+    std::remove(path.c_str());
+}
+
+TEST(RouteTraceFormat, EveryTruncationIsRejectedWithItsOffset) {
+    const std::string path = tmp_path("trunc.trace");
+    write_synthetic(path, shape_header(2, 8, 2, 4096), 3);
+    const std::string data = slurp(path);
+    for (size_t n = 0; n < data.size(); ++n) {
+        RouteTrace t;
+        Status st =
+            parse_route_trace(reinterpret_cast<const uint8_t *>(data.data()), n, "x.trace", &t);
+        ASSERT_FALSE(st.ok()) << "prefix of " << n << " bytes accepted";
+        EXPECT_EQ(st.code(), ErrorCode::kBadInput);
+        EXPECT_NE(st.message().find("x.trace: offset "), std::string::npos) << st.message();
+    }
+    // And a byte too many.
+    RouteTrace t;
+    std::string longer = data + "x";
+    Status st = parse_route_trace(reinterpret_cast<const uint8_t *>(longer.data()), longer.size(),
+                                  "x.trace", &t);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("trailing"), std::string::npos) << st.message();
+    std::remove(path.c_str());
+}
+
+TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
+    const std::string path = tmp_path("corrupt.trace");
+    const TraceHeader h = shape_header(2, 8, 2, 4096);
+    write_synthetic(path, h, 3);
+    const std::string good = slurp(path);
+    RouteTrace t;
+    ASSERT_TRUE(
+        parse_route_trace(reinterpret_cast<const uint8_t *>(good.data()), good.size(), "c", &t)
+            .ok());
+    const uint64_t rec = t.routings[4].offset;  // a decode record
+    const uint64_t slot = rec + 28;
+    struct Case {
+        uint64_t at;
+        std::string bytes, expect;
+    };
+    const Case cases[] = {
+        {0, "X", "offset 0: not a moestream route trace"},
+        {8, std::string("\x09\0\0\0", 4), "offset 8: unsupported trace version 9"},
+        {rec, "Q", "offset " + std::to_string(rec) + ": unknown record tag"},
+        {rec + 1, "\x07", "offset " + std::to_string(rec + 1) + ": phase 7"},
+        {rec + 4, std::string("\x63\0\0\0", 4), "offset " + std::to_string(rec + 4) + ": layer 99"},
+        {slot, std::string("\x20\0\0\0", 4), "offset " + std::to_string(slot) + ": expert id 32"},
+        {slot + 3, "\x03", "offset " + std::to_string(slot) + ": invalid slot flags 3"},
+        {good.size() - 16, "\x05", "end marker counts 5"},
+    };
+    const std::string bin = sh_quote(cli_bin());
+    for (const Case & c : cases) {
+        std::string bad = good;
+        bad.replace(size_t(c.at), c.bytes.size(), c.bytes);
+        spit(path, bad);
+        CmdResult r = run_cmd(bin + " replay " + sh_quote(path));
+        EXPECT_EQ(r.exit_code, 3) << c.expect << "\n" << r.err;
+        EXPECT_NE(r.err.find(c.expect), std::string::npos)
+            << "want '" << c.expect << "' in: " << r.err;
+    }
+    // Truncated mid-record through the CLI.
+    spit(path, good.substr(0, size_t(slot + 5)));
+    CmdResult r = run_cmd(bin + " replay " + sh_quote(path) + " --validate");
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("offset " + std::to_string(slot) + ": truncated"), std::string::npos)
+        << r.err;
+    r = run_cmd(bin + " replay " + sh_quote(path + ".missing"));
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    std::remove(path.c_str());
+}
+
+// --- Recorded by the engine -------------------------------------------------------------
+
+struct RunOut {
+    int rc = -1;
+    std::string out, err;
+    json stats;
+};
+
+RunOut run(const std::string & model, const std::string & flags, const std::string & prefix = "") {
+    static int counter = 0;
+    const std::string js = tmp_path("stats-" + std::to_string(counter++) + ".json");
+    CmdResult r = run_cmd(prefix + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
+                          sh_quote(kPrompt) + " -n 32 -t 2 " + flags + " --stats-json " + js);
+    RunOut o;
+    o.rc = r.exit_code;
+    o.out = r.out;
+    o.err = r.err;
+    if (r.exit_code == 0) o.stats = json::parse(slurp(js));
+    std::remove(js.c_str());
+    return o;
+}
+
+TEST(RouteTraceRun, RecordsWhatTheRunDid) {
+    for (const char * arch : {"qwen3moe", "glm4moe"}) {
+        SCOPED_TRACE(arch);
+        const std::string model = synth_model("tiny", arch, "q8_0");
+        const std::string path = tmp_path(std::string(arch) + ".trace");
+        RunOut r =
+            run(model, "--cache-mb 4 --force-cache --no-odirect --route-trace " + sh_quote(path));
+        ASSERT_EQ(r.rc, 0) << r.err;
+        RouteTrace t;
+        Status st = read_route_trace(path, &t);
+        ASSERT_TRUE(st.ok()) << st.message();
+        const int n_prompt = r.stats["n_prompt"].get<int>();
+        const int n_gen = r.stats["n_generated"].get<int>();
+        const size_t n_moe = t.header.moe_layers.size();
+        EXPECT_EQ(t.header.cache_budget_bytes, r.stats["cache_budget_bytes"].get<uint64_t>());
+        EXPECT_EQ(t.header.k, r.stats["settings"]["n_expert_used"].get<uint32_t>());
+        EXPECT_EQ(json::parse(t.header.settings_json)["arch"], arch);
+        // One prefill graph (the prompt fits one batch), then n_generated - 1 decodes.
+        ASSERT_EQ(t.routings.size(), n_moe * size_t(n_gen));
+        uint64_t hits = 0, misses = 0, bytes = 0, decode_rows_with_weights = 0;
+        std::vector<uint8_t> seen(t.header.n_expert, 0);
+        for (size_t i = 0; i < t.routings.size(); ++i) {
+            const TraceRouting & rt = t.routings[i];
+            const size_t g = i / n_moe;
+            EXPECT_EQ(rt.graph, g);
+            EXPECT_EQ(rt.layer, t.header.moe_layers[i % n_moe].layer);
+            EXPECT_EQ(rt.decode, g > 0 ? 1 : 0);
+            if (g == 0) {
+                const bool last = i % n_moe == n_moe - 1;  // the last layer routes the outputs only
+                EXPECT_EQ(rt.n_rows, last ? 1u : uint32_t(n_prompt));
+                EXPECT_EQ(rt.pos, last ? uint32_t(n_prompt - 1) : 0u);
+            } else {
+                EXPECT_EQ(rt.n_rows, 1u);
+                EXPECT_EQ(rt.pos, uint32_t(n_prompt) + uint32_t(g) - 1);
+                bool finite = true;
+                double sum = 0;
+                for (uint32_t j = 0; j < rt.k; ++j) {
+                    finite = finite && std::isfinite(t.weight[rt.first_slot + j]);
+                    sum += t.weight[rt.first_slot + j];
+                }
+                if (finite && sum > 0) ++decode_rows_with_weights;
+            }
+            bytes += rt.bytes_read;
+            const uint64_t n = uint64_t(rt.n_rows) * rt.k;
+            for (uint64_t s = rt.first_slot; s < rt.first_slot + n; ++s) {
+                const uint32_t e = uint32_t(t.expert[s]);
+                if (seen[e]) continue;
+                seen[e] = 1;
+                ++(t.flags[s] & kSlotResident ? hits : misses);
+            }
+            for (uint64_t s = rt.first_slot; s < rt.first_slot + n; ++s)
+                seen[uint32_t(t.expert[s])] = 0;
+        }
+        EXPECT_EQ(hits, r.stats["cache_hits"].get<uint64_t>());
+        EXPECT_EQ(misses, r.stats["cache_misses"].get<uint64_t>());
+        EXPECT_EQ(bytes, r.stats["flash_bytes_read"].get<uint64_t>());
+        // Weights are observed from the second graph on (the terminal node is learned in the
+        // first).
+        EXPECT_EQ(decode_rows_with_weights, n_moe * size_t(n_gen - 1));
+        std::remove(path.c_str());
+    }
+}
+
+TEST(RouteTraceRun, TracingNeverChangesTheOutputAndFailuresOnlyWarn) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    const std::string path = tmp_path("ok.trace");
+    RunOut off = run(model, "--cache-mb 4 --force-cache");
+    ASSERT_EQ(off.rc, 0) << off.err;
+    RunOut on = run(model, "--cache-mb 4 --force-cache --route-trace " + sh_quote(path));
+    ASSERT_EQ(on.rc, 0) << on.err;
+    EXPECT_TRUE(std::filesystem::exists(path));
+    EXPECT_EQ(on.out, off.out);
+    EXPECT_EQ(on.stats["logits_sha"], off.stats["logits_sha"]);
+    EXPECT_EQ(on.stats["tokens"], off.stats["tokens"]);
+
+    // Unwritable: the directory does not exist.
+    RunOut bad = run(model, "--cache-mb 4 --force-cache --route-trace /nonexistent-dir/x.trace");
+    ASSERT_EQ(bad.rc, 0) << bad.err;
+    EXPECT_NE(bad.err.find("route trace: cannot create"), std::string::npos) << bad.err;
+    EXPECT_NE(bad.err.find("tracing is off, inference continues"), std::string::npos) << bad.err;
+    EXPECT_EQ(bad.out, off.out);
+    EXPECT_EQ(bad.stats["logits_sha"], off.stats["logits_sha"]);
+
+    // Disk full: an 8 KiB file size limit (sh counts 512-byte blocks) (SIGXFSZ ignored, so write()
+    // fails with EFBIG). The limit applies to every file the run writes; only the trace outgrows it
+    // (the stats JSON is ~2 KiB).
+    const std::string full = tmp_path("full.trace");
+    RunOut lim = run(model, "--cache-mb 4 --force-cache --route-trace " + sh_quote(full),
+                     "trap '' XFSZ; ulimit -f 16; ");
+    ASSERT_EQ(lim.rc, 0) << lim.err;
+    EXPECT_NE(lim.err.find("route trace: cannot write"), std::string::npos) << lim.err;
+    EXPECT_EQ(lim.out, off.out);
+    EXPECT_EQ(lim.stats["logits_sha"], off.stats["logits_sha"]);
+    EXPECT_FALSE(std::filesystem::exists(full));
+    for (const auto & e : std::filesystem::directory_iterator(models_dir()))
+        EXPECT_EQ(e.path().string().find(full + ".tmp."), std::string::npos)
+            << "temp file left: " << e.path();
+
+    // --no-stream has no router to observe.
+    RunOut ns = run(model, "--no-stream --route-trace " + sh_quote(path));
+    EXPECT_EQ(ns.rc, 64);
+    std::remove(path.c_str());
+}
+
+}  // namespace

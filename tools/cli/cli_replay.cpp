@@ -1,0 +1,384 @@
+// `moestream replay TRACE` — re-runs a route trace (`run --route-trace`) through a simulated
+// residency cache for a sweep of settings: budgets x policies x drop-cold fractions x top-k.
+// Prints per setting the decode hit rate, bytes read per token, the reads avoided and the
+// router weight mass discarded against the lossless baseline (same policy and budget, the
+// trace's k, no dropping). --validate replays the recorded settings and requires the recorded
+// hits, misses and drops slot for slot. See docs/replay.md.
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cli.h"
+#include "log.h"
+#include "replay.h"
+#include "route_trace.h"
+
+namespace moestream::cli {
+namespace {
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct ReplayFlags {
+    std::string trace;
+    std::string budgets, policies = "lru", drops, ks;
+    bool drop_in_prefill = false;
+    bool json = false;
+    std::string plot;
+    bool validate = false;
+    int verbose = 0;
+};
+
+int fail(const Status & st) {
+    MS_LOG_ERROR("%s", st.message().c_str());
+    return st.exit_code();
+}
+
+std::vector<std::string> split(const std::string & s) {
+    std::vector<std::string> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (!item.empty()) out.push_back(item);
+    return out;
+}
+
+Status parse_doubles(const std::string & flag, const std::string & s, double lo, double hi,
+                     std::vector<double> * out) {
+    for (const std::string & v : split(s)) {
+        size_t pos = 0;
+        double d = NAN;
+        try {
+            d = std::stod(v, &pos);
+        } catch (...) {
+        }
+        if (pos != v.size() || !(d >= lo && d <= hi))
+            return Status::Usage(flag + ": '" + v + "' is not a number in [" + std::to_string(lo) +
+                                 ", " + std::to_string(hi) + "]");
+        out->push_back(d);
+    }
+    if (out->empty()) return Status::Usage(flag + ": empty list");
+    return Status::Ok();
+}
+
+nlohmann::json result_json(const ReplayResult & r, const ReplayResult * base) {
+    nlohmann::json j;
+    j["policy"] = policy_name(r.setting.policy);
+    j["budget_bytes"] = r.setting.budget_bytes;
+    j["budget_mib"] = double(r.setting.budget_bytes) / kMiB;
+    j["drop_cold"] = r.setting.drop_cold;
+    j["drop_in_prefill"] = r.setting.drop_in_prefill;
+    j["n_expert_used"] = r.setting.k;
+    j["lossy"] = r.setting.drop_cold > 0 || (base && r.setting.k != base->setting.k);
+    j["routings"] = r.routings;
+    j["lookups"] = r.lookups;
+    j["hits"] = r.hits;
+    j["misses"] = r.misses;
+    j["hit_pct"] = r.lookups ? 100.0 * double(r.hits) / double(r.lookups) : 0.0;
+    j["evictions"] = r.evictions;
+    j["rereads"] = r.rereads;
+    j["over_budget_stages"] = r.over_budget_stages;
+    j["peak_committed_bytes"] = r.peak_committed_bytes;
+    j["bytes_read"] = r.bytes_read;
+    j["decode_tokens"] = r.decode_tokens;
+    j["decode_lookups"] = r.decode_lookups;
+    j["decode_hits"] = r.decode_hits;
+    j["decode_misses"] = r.decode_misses;
+    j["decode_hit_pct"] = r.decode_hit_pct;
+    j["decode_bytes_read"] = r.decode_bytes_read;
+    j["bytes_per_token"] = r.bytes_per_token;
+    j["slots_total"] = r.slots_total;
+    j["slots_cut"] = r.slots_cut;
+    j["slots_dropped"] = r.slots_dropped;
+    j["rows_weight_unknown"] = r.rows_weight_unknown;
+    j["weight_mass_discarded"] = r.weight_mass_discarded;
+    const uint64_t bm = base ? base->decode_misses : r.decode_misses;
+    j["baseline_decode_misses"] = bm;
+    j["reads_avoided"] = bm ? 1.0 - double(r.decode_misses) / double(bm) : 0.0;
+    return j;
+}
+
+// The plot: matplotlib (Debian python3-matplotlib) fed the series as JSON.
+const char * kPlotScript = R"PY(
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+d = json.load(open(sys.argv[1]))
+res = d["results"]
+lossy = [r for r in res if r["lossy"]]
+fig, axes = plt.subplots(1, 2 if lossy else 1, figsize=(12 if lossy else 6.5, 4.5), squeeze=False)
+ax = axes[0][0]
+for pol in sorted({r["policy"] for r in res}):
+    pts = sorted((r["budget_mib"], r["decode_hit_pct"]) for r in res if r["policy"] == pol and not r["lossy"])
+    if pts:
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
+ax.set_xlabel("cache budget (MiB)")
+ax.set_ylabel("decode hit rate (%)")
+ax.set_title("hit rate vs budget (lossless)")
+ax.grid(True, alpha=0.3)
+ax.legend()
+if lossy:
+    ax = axes[0][1]
+    groups = {}
+    for r in lossy:
+        key = (r["policy"], r["budget_mib"])
+        groups.setdefault(key, []).append((100 * r["weight_mass_discarded"], 100 * r["reads_avoided"],
+                                           "F=%g k=%d" % (r["drop_cold"], r["n_expert_used"])))
+    for (pol, mib), pts in sorted(groups.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="%s %g MiB" % (pol, mib))
+        if len(groups) <= 4:
+            for p in pts:
+                ax.annotate(p[2], (p[0], p[1]), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    ax.set_xlabel("router weight mass discarded (%)")
+    ax.set_ylabel("decode reads avoided (%)")
+    ax.set_title("lossy settings vs the lossless baseline")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+fig.suptitle(d.get("title", "moestream replay"), fontsize=9)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+)PY";
+
+Status write_plot(const nlohmann::json & doc, const std::string & png) {
+    char dir[] = "/tmp/moestream-plot-XXXXXX";
+    if (!mkdtemp(dir)) return Status::Runtime("--plot: cannot create a temporary directory");
+    const std::string d = dir, data = d + "/series.json", script = d + "/plot.py";
+    {
+        std::ofstream f(data);
+        f << doc.dump();
+        std::ofstream g(script);
+        g << kPlotScript;
+        if (!f || !g) return Status::Runtime("--plot: cannot write " + d);
+    }
+    const char * py = std::getenv("MOESTREAM_PYTHON");
+    std::string python =
+        py && *py ? py : (access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3");
+    auto q = [](const std::string & s) {
+        std::string r = "'";
+        for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+        return r + "'";
+    };
+    const std::string cmd = q(python) + " " + q(script) + " " + q(data) + " " + q(png);
+    const int rc = std::system(cmd.c_str());
+    std::remove(data.c_str());
+    std::remove(script.c_str());
+    rmdir(dir);
+    if (rc != 0)
+        return Status::Runtime("--plot: '" + cmd + "' failed (exit " + std::to_string(rc) +
+                               "); it needs python3 with matplotlib (Debian: python3-matplotlib)");
+    return Status::Ok();
+}
+
+int do_replay(const ReplayFlags & f) {
+    apply_verbosity(f.verbose);
+    RouteTrace trace;
+    const auto t_load = std::chrono::steady_clock::now();
+    Status st = read_route_trace(f.trace, &trace);
+    if (!st.ok()) return fail(st);
+    const double load_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
+    Replayer rp(trace);
+    const TraceHeader & h = trace.header;
+
+    if (f.validate) {
+        ReplayResult r;
+        ValidateReport v;
+        st = rp.run(rp.recorded_setting(), &r, &v);
+        if (!st.ok()) return fail(st);
+        std::fprintf(
+            stderr,
+            "replay --validate: %s: budget %.2f MiB, drop-cold %g, k %u: %llu slots checked; "
+            "recorded %llu hits / %llu misses / %llu drops, replay %llu / %llu / %llu: %s\n",
+            f.trace.c_str(), double(h.cache_budget_bytes) / kMiB, h.drop_cold, h.k,
+            (unsigned long long)v.slots_checked, (unsigned long long)v.recorded_hits,
+            (unsigned long long)v.recorded_misses, (unsigned long long)v.recorded_drops,
+            (unsigned long long)v.replay_hits, (unsigned long long)v.replay_misses,
+            (unsigned long long)v.replay_drops, v.ok ? "OK" : "MISMATCH");
+        if (!v.ok) {
+            MS_LOG_ERROR("%s: replay differs from the recording: %s (%llu slots differ)",
+                         f.trace.c_str(), v.first_mismatch.c_str(),
+                         (unsigned long long)v.mismatches);
+            return 1;
+        }
+        if (f.json) {
+            nlohmann::json j;
+            j["validate"] = {{"ok", true},
+                             {"slots_checked", v.slots_checked},
+                             {"hits", v.replay_hits},
+                             {"misses", v.replay_misses},
+                             {"drops", v.replay_drops}};
+            std::printf("%s\n", j.dump(2).c_str());
+        }
+        return 0;
+    }
+
+    // The sweep.
+    std::vector<double> budgets_mib, drops, ks;
+    if (!f.budgets.empty()) {
+        st = parse_doubles("--budgets", f.budgets, 0, 1e9, &budgets_mib);
+        if (!st.ok()) return fail(st);
+    } else {
+        budgets_mib.push_back(double(h.cache_budget_bytes) / kMiB);
+    }
+    std::vector<ReplayPolicy> policies;
+    for (const std::string & p : split(f.policies)) {
+        ReplayPolicy pol;
+        if (!parse_policy(p, &pol))
+            return fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
+        policies.push_back(pol);
+    }
+    if (policies.empty()) return fail(Status::Usage("--policy: empty list"));
+    if (!f.drops.empty()) {
+        st = parse_doubles("--drop-cold", f.drops, 0, 1, &drops);
+        if (!st.ok()) return fail(st);
+    } else {
+        drops.push_back(h.drop_cold);
+    }
+    if (!f.ks.empty()) {
+        st = parse_doubles("--n-expert-used", f.ks, 1, double(h.k), &ks);
+        if (!st.ok()) return fail(st);
+        for (double k : ks)
+            if (k != std::floor(k))
+                return fail(Status::Usage("--n-expert-used: whole numbers only"));
+    } else {
+        ks.push_back(h.k);
+    }
+    const bool in_prefill = f.drop_in_prefill || h.drop_in_prefill;
+
+    nlohmann::json doc;
+    doc["trace"] = {{"path", f.trace},
+                    {"bytes", trace.file_bytes},
+                    {"version", h.version},
+                    {"n_layer", h.n_layer},
+                    {"moe_layers", h.moe_layers.size()},
+                    {"n_expert", h.n_expert},
+                    {"k", h.k},
+                    {"k_model", h.k_model},
+                    {"page_bytes", h.page_bytes},
+                    {"cache_budget_bytes", h.cache_budget_bytes},
+                    {"drop_cold", h.drop_cold},
+                    {"drop_in_prefill", h.drop_in_prefill},
+                    {"routings", trace.routings.size()},
+                    {"slots", trace.expert.size()}};
+    doc["title"] = f.trace;
+    nlohmann::json results = nlohmann::json::array();
+    double sim_s = 0;
+    uint64_t sim_routings = 0, sim_slots = 0;
+    std::map<std::pair<int, uint64_t>, ReplayResult> baselines;
+    for (ReplayPolicy pol : policies)
+        for (double b : budgets_mib) {
+            const uint64_t budget = uint64_t(std::llround(b * kMiB));
+            auto key = std::make_pair(int(pol), budget);
+            auto run = [&](const ReplaySetting & s, ReplayResult * r) {
+                const auto t0 = std::chrono::steady_clock::now();
+                Status rs = rp.run(s, r);
+                sim_s +=
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                sim_routings += trace.routings.size();
+                sim_slots += trace.expert.size();
+                return rs;
+            };
+            ReplaySetting base_s;
+            base_s.policy = pol;
+            base_s.budget_bytes = budget;
+            base_s.k = h.k;
+            base_s.drop_in_prefill = in_prefill;
+            st = run(base_s, &baselines[key]);
+            if (!st.ok()) return fail(st);
+            for (double k : ks)
+                for (double d : drops) {
+                    ReplaySetting s = base_s;
+                    s.k = uint32_t(k);
+                    s.drop_cold = d;
+                    ReplayResult r;
+                    if (s.k == h.k && d == 0) {
+                        r = baselines[key];
+                    } else {
+                        st = run(s, &r);
+                        if (!st.ok()) return fail(st);
+                    }
+                    results.push_back(result_json(r, &baselines[key]));
+                }
+        }
+    doc["results"] = results;
+    const double rps = sim_s > 0 ? double(sim_routings) / sim_s : 0;
+    doc["timing"] = {{"load_s", load_s},
+                     {"replay_s", sim_s},
+                     {"routings_replayed", sim_routings},
+                     {"routings_per_s", rps},
+                     {"slots_per_s", sim_s > 0 ? double(sim_slots) / sim_s : 0}};
+
+    if (f.json) {
+        std::printf("%s\n", doc.dump(2).c_str());
+    } else {
+        std::printf(
+            "trace %s: %zu routings (%llu decode tokens), %u MoE layers x %u experts, k %u, "
+            "recorded at %.0f MiB%s\n",
+            f.trace.c_str(), trace.routings.size(),
+            (unsigned long long)(results.empty() ? 0 : results[0]["decode_tokens"].get<uint64_t>()),
+            unsigned(h.moe_layers.size()), h.n_expert, h.k, double(h.cache_budget_bytes) / kMiB,
+            h.drop_cold > 0 ? (", drop-cold " + std::to_string(h.drop_cold)).c_str() : "");
+        std::printf("%-7s %11s %3s %6s | %8s %8s %10s | %13s %12s\n", "policy", "budget_MiB", "k",
+                    "drop", "hit%dec", "hit%all", "MiB/token", "reads_avoided", "w_discarded");
+        for (const auto & r : results)
+            std::printf("%-7s %11.1f %3u %6.3g | %8.2f %8.2f %10.3f | %12.2f%% %11.2f%%\n",
+                        r["policy"].get<std::string>().c_str(), r["budget_mib"].get<double>(),
+                        r["n_expert_used"].get<unsigned>(), r["drop_cold"].get<double>(),
+                        r["decode_hit_pct"].get<double>(), r["hit_pct"].get<double>(),
+                        r["bytes_per_token"].get<double>() / kMiB,
+                        100 * r["reads_avoided"].get<double>(),
+                        100 * r["weight_mass_discarded"].get<double>());
+    }
+    std::fprintf(
+        stderr,
+        "replay: %llu routings replayed in %.3f s: %.2f M routings/s (%.1f M slots/s); trace "
+        "parsed in %.3f s\n",
+        (unsigned long long)sim_routings, sim_s, rps / 1e6,
+        (sim_s > 0 ? double(sim_slots) / sim_s : 0) / 1e6, load_s);
+    if (!f.plot.empty()) {
+        st = write_plot(doc, f.plot);
+        if (!st.ok()) return fail(st);
+    }
+    return 0;
+}
+
+}  // namespace
+
+void add_replay_command(CLI::App & app, Action * action) {
+    auto f = std::make_shared<ReplayFlags>();
+    auto * sub = app.add_subcommand(
+        "replay", "simulate the expert cache over a route trace (run --route-trace)");
+    sub->add_option("trace", f->trace, "route trace file")->required();
+    sub->add_option(
+        "--budgets", f->budgets,
+        "cache budgets in MiB, comma-separated; 0 = cache off (default: the recorded one)");
+    sub->add_option("--policy", f->policies, "eviction policies: lru,lfu,belady (default lru)");
+    sub->add_option("--drop-cold", f->drops,
+                    "drop-cold fractions F in [0,1], comma-separated (default: the recorded one)");
+    sub->add_flag("--drop-in-prefill", f->drop_in_prefill,
+                  "apply the drop policy in prefill too (default: as recorded)");
+    sub->add_option("--n-expert-used", f->ks,
+                    "experts per token K <= the trace's k, comma-separated");
+    sub->add_flag("--json", f->json, "print the results as one JSON object");
+    sub->add_option("--plot", f->plot,
+                    "write a PNG: hit rate vs budget; reads avoided vs weight discarded");
+    sub->add_flag(
+        "--validate", f->validate,
+        "replay the recorded settings and require the recorded hits/misses/drops exactly");
+    sub->add_flag("-v,--verbose", f->verbose, "more log");
+    sub->callback([f, action] { *action = [f] { return do_replay(*f); }; });
+}
+
+}  // namespace moestream::cli
