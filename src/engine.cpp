@@ -11,6 +11,7 @@
 #include "ggml-backend.h"
 #include "cache_budget.h"
 #include "gguf_index.h"
+#include "io_faults.h"
 #include "io_lanes.h"
 #include "llama.h"
 #include "log.h"
@@ -137,6 +138,14 @@ public:
                 for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
             st = lanes_.open(index_.path, opt.io_threads, opt.odirect, max_slice);
             if (!st.ok()) return st;
+            // MOESTREAM_DEBUG_IO_FAULT (env, read here; tests only): see io_faults.h.
+            const char * fault = std::getenv("MOESTREAM_DEBUG_IO_FAULT");
+            if (fault != nullptr && *fault != '\0') {
+                st = parse_io_fault(fault, &fault_plan_);
+                if (!st.ok()) return st;
+                lanes_.set_pread_hook(&io_fault_pread, &fault_plan_);
+                MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)", fault);
+            }
             st = load_model_streaming(index_, mp, &lm_);
             if (!st.ok()) return st;
             st = check_file_unchanged(index_);
@@ -454,6 +463,7 @@ private:
     ModelIndex index_;
     LoadedModel lm_;
     std::unique_ptr<ResidencyStore> store_;
+    IoFaultPlan fault_plan_;  // before lanes_: the lanes' threads may use it until joined
     IoLanes lanes_;
     std::unique_ptr<WeightBinder> binder_;
     bool bind_checked_ = false;

@@ -124,7 +124,11 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
             io_len = want_len < l.bounce_bytes ? want_len : l.bounce_bytes;
         }
         // One transfer of io_len bytes into the bounce buffer; short reads completed.
+        // Under O_DIRECT a transfer must start aligned: after a short read that ends unaligned
+        // the partial block is read again from its aligned start. If that read ends at the
+        // same place, the file ends there.
         uint64_t got = 0;
+        uint64_t unaligned_end = 0;
         while (got < io_len) {
             long n = do_pread(lane, l.bounce + got, io_len - got, io_off + got);
             if (n < 0) {
@@ -137,11 +141,17 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
                                        " bytes): " + errno_text(e));
             }
             if (n == 0) break;  // end of file
-            got += static_cast<uint64_t>(n);
-            // An O_DIRECT read that ends unaligned has reached the end of the file (the
-            // next transfer would start unaligned): stop; the check below decides whether
-            // the wanted bytes are covered.
-            if (direct_ && got % align_ != 0) break;
+            const uint64_t end = got + static_cast<uint64_t>(n);
+            if (direct_ && end % align_ != 0 && end < io_len) {
+                if (end <= unaligned_end) {  // no progress: the file ends at unaligned_end
+                    got = unaligned_end;
+                    break;
+                }
+                unaligned_end = end;
+                got = round_down(end, align_);
+                continue;
+            }
+            got = end;
         }
         *transferred += got;
         if (got <= skip) {
