@@ -223,17 +223,21 @@ void print_human(const ModelIndex & m, const Report & r) {
                   "slice (%s for all experts)",
                   r.odirect_overread_pct, human_bytes(r.odirect_read_bytes).c_str());
     line("O_DIRECT", buf);
+    // run refuses 1..1499 MiB without --force-cache (src/cache_budget.h); say so when the
+    // model's own figures fall in that band.
+    const uint64_t rule = 1500;
+    const char * forced = r.cache_min_mib < rule ? " (below 1500 needs --force-cache)" : "";
     if (r.cache_min_mib >= r.cache_all_mib) {
         std::snprintf(buf, sizeof buf,
                       "--cache-mb 0 (re-read routed experts every token) or >= %" PRIu64
-                      " (holds every expert: no reads once warm)",
-                      r.cache_all_mib);
+                      " (holds every expert: no reads once warm)%s; default auto",
+                      r.cache_all_mib, forced);
     } else {
         std::snprintf(buf, sizeof buf,
                       "--cache-mb 0 (re-read routed experts every token) or >= %" PRIu64
-                      " (1.5 x working set; smaller budgets only add eviction cost); %" PRIu64
-                      " holds every expert",
-                      r.cache_min_mib, r.cache_all_mib);
+                      " (1.5 x working set; smaller budgets only add eviction cost)%s; %" PRIu64
+                      " holds every expert; default auto",
+                      r.cache_min_mib, forced, r.cache_all_mib);
     }
     line("cache", buf);
 }
