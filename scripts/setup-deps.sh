@@ -4,7 +4,8 @@
 # What it does, in order:
 #   1. Host build tools and header-only libraries from Debian 12 (bookworm) via apt-get,
 #      only when missing: cmake, g++, libgtest-dev, libcli11-dev, nlohmann-json3-dev,
-#      libcpp-httplib-dev. These are ordinary bookworm packages; nothing is upgraded.
+#      libcpp-httplib-dev, python3-matplotlib (`moestream replay --plot` and its test). These
+#      are ordinary bookworm packages; nothing is upgraded.
 #   2. The llama.cpp 0.7.0 / ggml 0.27.0 .debs pinned in deps/debian.lock (Debian sid),
 #      plus the runtime they need (glibc 2.43, libstdc++ 16, ...), verified by sha256 and
 #      extracted with `dpkg -x` into .deps/prefix. Never installed into /, never touching
@@ -30,7 +31,7 @@ die() { echo "setup-deps: error: $*" >&2; exit 1; }
 say() { echo "setup-deps: $*" >&2; }
 
 # ---- 1. host packages (bookworm) -------------------------------------------------------
-host_pkgs=(cmake g++ make libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev)
+host_pkgs=(cmake g++ make libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib)
 missing=()
 for p in "${host_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -125,6 +125,8 @@ public:
             touch(id, next_use ? next_use[e] : 0, true);
         }
         if (committed_ > budget_) ++r->over_budget_stages;
+        for (uint32_t id : deferred_) push({pack(id), id, ver_[id]});
+        deferred_.clear();
     }
 
 private:
@@ -134,14 +136,12 @@ private:
         bool aligned = true;
         uint64_t aligned_cost = 0;
     };
+    // Heap entry: key = primary << 32 | last use (both < 2^32: routing counts and stage
+    // generations of one trace), smallest first; ties by id.
     struct Entry {
-        uint64_t k1, k2;
+        uint64_t key;
         uint32_t id, ver;
-        bool operator>(const Entry & o) const {
-            if (k1 != o.k1) return k1 > o.k1;
-            if (k2 != o.k2) return k2 > o.k2;
-            return id > o.id;
-        }
+        bool operator>(const Entry & o) const { return key != o.key ? key > o.key : id > o.id; }
     };
 
     // Bytes of the pages of expert e (over all projections) that no OTHER live expert covers:
@@ -194,9 +194,11 @@ private:
         } else {
             key_[id] = uint64_t(kNever) - next_use;  // farthest next use first
         }
-        ++ver_[id];
-        push({key_[id], last_[id], id, ver_[id]});
+        ++ver_[id];               // its old heap entry is stale now
+        deferred_.push_back(id);  // pushed after the stage's evictions: it is pinned until then
     }
+
+    uint64_t pack(uint32_t id) const { return key_[id] << 32 | (last_[id] & 0xFFFFFFFFu); }
 
     void push(const Entry & en) {
         heap_.push_back(en);
@@ -206,7 +208,7 @@ private:
     void rebuild() {
         heap_.clear();
         for (uint32_t id = 0; id < n_ids_; ++id)
-            if (state_[id] != kAbsent) heap_.push_back({key_[id], last_[id], id, ver_[id]});
+            if (state_[id] != kAbsent) heap_.push_back({pack(id), id, ver_[id]});
         std::make_heap(heap_.begin(), heap_.end(), std::greater<Entry>());
     }
 
@@ -271,6 +273,7 @@ private:
     std::vector<uint64_t> key_, last_, freq_;
     std::vector<uint32_t> ver_;
     std::vector<Entry> heap_, stash_;
+    std::vector<uint32_t> deferred_;  // touched in this stage, not yet in the heap
     uint64_t evictions_ = 0;
     uint64_t * evictions_out_ = &evictions_;
 };

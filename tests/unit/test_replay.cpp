@@ -251,7 +251,9 @@ TEST(Replay, BeladyNeverLosesToLru) {
         EXPECT_GE(bel.hits, lru.hits);
         EXPECT_GE(bel.hits, lfu.hits);
         EXPECT_EQ(bel.lookups, lru.lookups);
-        if (mib >= 2000 && mib < 16000) EXPECT_GT(bel.hits, lru.hits);  // room to be smarter
+        if (mib >= 2000 && mib < 16000) {
+            EXPECT_GT(bel.hits, lru.hits);  // room to be smarter
+        }
     }
 }
 
@@ -371,8 +373,9 @@ TEST(ReplayCli, SameTraceAndSettingsGiveTheSameNumbers) {
         for (const json & y : ja["results"])
             if (x["policy"] == "belady" && y["policy"] == "lru" &&
                 x["budget_bytes"] == y["budget_bytes"] && !x["lossy"].get<bool>() &&
-                !y["lossy"].get<bool>())
+                !y["lossy"].get<bool>()) {
                 EXPECT_GE(x["hits"].get<uint64_t>(), y["hits"].get<uint64_t>()) << x["budget_mib"];
+            }
     std::remove(path.c_str());
 }
 
