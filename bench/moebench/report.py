@@ -205,6 +205,17 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         f"on {m.get('cores')} cores (per run: {', '.join(f'{x:.0f}' for x in other)})",
         "",
     ]
+    busy = sum(other) / sum(walls) if walls and sum(walls) > 0 else 0.0
+    if busy > 0.25 and not exp["cells"]:
+        lines += [f"> **Busy machine:** other processes kept {busy:.2f} of the {m.get('cores')} cores "
+                  "busy on average during these probes (their disk traffic is not measured).", ""]
+    elif busy > 0.25:
+        lines += [f"> **Busy machine:** other processes kept {busy:.2f} of the {m.get('cores')} cores "
+                  "busy on average during these runs. On this VM that slows ggml's synchronized "
+                  "compute threads by far more than a fair share: the figures below measure "
+                  "contention as much as the engines. Compare cells only with that in mind, look "
+                  "at the per-rep column and the per-run CPU figures, and rerun on an idle machine "
+                  "before drawing conclusions.", ""]
     if exp["cells"]:
         lines += [table(res), ""]
     if any(res["summary"]["cells"][c["name"]].get("proc_read_bytes_per_token_est")
