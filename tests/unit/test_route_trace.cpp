@@ -339,6 +339,18 @@ TEST(RouteTraceRun, TracingNeverChangesTheOutputAndFailuresOnlyWarn) {
         EXPECT_EQ(e.path().string().find(full + ".tmp."), std::string::npos)
             << "temp file left: " << e.path();
 
+    // With drop-cold deferral too (weights read where the policy reads them).
+    for (const char * arch : {"olmoe", "glm4moe"}) {
+        const std::string m = synth_model("tiny", arch, "q8_0");
+        const std::string flags = "--cache-mb 2 --force-cache --drop-cold-experts 0.8";
+        RunOut d_off = run(m, flags);
+        RunOut d_on = run(m, flags + " --route-trace " + sh_quote(path));
+        ASSERT_EQ(d_on.rc, 0) << d_on.err;
+        EXPECT_EQ(d_on.out, d_off.out) << arch;
+        EXPECT_EQ(d_on.stats["logits_sha"], d_off.stats["logits_sha"]) << arch;
+        EXPECT_EQ(d_on.stats["experts_dropped"], d_off.stats["experts_dropped"]) << arch;
+    }
+
     // --no-stream has no router to observe.
     RunOut ns = run(model, "--no-stream --route-trace " + sh_quote(path));
     EXPECT_EQ(ns.rc, 64);
