@@ -106,10 +106,23 @@ TEST(DropColdRules, RefusedWithoutTheCache) {
     EXPECT_EQ(rc, 64);
 }
 
-std::string strip(std::string s) {
-    s.erase(std::remove(s.begin(), s.end(), '\0'), s.end());
-    while (!s.empty() && s.back() == '\n') s.pop_back();
-    return s;
+// llama-completion prints its pieces through a UTF-8 assembler: a trailing incomplete UTF-8
+// sequence is never flushed (random byte-level tokens often end in one), and a NUL piece
+// disappears in printf("%s"). So its text must equal ours with NULs removed, except that at the
+// very end ours may carry up to 3 more bytes (one unfinished sequence) — everything before is
+// compared byte for byte.
+::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out) {
+    auto clean = [](std::string s) {
+        s.erase(std::remove(s.begin(), s.end(), '\0'), s.end());
+        while (!s.empty() && s.back() == '\n') s.pop_back();
+        return s;
+    };
+    const std::string a = clean(llama_out), b = clean(ours_out);
+    if (a.size() <= b.size() && b.size() - a.size() <= 3 && b.compare(0, a.size(), a) == 0 &&
+        !a.empty())
+        return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "llama-completion printed [" << ::testing::PrintToString(a)
+                                         << "], moestream [" << ::testing::PrintToString(b) << "]";
 }
 
 TEST(NExpertUsed, MatchesLlamaCompletionWithTheOverride) {
@@ -125,12 +138,17 @@ TEST(NExpertUsed, MatchesLlamaCompletionWithTheOverride) {
         EXPECT_LT(j["bytes_per_token"].get<double>(), full["bytes_per_token"].get<double>());
         EXPECT_NE(j["logits_sha"], full["logits_sha"]);
         const char * tool = std::getenv("LLAMA_TOOL");
-        CmdResult ref = run_cmd(sh_quote(tool ? tool : "scripts/llama-tool") + " llama-completion -m " +
+        CmdResult ref;
+        ::testing::AssertionResult same = ::testing::AssertionFailure();
+        for (int attempt = 0; attempt < 3 && !same; ++attempt) {  // see test_stream_gates.cpp
+        ref = run_cmd(sh_quote(tool ? tool : "scripts/llama-tool") + " llama-completion -m " +
                                 sh_quote(model) + " -p " + sh_quote(kPrompt) +
                                 " -n 32 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 1 -fit off "
                                 "--no-display-prompt --override-kv " + arch + ".expert_used_count=int:2");
         ASSERT_EQ(ref.exit_code, 0);
-        EXPECT_EQ(strip(ref.out), strip(out));
+        same = same_generation(ref.out, out);
+        }
+        EXPECT_TRUE(same);
     }
 }
 
