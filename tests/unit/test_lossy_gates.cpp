@@ -106,24 +106,6 @@ TEST(DropColdRules, RefusedWithoutTheCache) {
     EXPECT_EQ(rc, 64);
 }
 
-// llama-completion prints its pieces through a UTF-8 assembler: a trailing incomplete UTF-8
-// sequence is never flushed (random byte-level tokens often end in one), and a NUL piece
-// disappears in printf("%s"). So its text must equal ours with NULs removed, except that at the
-// very end ours may carry up to 3 more bytes (one unfinished sequence) — everything before is
-// compared byte for byte.
-::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out) {
-    auto clean = [](std::string s) {
-        s.erase(std::remove(s.begin(), s.end(), '\0'), s.end());
-        while (!s.empty() && s.back() == '\n') s.pop_back();
-        return s;
-    };
-    const std::string a = clean(llama_out), b = clean(ours_out);
-    if (a.size() <= b.size() && b.size() - a.size() <= 3 && b.compare(0, a.size(), a) == 0 &&
-        !a.empty())
-        return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "llama-completion printed [" << ::testing::PrintToString(a)
-                                         << "], moestream [" << ::testing::PrintToString(b) << "]";
-}
 
 TEST(NExpertUsed, MatchesLlamaCompletionWithTheOverride) {
     for (const char * arch : {"qwen3moe", "olmoe"}) {

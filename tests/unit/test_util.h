@@ -2,6 +2,8 @@
 // with the CLI's synth (cached per build dir), running a command and capturing its output.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <string>
 
 namespace moestream::test {
@@ -23,6 +25,9 @@ std::string models_dir();
 // `moestream synth`. Safe when several test processes ask at once (write + rename).
 std::string synth_model(const std::string & preset, const std::string & arch,
                         const std::string & type, int seed = 1, int alignment = 32);
+
+// Compares llama-completion's printed generation with moestream's (see test_util.cpp).
+::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out);
 
 // Shell-quotes a string.
 std::string sh_quote(const std::string & s);
