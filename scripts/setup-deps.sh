@@ -14,7 +14,8 @@
 # Where the .debs come from (first that exists):
 #   $MOESTREAM_DEBS_DIR            (env; a directory holding the exact files of the lock)
 #   <repo>/../shared/debian        (CI and development machines)
-#   otherwise apt-get download with a private sources.list and state dir under .deps/apt.
+#   otherwise apt-get download with a private sources.list and state dir under .deps/apt
+#   (MOESTREAM_DEBS_DIR=none forces this path).
 #
 # Idempotent: a stamp holding the lock file's hash skips work when nothing changed.
 # Env knobs (read here): MOESTREAM_DEBS_DIR, MOESTREAM_DEPS_DIR (default <repo>/.deps),
@@ -55,9 +56,11 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$lock_hash" ] \
 fi
 
 debs_dir=""
-for d in "${MOESTREAM_DEBS_DIR:-}" "$repo/../shared/debian"; do
-  if [ -n "$d" ] && [ -d "$d" ]; then debs_dir="$(cd "$d" && pwd)"; break; fi
-done
+if [ "${MOESTREAM_DEBS_DIR:-}" != none ]; then  # "none": always download (tests the apt path)
+  for d in "${MOESTREAM_DEBS_DIR:-}" "$repo/../shared/debian"; do
+    if [ -n "$d" ] && [ -d "$d" ]; then debs_dir="$(cd "$d" && pwd)"; break; fi
+  done
+fi
 
 mapfile -t entries < <(grep -vE '^\s*(#|$)' "$lock")
 [ ${#entries[@]} -gt 0 ] || die "lock file has no entries: $lock"
@@ -69,7 +72,9 @@ download() {  # download <package> <version> into $fetch_dir with a private apt 
   local pkg="$1" ver="$2" apt="$deps/apt"
   mkdir -p "$apt/lists/partial" "$apt/cache/archives/partial" "$apt/etc/preferences.d" "$apt/etc/apt.conf.d"
   if [ ! -f "$apt/etc/sources.list" ]; then
-    echo "deb http://deb.debian.org/debian sid main" > "$apt/etc/sources.list"
+    # Signed by the Debian archive keys of the host's debian-archive-keyring (bookworm's carries
+    # the keys that sign sid too).
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian sid main" > "$apt/etc/sources.list"
   fi
   local opts=(-o "Dir::Etc=$apt/etc" -o "Dir::Etc::sourcelist=$apt/etc/sources.list"
               -o "Dir::Etc::sourceparts=-" -o "Dir::State=$apt" -o "Dir::State::Lists=$apt/lists"
