@@ -105,7 +105,11 @@ Status WeightBinder::bind_root(ggml_tensor * g) {
     if (off + nbytes > map_len_)
         return Status::Runtime(std::string("weight '") + g->name + "' extends past the file mapping");
     const TensorInfo * ti = index_.find_tensor(g->name);
-    if (ti == nullptr || ti->file_offset != off || ti->nbytes != nbytes || ti->type != int32_t(g->type))
+    // Not a weight of the file: its memory merely lies in the mapping's address range (llama.cpp
+    // unmaps unused fragments of the mapping after load, and later allocations — the KV cache
+    // with a small context, for one — can land in those holes).
+    if (ti == nullptr) return Status::Ok();
+    if (ti->file_offset != off || ti->nbytes != nbytes || ti->type != int32_t(g->type))
         return Status::Runtime(std::string("weight '") + g->name + "' at file offset " + std::to_string(off) +
                                " does not match the validated index (the seam changed? docs/seam.md)");
     auto it = std::lower_bound(experts_.begin(), experts_.end(),
@@ -149,8 +153,9 @@ Status WeightBinder::finish() {
                 return Status::Runtime("expert tensor '" + index_.moe_layers[sl].tensors[t].name +
                                        "' was not used by llama.cpp's graph (unsupported architecture "
                                        "for streaming?)");
-    // Nothing points into the mapping any more: drop its pages from this process.
-    if (map_addr_) ::madvise(map_addr_, map_len_, MADV_DONTNEED);
+    // Nothing points into the mapping any more, and nothing was read through it (dense weights
+    // were copied with pread). No madvise on the mapping's range: llama.cpp unmaps unused
+    // fragments after load and other allocations (the KV cache) can live in those holes.
     MS_LOG_INFO("bound %zu expert tensors; %.1f MiB of dense weights copied to RAM", n_expert_bound_,
                 double(dense_bytes_) / (1 << 20));
     return Status::Ok();

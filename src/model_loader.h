@@ -14,8 +14,9 @@
 // residency store (never read here), any other weight to a heap copy (read once from the
 // file with checked reads; dense weights end up resident in anonymous memory, not in the
 // page cache). Views of a rebound weight are re-pointed. After the first graph nothing points
-// into the mapping: finish() checks that every expert tensor of the index was bound and drops
-// the mapping's pages and the page cache of the dense ranges.
+// into the mapping: finish() checks that every expert tensor of the index was bound. (Weights
+// are recognised by name and file offset, not by address alone: llama.cpp unmaps unused
+// fragments of the mapping after load, and other allocations can land in those holes.)
 //
 // Both paths load with use_extra_bufts = false (repacking would change the in-memory
 // layout that file offsets describe: load-bearing, not a tunable) and lazy mode off.
@@ -59,8 +60,7 @@ public:
     // `t` is an operand of a node about to compute. If it (or the weight it views) points
     // into the file mapping, rebinds it (see above) and re-points the view.
     Status bind(ggml_tensor * t);
-    // After the first graph: every expert tensor must have been bound; releases the mapping's
-    // pages and the dense ranges' page cache. Idempotent.
+    // After the first graph: every expert tensor must have been bound. Idempotent.
     Status finish();
 
     uint64_t dense_bytes() const { return dense_bytes_; }    // heap copies of dense weights
