@@ -257,7 +257,10 @@ TEST(Replay, BeladyNeverLosesToLru) {
     }
 }
 
-TEST(Replay, AtLeastAMillionRoutingsPerSecond) {
+// A benchmark, not a test (speed targets never gate CTest on a shared machine): disabled, run
+// by hand — see docs/benchmarks.md, "replay":
+//   build/bin/test_replay --gtest_also_run_disabled_tests --gtest_filter='*AtLeastAMillion*'
+TEST(Replay, DISABLED_AtLeastAMillionRoutingsPerSecond) {
     const RouteTrace t = synthetic_30b(5000, 3);  // 240,000 routings, 1.92 M slots
     Replayer rp(t);
     for (ReplayPolicy pol : {ReplayPolicy::kLru, ReplayPolicy::kBelady}) {
@@ -286,7 +289,7 @@ std::string record(const std::string & model, const std::string & flags, const s
     const std::string path = tmp_path(name);
     CmdResult r =
         run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " + sh_quote(kPrompt) +
-                " -n 32 -t 2 " + flags + " --route-trace " + sh_quote(path));
+                " -n 32 -t 1 " + flags + " --route-trace " + sh_quote(path));
     EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
     return path;
 }
