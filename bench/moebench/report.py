@@ -79,7 +79,9 @@ def table(res: dict[str, Any]) -> str:
         change = f"{c['change']} (vs `{c['baseline']}`)" if c["baseline"] else "*reference*"
         per_rep = ", ".join(_f(x) for x in s.get("decode_tok_s_per_rep", [])) or "—"
         hit = ""
-        if s.get("decode_hit_pct"):
+        if c["params"].get("cache_mb") == "off" or c["params"]["loader"] != "stream":
+            pass
+        elif s.get("decode_hit_pct"):
             hit = f"; decode hit {_ci(s['decode_hit_pct'], 1)}%"
         elif s.get("cache_hit_pct"):
             hit = f"; hit {s['cache_hit_pct']['mean']:.1f}%"
@@ -354,6 +356,13 @@ def charts(res: dict[str, Any], img_dir: str) -> list[str]:
         for lanes, pts in sorted(by_lanes.items()):
             pts.sort()
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{lanes} lanes")
+        tot = res["model"].get("inspect", {}).get("expert_bytes_total")
+        if tot:
+            xs = [p[0] for pts in by_lanes.values() for p in pts]
+            if xs:
+                xx = [0, max(xs) * 1.05]
+                ax.plot(xx, [100 * x * MiB / tot for x in xx], "k--", lw=1,
+                        label="no locality: budget / all expert bytes")
         ax.set_xlabel("cache budget (MiB)")
         ax.set_ylabel("decode cache hit % (kept tokens)")
         ax.set_title(f"{name}: hit rate vs budget", fontsize=9)
