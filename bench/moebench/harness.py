@@ -448,6 +448,16 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         else:
             t = None
         boots[name] = t
+        if ok and s.get("per_token"):
+            # steady-state check: kept decodes, second half vs first half of each run
+            f1 = f2 = 0.0
+            n1 = n2 = 0
+            for d in dec:
+                h = len(d) // 2
+                f1 += sum(d[:h]); n1 += h
+                f2 += sum(d[h:]); n2 += len(d) - h
+            if n1 and n2 and f1 > 0:
+                s["second_half_vs_first_half_s_per_token"] = (f2 / n2) / (f1 / n1)
         s["decode_tok_s"] = stats.public(t)
         s["decode_tok_s_per_rep"] = [
             (len(d) / sum(d)) if d else None for d in dec] if s.get("per_token") else \

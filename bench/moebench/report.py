@@ -204,7 +204,7 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         (f"- **Protocol:** {exp['reps']} repetitions, order *{exp['order']}*; fio reads with O_DIRECT "
          "(the page cache plays no part), no eviction between probes"),
         f"- **Noise:** other processes used {sum(other):.0f} CPU-s during {sum(walls):.0f} s of runs "
-        f"on {m.get('cores')} cores (per run: {', '.join(f'{x:.0f}' for x in other)})",
+        f"on {m.get('cores')} cores (per run: {', '.join(f'{max(x, 0):.0f}' for x in other)})",
         "",
     ]
     busy = sum(other) / sum(walls) if walls and sum(walls) > 0 else 0.0
@@ -244,6 +244,12 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
             notes.append(f"`{c['name']}`: {why}")
         if s.get("oom_kills"):
             notes.append(f"`{c['name']}`: {s['oom_kills']} run(s) OOM-killed under the cap")
+        drift = s.get("second_half_vs_first_half_s_per_token")
+        if drift is not None and (drift < 0.8 or drift > 1.25):
+            notes.append(f"`{c['name']}`: not steady or disturbed — the second half of its kept decodes took "
+                         f"{drift:.2f}× the time per token of the first half "
+                         f"({'still speeding up' if drift < 1 else 'slowing down'}); its mean depends "
+                         "on the run length")
         for sh in s.get("short_runs", []):
             notes.append(f"`{c['name']}`: {sh}")
         if c.get("note"):
@@ -341,7 +347,8 @@ def charts(res: dict[str, Any], img_dir: str) -> list[str]:
         plt.close(fig)
         written.append(p)
     hit = [(c, sm[c["name"]]) for c in exp["cells"]
-           if c["params"]["loader"] == "stream" and sm[c["name"]].get("decode_hit_pct")]
+           if c["params"]["loader"] == "stream" and c["params"]["cache_mb"] != "off"
+           and sm[c["name"]].get("decode_hit_pct")]
     if hit:
         fig, ax = plt.subplots(figsize=(6, 4))
         by_lanes: dict[int, list[tuple[float, float]]] = {}
