@@ -137,13 +137,14 @@ public:
             for (const auto & L : index_.moe_layers)
                 for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
             st = lanes_.open(index_.path, opt.io_threads, opt.odirect, max_slice);
+            lanes_.set_in_place(opt.io_in_place);
             if (!st.ok()) return st;
             // MOESTREAM_DEBUG_IO_FAULT (env, read here; tests only): see io_faults.h.
             const char * fault = std::getenv("MOESTREAM_DEBUG_IO_FAULT");
             if (fault != nullptr && *fault != '\0') {
                 st = parse_io_fault(fault, &fault_plan_);
                 if (!st.ok()) return st;
-                lanes_.set_pread_hook(&io_fault_pread, &fault_plan_);
+                lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
                 MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)", fault);
             }
             st = load_model_streaming(index_, mp, &lm_);
@@ -235,7 +236,10 @@ public:
             hook_->enable_drop_cold(dc, n_layer);
         }
         binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
-        streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_);
+        // Overlap of down reads with gate/up compute needs a worker lane, and stays off under
+        // --cache-debug, whose check must see every slice before the layer's first matmul.
+        overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
+        streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
         hook_->attach(streamer_.get(), binder_.get());
         if (!opt_.route_trace.empty()) open_trace();
         return Status::Ok();
@@ -248,16 +252,19 @@ public:
         h.k_model = index_.n_expert_used;
         h.k = k_eff_;
         h.n_layer = index_.n_layer;
+        const CacheStats cs = store_->cache_stats();
+        h.page_bytes = cs.page_bytes ? cs.page_bytes : 4096;
         for (const auto & L : index_.moe_layers) {
             h.n_layer = std::max(h.n_layer, L.layer + 1);
             TraceLayerShape ls;
             ls.layer = L.layer;
-            for (const auto & t : L.tensors) ls.slice_bytes.push_back(t.slice_bytes);
+            for (const auto & t : L.tensors) {
+                ls.slice_bytes.push_back(t.slice_bytes);
+                ls.phase_bytes.push_back(t.file_offset % h.page_bytes);  // as the cache places it
+            }
             ls.expert_bytes = L.expert_bytes;
             h.moe_layers.push_back(std::move(ls));
         }
-        const CacheStats cs = store_->cache_stats();
-        h.page_bytes = cs.page_bytes ? cs.page_bytes : 4096;
         h.cache_budget_bytes = uint64_t(stats_.cache_budget_bytes);
         h.drop_cold = opt_.drop_cold;
         h.drop_in_prefill = opt_.drop_in_prefill;
@@ -274,6 +281,7 @@ public:
         if (tracer_) tracer_->begin_graph(decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens));
         trace_pos_ += batch.n_tokens;
         int rc = llama_decode(ctx_, batch);
+        if (hook_) hook_->end_graph();  // no read may stay in flight past the graph
         if (tracer_) tracer_->end_graph();
         if (hook_ && hook_->failed()) {
             Status e = hook_->error();
@@ -442,6 +450,13 @@ public:
         j["io_threads"] = opt_.io_threads;
         j["odirect_requested"] = opt_.odirect;
         j["odirect"] = opt_.stream && lanes_.direct();
+        j["io_overlap"] = overlap_;
+        j["io_in_place"] = opt_.io_in_place;
+        if (hook_) {
+            const auto & oc = hook_->overlap_counters();
+            j["io_overlap_waits_at_input"] = oc.waits_at_input;
+            j["io_overlap_waits_at_matmul"] = oc.waits_at_matmul;
+        }
         j["cache_mb"] = opt_.stream ? stats_.cache_budget_bytes >> 20 : 0;
         j["cache_mb_requested"] = opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
         j["cache_budget_reason"] = stats_.cache_budget_reason;
@@ -468,6 +483,7 @@ private:
     std::unique_ptr<WeightBinder> binder_;
     bool bind_checked_ = false;
     std::unique_ptr<Streamer> streamer_;
+    bool overlap_ = false;                 // down reads overlapped with gate/up (streamer.h)
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode

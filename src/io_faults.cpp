@@ -1,5 +1,6 @@
 #include "io_faults.h"
 
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,8 +14,10 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
         return Status::Usage(std::string("MOESTREAM_DEBUG_IO_FAULT='") + v +
                              "': expected short, eintr, eio-once:N or eio-after:N");
     };
-    if (!std::strcmp(v, "short")) p->kind = IoFaultPlan::Kind::kShort;
-    else if (!std::strcmp(v, "eintr")) p->kind = IoFaultPlan::Kind::kEintr;
+    if (!std::strcmp(v, "short"))
+        p->kind = IoFaultPlan::Kind::kShort;
+    else if (!std::strcmp(v, "eintr"))
+        p->kind = IoFaultPlan::Kind::kEintr;
     else if (!std::strncmp(v, "eio-once:", 9) || !std::strncmp(v, "eio-after:", 10)) {
         const bool once = v[4] == 'o';
         const char * num = v + (once ? 9 : 10);
@@ -29,15 +32,26 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
     return Status::Ok();
 }
 
-long io_fault_pread(int fd, void * buf, size_t len, uint64_t off, int, void * ud) {
+long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int, void * ud) {
     auto * p = static_cast<IoFaultPlan *>(ud);
     const long call = p->calls.fetch_add(1) + 1;
+    struct iovec cut[8];
     switch (p->kind) {
-        case IoFaultPlan::Kind::kShort:
+        case IoFaultPlan::Kind::kShort: {
             // Half, kept a multiple of 512 (the smallest direct-I/O alignment): an O_DIRECT
             // transfer length must stay aligned, as the kernel's own short reads are.
-            if (len >= 1024) len = len / 2 / 512 * 512;
-            break;
+            size_t len = 0;
+            for (int i = 0; i < iovcnt; ++i) len += iov[i].iov_len;
+            if (len < 1024 || iovcnt > 8) break;
+            size_t keep = len / 2 / 512 * 512;
+            int n = 0;
+            for (; n < iovcnt && keep > 0; ++n) {
+                cut[n] = iov[n];
+                if (cut[n].iov_len > keep) cut[n].iov_len = keep;
+                keep -= cut[n].iov_len;
+            }
+            return ::preadv(fd, cut, n, off_t(off));
+        }
         case IoFaultPlan::Kind::kEintr:
             if (call % 2 == 1) {
                 errno = EINTR;
@@ -56,9 +70,10 @@ long io_fault_pread(int fd, void * buf, size_t len, uint64_t off, int, void * ud
                 return -1;
             }
             break;
-        case IoFaultPlan::Kind::kNone: break;
+        case IoFaultPlan::Kind::kNone:
+            break;
     }
-    return ::pread(fd, buf, len, off_t(off));
+    return ::preadv(fd, iov, iovcnt, off_t(off));
 }
 
 }  // namespace moestream

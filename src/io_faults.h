@@ -1,7 +1,7 @@
 // io_faults.h — deterministic I/O fault injection for the tests (docs/reliability.md).
 //
-// MOESTREAM_DEBUG_IO_FAULT (env, read by the engine when streaming starts) installs a pread
-// hook on the I/O lanes. Forms (N counts expert-slice preads from 1, over all lanes):
+// MOESTREAM_DEBUG_IO_FAULT (env, read by the engine when streaming starts) installs a read
+// hook on the I/O lanes. Forms (N counts read calls (pread/preadv) from 1, over all lanes):
 //   short          every read returns at most half of what was asked (then the rest)
 //   eintr          every other read fails once with EINTR
 //   eio-once:N     the N-th read fails with EIO, later reads succeed
@@ -27,7 +27,8 @@ struct IoFaultPlan {
 
 // Parses the env value; Usage error naming the variable on a bad value.
 Status parse_io_fault(const char * value, IoFaultPlan * plan);
-// The PreadFn to install with IoLanes::set_pread_hook(io_fault_pread, plan).
-long io_fault_pread(int fd, void * buf, size_t len, uint64_t off, int lane, void * plan);
+// The PreadvFn to install with IoLanes::set_pread_hook(io_fault_preadv, plan).
+long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int lane,
+                     void * plan);
 
 }  // namespace moestream

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -27,9 +28,16 @@ uint64_t statx_dio_alignment(int fd) {
     return a;
 }
 
-uint64_t round_down(uint64_t v, uint64_t a) { return v - v % a; }
+uint64_t round_down(uint64_t v, uint64_t a) {
+    return v - v % a;
+}
+uint64_t round_up(uint64_t v, uint64_t a) {
+    return round_down(v + a - 1, a);
+}
 
-std::string errno_text(int e) { return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")"; }
+std::string errno_text(int e) {
+    return std::string(std::strerror(e)) + " (errno " + std::to_string(e) + ")";
+}
 
 }  // namespace
 
@@ -70,7 +78,8 @@ Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
         } else {
             l.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         }
-        if (l.fd < 0) return Status::Runtime(path + ": cannot open for reading: " + errno_text(errno));
+        if (l.fd < 0)
+            return Status::Runtime(path + ": cannot open for reading: " + errno_text(errno));
     }
     if (direct_) {
         uint64_t a = statx_dio_alignment(lanes_[0].fd);
@@ -87,7 +96,8 @@ Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
     for (auto & l : lanes_) {
         void * p = nullptr;
         if (posix_memalign(&p, align_ < 4096 ? 4096 : align_, want) != 0)
-            return Status::Runtime("cannot allocate " + std::to_string(want) + " bytes of I/O buffer");
+            return Status::Runtime("cannot allocate " + std::to_string(want) +
+                                   " bytes of I/O buffer");
         std::memset(p, 0, want);  // commit now, not under memory pressure during decode
         l.bounce = static_cast<uint8_t *>(p);
         l.bounce_bytes = want;
@@ -99,12 +109,60 @@ Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
     return Status::Ok();
 }
 
+long IoLanes::do_preadv(int lane, const struct iovec * iov, int iovcnt, uint64_t off) {
+    if (hook_) return hook_(lanes_[lane].fd, iov, iovcnt, off, lane, hook_ud_);
+    return ::preadv(lanes_[lane].fd, iov, iovcnt, static_cast<off_t>(off));
+}
+
 long IoLanes::do_pread(int lane, void * buf, size_t len, uint64_t off) {
-    if (hook_) return hook_(lanes_[lane].fd, buf, len, off, lane, hook_ud_);
-    return ::pread(lanes_[lane].fd, buf, len, static_cast<off_t>(off));
+    struct iovec v = {buf, len};
+    return do_preadv(lane, &v, 1, off);
+}
+
+int IoLanes::read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err) {
+    const uint64_t a = align_;
+    const uint64_t off = r.file_offset;
+    if (!direct_ || !in_place_ || r.len == 0 || reinterpret_cast<uintptr_t>(r.dest) % a != off % a)
+        return 0;
+    if (r.len > UINT64_MAX - off - 2 * a) return 0;  // the bounce path reports the bad range
+    const uint64_t end = off + r.len;
+    const uint64_t body0 = round_up(off, a), body1 = round_down(end, a);
+    if (body1 <= body0) return 0;  // no whole aligned block inside: nothing to gain
+    const uint64_t io_off = round_down(off, a), io_end = round_up(end, a);
+    Lane & l = lanes_[lane];
+    uint8_t * dest = static_cast<uint8_t *>(r.dest);
+    struct iovec iov[3];
+    int n = 0;
+    if (body0 > off) iov[n++] = {l.bounce, a};         // head block: the slice starts inside
+    iov[n++] = {dest + (body0 - off), body1 - body0};  // aligned, because dest ≡ off (mod a)
+    if (io_end > end) iov[n++] = {l.bounce + a, a};    // tail block: the slice ends inside
+    long got;
+    do got = do_preadv(lane, iov, n, io_off);
+    while (got < 0 && errno == EINTR);
+    if (got < 0) {
+        const int e = errno;
+        std::memset(dest, 0, r.len);
+        *err = Status::Runtime(path_ + ": read failed at offset " + std::to_string(io_off) +
+                               " length " + std::to_string(io_end - io_off) + " (slice at offset " +
+                               std::to_string(off) + ", " + std::to_string(r.len) +
+                               " bytes): " + errno_text(e));
+        return -1;
+    }
+    *transferred += static_cast<uint64_t>(got);
+    if (static_cast<uint64_t>(got) < io_end - io_off) return 0;  // short: redo via the bounce path
+    if (body0 > off) std::memcpy(dest, l.bounce + (off - io_off), body0 - off);
+    if (io_end > end) std::memcpy(dest + (body1 - off), l.bounce + a, end - body1);
+    return 1;
 }
 
 Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred) {
+    Status derr;
+    const int direct = read_direct(lane, r, transferred, &derr);
+    if (direct == 1) {
+        direct_reads_.fetch_add(1, std::memory_order_relaxed);
+        return Status::Ok();
+    }
+    if (direct < 0) return derr;
     Lane & l = lanes_[lane];
     uint8_t * dest = static_cast<uint8_t *>(r.dest);
     uint64_t done = 0;  // bytes of the request delivered to dest
@@ -135,10 +193,11 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
                 if (errno == EINTR) continue;
                 int e = errno;
                 std::memset(dest, 0, r.len);
-                return Status::Runtime(path_ + ": read failed at offset " + std::to_string(io_off + got) +
-                                       " length " + std::to_string(io_len - got) + " (slice at offset " +
-                                       std::to_string(r.file_offset) + ", " + std::to_string(r.len) +
-                                       " bytes): " + errno_text(e));
+                return Status::Runtime(path_ + ": read failed at offset " +
+                                       std::to_string(io_off + got) + " length " +
+                                       std::to_string(io_len - got) + " (slice at offset " +
+                                       std::to_string(r.file_offset) + ", " +
+                                       std::to_string(r.len) + " bytes): " + errno_text(e));
             }
             if (n == 0) break;  // end of file
             const uint64_t end = got + static_cast<uint64_t>(n);
@@ -176,17 +235,29 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
     return Status::Ok();
 }
 
-void IoLanes::run_lane(int lane) {
+void IoLanes::run_lane(int lane, size_t limit) {
     const auto & reqs = *batch_;
+    if (limit > reqs.size()) limit = reqs.size();
     uint64_t transferred = 0;
     for (;;) {
         if (failed_.load(std::memory_order_relaxed)) break;
-        size_t i = next_.fetch_add(1, std::memory_order_relaxed);
-        if (i >= reqs.size()) break;
+        size_t i = next_.load(std::memory_order_relaxed);
+        do {
+            if (i >= limit) break;
+        } while (!next_.compare_exchange_weak(i, i + 1, std::memory_order_relaxed));
+        if (i >= limit) break;
         Status st = read_one(lane, reqs[i], &transferred);
         if (!st.ok()) {
             std::lock_guard<std::mutex> lk(err_mu_);
             if (!failed_.exchange(true)) err_ = st;
+        }
+        if (i < prefix_ && prefix_done_.fetch_add(1) + 1 == prefix_) {
+            std::lock_guard<std::mutex> lk(mu_);
+            if (waiting_prefix_) cv_done_.notify_all();
+        }
+        if (!st.ok()) {
+            std::lock_guard<std::mutex> lk(mu_);
+            cv_done_.notify_all();  // a waiter for the prefix must see the failure
         }
     }
     bytes_.fetch_add(transferred, std::memory_order_relaxed);
@@ -201,39 +272,71 @@ void IoLanes::worker(int lane) {
             if (stop_) return;
             seen = generation_;
         }
-        run_lane(lane);
+        run_lane(lane, SIZE_MAX);
         {
             std::lock_guard<std::mutex> lk(mu_);
-            if (--lanes_busy_ == 0) cv_done_.notify_one();
+            if (--lanes_busy_ == 0) cv_done_.notify_all();
         }
     }
 }
 
-Status IoLanes::read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats * stats) {
-    auto t0 = std::chrono::steady_clock::now();
-    if (reqs.empty()) return Status::Ok();
+void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix) {
     batch_ = &reqs;
     next_.store(0);
     bytes_.store(0);
+    direct_reads_.store(0);
     failed_.store(false);
+    prefix_ = prefix < reqs.size() ? prefix : reqs.size();
+    prefix_done_.store(0);
     err_ = Status::Ok();
     const int helpers = reqs.size() > 1 ? static_cast<int>(lanes_.size()) - 1 : 0;
     if (helpers > 0) {
-        std::lock_guard<std::mutex> lk(mu_);
-        lanes_busy_ = static_cast<int>(lanes_.size()) - 1;
-        ++generation_;
+        {
+            std::lock_guard<std::mutex> lk(mu_);
+            lanes_busy_ = static_cast<int>(lanes_.size()) - 1;
+            ++generation_;
+        }
+        cv_work_.notify_all();
     }
-    if (helpers > 0) cv_work_.notify_all();
-    run_lane(0);
-    if (helpers > 0) {
+}
+
+void IoLanes::wait_lanes_idle() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_done_.wait(lk, [&] { return lanes_busy_ == 0; });
+}
+
+Status IoLanes::wait_prefix(IoBatchStats * stats) {
+    if (batch_ == nullptr) return Status::Ok();
+    auto t0 = std::chrono::steady_clock::now();
+    const size_t n = prefix_;
+    run_lane(0, n);
+    {
         std::unique_lock<std::mutex> lk(mu_);
-        cv_done_.wait(lk, [&] { return lanes_busy_ == 0; });
+        waiting_prefix_ = true;
+        cv_done_.wait(
+            lk, [&] { return failed_.load() || prefix_done_.load() >= n || lanes_busy_ == 0; });
+        waiting_prefix_ = false;
     }
+    if (stats)
+        stats->seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (failed_.load()) return finish(stats);
+    return Status::Ok();
+}
+
+Status IoLanes::finish(IoBatchStats * stats) {
+    if (batch_ == nullptr) return Status::Ok();
+    auto t0 = std::chrono::steady_clock::now();
+    const auto & reqs = *batch_;
+    run_lane(0, SIZE_MAX);
+    wait_lanes_idle();
     batch_ = nullptr;
     if (stats) {
         stats->bytes_read += bytes_.load();
         stats->reads += reqs.size();
-        stats->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats->direct_reads += direct_reads_.load();
+        stats->seconds +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     }
     if (failed_.load()) {
         // Requests never started by any lane leave their destination untouched: zero them
@@ -243,6 +346,12 @@ Status IoLanes::read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats *
         return err_;
     }
     return Status::Ok();
+}
+
+Status IoLanes::read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats * stats) {
+    if (reqs.empty()) return Status::Ok();
+    start(reqs);
+    return finish(stats);
 }
 
 }  // namespace moestream

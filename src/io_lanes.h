@@ -11,11 +11,25 @@
 // copies the wanted bytes out. Where the file system refuses O_DIRECT (tmpfs, some FUSE),
 // lanes fall back to buffered pread with one warning.
 //
+// Reads straight into the destination: when the destination has the same phase as the file
+// offset modulo the alignment (the residency stores place every expert tensor so that it
+// does; ResidencyStore::tensor_base), a slice is one preadv of [head block -> bounce,
+// aligned body -> destination, tail block -> bounce], and only the partial head and tail
+// blocks are copied. Any other request, or a direct read that comes back short, goes
+// through the bounce buffer whole (the fallback path).
+//
 // Every read completes short reads and retries EINTR. A failure (I/O error, the file
 // ending early) fails the whole batch with one message naming file, offset, length and
 // errno; the destination bytes of a failed request are zero-filled, never left partial.
 //
-// Thread-safety: read_batch() must not be called concurrently with itself.
+// Asynchronous batches (overlapping reads with compute): start() hands a batch to the lanes
+// and returns; wait_prefix() returns once its first `prefix` requests are done (the calling thread
+// reads among them meanwhile), leaving the rest to the worker lanes; finish() waits for the
+// whole batch. read_batch() = start + finish. A failure makes wait_prefix and finish wait
+// until no lane touches the batch any more, so the caller may release the destinations.
+//
+// Thread-safety: one batch at a time, driven from one thread (start, wait_prefix, finish,
+// read_batch); the batch vector must stay alive and unchanged until finish() returns.
 #pragma once
 
 #include <atomic>
@@ -28,23 +42,31 @@
 
 #include "status.h"
 
+struct iovec;
+
 namespace moestream {
 
 struct ReadRequest {
     uint64_t file_offset = 0;  // absolute offset in the model file
     uint64_t len = 0;          // bytes wanted
     void * dest = nullptr;     // where the bytes go (len bytes, writable)
+    // Needed only by a later matmul of the layer (the down projection): may still be in
+    // flight while the first matmuls (gate, up) compute (streamer.h, "Overlap").
+    bool late = false;
 };
 
 struct IoBatchStats {
-    uint64_t bytes_read = 0;   // bytes transferred from the file, alignment over-read included
-    uint64_t reads = 0;        // requests served
-    double seconds = 0;        // wall time of the batch
+    uint64_t bytes_read = 0;    // bytes transferred from the file, alignment over-read included
+    uint64_t reads = 0;         // requests served
+    uint64_t direct_reads = 0;  // of those, read straight into their destination (no copy)
+    double seconds = 0;         // wall time of the batch
 };
 
-// Fault injection for tests (docs/reliability.md): every read goes through this hook when
-// set. It may return -1 with errno set, or fewer bytes than asked, to simulate faults.
-using PreadFn = long (*)(int fd, void * buf, size_t len, uint64_t off, int lane, void * ud);
+// Fault injection for tests (docs/reliability.md): every read (a preadv of iovcnt >= 1
+// buffers) goes through this hook when set. It may return -1 with errno set, or fewer bytes
+// than asked, to simulate faults.
+using PreadvFn = long (*)(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int lane,
+                          void * ud);
 
 class IoLanes {
 public:
@@ -59,10 +81,24 @@ public:
 
     Status read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats * stats);
 
+    // Starts a batch whose first `prefix` requests wait_prefix() waits for.
+    void start(const std::vector<ReadRequest> & reqs, size_t prefix = SIZE_MAX);
+    // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
+    // error (after every lane stopped). stats->seconds gets the time spent waiting.
+    Status wait_prefix(IoBatchStats * stats);
+    // Waits for the whole batch; adds its bytes/reads (and the time waited) to stats.
+    Status finish(IoBatchStats * stats);
+    bool in_flight() const { return batch_ != nullptr; }
+
     bool direct() const { return direct_; }
     uint64_t dio_alignment() const { return align_; }
     int n_lanes() const { return static_cast<int>(lanes_.size()); }
-    void set_pread_hook(PreadFn fn, void * ud) { hook_ = fn; hook_ud_ = ud; }
+    void set_pread_hook(PreadvFn fn, void * ud) {
+        hook_ = fn;
+        hook_ud_ = ud;
+    }
+    // false: every request goes through the bounce buffer and a copy (benchmarks' A/B).
+    void set_in_place(bool on) { in_place_ = on; }
 
 private:
     struct Lane {
@@ -72,8 +108,14 @@ private:
     };
 
     void worker(int lane);
-    void run_lane(int lane);
+    // Claims and reads requests with index < limit until none is left (or one failed).
+    void run_lane(int lane, size_t limit);
+    void wait_lanes_idle();
     Status read_one(int lane, const ReadRequest & r, uint64_t * transferred);
+    // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
+    // failed with *err set.
+    int read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err);
+    long do_preadv(int lane, const struct iovec * iov, int iovcnt, uint64_t off);
     long do_pread(int lane, void * buf, size_t len, uint64_t off);
 
     std::string path_;
@@ -81,7 +123,8 @@ private:
     uint64_t align_ = 4096;
     std::vector<Lane> lanes_;
     std::vector<std::thread> threads_;
-    PreadFn hook_ = nullptr;
+    PreadvFn hook_ = nullptr;
+    bool in_place_ = true;
     void * hook_ud_ = nullptr;
 
     // Current batch, shared with the workers.
@@ -93,7 +136,11 @@ private:
     int lanes_busy_ = 0;
     bool stop_ = false;
     std::atomic<size_t> next_{0};
+    size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
+    std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
+    bool waiting_prefix_ = false;         // guarded by mu_
     std::atomic<uint64_t> bytes_{0};
+    std::atomic<uint64_t> direct_reads_{0};
     std::atomic<bool> failed_{false};
     std::mutex err_mu_;
     Status err_;

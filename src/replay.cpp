@@ -4,7 +4,8 @@
 // states absent / pending / resident, pending promoted at the next stage, lookups deduplicated
 // per stage, hits moved to the MRU end, misses evicting (never an expert routed in the layer
 // being staged) until committing them fits the budget, commit and release costs counted in
-// pages with boundary pages shared between neighbouring live experts of a tensor. Any change
+// pages with boundary pages shared between neighbouring live experts of a tensor (both use
+// page_layout.h for that arithmetic). Any other change
 // to the engine's cache must be made here too; `moestream replay --validate` and the
 // CacheSimMatchesLruCache test catch a divergence.
 #include "replay.h"
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <limits>
 
+#include "page_layout.h"
 #include "policy_drop_cold.h"
 
 namespace moestream {
@@ -55,12 +57,14 @@ public:
             Layer & L = layers_[i];
             L.first_id = n_ids_;
             L.n = h.n_expert;
-            L.slices = h.moe_layers[i].slice_bytes;
             L.aligned = true;
             L.aligned_cost = 0;
-            for (uint64_t s : L.slices) {
-                if (s % page_ != 0) L.aligned = false;
-                L.aligned_cost += s;  // page-multiple slices own whole pages, never shared
+            const TraceLayerShape & S = h.moe_layers[i];
+            for (size_t t = 0; t < S.slice_bytes.size(); ++t) {
+                const uint64_t phase = t < S.phase_bytes.size() ? S.phase_bytes[t] : 0;
+                L.tensors.push_back(PageLayout{phase, S.slice_bytes[t], page_, h.n_expert});
+                if (!L.tensors.back().page_exclusive()) L.aligned = false;
+                L.aligned_cost += S.slice_bytes[t];  // exclusive slices own whole pages
             }
             n_ids_ += h.n_expert;
         }
@@ -132,7 +136,7 @@ public:
 private:
     struct Layer {
         uint32_t first_id = 0, n = 0;
-        std::vector<uint64_t> slices;
+        std::vector<PageLayout> tensors;  // per projection: page placement (page_layout.h)
         bool aligned = true;
         uint64_t aligned_cost = 0;
     };
@@ -146,26 +150,18 @@ private:
 
     // Bytes of the pages of expert e (over all projections) that no OTHER live expert covers:
     // what committing it adds (absent now) or releasing it frees (live now). residency_cache's
-    // commit_cost / exclusive_range / page_shared, verbatim in effect.
+    // commit_cost / exclusive_range: the same PageLayout functions.
     uint64_t excl_bytes(uint32_t moe, uint32_t e) const {
         const Layer & L = layers_[moe];
         if (L.aligned) return L.aligned_cost;
         uint64_t total = 0;
-        for (uint64_t S : L.slices) {
-            const uint64_t begin = uint64_t(e) * S, end = begin + S;
-            uint64_t p0 = begin / page_, p1 = (end + page_ - 1) / page_;
-            if (page_shared(L, S, p0, e)) ++p0;
-            if (p1 > p0 && page_shared(L, S, p1 - 1, e)) --p1;
-            total += (std::max(p0, p1) - p0) * page_;
+        for (const PageLayout & T : L.tensors) {
+            uint64_t q0, q1;
+            T.exclusive_pages(
+                e, [&](uint32_t x) { return state_[L.first_id + x] != kAbsent; }, &q0, &q1);
+            total += (q1 - q0) * page_;
         }
         return total;
-    }
-    bool page_shared(const Layer & L, uint64_t S, uint64_t p, uint32_t e) const {
-        const uint64_t lo = (p * page_) / S;
-        const uint64_t hi = std::min<uint64_t>(L.n - 1, ((p + 1) * page_ - 1) / S);
-        for (uint64_t x = lo; x <= hi; ++x)
-            if (x != e && state_[L.first_id + x] != kAbsent) return true;
-        return false;
     }
 
     void lru_unlink(uint32_t id) {

@@ -23,6 +23,7 @@
 #include <string>
 
 #include "log.h"
+#include "page_layout.h"
 #include "residency.h"
 
 namespace moestream {
@@ -71,7 +72,8 @@ public:
     Status init();
 
     uint8_t * tensor_base(size_t moe_idx, size_t t) override {
-        return res_[layer_res_[moe_idx] + t].base;
+        const Reservation & r = res_[layer_res_[moe_idx] + t];
+        return r.base + r.phase;
     }
 
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
@@ -102,8 +104,13 @@ public:
 private:
     struct Reservation {
         uint8_t * base = nullptr;
-        uint64_t map_bytes = 0;    // tensor bytes rounded up to whole pages
+        uint64_t map_bytes = 0;    // phase + tensor bytes, rounded up to whole pages
         uint64_t slice_bytes = 0;  // bytes of one expert
+        // The tensor starts `phase` bytes into the reservation: its file offset modulo the
+        // page size, so every slice's address is congruent to its file offset and O_DIRECT
+        // reads land in place (io_lanes.h, page_layout.h).
+        uint64_t phase = 0;
+        PageLayout layout;  // the same numbers, for the page arithmetic
     };
     struct LayerInfo {
         uint32_t n_expert = 0;
@@ -112,36 +119,22 @@ private:
 
     uint32_t id_of(size_t moe_idx, uint32_t e) const { return layers_[moe_idx].first_id + e; }
 
-    // Pages [*p0, *p1) covering expert e's slice of reservation r.
-    void page_range(const Reservation & r, uint32_t e, uint64_t * p0, uint64_t * p1) const {
-        const uint64_t begin = uint64_t(e) * r.slice_bytes;
-        const uint64_t end = begin + r.slice_bytes;
-        *p0 = begin / page_;
-        *p1 = (end + page_ - 1) / page_;
+    // Offset of expert e's slice from r.base.
+    static uint64_t slice_begin(const Reservation & r, uint32_t e) {
+        return r.layout.slice_begin(e);
     }
 
-    // Whether page p of reservation r (of layer moe_idx) is also covered by a live expert
-    // other than e.
-    bool page_shared(size_t moe_idx, const Reservation & r, uint64_t p, uint32_t e) const {
-        const LayerInfo & L = layers_[moe_idx];
-        const uint64_t lo = (p * page_) / r.slice_bytes;
-        const uint64_t hi =
-            std::min<uint64_t>(L.n_expert - 1, ((p + 1) * page_ - 1) / r.slice_bytes);
-        for (uint64_t x = lo; x <= hi; ++x)
-            if (x != e && state_[L.first_id + x] != kAbsent) return true;
-        return false;
+    // Pages [*p0, *p1) covering expert e's slice of reservation r.
+    void page_range(const Reservation & r, uint32_t e, uint64_t * p0, uint64_t * p1) const {
+        r.layout.pages_of(e, p0, p1);
     }
 
     // The pages of expert e's slice in r that no other live expert covers: [*q0, *q1).
-    // Only the two boundary pages can be shared; interior pages lie inside the slice.
     void exclusive_range(size_t moe_idx, const Reservation & r, uint32_t e, uint64_t * q0,
                          uint64_t * q1) const {
-        uint64_t p0, p1;
-        page_range(r, e, &p0, &p1);
-        if (page_shared(moe_idx, r, p0, e)) ++p0;
-        if (p1 > p0 && page_shared(moe_idx, r, p1 - 1, e)) --p1;
-        *q0 = p0;
-        *q1 = std::max(p0, p1);
+        const LayerInfo & L = layers_[moe_idx];
+        r.layout.exclusive_pages(
+            e, [&](uint32_t x) { return state_[L.first_id + x] != kAbsent; }, q0, q1);
     }
 
     // Bytes that committing expert e (absent now) would add.
@@ -293,7 +286,9 @@ Status LruCache::init() {
             const ExpertTensor & et = ML.tensors[t];
             Reservation & r = res_[layer_res_[i] + t];
             r.slice_bytes = et.slice_bytes;
-            r.map_bytes = (et.tensor_bytes + page_ - 1) / page_ * page_;
+            r.phase = et.file_offset % page_;
+            r.map_bytes = (r.phase + et.tensor_bytes + page_ - 1) / page_ * page_;
+            r.layout = PageLayout{r.phase, et.slice_bytes, page_, layers_[i].n_expert};
             const int prot = protect_ ? PROT_NONE : (PROT_READ | PROT_WRITE);
             void * p = mmap(nullptr, r.map_bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                             -1, 0);
@@ -347,7 +342,7 @@ Status LruCache::commit(size_t moe_idx, uint32_t e) {
         if (dbg_.poison) {
             // The slice itself, plus the parts of newly committed boundary pages outside it
             // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
-            const uint64_t begin = uint64_t(e) * r.slice_bytes, end = begin + r.slice_bytes;
+            const uint64_t begin = slice_begin(r, e), end = begin + r.slice_bytes;
             std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
             if (q0 == p0 && q1 > q0)
                 std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
@@ -463,7 +458,8 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
         for (size_t t = 0; t < ML.tensors.size(); ++t) {
             const ExpertTensor & et = ML.tensors[t];
             reads->push_back({et.slice_offset(e), et.slice_bytes,
-                              tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes});
+                              tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
+                              et.proj == Projection::kDown});
         }
     }
     if (committed_ > budget_) ++stats_.over_budget_stages;
@@ -525,7 +521,7 @@ Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & e
                                            " of " + where(e, t) + " is not in RAM");
             // 2) Readable and not still the poison pattern. Read through process_vm_readv so a
             // page left PROT_NONE is reported (EFAULT) rather than crashing the process.
-            const uint64_t begin = uint64_t(e) * r.slice_bytes;
+            const uint64_t begin = slice_begin(r, e);
             const uint64_t n_words = r.slice_bytes / 8;
             if (n_words == 0) continue;
             constexpr uint64_t kSamples = 32;

@@ -20,7 +20,7 @@ public:
         sizes_.assign(n_proj, 0);
         for (const auto & L : index_.moe_layers)
             for (size_t t = 0; t < L.tensors.size(); ++t)
-                sizes_[t] = std::max(sizes_[t], L.tensors[t].tensor_bytes);
+                sizes_[t] = std::max(sizes_[t], L.tensors[t].tensor_bytes + kPhaseBytes);
         for (size_t t = 0; t < n_proj; ++t) {
             void * p = nullptr;
             if (posix_memalign(&p, 4096, sizes_[t]) != 0)
@@ -31,7 +31,12 @@ public:
         return Status::Ok();
     }
 
-    uint8_t * tensor_base(size_t, size_t t) override { return static_cast<uint8_t *>(slots_[t]); }
+    // Each layer's tensor starts at the file offset's phase within a page, so that every
+    // slice's destination is congruent to its file offset and O_DIRECT reads land in place.
+    uint8_t * tensor_base(size_t moe_idx, size_t t) override {
+        const uint64_t phase = index_.moe_layers[moe_idx].tensors[t].file_offset % kPhaseBytes;
+        return static_cast<uint8_t *>(slots_[t]) + phase;
+    }
 
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                  std::vector<ReadRequest> * reads, StageStats * stats) override {
@@ -42,7 +47,8 @@ public:
             for (size_t t = 0; t < L.tensors.size(); ++t) {
                 const ExpertTensor & et = L.tensors[t];
                 reads->push_back({et.slice_offset(e), et.slice_bytes,
-                                  static_cast<uint8_t *>(slots_[t]) + uint64_t(e) * et.slice_bytes});
+                                  tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
+                                  et.proj == Projection::kDown});
             }
         }
         return Status::Ok();
@@ -58,6 +64,7 @@ public:
     }
 
 private:
+    static constexpr uint64_t kPhaseBytes = 4096;  // any direct-I/O alignment divides it
     const ModelIndex & index_;
     std::vector<uint64_t> sizes_;
     std::vector<void *> slots_;

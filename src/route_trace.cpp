@@ -68,6 +68,8 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
         put<uint32_t>(b, L.layer);
         put<uint32_t>(b, uint32_t(L.slice_bytes.size()));
         for (uint64_t s : L.slice_bytes) put<uint64_t>(b, s);
+        for (size_t t = 0; t < L.slice_bytes.size(); ++t)
+            put<uint64_t>(b, t < L.phase_bytes.size() ? L.phase_bytes[t] : 0);
     }
     put<uint32_t>(b, uint32_t(h.settings_json.size()));
     b += h.settings_json;
@@ -254,9 +256,9 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
     c.skip(sizeof kRouteTraceMagic);
     uint64_t at = c.off();
     MS_TRY(c.get(&h.version, "version"));
-    if (h.version != kRouteTraceVersion)
+    if (h.version != 1 && h.version != kRouteTraceVersion)
         return c.err(at, "unsupported trace version " + std::to_string(h.version) +
-                             " (this build reads " + std::to_string(kRouteTraceVersion) + ")");
+                             " (this build reads 1 to " + std::to_string(kRouteTraceVersion) + ")");
     uint32_t n_moe = 0, hflags = 0;
     at = c.off();
     MS_TRY(c.get(&h.n_layer, "n_layer"));
@@ -307,6 +309,14 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
                 return c.err(at, "slice bytes " + std::to_string(s));
             L.slice_bytes.push_back(s);
             L.expert_bytes += s;
+        }
+        L.phase_bytes.assign(n_proj, 0);
+        for (uint32_t t = 0; t < n_proj && h.version >= 2; ++t) {
+            at = c.off();
+            MS_TRY(c.get(&L.phase_bytes[t], "page phase"));
+            if (L.phase_bytes[t] >= h.page_bytes)
+                return c.err(at, "page phase " + std::to_string(L.phase_bytes[t]) +
+                                     " not below the page size " + std::to_string(h.page_bytes));
         }
         layer_to_moe[L.layer] = int32_t(i);
         h.moe_layers.push_back(std::move(L));

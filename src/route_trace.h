@@ -26,7 +26,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 1;
+constexpr uint32_t kRouteTraceVersion = 2;  // this build writes 2, reads 1 and 2
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // Per-slot flags (the top 8 bits of a slot's 32-bit word; the low 24 bits are the expert id).
@@ -39,6 +39,9 @@ constexpr uint8_t kSlotKnownFlags = kSlotResident | kSlotDropped;
 struct TraceLayerShape {
     uint32_t layer = 0;                 // graph layer index il
     std::vector<uint64_t> slice_bytes;  // bytes of one expert, per projection tensor
+    // Per projection tensor: where the cache placed it within its first page (the tensor's
+    // file offset modulo page_bytes; page_layout.h). Version 1 traces: all zero.
+    std::vector<uint64_t> phase_bytes;
     uint64_t expert_bytes = 0;          // their sum
 };
 

@@ -65,6 +65,7 @@ bool RouterHook::eval_callback(ggml_tensor * t, bool ask, void * user_data) {
         if (std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0) return true;
         auto * self = static_cast<RouterHook *>(user_data);
         if (self->binder_ && self->binder_->active()) self->ask_bind(t);
+        if (self->io_pending_ && self->ask_io(t)) return true;
         if (self->drop_cfg_.frac <= 0 && !self->tracing()) return false;
         return self->ask_drop(t);
     }
@@ -96,7 +97,9 @@ void RouterHook::enable_trace(RouteTracer * tracer, uint32_t n_layer) {
     }
 }
 
-bool RouterHook::tracing() const { return tracer_ && tracer_->active(); }
+bool RouterHook::tracing() const {
+    return tracer_ && tracer_->active();
+}
 
 std::string RouterHook::terminal_kind(uint32_t il) const {
     if (il >= drop_state_.terminal.size()) return "";
@@ -144,15 +147,18 @@ bool RouterHook::ask_drop(ggml_tensor * t) {
             // for this layer, and re-learn. (The matmul has not run: ask precedes compute.)
             ++drop_state_.fallbacks;
             ++drop_state_.relearns[pending_routing_.layer];
-            MS_LOG_INFO("layer %u: terminal node '%s' did not arrive; loading at the matmul and "
-                        "re-learning", pending_routing_.layer, term.c_str());
+            MS_LOG_INFO(
+                "layer %u: terminal node '%s' did not arrive; loading at the matmul and "
+                "re-learning",
+                pending_routing_.layer, term.c_str());
             drop_state_.terminal[pending_routing_.layer].clear();
             Status st = load_pending_unchanged();
             if (!st.ok() && error_.ok()) error_ = st;
             return false;
         }
     }
-    if (t->op == GGML_OP_MUL && std::strncmp(t->name, kWeightedPrefix, sizeof kWeightedPrefix - 1) == 0)
+    if (t->op == GGML_OP_MUL &&
+        std::strncmp(t->name, kWeightedPrefix, sizeof kWeightedPrefix - 1) == 0)
         learn_terminal(t);
     return false;
 }
@@ -177,7 +183,7 @@ void RouterHook::learn_terminal(const ggml_tensor * weighted) {
 // Loads the pending routing as routed (no drops).
 Status RouterHook::load_pending_unchanged() {
     pending_ = false;
-    return sink_->on_routing(pending_routing_);
+    return route_to_sink(pending_routing_);
 }
 
 Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
@@ -187,10 +193,11 @@ Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
     // Weights are [k, rows] or [1, k, rows].
     int64_t w_slot = 0, w_row = 0;
     if (!weight_strides(t, r.k, r.n_rows, &w_slot, &w_row)) {
-        MS_LOG_INFO("layer %u: '%s' does not look like the final weights; re-learning", r.layer, t->name);
+        MS_LOG_INFO("layer %u: '%s' does not look like the final weights; re-learning", r.layer,
+                    t->name);
         drop_state_.terminal[r.layer].clear();
         ++drop_state_.relearns[r.layer];
-        return sink_->on_routing(r);
+        return route_to_sink(r);
     }
     if (w_slot % 4 != 0 || w_row % 4 != 0 || topk->nb[0] % 4 != 0 || topk->nb[1] % 4 != 0)
         return Status::Runtime(std::string("unaligned weights or ids at '") + t->name + "'");
@@ -199,12 +206,16 @@ Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
     const uint64_t dropped_before = drop_.dropped;
     const bool trace = tracing() && tracer_->waiting_layer() == int64_t(r.layer);
     for (int row = 0; row < r.n_rows; ++row) {
-        auto * ids = reinterpret_cast<int32_t *>(static_cast<char *>(topk->data) + size_t(row) * topk->nb[1]);
-        auto * w = reinterpret_cast<float *>(static_cast<char *>(t->data) + size_t(row) * size_t(w_row));
+        auto * ids = reinterpret_cast<int32_t *>(static_cast<char *>(topk->data) +
+                                                 size_t(row) * topk->nb[1]);
+        auto * w =
+            reinterpret_cast<float *>(static_cast<char *>(t->data) + size_t(row) * size_t(w_row));
         if (trace)  // the weights before the policy touches them
-            for (int j = 0; j < r.k; ++j) tracer_->set_weight(row, j, w[size_t(j) * size_t(w_slot / 4)]);
-        drop_cold_row(r.k, ids, int64_t(topk->nb[0] / 4), w, w_slot / 4, r.k, drop_cfg_,
-                      [&](int32_t e) { return sink_->is_resident(r.layer, e); }, &drop_);
+            for (int j = 0; j < r.k; ++j)
+                tracer_->set_weight(row, j, w[size_t(j) * size_t(w_slot / 4)]);
+        drop_cold_row(
+            r.k, ids, int64_t(topk->nb[0] / 4), w, w_slot / 4, r.k, drop_cfg_,
+            [&](int32_t e) { return sink_->is_resident(r.layer, e); }, &drop_);
         for (int j = 0; j < r.k; ++j) {
             int32_t & id = r.ids[size_t(row) * size_t(r.k) + size_t(j)];
             const int32_t now = ids[size_t(j) * (topk->nb[0] / 4)];
@@ -214,14 +225,15 @@ Status RouterHook::load_pending_at_terminal(ggml_tensor * t) {
     }
     if (trace) tracer_->done_weights();
     drop_.bytes_avoided += (drop_.dropped - dropped_before) * eb;
-    return sink_->on_routing(r);
+    return route_to_sink(r);
 }
 
 // The tracer asked for this layer's terminal node: record its final weights (loading already
 // happened at the topk; nothing here changes the graph's data).
 void RouterHook::trace_weights(const ggml_tensor * t) {
     const int64_t L = tracer_->waiting_layer();
-    if (L < 0 || size_t(L) >= drop_state_.terminal.size() || drop_state_.terminal[size_t(L)] != t->name)
+    if (L < 0 || size_t(L) >= drop_state_.terminal.size() ||
+        drop_state_.terminal[size_t(L)] != t->name)
         return;
     const int k = scratch_.k, rows = scratch_.n_rows;
     int64_t w_slot = 0, w_row = 0;
@@ -229,7 +241,8 @@ void RouterHook::trace_weights(const ggml_tensor * t) {
         w_slot % 4 != 0 || w_row % 4 != 0 || t->data == nullptr)
         return;  // weights stay NaN
     for (int row = 0; row < rows; ++row) {
-        const auto * w = reinterpret_cast<const float *>(static_cast<const char *>(t->data) + size_t(row) * size_t(w_row));
+        const auto * w = reinterpret_cast<const float *>(static_cast<const char *>(t->data) +
+                                                         size_t(row) * size_t(w_row));
         for (int j = 0; j < k; ++j) tracer_->set_weight(row, j, w[size_t(j) * size_t(w_slot / 4)]);
     }
     tracer_->done_weights();
@@ -237,6 +250,60 @@ void RouterHook::trace_weights(const ggml_tensor * t) {
 
 bool RouterHook::abort_callback(void * user_data) {
     return static_cast<RouterHook *>(user_data)->failed();
+}
+
+Status RouterHook::route_to_sink(const Routing & r) {
+    Status st = sink_->on_routing(r);
+    io_pending_ = st.ok() && sink_->has_pending();
+    if (io_pending_) {
+        io_il_ = r.layer;
+        pre_down_name_ =
+            pre_down_kind_.empty() ? std::string() : pre_down_kind_ + "-" + std::to_string(r.layer);
+    }
+    return st;
+}
+
+Status RouterHook::finish_io() {
+    if (!io_pending_) return Status::Ok();
+    io_pending_ = false;
+    return sink_->finish_pending();
+}
+
+Status RouterHook::end_graph() {
+    Status st = finish_io();
+    if (!st.ok() && error_.ok()) error_ = st;
+    return st;
+}
+
+// Ask mode while a layer's down reads are in flight: ask for the learned node feeding the down
+// matmul; at the down MUL_MAT_ID itself (its range has not computed yet: ask precedes
+// compute) wait for the reads right here and learn the feeding node for the next layers.
+bool RouterHook::ask_io(ggml_tensor * t) {
+    if (!pre_down_name_.empty() && pre_down_name_ == t->name) return true;
+    if (t->op != GGML_OP_MUL_MAT_ID || t->src[0] == nullptr ||
+        std::strstr(t->src[0]->name, "ffn_down_exps") == nullptr)
+        return false;
+    ++overlap_.waits_at_matmul;
+    if (!pre_down_kind_.empty()) {
+        // Learned, yet it did not arrive before the matmul: forget it (and stop learning
+        // after a few tries: the layer then simply waits here, without overlap).
+        MS_LOG_DEBUG("layer %u: '%s' did not arrive before the down matmul", io_il_,
+                     pre_down_name_.c_str());
+        pre_down_kind_.clear();
+        ++overlap_.relearns;
+    } else if (overlap_.relearns < kMaxRelearns && t->src[1] != nullptr) {
+        // The node feeding the matmul, named "<kind>-<il>".
+        const std::string in = t->src[1]->name;
+        const std::string suffix = "-" + std::to_string(io_il_);
+        if (in.size() > suffix.size() &&
+            in.compare(in.size() - suffix.size(), suffix.size(), suffix) == 0) {
+            pre_down_kind_ = in.substr(0, in.size() - suffix.size());
+            MS_LOG_DEBUG("down matmul input: '%s' (%s)", in.c_str(), ggml_op_name(t->src[1]->op));
+        }
+    }
+    Status st = finish_io();
+    if (!st.ok() && error_.ok()) error_ = st;  // the abort callback stops the graph
+    return false;
 }
 
 bool RouterHook::on_node(ggml_tensor * t) {
@@ -247,6 +314,22 @@ bool RouterHook::on_node(ggml_tensor * t) {
     }
     uint32_t il = 0;
     Status st;
+    if (io_pending_ && pre_down_name_ == t->name) {
+        ++overlap_.waits_at_input;
+        st = finish_io();
+        if (!st.ok()) {
+            error_ = st;
+            return false;  // skip the rest of the split: the down matmul must not run
+        }
+        return true;
+    }
+    if (io_pending_) {  // never expected: the previous layer's down matmul was not seen
+        st = finish_io();
+        if (!st.ok()) {
+            error_ = st;
+            return false;
+        }
+    }
     if (!parse_topk_name(t->name, &il)) {
         if (!pending_ || drop_state_.terminal[pending_routing_.layer] != t->name) {
             if (tracing()) trace_weights(t);
@@ -264,7 +347,8 @@ bool RouterHook::on_node(ggml_tensor * t) {
         }
         st = read_routing(t, il, n_expert_, &scratch_);
         ++routings_;
-        if (st.ok() && tracing()) tracer_->routing_start(il, scratch_.k, scratch_.n_rows, scratch_.ids.data());
+        if (st.ok() && tracing())
+            tracer_->routing_start(il, scratch_.k, scratch_.n_rows, scratch_.ids.data());
         if (st.ok()) {
             if (policy_applies() && il < drop_state_.terminal.size() &&
                 !drop_state_.terminal[il].empty()) {
@@ -274,7 +358,7 @@ bool RouterHook::on_node(ggml_tensor * t) {
                 std::swap(pending_routing_, scratch_);
                 return true;
             }
-            st = sink_->on_routing(scratch_);
+            st = route_to_sink(scratch_);
         }
     }
     if (!st.ok()) {

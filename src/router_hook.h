@@ -33,10 +33,10 @@ class RouteTracer;
 
 // The routing of one MoE layer for one ubatch.
 struct Routing {
-    uint32_t layer = 0;          // il, from the node name
-    int k = 0;                   // experts per row
-    int n_rows = 0;              // tokens routed (outputs only, on the last layer)
-    std::vector<int32_t> ids;    // [n_rows][k], row-major, in the router's rank order
+    uint32_t layer = 0;        // il, from the node name
+    int k = 0;                 // experts per row
+    int n_rows = 0;            // tokens routed (outputs only, on the last layer)
+    std::vector<int32_t> ids;  // [n_rows][k], row-major, in the router's rank order
 };
 
 // Parses "ffn_moe_topk-<il>". Returns false for any other name.
@@ -54,6 +54,10 @@ public:
     virtual bool is_resident(uint32_t il, int32_t e) const { return false; }
     // Bytes of one expert of graph layer il over all its projections.
     virtual uint64_t expert_bytes(uint32_t il) const { return 0; }
+    // Whether the last routing left reads in flight that only the down matmul needs; the hook
+    // then calls finish_pending() before that matmul runs (streamer.h, "Overlap").
+    virtual bool has_pending() const { return false; }
+    virtual Status finish_pending() { return Status::Ok(); }
 };
 
 // Deferred loading for --drop-cold-experts (docs/lossy-knobs.md). The drop decision needs
@@ -100,6 +104,16 @@ public:
         pending_ = false;
     }
     const DropCounters & drop_counters() const { return drop_; }
+    // Overlap of the down reads with the gate/up matmuls (streamer.h, "Overlap").
+    struct OverlapCounters {
+        uint64_t waits_at_input = 0;   // waited at the learned node feeding the down matmul
+        uint64_t waits_at_matmul = 0;  // waited in ask mode at the down matmul (no overlap)
+        int relearns = 0;              // the learned node failed to arrive
+    };
+    const OverlapCounters & overlap_counters() const { return overlap_; }
+    // Completes reads still in flight (the engine calls it after every llama_decode, before
+    // anything that could release their destinations). Also records a failure as error().
+    Status end_graph();
     const DropState & drop_state() const { return drop_state_; }
     // The learned terminal node of layer il with its "-<il>" suffix removed ("" if none).
     std::string terminal_kind(uint32_t il) const;
@@ -119,9 +133,14 @@ private:
     void learn_terminal(const ggml_tensor * weighted);
     Status load_pending_at_terminal(ggml_tensor * t);
     Status load_pending_unchanged();
-    bool policy_applies() const { return drop_cfg_.frac > 0 && (decode_phase_ || drop_cfg_.in_prefill); }
+    bool policy_applies() const {
+        return drop_cfg_.frac > 0 && (decode_phase_ || drop_cfg_.in_prefill);
+    }
 
     bool ask_bind(ggml_tensor * t);
+    bool ask_io(ggml_tensor * t);
+    Status route_to_sink(const Routing & r);  // on_routing + overlap bookkeeping
+    Status finish_io();
     bool tracing() const;
     void trace_weights(const ggml_tensor * t);
 
@@ -137,11 +156,18 @@ private:
     DropCounters drop_;
     DropState drop_state_;
     bool decode_phase_ = false;
-    bool pending_ = false;            // a routing waits for its terminal node
+    bool pending_ = false;  // a routing waits for its terminal node
     ggml_tensor * pending_topk_ = nullptr;
     Routing pending_routing_;
 
     RouteTracer * tracer_ = nullptr;  // --route-trace
+
+    // Overlap: a layer's down reads in flight; the learned node feeding its down matmul.
+    bool io_pending_ = false;
+    uint32_t io_il_ = 0;
+    std::string pre_down_kind_;  // e.g. "ffn_moe_swiglu" ("" = not learned)
+    std::string pre_down_name_;  // pre_down_kind_ + "-<il>" of the pending layer
+    OverlapCounters overlap_;
 };
 
 }  // namespace moestream

@@ -10,8 +10,8 @@
 
 namespace moestream {
 
-Streamer::Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes)
-    : index_(index), store_(store), lanes_(lanes) {
+Streamer::Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes, bool overlap)
+    : index_(index), store_(store), lanes_(lanes), overlap_(overlap && lanes->n_lanes() > 1) {
     uint32_t max_layer = index.n_layer;
     for (const auto & L : index.moe_layers) max_layer = std::max(max_layer, L.layer + 1);
     layer_to_moe_.assign(max_layer, -1);
@@ -20,17 +20,22 @@ Streamer::Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * l
     seen_.assign(index.n_expert, 0);
     // MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert> (env, read here; tests only): after the
     // reads of that layer, flip bytes of that expert's first-projection slice whenever it is
-    // routed ("<layer>:*": every routed expert of that layer). The gates' negative control: proves the byte-identity comparison can fail.
+    // routed ("<layer>:*": every routed expert of that layer). The gates' negative control: proves
+    // the byte-identity comparison can fail.
     if (const char * e = std::getenv("MOESTREAM_DEBUG_CORRUPT_EXPERT")) {
         int l = -1, x = -1;
         char star = 0;
-        if (std::sscanf(e, "%d:%c", &l, &star) == 2 && star == '*') x = kCorruptAll;
-        else std::sscanf(e, "%d:%d", &l, &x);
+        if (std::sscanf(e, "%d:%c", &l, &star) == 2 && star == '*')
+            x = kCorruptAll;
+        else
+            std::sscanf(e, "%d:%d", &l, &x);
         if (l >= 0 && (x >= 0 || x == kCorruptAll)) {
             corrupt_layer_ = l;
             corrupt_expert_ = x;
-            MS_LOG_WARN("MOESTREAM_DEBUG_CORRUPT_EXPERT=%s: corrupting expert %d of layer %d on "
-                        "purpose (test negative control)", e, x, l);
+            MS_LOG_WARN(
+                "MOESTREAM_DEBUG_CORRUPT_EXPERT=%s: corrupting expert %d of layer %d on "
+                "purpose (test negative control)",
+                e, x, l);
         }
     }
 }
@@ -60,6 +65,8 @@ uint64_t Streamer::expert_bytes(uint32_t il) const {
 }
 
 Status Streamer::on_routing(const Routing & r) {
+    Status st = finish_pending();  // (never pending here: the hook finishes every layer)
+    if (!st.ok()) return st;
     flush_abandon();
     const int slot = moe_slot(r.layer);
     if (slot < 0)
@@ -77,34 +84,63 @@ Status Streamer::on_routing(const Routing & r) {
     }
     for (uint32_t e : experts_) seen_[e] = 0;
 
-    const uint64_t demand = uint64_t(experts_.size()) * L.expert_bytes;
-    auto account = [&](StepCounters & c, const IoBatchStats & io, const StageStats & ss) {
-        c.bytes_read += io.bytes_read;
-        c.reads += io.reads;
-        c.io_s += io.seconds;
-        c.demand_bytes += demand;
-        c.layer_demand_bytes = std::max(c.layer_demand_bytes, demand);
-        c.lookups += ss.lookups;
-        c.hits += ss.hits;
-        c.misses += ss.misses;
-        c.routings += 1;
-    };
-
-    const bool trace = tracer_ && tracer_->active();
-    if (trace) {  // residency before the stage = hit or miss (routed experts are never evicted)
+    if (tracer_ && tracer_->active()) {
+        // Residency before the stage = hit or miss (routed experts are never evicted).
         was_resident_.resize(experts_.size());
         for (size_t i = 0; i < experts_.size(); ++i)
             was_resident_[i] = store_->is_resident(size_t(slot), experts_[i]) ? 1 : 0;
     }
     reads_.clear();
-    StageStats ss;
-    Status st = store_->stage(size_t(slot), experts_, &reads_, &ss);
+    pending_ss_ = StageStats{};
+    st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
     if (!st.ok()) return st;
-    IoBatchStats io;
-    st = lanes_->read_batch(reads_, &io);
-    account(step_, io, ss);
-    account(total_, io, ss);
-    if (trace) tracer_->on_stage(r.layer, experts_, was_resident_, io.bytes_read);
+    // Gate/up reads first: the early prefix the first matmuls need.
+    const auto late_begin =
+        overlap_ ? std::stable_partition(reads_.begin(), reads_.end(),
+                                         [](const ReadRequest & q) { return !q.late; })
+                 : reads_.end();
+    const size_t n_early = size_t(late_begin - reads_.begin());
+    pending_slot_ = slot;
+    pending_layer_ = r.layer;
+    pending_rows_ = r.n_rows;
+    pending_demand_ = uint64_t(experts_.size()) * L.expert_bytes;
+    pending_io_ = IoBatchStats{};
+    if (!reads_.empty()) {
+        lanes_->start(reads_, n_early);
+        st = lanes_->wait_prefix(&pending_io_);
+        if (!st.ok()) {  // the batch has stopped (no lane touches it): report and abandon
+            pending_err_ = st;
+            return finish_pending();
+        }
+    }
+    // Gate/up are in place: the negative control corrupts them before their matmul.
+    if (corrupt_layer_ >= 0 && uint32_t(corrupt_layer_) == r.layer) corrupt_for_test(slot);
+    if (n_early < reads_.size()) return Status::Ok();  // down reads continue meanwhile
+    return finish_pending();
+}
+
+Status Streamer::finish_pending() {
+    if (pending_slot_ < 0) return Status::Ok();
+    const int slot = pending_slot_;
+    const bool overlapped = lanes_->in_flight() && overlap_ && reads_.back().late;
+    Status st = pending_err_.ok() ? lanes_->finish(&pending_io_) : pending_err_;
+    pending_err_ = Status::Ok();
+    pending_slot_ = -1;
+    const IoBatchStats & io = pending_io_;
+    const StageStats & ss = pending_ss_;
+    for (StepCounters * c : {&step_, &total_}) {
+        c->bytes_read += io.bytes_read;
+        c->reads += io.reads;
+        c->io_s += io.seconds;
+        c->demand_bytes += pending_demand_;
+        c->layer_demand_bytes = std::max(c->layer_demand_bytes, pending_demand_);
+        c->lookups += ss.lookups;
+        c->hits += ss.hits;
+        c->misses += ss.misses;
+        c->routings += 1;
+    }
+    if (tracer_ && tracer_->active())
+        tracer_->on_stage(pending_layer_, experts_, was_resident_, io.bytes_read);
     if (!st.ok()) {
         // The failed slices were zero-filled and their memory stays committed until the graph
         // is gone: a matmul already scheduled reads zeros, never released pages. They stop
@@ -112,12 +148,14 @@ Status Streamer::on_routing(const Routing & r) {
         abandon_slot_ = slot;
         return st;
     }
-    if (corrupt_layer_ >= 0 && uint32_t(corrupt_layer_) == r.layer) corrupt_for_test(slot);
     st = store_->verify_resident(size_t(slot), experts_);  // no-op unless --cache-debug
     if (!st.ok()) return st;
-    MS_LOG_DEBUG("layer %u: %zu distinct experts over %d row(s), %zu reads, %llu bytes",
-                 r.layer, experts_.size(), r.n_rows, reads_.size(),
-                 (unsigned long long)io.bytes_read);
+    MS_LOG_DEBUG(
+        "layer %u: %zu distinct experts over %d row(s), %zu reads (%llu in place), "
+        "%llu bytes, %.2f ms blocked%s",
+        pending_layer_, experts_.size(), pending_rows_, reads_.size(),
+        (unsigned long long)io.direct_reads, (unsigned long long)io.bytes_read, io.seconds * 1e3,
+        overlapped ? " (down overlapped)" : "");
     return Status::Ok();
 }
 

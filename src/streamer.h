@@ -5,6 +5,14 @@
 // which of them need a read, and reads those slices over the I/O lanes into their canonical
 // offsets before returning — i.e. before the layer's expert matmul runs.
 //
+// Overlap (on unless --no-io-overlap, --cache-debug or a single lane): the down projection
+// is needed only by the layer's last expert matmul. So on_routing() orders the reads gate/up
+// first, returns once those are done and leaves the down reads in flight on the worker lanes
+// while gate/up compute; finish_pending() waits for them. The router hook calls it at the
+// node feeding the down matmul (learned from the graph) or, failing that, in ask mode at the
+// down MUL_MAT_ID itself — always before that matmul runs. Nothing stays pending across
+// graphs: the engine calls finish_pending() after every llama_decode.
+//
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest
 // layer's routed bytes). See docs/metrics.md.
@@ -32,14 +40,17 @@ struct StepCounters {
     uint64_t demand_bytes = 0;        // distinct routed expert bytes, summed over layers
     uint64_t layer_demand_bytes = 0;  // max over layers
     uint64_t lookups = 0, hits = 0, misses = 0;
-    uint64_t routings = 0;            // layers routed
+    uint64_t routings = 0;  // layers routed
 };
 
 class Streamer final : public RouteSink {
 public:
-    Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes);
+    Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes,
+             bool overlap = false);
 
     Status on_routing(const Routing & r) override;
+    bool has_pending() const override { return pending_slot_ >= 0; }
+    Status finish_pending() override;
     bool is_resident(uint32_t il, int32_t e) const override;
     uint64_t expert_bytes(uint32_t il) const override;
 
@@ -66,13 +77,22 @@ private:
     ResidencyStore * store_;
     IoLanes * lanes_;
     std::vector<int> layer_to_moe_;
-    std::vector<uint8_t> seen_;        // per expert, scratch for the distinct set
-    std::vector<uint32_t> experts_;    // distinct routed experts, scratch
-    std::vector<ReadRequest> reads_;   // scratch
+    std::vector<uint8_t> seen_;       // per expert, scratch for the distinct set
+    std::vector<uint32_t> experts_;   // distinct routed experts, scratch
+    std::vector<ReadRequest> reads_;  // scratch
     RouteTracer * tracer_ = nullptr;
     std::vector<uint8_t> was_resident_;  // per staged expert, scratch (tracing only)
     StepCounters step_, total_;
     int abandon_slot_ = -1;  // a failed stage to abandon once no graph can read it
+    bool overlap_ = false;
+    // The stage whose late reads are in flight (-1: none), with what its accounting needs.
+    int pending_slot_ = -1;
+    uint32_t pending_layer_ = 0;
+    int pending_rows_ = 0;
+    uint64_t pending_demand_ = 0;
+    StageStats pending_ss_;
+    IoBatchStats pending_io_;
+    Status pending_err_;  // the early wait's failure (the batch is already finished)
     static constexpr int kCorruptAll = -2;
     int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
 };

@@ -94,7 +94,10 @@ TraceHeader header_of(const ModelIndex & idx, uint32_t k, uint64_t budget) {
     for (const MoeLayer & L : idx.moe_layers) {
         TraceLayerShape s;
         s.layer = L.layer;
-        for (const ExpertTensor & et : L.tensors) s.slice_bytes.push_back(et.slice_bytes);
+        for (const ExpertTensor & et : L.tensors) {
+            s.slice_bytes.push_back(et.slice_bytes);
+            s.phase_bytes.push_back(et.file_offset % kPage);  // where the cache places it
+        }
         s.expert_bytes = L.expert_bytes;
         h.moe_layers.push_back(s);
     }

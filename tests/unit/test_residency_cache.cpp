@@ -138,10 +138,12 @@ uint64_t rss_anon_bytes() {
 uint64_t union_page_bytes(const ModelIndex & idx, size_t moe, const std::vector<uint32_t> & es) {
     uint64_t total = 0;
     for (const ExpertTensor & et : idx.moe_layers[moe].tensors) {
+        // The store places each tensor at its file offset's phase within a page.
+        const uint64_t phase = et.file_offset % kPage;
         std::set<uint64_t> pages;
         for (uint32_t e : es)
-            for (uint64_t b = uint64_t(e) * et.slice_bytes; b < uint64_t(e + 1) * et.slice_bytes;
-                 b += 1)
+            for (uint64_t b = phase + uint64_t(e) * et.slice_bytes;
+                 b < phase + uint64_t(e + 1) * et.slice_bytes; b += 1)
                 pages.insert(b / kPage);
         total += pages.size() * kPage;
     }
@@ -415,9 +417,15 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping) {
     EXPECT_TRUE(s->verify_resident(0, {b}).ok());
     for (size_t t = 0; t < 3; ++t) {
         const uint64_t slice = idx.moe_layers[0].tensors[t].slice_bytes;
-        const uint8_t * base = s->tensor_base(0, t);
-        EXPECT_FALSE(page_in_core(base + uint64_t(a) * slice));  // a's own first page: freed
-        EXPECT_TRUE(page_in_core(base + uint64_t(b) * slice));   // shared with b: kept
+        const uint8_t * base = s->tensor_base(0, t);  // page phase of the file offset
+        const uint8_t * a_first = base + uint64_t(a) * slice;
+        const uint8_t * a_last = a_first + slice - 1;
+        const uint8_t * b_first = base + uint64_t(b) * slice;
+        auto page = [](const uint8_t * p) { return reinterpret_cast<uintptr_t>(p) / kPage; };
+        // a's pages not shared with b (b precedes far by many slices) are freed; b's kept.
+        if (page(a_first) != page(b_first)) EXPECT_FALSE(page_in_core(a_first));
+        EXPECT_TRUE(page(a_last) == page(b_first));  // the layouts make a and b share a page
+        EXPECT_TRUE(page_in_core(b_first));
     }
 
     // Re-reading a next to b (poison on) must not clobber b's bytes on the shared page: b is

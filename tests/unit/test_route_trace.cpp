@@ -58,6 +58,7 @@ TraceHeader shape_header(uint32_t n_moe, uint32_t n_expert, uint32_t k, uint64_t
         TraceLayerShape s;
         s.layer = l;
         s.slice_bytes = {slice, slice, slice + 4096};
+        s.phase_bytes = {0, 32, 4064};
         s.expert_bytes = 3 * slice + 4096;
         h.moe_layers.push_back(s);
     }
@@ -110,6 +111,7 @@ TEST(RouteTraceFormat, RoundTripsEveryField) {
     EXPECT_EQ(t.header.settings_json, h.settings_json);
     ASSERT_EQ(t.header.moe_layers.size(), 3u);
     EXPECT_EQ(t.header.moe_layers[1].slice_bytes, (std::vector<uint64_t>{10000, 10000, 14096}));
+    EXPECT_EQ(t.header.moe_layers[1].phase_bytes, (std::vector<uint64_t>{0, 32, 4064}));
     EXPECT_EQ(t.header.moe_layers[1].expert_bytes, 34096u);
     ASSERT_EQ(t.routings.size(), 3u + 5u * 3u);
     // Prefill records: 3 rows, weights unknown, no flags.
@@ -133,7 +135,7 @@ TEST(RouteTraceFormat, RoundTripsEveryField) {
     EXPECT_EQ(t.flags[r.first_slot + 0], 0);  // tok 2: staged as not resident
     EXPECT_EQ(t.flags[t.routings[3 + 3 + 1].first_slot], kSlotResident);  // tok 1: resident
     // Size: exactly the format's arithmetic.
-    uint64_t header = 8 + 4 * 6 + 8 + 8 + 8 + 4 + 3 * (8 + 3 * 8) + 4 + h.settings_json.size();
+    uint64_t header = 8 + 4 * 6 + 8 + 8 + 8 + 4 + 3 * (8 + 3 * 8 + 3 * 8) + 4 + h.settings_json.size();
     uint64_t body = t.routings.size() * 28 + t.expert.size() * 8 + 20;
     EXPECT_EQ(t.file_bytes, header + body);
     std::remove(path.c_str());

@@ -4,7 +4,8 @@
 // multi-token prefill, 32 greedy tokens:
 //   token ids AND every step's logits (FNV hash) AND the final logits (raw bytes) identical
 //   between (a) --no-stream (llama.cpp's own loading, all resident), (b) streaming with
-//   O_DIRECT, (c) streaming with buffered reads, (d) --io-threads 1 and 4, (f) the LRU cache
+//   O_DIRECT, (c) streaming with buffered reads, (d) --io-threads 1 and 4, the read path without
+//   overlap (--no-io-overlap) and through bounce buffers (--io-copy), (f) the LRU cache
 //   with a budget holding everything, with a 1 MiB budget that evicts on every token (poison
 //   and residency checks on), and cache off, and the default (auto);
 //   and generated text identical to (e) Debian's llama-completion run greedily (the tiny
@@ -110,6 +111,8 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                         "--cache-mb 0 --no-odirect",
                         "--cache-mb 0 --io-threads 1",
                         "--cache-mb 0 --io-threads 4",
+                        "--cache-mb 0 --no-io-overlap",                // every read before gate/up
+                        "--cache-mb 0 --io-copy --no-io-overlap",      // bounce buffer + copy
                         "--cache-mb 1000000",                         // everything fits
                         "--cache-mb 1 --force-cache --cache-debug"};  // evicts on every token
         for (const std::string & flags : variants) {
@@ -121,6 +124,14 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
             EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
             EXPECT_GT(s.stats["flash_bytes_read"].get<uint64_t>(), 0u);
+            // The default read path really overlapped the down reads with gate/up, so the
+            // identity above covers it (off with one lane, --no-io-overlap, --cache-debug).
+            const bool overlap = flags.find("no-io-overlap") == std::string::npos &&
+                                 flags.find("io-threads 1") == std::string::npos &&
+                                 flags.find("cache-debug") == std::string::npos;
+            EXPECT_EQ(s.stats["settings"]["io_overlap"].get<bool>(), overlap);
+            if (overlap)
+                EXPECT_GT(s.stats["settings"]["io_overlap_waits_at_input"].get<uint64_t>(), 0u);
         }
         // llama-completion's printed tail is occasionally one piece short, intermittently
         // (cause not established; our own output is deterministic): up to 3 attempts, the last failure reported.

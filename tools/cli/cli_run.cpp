@@ -200,6 +200,12 @@ void add_run_command(CLI::App & app, Action * action) {
         ->check(CLI::Range(1, 64));
     sub->add_flag("--no-odirect", [f](int64_t) { f->opt.odirect = false; },
                   "buffered reads instead of O_DIRECT");
+    sub->add_flag("--no-io-overlap", [f](int64_t) { f->opt.io_overlap = false; },
+                  "wait for every read of a layer before its first expert matmul (default: "
+                  "the down-projection reads overlap the gate/up matmuls)");
+    sub->add_flag("--io-copy", [f](int64_t) { f->opt.io_in_place = false; },
+                  "read through a bounce buffer and copy (default: O_DIRECT straight into "
+                  "the expert's place); for A/B benchmarks");
     sub->add_option_function<std::string>(
            "--cache-mb",
            [f](const std::string & v) {
