@@ -35,6 +35,7 @@ VARIABLES: dict[str, Any] = {
     "mem_cap": "none",          # memory cap incl. page cache: "none" | "8GiB" | bytes
     "start": "cold",            # cold: model file evicted + caches dropped before the run
     "extra_args": [],           # escape hatch: extra CLI arguments (counts as a variable)
+    "route_trace": False,       # moestream --route-trace <run prefix>.trace (kept in raw/)
 }
 
 MOESTREAM_LOADERS = {"stream", "resident"}
@@ -44,7 +45,7 @@ LOADERS = MOESTREAM_LOADERS | LLAMA_COMPLETION_LOADERS | LLAMA_BENCH_LOADERS
 
 _COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args"}
 APPLIES: dict[str, set[str]] = {
-    "stream": _COMMON | {"io_threads", "odirect", "cache_mb", "force_cache", "drop_cold"},
+    "stream": _COMMON | {"io_threads", "odirect", "cache_mb", "force_cache", "drop_cold", "route_trace"},
     "resident": set(_COMMON),
     "llama-mmap": set(_COMMON),
     "llama-dio": set(_COMMON),
@@ -55,7 +56,8 @@ APPLIES: dict[str, set[str]] = {
 # neutral value there (cache off, lossless, O_DIRECT); any other value counts as a change.
 # io_threads has no neutral value: comparing a streaming cell with a non-streaming one
 # is a comparison of loaders, whatever the lanes.
-NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True}
+NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
+           "route_trace": False}
 
 EXPERIMENT_KEYS = {
     "name", "title", "description", "model", "arch", "type", "seed", "prompt", "tokens",
@@ -138,7 +140,7 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad(f"one of {sorted(LOADERS)}")
     if var in ("threads", "io_threads") and not (isinstance(v, int) and v >= 1):
         raise bad("a positive integer")
-    if var in ("odirect", "force_cache") and not isinstance(v, bool):
+    if var in ("odirect", "force_cache", "route_trace") and not isinstance(v, bool):
         raise bad("true or false")
     if var == "cache_mb" and not (v in ("off", "auto", "all-experts") or (isinstance(v, int) and v >= 0)):
         raise bad('"off", "auto", "all-experts" or MiB')

@@ -80,6 +80,9 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
         if p["drop_cold"] is not None:
             a += ["--drop-cold-experts", str(p["drop_cold"])]
             need.append("--drop-cold-experts")
+        if p["route_trace"]:
+            a += ["--route-trace", out_prefix + ".trace"]
+            need.append("--route-trace")
     if p["n_expert_used"] is not None:
         a += ["--n-expert-used", str(p["n_expert_used"])]
         need.append("--n-expert-used")
