@@ -302,7 +302,11 @@ bool RouterHook::ask_io(ggml_tensor * t) {
         }
     }
     Status st = finish_io();
-    if (!st.ok() && error_.ok()) error_ = st;  // the abort callback stops the graph
+    if (!st.ok()) {
+        MS_LOG_DEBUG("layer %u: reads in flight failed, stopping at the down matmul: %s", io_il_,
+                     st.message().c_str());
+        if (error_.ok()) error_ = st;  // the abort callback stops the graph
+    }
     return false;
 }
 
@@ -318,6 +322,8 @@ bool RouterHook::on_node(ggml_tensor * t) {
         ++overlap_.waits_at_input;
         st = finish_io();
         if (!st.ok()) {
+            MS_LOG_DEBUG("layer %u: reads in flight failed, stopping before the down matmul: %s",
+                         io_il_, st.message().c_str());
             error_ = st;
             return false;  // skip the rest of the split: the down matmul must not run
         }

@@ -33,8 +33,10 @@ Out generate(Engine & e, const char * prompt = "Once upon a time") {
 
 std::unique_ptr<Engine> open_engine(const std::string & model, const char * fault, int64_t cache_mb,
                                     bool odirect) {
-    if (fault) setenv("MOESTREAM_DEBUG_IO_FAULT", fault, 1);
-    else unsetenv("MOESTREAM_DEBUG_IO_FAULT");
+    if (fault)
+        setenv("MOESTREAM_DEBUG_IO_FAULT", fault, 1);
+    else
+        unsetenv("MOESTREAM_DEBUG_IO_FAULT");
     RunOptions o;
     o.model_path = model;
     o.n_threads = 1;
@@ -89,6 +91,44 @@ TEST(IoFaults, EioStopsWithFileOffsetErrnoAndPoisonsNothing) {
         EXPECT_EQ(again.g.tokens, r.g.tokens);
         EXPECT_EQ(again.sha, r.sha);
     }
+}
+
+// With the cache off the down reads stay in flight while gate/up compute (streamer.h,
+// "Overlap"); a failure can then surface at the topk (a gate/up read) or only at the node
+// feeding the down matmul (a down read). Twelve consecutive read calls cover both kinds in
+// every layer (4 experts x 3 projections): each must stop generation, and the next
+// generation of the same engine must match the fault-free one.
+TEST(IoFaults, EioOnEarlyAndLateReadsWithOverlap) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    auto ref = open_engine(model, nullptr, 0, true);
+    ASSERT_NE(ref->settings_json().find("\"io_overlap\":true"), std::string::npos)
+        << ref->settings_json();
+    Out r = generate(*ref);
+    ASSERT_TRUE(r.st.ok());
+    // Read calls before the third decoded token (the routing is deterministic, so a faulty
+    // engine issues the same calls): faults from there on hit decode layers, whose input node
+    // of the down matmul is learned.
+    const RunStats & rs = ref->stats();
+    ASSERT_GE(rs.tokens.size(), 3u);
+    uint64_t first = rs.flash_reads;
+    for (const TokenStats & t : rs.tokens) first -= t.flash_reads;
+    first += rs.tokens[0].flash_reads + rs.tokens[1].flash_reads;
+    int at_input = 0;
+    for (int n = int(first) + 1; n <= int(first) + 12; ++n) {
+        SCOPED_TRACE("eio-once:" + std::to_string(n));
+        const std::string spec = "eio-once:" + std::to_string(n);
+        auto e = open_engine(model, spec.c_str(), 0, true);
+        Out bad = generate(*e);
+        ASSERT_FALSE(bad.st.ok());
+        EXPECT_NE(bad.st.message().find("errno 5"), std::string::npos) << bad.st.message();
+        if (e->settings_json().find("\"io_overlap_waits_at_input\":0") == std::string::npos)
+            ++at_input;
+        Out again = generate(*e);
+        ASSERT_TRUE(again.st.ok()) << again.st.message();
+        EXPECT_EQ(again.g.tokens, r.g.tokens);
+        EXPECT_EQ(again.sha, r.sha);
+    }
+    EXPECT_EQ(at_input, 12);  // every faulty run got as far as overlapped decode layers
 }
 
 TEST(IoFaults, PersistentEioNeverProducesText) {
