@@ -503,9 +503,19 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         s["model_page_cache_bytes_before"] = [r.get("model_page_cache_bytes_before") for r in runs]
         s["short_runs"] = [r["short"] for r in ok if r.get("short")]
         cells[name] = s
+    base_of = {c["name"]: c["baseline"] for c in exp["cells"]}
     for c in exp["cells"]:
         if c["baseline"]:
             cells[c["name"]]["ratio_to_baseline"] = stats.public(stats.ratio(boots[c["name"]], boots[c["baseline"]]))
+            # A chain of one-variable steps (A vs B vs C): also A against the chain's root, from
+            # the same per-token resamples (e.g. streaming with every expert cached vs --no-stream).
+            chain = [c["name"], c["baseline"]]
+            while base_of.get(chain[-1]) and chain[-1] not in chain[:-1]:
+                chain.append(base_of[chain[-1]])
+            if len(chain) > 2:
+                cells[c["name"]]["ratio_to_root"] = {
+                    "root": chain[-1], "via": chain[1:-1],
+                    **(stats.public(stats.ratio(boots[c["name"]], boots[chain[-1]])) or {})}
     fio: dict[str, Any] = {}
     for r in res["runs"]:
         if "fio" in r and r.get("status") == "ok":

@@ -252,6 +252,11 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
                          "on the run length")
         for sh in s.get("short_runs", []):
             notes.append(f"`{c['name']}`: {sh}")
+        rr = s.get("ratio_to_root")
+        if rr and rr.get("value") is not None:
+            via = " vs ".join(f"`{v}`" for v in rr["via"])
+            notes.append(f"`{c['name']}` vs `{rr['root']}` (two or more one-variable steps, via {via}): "
+                         f"{_ci(rr)}× decode tok/s (same per-token bootstrap)")
         if c.get("note"):
             notes.append(f"`{c['name']}`: {c['note']}")
     notes += exp.get("notes", [])
