@@ -374,19 +374,7 @@ public:
 
             double ts = now_s();
             Status st = decode(llama_batch_get_one(&tok, 1), true);
-            TokenStats t;
-            t.token = tok;
-            t.decode_s = now_s() - ts;
-            if (streamer_) {
-                const StepCounters & c = streamer_->step();
-                t.io_s = c.io_s;
-                t.flash_bytes_read = c.bytes_read;
-                t.flash_reads = c.reads;
-                t.token_demand_bytes = c.demand_bytes;
-                t.layer_demand_bytes = c.layer_demand_bytes;
-                t.cache_hits = c.hits;
-                t.cache_misses = c.misses;
-            }
+            TokenStats t = step_stats(tok, now_s() - ts);
             if (!st.ok()) return st;
             decode_s += t.decode_s;
             dec_bytes += t.flash_bytes_read;
@@ -473,7 +461,92 @@ public:
         return j.dump();
     }
 
+    Status tokenize(const std::string & text, std::vector<int32_t> * out) const override {
+        const llama_vocab * vocab = llama_model_get_vocab(lm_.model);
+        if (text.size() > size_t(INT32_MAX) / 2) return Status::BadInput("text too long to tokenize");
+        out->assign(text.size() + 16, 0);
+        int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out->data(),
+                               int32_t(out->size()), true, false);
+        if (n < 0) {
+            out->assign(size_t(-n), 0);
+            n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out->data(),
+                               int32_t(out->size()), true, false);
+        }
+        if (n < 0) return Status::BadInput("the text could not be tokenized");
+        out->resize(size_t(n));
+        return Status::Ok();
+    }
+
+    int n_vocab() const override { return llama_vocab_n_tokens(llama_model_get_vocab(lm_.model)); }
+
+    Status score(const std::vector<int32_t> & tokens,
+                 const std::function<Status(size_t, const float *)> & on_logits) override {
+        if (tokens.size() < 2) return Status::BadInput("scoring needs at least two tokens");
+        if (tokens.size() > size_t(opt_.n_ctx))
+            return Status::Usage(std::to_string(tokens.size()) + " tokens exceed the context (-c " +
+                                 std::to_string(opt_.n_ctx) + ")");
+        const int nv = n_vocab();
+        for (int32_t t : tokens)
+            if (t < 0 || t >= nv)
+                return Status::BadInput("token id " + std::to_string(t) + " outside the vocabulary");
+        if (streamer_) {
+            Status st = check_file_unchanged(index_);
+            if (!st.ok()) return st;
+        }
+        llama_memory_clear(llama_get_memory(ctx_), true);
+        trace_pos_ = 0;
+        RunStats & s = stats_;
+        s.tokens.clear();
+        s.n_prompt = 0;
+        s.n_generated = 0;
+        double decode_s = 0;
+        uint64_t bytes = 0;
+        for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+            llama_token tok = tokens[i];
+            const double ts = now_s();
+            Status st = decode(llama_batch_get_one(&tok, 1), true);
+            if (!st.ok()) return st;
+            TokenStats t = step_stats(tokens[i + 1], now_s() - ts);
+            decode_s += t.decode_s;
+            bytes += t.flash_bytes_read;
+            s.tokens.push_back(t);
+            s.n_generated++;
+            st = on_logits(i, llama_get_logits_ith(ctx_, -1));
+            if (!st.ok()) return st;
+        }
+        s.decode_s = decode_s;
+        s.decode_tok_s = decode_s > 0 ? double(s.tokens.size()) / decode_s : 0;
+        s.bytes_per_token = double(bytes) / double(s.tokens.size());
+        s.peak_rss_bytes = peak_rss_bytes();
+        if (streamer_) {
+            const StepCounters & tot = streamer_->total();
+            s.cache_lookups = tot.lookups;
+            s.cache_hits = tot.hits;
+            s.cache_misses = tot.misses;
+            s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
+        }
+        return Status::Ok();
+    }
+
 private:
+    // The per-token figures of the decode step that just ran (streaming counters, if any).
+    TokenStats step_stats(int32_t token, double decode_s) const {
+        TokenStats t;
+        t.token = token;
+        t.decode_s = decode_s;
+        if (streamer_) {
+            const StepCounters & c = streamer_->step();
+            t.io_s = c.io_s;
+            t.flash_bytes_read = c.bytes_read;
+            t.flash_reads = c.reads;
+            t.token_demand_bytes = c.demand_bytes;
+            t.layer_demand_bytes = c.layer_demand_bytes;
+            t.cache_hits = c.hits;
+            t.cache_misses = c.misses;
+        }
+        return t;
+    }
+
     RunOptions opt_;
     ModelIndex index_;
     LoadedModel lm_;

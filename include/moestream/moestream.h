@@ -131,6 +131,17 @@ public:
     // True when an opt-in lossy knob changes the output vs the all-resident model.
     virtual bool lossy() const = 0;
     virtual std::string settings_json() const = 0;  // resolved configuration, JSON object
+
+    // --- Scoring a text (moestream eval, docs/eval.md) ---
+    // The model's tokens for `text`, with the model's start token when it uses one.
+    virtual Status tokenize(const std::string & text, std::vector<int32_t> * out) const = 0;
+    virtual int n_vocab() const = 0;
+    // Decodes `tokens` one at a time from an empty context (single-token decodes: the way
+    // streaming runs, with the decode-phase policies) and hands the logits after each token to
+    // on_logits(i, logits): they predict tokens[i + 1], for i = 0 .. size - 2. A non-ok Status
+    // from on_logits stops and is returned. stats() then describes these decodes.
+    virtual Status score(const std::vector<int32_t> & tokens,
+                         const std::function<Status(size_t, const float *)> & on_logits) = 0;
 };
 
 }  // namespace moestream

@@ -16,6 +16,7 @@ void add_run_command(CLI::App & app, Action * action);
 void add_inspect_command(CLI::App & app, Action * action);
 void add_synth_command(CLI::App & app, Action * action);
 void add_replay_command(CLI::App & app, Action * action);
+void add_eval_command(CLI::App & app, Action * action);
 
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);

@@ -1,0 +1,114 @@
+// test_eval_cli.cpp — `moestream eval` end to end on a tiny synth model:
+//  - a lossless configuration against the reference: KL exactly 0, top-1 100 %, equal
+//    perplexity (the reference pipeline and the scored run see the same logits);
+//  - the negative control: --n-expert-used 1 must show KL > 0 and top-1 < 100 %;
+//  - --save-ref / --ref reproduce the computed-reference numbers exactly;
+//  - bad input: a reference for another text, an empty or missing text, a one-token text.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+using nlohmann::json;
+using namespace moestream::test;
+
+namespace {
+
+const char * kText =
+    "Mixture-of-Experts models route every token to a few experts. moestream reads only those "
+    "experts from flash, so the model does not have to fit in memory, and the output stays the "
+    "same as with everything resident.";
+
+std::string write_text(const std::string & name, const std::string & body) {
+    const std::string p = models_dir() + "/" + name + "-" + std::to_string(getpid()) + ".txt";
+    std::ofstream(p, std::ios::binary) << body;
+    return p;
+}
+
+CmdResult eval(const std::string & args) {
+    return run_cmd(sh_quote(cli_bin()) + " eval -t 1 --max-tokens 64 --bootstrap 200 " + args);
+}
+
+json eval_json(const std::string & args) {
+    CmdResult r = eval(args + " --json");
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+    return r.exit_code == 0 ? json::parse(r.out) : json();
+}
+
+}  // namespace
+
+TEST(EvalCli, LosslessMatchesTheReferenceAndLossyDoesNot) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string text = write_text("eval", kText);
+    const json same =
+        eval_json("-m " + sh_quote(model) + " -f " + sh_quote(text) + " --cache-mb 0");
+    ASSERT_FALSE(same.is_null());
+    EXPECT_FALSE(same["lossy"].get<bool>());
+    EXPECT_EQ(same["positions"].get<int>(), 63);
+    EXPECT_EQ(same["mean_kl_nats"]["value"].get<double>(), 0.0);
+    EXPECT_EQ(same["top1_agreement_pct"]["value"].get<double>(), 100.0);
+    EXPECT_EQ(same["perplexity"]["value"].get<double>(),
+              same["perplexity_reference"]["value"].get<double>());
+    EXPECT_GT(same["perplexity"]["value"].get<double>(), 1.0);
+
+    const json lossy = eval_json("-m " + sh_quote(model) + " -f " + sh_quote(text) +
+                                 " --cache-mb 0 --n-expert-used 1");
+    ASSERT_FALSE(lossy.is_null());
+    EXPECT_TRUE(lossy["lossy"].get<bool>());
+    EXPECT_GT(lossy["mean_kl_nats"]["lo"].get<double>(), 0.0);
+    EXPECT_LT(lossy["top1_agreement_pct"]["value"].get<double>(), 100.0);
+    // The reference is the same in both: lossless, whatever the configured run's knobs.
+    EXPECT_EQ(lossy["perplexity_reference"]["value"].get<double>(),
+              same["perplexity_reference"]["value"].get<double>());
+    std::remove(text.c_str());
+}
+
+TEST(EvalCli, SavedReferenceReproducesTheNumbers) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string text = write_text("eval-ref", kText);
+    const std::string ref = text + ".ref";
+    const std::string base =
+        "-m " + sh_quote(model) + " -f " + sh_quote(text) + " --cache-mb 0 --n-expert-used 2";
+    const json a = eval_json(base + " --save-ref " + sh_quote(ref));
+    const json b = eval_json(base + " --ref " + sh_quote(ref));
+    ASSERT_FALSE(a.is_null());
+    ASSERT_FALSE(b.is_null());
+    for (const char * k :
+         {"perplexity", "perplexity_reference", "mean_kl_nats", "top1_agreement_pct"})
+        EXPECT_EQ(a[k], b[k]) << k;
+
+    // The same reference against another text is refused, naming the file.
+    const std::string other = write_text("eval-other", std::string("Another text: ") + kText);
+    CmdResult r = eval("-m " + sh_quote(model) + " -f " + sh_quote(other) + " --cache-mb 0 --ref " +
+                       sh_quote(ref));
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find(ref), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("offset"), std::string::npos) << r.err;
+    for (const std::string & p : {text, ref, other}) std::remove(p.c_str());
+}
+
+TEST(EvalCli, BadTextIsOneClearError) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string empty = write_text("eval-empty", "");
+    const std::string one = write_text("eval-one", "x");
+    struct Case {
+        std::string file;
+        const char * expect;
+    };
+    const Case cases[] = {
+        {empty, "the text file is empty"},
+        {models_dir() + "/no-such-text.txt", "cannot read the text file"},
+        {one, "scoring needs at least two"},
+    };
+    for (const Case & c : cases) {
+        CmdResult r = eval("-m " + sh_quote(model) + " -f " + sh_quote(c.file) + " --cache-mb 0");
+        EXPECT_EQ(r.exit_code, 3) << c.file << "\n" << r.err;
+        EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find(c.file), std::string::npos) << r.err;
+    }
+    std::remove(empty.c_str());
+    std::remove(one.c_str());
+}

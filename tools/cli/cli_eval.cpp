@@ -1,0 +1,244 @@
+// `moestream eval` — how much quality a configured run gives up against a lossless
+// reference run of the same model over the same text (docs/eval.md): perplexity, mean
+// KL(ref || run) of the next-token distributions and top-1 agreement, each with a bootstrap
+// 95% interval. Both runs decode the text one token at a time (the way streaming runs).
+//
+// The reference is the same model with the lossy knobs off (--n-expert-used, --drop-cold-*
+// cleared; every lossless configuration gives the same logits, the gates prove it), computed
+// first and kept in a temporary reference file, or read from --ref FILE (written earlier
+// with --save-ref FILE), so large vocabularies never sit in RAM twice.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli.h"
+#include "eval.h"
+#include "gguf_index.h"
+#include "moestream/moestream.h"
+
+namespace moestream::cli {
+namespace {
+
+struct EvalFlags {
+    RunOptions opt;
+    std::string text_file;
+    int max_tokens = 512;
+    std::string save_ref, ref;
+    bool json = false;
+    int bootstrap = 1000;
+    int verbose = 0;
+};
+
+int fail(const Status & st) {
+    std::fprintf(stderr, "moestream: error: %s\n", st.message().c_str());
+    return st.exit_code();
+}
+
+Status read_text(const std::string & path, std::string * out) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::BadInput(path + ": cannot read the text file");
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    *out = ss.str();
+    if (out->empty()) return Status::BadInput(path + ": the text file is empty");
+    if (out->find('\0') != std::string::npos)
+        return Status::BadInput(path + ": the text file contains NUL bytes (binary?)");
+    return Status::Ok();
+}
+
+nlohmann::json interval_json(const Interval & iv) {
+    return {{"value", iv.value}, {"lo", iv.lo}, {"hi", iv.hi}};
+}
+
+int do_eval(EvalFlags & f) {
+    apply_verbosity(f.verbose);
+    std::string text;
+    Status st = read_text(f.text_file, &text);
+    if (!st.ok()) return fail(st);
+    uint64_t model_bytes = 0;
+    {
+        ModelIndex idx;  // validates the file before llama.cpp sees it, and gives its size
+        st = load_model_index(f.opt.model_path, &idx);
+        if (!st.ok()) return fail(st);
+        model_bytes = idx.file_size;
+    }
+
+    RunOptions ref_opt = f.opt;  // the same model and residency, lossy knobs off
+    ref_opt.n_expert_used = 0;
+    ref_opt.drop_cold = 0;
+    ref_opt.drop_in_prefill = ref_opt.drop_renorm = false;
+    ref_opt.route_trace.clear();
+
+    // One engine at a time (a model that barely fits must not be loaded twice).
+    std::vector<int32_t> toks;
+    int nv = 0;
+    auto tokenize_with = [&](Engine & e) -> Status {
+        Status s = e.tokenize(text, &toks);
+        if (!s.ok()) return s;
+        if (toks.size() > size_t(f.max_tokens)) toks.resize(size_t(f.max_tokens));
+        if (toks.size() < 2)
+            return Status::BadInput(f.text_file + ": the text is " + std::to_string(toks.size()) +
+                                    " token(s); scoring needs at least two");
+        nv = e.n_vocab();
+        return Status::Ok();
+    };
+
+    // 1) The reference logits: from --ref, or a lossless run written to a reference file.
+    std::string ref_path = f.ref;
+    std::string tmp_ref;
+    nlohmann::json ref_info;
+    if (ref_path.empty()) {
+        ref_path = f.save_ref.empty() ? (f.text_file + ".moestream-ref." + std::to_string(getpid()))
+                                      : f.save_ref;
+        if (f.save_ref.empty()) tmp_ref = ref_path;
+        std::unique_ptr<Engine> ref;
+        st = Engine::open(ref_opt, &ref);
+        if (!st.ok()) return fail(st);
+        if (ref->lossy()) return fail(Status::Runtime("internal: the reference run is lossy"));
+        st = tokenize_with(*ref);
+        if (!st.ok()) return fail(st);
+        RefLogitsFile w;
+        st = w.create(ref_path, nv, uint32_t(toks.size() - 1), hash_tokens(toks), model_bytes);
+        if (!st.ok()) return fail(st);
+        st =
+            ref->score(toks, [&](size_t i, const float * lg) { return w.append(toks[i + 1], lg); });
+        if (!st.ok()) return fail(st);
+        st = w.finish();
+        if (!st.ok()) return fail(st);
+        ref_info = {
+            {"source", f.save_ref.empty() ? "computed" : "computed, saved to " + f.save_ref},
+            {"settings", nlohmann::json::parse(ref->settings_json())},
+            {"decode_tok_s", ref->stats().decode_tok_s}};
+    } else {
+        ref_info = {{"source", "read from " + f.ref}};
+    }
+
+    std::unique_ptr<Engine> run;
+    st = Engine::open(f.opt, &run);
+    if (!st.ok()) return fail(st);
+    if (toks.empty()) {
+        st = tokenize_with(*run);
+        if (!st.ok()) return fail(st);
+    }
+    const uint32_t n_pos = uint32_t(toks.size() - 1);
+    const uint64_t th = hash_tokens(toks);
+
+    // 2) The configured run, position by position against the reference.
+    RefLogitsFile r;
+    st = r.open(ref_path, nv, n_pos, th, model_bytes);
+    if (!st.ok()) return fail(st);
+    std::vector<PositionMetrics> pos;
+    pos.reserve(n_pos);
+    std::vector<float> ref_logits;
+    st = run->score(toks, [&](size_t i, const float * lg) {
+        Status s = r.read(toks[i + 1], &ref_logits);
+        if (!s.ok()) return s;
+        pos.push_back(compare_logits(ref_logits.data(), lg, nv, toks[i + 1]));
+        return Status::Ok();
+    });
+    if (!tmp_ref.empty()) std::remove(tmp_ref.c_str());
+    if (!st.ok()) return fail(st);
+    EvalSummary sum;
+    st = summarize_eval(pos, f.bootstrap, &sum);
+    if (!st.ok()) return fail(st);
+
+    const RunStats & rs = run->stats();
+    nlohmann::json j;
+    j["text"] = f.text_file;
+    j["tokens"] = toks.size();
+    j["positions"] = sum.positions;
+    j["lossy"] = run->lossy();
+    j["settings"] = nlohmann::json::parse(run->settings_json());
+    j["reference"] = ref_info;
+    j["perplexity"] = interval_json(sum.ppl_run);
+    j["perplexity_reference"] = interval_json(sum.ppl_ref);
+    j["mean_kl_nats"] = interval_json(sum.mean_kl);
+    j["top1_agreement_pct"] = interval_json(sum.top1_pct);
+    j["bootstrap_resamples"] = f.bootstrap;
+    j["decode_tok_s"] = rs.decode_tok_s;
+    j["bytes_per_token"] = rs.bytes_per_token;
+    j["cache_hit_pct"] = rs.cache_hit_pct;
+    if (f.json) {
+        std::printf("%s\n", j.dump(2).c_str());
+    } else {
+        auto iv = [](const Interval & x, int nd) {
+            char b[128];
+            std::snprintf(b, sizeof b, "%.*f [%.*f, %.*f]", nd, x.value, nd, x.lo, nd, x.hi);
+            return std::string(b);
+        };
+        std::printf("moestream eval: %s, %zu tokens (%llu positions), %s\n", f.text_file.c_str(),
+                    toks.size(), (unsigned long long)sum.positions,
+                    run->lossy() ? "LOSSY settings" : "lossless settings");
+        std::printf("  perplexity        %s   (reference %s)\n", iv(sum.ppl_run, 4).c_str(),
+                    iv(sum.ppl_ref, 4).c_str());
+        std::printf("  mean KL(ref||run) %s nats\n", iv(sum.mean_kl, 6).c_str());
+        std::printf("  top-1 agreement   %s %%\n", iv(sum.top1_pct, 2).c_str());
+        std::printf("  decode %.2f tok/s, %.2f MiB read/token, cache hit %.1f %%\n",
+                    rs.decode_tok_s, rs.bytes_per_token / (1024.0 * 1024.0), rs.cache_hit_pct);
+        std::printf("  95%% intervals: bootstrap over positions (%d resamples)\n", f.bootstrap);
+    }
+    return 0;
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App & app, Action * action) {
+    auto f = std::make_shared<EvalFlags>();
+    auto * sub = app.add_subcommand(
+        "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
+    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
+    sub->add_option("-f,--file", f->text_file, "text to score")->required();
+    sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
+        ->check(CLI::Range(2, 1 << 20));
+    sub->add_option("-t,--threads", f->opt.n_threads, "compute threads")->check(CLI::Range(1, 512));
+    sub->add_option("-c,--ctx-size", f->opt.n_ctx, "context length (>= the scored tokens)")
+        ->check(CLI::Range(16, 1 << 22));
+    sub->add_flag(
+        "--no-stream", [f](int64_t) { f->opt.stream = false; },
+        "llama.cpp's own loading, everything resident");
+    sub->add_option("--io-threads", f->opt.io_threads, "parallel read lanes")
+        ->check(CLI::Range(1, 64));
+    sub->add_option_function<std::string>(
+           "--cache-mb",
+           [f](const std::string & v) {
+               if (v == "auto") {
+                   f->opt.cache_mb = -1;
+                   return;
+               }
+               size_t pos = 0;
+               long long n = -1;
+               try {
+                   n = std::stoll(v, &pos);
+               } catch (...) {
+               }
+               if (pos != v.size() || n < 0 || n > (1ll << 40))
+                   throw CLI::ValidationError(
+                       "--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
+               f->opt.cache_mb = n;
+           },
+           "expert cache budget in MiB: auto (default), 0 = off, N")
+        ->type_name("auto|N");
+    sub->add_flag("--force-cache", f->opt.force_cache,
+                  "allow a --cache-mb in the 1..1499 MiB band");
+    sub->add_option("--n-expert-used", f->opt.n_expert_used, "LOSSY: experts per token")
+        ->check(CLI::Range(1, 1 << 16));
+    sub->add_option("--drop-cold-experts", f->opt.drop_cold,
+                    "LOSSY: skip a routed expert that is a cache miss with final weight < F/k")
+        ->check(CLI::Range(1e-12, 1.0));
+    sub->add_flag("--drop-in-prefill", f->opt.drop_in_prefill, "(eval decodes only: no effect)");
+    sub->add_flag("--drop-renorm", f->opt.drop_renorm, "renormalize after a drop (LOSSY)");
+    auto * save = sub->add_option("--save-ref", f->save_ref, "keep the reference logits in FILE");
+    sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
+        ->excludes(save);
+    sub->add_option("--bootstrap", f->bootstrap, "bootstrap resamples")
+        ->check(CLI::Range(100, 1000000));
+    sub->add_flag("--json", f->json, "print one JSON object");
+    sub->add_flag("-v,--verbose", f->verbose, "more log");
+    sub->callback([f, action] { *action = [f] { return do_eval(*f); }; });
+}
+
+}  // namespace moestream::cli
