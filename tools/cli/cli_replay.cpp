@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "log.h"
 #include "replay.h"
+#include "route_stats.h"
 #include "route_trace.h"
 
 namespace moestream::cli {
@@ -36,6 +37,7 @@ struct ReplayFlags {
     bool json = false;
     std::string plot;
     bool validate = false;
+    bool routing_stats = false;
     int verbose = 0;
 };
 
@@ -181,6 +183,41 @@ Status write_plot(const nlohmann::json & doc, const std::string & png) {
     return Status::Ok();
 }
 
+// --routing-stats: how the traced model routes (route_stats.h), per layer and overall.
+int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
+    RoutingStats rs;
+    Status st = routing_stats(trace, 20261129, &rs);
+    if (!st.ok()) return fail(Status::BadInput(f.trace + ": " + st.message()));
+    if (f.json) {
+        nlohmann::json j = {{"trace", f.trace},          {"n_expert", rs.n_expert},
+                            {"k", rs.k},                 {"reuse_uniform", rs.reuse_uniform},
+                            {"entropy_norm", rs.entropy_norm},
+                            {"top_expert_share", rs.top_expert_share},
+                            {"reuse", rs.reuse},         {"reuse_shuffled", rs.reuse_shuffled}};
+        for (const LayerRoutingStats & L : rs.layers)
+            j["layers"].push_back({{"layer", L.layer},
+                                   {"rows", L.rows},
+                                   {"entropy_norm", L.entropy_norm},
+                                   {"top_expert_share", L.top_expert_share},
+                                   {"unused_experts", L.unused_experts},
+                                   {"reuse", L.reuse},
+                                   {"reuse_shuffled", L.reuse_shuffled}});
+        std::printf("%s\n", j.dump(2).c_str());
+        return 0;
+    }
+    std::printf("routing of %s (decode tokens; %u experts, k %u; uniform random reuse %.3f)\n",
+                f.trace.c_str(), rs.n_expert, rs.k, rs.reuse_uniform);
+    std::printf("%6s %7s %9s %9s %7s | %7s %9s\n", "layer", "tokens", "entropy", "top_share",
+                "unused", "reuse", "shuffled");
+    for (const LayerRoutingStats & L : rs.layers)
+        std::printf("%6u %7llu %9.3f %9.3f %7u | %7.3f %9.3f\n", L.layer,
+                    (unsigned long long)L.rows, L.entropy_norm, L.top_expert_share,
+                    L.unused_experts, L.reuse, L.reuse_shuffled);
+    std::printf("%6s %7s %9.3f %9.3f %7s | %7.3f %9.3f\n", "all", "", rs.entropy_norm,
+                rs.top_expert_share, "", rs.reuse, rs.reuse_shuffled);
+    return 0;
+}
+
 int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
     RouteTrace trace;
@@ -191,6 +228,8 @@ int do_replay(const ReplayFlags & f) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     Replayer rp(trace);
     const TraceHeader & h = trace.header;
+
+    if (f.routing_stats) return print_routing_stats(f, trace);
 
     if (f.validate) {
         ReplayResult r;
@@ -377,6 +416,9 @@ void add_replay_command(CLI::App & app, Action * action) {
     sub->add_flag(
         "--validate", f->validate,
         "replay the recorded settings and require the recorded hits/misses/drops exactly");
+    sub->add_flag("--routing-stats", f->routing_stats,
+                  "print how the model routes (expert usage, reuse by the next token vs "
+                  "shuffled) instead of simulating");
     sub->add_flag("-v,--verbose", f->verbose, "more log");
     sub->callback([f, action] { *action = [f] { return do_replay(*f); }; });
 }
