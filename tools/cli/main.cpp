@@ -21,6 +21,7 @@ int main(int argc, char ** argv) {
     add_inspect_command(app, &action);
     add_synth_command(app, &action);
     add_replay_command(app, &action);
+    add_serve_command(app, &action);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp & e) {
