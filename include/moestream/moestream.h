@@ -117,8 +117,8 @@ struct GenerateRequest {
     SamplingParams sampling;
     // Keep the KV cache of the previous generation and prefill only what follows the longest
     // common token prefix (the prompt's last token is always decoded again, for its logits).
-    // Greedy output then matches a fresh run up to float rounding of the batch split; false
-    // clears the cache first, exactly like generate(prompt, ...).
+    // Not bit-exact: the reused KV was computed in other batch shapes, so logits differ from a
+    // fresh prefill by float rounding. false clears the cache first, like generate(prompt, ...).
     bool reuse_prefix = false;
 };
 
