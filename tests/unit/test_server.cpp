@@ -544,6 +544,28 @@ TEST(Server, QueueOrderBusyAndDisconnect) {
     EXPECT_EQ(ok->status, 200);
 }
 
+// --queue 0: the running request is the only one; any other gets 503 until it ends.
+TEST(Server, QueueZeroServesOneAtATime) {
+    ServerProc s({"--lossless", "--queue", "0"}, {"MOESTREAM_DEBUG_TOKEN_DELAY_MS=25"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto first = post(s, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
+    ASSERT_TRUE(first);
+    EXPECT_EQ(first->status, 200) << "an idle server takes a request even with no queue";
+    const json long_req{{"messages", json::array({{{"role", "user"}, {"content", "Go on"}}})},
+                        {"max_tokens", 2000},
+                        {"stream", true}};
+    int fd = open_stream(s.port(), long_req.dump());
+    ASSERT_GE(fd, 0) << s.log();
+    auto busy = post(s, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}});
+    ASSERT_TRUE(busy);
+    EXPECT_EQ(busy->status, 503);
+    close(fd);
+    ASSERT_TRUE(wait_until([&] { return stats(s)["generating"] == false; }));
+    auto after = post(s, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}});
+    ASSERT_TRUE(after);
+    EXPECT_EQ(after->status, 200);
+}
+
 TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {
     server::Utf8Stream u;
     EXPECT_EQ(u.push("a\xE2\x82"), "a");  // "€" = E2 82 AC, split across pieces

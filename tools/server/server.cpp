@@ -431,7 +431,9 @@ private:
     bool enqueue(const std::shared_ptr<Job> & job) {
         {
             std::lock_guard<std::mutex> lk(q_m_);
-            if (stopping_ || int(queue_.size()) >= cfg_.queue_max) {
+            // An idle worker takes the job at once: it never waits, whatever --queue says.
+            const bool idle = !running_ && queue_.empty();
+            if (stopping_ || (!idle && int(queue_.size()) >= cfg_.queue_max)) {
                 std::lock_guard<std::mutex> sl(stats_m_);
                 snap_.rejected_busy++;
                 return false;
