@@ -451,8 +451,8 @@ TEST(Server, LossyDefaultsApiKeyAndBodyLimit) {
     EXPECT_EQ(log.find(key), std::string::npos) << "the API key must never be logged";
 }
 
-// A raw streaming request on its own socket: read until the first content arrives.
-int open_stream(int port, const std::string & body) {
+// A raw streaming request on its own socket; returns the fd (-1 on failure).
+int send_stream(int port, const std::string & body) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -464,6 +464,13 @@ int open_stream(int port, const std::string & body) {
         "Content-Type: application/json\r\nContent-Length: " +
         std::to_string(body.size()) + "\r\n\r\n" + body;
     if (write(fd, req.data(), req.size()) != ssize_t(req.size())) return -1;
+    return fd;
+}
+
+// The same, then reads until the first generated text has arrived.
+int open_stream(int port, const std::string & body) {
+    int fd = send_stream(port, body);
+    if (fd < 0) return -1;
     std::string got;
     auto deadline = std::chrono::steady_clock::now() + 60s;
     while (got.find("\"content\":\"") == std::string::npos ||
@@ -564,6 +571,27 @@ TEST(Server, QueueZeroServesOneAtATime) {
     auto after = post(s, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 1}});
     ASSERT_TRUE(after);
     EXPECT_EQ(after->status, 200);
+}
+
+// A streaming client that leaves while it waits in the queue frees its place at once (the
+// keep-alive comment written every 0.5 s fails), before the running request ends.
+TEST(Server, QueuedClientThatLeavesFreesItsPlace) {
+    ServerProc s({"--lossless", "--queue", "1"}, {"MOESTREAM_DEBUG_TOKEN_DELAY_MS=25"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json long_req{{"messages", json::array({{{"role", "user"}, {"content", "Go on"}}})},
+                        {"max_tokens", 2000},
+                        {"stream", true}};
+    int running = open_stream(s.port(), long_req.dump());
+    ASSERT_GE(running, 0) << s.log();
+    int queued = send_stream(s.port(), long_req.dump());
+    ASSERT_GE(queued, 0);
+    ASSERT_TRUE(wait_until([&] { return stats(s)["queue_waiting"] == 1; }));
+    close(queued);
+    ASSERT_TRUE(wait_until([&] { return stats(s)["queue_waiting"] == 0; }, 10000ms));
+    EXPECT_EQ(stats(s)["generating"], true) << "the running request is not affected";
+    close(running);
+    ASSERT_TRUE(wait_until([&] { return stats(s)["generating"] == false; }));
+    EXPECT_EQ(stats(s)["requests"]["cancelled"], 2);
 }
 
 TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {

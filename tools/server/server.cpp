@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -321,8 +322,16 @@ private:
                 [this, job, sent_role](size_t, httplib::DataSink & sink) {
                     return stream_step(*job, sink, sent_role.get());
                 },
-                [job](bool success) {
-                    if (!success) job->cancelled = true;  // the client went away
+                [this, job](bool success) {
+                    if (success) return;
+                    job->cancelled = true;  // the client went away: free its place in the queue
+                    std::lock_guard<std::mutex> lk(q_m_);
+                    auto it = std::find(queue_.begin(), queue_.end(), job);
+                    if (it != queue_.end()) {
+                        queue_.erase(it);
+                        std::lock_guard<std::mutex> sl(stats_m_);
+                        snap_.cancelled++;
+                    }
                 });
             return;
         }
@@ -477,7 +486,13 @@ private:
         }
     }
 
+    // Ends a job: the worker is idle before the client hears back, so a client that sends its
+    // next request at once does not find the server busy.
     void finish(Job & job, Status st) {
+        {
+            std::lock_guard<std::mutex> lk(q_m_);
+            if (running_.get() == &job) running_.reset();
+        }
         {
             std::lock_guard<std::mutex> lk(job.m);
             job.status = std::move(st);
