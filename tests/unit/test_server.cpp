@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -49,8 +50,9 @@ public:
             FILE * err = std::fopen(err_path_.c_str(), "w");
             if (err) dup2(fileno(err), 2);
             close(fds[0]);
-            std::vector<std::string> full = {cli_bin(), "serve", "-m", tiny_model(),
-                                             "--port",  "0",     "-v"};
+            std::vector<std::string> full = {cli_bin(), "serve", "-m", tiny_model(), "-v"};
+            if (std::find(args.begin(), args.end(), "--port") == args.end())
+                full.insert(full.end(), {"--port", "0"});
             full.insert(full.end(), args.begin(), args.end());
             std::vector<char *> argv;
             for (auto & a : full) argv.push_back(a.data());
@@ -592,6 +594,16 @@ TEST(Server, QueuedClientThatLeavesFreesItsPlace) {
     close(running);
     ASSERT_TRUE(wait_until([&] { return stats(s)["generating"] == false; }));
     EXPECT_EQ(stats(s)["requests"]["cancelled"], 2);
+}
+
+// A port already in use is an error (exit 1), not a second server sharing the port.
+TEST(Server, PortInUseFails) {
+    ServerProc a({"--lossless"});
+    ASSERT_GT(a.port(), 0) << a.log();
+    ServerProc b({"--lossless", "--port", std::to_string(a.port())});
+    EXPECT_EQ(b.port(), 0) << b.out();
+    EXPECT_EQ(b.stop(), 1) << b.log();
+    EXPECT_NE(b.log().find("cannot listen"), std::string::npos) << b.log();
 }
 
 TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {

@@ -5,6 +5,7 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -219,6 +220,12 @@ private:
 
     void setup_routes() {
         http_.new_task_queue = [] { return new httplib::ThreadPool(32); };
+        // cpp-httplib's default sets SO_REUSEPORT, which lets a second server bind the same
+        // port and share its connections: only SO_REUSEADDR (a quick restart) here.
+        http_.set_socket_options([](int sock) {
+            int yes = 1;
+            setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+        });
         http_.set_payload_max_length(cfg_.body_limit_bytes);
         http_.set_keep_alive_timeout(5);
         http_.set_logger([](const httplib::Request & req, const httplib::Response & res) {
