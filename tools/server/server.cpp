@@ -299,11 +299,14 @@ private:
         if (auto e = parse_request(req.body, chat, cfg_.defaults, &job->params))
             return send_error(res, *e);
         GenParams & p = job->params;
-        if (p.drop_cold > 0 && !cache_on_)
-            return send_error(res, api_error(400,
-                                             "drop_cold_experts needs the expert cache, which is "
-                                             "off in this server (--cache-mb / --no-stream)",
-                                             "invalid_request_error"));
+        if (p.drop_cold > 0 && !cache_on_) {
+            ApiError e = api_error(400,
+                                   "drop_cold_experts needs the expert cache, which is off in this "
+                                   "server (--cache-mb / --no-stream)",
+                                   "invalid_request_error");
+            e.param = "drop_cold_experts";
+            return send_error(res, e);
+        }
         if (chat) {
             std::string err;
             if (!format_chat(tmpl_, p.messages, &p.prompt, &err))
