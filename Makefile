@@ -1,6 +1,7 @@
 # moestream front door. `make demo` and `make test` do all set-up themselves.
 #   make build   set-up (private llama.cpp prefix + Debian 12 packages), configure, compile
-#   make test    build + every test (unit, gates against llama.cpp, sanitizers)
+#   make test    build + every test (unit, gates against llama.cpp, sanitizers, the app page in
+#                Debian's chromium: scripts/setup-browser.sh installs it and playwright-core)
 #   make demo    build + synthesize a small model + stream it and print the stats
 #   make format  clang-format the sources
 # Env knobs (read here): JOBS (parallel compile/test jobs, default nproc),
@@ -24,6 +25,7 @@ build: setup $(BUILD_DIR)/CMakeCache.txt
 	$(CMAKE) --build $(BUILD_DIR) -j $(JOBS)
 
 test: build
+	scripts/setup-browser.sh
 	scripts/run-tests.sh $(BUILD_DIR)
 
 demo: build

@@ -4,7 +4,7 @@
 # What it does, in order:
 #   1. Host build tools and header-only libraries from Debian 12 (bookworm) via apt-get,
 #      only when missing: cmake, g++, libgtest-dev, libcli11-dev, nlohmann-json3-dev,
-#      libcpp-httplib-dev, python3-matplotlib (`moestream replay --plot` and its test). These
+#      libcpp-httplib-dev (+ pkg-config to find it), python3-matplotlib (`moestream replay --plot` and its test). These
 #      are ordinary bookworm packages; nothing is upgraded.
 #   2. The llama.cpp 0.7.0 / ggml 0.27.0 .debs pinned in deps/debian.lock (Debian sid),
 #      plus the runtime they need (glibc 2.43, libstdc++ 16, ...), verified by sha256 and
@@ -32,7 +32,7 @@ die() { echo "setup-deps: error: $*" >&2; exit 1; }
 say() { echo "setup-deps: $*" >&2; }
 
 # ---- 1. host packages (bookworm) -------------------------------------------------------
-host_pkgs=(cmake g++ make libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib)
+host_pkgs=(cmake g++ make pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib)
 missing=()
 for p in "${host_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -301,6 +301,66 @@ public:
     Status generate(const std::string & prompt, int n_predict,
                     const std::function<bool(const std::string &)> & on_piece,
                     GenerateResult * result) override {
+        return generate_with(prompt, n_predict, sampler_, false, on_piece, result);
+    }
+
+    Status generate(const GenerateRequest & req,
+                    const std::function<bool(const std::string &)> & on_piece,
+                    GenerateResult * result) override {
+        const SamplingParams & sp = req.sampling;
+        if (!std::isfinite(sp.temp) || sp.temp < 0.0f)
+            return Status::BadInput("temperature must be >= 0");
+        if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f && sp.top_p <= 1.0f))
+            return Status::BadInput("top_p must be in (0, 1]");
+        if (sp.top_k < 0) return Status::BadInput("top_k must be >= 0");
+        llama_sampler * smp = llama_sampler_chain_init(llama_sampler_chain_default_params());
+        if (sp.temp <= 0.0f) {
+            llama_sampler_chain_add(smp, llama_sampler_init_greedy());
+        } else {
+            if (sp.top_k > 0) llama_sampler_chain_add(smp, llama_sampler_init_top_k(sp.top_k));
+            if (sp.top_p < 1.0f)
+                llama_sampler_chain_add(smp, llama_sampler_init_top_p(sp.top_p, 1));
+            llama_sampler_chain_add(smp, llama_sampler_init_temp(sp.temp));
+            llama_sampler_chain_add(smp, llama_sampler_init_dist(sp.seed));
+        }
+        Status st =
+            generate_with(req.prompt, req.n_predict, smp, req.reuse_prefix, on_piece, result);
+        llama_sampler_free(smp);
+        return st;
+    }
+
+    Status set_drop_cold(double frac) override {
+        if (frac == opt_.drop_cold) return Status::Ok();
+        if (frac != 0 && !(frac > 0 && frac <= 1))
+            return Status::Usage("drop_cold_experts must be 0 (off) or in (0, 1]");
+        if (!hook_)
+            return Status::Usage("drop_cold_experts needs streaming (the server runs --no-stream)");
+        if (frac > 0 && stats_.cache_budget_bytes == 0)
+            return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
+                                 stats_.cache_budget_reason + ")");
+        DropColdConfig dc;
+        dc.frac = frac;
+        if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;
+        dc.in_prefill = opt_.drop_in_prefill;
+        dc.renorm = opt_.drop_renorm;
+        uint32_t n_layer = index_.n_layer;
+        for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
+        hook_->enable_drop_cold(dc, n_layer);  // terminals are re-learned on the next graph
+        opt_.drop_cold = frac;
+        return Status::Ok();
+    }
+
+    std::string chat_template() const override {
+        const char * t = llama_model_chat_template(lm_.model, nullptr);
+        return t ? std::string(t) : std::string();
+    }
+
+private:
+    // The generation loop. sampler: the chain to draw with (reset here). reuse_prefix: see
+    // GenerateRequest. kv_tokens_ tracks which tokens' KV the context holds, in order.
+    Status generate_with(const std::string & prompt, int n_predict, llama_sampler * sampler,
+                         bool reuse_prefix, const std::function<bool(const std::string &)> & on_piece,
+                         GenerateResult * result) {
         if (n_predict < 0) return Status::Usage("-n must be >= 0");
         if (streamer_) {
             Status st = check_file_unchanged(index_);
@@ -322,12 +382,22 @@ public:
                                  std::to_string(n_predict) + " exceeds the context (-c " +
                                  std::to_string(opt_.n_ctx) + ")");
 
-        llama_memory_clear(llama_get_memory(ctx_), true);
-        trace_pos_ = 0;
-        llama_sampler_reset(sampler_);
+        llama_memory_t mem = llama_get_memory(ctx_);
+        int reused = 0;
+        if (reuse_prefix) {
+            size_t p = 0;
+            while (p < kv_tokens_.size() && p < toks.size() && kv_tokens_[p] == toks[p]) ++p;
+            if (p >= toks.size()) p = toks.size() - 1;  // the last prompt token gives the logits
+            if (p > 0 && llama_memory_seq_rm(mem, 0, llama_pos(p), -1)) reused = int(p);
+        }
+        if (reused == 0) llama_memory_clear(mem, true);
+        kv_tokens_.clear();  // refilled as decodes succeed; an error leaves it empty
+        trace_pos_ = reused;
+        llama_sampler_reset(sampler);
         RunStats & s = stats_;
         s.tokens.clear();
         s.n_prompt = n;
+        s.n_prompt_reused = reused;
         s.n_generated = 0;
         const int n_vocab = llama_vocab_n_tokens(vocab);
         uint64_t logit_hash = 0xcbf29ce484222325ull;
@@ -337,7 +407,7 @@ public:
         double t0 = now_s();
         uint64_t prefill_bytes = 0, prefill_reads = 0;
         double prefill_io = 0;
-        for (int i = 0; i < n; i += opt_.n_batch) {
+        for (int i = reused; i < n; i += opt_.n_batch) {
             int m = std::min(opt_.n_batch, n - i);
             Status st = decode(llama_batch_get_one(toks.data() + i, m), false);
             if (streamer_) {
@@ -345,10 +415,11 @@ public:
                 prefill_reads += streamer_->step().reads;
                 prefill_io += streamer_->step().io_s;
             }
-            if (!st.ok()) return st;
+            if (!st.ok()) return st;  // kv_tokens_ is empty: the next generate clears
         }
         s.prefill_s = now_s() - t0;
-        s.prefill_tok_s = s.prefill_s > 0 ? n / s.prefill_s : 0;
+        s.prefill_tok_s = s.prefill_s > 0 ? (n - reused) / s.prefill_s : 0;
+        kv_tokens_.assign(toks.begin(), toks.end());
 
         // Decode: sample from the last logits, emit, feed back one token at a time.
         const uint64_t majflt0 = major_faults();
@@ -358,7 +429,7 @@ public:
         for (int i = 0; i < n_predict; ++i) {
             const float * logits = llama_get_logits_ith(ctx_, -1);
             logit_hash = fnv1a(logit_hash, logits, sizeof(float) * size_t(n_vocab));
-            llama_token tok = llama_sampler_sample(sampler_, ctx_, -1);
+            llama_token tok = llama_sampler_sample(sampler, ctx_, -1);
             if (i == n_predict - 1 || llama_vocab_is_eog(vocab, tok))
                 result->final_logits.assign(logits, logits + n_vocab);
             if (llama_vocab_is_eog(vocab, tok)) break;
@@ -375,7 +446,11 @@ public:
             double ts = now_s();
             Status st = decode(llama_batch_get_one(&tok, 1), true);
             TokenStats t = step_stats(tok, now_s() - ts);
-            if (!st.ok()) return st;
+            if (!st.ok()) {
+                kv_tokens_.clear();
+                return st;
+            }
+            kv_tokens_.push_back(tok);
             decode_s += t.decode_s;
             dec_bytes += t.flash_bytes_read;
             dec_reads += t.flash_reads;
@@ -419,10 +494,16 @@ public:
             s.drop_deferred = hook_->drop_state().deferred;
             s.drop_fallbacks = hook_->drop_state().fallbacks;
             s.drop_terminal = index_.moe_layers.empty() ? "" : hook_->terminal_kind(index_.moe_layers[0].layer);
+        } else {  // off (set_drop_cold(0) may have turned it off after a lossy generation)
+            s.experts_routed = s.experts_dropped = s.drop_bytes_avoided = 0;
+            s.drop_deferred = s.drop_fallbacks = 0;
+            s.weight_mass_dropped = 0;
+            s.drop_terminal.clear();
         }
         return Status::Ok();
     }
 
+public:
     const RunStats & stats() const override { return stats_; }
     bool lossy() const override { return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0; }
 
@@ -560,6 +641,7 @@ private:
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode
+    std::vector<llama_token> kv_tokens_;   // tokens whose KV the context holds (prefix reuse)
     llama_context * ctx_ = nullptr;
     llama_sampler * sampler_ = nullptr;
     RunStats stats_;

@@ -103,7 +103,29 @@ struct RunStats {
     uint64_t drop_fallbacks = 0;      // learned terminal did not arrive: loaded at the matmul
     std::string drop_terminal;        // the learned terminal node of the first MoE layer
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
+    int n_prompt_reused = 0;          // prompt tokens whose KV came from the previous generation
     std::vector<TokenStats> tokens;   // decode steps, in order
+};
+
+// Sampling of one request (the server's per-request settings). temp 0 = greedy; otherwise
+// top_k (0 = off), top_p (1 = off), temperature, then a draw seeded with seed.
+struct SamplingParams {
+    float temp = 0.0f;
+    uint32_t seed = 1;
+    int top_k = 0;
+    float top_p = 1.0f;
+};
+
+// One generation with explicit settings (Engine::generate(const GenerateRequest &, ...)).
+struct GenerateRequest {
+    std::string prompt;
+    int n_predict = 64;
+    SamplingParams sampling;
+    // Keep the KV cache of the previous generation and prefill only what follows the longest
+    // common token prefix (the prompt's last token is always decoded again, for its logits).
+    // Not bit-exact: the reused KV was computed in other batch shapes, so logits differ from a
+    // fresh prefill by float rounding. false clears the cache first, like generate(prompt, ...).
+    bool reuse_prefix = false;
 };
 
 struct GenerateResult {
@@ -126,6 +148,20 @@ public:
     virtual Status generate(const std::string & prompt, int n_predict,
                             const std::function<bool(const std::string &)> & on_piece,
                             GenerateResult * result) = 0;
+
+    // The same with per-request sampling and optional KV prefix reuse (see GenerateRequest).
+    // stats() is updated as decoding goes: on_piece may read stats().tokens for live figures.
+    virtual Status generate(const GenerateRequest & req,
+                            const std::function<bool(const std::string &)> & on_piece,
+                            GenerateResult * result) = 0;
+
+    // Changes --drop-cold-experts between generations (0 = off): the policy state is per
+    // engine and nothing is pending between llama_decode calls, so this is safe whenever no
+    // generate is running. kUsage when F is out of range, without streaming, or the cache is
+    // off (the policy drops cache misses only). lossy() and settings_json() follow.
+    virtual Status set_drop_cold(double frac) = 0;
+    // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
+    virtual std::string chat_template() const = 0;
 
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.

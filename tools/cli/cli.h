@@ -7,6 +7,8 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 
+#include "moestream/moestream.h"
+
 namespace moestream::cli {
 
 // Each add_* registers a subcommand and sets *action to run it when selected.
@@ -17,6 +19,12 @@ void add_inspect_command(CLI::App & app, Action * action);
 void add_synth_command(CLI::App & app, Action * action);
 void add_replay_command(CLI::App & app, Action * action);
 void add_eval_command(CLI::App & app, Action * action);
+void add_serve_command(CLI::App & app, Action * action);
+
+// The engine's flags (-t -c -b --temp --seed --no-stream --io-threads --no-odirect --cache-mb
+// --force-cache --cache-debug and the lossy knobs), shared by run and serve; *opt must outlive
+// the app.
+void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);

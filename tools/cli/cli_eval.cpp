@@ -194,43 +194,7 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
         ->check(CLI::Range(2, 1 << 20));
-    sub->add_option("-t,--threads", f->opt.n_threads, "compute threads")->check(CLI::Range(1, 512));
-    sub->add_option("-c,--ctx-size", f->opt.n_ctx, "context length (>= the scored tokens)")
-        ->check(CLI::Range(16, 1 << 22));
-    sub->add_flag(
-        "--no-stream", [f](int64_t) { f->opt.stream = false; },
-        "llama.cpp's own loading, everything resident");
-    sub->add_option("--io-threads", f->opt.io_threads, "parallel read lanes")
-        ->check(CLI::Range(1, 64));
-    sub->add_option_function<std::string>(
-           "--cache-mb",
-           [f](const std::string & v) {
-               if (v == "auto") {
-                   f->opt.cache_mb = -1;
-                   return;
-               }
-               size_t pos = 0;
-               long long n = -1;
-               try {
-                   n = std::stoll(v, &pos);
-               } catch (...) {
-               }
-               if (pos != v.size() || n < 0 || n > (1ll << 40))
-                   throw CLI::ValidationError(
-                       "--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
-               f->opt.cache_mb = n;
-           },
-           "expert cache budget in MiB: auto (default), 0 = off, N")
-        ->type_name("auto|N");
-    sub->add_flag("--force-cache", f->opt.force_cache,
-                  "allow a --cache-mb in the 1..1499 MiB band");
-    sub->add_option("--n-expert-used", f->opt.n_expert_used, "LOSSY: experts per token")
-        ->check(CLI::Range(1, 1 << 16));
-    sub->add_option("--drop-cold-experts", f->opt.drop_cold,
-                    "LOSSY: skip a routed expert that is a cache miss with final weight < F/k")
-        ->check(CLI::Range(1e-12, 1.0));
-    sub->add_flag("--drop-in-prefill", f->opt.drop_in_prefill, "(eval decodes only: no effect)");
-    sub->add_flag("--drop-renorm", f->opt.drop_renorm, "renormalize after a drop (LOSSY)");
+    add_engine_flags(sub, &f->opt);  // run's engine flags (lossy knobs included)
     auto * save = sub->add_option("--save-ref", f->save_ref, "keep the reference logits in FILE");
     sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
         ->excludes(save);

@@ -179,38 +179,31 @@ int do_run(RunFlags & f) {
 
 }  // namespace
 
-void add_run_command(CLI::App & app, Action * action) {
-    auto f = std::make_shared<RunFlags>();
-    auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
-    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
-    auto * p = sub->add_option("-p,--prompt", f->prompt, "prompt text");
-    sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file")->excludes(p);
-    sub->add_option("-n,--n-predict", f->n_predict, "tokens to generate")
-        ->check(CLI::Range(0, 1 << 24));
-    sub->add_option("-t,--threads", f->opt.n_threads, "compute threads")->check(CLI::Range(1, 512));
-    sub->add_option("-c,--ctx-size", f->opt.n_ctx, "context length")->check(CLI::Range(16, 1 << 22));
-    sub->add_option("-b,--batch", f->opt.n_batch, "prompt tokens per decode")
+void add_engine_flags(CLI::App * sub, RunOptions * opt) {
+    sub->add_option("-t,--threads", opt->n_threads, "compute threads")->check(CLI::Range(1, 512));
+    sub->add_option("-c,--ctx-size", opt->n_ctx, "context length")->check(CLI::Range(16, 1 << 22));
+    sub->add_option("-b,--batch", opt->n_batch, "prompt tokens per decode")
         ->check(CLI::Range(1, 1 << 16));
-    sub->add_option("--temp", f->opt.temp, "sampling temperature; 0 = greedy")
+    sub->add_option("--temp", opt->temp, "sampling temperature; 0 = greedy")
         ->check(CLI::Range(0.0, 100.0));
-    sub->add_option("--seed", f->opt.seed, "sampling seed");
-    sub->add_flag("--no-stream", [f](int64_t) { f->opt.stream = false; },
+    sub->add_option("--seed", opt->seed, "sampling seed");
+    sub->add_flag("--no-stream", [opt](int64_t) { opt->stream = false; },
                   "llama.cpp's own loading, everything resident (the reference)");
-    sub->add_option("--io-threads", f->opt.io_threads, "parallel read lanes (calling thread included)")
+    sub->add_option("--io-threads", opt->io_threads, "parallel read lanes (calling thread included)")
         ->check(CLI::Range(1, 64));
-    sub->add_flag("--no-odirect", [f](int64_t) { f->opt.odirect = false; },
+    sub->add_flag("--no-odirect", [opt](int64_t) { opt->odirect = false; },
                   "buffered reads instead of O_DIRECT");
-    sub->add_flag("--no-io-overlap", [f](int64_t) { f->opt.io_overlap = false; },
+    sub->add_flag("--no-io-overlap", [opt](int64_t) { opt->io_overlap = false; },
                   "wait for every read of a layer before its first expert matmul (default: "
                   "the down-projection reads overlap the gate/up matmuls)");
-    sub->add_flag("--io-copy", [f](int64_t) { f->opt.io_in_place = false; },
+    sub->add_flag("--io-copy", [opt](int64_t) { opt->io_in_place = false; },
                   "read through a bounce buffer and copy (default: O_DIRECT straight into "
                   "the expert's place); for A/B benchmarks");
     sub->add_option_function<std::string>(
            "--cache-mb",
-           [f](const std::string & v) {
+           [opt](const std::string & v) {
                if (v == "auto") {
-                   f->opt.cache_mb = -1;
+                   opt->cache_mb = -1;
                    return;
                }
                size_t pos = 0;
@@ -221,22 +214,33 @@ void add_run_command(CLI::App & app, Action * action) {
                }
                if (pos != v.size() || n < 0 || n > (1ll << 40))
                    throw CLI::ValidationError("--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
-               f->opt.cache_mb = n;
+               opt->cache_mb = n;
            },
            "expert cache budget in MiB: auto (default), 0 = off, N")
         ->type_name("auto|N");
-    sub->add_flag("--force-cache", f->opt.force_cache, "allow a --cache-mb in the 1..1499 MiB band");
-    sub->add_flag("--cache-debug", f->opt.cache_debug,
+    sub->add_flag("--force-cache", opt->force_cache, "allow a --cache-mb in the 1..1499 MiB band");
+    sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
-    sub->add_option("--n-expert-used", f->opt.n_expert_used,
+    sub->add_option("--n-expert-used", opt->n_expert_used,
                     "LOSSY: experts per token, 1..the model's top-k (default: the model's)")
         ->check(CLI::Range(1, 1 << 16));
-    sub->add_option("--drop-cold-experts", f->opt.drop_cold,
+    sub->add_option("--drop-cold-experts", opt->drop_cold,
                     "LOSSY: skip a routed expert that is a cache miss with final weight < F/k (0<F<=1)")
         ->check(CLI::Range(1e-12, 1.0));
-    sub->add_flag("--drop-in-prefill", f->opt.drop_in_prefill, "also drop during prefill (LOSSY)");
-    sub->add_flag("--drop-renorm", f->opt.drop_renorm,
+    sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, "also drop during prefill (LOSSY)");
+    sub->add_flag("--drop-renorm", opt->drop_renorm,
                   "renormalize the remaining weights after a drop (LOSSY)");
+}
+
+void add_run_command(CLI::App & app, Action * action) {
+    auto f = std::make_shared<RunFlags>();
+    auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
+    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
+    auto * p = sub->add_option("-p,--prompt", f->prompt, "prompt text");
+    sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file")->excludes(p);
+    sub->add_option("-n,--n-predict", f->n_predict, "tokens to generate")
+        ->check(CLI::Range(0, 1 << 24));
+    add_engine_flags(sub, &f->opt);
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");

@@ -22,6 +22,7 @@ int main(int argc, char ** argv) {
     add_synth_command(app, &action);
     add_replay_command(app, &action);
     add_eval_command(app, &action);
+    add_serve_command(app, &action);
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp & e) {

@@ -1,0 +1,76 @@
+// `moestream serve` — the app: an OpenAI-compatible HTTP server with a web page (docs/server.md).
+// Parses flags into a ServeConfig and hands over to tools/server. App defaults differ from
+// `run`: drop-cold 0.75 (LOSSY) unless --lossless or --drop-cold-experts is given; every
+// response says which settings produced it and whether they were lossy.
+// Env knobs (read here): MOESTREAM_API_KEY (the key, instead of --api-key, which `ps` shows),
+// MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only: sleep before each token is handed out).
+#include <cstdlib>
+#include <memory>
+
+#include "cli.h"
+#include "server.h"
+
+namespace moestream::cli {
+namespace {
+
+constexpr double kAppDropCold = 0.75;  // the app's performance default (docs/server.md)
+
+struct ServeFlags {
+    server::ServeConfig cfg;
+    bool lossless = false;
+    int verbose = 0;
+};
+
+}  // namespace
+
+void add_serve_command(CLI::App & app, Action * action) {
+    auto f = std::make_shared<ServeFlags>();
+    auto * sub = app.add_subcommand(
+        "serve", "OpenAI-compatible server and web page (app defaults: drop-cold 0.75, LOSSY)");
+    sub->add_option("-m,--model", f->cfg.run.model_path, "GGUF model file")->required();
+    sub->add_option("--host", f->cfg.host,
+                    "address to listen on (default 127.0.0.1: this machine only)");
+    sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")
+        ->check(CLI::Range(0, 65535));
+    sub->add_option(
+        "--api-key", f->cfg.api_key,
+        "require 'Authorization: Bearer KEY' on /v1/* and /stats (or set MOESTREAM_API_KEY)");
+    sub->add_option("-n,--n-predict", f->cfg.defaults.max_tokens, "default max_tokens of a request")
+        ->check(CLI::Range(1, 1 << 22));
+    sub->add_option("--queue", f->cfg.queue_max, "requests that may wait behind the running one")
+        ->check(CLI::Range(0, 1024));
+    sub->add_option("--max-body", f->cfg.body_limit_bytes,
+                    "largest request body in bytes (413 above)")
+        ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+    sub->add_flag("--lossless", f->lossless,
+                  "start without the app's lossy defaults (no drop-cold)");
+    add_engine_flags(sub, &f->cfg.run);
+    auto * dc = sub->get_option("--drop-cold-experts");
+    sub->add_flag("-v,--verbose", f->verbose, "more log (-v: one line per request; -vv: debug)");
+    sub->callback([f, action, sub, dc] {
+        *action = [f, sub, dc] {
+            apply_verbosity(f->verbose);
+            server::ServeConfig cfg = f->cfg;
+            if (cfg.api_key.empty()) {
+                const char * k = std::getenv("MOESTREAM_API_KEY");
+                if (k && *k) cfg.api_key = k;
+            }
+            if (const char * d = std::getenv("MOESTREAM_DEBUG_TOKEN_DELAY_MS"); d && *d)
+                cfg.token_delay_ms = std::max(0, std::atoi(d));
+            cfg.drop_cold_explicit = dc->count() > 0;
+            if (cfg.drop_cold_explicit && f->lossless) {
+                std::fprintf(stderr, "moestream: --lossless and --drop-cold-experts contradict\n%s",
+                             sub->help().c_str());
+                return 64;
+            }
+            cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
+                                     : f->lossless          ? 0.0
+                                                            : kAppDropCold;
+            cfg.defaults.temperature = cfg.run.temp;
+            cfg.defaults.seed = cfg.run.seed;
+            return server::run_server(cfg);
+        };
+    });
+}
+
+}  // namespace moestream::cli

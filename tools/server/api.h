@@ -1,0 +1,96 @@
+// api.h — the OpenAI-compatible request/response layer of `moestream serve`, independent of
+// HTTP and of the engine's thread: parsing and validating request bodies into GenParams,
+// formatting chat messages with a chat template, keeping streamed text valid UTF-8, and the
+// error body. docs/server.md is the reference for every field.
+//
+// Invariants: a request that parses is within the documented ranges (the worker never sees an
+// out-of-range value); every string that leaves here in JSON is valid UTF-8.
+// Thread-safety: pure functions and value types; Utf8Stream is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace moestream::server {
+
+// Server-wide defaults for a request's settings (flags of `serve`; docs/server.md).
+struct RequestDefaults {
+    int max_tokens = 256;         // -n
+    int max_tokens_limit = 4096;  // the context length: a request cannot ask for more
+    float temperature = 0.0f;     // --temp
+    uint32_t seed = 1;            // --seed
+    double drop_cold = 0.0;       // the server's --drop-cold-experts (0.75 unless --lossless)
+};
+
+struct ChatMessage {
+    std::string role;  // system | user | assistant
+    std::string content;
+};
+
+// One validated generation request.
+struct GenParams {
+    bool chat = false;                  // /v1/chat/completions (messages) vs /v1/completions
+    std::vector<ChatMessage> messages;  // chat
+    std::string prompt;                 // completions (chat: filled by format_chat)
+    bool stream = false;
+    int max_tokens = 0;
+    float temperature = 0.0f;
+    float top_p = 1.0f;
+    int top_k = 0;
+    uint32_t seed = 1;
+    double drop_cold = 0.0;      // 0 = off
+    bool cache_prompt = true;    // reuse the KV prefix of the previous request
+    bool return_tokens = false;  // add the token ids to the moestream object
+    std::string model;           // as sent (any name is accepted; /v1/models lists one)
+};
+
+// A request error: the HTTP status and the OpenAI-style error body.
+struct ApiError {
+    int status = 400;
+    std::string message;
+    std::string param;  // the offending field, "" if none
+    std::string type = "invalid_request_error";
+};
+
+// Parses a body for /v1/chat/completions (chat = true) or /v1/completions. Returns the error
+// for malformed JSON, wrong field types, out-of-range values and unsupported features.
+std::optional<ApiError> parse_request(const std::string & body, bool chat,
+                                      const RequestDefaults & defaults, GenParams * out);
+
+// {"error": {"message", "type", "param", "code"}}
+nlohmann::json error_json(const ApiError & e);
+
+// The chat template used for a model: its own when llama.cpp's llama_chat_apply_template
+// supports it, else the default ("chatml"). `description` says which and why.
+struct ChatTemplate {
+    std::string tmpl;         // passed to llama_chat_apply_template (a template or a name)
+    std::string description;  // "model", "chatml (default: the model carries no template)", ...
+};
+ChatTemplate choose_chat_template(const std::string & model_template);
+
+// Formats messages with the template, ending with the assistant's turn opener.
+// Returns false (with *error) when llama.cpp cannot apply it.
+bool format_chat(const ChatTemplate & t, const std::vector<ChatMessage> & messages,
+                 std::string * out, std::string * error);
+
+// Turns a stream of token pieces (arbitrary bytes: a piece may end inside a UTF-8 sequence)
+// into valid UTF-8: complete sequences pass through, an unfinished trailing sequence is held
+// back until the next piece, invalid bytes become U+FFFD.
+class Utf8Stream {
+public:
+    // Appends a piece; returns the text that is complete now.
+    std::string push(const std::string & piece);
+    // Ends the stream: a held-back unfinished sequence becomes U+FFFD.
+    std::string finish();
+
+private:
+    std::string pending_;
+};
+
+// The whole-string form: valid UTF-8 for any bytes (what Utf8Stream yields over one piece).
+std::string sanitize_utf8(const std::string & bytes);
+
+}  // namespace moestream::server

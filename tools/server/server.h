@@ -1,0 +1,40 @@
+// server.h — `moestream serve`: an OpenAI-compatible HTTP server and a web page over one
+// Engine (docs/server.md).
+//
+// Shape: cpp-httplib's thread pool answers HTTP; one worker thread owns the Engine and runs
+// one generation at a time (decode is single-stream). Generation requests wait in a bounded
+// FIFO queue; a full queue answers 503 with Retry-After. A streaming client that disconnects
+// cancels its job (the engine's on_piece returns false). HTTP threads never call the Engine:
+// they read snapshots (settings, stats) that the worker publishes under a mutex.
+//
+// Invariants: the Engine is touched only by the worker thread; the API key is compared in
+// constant time and never logged; POST bodies above the limit get 413 before being parsed.
+// Thread-safety: run_server() is called once, from the main thread.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "api.h"
+#include "moestream/moestream.h"
+
+namespace moestream::server {
+
+struct ServeConfig {
+    RunOptions run;                   // the engine (run's flags); run.drop_cold: see below
+    bool drop_cold_explicit = false;  // --drop-cold-experts given: failing to apply it is an error
+    std::string host = "127.0.0.1";
+    int port = 8080;           // 0 = any free port (printed on stdout)
+    std::string api_key;       // "" = no key
+    RequestDefaults defaults;  // per-request defaults; defaults.drop_cold = the app default
+    int queue_max = 8;         // requests waiting behind the running one
+    size_t body_limit_bytes = 1 << 20;
+    int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
+};
+
+// Opens the engine, binds, prints "moestream serve: listening on http://HOST:PORT/" on stdout
+// and serves until SIGINT or SIGTERM. Returns the process exit code (Status codes: 64 usage,
+// 2 bad model, 1 runtime, e.g. the port is taken).
+int run_server(const ServeConfig & cfg);
+
+}  // namespace moestream::server
