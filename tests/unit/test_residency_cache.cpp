@@ -688,3 +688,68 @@ TEST(ResidencyCache, RealModelBytesThroughIoLanes) {
     EXPECT_LE(s->cache_stats().peak_resident_bytes,
               std::max<uint64_t>(6 * L0.expert_bytes + 6 * kPage, k * L0.expert_bytes + 6 * kPage));
 }
+
+namespace {
+
+// A refused commit (CacheDebug::commit_limit_bytes stands in for mprotect's ENOMEM) shrinks
+// the cache: more is evicted, the budget drops to what could be committed, every stage still
+// returns the reads of all its misses and the data stays intact. Both mappings.
+TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
+    const ModelIndex idx = make_index({{kPage, 2 * kPage, kPage}, {kPage, 2 * kPage, kPage}}, 16);
+    const uint64_t eb = 4 * kPage;
+    for (auto mapping : {CacheDebug::Mapping::kProtect, CacheDebug::Mapping::kFlat}) {
+        SCOPED_TRACE(mapping == CacheDebug::Mapping::kProtect ? "protect" : "flat");
+        CacheDebug dbg;
+        dbg.mapping = mapping;
+        dbg.commit_limit_bytes = 6 * eb;  // the "system" allows 6 experts, the budget says 12
+        auto s = make(idx, 12 * eb, dbg);
+        ASSERT_TRUE(s);
+        std::mt19937 rng(5);
+        for (int step = 0; step < 200; ++step) {
+            const size_t moe = size_t(step % 2);
+            std::set<uint32_t> pick;
+            while (pick.size() < 3) pick.insert(uint32_t(rng() % 16));
+            std::vector<uint32_t> experts(pick.begin(), pick.end());
+            stage_and_read(*s, idx, moe, experts);
+            for (uint32_t e : experts) {
+                ASSERT_TRUE(s->is_resident(moe, e));
+                ASSERT_TRUE(slice_intact(*s, idx, moe, e)) << "step " << step << " expert " << e;
+            }
+            ASSERT_LE(s->cache_stats().resident_expert_bytes, 6 * eb);
+        }
+        const CacheStats cs = s->cache_stats();
+        EXPECT_GT(cs.commit_failures, 0u);
+        EXPECT_EQ(cs.budget_shrinks, 1u);  // once shrunk, the budget is never hit again
+        EXPECT_LE(cs.budget_bytes, 6 * eb);
+        EXPECT_GE(cs.budget_bytes, 3 * eb);
+        EXPECT_GT(cs.hits, 0u);
+    }
+}
+
+// When even the staged layer's own routed set cannot be committed, stage() fails with a clear
+// error, nothing of that stage stays resident, earlier residents stay intact, and the store
+// keeps working for a routing that fits.
+TEST(ResidencyCache, RefusedCommitWithNothingToEvictFailsCleanly) {
+    const ModelIndex idx = make_index({{kPage, 2 * kPage, kPage}, {kPage, 2 * kPage, kPage}}, 16);
+    const uint64_t eb = 4 * kPage;
+    CacheDebug dbg;
+    dbg.mapping = CacheDebug::Mapping::kProtect;
+    dbg.commit_limit_bytes = 3 * eb;
+    auto s = make(idx, 12 * eb, dbg);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {1, 2});
+    std::vector<ReadRequest> reads;
+    StageStats ss;
+    Status st = s->stage(1, {3, 4, 5, 6}, &reads, &ss);  // 4 experts: never fits in 3
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("cannot commit"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("nothing left to evict"), std::string::npos) << st.message();
+    for (uint32_t e : {3u, 4u, 5u, 6u}) EXPECT_FALSE(s->is_resident(1, e));
+    EXPECT_LE(s->cache_stats().resident_expert_bytes, 3 * eb);
+    // The next, smaller routing works; nothing poisoned.
+    EXPECT_EQ(stage_and_read(*s, idx, 1, {4, 5}).size(), 2u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 4));
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
+}
+
+}  // namespace
