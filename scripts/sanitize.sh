@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# sanitize.sh asan|tsan — configure, build and run the sanitizer test builds
+# (docs/reliability.md, "Sanitizer builds"). Each has its own build directory and builds only
+# the library, the CLI (the tests make their models with `moestream synth`) and the unit tests
+# that exercise moestream's own code:
+#   asan  build-asan  ASan + UBSan: GGUF index / corruption matrix, residency cache, I/O lanes,
+#                     I/O faults (end to end through llama.cpp), route traces, replay, policies
+#   tsan  build-tsan  TSan: the I/O lanes and the cache (RealModelBytesThroughIoLanes)
+# plus tests/sanitizer/canary.cpp: planted bugs the sanitizer must report (negative controls).
+# Env knobs (read here): JOBS (compile/test jobs, default nproc), ASAN_BUILD_DIR,
+# TSAN_BUILD_DIR, CTEST_ARGS (extra ctest args).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+kind="${1:?usage: sanitize.sh asan|tsan}"
+jobs="${JOBS:-$(nproc)}"
+case "$kind" in
+  asan)
+    dir="${ASAN_BUILD_DIR:-build-asan}"
+    san="address,undefined"
+    tests="test_gguf_index;test_residency_cache;test_io_lanes;test_io_faults;test_route_trace;test_replay;test_policy_drop_cold"
+    targets="${tests//;/ } sanitizer_canary moestream"
+    # detect_leaks=0: LeakSanitizer reports llama.cpp's/ggml's process-lifetime allocations
+    # (backend registry) that are not ours; see docs/reliability.md.
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=0:strict_string_checks=1:detect_stack_use_after_return=1}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+    ;;
+  tsan)
+    dir="${TSAN_BUILD_DIR:-build-tsan}"
+    san="thread"
+    tests="test_io_lanes;test_residency_cache"
+    targets="${tests//;/ } sanitizer_canary"  # no CLI: these tests make no models with it
+    export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+    ;;
+  *) echo "sanitize.sh: unknown build '$kind' (asan or tsan)" >&2; exit 64 ;;
+esac
+
+scripts/setup-deps.sh
+if [ ! -f "$dir/CMakeCache.txt" ]; then
+  cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOESTREAM_SANITIZE="$san" \
+    -DMOESTREAM_UNIT_TESTS_ONLY="$tests" >/dev/null
+fi
+t0=$(date +%s)
+# shellcheck disable=SC2086
+cmake --build "$dir" -j "$jobs" --target $targets
+t1=$(date +%s)
+ctest --test-dir "$dir" --output-on-failure -j "$jobs" ${CTEST_ARGS:-}
+t2=$(date +%s)
+echo "sanitize.sh $kind: build $((t1 - t0)) s, tests $((t2 - t1)) s" >&2
