@@ -20,9 +20,8 @@ case "$kind" in
     san="address,undefined"
     tests="test_gguf_index;test_residency_cache;test_io_lanes;test_io_faults;test_route_trace;test_replay;test_policy_drop_cold"
     targets="${tests//;/ } sanitizer_canary moestream"
-    # detect_leaks=0: LeakSanitizer reports llama.cpp's/ggml's process-lifetime allocations
-    # (backend registry) that are not ours; see docs/reliability.md.
-    export ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=0:detect_leaks=0:strict_string_checks=1:detect_stack_use_after_return=1}"
+    # LeakSanitizer on: every test and every CLI run they spawn must free what it allocated.
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
     ;;
   tsan)

@@ -3,6 +3,7 @@
 // passes only when the sanitizer's report appears. This proves the runtime is active in
 // moestream's own code, linked exactly like the unit tests (llama.cpp prefix, its glibc).
 //   canary trace-overread  ASan: parse_route_trace told a buffer is 64 bytes longer than it is
+//   canary leak            LSan (ASan build): a route trace parsed into a heap object never freed
 //   canary signed-overflow UBSan: signed integer overflow
 //   canary lane-race       TSan: a pread hook with an unsynchronized counter, called from
 //                          every IoLanes lane at once
@@ -113,6 +114,14 @@ int lanes_run(bool racy) {
 int main(int argc, char ** argv) {
     const std::string mode = argc > 1 ? argv[1] : "";
     if (mode == "trace-overread") return trace_overread();
+    if (mode == "leak") {
+        const std::string t = make_trace();
+        auto * out = new RouteTrace();  // never deleted
+        Status st = parse_route_trace(reinterpret_cast<const uint8_t *>(t.data()), t.size(), "canary", out);
+        std::printf("parsed %zu routings\n", st.ok() ? out->routings.size() : size_t(0));
+        out = nullptr;
+        return 0;
+    }
     if (mode == "signed-overflow") {
         volatile int x = INT_MAX;
         int y = x + argc;  // argc >= 2: overflows
