@@ -19,7 +19,7 @@ case "$kind" in
     dir="${ASAN_BUILD_DIR:-build-asan}"
     san="address,undefined"
     tests="test_gguf_index;test_residency_cache;test_io_lanes;test_io_faults;test_route_trace;test_replay;test_policy_drop_cold"
-    targets="${tests//;/ } sanitizer_canary moestream"
+    targets="all"  # = the library, the CLI, the canary and the tests above
     # LeakSanitizer on: every test and every CLI run they spawn must free what it allocated.
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -40,6 +40,7 @@ if [ ! -f "$dir/CMakeCache.txt" ]; then
     -DMOESTREAM_UNIT_TESTS_ONLY="$tests" >/dev/null
 fi
 t0=$(date +%s)
+# (several --target names are built one after the other; "all" builds in parallel)
 # shellcheck disable=SC2086
 cmake --build "$dir" -j "$jobs" --target $targets
 t1=$(date +%s)
