@@ -1,7 +1,11 @@
 # moestream front door. `make demo` and `make test` do all set-up themselves.
 #   make build   set-up (private llama.cpp prefix + Debian 12 packages), configure, compile
-#   make test    build + every test (unit, gates against llama.cpp, sanitizers, the app page in
-#                Debian's chromium: scripts/setup-browser.sh installs it and playwright-core)
+#   make test    build + every test (unit, gates against llama.cpp, the app page in Debian's
+#                chromium: scripts/setup-browser.sh installs it and playwright-core), then
+#                the sanitizer builds (ASan+UBSan, TSan) and a libFuzzer smoke run
+#                (docs/reliability.md)
+#   make test-asan / test-tsan / fuzz-smoke   one of those steps alone
+#   make fuzz-long [FUZZ_SECONDS=900]          the documented long fuzz run (nice 19)
 #   make demo    build + synthesize a small model + stream it and print the stats
 #   make format  clang-format the sources
 # Env knobs (read here): JOBS (parallel compile/test jobs, default nproc),
@@ -11,7 +15,9 @@ BUILD_DIR ?= build
 CMAKE     ?= cmake
 DEMO_DIR  ?= $(BUILD_DIR)/demo
 
-.PHONY: all setup build test demo format clean
+FUZZ_SECONDS ?= 900
+
+.PHONY: all setup build test test-unit test-asan test-tsan fuzz-smoke fuzz-long demo format clean
 
 all: build
 
@@ -24,9 +30,23 @@ $(BUILD_DIR)/CMakeCache.txt: | setup
 build: setup $(BUILD_DIR)/CMakeCache.txt
 	$(CMAKE) --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+test: test-unit test-asan test-tsan fuzz-smoke
+
+test-unit: build
 	scripts/setup-browser.sh
 	scripts/run-tests.sh $(BUILD_DIR)
+
+test-asan: setup
+	JOBS=$(JOBS) scripts/sanitize.sh asan
+
+test-tsan: setup
+	JOBS=$(JOBS) scripts/sanitize.sh tsan
+
+fuzz-smoke: build
+	JOBS=$(JOBS) MOESTREAM_BIN=$(CURDIR)/$(BUILD_DIR)/bin/moestream scripts/fuzz.sh smoke
+
+fuzz-long: build
+	JOBS=$(JOBS) MOESTREAM_BIN=$(CURDIR)/$(BUILD_DIR)/bin/moestream scripts/fuzz.sh long $(FUZZ_SECONDS)
 
 demo: build
 	scripts/demo.sh $(BUILD_DIR)
@@ -35,4 +55,4 @@ format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR)
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz

@@ -72,10 +72,12 @@ Status check_file_unchanged(const ModelIndex & index) {
     if (::stat(index.path.c_str(), &st) != 0)
         return Status::Runtime(index.path + ": the model file disappeared: " + std::strerror(errno));
     int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns)
+    const bool replaced = uint64_t(st.st_dev) != index.dev || uint64_t(st.st_ino) != index.ino;
+    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns || replaced)
         return Status::Runtime(index.path + ": the model file changed since it was validated (size " +
                                std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
                                ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
+                               ", replaced by another file: " + (replaced ? "yes" : "no") +
                                "); restart to use the new file");
     return Status::Ok();
 }
@@ -442,6 +444,12 @@ private:
             result->text += piece;
             if (on_piece && !on_piece(piece)) break;
             if (i == n_predict - 1) break;
+            if (streamer_) {
+                // One stat per token: a file truncated, rewritten or replaced mid-generation
+                // stops it here, before the next reads (docs/reliability.md).
+                Status st = check_file_unchanged(index_);
+                if (!st.ok()) return st;
+            }
 
             double ts = now_s();
             Status st = decode(llama_batch_get_one(&tok, 1), true);
@@ -480,6 +488,8 @@ private:
             s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
             s.evictions = cs.evictions;
             s.rereads = cs.rereads;
+            s.cache_commit_failures = cs.commit_failures;
+            s.cache_budget_now_bytes = cs.budget_bytes;
             s.resident_expert_bytes = store_->resident_bytes();
             s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
         }

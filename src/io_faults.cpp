@@ -32,26 +32,29 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
     return Status::Ok();
 }
 
+long preadv_short(int fd, const struct iovec * iov, int iovcnt, uint64_t off) {
+    // Half, kept a multiple of 512 (the smallest direct-I/O alignment): an O_DIRECT transfer
+    // length must stay aligned, as the kernel's own short reads are.
+    size_t len = 0;
+    for (int i = 0; i < iovcnt; ++i) len += iov[i].iov_len;
+    if (len < 1024 || iovcnt > 8) return ::preadv(fd, iov, iovcnt, off_t(off));
+    struct iovec cut[8];
+    size_t keep = len / 2 / 512 * 512;
+    int n = 0;
+    for (; n < iovcnt && keep > 0; ++n) {
+        cut[n] = iov[n];
+        if (cut[n].iov_len > keep) cut[n].iov_len = keep;
+        keep -= cut[n].iov_len;
+    }
+    return ::preadv(fd, cut, n, off_t(off));
+}
+
 long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int, void * ud) {
     auto * p = static_cast<IoFaultPlan *>(ud);
     const long call = p->calls.fetch_add(1) + 1;
-    struct iovec cut[8];
     switch (p->kind) {
-        case IoFaultPlan::Kind::kShort: {
-            // Half, kept a multiple of 512 (the smallest direct-I/O alignment): an O_DIRECT
-            // transfer length must stay aligned, as the kernel's own short reads are.
-            size_t len = 0;
-            for (int i = 0; i < iovcnt; ++i) len += iov[i].iov_len;
-            if (len < 1024 || iovcnt > 8) break;
-            size_t keep = len / 2 / 512 * 512;
-            int n = 0;
-            for (; n < iovcnt && keep > 0; ++n) {
-                cut[n] = iov[n];
-                if (cut[n].iov_len > keep) cut[n].iov_len = keep;
-                keep -= cut[n].iov_len;
-            }
-            return ::preadv(fd, cut, n, off_t(off));
-        }
+        case IoFaultPlan::Kind::kShort:
+            return preadv_short(fd, iov, iovcnt, off);
         case IoFaultPlan::Kind::kEintr:
             if (call % 2 == 1) {
                 errno = EINTR;

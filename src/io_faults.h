@@ -27,6 +27,9 @@ struct IoFaultPlan {
 
 // Parses the env value; Usage error naming the variable on a bad value.
 Status parse_io_fault(const char * value, IoFaultPlan * plan);
+// A preadv that transfers about half of what was asked, in whole 512-byte units (buffers of
+// fewer than 1024 bytes, or more than 8 buffers, are read whole): the `short` fault.
+long preadv_short(int fd, const struct iovec * iov, int iovcnt, uint64_t off);
 // The PreadvFn to install with IoLanes::set_pread_hook(io_fault_preadv, plan).
 long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int lane,
                      void * plan);

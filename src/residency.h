@@ -15,6 +15,9 @@
 // hit (no read), a miss is committed, read and kept; over budget, the least recently used
 // (layer, expert) not routed in the layer being staged is evicted and its pages released.
 // Committed expert memory <= max(budget, the staged layer's routed set).
+// A commit the system refuses (mprotect ENOMEM/EAGAIN) evicts more and retries, and the
+// budget shrinks to what could be committed; only when nothing is left to evict does stage()
+// fail (the request fails cleanly, nothing staged stays resident, the store stays usable).
 //
 // Thread-safety: called from the eval callback only (one thread at a time).
 #pragma once
@@ -46,10 +49,12 @@ struct CacheStats {
     uint64_t rereads = 0;             // misses of experts that had been resident and were evicted
     uint64_t abandoned = 0;           // experts released by abandon_stage() (their reads failed)
     uint64_t over_budget_stages = 0;  // stages that ended above budget (routed set > budget)
+    uint64_t commit_failures = 0;     // commits the system refused (mprotect ENOMEM/EAGAIN)
+    uint64_t budget_shrinks = 0;      // times a refused commit lowered the budget
     uint64_t resident_experts = 0;    // (layer, expert) pairs resident now
     uint64_t resident_expert_bytes = 0;  // bytes committed for expert data now
     uint64_t peak_resident_bytes = 0;    // max of resident_expert_bytes since construction
-    uint64_t budget_bytes = 0;           // the budget the cache was built with
+    uint64_t budget_bytes = 0;           // the budget now (built with; lower after a shrink)
     uint64_t reserved_bytes = 0;         // address space reserved (not RAM)
     uint64_t page_bytes = 0;             // commit granularity
     bool page_protect = false;           // released pages are PROT_NONE (else: flat mapping)
@@ -79,6 +84,11 @@ struct CacheDebug {
     // left saying resident).
     enum class Fault { kNone, kForgetRead, kDropRouted };
     Fault fault = Fault::kNone;
+
+    // Test only: a commit that would take committed expert memory above this many bytes fails
+    // with ENOMEM, as mprotect does when the system refuses (RLIMIT_DATA, strict overcommit,
+    // vm.max_map_count). 0 = off. See "Failed commits" in docs/reliability.md.
+    uint64_t commit_limit_bytes = 0;
 };
 
 class ResidencyStore {

@@ -152,7 +152,8 @@ private:
         return layer_res_[moe_idx + 1] - layer_res_[moe_idx];
     }
 
-    Status commit(size_t moe_idx, uint32_t e);
+    // Commits expert e's pages. On failure nothing is committed and *err is the errno.
+    Status commit(size_t moe_idx, uint32_t e, int * err);
     void release(size_t moe_idx, uint32_t e);
     void release_pages(uint8_t * base, uint64_t q0, uint64_t q1);
     bool evict_one(size_t moe_idx);
@@ -171,7 +172,7 @@ private:
     }
 
     const ModelIndex & index_;
-    const uint64_t budget_;
+    uint64_t budget_;  // lowered when the system refuses a commit
     const CacheDebug dbg_;
     uint64_t page_ = 4096;
     bool protect_ = true;
@@ -316,7 +317,7 @@ Status LruCache::init() {
     return Status::Ok();
 }
 
-Status LruCache::commit(size_t moe_idx, uint32_t e) {
+Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
     const size_t n_t = layers_res_count(moe_idx);
     uint64_t added = 0;
     for (size_t t = 0; t < n_t; ++t) {
@@ -324,9 +325,13 @@ Status LruCache::commit(size_t moe_idx, uint32_t e) {
         uint64_t p0, p1, q0, q1;
         page_range(r, e, &p0, &p1);
         exclusive_range(moe_idx, r, e, &q0, &q1);
-        if (protect_ && q1 > q0 &&
-            mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0) {
+        const bool refused = dbg_.commit_limit_bytes > 0 &&
+                             committed_ + added + (q1 - q0) * page_ > dbg_.commit_limit_bytes;
+        if (refused) errno = ENOMEM;
+        if (refused || (protect_ && q1 > q0 &&
+                        mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0)) {
             const int err = errno;
+            *err_out = err;
             // Undo the projections committed so far (state is still absent).
             for (size_t u = 0; u < t; ++u) {
                 uint64_t a0, a1;
@@ -440,9 +445,31 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
         // Make room first: the budget bounds what is committed, not just what is kept.
         while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one(moe_idx)) {
         }
-        Status st = commit(moe_idx, e);
+        int err = 0;
+        Status st = commit(moe_idx, e, &err);
+        if (!st.ok() && (err == ENOMEM || err == EAGAIN)) {
+            // The system refused memory the budget allowed: give back more (least recently
+            // used first, never this layer's routed set) until the commit fits, and keep the
+            // budget at what could be committed so later stages do not hit the wall again.
+            const uint64_t was = budget_;
+            while (!st.ok() && (err == ENOMEM || err == EAGAIN)) {
+                ++stats_.commit_failures;
+                if (!evict_one(moe_idx)) break;
+                st = commit(moe_idx, e, &err);
+            }
+            if (st.ok() && committed_ < budget_) {
+                budget_ = std::max<uint64_t>(committed_, page_);
+                ++stats_.budget_shrinks;
+                MS_LOG_WARN("expert cache: the system refused to commit memory (%s); budget "
+                            "shrunk from %llu to %llu MiB",
+                            errno_str(ENOMEM).c_str(), (unsigned long long)(was >> 20),
+                            (unsigned long long)(budget_ >> 20));
+            }
+        }
         if (!st.ok()) {
             abandon_stage(moe_idx);
+            if (err == ENOMEM || err == EAGAIN)
+                return Status::Runtime(st.message() + "; nothing left to evict, the request fails");
             return st;
         }
         if (ever_[id]) ++stats_.rereads;

@@ -91,6 +91,8 @@ struct RunStats {
     uint64_t cache_lookups = 0, cache_hits = 0, cache_misses = 0;
     uint64_t evictions = 0;
     uint64_t rereads = 0;             // reads of experts that had been resident before
+    uint64_t cache_commit_failures = 0;  // commits the system refused (docs/reliability.md)
+    uint64_t cache_budget_now_bytes = 0; // the budget at the end (lower after a refused commit)
     uint64_t resident_expert_bytes = 0;       // at the end
     uint64_t peak_resident_expert_bytes = 0;
     uint64_t dense_bytes = 0;         // dense weights copied to RAM

@@ -3,8 +3,15 @@
 //  - EIO stops generation with one error naming the file, the offset and the errno, and leaves
 //    no poisoned cache entry: once the fault has passed, the same engine generates exactly what a
 //    fault-free engine does (the failed experts are re-read);
-//  - a model file changed while the engine runs is detected and reported.
+//  - a model file changed while the engine runs is detected and reported: appended to,
+//    truncated or replaced between requests (replaced: even with the same size and mtime),
+//    and truncated or rewritten in the middle of a generation, which stops within one token
+//    with an error, never a SIGBUS (the test process would die) and never wrong text.
 #include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -153,6 +160,86 @@ TEST(IoFaults, ModelFileChangedWhileRunningIsReported) {
     EXPECT_FALSE(o.st.ok());
     EXPECT_NE(o.st.message().find("changed"), std::string::npos) << o.st.message();
     std::filesystem::remove(copy);
+}
+
+std::string private_copy(const std::string & src, const char * tag) {
+    const std::string copy = models_dir() + "/" + tag + "-" + std::to_string(getpid()) + ".gguf";
+    std::filesystem::copy_file(src, copy, std::filesystem::copy_options::overwrite_existing);
+    return copy;
+}
+
+TEST(IoFaults, ModelFileTruncatedBetweenRequestsIsReported) {
+    const std::string copy = private_copy(synth_model("tiny", "qwen3moe", "q8_0"), "trunc");
+    for (int64_t cache : {0, 4}) {
+        SCOPED_TRACE("cache " + std::to_string(cache));
+        std::filesystem::copy_file(synth_model("tiny", "qwen3moe", "q8_0"), copy,
+                                   std::filesystem::copy_options::overwrite_existing);
+        auto e = open_engine(copy, nullptr, cache, true);
+        ASSERT_TRUE(generate(*e).st.ok());
+        ASSERT_EQ(truncate(copy.c_str(), off_t(std::filesystem::file_size(copy) / 2)), 0);
+        Out o = generate(*e);
+        EXPECT_FALSE(o.st.ok());
+        EXPECT_NE(o.st.message().find("changed"), std::string::npos) << o.st.message();
+        EXPECT_NE(o.st.message().find(copy), std::string::npos) << o.st.message();
+    }
+    std::filesystem::remove(copy);
+}
+
+// Renamed over by a file of the same size and mtime: only the inode tells.
+TEST(IoFaults, ModelFileReplacedBetweenRequestsIsReported) {
+    const std::string src = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string copy = private_copy(src, "replaced");
+    auto e = open_engine(copy, nullptr, 0, true);
+    ASSERT_TRUE(generate(*e).st.ok());
+    const std::string other = private_copy(synth_model("tiny", "qwen3moe", "q8_0", 2), "other");
+    ASSERT_EQ(std::filesystem::file_size(other), std::filesystem::file_size(copy));
+    struct stat st;
+    ASSERT_EQ(stat(copy.c_str(), &st), 0);
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(utimensat(AT_FDCWD, other.c_str(), times, 0), 0);
+    std::filesystem::rename(other, copy);
+    Out o = generate(*e);
+    EXPECT_FALSE(o.st.ok());
+    EXPECT_NE(o.st.message().find("replaced by another file: yes"), std::string::npos) << o.st.message();
+    std::filesystem::remove(copy);
+}
+
+// Truncated (or rewritten in place) while tokens are being generated: the generation stops with
+// an error within one token; the pieces before are the fault-free run's. With the cache off every
+// token reads its experts, so without the per-token check the reads themselves would fail.
+TEST(IoFaults, ModelFileChangedMidGenerationStopsWithinOneToken) {
+    const std::string src = synth_model("tiny", "qwen3moe", "q8_0");
+    auto ref_e = open_engine(src, nullptr, 0, true);
+    Out ref = generate(*ref_e);
+    ASSERT_TRUE(ref.st.ok());
+    ASSERT_GE(ref.g.tokens.size(), 10u);
+    for (const char * how : {"truncate", "rewrite"}) {
+        for (int64_t cache : {0, 4}) {
+            SCOPED_TRACE(std::string(how) + " cache " + std::to_string(cache));
+            const std::string copy = private_copy(src, "midgen");
+            auto e = open_engine(copy, nullptr, cache, true);
+            int pieces = 0;
+            GenerateResult g;
+            Status st = e->generate("Once upon a time", 24, [&](const std::string &) {
+                if (++pieces == 5) {
+                    if (std::string(how) == "truncate") {
+                        EXPECT_EQ(truncate(copy.c_str(), 4096), 0);
+                    } else {
+                        // Same size, other bytes (a different seed's experts): an in-place rewrite.
+                        std::ifstream in(synth_model("tiny", "qwen3moe", "q8_0", 2), std::ios::binary);
+                        std::fstream out(copy, std::ios::in | std::ios::out | std::ios::binary);
+                        out << in.rdbuf();
+                    }
+                }
+                return true;
+            }, &g);
+            EXPECT_FALSE(st.ok());
+            EXPECT_NE(st.message().find("changed"), std::string::npos) << st.message();
+            ASSERT_EQ(g.tokens.size(), 5u);
+            EXPECT_TRUE(std::equal(g.tokens.begin(), g.tokens.end(), ref.g.tokens.begin()));
+            std::filesystem::remove(copy);
+        }
+    }
 }
 
 TEST(IoFaults, BadFaultSpecIsAUsageError) {

@@ -313,6 +313,14 @@ TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
 
 // --- budget is real RAM ----------------------------------------------------------------
 
+// RSS figures include a sanitizer's shadow memory (TSan shadows every written page several
+// times over), so the RSS assertions only hold in uninstrumented builds.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define SKIP_RSS_UNDER_SANITIZER() GTEST_SKIP() << "RSS includes the sanitizer's shadow memory"
+#else
+#define SKIP_RSS_UNDER_SANITIZER() (void)0
+#endif
+
 void run_rss_budget(CacheDebug::Mapping mapping, int n_stages) {
     // 64 layers x 3 x 64 experts x 1 MiB = 12 GiB reserved; 64 MiB budget; top-8 routing.
     std::vector<std::vector<uint64_t>> shapes(64, {kMiB, kMiB, kMiB});
@@ -352,15 +360,18 @@ void run_rss_budget(CacheDebug::Mapping mapping, int n_stages) {
 }
 
 TEST(ResidencyCache, RssStaysWithinBudgetProtected) {
+    SKIP_RSS_UNDER_SANITIZER();
     run_rss_budget(CacheDebug::Mapping::kProtect, 96);
 }
 TEST(ResidencyCache, RssStaysWithinBudgetFlat) {
+    SKIP_RSS_UNDER_SANITIZER();
     run_rss_budget(CacheDebug::Mapping::kFlat, 64);
 }
 
 // A ~200 GiB reservation (far more than RAM + swap) succeeds under the default overcommit
 // heuristic: PROT_NONE / MAP_NORESERVE address space is not charged.
 TEST(ResidencyCache, ReservesFarMoreThanRam) {
+    SKIP_RSS_UNDER_SANITIZER();
     std::ifstream oc("/proc/sys/vm/overcommit_memory");
     int mode = -1;
     oc >> mode;
@@ -423,7 +434,9 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping) {
         const uint8_t * b_first = base + uint64_t(b) * slice;
         auto page = [](const uint8_t * p) { return reinterpret_cast<uintptr_t>(p) / kPage; };
         // a's pages not shared with b (b precedes far by many slices) are freed; b's kept.
-        if (page(a_first) != page(b_first)) EXPECT_FALSE(page_in_core(a_first));
+        if (page(a_first) != page(b_first)) {
+            EXPECT_FALSE(page_in_core(a_first));
+        }
         EXPECT_TRUE(page(a_last) == page(b_first));  // the layouts make a and b share a page
         EXPECT_TRUE(page_in_core(b_first));
     }
@@ -696,3 +709,68 @@ TEST(ResidencyCache, RealModelBytesThroughIoLanes) {
     EXPECT_LE(s->cache_stats().peak_resident_bytes,
               std::max<uint64_t>(6 * L0.expert_bytes + 6 * kPage, k * L0.expert_bytes + 6 * kPage));
 }
+
+namespace {
+
+// A refused commit (CacheDebug::commit_limit_bytes stands in for mprotect's ENOMEM) shrinks
+// the cache: more is evicted, the budget drops to what could be committed, every stage still
+// returns the reads of all its misses and the data stays intact. Both mappings.
+TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
+    const ModelIndex idx = make_index({{kPage, 2 * kPage, kPage}, {kPage, 2 * kPage, kPage}}, 16);
+    const uint64_t eb = 4 * kPage;
+    for (auto mapping : {CacheDebug::Mapping::kProtect, CacheDebug::Mapping::kFlat}) {
+        SCOPED_TRACE(mapping == CacheDebug::Mapping::kProtect ? "protect" : "flat");
+        CacheDebug dbg;
+        dbg.mapping = mapping;
+        dbg.commit_limit_bytes = 6 * eb;  // the "system" allows 6 experts, the budget says 12
+        auto s = make(idx, 12 * eb, dbg);
+        ASSERT_TRUE(s);
+        std::mt19937 rng(5);
+        for (int step = 0; step < 200; ++step) {
+            const size_t moe = size_t(step % 2);
+            std::set<uint32_t> pick;
+            while (pick.size() < 3) pick.insert(uint32_t(rng() % 16));
+            std::vector<uint32_t> experts(pick.begin(), pick.end());
+            stage_and_read(*s, idx, moe, experts);
+            for (uint32_t e : experts) {
+                ASSERT_TRUE(s->is_resident(moe, e));
+                ASSERT_TRUE(slice_intact(*s, idx, moe, e)) << "step " << step << " expert " << e;
+            }
+            ASSERT_LE(s->cache_stats().resident_expert_bytes, 6 * eb);
+        }
+        const CacheStats cs = s->cache_stats();
+        EXPECT_GT(cs.commit_failures, 0u);
+        EXPECT_EQ(cs.budget_shrinks, 1u);  // once shrunk, the budget is never hit again
+        EXPECT_LE(cs.budget_bytes, 6 * eb);
+        EXPECT_GE(cs.budget_bytes, 3 * eb);
+        EXPECT_GT(cs.hits, 0u);
+    }
+}
+
+// When even the staged layer's own routed set cannot be committed, stage() fails with a clear
+// error, nothing of that stage stays resident, earlier residents stay intact, and the store
+// keeps working for a routing that fits.
+TEST(ResidencyCache, RefusedCommitWithNothingToEvictFailsCleanly) {
+    const ModelIndex idx = make_index({{kPage, 2 * kPage, kPage}, {kPage, 2 * kPage, kPage}}, 16);
+    const uint64_t eb = 4 * kPage;
+    CacheDebug dbg;
+    dbg.mapping = CacheDebug::Mapping::kProtect;
+    dbg.commit_limit_bytes = 3 * eb;
+    auto s = make(idx, 12 * eb, dbg);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {1, 2});
+    std::vector<ReadRequest> reads;
+    StageStats ss;
+    Status st = s->stage(1, {3, 4, 5, 6}, &reads, &ss);  // 4 experts: never fits in 3
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("cannot commit"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("nothing left to evict"), std::string::npos) << st.message();
+    for (uint32_t e : {3u, 4u, 5u, 6u}) EXPECT_FALSE(s->is_resident(1, e));
+    EXPECT_LE(s->cache_stats().resident_expert_bytes, 3 * eb);
+    // The next, smaller routing works; nothing poisoned.
+    EXPECT_EQ(stage_and_read(*s, idx, 1, {4, 5}).size(), 2u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 4));
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
+}
+
+}  // namespace

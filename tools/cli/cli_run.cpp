@@ -57,6 +57,8 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_misses"] = s.cache_misses;
     j["evictions"] = s.evictions;
     j["rereads"] = s.rereads;
+    j["cache_commit_failures"] = s.cache_commit_failures;
+    j["cache_budget_now_bytes"] = s.cache_budget_now_bytes;
     j["resident_expert_bytes"] = s.resident_expert_bytes;
     j["peak_resident_expert_bytes"] = s.peak_resident_expert_bytes;
     j["dense_bytes"] = s.dense_bytes;
@@ -135,6 +137,11 @@ int do_run(RunFlags & f) {
                          mib(double(s.resident_expert_bytes)), mib(double(s.peak_resident_expert_bytes)));
         else
             std::fprintf(stderr, "moestream: %s\n", s.cache_budget_reason.c_str());
+        if (s.cache_commit_failures > 0)
+            std::fprintf(stderr,
+                         "moestream: the system refused %llu cache commits: budget shrunk to %.1f MiB\n",
+                         (unsigned long long)s.cache_commit_failures,
+                         mib(double(s.cache_budget_now_bytes)));
     }
     std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | %s\n",
                  mib(double(s.peak_rss_bytes)), s.majflt_per_token,

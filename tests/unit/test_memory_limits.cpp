@@ -1,0 +1,253 @@
+// test_memory_limits.cpp — moestream under memory limits (docs/reliability.md, "Memory limits").
+//
+// cgroup tests: each run of the CLI goes into a fresh child memory cgroup of this process's own
+// (cgroup v1 memory controller; the test needs to be able to create one, i.e. root, and skips
+// with the reason otherwise). The model is the tiny synth preset with f32 experts: 96 MiB of
+// experts, 12 MiB routed per token, so the budgets below evict.
+//  - `--cache-mb auto` under limits of several sizes: never OOM-killed, exit 0, the budget comes
+//    from the cgroup and the tokens equal the unconstrained cache-off run's;
+//  - an explicit budget under a limit of (the cache-off run's peak + budget + margin): no OOM
+//    kill. Negative control: the same budget under (peak + budget / 4) is OOM-killed, so the
+//    harness does see the kernel's OOM kills and the limit does bind.
+// Refused commits, in process: RLIMIT_DATA lowered under what the cache holds makes the
+// kernel refuse the cache's mprotect(PROT_READ|WRITE) with ENOMEM; the cache must shrink and
+// the generation continue with the same tokens.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "moestream/moestream.h"
+#include "test_util.h"
+
+using namespace moestream;
+using namespace moestream::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+const char * kPrompt = "Memory limits must never kill the run";
+
+std::string read_text(const std::string & p) {
+    std::ifstream f(p);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+uint64_t field(const std::string & text, const std::string & key) {
+    std::istringstream in(text);
+    std::string k;
+    uint64_t v;
+    while (in >> k >> v)
+        if (k == key) return v;
+    return 0;
+}
+
+// A child memory cgroup (v1) of this process's own; removed on destruction.
+class Cgroup {
+public:
+    static std::string own_memory_dir(std::string * why) {
+        std::ifstream f("/proc/self/cgroup");
+        std::string line;
+        while (std::getline(f, line)) {
+            const size_t a = line.find(':'), b = line.find(':', a + 1);
+            if (a == std::string::npos || b == std::string::npos) continue;
+            const std::string ctl = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+            if (ctl == "memory" || ctl.find("memory,") == 0 || ctl.find(",memory") != std::string::npos) {
+                const std::string d = "/sys/fs/cgroup/memory" + (path == "/" ? std::string() : path);
+                if (fs::exists(d + "/memory.limit_in_bytes")) return d;
+            }
+        }
+        *why = "no cgroup v1 memory controller for this process (only v1 is supported here)";
+        return "";
+    }
+
+    bool create(const std::string & tag, std::string * why) {
+        const std::string parent = own_memory_dir(why);
+        if (parent.empty()) return false;
+        dir_ = parent + "/moestream-test-" + std::to_string(getpid()) + "-" + tag;
+        if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
+            *why = "cannot create " + dir_ + ": " + std::strerror(errno) + " (needs root)";
+            dir_.clear();
+            return false;
+        }
+        write("memory.swappiness", "0");  // no swap to hide in (best effort)
+        return true;
+    }
+    ~Cgroup() {
+        if (!dir_.empty()) ::rmdir(dir_.c_str());
+    }
+    bool write(const std::string & file, const std::string & v) {
+        std::ofstream f(dir_ + "/" + file);
+        f << v;
+        f.flush();
+        return bool(f);
+    }
+    bool limit(uint64_t bytes) { return write("memory.limit_in_bytes", std::to_string(bytes)); }
+    uint64_t peak() const { return std::stoull(read_text(dir_ + "/memory.max_usage_in_bytes")); }
+    uint64_t oom_kills() const { return field(read_text(dir_ + "/memory.oom_control"), "oom_kill"); }
+    const std::string & dir() const { return dir_; }
+
+    // Runs `args` (appended to the CLI) as the only process of this cgroup.
+    CmdResult run(const std::string & args) {
+        const std::string cmd = "echo $$ > " + sh_quote(dir_ + "/cgroup.procs") + " && exec " +
+                                sh_quote(cli_bin()) + " " + args;
+        return run_cmd("sh -c " + sh_quote(cmd));
+    }
+
+private:
+    std::string dir_;
+};
+
+std::string run_args(const std::string & model, const std::string & cache, const std::string & json) {
+    return "run -m " + sh_quote(model) + " -p " + sh_quote(kPrompt) + " -n 24 -t 1 -c 128 " + cache +
+           " --stats-json " + sh_quote(json);
+}
+
+nlohmann::json stats(const std::string & path) {
+    return nlohmann::json::parse(read_text(path), nullptr, false);
+}
+
+#define NEED_CGROUP(cg, tag)                                              \
+    Cgroup cg;                                                            \
+    {                                                                     \
+        std::string why;                                                  \
+        if (!cg.create(tag, &why)) GTEST_SKIP() << "no memory cgroup: " << why; \
+    }
+
+TEST(MemoryLimits, CacheAutoUnderCgroupLimitsIsNeverOomKilled) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    const std::string json = models_dir() + "/memlim-" + std::to_string(getpid()) + ".json";
+    // Reference: unconstrained, cache off.
+    CmdResult ref = run_cmd(sh_quote(cli_bin()) + " " + run_args(model, "--cache-mb 0", json));
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    const std::string want = ref.out;
+    ASSERT_FALSE(want.empty());
+    // 300 MiB: below auto's 512 MiB floor (cache off); 600, 640: a cache smaller than the 96 MiB
+    // of experts (evicting); 1024: every expert fits.
+    for (uint64_t limit_mib : {300, 600, 640, 1024}) {
+        SCOPED_TRACE("limit " + std::to_string(limit_mib) + " MiB");
+        NEED_CGROUP(cg, "auto-" + std::to_string(limit_mib));
+        ASSERT_TRUE(cg.limit(limit_mib * kMiB));
+        CmdResult r = cg.run(run_args(model, "--cache-mb auto", json));
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, want);
+        EXPECT_LE(cg.peak(), limit_mib * kMiB);
+        const auto j = stats(json);
+        ASSERT_TRUE(j.is_object());
+        const std::string reason = j["cache_budget_reason"];
+        EXPECT_NE(reason.find("cgroup v1"), std::string::npos) << reason;
+        const uint64_t budget = j["cache_budget_bytes"];
+        if (limit_mib == 300) {
+            EXPECT_EQ(budget, 0u) << reason;
+        }
+        if (limit_mib == 600 || limit_mib == 640) {
+            EXPECT_GT(budget, 0u) << reason;
+            EXPECT_LT(budget, 96 * kMiB) << reason;
+            EXPECT_GT(uint64_t(j["evictions"]), 0u);
+        }
+        if (budget > 0) {  // at most one layer's routed set (4 x 768 KiB) above the budget
+            EXPECT_LE(uint64_t(j["peak_resident_expert_bytes"]), budget + 4 * kMiB);
+        }
+        std::printf("limit %llu MiB: budget %llu MiB, cgroup peak %.1f MiB\n",
+                    (unsigned long long)limit_mib, (unsigned long long)(budget >> 20),
+                    double(cg.peak()) / kMiB);
+    }
+    fs::remove(json);
+}
+
+TEST(MemoryLimits, ExplicitBudgetFitsBudgetPlusMarginAndNegativeControlIsOomKilled) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    const std::string json = models_dir() + "/memlim2-" + std::to_string(getpid()) + ".json";
+    uint64_t base = 0;
+    std::string want;
+    {
+        NEED_CGROUP(cg, "base");
+        CmdResult r = cg.run(run_args(model, "--cache-mb 0", json));
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        base = cg.peak();
+        want = r.out;
+    }
+    const uint64_t budget = 64 * kMiB;
+    const std::string cache = "--cache-mb 64 --force-cache";
+    {
+        NEED_CGROUP(cg, "fits");
+        const uint64_t limit = base + budget + 16 * kMiB;
+        ASSERT_TRUE(cg.limit(limit));
+        CmdResult r = cg.run(run_args(model, cache, json));
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, want);
+        const auto j = stats(json);
+        EXPECT_GT(uint64_t(j["evictions"]), 0u);
+        std::printf("cache off peak %.1f MiB; budget 64 MiB under %.1f MiB: cgroup peak %.1f MiB\n",
+                    double(base) / kMiB, double(limit) / kMiB, double(cg.peak()) / kMiB);
+    }
+    {
+        NEED_CGROUP(cg, "oom");
+        ASSERT_TRUE(cg.limit(base + budget / 4));
+        CmdResult r = cg.run(run_args(model, cache, json));
+        EXPECT_EQ(r.exit_code, 128 + 9) << "expected an OOM kill (SIGKILL): " << r.err;
+        EXPECT_GE(cg.oom_kills(), 1u);
+    }
+    fs::remove(json);
+}
+
+// RLIMIT_DATA counts private writable mappings: lowering it below what the cache has committed
+// makes the kernel refuse the cache's next mprotect(PROT_READ|PROT_WRITE) with ENOMEM.
+TEST(MemoryLimits, RefusedCommitShrinksTheCacheAndKeepsTheTokens) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    RunOptions o;
+    o.model_path = model;
+    o.n_threads = 1;
+    o.n_ctx = 256;
+    o.cache_mb = 64;
+    o.force_cache = true;
+    o.cache_debug = true;  // page protection: commits are mprotect calls; poison + residency checks
+    std::unique_ptr<Engine> ref, e;
+    ASSERT_TRUE(Engine::open(o, &e).ok());
+    RunOptions ro = o;
+    ro.cache_mb = 0;
+    ro.cache_debug = false;
+    ASSERT_TRUE(Engine::open(ro, &ref).ok());
+    const char * prompts[] = {"Once upon a time", "The flash device answered slowly"};
+    GenerateResult want[2], got[2];
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(ref->generate(prompts[i], 24, nullptr, &want[i]).ok());
+
+    ASSERT_TRUE(e->generate(prompts[0], 24, nullptr, &got[0]).ok());
+    EXPECT_EQ(got[0].tokens, want[0].tokens);
+    const uint64_t held = e->stats().resident_expert_bytes;
+    ASSERT_GT(held, 40 * kMiB) << "the first prompt should fill most of the 64 MiB";
+
+    const std::string status = read_text("/proc/self/status");
+    const uint64_t vm_data = field(status.substr(status.find("VmData:")), "VmData:") * 1024;
+    ASSERT_GT(vm_data, 0u);
+    struct rlimit old;
+    ASSERT_EQ(getrlimit(RLIMIT_DATA, &old), 0);
+    struct rlimit lim = old;
+    lim.rlim_cur = vm_data - 24 * kMiB;  // the cache has to give back at least 24 MiB
+    ASSERT_EQ(setrlimit(RLIMIT_DATA, &lim), 0);
+    Status st = e->generate(prompts[1], 24, nullptr, &got[1]);
+    ASSERT_EQ(setrlimit(RLIMIT_DATA, &old), 0);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(got[1].tokens, want[1].tokens);
+    const RunStats & s = e->stats();
+    EXPECT_GT(s.cache_commit_failures, 0u);
+    EXPECT_LT(s.cache_budget_now_bytes, 64 * kMiB - 16 * kMiB);
+    EXPECT_LE(s.resident_expert_bytes, s.cache_budget_now_bytes + 12 * kMiB);
+    std::printf("held %.1f MiB; after RLIMIT_DATA = VmData - 24 MiB: %llu refused commits, budget %.1f MiB\n",
+                double(held) / kMiB, (unsigned long long)s.cache_commit_failures,
+                double(s.cache_budget_now_bytes) / kMiB);
+}
+
+}  // namespace
