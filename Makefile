@@ -6,14 +6,17 @@
 #                (docs/reliability.md)
 #   make test-asan / test-tsan / fuzz-smoke   one of those steps alone
 #   make fuzz-long [FUZZ_SECONDS=900]          the documented long fuzz run (nice 19)
-#   make demo    build + synthesize a small model + stream it and print the stats
+#   make demo    build + stream the trained demo model (models/, tools/train) and print the stats
 #   make format  clang-format the sources
 # Env knobs (read here): JOBS (parallel compile/test jobs, default nproc),
-#   BUILD_DIR (default build), DEMO_MODEL (a GGUF to run instead of the synth one).
+#   BUILD_DIR (default build), DEMO_MODEL (the GGUF `make demo` runs; default the trained
+#   byte-level MoE in models/; empty = a random-weight `moestream synth` model).
 JOBS      ?= $(shell nproc)
 BUILD_DIR ?= build
 CMAKE     ?= cmake
 DEMO_DIR  ?= $(BUILD_DIR)/demo
+DEMO_MODEL ?= models/moestream-linuxdoc-4l32e-q4_k_m.gguf
+export DEMO_MODEL
 
 FUZZ_SECONDS ?= 900
 

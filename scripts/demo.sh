@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# demo.sh BUILD_DIR — the main job for a newcomer: make a small MoE model (deterministic
-# random weights, real qwen3moe graph), stream it with moestream and print the stats.
-# Env knobs (read here): DEMO_MODEL (use this GGUF instead), DEMO_PROMPT, DEMO_TOKENS.
+# demo.sh BUILD_DIR — the main job for a newcomer: stream a small MoE model with moestream,
+# print the text it writes and the stats. The model: DEMO_MODEL (the Makefile sets it to the
+# trained byte-level qwen3moe in models/, tools/train/README.md); unset or empty: a random-weight
+# `moestream synth` model (real qwen3moe graph, text is noise).
+# Env knobs (read here): DEMO_MODEL, DEMO_PROMPT, DEMO_TOKENS.
 set -euo pipefail
 build="${1:-build}"
 bin="$build/bin/moestream"
@@ -15,6 +17,7 @@ echo "== moestream inspect -m $model" >&2
 "$bin" inspect -m "$model"
 echo >&2
 echo "== moestream run -m $model (streaming the routed experts; lossless)" >&2
-"$bin" run -m "$model" -p "${DEMO_PROMPT:-The quick brown fox}" -n "${DEMO_TOKENS:-48}" \
+mkdir -p "$build/demo"
+"$bin" run -m "$model" -p "${DEMO_PROMPT:-The kernel}" -n "${DEMO_TOKENS:-160}" \
   --stats-json "$build/demo/stats.json"
 echo "stats written to $build/demo/stats.json" >&2

@@ -112,7 +112,8 @@ int do_eval(EvalFlags & f) {
         ref_info = {
             {"source", f.save_ref.empty() ? "computed" : "computed, saved to " + f.save_ref},
             {"settings", nlohmann::json::parse(ref->settings_json())},
-            {"decode_tok_s", ref->stats().decode_tok_s}};
+            {"decode_tok_s", ref->stats().decode_tok_s},
+            {"bytes_per_token", ref->stats().bytes_per_token}};
     } else {
         ref_info = {{"source", "read from " + f.ref}};
     }

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""The price of each lossy knob on the trained model: `moestream eval` over a grid of settings
+(quality: perplexity, KL, top-1 vs the lossless run at the same cache budget; savings: flash
+bytes read per token vs that lossless run). Writes OUT.json, OUT.md (a table) and OUT.png (KL
+vs read savings; needs python3-matplotlib).
+
+  price_list.py --bin build/bin/moestream -m MODEL -f TEXT -o docs/quality-trained [--max-tokens N]
+"""
+import argparse, json, subprocess, sys
+
+GRID = [  # (label, extra flags)
+    ("k=3, cache off", ["--cache-mb", "0", "--n-expert-used", "3"]),
+    ("k=2, cache off", ["--cache-mb", "0", "--n-expert-used", "2"]),
+    ("k=1, cache off", ["--cache-mb", "0", "--n-expert-used", "1"]),
+    ("k=3, cache 4 MiB", ["--cache-mb", "4", "--force-cache", "--n-expert-used", "3"]),
+    ("k=2, cache 4 MiB", ["--cache-mb", "4", "--force-cache", "--n-expert-used", "2"]),
+]
+for mb in (2, 4, 8):
+    for f in (0.5, 0.75, 1.0):
+        GRID.append((f"drop-cold {f}, cache {mb} MiB",
+                     ["--cache-mb", str(mb), "--force-cache", "--drop-cold-experts", str(f)]))
+GRID.append(("k=3 + drop-cold 0.75, cache 4 MiB",
+             ["--cache-mb", "4", "--force-cache", "--n-expert-used", "3", "--drop-cold-experts", "0.75"]))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", required=True)
+    ap.add_argument("-m", "--model", required=True)
+    ap.add_argument("-f", "--file", required=True)
+    ap.add_argument("-o", "--out", required=True)
+    ap.add_argument("--max-tokens", type=int, default=2000)
+    a = ap.parse_args()
+    rows = []
+    for label, extra in GRID:
+        cmd = [a.bin, "eval", "-m", a.model, "-f", a.file, "-t", "2", "-c", str(max(256, a.max_tokens)),
+               "--max-tokens", str(a.max_tokens), "--json"] + extra
+        j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+        ref_b, run_b = j["reference"].get("bytes_per_token", 0.0), j["bytes_per_token"]
+        rows.append({"setting": label, "flags": " ".join(extra), "ppl": j["perplexity"],
+                     "ppl_ref": j["perplexity_reference"]["value"], "kl": j["mean_kl_nats"],
+                     "top1": j["top1_agreement_pct"], "bytes_per_token": run_b,
+                     "ref_bytes_per_token": ref_b,
+                     "read_savings": (1 - run_b / ref_b) if ref_b > 0 else 0.0,
+                     "tokens": j["tokens"]})
+        print(f"{label}: KL {j['mean_kl_nats']['value']:.4f} top1 {j['top1_agreement_pct']['value']:.1f}% "
+              f"ppl {j['perplexity']['value']:.3f} (ref {rows[-1]['ppl_ref']:.3f}) "
+              f"reads {run_b / 1024:.1f} vs {ref_b / 1024:.1f} KiB/token", file=sys.stderr, flush=True)
+    json.dump(rows, open(a.out + ".json", "w"), indent=1)
+    with open(a.out + ".md", "w") as f:
+        f.write("| setting | perplexity [95% CI] | lossless ppl | mean KL (nats) [95% CI] | top-1 agreement | "
+                "KiB read / token (lossless) | reads avoided |\n|---|---|---|---|---|---|---|\n")
+        for r in rows:
+            f.write(f"| {r['setting']} | {r['ppl']['value']:.3f} [{r['ppl']['lo']:.3f}, {r['ppl']['hi']:.3f}] | "
+                    f"{r['ppl_ref']:.3f} | {r['kl']['value']:.4f} [{r['kl']['lo']:.4f}, {r['kl']['hi']:.4f}] | "
+                    f"{r['top1']['value']:.1f}% [{r['top1']['lo']:.1f}, {r['top1']['hi']:.1f}] | "
+                    f"{r['bytes_per_token'] / 1024:.1f} ({r['ref_bytes_per_token'] / 1024:.1f}) | "
+                    f"{100 * r['read_savings']:.1f}% |\n")
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in rows:
+            ax.scatter(100 * r["read_savings"], r["kl"]["value"])
+            ax.annotate(r["setting"], (100 * r["read_savings"], r["kl"]["value"]), fontsize=6)
+        ax.set_xlabel("flash reads avoided vs lossless at the same cache budget (%)")
+        ax.set_ylabel("mean KL vs lossless (nats/token)")
+        ax.set_title("Trained model: quality vs read savings per lossy setting")
+        fig.tight_layout()
+        fig.savefig(a.out + ".png", dpi=110)
+    except ImportError:
+        print("matplotlib missing: no chart", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
