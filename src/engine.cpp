@@ -481,11 +481,7 @@ private:
         s.logits_sha = hex64(logit_hash);
         if (store_) {
             const CacheStats cs = store_->cache_stats();
-            const StepCounters & tot = streamer_->total();
-            s.cache_lookups = tot.lookups;
-            s.cache_hits = tot.hits;
-            s.cache_misses = tot.misses;
-            s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
+            fill_lookup_totals(&s);
             s.evictions = cs.evictions;
             s.rereads = cs.rereads;
             s.cache_commit_failures = cs.commit_failures;
@@ -609,17 +605,20 @@ public:
         s.decode_tok_s = decode_s > 0 ? double(s.tokens.size()) / decode_s : 0;
         s.bytes_per_token = double(bytes) / double(s.tokens.size());
         s.peak_rss_bytes = peak_rss_bytes();
-        if (streamer_) {
-            const StepCounters & tot = streamer_->total();
-            s.cache_lookups = tot.lookups;
-            s.cache_hits = tot.hits;
-            s.cache_misses = tot.misses;
-            s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
-        }
+        if (streamer_) fill_lookup_totals(&s);
         return Status::Ok();
     }
 
 private:
+    // Cache lookups, hits and misses over the whole run so far (streaming only).
+    void fill_lookup_totals(RunStats * s) const {
+        const StepCounters & tot = streamer_->total();
+        s->cache_lookups = tot.lookups;
+        s->cache_hits = tot.hits;
+        s->cache_misses = tot.misses;
+        s->cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
+    }
+
     // The per-token figures of the decode step that just ran (streaming counters, if any).
     TokenStats step_stats(int32_t token, double decode_s) const {
         TokenStats t;
