@@ -213,6 +213,7 @@ public:
         if (d.budget_bytes > 0) {
             CacheDebug dbg;
             dbg.poison = dbg.check_residency = opt_.cache_debug;
+            dbg.recycle_pages = opt_.cache_recycle;
             store_ = make_lru_cache(index_, d.budget_bytes, dbg, &st);
         } else {
             store_ = make_shared_slots(index_, &st);
@@ -271,6 +272,7 @@ public:
         h.drop_cold = opt_.drop_cold;
         h.drop_in_prefill = opt_.drop_in_prefill;
         h.drop_renorm = opt_.drop_renorm;
+        h.cache_chunks = cs.recycle_pages;
         h.settings_json = settings_json();
         tracer_ = RouteTracer::open(opt_.route_trace, h);
         hook_->enable_trace(tracer_.get(), h.n_layer);
@@ -488,6 +490,9 @@ private:
             s.cache_budget_now_bytes = cs.budget_bytes;
             s.resident_expert_bytes = store_->resident_bytes();
             s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
+            s.cache_recycle_pages = cs.recycle_pages;
+            s.cache_recycled_commits = cs.recycled_commits;
+            s.cache_pool_bytes = cs.pool_bytes;
         }
         if (binder_) s.dense_bytes = binder_->dense_bytes();
         if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
@@ -536,6 +541,7 @@ public:
         j["cache_mb_requested"] = opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
         j["cache_budget_reason"] = stats_.cache_budget_reason;
         j["cache_debug"] = opt_.cache_debug;
+        j["cache_recycle"] = opt_.cache_recycle;
         j["n_expert_used"] = k_eff_;
         j["n_expert_used_model"] = index_.n_expert_used;
         j["lossy"] = lossy();

@@ -52,6 +52,18 @@ struct PageLayout {
     // exactly slice_bytes.
     bool page_exclusive() const { return phase_bytes == 0 && slice_bytes % page_bytes == 0; }
 
+    // The most pages one slice touches: the chunk size of the page pool (page_pool.h), and
+    // what one live expert costs per projection when the cache recycles pool chunks.
+    uint64_t chunk_pages() const {
+        uint64_t most = 0;
+        for (uint32_t e = 0; e < n_expert; ++e) {
+            uint64_t p0, p1;
+            pages_of(e, &p0, &p1);
+            most = std::max(most, p1 - p0);
+        }
+        return most;
+    }
+
     // The pages of expert e that no other live expert touches: [*q0, *q1). `live(x)` says
     // whether expert x of the same tensor holds pages now. Only the two boundary pages can
     // be shared; interior pages lie inside the slice.

@@ -4,8 +4,9 @@
 // states absent / pending / resident, pending promoted at the next stage, lookups deduplicated
 // per stage, hits moved to the MRU end, misses evicting (never an expert routed in the layer
 // being staged) until committing them fits the budget, commit and release costs counted in
-// pages with boundary pages shared between neighbouring live experts of a tensor (both use
-// page_layout.h for that arithmetic). Any other change
+// pages with boundary pages shared between neighbouring live experts of a tensor, or, when
+// the cache recycled pool chunks (TraceHeader::cache_chunks), in whole chunks per live expert
+// (both use page_layout.h for that arithmetic). Any other change
 // to the engine's cache must be made here too; `moestream replay --validate` and the
 // CacheSimMatchesLruCache test catch a divergence.
 #include "replay.h"
@@ -63,6 +64,10 @@ public:
             for (size_t t = 0; t < S.slice_bytes.size(); ++t) {
                 const uint64_t phase = t < S.phase_bytes.size() ? S.phase_bytes[t] : 0;
                 L.tensors.push_back(PageLayout{phase, S.slice_bytes[t], page_, h.n_expert});
+                if (h.cache_chunks) {  // recycled pages: whole pool chunks per live expert
+                    L.aligned_cost += L.tensors.back().chunk_pages() * page_;
+                    continue;
+                }
                 if (!L.tensors.back().page_exclusive()) L.aligned = false;
                 L.aligned_cost += S.slice_bytes[t];  // exclusive slices own whole pages
             }

@@ -15,7 +15,9 @@
 // hit (no read), a miss is committed, read and kept; over budget, the least recently used
 // (layer, expert) not routed in the layer being staged is evicted and its pages released.
 // Committed expert memory <= max(budget, the staged layer's routed set).
-// A commit the system refuses (mprotect ENOMEM/EAGAIN) evicts more and retries, and the
+// Pages come from a pool of recycled memfd chunks by default (page_pool.h): an evicted
+// expert's pages are mapped under the next miss instead of freed and zero-filled again.
+// A commit the system refuses (mprotect/mmap ENOMEM/EAGAIN) evicts more and retries, and the
 // budget shrinks to what could be committed; only when nothing is left to evict does stage()
 // fail (the request fails cleanly, nothing staged stays resident, the store stays usable).
 //
@@ -58,6 +60,12 @@ struct CacheStats {
     uint64_t reserved_bytes = 0;         // address space reserved (not RAM)
     uint64_t page_bytes = 0;             // commit granularity
     bool page_protect = false;           // released pages are PROT_NONE (else: flat mapping)
+    // Pages recycled through the page pool (page_pool.h) rather than committed fresh for
+    // every miss. Then a live expert costs whole pool chunks (PageLayout::chunk_pages) and
+    // the byte figures above count chunks.
+    bool recycle_pages = false;
+    uint64_t recycled_commits = 0;  // projection slices mapped onto an earlier expert's pages
+    uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
 };
 
 // Debug and test knobs of the LRU cache (docs/cache.md, "Debug mode").
@@ -77,6 +85,11 @@ struct CacheDebug {
     // flat (read-write, never touched until committed; release = MADV_DONTNEED only).
     enum class Mapping { kAuto, kProtect, kFlat };
     Mapping mapping = Mapping::kAuto;
+    // With page protection: take the pages of a miss from the page pool (page_pool.h), where
+    // evicted experts leave theirs, instead of committing fresh zero-filled anonymous pages.
+    // false = the old path (`--cache-no-recycle`, for A/B benchmarks). Falls back to fresh
+    // pages when memfd_create is unavailable.
+    bool recycle_pages = true;
 
     // Test only: plant one bug, once, at the first stage() where it applies, so tests can
     // show verify_resident() catches it. kForgetRead: the first miss is marked resident but

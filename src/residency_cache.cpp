@@ -7,6 +7,13 @@
 // in every projection, a release gives back the pages that no other live expert of the same
 // tensor also covers (slices need not be page multiples, so neighbours can share a page).
 //
+// Recycled pages (the default with page protection; page_pool.h): a live expert holds one
+// pool chunk per projection, mapped at its canonical address; an eviction hands the chunk
+// back and the next miss maps it again, so no page is freed, zero-filled and charged anew.
+// A boundary page two live experts share is backed by one of their chunks (its owner); when
+// the owner goes first, the page's bytes move into the other's chunk. Budget accounting is
+// then in whole chunks per live expert (PageLayout::chunk_pages; the replay does the same).
+//
 // State per (layer, expert): absent, pending (committed, reads handed out by the current
 // stage()), resident. Pending becomes resident when the next stage() begins (the caller
 // reports failed reads through abandon_stage() before that). A doubly linked LRU list over
@@ -21,9 +28,11 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "log.h"
 #include "page_layout.h"
+#include "page_pool.h"
 #include "residency.h"
 
 namespace moestream {
@@ -31,6 +40,7 @@ namespace {
 
 constexpr uint8_t kPoisonByte = 0xFF;
 constexpr uint64_t kPoisonWord = ~uint64_t(0);
+constexpr uint64_t kNoChunk = ~uint64_t(0);
 
 enum : uint8_t { kAbsent = 0, kPending = 1, kResident = 2 };
 
@@ -96,6 +106,8 @@ public:
         s.reserved_bytes = reserved_;
         s.page_bytes = page_;
         s.page_protect = protect_;
+        s.recycle_pages = recycle_;
+        s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         return s;
     }
 
@@ -111,10 +123,18 @@ private:
         // reads land in place (io_lanes.h, page_layout.h).
         uint64_t phase = 0;
         PageLayout layout;  // the same numbers, for the page arithmetic
+        // Recycled pages only:
+        uint32_t cls = 0;            // the pool class of its chunks
+        uint64_t chunk_pages = 0;    // pages per chunk (layout.chunk_pages())
+        std::vector<uint64_t> chunk; // per expert: its chunk's pool offset, kNoChunk if absent
+        // Pages that can be shared by several experts, while mapped: which live expert's
+        // chunk backs them. Interior pages are always backed by their only expert's chunk.
+        std::unordered_map<uint64_t, uint32_t> owner;
     };
     struct LayerInfo {
         uint32_t n_expert = 0;
-        uint32_t first_id = 0;  // id of expert 0 in the per-(layer, expert) arrays
+        uint32_t first_id = 0;    // id of expert 0 in the per-(layer, expert) arrays
+        uint64_t chunk_cost = 0;  // recycled pages: bytes of one expert's chunks
     };
 
     uint32_t id_of(size_t moe_idx, uint32_t e) const { return layers_[moe_idx].first_id + e; }
@@ -139,6 +159,7 @@ private:
 
     // Bytes that committing expert e (absent now) would add.
     uint64_t commit_cost(size_t moe_idx, uint32_t e) const {
+        if (recycle_) return layers_[moe_idx].chunk_cost;
         uint64_t total = 0;
         for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
             uint64_t q0, q1;
@@ -154,8 +175,18 @@ private:
 
     // Commits expert e's pages. On failure nothing is committed and *err is the errno.
     Status commit(size_t moe_idx, uint32_t e, int * err);
+    // Gives back expert e's memory in projection t; returns the bytes accounted for it.
+    uint64_t release_projection(size_t moe_idx, size_t t, uint32_t e);
     void release(size_t moe_idx, uint32_t e);
-    void release_pages(uint8_t * base, uint64_t q0, uint64_t q1);
+    // Frees pages [q0, q1) of a reservation (anonymous: MADV_DONTNEED; recycled: replaced by
+    // a PROT_NONE reservation again). False if the pages could not be taken away.
+    bool release_pages(uint8_t * base, uint64_t q0, uint64_t q1);
+    // Recycled pages: whether page p of r can be touched by more than one expert.
+    static bool shareable(const Reservation & r, uint64_t p) {
+        uint64_t lo, hi;
+        r.layout.experts_on(p, &lo, &hi);
+        return lo < hi;
+    }
     bool evict_one(size_t moe_idx);
 
     // LRU list: sentinel at index n_ids_; next_ goes from MRU towards LRU.
@@ -176,6 +207,9 @@ private:
     const CacheDebug dbg_;
     uint64_t page_ = 4096;
     bool protect_ = true;
+    bool recycle_ = false;            // pages from pool_ (implies protect_)
+    std::unique_ptr<PagePool> pool_;
+    uint64_t leaked_chunks_ = 0;      // chunks kept out of the pool after a failed release
 
     std::vector<LayerInfo> layers_;
     std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])
@@ -279,7 +313,18 @@ Status LruCache::init() {
             "vm.max_map_count is %llu)",
             (unsigned long long)worst_maps, (unsigned long long)map_limit);
 
+    if (protect_ && dbg_.recycle_pages) {
+        Status pst;
+        pool_ = PagePool::create(page_, &pst);
+        if (pool_)
+            recycle_ = true;
+        else
+            MS_LOG_WARN("%s: committing fresh pages for every miss instead of recycling",
+                        pst.message().c_str());
+    }
+
     // Reservations.
+    Status pool_error;
     res_.resize(n_res);
     for (size_t i = 0; i < index_.moe_layers.size(); ++i) {
         const MoeLayer & ML = index_.moe_layers[i];
@@ -301,7 +346,25 @@ Status LruCache::init() {
             reserved_ += r.map_bytes;
             // Whole huge pages would commit neighbours' bytes and break the page accounting.
             madvise(p, r.map_bytes, MADV_NOHUGEPAGE);
+            if (recycle_) {
+                r.chunk_pages = r.layout.chunk_pages();
+                Status cst;
+                r.cls = pool_->class_for(r.chunk_pages, layers_[i].n_expert, &cst);
+                if (!cst.ok() && pool_error.ok()) pool_error = cst;
+                r.chunk.assign(layers_[i].n_expert, kNoChunk);
+                layers_[i].chunk_cost += r.chunk_pages * page_;
+            }
         }
+    }
+
+    if (recycle_ && pool_error.ok()) pool_error = pool_->size_files(budget_, max_experts + 1);
+    if (recycle_ && !pool_error.ok()) {
+        MS_LOG_WARN("%s: committing fresh pages for every miss instead of recycling",
+                    pool_error.message().c_str());
+        recycle_ = false;
+        pool_.reset();
+        for (LayerInfo & L : layers_) L.chunk_cost = 0;
+        for (Reservation & r : res_) r.chunk.clear();
     }
 
     state_.assign(n_ids_, kAbsent);
@@ -321,29 +384,52 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
     const size_t n_t = layers_res_count(moe_idx);
     uint64_t added = 0;
     for (size_t t = 0; t < n_t; ++t) {
-        const Reservation & r = res_[layer_res_[moe_idx] + t];
+        Reservation & r = res_[layer_res_[moe_idx] + t];
         uint64_t p0, p1, q0, q1;
         page_range(r, e, &p0, &p1);
         exclusive_range(moe_idx, r, e, &q0, &q1);
-        const bool refused = dbg_.commit_limit_bytes > 0 &&
-                             committed_ + added + (q1 - q0) * page_ > dbg_.commit_limit_bytes;
-        if (refused) errno = ENOMEM;
-        if (refused || (protect_ && q1 > q0 &&
-                        mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0)) {
-            const int err = errno;
+        const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
+        const bool refused =
+            dbg_.commit_limit_bytes > 0 && committed_ + added + cost > dbg_.commit_limit_bytes;
+        const char * what = recycle_ ? "mmap" : "mprotect";
+        int err = refused ? ENOMEM : 0;
+        if (!refused && recycle_) {
+            // Room in the pool: live chunks are within the budget (stage() evicted for this
+            // one); free chunks of other sizes give their memory back if needed.
+            const uint64_t cap = std::max(budget_, committed_ + added + cost);
+            if (!pool_->has_free(r.cls))
+                while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
+                }
+            uint64_t off = 0;
+            bool recycled = false;
+            if (!pool_->take(r.cls, &off, &recycled, &err)) {
+                what = "page pool";
+                if (err == ENOSPC) err = ENOMEM;  // the system refused memory: shrink
+            } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
+                                         recycled)) != 0) {
+                pool_->give_back(r.cls, off);
+                // MAP_FIXED may have taken the old reservation away: put it back.
+                release_pages(r.base, q0, q1);
+            } else {
+                r.chunk[e] = off;
+                if (recycled) ++stats_.recycled_commits;
+                if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
+                if (q1 > q0 && shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
+            }
+        } else if (!refused && protect_ && q1 > q0 &&
+                   mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0) {
+            err = errno;
+        }
+        if (err != 0) {
             *err_out = err;
             // Undo the projections committed so far (state is still absent).
-            for (size_t u = 0; u < t; ++u) {
-                uint64_t a0, a1;
-                exclusive_range(moe_idx, res_[layer_res_[moe_idx] + u], e, &a0, &a1);
-                release_pages(res_[layer_res_[moe_idx] + u].base, a0, a1);
-            }
+            for (size_t u = 0; u < t; ++u) release_projection(moe_idx, u, e);
             return Status::Runtime(
                 "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
-                index_.moe_layers[moe_idx].tensors[t].name + "': mprotect: " + errno_str(err) +
+                index_.moe_layers[moe_idx].tensors[t].name + "': " + what + ": " + errno_str(err) +
                 (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
         }
-        added += (q1 - q0) * page_;
+        added += cost;
         if (dbg_.poison) {
             // The slice itself, plus the parts of newly committed boundary pages outside it
             // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
@@ -359,10 +445,25 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
     return Status::Ok();
 }
 
-void LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
-    if (q1 <= q0) return;
+bool LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
+    if (q1 <= q0) return true;
     uint8_t * p = base + q0 * page_;
     const uint64_t len = (q1 - q0) * page_;
+    if (recycle_) {
+        // Unmap the pool pages: a fresh PROT_NONE reservation over them.
+        void * m = mmap(p, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                        -1, 0);
+        if (m == MAP_FAILED) {
+            if (!warned_protect_) {
+                warned_protect_ = true;
+                MS_LOG_WARN("expert cache: cannot unmap pool pages: %s (vm.max_map_count?)",
+                            std::strerror(errno));
+            }
+            return false;
+        }
+        madvise(p, len, MADV_NOHUGEPAGE);
+        return true;
+    }
     if (madvise(p, len, MADV_DONTNEED) != 0 && !warned_protect_) {
         warned_protect_ = true;
         MS_LOG_WARN("expert cache: madvise(MADV_DONTNEED) failed: %s", std::strerror(errno));
@@ -373,18 +474,69 @@ void LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
         MS_LOG_WARN("expert cache: mprotect(PROT_NONE) failed: %s (vm.max_map_count?)",
                     std::strerror(errno));
     }
+    return true;
+}
+
+uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e) {
+    Reservation & r = res_[layer_res_[moe_idx] + t];
+    uint64_t q0, q1;
+    exclusive_range(moe_idx, r, e, &q0, &q1);
+    if (!recycle_) {
+        release_pages(r.base, q0, q1);
+        return (q1 - q0) * page_;
+    }
+    const uint64_t off = r.chunk[e];
+    if (off == kNoChunk) return 0;
+    const LayerInfo & L = layers_[moe_idx];
+    uint64_t p0, p1;
+    page_range(r, e, &p0, &p1);
+    bool keep_chunk = false;  // a page of it stays mapped: never reuse it
+    for (uint64_t p : {p0, p1 - 1}) {
+        auto it = r.owner.find(p);
+        if (it == r.owner.end() || it->second != e) continue;
+        if (p >= q0 && p < q1) {  // only e touches it: it goes with e
+            r.owner.erase(it);
+            continue;
+        }
+        // A live neighbour shares it: move the page's bytes into that neighbour's chunk.
+        uint64_t lo, hi;
+        r.layout.experts_on(p, &lo, &hi);
+        uint32_t x = e;
+        for (uint64_t v = lo; v <= hi && x == e; ++v)
+            if (v != e && state_[L.first_id + uint32_t(v)] != kAbsent && r.chunk[v] != kNoChunk)
+                x = uint32_t(v);
+        int err = EINVAL;
+        if (x != e) {
+            uint64_t x0, x1;
+            page_range(r, x, &x0, &x1);
+            err = pool_->write_page(r.cls, r.chunk[x], p - x0, r.base + p * page_);
+            if (err == 0)
+                err = pool_->map(r.cls, r.chunk[x], p - x0, 1, r.base + p * page_, true);
+        }
+        if (err == 0) {
+            it->second = x;
+        } else {
+            keep_chunk = true;  // the page keeps e's chunk under it; x stays correct
+            if (x != e) it->second = x;
+            MS_LOG_WARN("expert cache: cannot move a shared page to its neighbour (%s); "
+                        "one pool chunk is kept out of use",
+                        errno_str(err).c_str());
+        }
+    }
+    if (!release_pages(r.base, q0, q1)) keep_chunk = true;
+    r.chunk[e] = kNoChunk;
+    if (keep_chunk)
+        ++leaked_chunks_;
+    else
+        pool_->give_back(r.cls, off);
+    return r.chunk_pages * page_;
 }
 
 // Releases a live expert's exclusively covered pages in every projection and marks it absent.
 void LruCache::release(size_t moe_idx, uint32_t e) {
     const uint32_t id = id_of(moe_idx, e);
-    for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
-        const Reservation & r = res_[layer_res_[moe_idx] + t];
-        uint64_t q0, q1;
-        exclusive_range(moe_idx, r, e, &q0, &q1);
-        release_pages(r.base, q0, q1);
-        committed_ -= (q1 - q0) * page_;
-    }
+    for (size_t t = 0; t < layers_res_count(moe_idx); ++t)
+        committed_ -= release_projection(moe_idx, t, e);
     state_[id] = kAbsent;
     lru_unlink(id);
     --live_count_;

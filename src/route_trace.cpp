@@ -63,7 +63,8 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
     put<uint64_t>(b, h.page_bytes);
     put<uint64_t>(b, h.cache_budget_bytes);
     put<double>(b, h.drop_cold);
-    put<uint32_t>(b, (h.drop_in_prefill ? 1u : 0u) | (h.drop_renorm ? 2u : 0u));
+    put<uint32_t>(b, (h.drop_in_prefill ? 1u : 0u) | (h.drop_renorm ? 2u : 0u) |
+                         (h.cache_chunks ? 4u : 0u));
     for (const TraceLayerShape & L : h.moe_layers) {
         put<uint32_t>(b, L.layer);
         put<uint32_t>(b, uint32_t(L.slice_bytes.size()));
@@ -285,9 +286,11 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
         return c.err(at, "drop-cold fraction outside [0, 1]");
     at = c.off();
     MS_TRY(c.get(&hflags, "settings flags"));
-    if (hflags & ~3u) return c.err(at, "unknown settings flags " + std::to_string(hflags));
+    const uint32_t known = h.version >= 3 ? 7u : 3u;
+    if (hflags & ~known) return c.err(at, "unknown settings flags " + std::to_string(hflags));
     h.drop_in_prefill = hflags & 1;
     h.drop_renorm = hflags & 2;
+    h.cache_chunks = hflags & 4;
     std::vector<int32_t> layer_to_moe(h.n_layer, -1);
     for (uint32_t i = 0; i < n_moe; ++i) {
         TraceLayerShape L;

@@ -26,7 +26,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 2;  // this build writes 2, reads 1 and 2
+constexpr uint32_t kRouteTraceVersion = 3;  // this build writes 3, reads 1 to 3
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // Per-slot flags (the top 8 bits of a slot's 32-bit word; the low 24 bits are the expert id).
@@ -56,6 +56,9 @@ struct TraceHeader {
     double drop_cold = 0;             // --drop-cold-experts F, 0 = off
     bool drop_in_prefill = false;
     bool drop_renorm = false;
+    // The cache recycled pool chunks (residency.h): a live expert cost whole chunks per
+    // projection (PageLayout::chunk_pages) rather than its exclusive pages. Version 3.
+    bool cache_chunks = false;
     std::vector<TraceLayerShape> moe_layers;  // ascending layer
     std::string settings_json;                // the engine's resolved settings (informational)
 };

@@ -43,6 +43,10 @@ struct RunOptions {
     int64_t cache_mb = -1;
     bool force_cache = false;   // allow budgets in the 1..1499 MiB band (--force-cache)
     bool cache_debug = false;   // poison + residency check of every routed slice (--cache-debug)
+    // Map a miss onto the pages an evicted expert left in the page pool instead of committing
+    // fresh zero-filled pages (docs/cache.md, "Recycled pages"). false: --cache-no-recycle,
+    // the old path, for A/B benchmarks.
+    bool cache_recycle = true;
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;      // experts per token; 0 = the model's top-k (--n-expert-used)
     double drop_cold = 0;       // --drop-cold-experts F in (0, 1]; 0 = off
@@ -95,6 +99,9 @@ struct RunStats {
     uint64_t cache_budget_now_bytes = 0; // the budget at the end (lower after a refused commit)
     uint64_t resident_expert_bytes = 0;       // at the end
     uint64_t peak_resident_expert_bytes = 0;
+    bool cache_recycle_pages = false;     // pages came from the page pool (else fresh commits)
+    uint64_t cache_recycled_commits = 0;  // slices mapped onto an evicted expert's pages
+    uint64_t cache_pool_bytes = 0;        // RAM the pool may hold at the end (in use + free)
     uint64_t dense_bytes = 0;         // dense weights copied to RAM
     // --drop-cold-experts (docs/lossy-knobs.md); zero when off.
     uint64_t experts_routed = 0;      // routed slots the policy looked at

@@ -214,6 +214,9 @@ TEST(MemoryLimits, RefusedCommitShrinksTheCacheAndKeepsTheTokens) {
     o.cache_mb = 64;
     o.force_cache = true;
     o.cache_debug = true;  // page protection: commits are mprotect calls; poison + residency checks
+    // RLIMIT_DATA counts private writable mappings only, not the page pool's shared memory:
+    // fresh anonymous pages (the pool's refusals are tested in test_residency_cache).
+    o.cache_recycle = false;
     std::unique_ptr<Engine> ref, e;
     ASSERT_TRUE(Engine::open(o, &e).ok());
     RunOptions ro = o;

@@ -108,12 +108,16 @@ TraceHeader header_of(const ModelIndex & idx, uint32_t k, uint64_t budget) {
 // records what it did as an in-memory trace: the streamer's distinct first-seen order, the
 // cache's residency before each stage.
 RouteTrace drive_real_cache(const ModelIndex & idx, uint64_t budget, uint32_t k, int graphs,
-                            uint32_t seed, CacheStats * cs) {
+                            uint32_t seed, CacheStats * cs, bool recycle) {
     Status st;
-    auto store = make_lru_cache(idx, budget, CacheDebug{}, &st);
+    CacheDebug dbg;
+    dbg.recycle_pages = recycle;
+    auto store = make_lru_cache(idx, budget, dbg, &st);
     EXPECT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(store->cache_stats().recycle_pages, recycle);
     RouteTrace t;
     t.header = header_of(idx, k, budget);
+    t.header.cache_chunks = store->cache_stats().recycle_pages;  // as the engine records it
     std::mt19937 rng(seed);
     std::vector<ReadRequest> reads;
     std::vector<uint8_t> seen(idx.n_expert, 0);
@@ -174,11 +178,13 @@ TEST(CacheSim, MatchesTheEnginesLruCacheDecisionForDecision) {
         uint64_t max_eb = 0;
         for (const MoeLayer & L : idx.moe_layers) max_eb = std::max(max_eb, L.expert_bytes);
         for (uint64_t budget : {max_eb, max_eb * sh.k / 2, max_eb * sh.k * 2, max_eb * sh.k * 5,
-                                max_eb * sh.n_expert * 4}) {
+                                max_eb * sh.n_expert * 4})
+        for (bool recycle : {true, false}) {
             SCOPED_TRACE("budget " + std::to_string(budget) + " slice " +
-                         std::to_string(sh.layers[0][0]));
+                         std::to_string(sh.layers[0][0]) + " recycle " + std::to_string(recycle));
             CacheStats cs;
-            const RouteTrace t = drive_real_cache(idx, budget, sh.k, 300, uint32_t(budget), &cs);
+            const RouteTrace t =
+                drive_real_cache(idx, budget, sh.k, 300, uint32_t(budget), &cs, recycle);
             Replayer rp(t);
             ReplayResult r;
             ValidateReport v;

@@ -4,6 +4,7 @@
 // "Reads" are simulated by filling each ReadRequest's destination with a pattern derived
 // from its file offset, which is what IoLanes would do with the real bytes.
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include "gguf_index.h"
 #include "io_lanes.h"
+#include "page_layout.h"
 #include "residency.h"
 #include "synth.h"
 
@@ -132,6 +134,47 @@ uint64_t rss_anon_bytes() {
     while (std::getline(f, line))
         if (line.rfind("RssAnon:", 0) == 0) return std::stoull(line.substr(8)) * 1024;
     return 0;
+}
+
+// Anonymous + shared memory mapped by the process (the page pool's chunks are shmem).
+uint64_t rss_anon_shmem_bytes() {
+    std::ifstream f("/proc/self/status");
+    std::string line;
+    uint64_t total = 0;
+    while (std::getline(f, line))
+        if (line.rfind("RssAnon:", 0) == 0 || line.rfind("RssShmem:", 0) == 0)
+            total += std::stoull(line.substr(9)) * 1024;
+    return total;
+}
+
+// RAM held by the page pool's memfds, mapped or not, as the kernel counts it (st_blocks of
+// every open "memfd:moestream-pool" file).
+uint64_t pool_file_bytes() {
+    uint64_t total = 0;
+    for (int fd = 0; fd < 4096; ++fd) {
+        char link[64], target[256];
+        std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        const ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        if (std::strstr(target, "memfd:moestream-pool") == nullptr) continue;
+        struct stat sb;
+        if (fstat(fd, &sb) == 0) total += uint64_t(sb.st_blocks) * 512;
+    }
+    return total;
+}
+
+// What the cache accounts for the live experts `es` of layer `moe`: with recycled pages, one
+// pool chunk per projection each (PageLayout::chunk_pages); else the union of their pages.
+uint64_t union_page_bytes(const ModelIndex & idx, size_t moe, const std::vector<uint32_t> & es);
+uint64_t accounted_bytes(const ModelIndex & idx, size_t moe, const std::vector<uint32_t> & es,
+                         bool recycle) {
+    if (!recycle) return union_page_bytes(idx, moe, es);
+    uint64_t per_expert = 0;
+    for (const ExpertTensor & et : idx.moe_layers[moe].tensors)
+        per_expert += PageLayout{et.file_offset % kPage, et.slice_bytes, kPage,
+                                 uint32_t(et.ne[2])}.chunk_pages() * kPage;
+    return es.size() * per_expert;
 }
 
 // Pages covered by the union of the given experts' slices, over all projections.
@@ -282,6 +325,47 @@ TEST(ResidencyCache, MatchesReferenceLru) {
     }
 }
 
+// Recycled pages with slices that share boundary pages (three sizes, one below a page): over
+// a long random routing, every live expert's bytes stay intact after every stage, whichever
+// neighbour's chunk backs a shared page and in whatever order neighbours leave; the pool
+// recycles and never holds more than the budget. The same run with fresh pages is the
+// control for the decisions (the accounting differs, so only integrity is compared).
+TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) {
+    const ModelIndex idx = make_index({{10000, 1500, 3 * kPage + 7}, {5000, 5000, 9000}}, 24);
+    for (bool recycle : {true, false}) {
+        SCOPED_TRACE("recycle " + std::to_string(recycle));
+        CacheDebug dbg;
+        dbg.recycle_pages = recycle;
+        dbg.poison = true;
+        dbg.check_residency = true;
+        const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(9, 0), true);
+        auto s = make(idx, budget, dbg);
+        ASSERT_TRUE(s);
+        ASSERT_EQ(s->cache_stats().recycle_pages, recycle);
+        std::mt19937 rng(99);
+        for (int i = 0; i < 400; ++i) {
+            const size_t moe = rng() % 2;
+            std::vector<uint32_t> ex = random_routing(rng, 24, 1 + rng() % 4);
+            for (uint32_t & e : ex)
+                if (rng() % 3 == 0) e = e % 5;  // some locality, so neighbours overlap often
+            std::sort(ex.begin(), ex.end());
+            ex.erase(std::unique(ex.begin(), ex.end()), ex.end());
+            stage_and_read(*s, idx, moe, ex);
+            ASSERT_TRUE(s->verify_resident(moe, ex).ok()) << "stage " << i;
+            for (size_t l = 0; l < 2; ++l)
+                for (uint32_t e = 0; e < 24; ++e)
+                    if (s->is_resident(l, e))
+                        ASSERT_TRUE(slice_intact(*s, idx, l, e))
+                            << "stage " << i << " layer " << l << " expert " << e;
+            const CacheStats cs = s->cache_stats();
+            if (recycle) ASSERT_LE(cs.pool_bytes, std::max(budget, cs.resident_expert_bytes));
+        }
+        const CacheStats cs = s->cache_stats();
+        EXPECT_GT(cs.evictions, 100u);
+        if (recycle) EXPECT_GT(cs.recycled_commits, 200u);
+    }
+}
+
 // A budget smaller than one layer's routed set: the routed set is kept whole (it is needed
 // by the matmul about to run), everything else goes.
 TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
@@ -321,7 +405,7 @@ TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
 #define SKIP_RSS_UNDER_SANITIZER() (void)0
 #endif
 
-void run_rss_budget(CacheDebug::Mapping mapping, int n_stages) {
+void run_rss_budget(CacheDebug::Mapping mapping, bool recycle, int n_stages) {
     // 64 layers x 3 x 64 experts x 1 MiB = 12 GiB reserved; 64 MiB budget; top-8 routing.
     std::vector<std::vector<uint64_t>> shapes(64, {kMiB, kMiB, kMiB});
     const ModelIndex idx = make_index(shapes, 64);
@@ -329,23 +413,28 @@ void run_rss_budget(CacheDebug::Mapping mapping, int n_stages) {
     const uint64_t layer_set = 8 * 3 * kMiB;
     const uint64_t slack = 16 * kMiB;  // allocator noise, the test's own vectors
 
-    const uint64_t rss0 = rss_anon_bytes();
+    const uint64_t rss0 = rss_anon_shmem_bytes();
     ASSERT_GT(rss0, 0u);
     CacheDebug dbg;
     dbg.mapping = mapping;
+    dbg.recycle_pages = recycle;
     auto s = make(idx, budget, dbg);
     ASSERT_TRUE(s);
+    EXPECT_EQ(s->cache_stats().recycle_pages, recycle);
     EXPECT_EQ(s->reserved_bytes(), 12ull * 1024 * kMiB);
-    EXPECT_LE(rss_anon_bytes(), rss0 + slack);  // reserving costs no RAM
+    EXPECT_LE(rss_anon_shmem_bytes(), rss0 + slack);  // reserving costs no RAM
 
     std::mt19937 rng(7);
     uint64_t peak_rss = 0;
     for (int i = 0; i < n_stages; ++i) {
         const size_t moe = size_t(i) % 64;
         stage_and_read(*s, idx, moe, random_routing(rng, 64, 8));
-        const uint64_t rss = rss_anon_bytes();
+        const uint64_t rss = rss_anon_shmem_bytes();
         peak_rss = std::max(peak_rss, rss);
         ASSERT_LE(rss, rss0 + budget + layer_set + slack) << "stage " << i;
+        // The pool's memory, mapped or not (free chunks included), stays within it too.
+        ASSERT_LE(pool_file_bytes(), budget + layer_set) << "stage " << i;
+        if (recycle) ASSERT_LE(s->cache_stats().pool_bytes, std::max(budget, layer_set));
         ASSERT_LE(s->cache_stats().resident_expert_bytes, std::max(budget, layer_set));
         ASSERT_EQ(s->resident_bytes(), s->cache_stats().resident_expert_bytes);
     }
@@ -355,17 +444,30 @@ void run_rss_budget(CacheDebug::Mapping mapping, int n_stages) {
     // The cache did fill up to its budget (RSS really tracked the committed bytes).
     EXPECT_GE(peak_rss, rss0 + budget - 3 * kMiB);
     EXPECT_GE(cs.resident_expert_bytes, budget - layer_set);
+    if (recycle) {
+        // Misses took the pages evicted experts left: after the first fill, nearly all.
+        EXPECT_GT(cs.recycled_commits, 3 * (cs.misses - budget / (3 * kMiB)) * 9 / 10);
+        EXPECT_GE(pool_file_bytes(), budget - layer_set);
+    } else {
+        EXPECT_EQ(cs.recycled_commits, 0u);
+        EXPECT_EQ(pool_file_bytes(), 0u);
+    }
     s.reset();
-    EXPECT_LE(rss_anon_bytes(), rss0 + slack);
+    EXPECT_LE(rss_anon_shmem_bytes(), rss0 + slack);
+    EXPECT_EQ(pool_file_bytes(), 0u);  // the pool's memory went with the cache
 }
 
+TEST(ResidencyCache, RssStaysWithinBudgetRecycled) {
+    SKIP_RSS_UNDER_SANITIZER();
+    run_rss_budget(CacheDebug::Mapping::kProtect, true, 96);
+}
 TEST(ResidencyCache, RssStaysWithinBudgetProtected) {
     SKIP_RSS_UNDER_SANITIZER();
-    run_rss_budget(CacheDebug::Mapping::kProtect, 96);
+    run_rss_budget(CacheDebug::Mapping::kProtect, false, 96);
 }
 TEST(ResidencyCache, RssStaysWithinBudgetFlat) {
     SKIP_RSS_UNDER_SANITIZER();
-    run_rss_budget(CacheDebug::Mapping::kFlat, 64);
+    run_rss_budget(CacheDebug::Mapping::kFlat, false, 64);
 }
 
 // A ~200 GiB reservation (far more than RAM + swap) succeeds under the default overcommit
@@ -400,8 +502,8 @@ TEST(ResidencyCache, ReservesFarMoreThanRam) {
 
 // --- shared boundary pages -------------------------------------------------------------
 
-void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping) {
-    SCOPED_TRACE("slice bytes " + std::to_string(sb));
+void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping, bool recycle) {
+    SCOPED_TRACE("slice bytes " + std::to_string(sb) + " recycle " + std::to_string(recycle));
     ASSERT_NE(sb % kPage, 0u);
     // Projections of different sizes, none a page multiple.
     const ModelIndex idx = make_index({{sb, sb + 24, 2 * sb + 8}}, 32);
@@ -411,11 +513,16 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping) {
     dbg.poison = true;
     dbg.check_residency = true;
     dbg.mapping = mapping;
+    dbg.recycle_pages = recycle;
+    auto cost = [&](const std::vector<uint32_t> & es) {
+        return accounted_bytes(idx, 0, es, recycle);
+    };
     // Budget: exactly b + far, so staging far after {a, b} must evict a (the colder one).
-    auto s = make(idx, union_page_bytes(idx, 0, {b, far}), dbg);
+    auto s = make(idx, cost({b, far}), dbg);
     ASSERT_TRUE(s);
+    EXPECT_EQ(s->cache_stats().recycle_pages, recycle);
     stage_and_read(*s, idx, 0, {a, b});
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, union_page_bytes(idx, 0, {a, b}));
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({a, b}));
     EXPECT_TRUE(slice_intact(*s, idx, 0, a));
     EXPECT_TRUE(slice_intact(*s, idx, 0, b));
 
@@ -423,7 +530,7 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping) {
     EXPECT_FALSE(s->is_resident(0, a));
     EXPECT_TRUE(s->is_resident(0, b));
     EXPECT_EQ(s->cache_stats().evictions, 1u);
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, union_page_bytes(idx, 0, {b, far}));
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({b, far}));
     EXPECT_TRUE(slice_intact(*s, idx, 0, b));  // the shared page survived a's release
     EXPECT_TRUE(s->verify_resident(0, {b}).ok());
     for (size_t t = 0; t < 3; ++t) {
@@ -459,16 +566,20 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping) {
     EXPECT_TRUE(s->verify_resident(0, {b, a}).ok());
     EXPECT_FALSE(s->is_resident(0, far));
     EXPECT_EQ(s->cache_stats().rereads, 1u);
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, union_page_bytes(idx, 0, {a, b}));
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({a, b}));
+    if (recycle) EXPECT_GE(s->cache_stats().recycled_commits, 3u);  // a took far's chunks
 }
 
 TEST(ResidencyCache, BoundaryPagesLargeSlices) {
-    run_boundary(2 * kPage + 1808, 3, CacheDebug::Mapping::kProtect);  // 10000 B at 4 KiB
-    run_boundary(2 * kPage + 1808, 3, CacheDebug::Mapping::kFlat);
+    const uint64_t sb = 2 * kPage + 1808;  // 10000 B at 4 KiB
+    run_boundary(sb, 3, CacheDebug::Mapping::kProtect, true);
+    run_boundary(sb, 3, CacheDebug::Mapping::kProtect, false);
+    run_boundary(sb, 3, CacheDebug::Mapping::kFlat, false);
 }
 TEST(ResidencyCache, BoundaryPagesSmallSlices) {
     // Several experts per page; expert 2 straddles pages 0/1, expert 3 lies inside page 1.
-    run_boundary(kPage * 3 / 8 + 36, 2, CacheDebug::Mapping::kProtect);
+    run_boundary(kPage * 3 / 8 + 36, 2, CacheDebug::Mapping::kProtect, true);
+    run_boundary(kPage * 3 / 8 + 36, 2, CacheDebug::Mapping::kProtect, false);
 }
 
 // --- failed reads -------------------------------------------------------------------------
@@ -556,14 +667,15 @@ TEST(ResidencyCache, ReleasedPagesFault) {
 }
 
 void expect_caught(CacheDebug::Fault fault, bool poison, CacheDebug::Mapping mapping,
-                   const std::string & want) {
+                   const std::string & want, bool recycle = true) {
     SCOPED_TRACE("fault " + std::to_string(int(fault)) + " poison " + std::to_string(poison) +
-                 " mapping " + std::to_string(int(mapping)));
+                 " mapping " + std::to_string(int(mapping)) + " recycle " + std::to_string(recycle));
     const ModelIndex idx = make_index({{3000, 5000, 9000}, {3000, 5000, 9000}}, 16);
     CacheDebug dbg;
     dbg.poison = poison;
     dbg.check_residency = true;
     dbg.mapping = mapping;
+    dbg.recycle_pages = recycle;
     dbg.fault = fault;
     auto s = make(idx, kMiB, dbg);
     ASSERT_TRUE(s);
@@ -595,9 +707,13 @@ TEST(ResidencyCache, VerifyResidentCatchesPlantedBugs) {
     using F = CacheDebug::Fault;
     using M = CacheDebug::Mapping;
     expect_caught(F::kForgetRead, true, M::kProtect, "poison pattern");
-    expect_caught(F::kForgetRead, false, M::kProtect, "not in RAM");
+    expect_caught(F::kForgetRead, true, M::kProtect, "poison pattern", false);
+    // Fresh pages are caught by mincore alone. Recycled ones hold an earlier expert's bytes
+    // and are in RAM: only the poison catches them, which is why --cache-debug turns both on.
+    expect_caught(F::kForgetRead, false, M::kProtect, "not in RAM", false);
     expect_caught(F::kForgetRead, false, M::kFlat, "not in RAM");
     expect_caught(F::kDropRouted, true, M::kProtect, "not in RAM");
+    expect_caught(F::kDropRouted, false, M::kProtect, "not in RAM", false);
     expect_caught(F::kDropRouted, false, M::kFlat, "not in RAM");
 }
 

@@ -94,7 +94,8 @@ void write_synthetic(const std::string & path, const TraceHeader & h, int tokens
 }
 
 TEST(RouteTraceFormat, RoundTripsEveryField) {
-    const TraceHeader h = shape_header(3, 16, 4, 10000);
+    TraceHeader h = shape_header(3, 16, 4, 10000);
+    h.cache_chunks = true;
     const std::string path = tmp_path("roundtrip.trace");
     write_synthetic(path, h, 5);
     RouteTrace t;
@@ -108,6 +109,7 @@ TEST(RouteTraceFormat, RoundTripsEveryField) {
     EXPECT_EQ(t.header.drop_cold, 0.5);
     EXPECT_TRUE(t.header.drop_in_prefill);
     EXPECT_FALSE(t.header.drop_renorm);
+    EXPECT_TRUE(t.header.cache_chunks);
     EXPECT_EQ(t.header.settings_json, h.settings_json);
     ASSERT_EQ(t.header.moe_layers.size(), 3u);
     EXPECT_EQ(t.header.moe_layers[1].slice_bytes, (std::vector<uint64_t>{10000, 10000, 14096}));
@@ -193,6 +195,7 @@ TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
     const Case cases[] = {
         {0, "X", "offset 0: not a moestream route trace"},
         {8, std::string("\x09\0\0\0", 4), "offset 8: unsupported trace version 9"},
+        {56, "\x08", "offset 56: unknown settings flags 8"},
         {rec, "Q", "offset " + std::to_string(rec) + ": unknown record tag"},
         {rec + 1, "\x07", "offset " + std::to_string(rec + 1) + ": phase 7"},
         {rec + 4, std::string("\x63\0\0\0", 4), "offset " + std::to_string(rec + 4) + ": layer 99"},

@@ -61,6 +61,9 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_budget_now_bytes"] = s.cache_budget_now_bytes;
     j["resident_expert_bytes"] = s.resident_expert_bytes;
     j["peak_resident_expert_bytes"] = s.peak_resident_expert_bytes;
+    j["cache_recycle_pages"] = s.cache_recycle_pages;
+    j["cache_recycled_commits"] = s.cache_recycled_commits;
+    j["cache_pool_bytes"] = s.cache_pool_bytes;
     j["dense_bytes"] = s.dense_bytes;
     j["experts_routed"] = s.experts_routed;
     j["experts_dropped"] = s.experts_dropped;
@@ -226,6 +229,9 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
            "expert cache budget in MiB: auto (default), 0 = off, N")
         ->type_name("auto|N");
     sub->add_flag("--force-cache", opt->force_cache, "allow a --cache-mb in the 1..1499 MiB band");
+    sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
+                  "commit fresh zero-filled pages for every cache miss and free them on "
+                  "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
     sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", opt->n_expert_used,
