@@ -145,6 +145,7 @@ public:
             const char * fault = std::getenv("MOESTREAM_DEBUG_IO_FAULT");
             if (fault != nullptr && *fault != '\0') {
                 st = parse_io_fault(fault, &fault_plan_);
+                if (st.ok()) st = check_io_fault_lanes(fault_plan_, lanes_.n_lanes());
                 if (!st.ok()) return st;
                 lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
                 MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)", fault);

@@ -13,8 +13,10 @@
 #include <gtest/gtest.h>
 
 #include "page_pool.h"
+#include "test_util.h"
 
 using namespace moestream;
+using moestream::test::pool_file_bytes;
 
 namespace {
 
@@ -27,21 +29,6 @@ std::unique_ptr<PagePool> make_pool() {
     return p;
 }
 
-// RAM in the pool's memfds as the kernel counts it.
-uint64_t pool_file_bytes() {
-    uint64_t total = 0;
-    for (int fd = 0; fd < 4096; ++fd) {
-        char link[64], target[256];
-        std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        const ssize_t n = readlink(link, target, sizeof target - 1);
-        if (n <= 0) continue;
-        target[n] = 0;
-        struct stat sb;
-        if (std::strstr(target, "memfd:moestream-pool") && fstat(fd, &sb) == 0)
-            total += uint64_t(sb.st_blocks) * 512;
-    }
-    return total;
-}
 
 uint8_t * reserve(uint64_t pages) {
     void * p = mmap(nullptr, pages * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,

@@ -25,8 +25,10 @@
 #include "page_layout.h"
 #include "residency.h"
 #include "synth.h"
+#include "test_util.h"
 
 using namespace moestream;
+using moestream::test::pool_file_bytes;
 
 namespace {
 
@@ -147,22 +149,6 @@ uint64_t rss_anon_shmem_bytes() {
     return total;
 }
 
-// RAM held by the page pool's memfds, mapped or not, as the kernel counts it (st_blocks of
-// every open "memfd:moestream-pool" file).
-uint64_t pool_file_bytes() {
-    uint64_t total = 0;
-    for (int fd = 0; fd < 4096; ++fd) {
-        char link[64], target[256];
-        std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-        const ssize_t n = readlink(link, target, sizeof target - 1);
-        if (n <= 0) continue;
-        target[n] = 0;
-        if (std::strstr(target, "memfd:moestream-pool") == nullptr) continue;
-        struct stat sb;
-        if (fstat(fd, &sb) == 0) total += uint64_t(sb.st_blocks) * 512;
-    }
-    return total;
-}
 
 // What the cache accounts for the live experts `es` of layer `moe`: with recycled pages, one
 // pool chunk per projection each (PageLayout::chunk_pages); else the union of their pages.
@@ -354,15 +340,20 @@ TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) {
             ASSERT_TRUE(s->verify_resident(moe, ex).ok()) << "stage " << i;
             for (size_t l = 0; l < 2; ++l)
                 for (uint32_t e = 0; e < 24; ++e)
-                    if (s->is_resident(l, e))
+                    if (s->is_resident(l, e)) {
                         ASSERT_TRUE(slice_intact(*s, idx, l, e))
                             << "stage " << i << " layer " << l << " expert " << e;
+                    }
             const CacheStats cs = s->cache_stats();
-            if (recycle) ASSERT_LE(cs.pool_bytes, std::max(budget, cs.resident_expert_bytes));
+            if (recycle) {
+                ASSERT_LE(cs.pool_bytes, std::max(budget, cs.resident_expert_bytes));
+            }
         }
         const CacheStats cs = s->cache_stats();
         EXPECT_GT(cs.evictions, 100u);
-        if (recycle) EXPECT_GT(cs.recycled_commits, 200u);
+        if (recycle) {
+            EXPECT_GT(cs.recycled_commits, 200u);
+        }
     }
 }
 
@@ -434,7 +425,9 @@ void run_rss_budget(CacheDebug::Mapping mapping, bool recycle, int n_stages) {
         ASSERT_LE(rss, rss0 + budget + layer_set + slack) << "stage " << i;
         // The pool's memory, mapped or not (free chunks included), stays within it too.
         ASSERT_LE(pool_file_bytes(), budget + layer_set) << "stage " << i;
-        if (recycle) ASSERT_LE(s->cache_stats().pool_bytes, std::max(budget, layer_set));
+        if (recycle) {
+            ASSERT_LE(s->cache_stats().pool_bytes, std::max(budget, layer_set));
+        }
         ASSERT_LE(s->cache_stats().resident_expert_bytes, std::max(budget, layer_set));
         ASSERT_EQ(s->resident_bytes(), s->cache_stats().resident_expert_bytes);
     }
@@ -567,7 +560,9 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping, bool rec
     EXPECT_FALSE(s->is_resident(0, far));
     EXPECT_EQ(s->cache_stats().rereads, 1u);
     EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({a, b}));
-    if (recycle) EXPECT_GE(s->cache_stats().recycled_commits, 3u);  // a took far's chunks
+    if (recycle) {
+        EXPECT_GE(s->cache_stats().recycled_commits, 3u);  // a took far's chunks
+    }
 }
 
 TEST(ResidencyCache, BoundaryPagesLargeSlices) {

@@ -1,11 +1,13 @@
 #include "test_util.h"
 
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -105,6 +107,22 @@ std::string synth_model(const std::string & preset, const std::string & arch,
     if (r.exit_code != 0) throw std::runtime_error("synth failed: " + cmd + "\n" + r.err);
     std::filesystem::rename(tmp, path);
     return path;
+}
+
+
+uint64_t pool_file_bytes() {
+    uint64_t total = 0;
+    for (int fd = 0; fd < 4096; ++fd) {
+        char link[64], target[256];
+        std::snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        const ssize_t n = readlink(link, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        struct stat sb;
+        if (std::strstr(target, "memfd:moestream-pool") && fstat(fd, &sb) == 0)
+            total += uint64_t(sb.st_blocks) * 512;
+    }
+    return total;
 }
 
 }  // namespace moestream::test

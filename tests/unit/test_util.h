@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 
 namespace moestream::test {
@@ -31,5 +32,9 @@ std::string synth_model(const std::string & preset, const std::string & arch,
 
 // Shell-quotes a string.
 std::string sh_quote(const std::string & s);
+
+// RAM held by the open memfds of the page pool ("memfd:moestream-pool"), as the kernel
+// counts it (st_blocks), mapped or not.
+uint64_t pool_file_bytes();
 
 }  // namespace moestream::test

@@ -196,6 +196,9 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
         ->check(CLI::Range(2, 1 << 20));
     add_engine_flags(sub, &f->opt);  // run's engine flags (lossy knobs included)
+    sub->add_option("--route-trace", f->opt.route_trace,
+                    "record the configured run's routings to FILE, one decode row per text "
+                    "token (docs/route-trace.md; `moestream replay` reads it)");
     auto * save = sub->add_option("--save-ref", f->save_ref, "keep the reference logits in FILE");
     sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
         ->excludes(save);
