@@ -613,6 +613,7 @@ public:
         s.bytes_per_token = double(bytes) / double(s.tokens.size());
         s.peak_rss_bytes = peak_rss_bytes();
         if (streamer_) fill_lookup_totals(&s);
+        if (tracer_) tracer_->finish();  // one trace per engine, as for generate()
         return Status::Ok();
     }
 

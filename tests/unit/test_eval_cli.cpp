@@ -90,6 +90,28 @@ TEST(EvalCli, SavedReferenceReproducesTheNumbers) {
     for (const std::string & p : {text, ref, other}) std::remove(p.c_str());
 }
 
+// --route-trace records one decode row per scored token, with the cache's real hits: replay
+// --validate reproduces them exactly.
+TEST(EvalCli, RouteTraceOfTheTextReplays) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string text = write_text("eval-trace", kText);
+    const std::string trace = text + ".trace";
+    const json j = eval_json("-m " + sh_quote(model) + " -f " + sh_quote(text) +
+                             " --cache-mb 64 --force-cache --route-trace " + sh_quote(trace));
+    ASSERT_FALSE(j.is_null());
+    CmdResult v = run_cmd(sh_quote(cli_bin()) + " replay --validate --json " + sh_quote(trace));
+    ASSERT_EQ(v.exit_code, 0) << v.err;
+    const json r = json::parse(v.out)["validate"];
+    EXPECT_TRUE(r["ok"].get<bool>()) << v.out;
+    EXPECT_GT(r["hits"].get<uint64_t>(), 0u) << v.out;
+    // One decode row per scored position, every MoE layer, k slots each: tiny has 4 MoE
+    // layers x top-4.
+    const uint64_t positions = j["positions"].get<uint64_t>();
+    ASSERT_GT(positions, 10u);
+    EXPECT_EQ(r["slots_checked"].get<uint64_t>(), positions * 4 * 4) << v.out;
+    for (const std::string & p : {text, trace}) std::remove(p.c_str());
+}
+
 TEST(EvalCli, BadTextIsOneClearError) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     const std::string empty = write_text("eval-empty", "");

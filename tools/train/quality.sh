@@ -16,6 +16,7 @@ py="$repo/tools/train/py"
 model="$repo/models/moestream-linuxdoc-4l32e-q8_0.gguf"
 text="$repo/tests/data/trained/val-excerpt.txt"
 tokens="${QUALITY_TOKENS:-2000}"
+"$repo/scripts/setup-train.sh" > /dev/null  # the gguf package routing_stats.py reads models with
 mkdir -p "$out"
 synth="$out/synth-tiny-q8_0.gguf"
 [ -f "$synth" ] || "$bin" synth --preset tiny --type q8_0 --seed 1 -o "$synth"
