@@ -10,7 +10,9 @@
 //    Debian's test-llama-archs models when $LLAMA_TOOL is available).
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -918,6 +920,52 @@ TEST(GgufIndex, CorruptionMatrix) {
     }
     EXPECT_GE(n, 80);
 }
+
+// Rejecting a file costs little memory, whatever sizes it claims (counts of 2^40 and
+// INT64_MAX, huge string lengths, huge shapes): each case is loaded in a forked child whose
+// peak RSS (wait4's ru_maxrss) is compared with a child that loads nothing.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+TEST(GgufIndex, DISABLED_RejectingUsesLittleMemory) {}  // RSS includes the shadow memory
+#else
+TEST(GgufIndex, RejectingUsesLittleMemory) {
+    TempDir tmp;
+    auto child_peak_kib = [](const std::string & path) -> long {
+        const pid_t pid = fork();
+        if (pid == 0) {
+            if (!path.empty()) {
+                ModelIndex m;
+                (void)load_model_index(path, &m);
+            }
+            _exit(0);
+        }
+        int status = 0;
+        struct rusage ru = {};
+        if (wait4(pid, &status, 0, &ru) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+            return -1;
+        return ru.ru_maxrss;
+    };
+    const long base = child_peak_kib("");
+    ASSERT_GT(base, 0);
+    long worst = 0;
+    std::string worst_label;
+    int n = 0;
+    for (const Case & c : corruption_cases()) {
+        Builder b = moe_builder();
+        c.mutate(b);
+        const std::string path = tmp.path("mem-" + std::to_string(n++) + ".gguf");
+        write_file(path, b.build());
+        const long peak = child_peak_kib(path);
+        ASSERT_GT(peak, 0) << c.label << ": the child crashed";
+        if (peak - base > worst) {
+            worst = peak - base;
+            worst_label = c.label;
+        }
+    }
+    std::printf("%d corrupt files rejected; most memory over the baseline: %ld KiB (%s)\n", n,
+                worst, worst_label.c_str());
+    EXPECT_LT(worst, 16 * 1024) << worst_label;
+}
+#endif
 
 TEST(GgufIndex, TruncationAtEveryBoundaryAndRandomOffsets) {
     TempDir tmp;

@@ -240,6 +240,30 @@ TEST(Server, CompletionEqualsRun) {
         << "negative control: the comparison must be able to fail";
 }
 
+// A read error (EIO, injected on the 60th expert read: the first request's second token)
+// fails that request with an error naming errno 5, and the same running server answers the
+// next request exactly as `run` does (nothing poisoned, the engine still usable).
+TEST(Server, IoErrorFailsTheRequestAndTheNextOneIsAnswered) {
+    const std::string prompt = "Once upon a time";
+    RunOut ref = moestream_run(prompt, 12);
+    ASSERT_EQ(ref.tokens.size(), 12u);
+    ServerProc s({"--lossless"}, {"MOESTREAM_DEBUG_IO_FAULT=eio-once:60"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json req = {{"prompt", prompt}, {"max_tokens", 12}, {"return_tokens", true},
+                      {"cache_prompt", false}};
+    auto bad = post(s, "/v1/completions", req);
+    ASSERT_TRUE(bad);
+    EXPECT_GE(bad->status, 500) << bad->body;
+    EXPECT_NE(bad->body.find("errno 5"), std::string::npos) << bad->body;
+    auto good = post(s, "/v1/completions", req);
+    ASSERT_TRUE(good);
+    ASSERT_EQ(good->status, 200) << good->body;
+    EXPECT_EQ(body_json(good)["moestream"]["tokens"].get<std::vector<int>>(), ref.tokens);
+    auto h = s.client().Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+}
+
 // Chat: the default template (chatml; the synth model carries none) applied to the messages
 // gives exactly the prompt `run` is given here; streamed and non-streamed replies agree.
 TEST(Server, ChatEqualsRunWithChatmlAndStreams) {
