@@ -60,13 +60,28 @@ def main():
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for r in rows:
-            ax.scatter(100 * r["read_savings"], r["kl"]["value"])
-            ax.annotate(r["setting"], (100 * r["read_savings"], r["kl"]["value"]), fontsize=6)
-        ax.set_xlabel("flash reads avoided vs lossless at the same cache budget (%)")
-        ax.set_ylabel("mean KL vs lossless (nats/token)")
-        ax.set_title("Trained model: quality vs read savings per lossy setting")
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+        colors = {"cache off": "tab:gray", "cache 2 MiB": "tab:blue", "cache 4 MiB": "tab:orange",
+                  "cache 8 MiB": "tab:green"}
+        for ax, key, ylabel in ((axes[0], "kl", "mean KL vs lossless (nats/token)"),
+                                (axes[1], "top1", "top-1 agreement with lossless (%)")):
+            seen = set()
+            for r in rows:
+                knob, cache = r["setting"].rsplit(", ", 1)
+                marker = "*" if "+" in knob else ("s" if knob.startswith("k=") else "o")
+                short = knob.replace("drop-cold ", "F=").replace(" + ", "+")
+                lab = cache if cache not in seen else None
+                seen.add(cache)
+                ax.scatter(100 * r["read_savings"], r[key]["value"], marker=marker, s=60 if marker == "*" else 36,
+                           color=colors.get(cache, "black"), label=lab)
+                ax.annotate(short, (100 * r["read_savings"], r[key]["value"]), fontsize=7,
+                            xytext=(4, 2), textcoords="offset points")
+            ax.set_xlabel("flash reads avoided vs lossless at the same cache budget (%)")
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        axes[0].legend(title="circle: drop-cold, square: fewer experts, star: both", fontsize=7,
+                       title_fontsize=7)
+        fig.suptitle("Trained model: quality vs read savings per lossy setting (moestream eval)")
         fig.tight_layout()
         fig.savefig(a.out + ".png", dpi=110)
     except ImportError:
