@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +14,14 @@
 
 namespace moestream {
 namespace {
+
+// Whether a file may grow to `bytes` under RLIMIT_FSIZE. Growing past it would raise
+// SIGXFSZ, whose default action kills the process: check first, never trigger it.
+bool size_allowed(uint64_t bytes) {
+    struct rlimit r;
+    if (getrlimit(RLIMIT_FSIZE, &r) != 0 || r.rlim_cur == RLIM_INFINITY) return true;
+    return bytes <= uint64_t(r.rlim_cur);
+}
 
 int make_memfd(const char * name) {
 #ifdef MFD_CLOEXEC
@@ -71,6 +80,9 @@ Status PagePool::size_files(uint64_t budget_bytes, uint64_t spare) {
         const uint64_t n = std::min(c.slices, budget_bytes / cb + spare);
         if (n > UINT64_MAX / cb) return Status::Runtime("expert cache: page pool too large");
         if (n * cb <= c.file_bytes) continue;
+        if (!size_allowed(n * cb))
+            return Status::Runtime("expert cache: cannot size the page pool to " +
+                                   std::to_string(n * cb) + " bytes: above RLIMIT_FSIZE");
         if (ftruncate(c.fd, off_t(n * cb)) != 0)
             return Status::Runtime(std::string("expert cache: cannot size the page pool to ") +
                                    std::to_string(n * cb) + " bytes: " + std::strerror(errno));
@@ -106,6 +118,11 @@ bool PagePool::take(uint32_t cls, uint64_t * off, bool * recycled, int * err) {
             // Grow the (sparse) file geometrically: ftruncate allocates no pages.
             uint64_t want = std::max<uint64_t>(c.file_bytes * 2, c.next_off + cb);
             want = std::min<uint64_t>(want, std::max<uint64_t>(c.slices * cb, c.next_off + cb));
+            if (!size_allowed(want)) want = c.next_off + cb;
+            if (!size_allowed(want)) {
+                *err = EFBIG;
+                return false;
+            }
             if (ftruncate(c.fd, off_t(want)) != 0) {
                 *err = errno;
                 return false;
@@ -132,7 +149,7 @@ void PagePool::give_back(uint32_t cls, uint64_t off) {
 bool PagePool::punch_free_chunk(uint32_t keep_cls) {
     for (size_t i = 0; i < classes_.size(); ++i) {
         Class & c = classes_[i];
-        if (i == keep_cls || c.free.empty()) continue;
+        if (i == keep_cls || c.free.empty()) continue;  // keep_cls = kAnyClass: none kept
         const uint64_t off = c.free.back();
         const uint64_t cb = c.chunk_pages * page_;
         if (fallocate(c.fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off_t(off), off_t(cb)) != 0)

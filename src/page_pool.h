@@ -43,7 +43,8 @@ public:
     uint32_t class_for(uint64_t chunk_pages, uint64_t slices, Status * st);
     // Sizes every class's (sparse) memfd for the chunks a cache of `budget_bytes` can hold
     // at once, plus `spare` chunks (the staged layer's routed set may exceed the budget).
-    // Fails (kRuntime, naming errno) when a file cannot be sized, e.g. under RLIMIT_FSIZE.
+    // Fails (kRuntime, naming the cause) when a file cannot be sized, e.g. above RLIMIT_FSIZE
+    // (checked first: growing past it would raise SIGXFSZ and kill the process).
     Status size_files(uint64_t budget_bytes, uint64_t spare);
     uint64_t chunk_bytes(uint32_t cls) const { return classes_[cls].chunk_pages * page_; }
 
@@ -59,7 +60,9 @@ public:
     // Returns a chunk (its pages stay allocated, ready for the next take()).
     void give_back(uint32_t cls, uint64_t off);
     bool has_free(uint32_t cls) const { return !classes_[cls].free.empty(); }
-    // Frees the memory of one free chunk of a class other than `keep_cls`; false if none.
+    // Frees the memory of one free chunk of a class other than `keep_cls` (kAnyClass: of any
+    // class); false if none.
+    static constexpr uint32_t kAnyClass = UINT32_MAX;
     bool punch_free_chunk(uint32_t keep_cls);
 
     // Maps pages [first, first + n) of chunk (cls, off) read-write at `addr` (page aligned),

@@ -66,6 +66,7 @@ struct CacheStats {
     bool recycle_pages = false;
     uint64_t recycled_commits = 0;  // projection slices mapped onto an earlier expert's pages
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
+    uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
 };
 
 // Debug and test knobs of the LRU cache (docs/cache.md, "Debug mode").

@@ -108,6 +108,7 @@ public:
         s.page_protect = protect_;
         s.recycle_pages = recycle_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
+        s.pool_leaked_chunks = leaked_chunks_;
         return s;
     }
 
@@ -404,7 +405,7 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
             bool recycled = false;
             if (!pool_->take(r.cls, &off, &recycled, &err)) {
                 what = "page pool";
-                if (err == ENOSPC) err = ENOMEM;  // the system refused memory: shrink
+                if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
             } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
                                          recycled)) != 0) {
                 pool_->give_back(r.cls, off);
@@ -516,8 +517,15 @@ uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e) {
         if (err == 0) {
             it->second = x;
         } else {
-            keep_chunk = true;  // the page keeps e's chunk under it; x stays correct
-            if (x != e) it->second = x;
+            // The page keeps e's chunk under it (x's bytes are there); a failed MAP_FIXED may
+            // have unmapped it, so map e's page back. e's chunk is never reused.
+            keep_chunk = true;
+            if (x != e) {
+                if (pool_->map(r.cls, off, p - p0, 1, r.base + p * page_, true) != 0)
+                    MS_LOG_ERROR("expert cache: a shared page of '%s' could not be restored",
+                                 index_.moe_layers[moe_idx].tensors[t].name.c_str());
+                it->second = x;
+            }
             MS_LOG_WARN("expert cache: cannot move a shared page to its neighbour (%s); "
                         "one pool chunk is kept out of use",
                         errno_str(err).c_str());
@@ -606,12 +614,18 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
             const uint64_t was = budget_;
             while (!st.ok() && (err == ENOMEM || err == EAGAIN)) {
                 ++stats_.commit_failures;
-                if (!evict_one(moe_idx)) break;
+                // Free memory first: free pool chunks (any size), then the LRU expert.
+                if (!(recycle_ && pool_->punch_free_chunk(PagePool::kAnyClass)) &&
+                    !evict_one(moe_idx))
+                    break;
                 st = commit(moe_idx, e, &err);
             }
             if (st.ok() && committed_ < budget_) {
                 budget_ = std::max<uint64_t>(committed_, page_);
                 ++stats_.budget_shrinks;
+                while (recycle_ && pool_->held_bytes() > budget_ &&
+                       pool_->punch_free_chunk(PagePool::kAnyClass)) {
+                }
                 MS_LOG_WARN("expert cache: the system refused to commit memory (%s); budget "
                             "shrunk from %llu to %llu MiB",
                             errno_str(ENOMEM).c_str(), (unsigned long long)(was >> 20),

@@ -257,7 +257,7 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
     c.skip(sizeof kRouteTraceMagic);
     uint64_t at = c.off();
     MS_TRY(c.get(&h.version, "version"));
-    if (h.version != 1 && h.version != kRouteTraceVersion)
+    if (h.version < 1 || h.version > kRouteTraceVersion)
         return c.err(at, "unsupported trace version " + std::to_string(h.version) +
                              " (this build reads 1 to " + std::to_string(kRouteTraceVersion) + ")");
     uint32_t n_moe = 0, hflags = 0;

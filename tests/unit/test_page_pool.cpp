@@ -135,15 +135,17 @@ TEST(PagePool, PunchGivesMemoryBack) {
 }
 
 // Sizing the pool fails with a clear error where files cannot grow (RLIMIT_FSIZE): the
-// cache then falls back to fresh pages (test_residency_cache, test_route_trace).
+// cache then falls back to fresh pages (test_route_trace runs the CLI under such a limit).
+// SIGXFSZ keeps its default action (kill the process): the pool checks the limit instead of
+// running into it, so this test would die if it did not.
 TEST(PagePool, SizingFailsCleanlyUnderAFileSizeLimit) {
     auto pool = make_pool();
     ASSERT_TRUE(pool);
     Status st;
     pool->class_for(4, 1000, &st);
-    struct sigaction ign = {}, old_sa = {};
-    ign.sa_handler = SIG_IGN;
-    ASSERT_EQ(sigaction(SIGXFSZ, &ign, &old_sa), 0);
+    struct sigaction dfl = {}, old_sa = {};
+    dfl.sa_handler = SIG_DFL;
+    ASSERT_EQ(sigaction(SIGXFSZ, &dfl, &old_sa), 0);
     struct rlimit old, lim;
     ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old), 0);
     lim = old;
@@ -154,4 +156,5 @@ TEST(PagePool, SizingFailsCleanlyUnderAFileSizeLimit) {
     sigaction(SIGXFSZ, &old_sa, nullptr);
     EXPECT_FALSE(s.ok());
     EXPECT_NE(s.message().find("cannot size the page pool"), std::string::npos) << s.message();
+    EXPECT_NE(s.message().find("RLIMIT_FSIZE"), std::string::npos) << s.message();
 }

@@ -177,6 +177,26 @@ TEST(RouteTraceFormat, EveryTruncationIsRejectedWithItsOffset) {
     std::remove(path.c_str());
 }
 
+// Traces of earlier versions still read: version 2 is version 3 without settings flag 4.
+TEST(RouteTraceFormat, ReadsVersion2) {
+    const std::string path = tmp_path("v2.trace");
+    TraceHeader h = shape_header(2, 8, 2, 4096);
+    write_synthetic(path, h, 3);
+    std::string bytes = slurp(path);
+    bytes.replace(8, 4, std::string("\x02\0\0\0", 4));  // version u32 after the magic
+    RouteTrace t;
+    Status st = parse_route_trace(reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size(),
+                                  "v2", &t);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(t.header.version, 2u);
+    EXPECT_FALSE(t.header.cache_chunks);
+    bytes[56] = char(bytes[56] | 4);  // flag 4 did not exist in version 2
+    st = parse_route_trace(reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size(), "v2", &t);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("offset 56: unknown settings flags"), std::string::npos)
+        << st.message();
+}
+
 TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
     const std::string path = tmp_path("corrupt.trace");
     const TraceHeader h = shape_header(2, 8, 2, 4096);
