@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # trained_model.sh — llama.cpp runs the trained model (models/, tools/train) exactly as the
 # PyTorch graph it was trained with: same perplexity on the committed validation excerpt
-# (relative difference < 1e-3, i.e. the same 3 significant digits) and the same greedy tokens.
+# (relative difference < 2e-4: at least the same 3 significant digits; measured 1.7e-5 on the
+# 3258-step model) and the same greedy tokens.
 #
 # No torch needed: the PyTorch side ran once (tools/train/make-reference.sh) and wrote
 # tests/data/trained/reference.json — perplexity + greedy tokens for the Q8_0 and Q4_K_M files,
@@ -32,6 +33,7 @@ ppl_of() {  # ppl_of MODEL [extra llama-perplexity args] -> prints the final PPL
     || { tail -20 "$scratch/ppl.log" >&2; fail "llama-perplexity failed on $m"; }
   sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p' "$scratch/ppl.log" | tail -1
 }
+tol=2e-4  # the exact check's relative tolerance; the negative controls must exceed it
 close() {  # close A B RELTOL -> exit 0 if |A-B|/B < RELTOL
   python3 -c 'import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)/b < t else 1)' "$1" "$2" "$3"
 }
@@ -71,7 +73,7 @@ for key in q8_0 q4_k_m; do
     || { tail -5 "$scratch/q.log" >&2; fail "llama-quantize to F32 failed"; }
   got="$(ppl_of "$f32")"
   echo "$key: PyTorch PPL $want, llama.cpp (F32 copy) PPL $got"
-  close "$got" "$want" 1e-3 || fail "$key: perplexity differs: llama.cpp $got vs PyTorch $want"
+  close "$got" "$want" "$tol" || fail "$key: perplexity differs: llama.cpp $got vs PyTorch $want"
 
   got_q="$(ppl_of "$model")"
   echo "$key: llama.cpp on the quantized file PPL $got_q"
@@ -88,12 +90,14 @@ for key in q8_0 q4_k_m; do
   if [ "$key" = q8_0 ]; then  # negative controls: a different graph must be caught
     bad="$(ppl_of "$f32" --override-kv qwen3moe.expert_used_count=int:3)"
     echo "control: top-3 routing PPL $bad"
-    close "$bad" "$want" 1e-3 && fail "control: top-3 routing ($bad) was not told apart from $want"
+    close "$bad" "$want" "$tol" && fail "control: top-3 routing ($bad) was not told apart from $want"
     bad="$(ppl_of "$f32" --rope-freq-base 1000000)"
     echo "control: RoPE base 1e6 PPL $bad"
-    close "$bad" "$want" 1e-3 && fail "control: RoPE base 1e6 ($bad) was not told apart from $want"
-    # (no greedy control: this briefly trained model's greedy text is a " the the" loop that
-    # top-3 routing does not change; the perplexity controls above show the test can fail)
+    close "$bad" "$want" "$tol" && fail "control: RoPE base 1e6 ($bad) was not told apart from $want"
+    # (no greedy control: this briefly trained model's greedy text is a short loop (" to the
+    # set the set ...") that top-3 routing may not change; the perplexity controls above show
+    # the test can fail. With more training the 4th expert's weight shrank: top-3 routing
+    # moved the perplexity by 8.5e-4 relative, under the 1e-3 this gate used to allow.)
   fi
   checked=$((checked + 1))
 done
