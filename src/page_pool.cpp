@@ -191,10 +191,4 @@ int PagePool::write_page(uint32_t cls, uint64_t off, uint64_t idx, const void * 
     return 0;
 }
 
-uint64_t PagePool::free_bytes() const {
-    uint64_t b = 0;
-    for (const Class & c : classes_) b += c.free.size() * c.chunk_pages * page_;
-    return b;
-}
-
 }  // namespace moestream

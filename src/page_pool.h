@@ -75,7 +75,6 @@ public:
     int write_page(uint32_t cls, uint64_t off, uint64_t idx, const void * src);
 
     uint64_t held_bytes() const { return held_bytes_; }  // chunks taken, not punched
-    uint64_t free_bytes() const;                         // of those, free now
     uint64_t recycled() const { return recycled_; }      // take()s served by a free chunk
     uint64_t punched() const { return punched_; }        // chunks given back to the system
 
