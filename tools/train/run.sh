@@ -21,12 +21,15 @@ case "${1:-}" in
     mkdir -p "$work/run"
     rm -f /tmp/moestream-train.pid
     budget="${TRAIN_BUDGET_MIN:-53}"
-    # one thread: on this shared 2-core machine two threads spend half their CPU waiting for each
-    # other at OpenMP/OpenBLAS barriers (measured 270 vs 150 tokens per CPU-second)
-    OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 nohup nice -n 19 "$py" "$repo/tools/train/train.py" --data "$work/corpus" --run "$work/run" \
+    # one thread by default: on this shared 2-core machine two threads spend a third to a half of
+    # their CPU waiting for each other at OpenMP/OpenBLAS barriers (measured 270 vs 150 tokens per
+    # CPU-second at batch 4 x 128); on an otherwise idle machine two threads still finish sooner
+    # (batch 16 x 256: ~590 vs ~410 tokens/s)
+    threads="${TRAIN_THREADS:-1}"
+    OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads nohup nice -n 19 "$py" "$repo/tools/train/train.py" --data "$work/corpus" --run "$work/run" \
       --batch 4 --ctx 128 --lr 3e-3 --warmup 10 --max-steps 100000 --budget-minutes "$budget" \
       --max-minutes "${TRAIN_MAX_MIN:-$budget}" --eval-every 25 --val-windows 16 --log-every 5 \
-      --ckpt-minutes 5 --aux-coef 0.01 --seed 1 --threads 1 --pid-file /tmp/moestream-train.pid "$@" \
+      --ckpt-minutes 5 --aux-coef 0.01 --seed 1 --threads "$threads" --pid-file /tmp/moestream-train.pid "$@" \
       >> "$work/run/stdout.log" 2>&1 &
     for _ in $(seq 60); do [ -s /tmp/moestream-train.pid ] && break; sleep 1; done
     echo "training: pid $(cat /tmp/moestream-train.pid), log $work/run/train.log.jsonl" ;;
