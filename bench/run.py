@@ -139,7 +139,7 @@ def main() -> int:
     if a.dry_run:
         h.preflight()
         from moebench import models, runners, system  # noqa: F401
-        mpath = models.preset_path(exp.model, exp.arch, exp.type, exp.seed) if exp.model in models.PRESETS else exp.model
+        mpath = models.preset_path(exp.model, exp.arch, exp.type, exp.seed, exp.attn_gain) if exp.model in models.PRESETS else exp.model
         ins = models.inspect(h.tools.moestream, mpath) if os.path.exists(mpath) else {}
         if not ins:
             print(f"(model {mpath} not there yet: it will be synthesized)")

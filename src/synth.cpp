@@ -96,9 +96,6 @@ const TypeInfo kTypes[] = {
     {"q4_k", GGML_TYPE_Q4_K, LLAMA_FTYPE_MOSTLY_Q4_K_M},
 };
 
-// Gain of the attention output projection (see build_tensors).
-constexpr float kAttnOutGain = 0.3f;
-
 // glm4moe: number of leading dense (non-MoE) layers, as in GLM-4.5-Air.
 constexpr uint32_t kGlmLeadingDense = 1;
 constexpr uint32_t kGlmSharedExperts = 1;
@@ -196,6 +193,7 @@ struct Model {
     Arch arch = Arch::kQwen3Moe;
     const char * arch_name = nullptr;
     const TypeInfo * type = nullptr;
+    float attn_out_gain = 0.3f;  // SynthOptions::attn_out_gain
     std::vector<TensorSpec> tensors;
 };
 
@@ -232,6 +230,7 @@ std::string blk(uint32_t il, const char * what) {
 }
 
 void build_tensors(Model & m) {
+    const float attn_out_gain = m.attn_out_gain;
     const Preset & p = *m.preset;
     const int64_t E = p.n_embd, V = p.n_vocab, X = p.n_expert, F = p.n_ff_exp;
     const AttnShape a = attn_shape(m);
@@ -254,10 +253,11 @@ void build_tensors(Model & m) {
         T.push_back(make(blk(il, "attn_v.weight"), dt, {E, KV}, Init::kWeight, inv_e));
         // Random attention is nearly uniform, so its output is much the same vector at
         // every position; at full gain that shared component builds up over the layers
-        // (token states grow alike, routing concentrates on a few experts). 0.3 keeps the
-        // mean cosine between token states below ~0.2 at 48 layers and routing spread.
+        // (token states grow alike, routing concentrates on a few experts). The default
+        // gain 0.3 (SynthOptions::attn_out_gain) keeps the mean cosine between token states
+        // below ~0.2 at 48 layers and routing spread.
         T.push_back(make(blk(il, "attn_output.weight"), dt, {Q, E}, Init::kWeight,
-                         kAttnOutGain / std::sqrt(float(Q))));
+                         attn_out_gain / std::sqrt(float(Q))));
         switch (m.arch) {
             case Arch::kQwen3Moe:
                 T.push_back(make(blk(il, "attn_q_norm.weight"), f32, {D}, Init::kNorm, 0));
@@ -335,8 +335,13 @@ void set_metadata(const Model & m, uint32_t alignment, gguf_context * g) {
     const Preset & p = *m.preset;
     gguf_set_val_str(g, "general.architecture", m.arch_name);
     gguf_set_val_str(g, "general.type", "model");
-    const std::string name =
+    std::string name =
         std::string("moestream-synth ") + p.name + " " + m.arch_name + " " + m.type->name;
+    if (m.attn_out_gain != SynthOptions().attn_out_gain) {
+        char gain[32];
+        std::snprintf(gain, sizeof gain, " attn-gain %g", double(m.attn_out_gain));
+        name += gain;  // the default's name (and bytes) stay as they were
+    }
     gguf_set_val_str(g, "general.name", name.c_str());
     gguf_set_val_u32(g, "general.alignment", alignment);
     gguf_set_val_u32(g, "general.file_type", uint32_t(m.type->ftype));
@@ -724,6 +729,12 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
         return Status::Usage("synth: --type q4_k needs rows that are multiples of 256");
     }
 
+    if (!(opt.attn_out_gain > 0.0f && opt.attn_out_gain <= 4.0f)) {
+        return Status::Usage("synth: --attn-gain: " + std::to_string(opt.attn_out_gain) +
+                             " is not in (0, 4]");
+    }
+
+    m.attn_out_gain = opt.attn_out_gain;
     build_tensors(m);
     GgufPtr g;
     Status st = build_gguf(m, align, &g);

@@ -26,6 +26,13 @@ struct SynthOptions {
     bool progress = false;  // progress bar + MB/s on stderr
     unsigned threads = 0;   // generator threads (0 = min(cores, 4)); no effect on bytes
     bool dry_run = false;   // plan only: fill SynthResult, write nothing
+    // Gain of every attention output projection, times 1/sqrt(fan_in). The default 0.3 keeps
+    // token states apart over 48 layers, so routing has no more locality than chance (hit
+    // rate ~ budget / expert bytes). 1.0 is the plain 1/sqrt(fan_in) init: the near-uniform
+    // random attention adds much the same vector at every position, token states grow alike,
+    // greedy output repeats and routing repeats with it (a cache gets many hits). Range
+    // (0, 4]; the same weights otherwise.
+    float attn_out_gain = 0.3f;
 };
 
 struct SynthResult {

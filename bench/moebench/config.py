@@ -60,7 +60,7 @@ NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect"
            "route_trace": False}
 
 EXPERIMENT_KEYS = {
-    "name", "title", "description", "model", "arch", "type", "seed", "prompt", "tokens",
+    "name", "title", "description", "model", "arch", "type", "seed", "attn_gain", "prompt", "tokens",
     "reps", "trim", "order", "ctx", "batch", "timeout_s", "placeholder", "defaults", "cell",
     "sweep", "fio_probe", "bootstrap", "notes", "mem_margin_mib", "publish",
 }
@@ -68,6 +68,11 @@ EXPERIMENT_KEYS = {
 
 class ConfigError(Exception):
     pass
+
+
+def models_default_gain() -> float:
+    from . import models
+    return models.DEFAULT_ATTN_GAIN
 
 
 @dataclasses.dataclass
@@ -97,6 +102,7 @@ class Experiment:
     arch: str
     type: str
     seed: int
+    attn_gain: float          # synth --attn-gain (0.3 = the default weights; 1.0 = output repeats)
     prompt: str
     tokens: int
     reps: int
@@ -267,6 +273,7 @@ def load(path: str, overrides: dict[str, Any] | None = None) -> Experiment:
         arch=raw.get("arch", "qwen3moe"),
         type=raw.get("type", "q4_k"),
         seed=int(raw.get("seed", 1)),
+        attn_gain=float(raw.get("attn_gain", models_default_gain())),
         prompt=raw.get("prompt", "Once upon a time"),
         tokens=int(raw.get("tokens", 32)),
         reps=int(raw.get("reps", 2)),

@@ -316,7 +316,8 @@ class Harness:
         except BlockingIOError:
             self.log("waiting: another bench/run.py holds the benchmark lock")
             fcntl.flock(lockf, fcntl.LOCK_EX)
-        minfo = models.ensure(self.tools.moestream, exp.model, exp.arch, exp.type, exp.seed, self.log)
+        minfo = models.ensure(self.tools.moestream, exp.model, exp.arch, exp.type, exp.seed, self.log,
+                              attn_gain=exp.attn_gain)
         model = minfo["path"]
         ins = models.inspect(self.tools.moestream, model)
         st = os.stat(model)
@@ -337,6 +338,7 @@ class Harness:
                 "name": exp.name, "title": exp.title, "description": exp.description,
                 "source": os.path.relpath(exp.source, self.repo) if exp.source else None,
                 "model": exp.model, "arch": exp.arch, "type": exp.type, "seed": exp.seed,
+                "attn_gain": exp.attn_gain,
                 "prompt": exp.prompt, "tokens": exp.tokens, "reps": exp.reps, "trim": exp.trim,
                 "order": exp.order, "order_seed": order_seed, "ctx": exp.ctx, "batch": exp.batch,
                 "notes": exp.notes,

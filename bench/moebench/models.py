@@ -13,15 +13,18 @@ import time
 from typing import Any
 
 PRESETS = ("tiny", "mid", "qwen3-30b-a3b")
+DEFAULT_ATTN_GAIN = 0.3  # moestream synth --attn-gain's default (src/synth.h)
 
 
 def models_dir() -> str:
     return os.environ.get("MOESTREAM_MODELS_DIR", "/var/tmp/moestream-models")
 
 
-def preset_path(preset: str, arch: str, type_: str, seed: int) -> str:
+def preset_path(preset: str, arch: str, type_: str, seed: int,
+                attn_gain: float = DEFAULT_ATTN_GAIN) -> str:
     s = "" if seed == 1 else f"-s{seed}"
-    return os.path.join(models_dir(), f"{preset}-{arch}-{type_}{s}.gguf")
+    g = "" if attn_gain == DEFAULT_ATTN_GAIN else f"-g{attn_gain:g}"
+    return os.path.join(models_dir(), f"{preset}-{arch}-{type_}{s}{g}.gguf")
 
 
 def _synth_in_progress(path: str) -> list[str]:
@@ -35,16 +38,20 @@ def _synth_in_progress(path: str) -> list[str]:
 
 
 def ensure(moestream: str, model: str, arch: str, type_: str, seed: int, log,
-           wait_s: int = 3600) -> dict[str, Any]:
+           wait_s: int = 3600, attn_gain: float = DEFAULT_ATTN_GAIN) -> dict[str, Any]:
     """Path of the model to benchmark, synthesizing the preset if it is missing."""
     if model not in PRESETS:
         if not os.path.exists(model):
             raise SystemExit(f"model {model!r}: neither a synth preset ({', '.join(PRESETS)}) nor a file")
         return {"path": os.path.abspath(model), "preset": None, "synthesized": False}
-    path = preset_path(model, arch, type_, seed)
+    path = preset_path(model, arch, type_, seed, attn_gain)
     cmd = [moestream, "synth", "--preset", model, "--arch", arch, "--type", type_,
-           "--seed", str(seed), "-o", path]
+           "--seed", str(seed)]
+    if attn_gain != DEFAULT_ATTN_GAIN:
+        cmd += ["--attn-gain", f"{attn_gain:g}"]
+    cmd += ["-o", path]
     info = {"path": path, "preset": model, "arch": arch, "type": type_, "seed": seed,
+            "attn_gain": attn_gain,
             "synth_command": cmd, "synthesized": False}
     os.makedirs(models_dir(), exist_ok=True)
     t0 = time.monotonic()

@@ -156,6 +156,50 @@ TEST(synth, SameSeedSameBytesAnyThreadCountOtherSeedDiffers) {
     EXPECT_GT(n_diff, a.size() / 2);
 }
 
+// --attn-gain rescales the attention output projections and nothing else; the default
+// keeps the bytes (and name) of a model made before the flag existed.
+TEST(synth, AttnGainChangesOnlyTheAttentionOutputs) {
+    TempDir d;
+    const std::string base = "--preset tiny --type q8_0 ";
+    ASSERT_EQ(synth(base + "-o " + d.file("a.gguf")).exit_code, 0);
+    ASSERT_EQ(synth(base + "--attn-gain 0.3 -o " + d.file("b.gguf")).exit_code, 0);
+    ASSERT_EQ(synth(base + "--attn-gain 1 -o " + d.file("c.gguf")).exit_code, 0);
+    EXPECT_TRUE(slurp(d.file("a.gguf")) == slurp(d.file("b.gguf")));
+    Gguf a = open_gguf(d.file("a.gguf")), c = open_gguf(d.file("c.gguf"));
+    ASSERT_TRUE(a && c);
+    auto name_of = [](const Gguf & g) {
+        return std::string(gguf_get_val_str(g.get(), gguf_find_key(g.get(), "general.name")));
+    };
+    EXPECT_EQ(name_of(c), name_of(a) + " attn-gain 1");
+    ASSERT_EQ(gguf_get_n_tensors(a.get()), gguf_get_n_tensors(c.get()));
+    int n_changed = 0;
+    for (int64_t i = 0; i < gguf_get_n_tensors(a.get()); ++i) {
+        const std::string name = gguf_get_tensor_name(a.get(), i);
+        const std::vector<float> x = read_tensor_f32(d.file("a.gguf"), name),
+                                 y = read_tensor_f32(d.file("c.gguf"), name);
+        ASSERT_EQ(x.size(), y.size()) << name;
+        if (name.find("attn_output") == std::string::npos) {
+            EXPECT_TRUE(x == y) << name << " changed with --attn-gain";
+            continue;
+        }
+        ++n_changed;
+        // Same random draws, scaled by 1/0.3: the standard deviations differ by that factor
+        // (q8_0 rounding aside).
+        double sx = 0, sy = 0;
+        for (size_t j = 0; j < x.size(); ++j) sx += double(x[j]) * x[j], sy += double(y[j]) * y[j];
+        EXPECT_NEAR(std::sqrt(sy / sx), 1.0 / 0.3, 0.05) << name;
+    }
+    EXPECT_GT(n_changed, 0);
+    // The library refuses a gain outside (0, 4] with a usage error, as the CLI does.
+    moestream::SynthOptions opt;
+    opt.out_path = d.file("x.gguf");
+    opt.attn_out_gain = 0.0f;
+    EXPECT_EQ(moestream::synth_model(opt, nullptr).exit_code(), 64);
+    opt.attn_out_gain = std::nanf("");
+    EXPECT_EQ(moestream::synth_model(opt, nullptr).exit_code(), 64);
+    EXPECT_FALSE(fs::exists(d.file("x.gguf")));
+}
+
 // ---------------------------------------------------------------------------------------
 // Alignment.
 
@@ -209,6 +253,9 @@ TEST(synth, BadFlagsExit64) {
         "--preset tiny --alignment x" + o,
         "--preset tiny --seed -1" + o,
         "--preset tiny --seed abc" + o,
+        "--preset tiny --attn-gain 0" + o,
+        "--preset tiny --attn-gain 5" + o,
+        "--preset tiny --attn-gain x" + o,
         "--preset tiny --bogus" + o,
         "--arch qwen3moe" + o,  // no --preset
         "--preset tiny",        // no -o

@@ -1,5 +1,5 @@
 // `moestream synth` — writes a GGUF MoE model with deterministic random weights.
-//   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N]
+//   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N] [--attn-gain G]
 //                   [--progress] -o FILE
 // Bad flags exit 64 (CLI11 validation); I/O errors exit 1 with one line naming the file.
 #include <unistd.h>
@@ -87,6 +87,11 @@ void add_synth_command(CLI::App & app, Action * action) {
                 return (n & (n - 1)) == 0 ? "" : "alignment must be a power of two";
             },
             "POW2"))
+        ->capture_default_str();
+    sub->add_option("--attn-gain", opt->attn_out_gain,
+                    "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as "
+                    "chance; 1.0 (plain init) makes greedy output and routing repeat")
+        ->check(CLI::Range(0.001f, 4.0f))
         ->capture_default_str();
     sub->add_option("-o,--output", opt->out_path, "output file (written via temp + rename)")
         ->required();
