@@ -8,8 +8,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "ggml-backend.h"
 #include "cache_budget.h"
+#include "ggml-backend.h"
 #include "gguf_index.h"
 #include "io_faults.h"
 #include "io_lanes.h"
@@ -38,15 +38,19 @@ Status init_backend() {
         const char * one = std::getenv("GGML_BACKEND_PATH");
         const char * dir = std::getenv("MOESTREAM_GGML_BACKEND_DIR");
         if (one && *one) {
-            if (!ggml_backend_load(one)) result = Status::Runtime(std::string("cannot load ggml backend ") + one);
+            if (!ggml_backend_load(one))
+                result = Status::Runtime(std::string("cannot load ggml backend ") + one);
         } else {
             const char * d = (dir && *dir) ? dir : MOESTREAM_GGML_BACKEND_DIR;
-            if (*d) ggml_backend_load_all_from_path(d);
-            else ggml_backend_load_all();
+            if (*d)
+                ggml_backend_load_all_from_path(d);
+            else
+                ggml_backend_load_all();
         }
         if (result.ok() && ggml_backend_dev_count() == 0)
-            result = Status::Runtime("no ggml backend could be loaded (set GGML_BACKEND_PATH to a "
-                                     "libggml-cpu-*.so)");
+            result = Status::Runtime(
+                "no ggml backend could be loaded (set GGML_BACKEND_PATH to a "
+                "libggml-cpu-*.so)");
         if (result.ok()) llama_backend_init();
     });
     return result;
@@ -70,15 +74,17 @@ std::string hex64(uint64_t v) {
 Status check_file_unchanged(const ModelIndex & index) {
     struct stat st;
     if (::stat(index.path.c_str(), &st) != 0)
-        return Status::Runtime(index.path + ": the model file disappeared: " + std::strerror(errno));
+        return Status::Runtime(index.path +
+                               ": the model file disappeared: " + std::strerror(errno));
     int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     const bool replaced = uint64_t(st.st_dev) != index.dev || uint64_t(st.st_ino) != index.ino;
     if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns || replaced)
-        return Status::Runtime(index.path + ": the model file changed since it was validated (size " +
-                               std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
-                               ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
-                               ", replaced by another file: " + (replaced ? "yes" : "no") +
-                               "); restart to use the new file");
+        return Status::Runtime(
+            index.path + ": the model file changed since it was validated (size " +
+            std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
+            ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
+            ", replaced by another file: " + (replaced ? "yes" : "no") +
+            "); restart to use the new file");
     return Status::Ok();
 }
 
@@ -96,16 +102,20 @@ public:
         if (opt.n_threads < 1 || opt.n_threads > 512) return Status::Usage("-t must be in 1..512");
         if (opt.n_ctx < 16) return Status::Usage("-c must be >= 16");
         if (opt.n_batch < 1) return Status::Usage("--batch must be >= 1");
-        if (opt.io_threads < 1 || opt.io_threads > 64) return Status::Usage("--io-threads must be in 1..64");
-        if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp)) return Status::Usage("--temp must be >= 0");
+        if (opt.io_threads < 1 || opt.io_threads > 64)
+            return Status::Usage("--io-threads must be in 1..64");
+        if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp))
+            return Status::Usage("--temp must be >= 0");
         if (opt.drop_cold != 0 && !(opt.drop_cold > 0 && opt.drop_cold <= 1))
             return Status::Usage("--drop-cold-experts must be in (0, 1]");
         if (opt.drop_cold > 0 && !opt.stream)
-            return Status::Usage("--drop-cold-experts needs streaming (it drops cache misses); "
-                                 "remove --no-stream");
+            return Status::Usage(
+                "--drop-cold-experts needs streaming (it drops cache misses); "
+                "remove --no-stream");
         if (!opt.route_trace.empty() && !opt.stream)
-            return Status::Usage("--route-trace needs streaming (the streamer observes the "
-                                 "routing); remove --no-stream");
+            return Status::Usage(
+                "--route-trace needs streaming (the streamer observes the "
+                "routing); remove --no-stream");
         if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
             return Status::Usage("--drop-in-prefill / --drop-renorm need --drop-cold-experts F");
 
@@ -126,7 +136,8 @@ public:
         llama_model_kv_override kvo[2];
         std::memset(kvo, 0, sizeof kvo);
         if (k_eff_ != index_.n_expert_used) {
-            std::snprintf(kvo[0].key, sizeof kvo[0].key, "%s.expert_used_count", index_.arch.c_str());
+            std::snprintf(kvo[0].key, sizeof kvo[0].key, "%s.expert_used_count",
+                          index_.arch.c_str());
             kvo[0].tag = LLAMA_KV_OVERRIDE_TYPE_INT;
             kvo[0].val_i64 = k_eff_;
             mp.kv_overrides = kvo;
@@ -148,7 +159,8 @@ public:
                 if (st.ok()) st = check_io_fault_lanes(fault_plan_, lanes_.n_lanes());
                 if (!st.ok()) return st;
                 lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
-                MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)", fault);
+                MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)",
+                            fault);
             }
             st = load_model_streaming(index_, mp, &lm_);
             if (!st.ok()) return st;
@@ -174,8 +186,9 @@ public:
             cp.abort_callback_data = hook_.get();
         }
         ctx_ = llama_init_from_model(lm_.model, cp);
-        if (!ctx_) return Status::Runtime("llama.cpp could not create a context (n_ctx " +
-                                          std::to_string(opt.n_ctx) + "); run with -vv for its log");
+        if (!ctx_)
+            return Status::Runtime("llama.cpp could not create a context (n_ctx " +
+                                   std::to_string(opt.n_ctx) + "); run with -vv for its log");
 
         if (opt.stream) {
             st = make_store();
@@ -192,7 +205,8 @@ public:
         }
         stats_.load_s = now_s() - t_open_;
         stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
-        MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s, opt.stream ? "streaming" : "resident");
+        MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
+                    opt.stream ? "streaming" : "resident");
         return Status::Ok();
     }
 
@@ -203,9 +217,10 @@ public:
         // batch), and one layer's routed set above the budget.
         uint64_t max_layer_set = 0;
         for (const auto & L : index_.moe_layers)
-            max_layer_set = std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
-        const uint64_t compute_est = uint64_t(opt_.n_batch) *
-                                     (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
+            max_layer_set =
+                std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
+        const uint64_t compute_est =
+            uint64_t(opt_.n_batch) * (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
         const uint64_t needs = index_.dense_bytes_total + compute_est + max_layer_set;
         BudgetDecision d;
         Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
@@ -222,14 +237,17 @@ public:
         if (!st.ok()) return st;
         stats_.cache_budget_bytes = int64_t(d.budget_bytes);
         stats_.cache_budget_reason = d.reason;
-        MS_LOG_INFO("cache: %s -> %s", d.reason.c_str(),
-                    d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) + " MiB LRU").c_str() : "off");
+        MS_LOG_INFO(
+            "cache: %s -> %s", d.reason.c_str(),
+            d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) + " MiB LRU").c_str() : "off");
         if (opt_.drop_cold > 0) {
             if (d.budget_bytes == 0)
                 return Status::Usage(
                     "--drop-cold-experts needs the LRU cache: with the cache off every lookup "
                     "misses, so the policy would silently become an unconditional cut of weakly "
-                    "weighted experts (" + d.reason + "). Give --cache-mb N (>= 1500) or auto with "
+                    "weighted experts (" +
+                    d.reason +
+                    "). Give --cache-mb N (>= 1500) or auto with "
                     "enough memory");
             DropColdConfig dc;
             dc.frac = opt_.drop_cold;
@@ -283,7 +301,8 @@ public:
     Status decode(llama_batch batch, bool decode_phase) {
         if (streamer_) streamer_->begin_step();
         if (hook_) hook_->set_decode_phase(decode_phase);
-        if (tracer_) tracer_->begin_graph(decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens));
+        if (tracer_)
+            tracer_->begin_graph(decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens));
         trace_pos_ += batch.n_tokens;
         int rc = llama_decode(ctx_, batch);
         if (hook_) hook_->end_graph();  // no read may stay in flight past the graph
@@ -364,7 +383,8 @@ private:
     // The generation loop. sampler: the chain to draw with (reset here). reuse_prefix: see
     // GenerateRequest. kv_tokens_ tracks which tokens' KV the context holds, in order.
     Status generate_with(const std::string & prompt, int n_predict, llama_sampler * sampler,
-                         bool reuse_prefix, const std::function<bool(const std::string &)> & on_piece,
+                         bool reuse_prefix,
+                         const std::function<bool(const std::string &)> & on_piece,
                          GenerateResult * result) {
         if (n_predict < 0) return Status::Usage("-n must be >= 0");
         if (streamer_) {
@@ -490,7 +510,8 @@ private:
             s.cache_commit_failures = cs.commit_failures;
             s.cache_budget_now_bytes = cs.budget_bytes;
             s.resident_expert_bytes = store_->resident_bytes();
-            s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
+            s.peak_resident_expert_bytes =
+                std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
             s.cache_recycle_pages = cs.recycle_pages;
             s.cache_recycled_commits = cs.recycled_commits;
             s.cache_pool_bytes = cs.pool_bytes;
@@ -505,7 +526,8 @@ private:
             s.drop_bytes_avoided = dc.bytes_avoided;
             s.drop_deferred = hook_->drop_state().deferred;
             s.drop_fallbacks = hook_->drop_state().fallbacks;
-            s.drop_terminal = index_.moe_layers.empty() ? "" : hook_->terminal_kind(index_.moe_layers[0].layer);
+            s.drop_terminal =
+                index_.moe_layers.empty() ? "" : hook_->terminal_kind(index_.moe_layers[0].layer);
         } else {  // off (set_drop_cold(0) may have turned it off after a lossy generation)
             s.experts_routed = s.experts_dropped = s.drop_bytes_avoided = 0;
             s.drop_deferred = s.drop_fallbacks = 0;
@@ -539,7 +561,8 @@ public:
             j["io_overlap_waits_at_matmul"] = oc.waits_at_matmul;
         }
         j["cache_mb"] = opt_.stream ? stats_.cache_budget_bytes >> 20 : 0;
-        j["cache_mb_requested"] = opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
+        j["cache_mb_requested"] =
+            opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
         j["cache_budget_reason"] = stats_.cache_budget_reason;
         j["cache_debug"] = opt_.cache_debug;
         j["cache_recycle"] = opt_.cache_recycle;
@@ -557,7 +580,8 @@ public:
 
     Status tokenize(const std::string & text, std::vector<int32_t> * out) const override {
         const llama_vocab * vocab = llama_model_get_vocab(lm_.model);
-        if (text.size() > size_t(INT32_MAX) / 2) return Status::BadInput("text too long to tokenize");
+        if (text.size() > size_t(INT32_MAX) / 2)
+            return Status::BadInput("text too long to tokenize");
         out->assign(text.size() + 16, 0);
         int n = llama_tokenize(vocab, text.data(), int32_t(text.size()), out->data(),
                                int32_t(out->size()), true, false);
@@ -573,16 +597,19 @@ public:
 
     int n_vocab() const override { return llama_vocab_n_tokens(llama_model_get_vocab(lm_.model)); }
 
-    Status score(const std::vector<int32_t> & tokens,
+    Status score(const std::vector<int32_t> & tokens, uint32_t window,
                  const std::function<Status(size_t, const float *)> & on_logits) override {
         if (tokens.size() < 2) return Status::BadInput("scoring needs at least two tokens");
-        if (tokens.size() > size_t(opt_.n_ctx))
-            return Status::Usage(std::to_string(tokens.size()) + " tokens exceed the context (-c " +
-                                 std::to_string(opt_.n_ctx) + ")");
+        const size_t held = window ? std::min<size_t>(window, tokens.size()) : tokens.size();
+        if (held > size_t(opt_.n_ctx))
+            return Status::Usage(std::to_string(held) +
+                                 (window ? " tokens per window" : " tokens") +
+                                 " exceed the context (-c " + std::to_string(opt_.n_ctx) + ")");
         const int nv = n_vocab();
         for (int32_t t : tokens)
             if (t < 0 || t >= nv)
-                return Status::BadInput("token id " + std::to_string(t) + " outside the vocabulary");
+                return Status::BadInput("token id " + std::to_string(t) +
+                                        " outside the vocabulary");
         if (streamer_) {
             Status st = check_file_unchanged(index_);
             if (!st.ok()) return st;
@@ -596,6 +623,10 @@ public:
         double decode_s = 0;
         uint64_t bytes = 0;
         for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+            if (window && i > 0 && i % window == 0) {
+                llama_memory_clear(llama_get_memory(ctx_), true);  // the cache stays warm
+                trace_pos_ = 0;
+            }
             llama_token tok = tokens[i];
             const double ts = now_s();
             Status st = decode(llama_batch_get_one(&tok, 1), true);
@@ -654,7 +685,7 @@ private:
     std::unique_ptr<WeightBinder> binder_;
     bool bind_checked_ = false;
     std::unique_ptr<Streamer> streamer_;
-    bool overlap_ = false;                 // down reads overlapped with gate/up (streamer.h)
+    bool overlap_ = false;  // down reads overlapped with gate/up (streamer.h)
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode

@@ -150,7 +150,7 @@ Status RefLogitsFile::err(const std::string & what) const {
     return Status::BadInput(path_ + ": " + what);
 }
 
-Status RefLogitsFile::create(const std::string & path, int n_vocab, uint32_t n_pos,
+Status RefLogitsFile::create(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,
                              uint64_t tokens_hash, uint64_t model_bytes) {
     path_ = path;
     tmp_ = path + ".tmp";
@@ -159,7 +159,7 @@ Status RefLogitsFile::create(const std::string & path, int n_vocab, uint32_t n_p
     f_ = std::fopen(tmp_.c_str(), "wb");
     if (!f_) return Status::Runtime(tmp_ + ": cannot create: " + std::strerror(errno));
     writing_ = true;
-    const uint32_t hdr[4] = {kVersion, uint32_t(n_vocab), n_pos, 0};
+    const uint32_t hdr[4] = {kVersion, uint32_t(n_vocab), n_pos, window};
     if (std::fwrite(kMagic, 1, 8, f_) != 8 || std::fwrite(hdr, 4, 4, f_) != 4 ||
         std::fwrite(&tokens_hash, 8, 1, f_) != 1 || std::fwrite(&model_bytes, 8, 1, f_) != 1)
         return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(errno));
@@ -192,7 +192,7 @@ Status RefLogitsFile::finish() {
     return Status::Ok();
 }
 
-Status RefLogitsFile::open(const std::string & path, int n_vocab, uint32_t n_pos,
+Status RefLogitsFile::open(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,
                            uint64_t tokens_hash, uint64_t model_bytes) {
     path_ = path;
     n_vocab_ = n_vocab;
@@ -214,6 +214,12 @@ Status RefLogitsFile::open(const std::string & path, int n_vocab, uint32_t n_pos
     if (hdr[2] != n_pos)
         return err("offset 16: " + std::to_string(hdr[2]) + " positions, this text scores " +
                    std::to_string(n_pos) + " (another text or --max-tokens?)");
+    auto window_str = [](uint32_t w) {
+        return w ? "--window " + std::to_string(w) : std::string("no --window");
+    };
+    if (hdr[3] != window)
+        return err("offset 20: recorded with " + window_str(hdr[3]) + ", this run uses " +
+                   window_str(window));
     if (th != tokens_hash) return err("offset 24: recorded for other text (token hash differs)");
     if (mb != model_bytes)
         return err("offset 32: recorded with a model file of " + std::to_string(mb) +

@@ -10,12 +10,12 @@
 // 95% interval over positions (i.i.d. resampling of positions, seeded: deterministic).
 //
 // Reference logits file (`--save-ref` / `--ref`), little-endian:
-//   magic "MSEVREF1" (8) | u32 version 1 | u32 n_vocab | u32 n_pos | u32 reserved 0
+//   magic "MSEVREF1" (8) | u32 version 1 | u32 n_vocab | u32 n_pos | u32 window (0 = none)
 //   | u64 FNV-1a-64 of the scored token ids | u64 model file size
 //   | n_pos x { i32 next token, f32 logits[n_vocab] }
 // The reader checks every field against the current run (vocabulary, tokens of the text,
-// model size) and reports the first mismatch with its byte offset; the library never aborts
-// on a bad file.
+// scoring window, model size) and reports the first mismatch with its byte offset; the library
+// never aborts on a bad file.
 //
 // Thread-safety: plain values and functions; a RefLogitsFile is used by one thread.
 #pragma once
@@ -59,13 +59,13 @@ class RefLogitsFile {
 public:
     ~RefLogitsFile();
     // Writing: header now, then append() per position, then finish() (renames tmp -> path).
-    Status create(const std::string & path, int n_vocab, uint32_t n_pos, uint64_t tokens_hash,
-                  uint64_t model_bytes);
+    Status create(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,
+                  uint64_t tokens_hash, uint64_t model_bytes);
     Status append(int32_t next, const float * logits);
     Status finish();
     // Reading: validates the header against what this run expects.
-    Status open(const std::string & path, int n_vocab, uint32_t n_pos, uint64_t tokens_hash,
-                uint64_t model_bytes);
+    Status open(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,
+                uint64_t tokens_hash, uint64_t model_bytes);
     // Next record; `next` must match the text's token at this position.
     Status read(int32_t next, std::vector<float> * logits);
 

@@ -24,14 +24,14 @@ namespace moestream {
 
 struct RunOptions {
     std::string model_path;
-    int n_threads = 2;          // compute threads (-t)
-    int n_ctx = 4096;           // context length (-c)
-    int n_batch = 512;          // prompt tokens per llama_decode
-    float temp = 0.0f;          // 0 = greedy
-    uint32_t seed = 1;          // sampling seed (temp > 0)
-    bool stream = true;         // false: llama.cpp loads everything resident (--no-stream)
-    int io_threads = 2;         // read lanes, the calling thread included (--io-threads)
-    bool odirect = true;        // O_DIRECT reads (false: buffered pread; --no-odirect)
+    int n_threads = 2;    // compute threads (-t)
+    int n_ctx = 4096;     // context length (-c)
+    int n_batch = 512;    // prompt tokens per llama_decode
+    float temp = 0.0f;    // 0 = greedy
+    uint32_t seed = 1;    // sampling seed (temp > 0)
+    bool stream = true;   // false: llama.cpp loads everything resident (--no-stream)
+    int io_threads = 2;   // read lanes, the calling thread included (--io-threads)
+    bool odirect = true;  // O_DIRECT reads (false: buffered pread; --no-odirect)
     // Keep a layer's down-projection reads in flight while its gate/up matmuls compute (needs
     // io_threads >= 2; off under cache_debug). --no-io-overlap turns it off.
     bool io_overlap = true;
@@ -41,15 +41,15 @@ struct RunOptions {
     // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
     // (shared slots, every routed slice re-read), N = LRU cache of N MiB.
     int64_t cache_mb = -1;
-    bool force_cache = false;   // allow budgets in the 1..1499 MiB band (--force-cache)
-    bool cache_debug = false;   // poison + residency check of every routed slice (--cache-debug)
+    bool force_cache = false;  // allow budgets in the 1..1499 MiB band (--force-cache)
+    bool cache_debug = false;  // poison + residency check of every routed slice (--cache-debug)
     // Map a miss onto the pages an evicted expert left in the page pool instead of committing
     // fresh zero-filled pages (docs/cache.md, "Recycled pages"). false: --cache-no-recycle,
     // the old path, for A/B benchmarks.
     bool cache_recycle = true;
     // Lossy knobs (off by default; docs/lossy-knobs.md).
-    int n_expert_used = 0;      // experts per token; 0 = the model's top-k (--n-expert-used)
-    double drop_cold = 0;       // --drop-cold-experts F in (0, 1]; 0 = off
+    int n_expert_used = 0;         // experts per token; 0 = the model's top-k (--n-expert-used)
+    double drop_cold = 0;          // --drop-cold-experts F in (0, 1]; 0 = off
     bool drop_in_prefill = false;  // --drop-in-prefill
     bool drop_renorm = false;      // --drop-renorm
     // --route-trace FILE (docs/route-trace.md): record every routing (streaming only). A trace
@@ -71,40 +71,40 @@ struct TokenStats {
 };
 
 struct RunStats {
-    double load_s = 0;                // model load + bind
+    double load_s = 0;  // model load + bind
     double prefill_s = 0;
     double decode_s = 0;
     int n_prompt = 0;
     int n_generated = 0;
     double prefill_tok_s = 0;
     double decode_tok_s = 0;
-    double ttft_s = 0;                // time to first token, from the start of open()
+    double ttft_s = 0;  // time to first token, from the start of open()
     uint64_t peak_rss_bytes = 0;
-    double majflt_per_token = 0;      // major page faults during decode / generated tokens
-    uint64_t flash_bytes_read = 0;    // all reads (prefill + decode)
+    double majflt_per_token = 0;    // major page faults during decode / generated tokens
+    uint64_t flash_bytes_read = 0;  // all reads (prefill + decode)
     uint64_t flash_reads = 0;
     double io_s = 0;
-    double bytes_per_token = 0;       // decode bytes read / generated tokens
-    uint64_t token_demand_bytes = 0;  // mean over decoded tokens
-    uint64_t layer_demand_bytes = 0;  // max over decoded tokens
-    uint64_t expert_buffer_bytes = 0; // shared slots: their size; cache: address space reserved
+    double bytes_per_token = 0;        // decode bytes read / generated tokens
+    uint64_t token_demand_bytes = 0;   // mean over decoded tokens
+    uint64_t layer_demand_bytes = 0;   // max over decoded tokens
+    uint64_t expert_buffer_bytes = 0;  // shared slots: their size; cache: address space reserved
     // Cache (zero when off). Counted over the whole run (prefill + decode).
     int64_t cache_budget_bytes = 0;   // 0 = cache off
     std::string cache_budget_reason;  // why this budget (auto, explicit, ...)
     double cache_hit_pct = 0;         // hits / lookups
     uint64_t cache_lookups = 0, cache_hits = 0, cache_misses = 0;
     uint64_t evictions = 0;
-    uint64_t rereads = 0;             // reads of experts that had been resident before
-    uint64_t cache_commit_failures = 0;  // commits the system refused (docs/reliability.md)
-    uint64_t cache_budget_now_bytes = 0; // the budget at the end (lower after a refused commit)
-    uint64_t resident_expert_bytes = 0;       // at the end
+    uint64_t rereads = 0;                 // reads of experts that had been resident before
+    uint64_t cache_commit_failures = 0;   // commits the system refused (docs/reliability.md)
+    uint64_t cache_budget_now_bytes = 0;  // the budget at the end (lower after a refused commit)
+    uint64_t resident_expert_bytes = 0;   // at the end
     uint64_t peak_resident_expert_bytes = 0;
     bool cache_recycle_pages = false;     // pages came from the page pool (else fresh commits)
     uint64_t cache_recycled_commits = 0;  // slices mapped onto an evicted expert's pages
     uint64_t cache_pool_bytes = 0;        // RAM the pool may hold at the end (in use + free)
-    uint64_t dense_bytes = 0;         // dense weights copied to RAM
+    uint64_t dense_bytes = 0;             // dense weights copied to RAM
     // --drop-cold-experts (docs/lossy-knobs.md); zero when off.
-    uint64_t experts_routed = 0;      // routed slots the policy looked at
+    uint64_t experts_routed = 0;  // routed slots the policy looked at
     uint64_t experts_dropped = 0;
     double weight_mass_dropped = 0;   // dropped router weight / total routed weight
     uint64_t drop_bytes_avoided = 0;  // expert bytes not read because of drops
@@ -183,9 +183,13 @@ public:
     virtual int n_vocab() const = 0;
     // Decodes `tokens` one at a time from an empty context (single-token decodes: the way
     // streaming runs, with the decode-phase policies) and hands the logits after each token to
-    // on_logits(i, logits): they predict tokens[i + 1], for i = 0 .. size - 2. A non-ok Status
-    // from on_logits stops and is returned. stats() then describes these decodes.
-    virtual Status score(const std::vector<int32_t> & tokens,
+    // on_logits(i, logits): they predict tokens[i + 1], for i = 0 .. size - 2. window > 0
+    // empties the context (not the expert cache) before tokens 0, window, 2 x window, ...:
+    // no prediction then sees more than `window` tokens, as when a model is scored within
+    // its training context; 0 = one context for the whole text (-c must hold it; with a
+    // window, -c must hold the window). A non-ok Status from on_logits stops and is returned.
+    // stats() then describes these decodes.
+    virtual Status score(const std::vector<int32_t> & tokens, uint32_t window,
                          const std::function<Status(size_t, const float *)> & on_logits) = 0;
 };
 

@@ -3,6 +3,9 @@
 //    perplexity (the reference pipeline and the scored run see the same logits);
 //  - the negative control: --n-expert-used 1 must show KL > 0 and top-1 < 100 %;
 //  - --save-ref / --ref reproduce the computed-reference numbers exactly;
+//  - --window N empties the context every N tokens: a window as long as the text changes
+//    nothing, a shorter one changes the reference's perplexity, fits a smaller -c, and a
+//    reference saved with one window is refused for another;
 //  - bad input: a reference for another text, an empty or missing text, a one-token text.
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -110,6 +113,39 @@ TEST(EvalCli, RouteTraceOfTheTextReplays) {
     ASSERT_GT(positions, 10u);
     EXPECT_EQ(r["slots_checked"].get<uint64_t>(), positions * 4 * 4) << v.out;
     for (const std::string & p : {text, trace}) std::remove(p.c_str());
+}
+
+TEST(EvalCli, WindowEmptiesTheContextEveryNTokens) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string text = write_text("eval-window", kText);
+    const std::string ref = text + ".ref", trace = text + ".trace";
+    const std::string base = "-m " + sh_quote(model) + " -f " + sh_quote(text);
+    const json whole = eval_json(base + " --cache-mb 0");
+    const json same = eval_json(base + " --cache-mb 0 --window 64");  // 64 tokens: one window
+    const json win = eval_json(base + " --cache-mb 0 --window 16 -c 16 --save-ref " +
+                               sh_quote(ref) + " --route-trace " + sh_quote(trace));
+    ASSERT_FALSE(whole.is_null() || same.is_null() || win.is_null());
+    EXPECT_EQ(same["perplexity_reference"], whole["perplexity_reference"]);
+    EXPECT_EQ(win["window"].get<int>(), 16);
+    EXPECT_EQ(win["positions"].get<int>(), 63);
+    // Negative control: the windows really cut the context (other predictions), and the run
+    // still matches its reference exactly (both are scored in the same windows).
+    EXPECT_NE(win["perplexity_reference"]["value"].get<double>(),
+              whole["perplexity_reference"]["value"].get<double>());
+    EXPECT_EQ(win["mean_kl_nats"]["value"].get<double>(), 0.0);
+    EXPECT_EQ(win["top1_agreement_pct"]["value"].get<double>(), 100.0);
+    // Without windows the text does not fit in -c 16.
+    CmdResult big = eval(base + " --cache-mb 0 -c 16");
+    EXPECT_EQ(big.exit_code, 64) << big.err;
+    EXPECT_NE(big.err.find("exceed the context"), std::string::npos) << big.err;
+    // A reference saved with --window 16 is refused without it.
+    CmdResult other = eval(base + " --cache-mb 0 --ref " + sh_quote(ref));
+    EXPECT_EQ(other.exit_code, 3) << other.err;
+    EXPECT_NE(other.err.find("recorded with --window 16"), std::string::npos) << other.err;
+    // The trace of a windowed run still replays exactly.
+    CmdResult v = run_cmd(sh_quote(cli_bin()) + " replay --validate " + sh_quote(trace));
+    EXPECT_EQ(v.exit_code, 0) << v.err;
+    for (const std::string & p : {text, ref, trace}) std::remove(p.c_str());
 }
 
 TEST(EvalCli, BadTextIsOneClearError) {

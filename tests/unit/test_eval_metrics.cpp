@@ -81,7 +81,7 @@ namespace {
 std::string write_ref(const std::string & path, int n_vocab, const std::vector<int32_t> & next,
                       uint64_t hash, uint64_t model_bytes) {
     RefLogitsFile w;
-    Status st = w.create(path, n_vocab, uint32_t(next.size()), hash, model_bytes);
+    Status st = w.create(path, n_vocab, uint32_t(next.size()), /*window=*/64, hash, model_bytes);
     if (!st.ok()) return st.message();
     std::vector<float> lg(static_cast<size_t>(n_vocab));
     for (size_t p = 0; p < next.size(); ++p) {
@@ -102,7 +102,7 @@ TEST(EvalRefFile, RoundTripsAndRefusesEveryMismatch) {
     ASSERT_EQ(write_ref(path, 8, next, h, 1234), "");
     {
         RefLogitsFile r;
-        ASSERT_TRUE(r.open(path, 8, 5, h, 1234).ok());
+        ASSERT_TRUE(r.open(path, 8, 5, 64, h, 1234).ok());
         std::vector<float> lg;
         for (size_t p = 0; p < next.size(); ++p) {
             ASSERT_TRUE(r.read(next[p], &lg).ok());
@@ -111,26 +111,28 @@ TEST(EvalRefFile, RoundTripsAndRefusesEveryMismatch) {
     }
     struct Case {
         int n_vocab;
-        uint32_t n_pos;
+        uint32_t n_pos, window;
         uint64_t hash, bytes;
         const char * expect;
     };
     const Case cases[] = {
-        {9, 5, h, 1234, "offset 12: vocabulary"},
-        {8, 4, h, 1234, "offset 16: 5 positions"},
-        {8, 5, h + 1, 1234, "offset 24: recorded for other text"},
-        {8, 5, h, 999, "offset 32: recorded with a model file"},
+        {9, 5, 64, h, 1234, "offset 12: vocabulary"},
+        {8, 4, 64, h, 1234, "offset 16: 5 positions"},
+        {8, 5, 0, h, 1234, "offset 20: recorded with --window 64, this run uses no --window"},
+        {8, 5, 32, h, 1234, "offset 20: recorded with --window 64, this run uses --window 32"},
+        {8, 5, 64, h + 1, 1234, "offset 24: recorded for other text"},
+        {8, 5, 64, h, 999, "offset 32: recorded with a model file"},
     };
     for (const Case & c : cases) {
         RefLogitsFile r;
-        const Status st = r.open(path, c.n_vocab, c.n_pos, c.hash, c.bytes);
+        const Status st = r.open(path, c.n_vocab, c.n_pos, c.window, c.hash, c.bytes);
         ASSERT_FALSE(st.ok());
         EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
         EXPECT_NE(st.message().find(path), std::string::npos);
     }
     {  // a record predicting another token than the text's
         RefLogitsFile r;
-        ASSERT_TRUE(r.open(path, 8, 5, h, 1234).ok());
+        ASSERT_TRUE(r.open(path, 8, 5, 64, h, 1234).ok());
         std::vector<float> lg;
         ASSERT_TRUE(r.read(3, &lg).ok());
         const Status st = r.read(2, &lg);
@@ -144,9 +146,9 @@ TEST(EvalRefFile, RoundTripsAndRefusesEveryMismatch) {
         std::ofstream(path + ".cut", std::ios::binary) << bytes.substr(0, bytes.size() - 1);
         std::ofstream(path + ".bad", std::ios::binary) << "NOTAREF!" << bytes.substr(8);
         RefLogitsFile r1, r2;
-        const Status a = r1.open(path + ".cut", 8, 5, h, 1234);
+        const Status a = r1.open(path + ".cut", 8, 5, 64, h, 1234);
         EXPECT_NE(a.message().find("truncated"), std::string::npos) << a.message();
-        const Status b = r2.open(path + ".bad", 8, 5, h, 1234);
+        const Status b = r2.open(path + ".bad", 8, 5, 64, h, 1234);
         EXPECT_NE(b.message().find("offset 0: not a moestream eval reference"), std::string::npos)
             << b.message();
     }

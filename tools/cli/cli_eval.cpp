@@ -27,6 +27,7 @@ struct EvalFlags {
     RunOptions opt;
     std::string text_file;
     int max_tokens = 512;
+    int window = 0;  // 0: one context for the whole text
     std::string save_ref, ref;
     bool json = false;
     int bootstrap = 1000;
@@ -102,10 +103,11 @@ int do_eval(EvalFlags & f) {
         st = tokenize_with(*ref);
         if (!st.ok()) return fail(st);
         RefLogitsFile w;
-        st = w.create(ref_path, nv, uint32_t(toks.size() - 1), hash_tokens(toks), model_bytes);
+        st = w.create(ref_path, nv, uint32_t(toks.size() - 1), uint32_t(f.window),
+                      hash_tokens(toks), model_bytes);
         if (!st.ok()) return fail(st);
-        st =
-            ref->score(toks, [&](size_t i, const float * lg) { return w.append(toks[i + 1], lg); });
+        st = ref->score(toks, uint32_t(f.window),
+                        [&](size_t i, const float * lg) { return w.append(toks[i + 1], lg); });
         if (!st.ok()) return fail(st);
         st = w.finish();
         if (!st.ok()) return fail(st);
@@ -130,12 +132,12 @@ int do_eval(EvalFlags & f) {
 
     // 2) The configured run, position by position against the reference.
     RefLogitsFile r;
-    st = r.open(ref_path, nv, n_pos, th, model_bytes);
+    st = r.open(ref_path, nv, n_pos, uint32_t(f.window), th, model_bytes);
     if (!st.ok()) return fail(st);
     std::vector<PositionMetrics> pos;
     pos.reserve(n_pos);
     std::vector<float> ref_logits;
-    st = run->score(toks, [&](size_t i, const float * lg) {
+    st = run->score(toks, uint32_t(f.window), [&](size_t i, const float * lg) {
         Status s = r.read(toks[i + 1], &ref_logits);
         if (!s.ok()) return s;
         pos.push_back(compare_logits(ref_logits.data(), lg, nv, toks[i + 1]));
@@ -152,6 +154,7 @@ int do_eval(EvalFlags & f) {
     j["text"] = f.text_file;
     j["tokens"] = toks.size();
     j["positions"] = sum.positions;
+    j["window"] = f.window;
     j["lossy"] = run->lossy();
     j["settings"] = nlohmann::json::parse(run->settings_json());
     j["reference"] = ref_info;
@@ -171,8 +174,10 @@ int do_eval(EvalFlags & f) {
             std::snprintf(b, sizeof b, "%.*f [%.*f, %.*f]", nd, x.value, nd, x.lo, nd, x.hi);
             return std::string(b);
         };
-        std::printf("moestream eval: %s, %zu tokens (%llu positions), %s\n", f.text_file.c_str(),
-                    toks.size(), (unsigned long long)sum.positions,
+        const std::string win =
+            f.window ? ", windows of " + std::to_string(f.window) + " tokens" : std::string();
+        std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
+                    toks.size(), (unsigned long long)sum.positions, win.c_str(),
                     run->lossy() ? "LOSSY settings" : "lossless settings");
         std::printf("  perplexity        %s   (reference %s)\n", iv(sum.ppl_run, 4).c_str(),
                     iv(sum.ppl_ref, 4).c_str());
@@ -195,6 +200,10 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
         ->check(CLI::Range(2, 1 << 20));
+    sub->add_option("--window", f->window,
+                    "empty the context every N tokens (the expert cache stays): score within "
+                    "the model's training context; 0 = the whole text in one context")
+        ->check(CLI::Range(0, 1 << 20));
     add_engine_flags(sub, &f->opt);  // run's engine flags (lossy knobs included)
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record the configured run's routings to FILE, one decode row per text "

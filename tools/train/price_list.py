@@ -5,6 +5,7 @@ bytes read per token vs that lossless run). Writes OUT.json, OUT.md (a table) an
 vs read savings; needs python3-matplotlib).
 
   price_list.py --bin build/bin/moestream -m MODEL -f TEXT -o docs/quality-trained [--max-tokens N]
+                [--window W]   (eval --window: each W tokens scored from an empty context; 0 = one context)
 """
 import argparse, json, subprocess, sys
 
@@ -30,11 +31,13 @@ def main():
     ap.add_argument("-f", "--file", required=True)
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--max-tokens", type=int, default=2000)
+    ap.add_argument("--window", type=int, default=256)
     a = ap.parse_args()
     rows = []
     for label, extra in GRID:
-        cmd = [a.bin, "eval", "-m", a.model, "-f", a.file, "-t", "2", "-c", str(max(256, a.max_tokens)),
-               "--max-tokens", str(a.max_tokens), "--json"] + extra
+        ctx = a.window if a.window else a.max_tokens
+        cmd = [a.bin, "eval", "-m", a.model, "-f", a.file, "-t", "2", "-c", str(max(16, ctx)),
+               "--max-tokens", str(a.max_tokens), "--window", str(a.window), "--json"] + extra
         j = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
         ref_b, run_b = j["reference"].get("bytes_per_token", 0.0), j["bytes_per_token"]
         rows.append({"setting": label, "flags": " ".join(extra), "ppl": j["perplexity"],
@@ -42,7 +45,7 @@ def main():
                      "top1": j["top1_agreement_pct"], "bytes_per_token": run_b,
                      "ref_bytes_per_token": ref_b,
                      "read_savings": (1 - run_b / ref_b) if ref_b > 0 else 0.0,
-                     "tokens": j["tokens"]})
+                     "tokens": j["tokens"], "window": j.get("window", 0)})
         print(f"{label}: KL {j['mean_kl_nats']['value']:.4f} top1 {j['top1_agreement_pct']['value']:.1f}% "
               f"ppl {j['perplexity']['value']:.3f} (ref {rows[-1]['ppl_ref']:.3f}) "
               f"reads {run_b / 1024:.1f} vs {ref_b / 1024:.1f} KiB/token", file=sys.stderr, flush=True)

@@ -16,6 +16,10 @@ py="$repo/tools/train/py"
 model="$repo/models/moestream-linuxdoc-4l32e-q8_0.gguf"
 text="$repo/tests/data/trained/val-excerpt.txt"
 tokens="${QUALITY_TOKENS:-2000}"
+# eval --window: every prediction sees at most this many tokens (the model trained on 256-byte
+# windows; beyond its training context its perplexity means little). 0 = one context.
+window="${QUALITY_WINDOW:-256}"
+ctx="$window"; [ "$window" = 0 ] && ctx=$((tokens + 16))
 "$repo/scripts/setup-train.sh" > /dev/null  # the gguf package routing_stats.py reads models with
 mkdir -p "$out"
 synth="$out/synth-tiny-q8_0.gguf"
@@ -23,7 +27,7 @@ synth="$out/synth-tiny-q8_0.gguf"
 
 echo "== price list ($tokens tokens of $text)"
 "$py" "$repo/tools/train/price_list.py" --bin "$bin" -m "$model" -f "$text" -o "$out/price-list" \
-  --max-tokens "$tokens"
+  --max-tokens "$tokens" --window "$window"
 
 echo "== routing statistics"
 "$py" "$repo/tools/train/routing_stats.py" -m "$model" -f "$text" --json "$out/routing-trained.json"
@@ -33,7 +37,7 @@ echo "== replay hit-rate curves (LRU, lossless, one decode row per text token)"
 budgets="1,2,3,4,6,8,12,16,20,24,28"
 for which in trained synth; do
   m="$model"; [ "$which" = synth ] && m="$synth"
-  "$bin" eval -m "$m" -f "$text" --max-tokens "$tokens" -c "$((tokens + 16))" -t 2 \
+  "$bin" eval -m "$m" -f "$text" --max-tokens "$tokens" --window "$window" -c "$ctx" -t 2 \
     --cache-mb 0 --route-trace "$out/trace-$which.trace" --json > "$out/eval-$which.json"
   "$bin" replay "$out/trace-$which.trace" --budgets "$budgets" --policy lru,belady --json \
     > "$out/replay-$which.json"
