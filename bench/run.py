@@ -118,7 +118,8 @@ def main() -> int:
         raise SystemExit(f"{exp.name} is a placeholder (its flags may not exist yet): --force to run it")
 
     if a.dry_run:
-        print(f"{exp.name}: {exp.title}\nmodel {exp.model} ({exp.arch}, {exp.type}), {exp.tokens} tokens, "
+        gain = "" if exp.attn_gain == config.models_default_gain() else f", synth --attn-gain {exp.attn_gain:g}"
+        print(f"{exp.name}: {exp.title}\nmodel {exp.model} ({exp.arch}, {exp.type}{gain}), {exp.tokens} tokens, "
               f"{exp.reps} reps, order {exp.order}, trim {exp.trim}")
         for c in exp.cells:
             ch = f"vs {c.baseline}: {config.describe_change(c, exp.cell(c.baseline))}" if c.baseline else "reference"

@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from moebench import config, harness, runners, stats  # noqa: E402
+from moebench import config, harness, models, runners, stats  # noqa: E402
 
 EXP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
 
@@ -100,6 +100,23 @@ class MatrixRules(unittest.TestCase):
                 name = "a"
                 lanes = 2
             """)
+
+    def test_attn_gain_names_its_own_model_file(self):
+        plain = load_toml("""
+            [[cell]]
+            name = "a"
+            """)
+        gained = load_toml("""
+            attn_gain = 0.65
+            [[cell]]
+            name = "a"
+            """)
+        self.assertEqual(plain.attn_gain, models.DEFAULT_ATTN_GAIN)
+        self.assertEqual(gained.attn_gain, 0.65)
+        # The default keeps the path models were cached under before the key existed.
+        self.assertTrue(models.preset_path("mid", "qwen3moe", "q4_k", 1).endswith("/mid-qwen3moe-q4_k.gguf"))
+        self.assertTrue(models.preset_path("mid", "qwen3moe", "q4_k", 1, 0.65)
+                        .endswith("/mid-qwen3moe-q4_k-g0.65.gguf"))
 
     def test_parse_bytes(self):
         self.assertEqual(config.parse_bytes("8GiB"), 8 << 30)
