@@ -37,6 +37,7 @@ test: test-unit test-asan test-tsan fuzz-smoke
 
 test-unit: build
 	scripts/setup-browser.sh
+	bench/setup.sh
 	scripts/run-tests.sh $(BUILD_DIR)
 
 test-asan: setup
