@@ -115,15 +115,27 @@ TEST_P(SynthTinyLoads, GeneratesInLlamaCompletion) {
     const auto & [arch, type] = GetParam();
     const std::string model = moestream::test::synth_model("tiny", arch, type);
     const std::string prompt = "Once upon a time";
-    CmdResult r = run_cmd(sh_quote(llama_tool()) + " llama-completion -m " + sh_quote(model) +
-                          " -p " + sh_quote(prompt) +
-                          " -n 8 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 1"
-                          " -fit off");
-    ASSERT_EQ(r.exit_code, 0) << r.err.substr(r.err.size() > 3000 ? r.err.size() - 3000 : 0);
+    const std::string cmd = sh_quote(llama_tool()) + " llama-completion -m " + sh_quote(model) +
+                            " -p " + sh_quote(prompt) +
+                            " -n 8 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 1"
+                            " -fit off";
+    auto tail = [](const std::string & s) {
+        return s.substr(s.size() > 3000 ? s.size() - 3000 : 0);
+    };
+    CmdResult r = run_cmd(cmd);
+    // Known flake of the tool, not of the model (seen once in a fresh-clone `make test` under
+    // load: exit 0, stdout only the prompt, 0.1 s; the same file generated on every other run):
+    // run it once more, and show the first attempt's log.
+    if (r.exit_code == 0 && r.out.size() <= prompt.size() + 1) {
+        std::fprintf(stderr, "llama-completion printed no generated text; its log ends:\n%s\n",
+                     tail(r.err).c_str());
+        r = run_cmd(cmd);
+    }
+    ASSERT_EQ(r.exit_code, 0) << tail(r.err);
     // stdout echoes the prompt, then the generated text (random bytes, never empty: control
     // tokens have all-zero output rows so greedy decoding does not stop early).
     ASSERT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;
-    EXPECT_GT(r.out.size(), prompt.size() + 1) << r.out;
+    EXPECT_GT(r.out.size(), prompt.size() + 1) << r.out << "\n" << tail(r.err);
 }
 
 INSTANTIATE_TEST_SUITE_P(synth, SynthTinyLoads,
