@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from moebench import config, harness, report  # noqa: E402
+from moebench import config, harness, models, report  # noqa: E402
 
 
 def experiments_dir() -> str:
@@ -118,8 +118,8 @@ def main() -> int:
         raise SystemExit(f"{exp.name} is a placeholder (its flags may not exist yet): --force to run it")
 
     if a.dry_run:
-        gain = "" if exp.attn_gain == config.models_default_gain() else f", synth --attn-gain {exp.attn_gain:g}"
-        print(f"{exp.name}: {exp.title}\nmodel {exp.model} ({exp.arch}, {exp.type}{gain}), {exp.tokens} tokens, "
+        print(f"{exp.name}: {exp.title}\nmodel {exp.model} ({exp.arch}, {exp.type}{models.gain_note(exp.attn_gain)}), "
+              f"{exp.tokens} tokens, "
               f"{exp.reps} reps, order {exp.order}, trim {exp.trim}")
         for c in exp.cells:
             ch = f"vs {c.baseline}: {config.describe_change(c, exp.cell(c.baseline))}" if c.baseline else "reference"
@@ -139,7 +139,7 @@ def main() -> int:
                         commit=commit)
     if a.dry_run:
         h.preflight()
-        from moebench import models, runners, system  # noqa: F401
+        from moebench import runners, system  # noqa: F401
         mpath = models.preset_path(exp.model, exp.arch, exp.type, exp.seed, exp.attn_gain) if exp.model in models.PRESETS else exp.model
         ins = models.inspect(h.tools.moestream, mpath) if os.path.exists(mpath) else {}
         if not ins:

@@ -193,7 +193,7 @@ struct Model {
     Arch arch = Arch::kQwen3Moe;
     const char * arch_name = nullptr;
     const TypeInfo * type = nullptr;
-    float attn_out_gain = 0.3f;  // SynthOptions::attn_out_gain
+    float attn_out_gain = 0;  // SynthOptions::attn_out_gain (synth_model sets it)
     std::vector<TensorSpec> tensors;
 };
 
@@ -230,7 +230,6 @@ std::string blk(uint32_t il, const char * what) {
 }
 
 void build_tensors(Model & m) {
-    const float attn_out_gain = m.attn_out_gain;
     const Preset & p = *m.preset;
     const int64_t E = p.n_embd, V = p.n_vocab, X = p.n_expert, F = p.n_ff_exp;
     const AttnShape a = attn_shape(m);
@@ -257,7 +256,7 @@ void build_tensors(Model & m) {
         // gain 0.3 (SynthOptions::attn_out_gain) keeps the mean cosine between token states
         // below ~0.2 at 48 layers and routing spread.
         T.push_back(make(blk(il, "attn_output.weight"), dt, {Q, E}, Init::kWeight,
-                         attn_out_gain / std::sqrt(float(Q))));
+                         m.attn_out_gain / std::sqrt(float(Q))));
         switch (m.arch) {
             case Arch::kQwen3Moe:
                 T.push_back(make(blk(il, "attn_q_norm.weight"), f32, {D}, Init::kNorm, 0));

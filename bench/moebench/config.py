@@ -15,6 +15,8 @@ import re
 import tomllib
 from typing import Any
 
+from . import models
+
 # Matrix variables: name -> default. Every cell has a value for each one.
 VARIABLES: dict[str, Any] = {
     # what loads the model and runs the decode:
@@ -69,10 +71,6 @@ EXPERIMENT_KEYS = {
 class ConfigError(Exception):
     pass
 
-
-def models_default_gain() -> float:
-    from . import models
-    return models.DEFAULT_ATTN_GAIN
 
 
 @dataclasses.dataclass
@@ -273,7 +271,7 @@ def load(path: str, overrides: dict[str, Any] | None = None) -> Experiment:
         arch=raw.get("arch", "qwen3moe"),
         type=raw.get("type", "q4_k"),
         seed=int(raw.get("seed", 1)),
-        attn_gain=float(raw.get("attn_gain", models_default_gain())),
+        attn_gain=float(raw.get("attn_gain", models.DEFAULT_ATTN_GAIN)),
         prompt=raw.get("prompt", "Once upon a time"),
         tokens=int(raw.get("tokens", 32)),
         reps=int(raw.get("reps", 2)),

@@ -16,6 +16,11 @@ PRESETS = ("tiny", "mid", "qwen3-30b-a3b")
 DEFAULT_ATTN_GAIN = 0.3  # moestream synth --attn-gain's default (src/synth.h)
 
 
+def gain_note(attn_gain: float | None) -> str:
+    """", synth --attn-gain G" for a non-default gain, else "" (reports, dry runs)."""
+    return "" if attn_gain in (None, DEFAULT_ATTN_GAIN) else f", synth --attn-gain {attn_gain:g}"
+
+
 def models_dir() -> str:
     return os.environ.get("MOESTREAM_MODELS_DIR", "/var/tmp/moestream-models")
 

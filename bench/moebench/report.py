@@ -5,6 +5,8 @@ import os
 import re
 from typing import Any
 
+from . import models
+
 HEADER = """# Benchmarks
 
 Measurements of moestream and of Debian's llama.cpp 0.7.0 on the same random-weight models,
@@ -44,11 +46,6 @@ def _mean(d: dict[str, Any] | None, nd: int = 2, scale: float = 1.0) -> str:
 def _sched(s: str | None) -> str:
     m = re.search(r"\[(\S+)\]", s or "")
     return m.group(1) if m else str(s)
-
-
-def gain_note(exp: dict[str, Any]) -> str:
-    g = exp.get("attn_gain")
-    return "" if g in (None, 0.3) else f", synth --attn-gain {g:g}"
 
 
 def cell_status(s: dict[str, Any]) -> str:
@@ -196,7 +193,7 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         f"binary sha256 {str(v.get('moestream_bin_sha256'))[:12]}; Debian llama.cpp {llama_v}, "
         f"ggml {ggml_v} (deps/debian.lock); {v.get('fio') or 'no fio'}",
         f"- **Model:** {mo.get('preset') or mo.get('path')} ({exp['arch']}, {exp['type']} experts, "
-        f"seed {exp['seed']}{gain_note(exp)}): {ins.get('file_size', 0) / 1e9:.2f} GB, {ins.get('n_moe_layer')} MoE "
+        f"seed {exp['seed']}{models.gain_note(exp.get('attn_gain'))}): {ins.get('file_size', 0) / 1e9:.2f} GB, {ins.get('n_moe_layer')} MoE "
         f"layers × {ins.get('n_expert')} experts, top-{ins.get('n_expert_used')}, expert "
         f"{ins.get('expert_bytes', 0) / MiB:.2f} MiB, one token routes "
         f"{ins.get('token_working_set_bytes', 0) / MiB:.0f} MiB; dense "
