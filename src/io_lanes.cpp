@@ -246,12 +246,17 @@ void IoLanes::run_lane(int lane, size_t limit) {
             if (i >= limit) break;
         } while (!next_.compare_exchange_weak(i, i + 1, std::memory_order_relaxed));
         if (i >= limit) break;
+        const uint64_t before = transferred;
         Status st = read_one(lane, reqs[i], &transferred);
+        if (i < own_ && own_ < reqs.size())
+            own_bytes_.fetch_add(transferred - before, std::memory_order_relaxed);
         if (!st.ok()) {
             std::lock_guard<std::mutex> lk(err_mu_);
             if (!failed_.exchange(true)) err_ = st;
         }
-        if (i < prefix_ && prefix_done_.fetch_add(1) + 1 == prefix_) {
+        const bool prefix_now = i < prefix_ && prefix_done_.fetch_add(1) + 1 == prefix_;
+        const bool own_now = i < own_ && own_done_.fetch_add(1) + 1 == own_;
+        if (prefix_now || own_now) {
             std::lock_guard<std::mutex> lk(mu_);
             if (waiting_prefix_) cv_done_.notify_all();
         }
@@ -280,16 +285,22 @@ void IoLanes::worker(int lane) {
     }
 }
 
-void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix) {
+void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own) {
     batch_ = &reqs;
     next_.store(0);
     bytes_.store(0);
     direct_reads_.store(0);
     failed_.store(false);
-    prefix_ = prefix < reqs.size() ? prefix : reqs.size();
+    own_ = own < reqs.size() ? own : reqs.size();
+    prefix_ = prefix < own_ ? prefix : own_;
     prefix_done_.store(0);
+    own_done_.store(0);
+    own_bytes_.store(0);
+    own_reported_ = false;
     err_ = Status::Ok();
-    const int helpers = reqs.size() > 1 ? static_cast<int>(lanes_.size()) - 1 : 0;
+    // Worker lanes join when there is more than one request, or a tail the caller leaves to them.
+    const bool wake = reqs.size() > 1 || own_ < reqs.size();
+    const int helpers = wake ? static_cast<int>(lanes_.size()) - 1 : 0;
     if (helpers > 0) {
         {
             std::lock_guard<std::mutex> lk(mu_);
@@ -306,15 +317,29 @@ void IoLanes::wait_lanes_idle() {
 }
 
 Status IoLanes::wait_prefix(IoBatchStats * stats) {
+    return wait_first(prefix_, prefix_done_, stats);
+}
+
+Status IoLanes::wait_own(IoBatchStats * stats) {
+    Status st = wait_first(own_, own_done_, stats);
+    if (!st.ok() || batch_ == nullptr) return st;  // failed: finish() has reported everything
+    if (stats && own_ < batch_->size()) {
+        // Only the own requests here; finish() reports the tail.
+        stats->bytes_read += own_bytes_.load();
+        stats->reads += own_;
+        own_reported_ = true;
+    }
+    return st;
+}
+
+Status IoLanes::wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats) {
     if (batch_ == nullptr) return Status::Ok();
     auto t0 = std::chrono::steady_clock::now();
-    const size_t n = prefix_;
-    run_lane(0, n);
+    run_lane(0, n);  // the calling thread reads among [0, n) only, never the tail
     {
         std::unique_lock<std::mutex> lk(mu_);
         waiting_prefix_ = true;
-        cv_done_.wait(
-            lk, [&] { return failed_.load() || prefix_done_.load() >= n || lanes_busy_ == 0; });
+        cv_done_.wait(lk, [&] { return failed_.load() || done.load() >= n || lanes_busy_ == 0; });
         waiting_prefix_ = false;
     }
     if (stats)
@@ -332,8 +357,8 @@ Status IoLanes::finish(IoBatchStats * stats) {
     wait_lanes_idle();
     batch_ = nullptr;
     if (stats) {
-        stats->bytes_read += bytes_.load();
-        stats->reads += reqs.size();
+        stats->bytes_read += bytes_.load() - (own_reported_ ? own_bytes_.load() : 0);
+        stats->reads += reqs.size() - (own_reported_ ? own_ : 0);
         stats->direct_reads += direct_reads_.load();
         stats->seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

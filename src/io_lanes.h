@@ -25,8 +25,13 @@
 // Asynchronous batches (overlapping reads with compute): start() hands a batch to the lanes
 // and returns; wait_prefix() returns once its first `prefix` requests are done (the calling thread
 // reads among them meanwhile), leaving the rest to the worker lanes; finish() waits for the
-// whole batch. read_batch() = start + finish. A failure makes wait_prefix and finish wait
-// until no lane touches the batch any more, so the caller may release the destinations.
+// whole batch. read_batch() = start + finish. A batch may end with a tail of speculative
+// reads (streamer.h, "Prefetch"): start(reqs, prefix, own) marks requests [0, own) as the
+// caller's own, wait_own() returns once those are done and leaves the tail to the worker lanes
+// (the calling thread never reads tail requests). Requests are claimed in index order, so the
+// tail starts only after every own request has been claimed. A failure makes wait_prefix,
+// wait_own and finish wait until no lane touches the batch any more, so the caller may
+// release the destinations.
 //
 // Thread-safety: one batch at a time, driven from one thread (start, wait_prefix, finish,
 // read_batch); the batch vector must stay alive and unchanged until finish() returns.
@@ -81,11 +86,16 @@ public:
 
     Status read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats * stats);
 
-    // Starts a batch whose first `prefix` requests wait_prefix() waits for.
-    void start(const std::vector<ReadRequest> & reqs, size_t prefix = SIZE_MAX);
+    // Starts a batch whose first `prefix` requests wait_prefix() waits for, and whose first
+    // `own` (>= prefix; the rest is a speculative tail) wait_own() waits for.
+    void start(const std::vector<ReadRequest> & reqs, size_t prefix = SIZE_MAX,
+               size_t own = SIZE_MAX);
     // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
     // error (after every lane stopped). stats->seconds gets the time spent waiting.
     Status wait_prefix(IoBatchStats * stats);
+    // The same for requests [0, own). In a batch with a tail it adds the own requests' bytes
+    // and count to stats (finish() then adds only the tail's).
+    Status wait_own(IoBatchStats * stats);
     // Waits for the whole batch; adds its bytes/reads (and the time waited) to stats.
     Status finish(IoBatchStats * stats);
     bool in_flight() const { return batch_ != nullptr; }
@@ -111,6 +121,7 @@ private:
     // Claims and reads requests with index < limit until none is left (or one failed).
     void run_lane(int lane, size_t limit);
     void wait_lanes_idle();
+    Status wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats);
     Status read_one(int lane, const ReadRequest & r, uint64_t * transferred);
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
     // failed with *err set.
@@ -138,6 +149,10 @@ private:
     std::atomic<size_t> next_{0};
     size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
     std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
+    size_t own_ = 0;                      // requests [0, own_) for wait_own (set by start)
+    std::atomic<size_t> own_done_{0};     // completed requests with index < own_
+    std::atomic<uint64_t> own_bytes_{0};  // bytes of own requests (a batch with a tail)
+    bool own_reported_ = false;           // wait_own() reported them (finish() skips them)
     bool waiting_prefix_ = false;         // guarded by mu_
     std::atomic<uint64_t> bytes_{0};
     std::atomic<uint64_t> direct_reads_{0};

@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -183,4 +184,76 @@ TEST_F(IoLanesTest, EioFailsTheBatchNamingFileOffsetAndErrno) {
         const ReadRequest & bad = reqs[4];
         for (uint64_t k = 0; k < bad.len; ++k) ASSERT_EQ(static_cast<uint8_t *>(bad.dest)[k], 0);
     }
+}
+
+namespace {
+struct LaneLog {
+    std::mutex mu;
+    std::vector<std::pair<uint64_t, int>> reads;  // (aligned offset, lane)
+};
+long logging_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int lane,
+                    void * ud) {
+    auto * log = static_cast<LaneLog *>(ud);
+    {
+        std::lock_guard<std::mutex> lk(log->mu);
+        log->reads.push_back({off, lane});
+    }
+    return ::preadv(fd, iov, iovcnt, off_t(off));
+}
+}  // namespace
+
+// A batch with a speculative tail (prefetch): wait_own() returns once the caller's own
+// requests are exact, reporting only them; until finish() the calling thread (lane 0) reads
+// no tail request (it computes meanwhile); finish() completes the tail (the caller helps
+// then) and reports the rest.
+TEST_F(IoLanesTest, TailIsLeftToTheWorkerLanes) {
+    for (int lanes : {2, 3}) {
+        SCOPED_TRACE(lanes);
+        IoLanes io;
+        ASSERT_TRUE(io.open(path_, lanes, true, 300000).ok());
+        LaneLog log;
+        io.set_pread_hook(&logging_preadv, &log);
+        Scratch s(arena_bytes(40));
+        std::vector<ReadRequest> reqs = make_requests(&s, true, 77, 40);
+        const size_t own = 12, prefix = 5;
+        io.start(reqs, prefix, own);
+        IoBatchStats st;
+        ASSERT_TRUE(io.wait_prefix(&st).ok());
+        ASSERT_TRUE(io.wait_own(&st).ok());
+        EXPECT_EQ(st.reads, own);
+        EXPECT_TRUE(all_exact(std::vector<ReadRequest>(reqs.begin(), reqs.begin() + own)));
+        EXPECT_TRUE(io.in_flight());
+        std::vector<std::pair<uint64_t, int>> before_finish;
+        {
+            std::lock_guard<std::mutex> lk(log.mu);
+            before_finish = log.reads;
+        }
+        IoBatchStats tail;
+        ASSERT_TRUE(io.finish(&tail).ok());
+        EXPECT_EQ(tail.reads, reqs.size() - own);
+        EXPECT_GT(tail.bytes_read, 0u);
+        EXPECT_TRUE(all_exact(reqs));
+        // Which lane read each tail request (matched by its aligned start offset).
+        for (size_t i = own; i < reqs.size(); ++i) {
+            const uint64_t at = reqs[i].file_offset / 4096 * 4096;
+            for (const auto & [off, lane] : before_finish)
+                if (off == at) EXPECT_NE(lane, 0) << "tail request " << i << " read by the caller";
+        }
+    }
+}
+
+// A tail of one request alone (no own reads) still gets a worker lane.
+TEST_F(IoLanesTest, TailOnlyBatch) {
+    IoLanes io;
+    ASSERT_TRUE(io.open(path_, 2, true, 300000).ok());
+    Scratch s(arena_bytes(1));
+    std::vector<ReadRequest> reqs = make_requests(&s, true, 5, 1);
+    io.start(reqs, 0, 0);
+    IoBatchStats st;
+    ASSERT_TRUE(io.wait_prefix(&st).ok());
+    ASSERT_TRUE(io.wait_own(&st).ok());
+    EXPECT_EQ(st.reads, 0u);
+    ASSERT_TRUE(io.finish(&st).ok());
+    EXPECT_EQ(st.reads, 1u);
+    EXPECT_TRUE(all_exact(reqs));
 }
