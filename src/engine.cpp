@@ -17,6 +17,7 @@
 #include "log.h"
 #include "model_loader.h"
 #include "moestream/moestream.h"
+#include "prefetch.h"
 #include "residency.h"
 #include "route_trace.h"
 #include "router_hook.h"
@@ -263,6 +264,15 @@ public:
         overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
         streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
         hook_->attach(streamer_.get(), binder_.get());
+        // Prefetch (docs/prefetch.md): a cache to read into and a worker lane to read with.
+        // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
+        // Not with --route-trace: a trace records what a cache without read-ahead does, so
+        // that `moestream replay` reproduces it exactly (docs/route-trace.md).
+        if (opt_.prefetch && d.budget_bytes > 0 && lanes_.n_lanes() > 1 &&
+            opt_.route_trace.empty()) {
+            predictor_ = std::make_unique<RoutePredictor>();
+            if (opt_.drop_cold == 0) hook_->enable_prefetch(predictor_.get());
+        }
         if (!opt_.route_trace.empty()) open_trace();
         return Status::Ok();
     }
@@ -370,6 +380,7 @@ public:
         uint32_t n_layer = index_.n_layer;
         for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
         hook_->enable_drop_cold(dc, n_layer);  // terminals are re-learned on the next graph
+        if (predictor_) hook_->enable_prefetch(frac > 0 ? nullptr : predictor_.get());
         opt_.drop_cold = frac;
         return Status::Ok();
     }
@@ -516,6 +527,7 @@ private:
             s.cache_recycled_commits = cs.recycled_commits;
             s.cache_pool_bytes = cs.pool_bytes;
         }
+        fill_prefetch(&s);
         if (binder_) s.dense_bytes = binder_->dense_bytes();
         if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
         if (hook_ && opt_.drop_cold > 0) {
@@ -566,6 +578,8 @@ public:
         j["cache_budget_reason"] = stats_.cache_budget_reason;
         j["cache_debug"] = opt_.cache_debug;
         j["cache_recycle"] = opt_.cache_recycle;
+        j["prefetch"] = prefetch_on();
+        j["prefetch_requested"] = opt_.prefetch;
         j["n_expert_used"] = k_eff_;
         j["n_expert_used_model"] = index_.n_expert_used;
         j["lossy"] = lossy();
@@ -644,6 +658,7 @@ public:
         s.bytes_per_token = double(bytes) / double(s.tokens.size());
         s.peak_rss_bytes = peak_rss_bytes();
         if (streamer_) fill_lookup_totals(&s);
+        fill_prefetch(&s);
         if (tracer_) tracer_->finish();  // one trace per engine, as for generate()
         return Status::Ok();
     }
@@ -658,6 +673,21 @@ private:
         s->cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
     }
 
+    void fill_prefetch(RunStats * s) const {
+        s->prefetch = prefetch_on();
+        if (!predictor_ || !streamer_ || !store_) return;
+        const PredictCounters & pc = predictor_->counters();
+        s->prefetch_predictions = pc.predictions;
+        s->prefetch_accuracy_pct = pc.scored ? 100.0 * double(pc.right) / double(pc.scored) : 0;
+        const CacheStats cs = store_->cache_stats();
+        s->prefetch_experts = cs.prefetched;
+        s->prefetch_used = cs.prefetch_used;
+        s->prefetch_unused = cs.prefetch_unused;
+        s->prefetch_bytes = streamer_->total().prefetch_bytes;
+        s->prefetch_wait_s = streamer_->total().prefetch_wait_s;
+    }
+    bool prefetch_on() const { return predictor_ != nullptr && opt_.drop_cold == 0; }
+
     // The per-token figures of the decode step that just ran (streaming counters, if any).
     TokenStats step_stats(int32_t token, double decode_s) const {
         TokenStats t;
@@ -670,6 +700,8 @@ private:
             t.flash_reads = c.reads;
             t.token_demand_bytes = c.demand_bytes;
             t.layer_demand_bytes = c.layer_demand_bytes;
+            t.prefetch_bytes = c.prefetch_bytes;
+            t.stage_s = c.stage_s;
             t.cache_hits = c.hits;
             t.cache_misses = c.misses;
         }
@@ -686,6 +718,7 @@ private:
     bool bind_checked_ = false;
     std::unique_ptr<Streamer> streamer_;
     bool overlap_ = false;  // down reads overlapped with gate/up (streamer.h)
+    std::unique_ptr<RoutePredictor> predictor_;  // prefetch (null: off for this engine)
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode

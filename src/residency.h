@@ -67,6 +67,11 @@ struct CacheStats {
     uint64_t recycled_commits = 0;  // projection slices mapped onto an earlier expert's pages
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
+    // Prefetch (streamer.h, "Prefetch"): experts read ahead of their routing.
+    uint64_t prefetched = 0;       // experts committed and read by prefetch()
+    uint64_t prefetch_used = 0;    // of those, routed while still resident (a hit)
+    uint64_t prefetch_unused = 0;  // of those, evicted (or abandoned) without being routed
+    uint64_t prefetch_skipped = 0; // predicted, absent, not prefetched (no room, commit refused)
 };
 
 // Debug and test knobs of the LRU cache (docs/cache.md, "Debug mode").
@@ -124,6 +129,20 @@ public:
     // Whether expert `e` of MoE layer `moe_idx` is resident now (a routing of it would hit;
     // includes the experts whose reads the last stage() handed out).
     virtual bool is_resident(size_t /*moe_idx*/, uint32_t /*e*/) const { return false; }
+    // Speculative reads ahead of a routing (streamer.h, "Prefetch"): appends the reads that make
+    // the absent ones among `experts` of MoE layer moe_idx resident, while that fits the
+    // budget by evicting only experts that are neither routed in the last stage() nor being
+    // prefetched now (never above the budget: a prediction is not worth it). Returns how many
+    // experts it will read. Until end_prefetch() they count as resident for nothing but
+    // eviction (none of them can be a victim), and stage() refuses to run. The default stores
+    // nothing ahead (the shared slots of cache-off hold one layer at a time).
+    virtual size_t prefetch(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/,
+                            std::vector<ReadRequest> * /*reads*/) {
+        return 0;
+    }
+    // The prefetch reads finished: ok = they all succeeded (the experts become resident), else
+    // they are released (a later routing reads them again and reports any error).
+    virtual void end_prefetch(bool /*ok*/) {}
     // Cache counters since construction (all zero for a store that is not a cache).
     virtual CacheStats cache_stats() const { return {}; }
     // Debug check, meant to be called after the reads of stage(moe_idx, experts) completed

@@ -89,6 +89,9 @@ public:
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                  std::vector<ReadRequest> * reads, StageStats * stats) override;
     void abandon_stage(size_t moe_idx) override;
+    size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
+                    std::vector<ReadRequest> * reads) override;
+    void end_prefetch(bool ok) override;
 
     uint64_t resident_bytes() const override { return committed_; }
     uint64_t reserved_bytes() const override { return reserved_; }
@@ -189,6 +192,8 @@ private:
         return lo < hi;
     }
     bool evict_one(size_t moe_idx);
+    // Appends expert e's slice reads (all projections) to *reads.
+    void push_reads(size_t moe_idx, uint32_t e, std::vector<ReadRequest> * reads);
 
     // LRU list: sentinel at index n_ids_; next_ goes from MRU towards LRU.
     void lru_unlink(uint32_t id) {
@@ -229,6 +234,8 @@ private:
 
     std::vector<uint32_t> pending_;  // ids committed by the last stage(), reads outstanding
     std::vector<uint64_t> done_;     // stage generation that last looked the id up
+    std::vector<uint32_t> prefetch_pending_;  // ids committed by prefetch(), reads outstanding
+    std::vector<uint8_t> prefetched_;         // per id: read by prefetch, not routed since
     bool fault_fired_ = false;
     bool warned_protect_ = false;
 
@@ -372,6 +379,7 @@ Status LruCache::init() {
     ever_.assign(n_ids_, 0);
     stamp_.assign(n_ids_, 0);
     done_.assign(n_ids_, 0);
+    prefetched_.assign(n_ids_, 0);
     id_layer_.resize(n_ids_);
     for (size_t i = 0; i < layers_.size(); ++i)
         for (uint32_t e = 0; e < layers_[i].n_expert; ++e)
@@ -543,6 +551,10 @@ uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e) {
 // Releases a live expert's exclusively covered pages in every projection and marks it absent.
 void LruCache::release(size_t moe_idx, uint32_t e) {
     const uint32_t id = id_of(moe_idx, e);
+    if (prefetched_[id]) {
+        prefetched_[id] = 0;
+        ++stats_.prefetch_unused;
+    }
     for (size_t t = 0; t < layers_res_count(moe_idx); ++t)
         committed_ -= release_projection(moe_idx, t, e);
     state_[id] = kAbsent;
@@ -574,6 +586,8 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                                    " out of range for layer " +
                                    std::to_string(index_.moe_layers[moe_idx].layer));
 
+    if (!prefetch_pending_.empty())
+        return Status::Runtime("expert cache: internal: stage() while prefetch reads are open");
     // The previous stage's reads succeeded (else abandon_stage() would have been called).
     for (uint32_t id : pending_) {
         state_[id] = kResident;
@@ -597,6 +611,10 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
             ++stats->hits;
             lru_unlink(id);
             lru_push_front(id);
+            if (prefetched_[id]) {
+                prefetched_[id] = 0;
+                ++stats_.prefetch_used;
+            }
             if (first_hit < 0) first_hit = int32_t(e);
             continue;
         }
@@ -648,12 +666,7 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
             fault_fired_ = true;  // planted bug: no reads for this expert
             continue;
         }
-        for (size_t t = 0; t < ML.tensors.size(); ++t) {
-            const ExpertTensor & et = ML.tensors[t];
-            reads->push_back({et.slice_offset(e), et.slice_bytes,
-                              tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
-                              et.proj == Projection::kDown});
-        }
+        push_reads(moe_idx, e, reads);
     }
     if (committed_ > budget_) ++stats_.over_budget_stages;
 
@@ -668,6 +681,76 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
         }
     }
     return Status::Ok();
+}
+
+void LruCache::push_reads(size_t moe_idx, uint32_t e, std::vector<ReadRequest> * reads) {
+    const MoeLayer & ML = index_.moe_layers[moe_idx];
+    for (size_t t = 0; t < ML.tensors.size(); ++t) {
+        const ExpertTensor & et = ML.tensors[t];
+        reads->push_back({et.slice_offset(e), et.slice_bytes,
+                          tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
+                          et.proj == Projection::kDown});
+    }
+}
+
+size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
+                          std::vector<ReadRequest> * reads) {
+    if (moe_idx >= layers_.size() || !prefetch_pending_.empty()) return 0;
+    const LayerInfo & L = layers_[moe_idx];
+    size_t n = 0;
+    for (uint32_t e : experts) {
+        if (e >= L.n_expert) continue;
+        const uint32_t id = id_of(moe_idx, e);
+        if (state_[id] != kAbsent) continue;
+        // Room within the budget, from the LRU end: never the last stage's routed set
+        // (stamp_ == gen_) nor an expert whose reads are outstanding (this call's, or the
+        // stage's misses, which are stamped too).
+        bool room = true;
+        while (committed_ + commit_cost(moe_idx, e) > budget_) {
+            uint32_t victim = n_ids_;
+            for (uint32_t v = prev_[n_ids_]; v != n_ids_; v = prev_[v])
+                if (stamp_[v] != gen_ && state_[v] == kResident) {
+                    victim = v;
+                    break;
+                }
+            if (victim == n_ids_) {
+                room = false;
+                break;
+            }
+            const uint32_t VL = id_layer_[victim];
+            release(VL, victim - layers_[VL].first_id);
+            ++stats_.evictions;
+        }
+        int err = 0;
+        if (!room || !commit(moe_idx, e, &err).ok()) {
+            ++stats_.prefetch_skipped;  // (a refused commit: no budget shrink for a guess)
+            continue;
+        }
+        prefetch_pending_.push_back(id);
+        state_[id] = kPending;
+        prefetched_[id] = 1;
+        ++live_count_;
+        lru_push_front(id);
+        ++stats_.prefetched;
+        push_reads(moe_idx, e, reads);
+        ++n;
+    }
+    return n;
+}
+
+void LruCache::end_prefetch(bool ok) {
+    for (uint32_t id : prefetch_pending_) {
+        const uint32_t L = id_layer_[id];
+        if (ok) {
+            state_[id] = kResident;
+            if (ever_[id]) ++stats_.rereads;
+            ever_[id] = 1;
+        } else {
+            release(L, id - layers_[L].first_id);
+            ++stats_.abandoned;
+        }
+    }
+    prefetch_pending_.clear();
 }
 
 void LruCache::abandon_stage(size_t /*moe_idx*/) {

@@ -7,6 +7,7 @@
 #include "ggml.h"
 #include "log.h"
 #include "model_loader.h"
+#include "prefetch.h"
 #include "route_trace.h"
 
 namespace moestream {
@@ -65,6 +66,7 @@ bool RouterHook::eval_callback(ggml_tensor * t, bool ask, void * user_data) {
         if (std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0) return true;
         auto * self = static_cast<RouterHook *>(user_data);
         if (self->binder_ && self->binder_->active()) self->ask_bind(t);
+        if (self->predictor_) self->predictor_->observe(t);
         if (self->io_pending_ && self->ask_io(t)) return true;
         if (self->drop_cfg_.frac <= 0 && !self->tracing()) return false;
         return self->ask_drop(t);
@@ -81,6 +83,12 @@ bool RouterHook::ask_bind(ggml_tensor * t) {
         }
     }
     return true;
+}
+
+void RouterHook::set_decode_phase(bool decode) {
+    decode_phase_ = decode;
+    pending_ = false;
+    if (predictor_) predictor_->new_graph();
 }
 
 void RouterHook::enable_drop_cold(const DropColdConfig & cfg, uint32_t n_layer) {
@@ -271,6 +279,10 @@ Status RouterHook::finish_io() {
 
 Status RouterHook::end_graph() {
     Status st = finish_io();
+    if (sink_) {
+        Status d = sink_->drain();  // the speculative reads too
+        if (st.ok()) st = d;
+    }
     if (!st.ok() && error_.ok()) error_ = st;
     return st;
 }
@@ -353,6 +365,8 @@ bool RouterHook::on_node(ggml_tensor * t) {
         }
         st = read_routing(t, il, n_expert_, &scratch_);
         ++routings_;
+        if (st.ok() && predictor_ && scratch_.n_rows == 1)
+            predictor_->score(il, scratch_.ids.data(), scratch_.k);
         if (st.ok() && tracing())
             tracer_->routing_start(il, scratch_.k, scratch_.n_rows, scratch_.ids.data());
         if (st.ok()) {
@@ -364,6 +378,10 @@ bool RouterHook::on_node(ggml_tensor * t) {
                 std::swap(pending_routing_, scratch_);
                 return true;
             }
+            uint32_t next_il = 0;
+            if (predictor_ && decode_phase_ && scratch_.n_rows == 1 &&
+                predictor_->predict(il, scratch_.k, &next_il, &hint_))
+                sink_->set_prefetch(next_il, hint_);
             st = route_to_sink(scratch_);
         }
     }

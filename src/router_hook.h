@@ -30,6 +30,7 @@ namespace moestream {
 
 class WeightBinder;
 class RouteTracer;
+class RoutePredictor;
 
 // The routing of one MoE layer for one ubatch.
 struct Routing {
@@ -58,6 +59,11 @@ public:
     // then calls finish_pending() before that matmul runs (streamer.h, "Overlap").
     virtual bool has_pending() const { return false; }
     virtual Status finish_pending() { return Status::Ok(); }
+    // Prefetch (streamer.h): the experts predicted for MoE layer il, to read behind the next
+    // routing's own reads. Consumed (or dropped) by the next on_routing().
+    virtual void set_prefetch(uint32_t /*il*/, const std::vector<uint32_t> & /*experts*/) {}
+    // Completes every read still in flight, speculative ones included (end of a graph).
+    virtual Status drain() { return finish_pending(); }
 };
 
 // Deferred loading for --drop-cold-experts (docs/lossy-knobs.md). The drop decision needs
@@ -97,12 +103,12 @@ public:
     // weights are read at the layer's learned terminal node (asked for while a record waits),
     // or, with drop-cold deferral, where the policy reads them. Loading is not moved.
     void enable_trace(RouteTracer * tracer, uint32_t n_layer);
+    // Prefetch (prefetch.h, streamer.h): at every one-token routing the predictor guesses the
+    // next MoE layer's experts and hands them to the sink to read ahead. Not with drop-cold.
+    void enable_prefetch(RoutePredictor * predictor) { predictor_ = predictor; }
     // The engine says whether the next llama_decode is prefill or decode.
     // Called before every llama_decode: nothing may stay pending across graphs.
-    void set_decode_phase(bool decode) {
-        decode_phase_ = decode;
-        pending_ = false;
-    }
+    void set_decode_phase(bool decode);
     const DropCounters & drop_counters() const { return drop_; }
     // Overlap of the down reads with the gate/up matmuls (streamer.h, "Overlap").
     struct OverlapCounters {
@@ -161,6 +167,8 @@ private:
     Routing pending_routing_;
 
     RouteTracer * tracer_ = nullptr;  // --route-trace
+    RoutePredictor * predictor_ = nullptr;  // prefetch (null: off)
+    std::vector<uint32_t> hint_;            // scratch: the predicted experts
 
     // Overlap: a layer's down reads in flight; the learned node feeding its down matmul.
     bool io_pending_ = false;

@@ -1,6 +1,7 @@
 #include "streamer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -64,10 +65,44 @@ uint64_t Streamer::expert_bytes(uint32_t il) const {
     return slot >= 0 ? index_.moe_layers[size_t(slot)].expert_bytes : 0;
 }
 
+void Streamer::set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) {
+    hint_layer_ = il;
+    hint_ = experts;
+}
+
+void Streamer::finish_tail() {
+    if (!tail_) return;
+    tail_ = false;
+    IoBatchStats io;
+    Status st = lanes_->finish(&io);
+    for (StepCounters * c : {&step_, &total_}) {
+        c->bytes_read += io.bytes_read;
+        c->reads += io.reads;
+        c->io_s += io.seconds;
+        c->prefetch_reads += io.reads;
+        c->prefetch_bytes += io.bytes_read;
+        c->prefetch_wait_s += io.seconds;
+    }
+    store_->end_prefetch(st.ok());
+    if (!st.ok())
+        MS_LOG_WARN("a prefetch read failed (%s); those experts are read again when routed",
+                    st.message().c_str());
+}
+
+Status Streamer::drain() {
+    Status st = finish_pending();
+    finish_tail();
+    hint_layer_ = -1;
+    return st;
+}
+
 Status Streamer::on_routing(const Routing & r) {
     Status st = finish_pending();  // (never pending here: the hook finishes every layer)
     if (!st.ok()) return st;
+    finish_tail();
     flush_abandon();
+    const int64_t hint_layer = hint_layer_;
+    hint_layer_ = -1;
     const int slot = moe_slot(r.layer);
     if (slot < 0)
         return Status::Runtime("routing node for layer " + std::to_string(r.layer) +
@@ -92,21 +127,33 @@ Status Streamer::on_routing(const Routing & r) {
     }
     reads_.clear();
     pending_ss_ = StageStats{};
+    const auto t_stage0 = std::chrono::steady_clock::now();
     st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
     if (!st.ok()) return st;
     // Gate/up reads first: the early prefix the first matmuls need.
+    const size_t n_own = reads_.size();
     const auto late_begin =
         overlap_ ? std::stable_partition(reads_.begin(), reads_.end(),
                                          [](const ReadRequest & q) { return !q.late; })
                  : reads_.end();
     const size_t n_early = size_t(late_begin - reads_.begin());
+    // Then the next layer's predicted experts, as a tail the worker lanes read meanwhile.
+    if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
+        const int next = moe_slot(uint32_t(hint_layer));
+        if (next >= 0 && next != slot) store_->prefetch(size_t(next), hint_, &reads_);
+    }
+    const double stage_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_stage0).count();
+    step_.stage_s += stage_s;
+    total_.stage_s += stage_s;
+    tail_ = reads_.size() > n_own;
     pending_slot_ = slot;
     pending_layer_ = r.layer;
     pending_rows_ = r.n_rows;
     pending_demand_ = uint64_t(experts_.size()) * L.expert_bytes;
     pending_io_ = IoBatchStats{};
     if (!reads_.empty()) {
-        lanes_->start(reads_, n_early);
+        lanes_->start(reads_, n_early, n_own);
         st = lanes_->wait_prefix(&pending_io_);
         if (!st.ok()) {  // the batch has stopped (no lane touches it): report and abandon
             pending_err_ = st;
@@ -115,16 +162,23 @@ Status Streamer::on_routing(const Routing & r) {
     }
     // Gate/up are in place: the negative control corrupts them before their matmul.
     if (corrupt_layer_ >= 0 && uint32_t(corrupt_layer_) == r.layer) corrupt_for_test(slot);
-    if (n_early < reads_.size()) return Status::Ok();  // down reads continue meanwhile
+    if (n_early < n_own) return Status::Ok();  // down reads continue meanwhile
     return finish_pending();
 }
 
 Status Streamer::finish_pending() {
     if (pending_slot_ < 0) return Status::Ok();
     const int slot = pending_slot_;
-    const bool overlapped = lanes_->in_flight() && overlap_ && reads_.back().late;
-    Status st = pending_err_.ok() ? lanes_->finish(&pending_io_) : pending_err_;
+    const bool overlapped =
+        lanes_->in_flight() && overlap_ && !reads_.empty() && reads_.back().late;
+    Status st = !pending_err_.ok() ? pending_err_
+                : tail_            ? lanes_->wait_own(&pending_io_)  // the tail reads on
+                                   : lanes_->finish(&pending_io_);
     pending_err_ = Status::Ok();
+    if (!st.ok() && tail_) {  // the batch has stopped, tail included: drop what it prefetched
+        tail_ = false;
+        store_->end_prefetch(false);
+    }
     pending_slot_ = -1;
     const IoBatchStats & io = pending_io_;
     const StageStats & ss = pending_ss_;

@@ -13,6 +13,16 @@
 // down MUL_MAT_ID itself — always before that matmul runs. Nothing stays pending across
 // graphs: the engine calls finish_pending() after every llama_decode.
 //
+// Prefetch (router hook + prefetch.h; on with a cache unless --no-prefetch): at a one-token
+// routing the hook hands over the experts predicted for the next MoE layer. on_routing()
+// asks the store to commit the absent ones (within the budget, never evicting this layer's
+// routed set) and appends their reads to this layer's batch as a tail: the lanes read it after
+// every own read, while the layer's matmuls and the next layer's attention compute.
+// finish_pending() waits for the own reads only; the next on_routing() (or drain(), at the end
+// of the graph) waits for the tail, then the store keeps the experts (or releases them if a
+// read failed: the routing reads them again and reports the error). So a routed expert is
+// always complete before its matmul, and no read is in flight while the store stages.
+//
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest
 // layer's routed bytes). See docs/metrics.md.
@@ -41,6 +51,11 @@ struct StepCounters {
     uint64_t layer_demand_bytes = 0;  // max over layers
     uint64_t lookups = 0, hits = 0, misses = 0;
     uint64_t routings = 0;  // layers routed
+    uint64_t prefetch_reads = 0;     // slice reads of the speculative tails
+    uint64_t prefetch_bytes = 0;     // bytes they transferred
+    double prefetch_wait_s = 0;      // time blocked finishing a tail (part of io_s)
+    double stage_s = 0;              // time in the store's stage() and prefetch() (commits,
+                                     // evictions, page mapping; not part of io_s)
 };
 
 class Streamer final : public RouteSink {
@@ -51,6 +66,8 @@ public:
     Status on_routing(const Routing & r) override;
     bool has_pending() const override { return pending_slot_ >= 0; }
     Status finish_pending() override;
+    void set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) override;
+    Status drain() override;
     bool is_resident(uint32_t il, int32_t e) const override;
     uint64_t expert_bytes(uint32_t il) const override;
 
@@ -72,6 +89,7 @@ public:
 private:
     void corrupt_for_test(int slot);
     void flush_abandon();
+    void finish_tail();  // waits for the speculative tail, then the store keeps or drops it
 
     const ModelIndex & index_;
     ResidencyStore * store_;
@@ -93,6 +111,10 @@ private:
     StageStats pending_ss_;
     IoBatchStats pending_io_;
     Status pending_err_;  // the early wait's failure (the batch is already finished)
+    // Prefetch: the hint for the next routing, and whether the batch in flight has a tail.
+    int64_t hint_layer_ = -1;
+    std::vector<uint32_t> hint_;
+    bool tail_ = false;
     static constexpr int kCorruptAll = -2;
     int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
 };

@@ -29,6 +29,7 @@ VARIABLES: dict[str, Any] = {
     "threads": 2,               # compute threads (-t)
     "io_threads": 2,            # moestream read lanes (--io-threads)
     "odirect": True,            # moestream O_DIRECT (False: --no-odirect)
+    "prefetch": True,           # moestream next-layer read-ahead (False: --no-prefetch)
     "cache_mb": "off",          # moestream LRU budget: "off" | MiB | "auto" | "all-experts"
     "force_cache": False,       # moestream --force-cache
     "drop_cold": None,          # moestream --drop-cold-experts F (lossy)
@@ -47,7 +48,7 @@ LOADERS = MOESTREAM_LOADERS | LLAMA_COMPLETION_LOADERS | LLAMA_BENCH_LOADERS
 
 _COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args"}
 APPLIES: dict[str, set[str]] = {
-    "stream": _COMMON | {"io_threads", "odirect", "cache_mb", "force_cache", "drop_cold", "route_trace"},
+    "stream": _COMMON | {"io_threads", "odirect", "prefetch", "cache_mb", "force_cache", "drop_cold", "route_trace"},
     "resident": set(_COMMON),
     "llama-mmap": set(_COMMON),
     "llama-dio": set(_COMMON),
@@ -59,6 +60,7 @@ APPLIES: dict[str, set[str]] = {
 # io_threads has no neutral value: comparing a streaming cell with a non-streaming one
 # is a comparison of loaders, whatever the lanes.
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
+           "prefetch": True,
            "route_trace": False}
 
 EXPERIMENT_KEYS = {
@@ -144,7 +146,7 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad(f"one of {sorted(LOADERS)}")
     if var in ("threads", "io_threads") and not (isinstance(v, int) and v >= 1):
         raise bad("a positive integer")
-    if var in ("odirect", "force_cache", "route_trace") and not isinstance(v, bool):
+    if var in ("odirect", "prefetch", "force_cache", "route_trace") and not isinstance(v, bool):
         raise bad("true or false")
     if var == "cache_mb" and not (v in ("off", "auto", "all-experts") or (isinstance(v, int) and v >= 0)):
         raise bad('"off", "auto", "all-experts" or MiB')

@@ -482,7 +482,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             s["decode_hit_pct"] = stats.public(hp)
         for k in list(ok[0].get("metrics", {}).keys()) if ok else []:
             if k.startswith(("cache_", "experts_", "weight_mass_", "drop_", "resident_expert",
-                             "peak_resident_expert")) or k in ("hit_rate",):
+                             "peak_resident_expert", "prefetch_")) or k in ("hit_rate",):
                 vals = [r["metrics"].get(k) for r in ok]
                 if all(isinstance(v, (int, float)) for v in vals):
                     s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}

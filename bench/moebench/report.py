@@ -89,6 +89,9 @@ def table(res: dict[str, Any]) -> str:
             hit = f"; hit {s['cache_hit_pct']['mean']:.1f}%"
         if s.get("cache_budget_mib") and c["params"]["cache_mb"] in ("auto", "all-experts"):
             hit += f"; budget {s['cache_budget_mib']['mean']:.0f} MiB"
+        if s.get("prefetch_accuracy_pct") and s.get("prefetch_experts", {}).get("mean"):
+            hit += (f"; prefetch: {s['prefetch_accuracy_pct']['mean']:.0f}% of guesses right, "
+                    f"{s['prefetch_experts']['mean']:.0f} experts read ahead")
         rows.append("| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |".format(
             c["name"], change, _ci(s.get("decode_tok_s")), _ci(s.get("ratio_to_baseline")),
             per_rep, _mean(s.get("load_s")), _mean(s.get("ttft_s")), mib_per_token(s),
@@ -168,6 +171,7 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
     ra = sorted({r.get("readahead_kb") for r in res["runs"] if r.get("readahead_kb") is not None})
     other = [r.get("other_cpu_s") for r in res["runs"] if r.get("other_cpu_s") is not None]
     walls = [r.get("wall_s") for r in res["runs"] if r.get("wall_s")]
+    steal = [r.get("steal_s") for r in res["runs"] if r.get("steal_s") is not None]
     lines = [
         f"<!-- bench:{exp['name']} begin -->",
         f"## {exp['name']}: {exp['title']}",
@@ -206,7 +210,9 @@ def section(res: dict[str, Any], results_rel: str, img_rel: list[str]) -> str:
         (f"- **Protocol:** {exp['reps']} repetitions, order *{exp['order']}*; fio reads with O_DIRECT "
          "(the page cache plays no part), no eviction between probes"),
         f"- **Noise:** other processes used {sum(other):.0f} CPU-s during {sum(walls):.0f} s of runs "
-        f"on {m.get('cores')} cores (per run: {', '.join(f'{max(x, 0):.0f}' for x in other)})",
+        f"on {m.get('cores')} cores (per run: {', '.join(f'{max(x, 0):.0f}' for x in other)})"
+        + (f"; the hypervisor stole {sum(steal):.0f} CPU-s from this VM (per run: "
+           f"{', '.join(f'{max(x, 0):.0f}' for x in steal)})" if steal else ""),
         "",
     ]
     busy = sum(other) / sum(walls) if walls and sum(walls) > 0 else 0.0

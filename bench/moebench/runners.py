@@ -61,6 +61,9 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
         if not p["odirect"]:
             a.append("--no-odirect")
             need.append("--no-odirect")
+        if not p["prefetch"]:
+            a.append("--no-prefetch")
+            need.append("--no-prefetch")
         cm = p["cache_mb"]
         if cm == "off" and tools.has_flag("--cache-mb"):
             # since 9db6e53 the CLI's default is auto: "off" must be said (0 = off); before
@@ -208,7 +211,8 @@ def launch(cmd: list[str], cg: system.MemCgroup | None, stdout_path: str, stderr
     p.returncode = os.waitstatus_to_exitcode(status)
     cpu1 = system.cpu_times()
     hz = os.sysconf("SC_CLK_TCK")
-    busy = lambda c: sum(v for k, v in c.items() if k not in ("idle", "iowait"))  # noqa: E731
+    # steal (the hypervisor ran someone else on our vCPUs) is reported on its own
+    busy = lambda c: sum(v for k, v in c.items() if k not in ("idle", "iowait", "steal"))  # noqa: E731
     own = ru.ru_utime + ru.ru_stime
     return {
         "command": full,
@@ -356,7 +360,7 @@ def parse_moestream(prefix: str, stderr: str = "") -> dict[str, Any]:
                 if isinstance(v2, (int, float, str, bool)) or v2 is None:
                     out[f"{k}_{k2}" if not k2.startswith(k) else k2] = v2
         elif k.startswith(("cache_", "drop_", "experts_", "weight_mass_", "resident_expert",
-                           "peak_resident_expert")) or k in ("hit_rate", "hits", "misses"):
+                           "peak_resident_expert", "prefetch_")) or k in ("hit_rate", "hits", "misses"):
             out[k] = v
     if "cache_hit_pct" not in out:
         hits, look = out.get("cache_hits"), out.get("cache_lookups")

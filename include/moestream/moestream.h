@@ -47,6 +47,10 @@ struct RunOptions {
     // fresh zero-filled pages (docs/cache.md, "Recycled pages"). false: --cache-no-recycle,
     // the old path, for A/B benchmarks.
     bool cache_recycle = true;
+    // Read the experts predicted for the next MoE layer while this one computes (docs/
+    // prefetch.md; lossless). Needs the cache and io_threads >= 2; off while drop-cold is on.
+    // false: --no-prefetch.
+    bool prefetch = true;
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;         // experts per token; 0 = the model's top-k (--n-expert-used)
     double drop_cold = 0;          // --drop-cold-experts F in (0, 1]; 0 = off
@@ -68,6 +72,8 @@ struct TokenStats {
     uint64_t flash_reads = 0;         // slice reads issued
     uint64_t token_demand_bytes = 0;  // distinct expert bytes routed over all layers
     uint64_t layer_demand_bytes = 0;  // the widest layer's routed expert bytes
+    uint64_t prefetch_bytes = 0;      // of flash_bytes_read: read ahead of a routing (prefetch)
+    double stage_s = 0;  // in the residency store: commits, evictions, page mapping (not io_s)
 };
 
 struct RunStats {
@@ -103,6 +109,15 @@ struct RunStats {
     uint64_t cache_recycled_commits = 0;  // slices mapped onto an evicted expert's pages
     uint64_t cache_pool_bytes = 0;        // RAM the pool may hold at the end (in use + free)
     uint64_t dense_bytes = 0;             // dense weights copied to RAM
+    // Prefetch (docs/prefetch.md); zero when off. Over the whole run.
+    bool prefetch = false;                // on for this run
+    uint64_t prefetch_predictions = 0;    // next-layer routings predicted
+    double prefetch_accuracy_pct = 0;     // predicted experts that the layer then routed
+    uint64_t prefetch_experts = 0;        // experts read ahead (absent when predicted)
+    uint64_t prefetch_used = 0;           // of those, routed while resident
+    uint64_t prefetch_unused = 0;         // of those, evicted unrouted so far
+    uint64_t prefetch_bytes = 0;          // bytes read ahead (part of flash_bytes_read)
+    double prefetch_wait_s = 0;           // time blocked finishing read-ahead (part of io_s)
     // --drop-cold-experts (docs/lossy-knobs.md); zero when off.
     uint64_t experts_routed = 0;  // routed slots the policy looked at
     uint64_t experts_dropped = 0;

@@ -386,6 +386,77 @@ TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
     for (uint32_t e : a) EXPECT_TRUE(slice_intact(*s, idx, 1, e));
 }
 
+// --- prefetch (streamer.h, "Prefetch") --------------------------------------------------
+
+// Reads ahead fit the budget by evicting least recently used experts, never the last stage's
+// routed set nor each other; they become resident only once end_prefetch(true) says their
+// reads landed, and a later routing of them is a hit that reads nothing.
+TEST(ResidencyCache, PrefetchStaysWithinBudgetAndSparesTheRoutedSet) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}}, 16);
+    const uint64_t eb = 3 * kPage;
+    auto s = make(idx, 6 * eb);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {0, 1});        // oldest
+    stage_and_read(*s, idx, 0, {2, 3, 4, 5});  // routed now (the layer "computing")
+    ASSERT_EQ(s->cache_stats().resident_expert_bytes, 6 * eb);
+
+    // Layer 1's guess: 4 absent experts. Room for them comes from 0 and 1 only.
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(s->prefetch(1, {7, 8, 9, 10}, &reads), 2u);
+    EXPECT_EQ(reads.size(), 6u);  // 2 experts x 3 projections
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 6 * eb);  // never above the budget
+    EXPECT_EQ(s->cache_stats().prefetch_skipped, 2u);
+    for (uint32_t e : {2u, 3u, 4u, 5u}) EXPECT_TRUE(s->is_resident(0, e));
+    for (uint32_t e : {0u, 1u}) EXPECT_FALSE(s->is_resident(0, e));
+    // No stage while the reads are open.
+    std::vector<ReadRequest> r2;
+    StageStats ss;
+    EXPECT_FALSE(s->stage(1, {7}, &r2, &ss).ok());
+    simulate_reads(reads);
+    s->end_prefetch(true);
+
+    // The routing of layer 1: 7 and 8 hit (no read), 11 misses.
+    EXPECT_EQ(stage_and_read(*s, idx, 1, {7, 8, 11}, &ss), (std::vector<uint32_t>{11}));
+    EXPECT_EQ(ss.hits, 2u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 7));
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 8));
+    const CacheStats cs = s->cache_stats();
+    EXPECT_EQ(cs.prefetched, 2u);
+    EXPECT_EQ(cs.prefetch_used, 2u);
+    EXPECT_EQ(cs.prefetch_unused, 0u);
+    EXPECT_LE(cs.peak_resident_bytes, 6 * eb);
+}
+
+// A failed read-ahead leaves nothing resident; an unused one is counted when evicted;
+// resident experts are not read again.
+TEST(ResidencyCache, PrefetchAbandonedAndUnused) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}}, 8);
+    const uint64_t eb = 3 * kPage;
+    auto s = make(idx, 4 * eb);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {0, 1});
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(s->prefetch(1, {2, 3}, &reads), 2u);
+    s->end_prefetch(false);  // e.g. an I/O error
+    EXPECT_FALSE(s->is_resident(1, 2));
+    EXPECT_FALSE(s->is_resident(1, 3));
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 2 * eb);
+    EXPECT_EQ(s->cache_stats().abandoned, 2u);
+    EXPECT_EQ(s->cache_stats().prefetch_unused, 2u);
+
+    reads.clear();
+    EXPECT_EQ(s->prefetch(0, {0, 1, 5}, &reads), 1u);  // 0 and 1 are resident
+    EXPECT_EQ(reads.size(), 3u);
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_TRUE(s->is_resident(0, 5));
+    // Layer 1 needs all the room: 5 (never routed) goes, counted unused.
+    stage_and_read(*s, idx, 1, {4, 5, 6, 7});
+    EXPECT_FALSE(s->is_resident(0, 5));
+    EXPECT_EQ(s->cache_stats().prefetch_unused, 3u);
+    EXPECT_EQ(s->cache_stats().prefetch_used, 0u);
+}
+
 // --- budget is real RAM ----------------------------------------------------------------
 
 // RSS figures include a sanitizer's shadow memory (TSan shadows every written page several

@@ -65,6 +65,14 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_recycled_commits"] = s.cache_recycled_commits;
     j["cache_pool_bytes"] = s.cache_pool_bytes;
     j["dense_bytes"] = s.dense_bytes;
+    j["prefetch"] = s.prefetch;
+    j["prefetch_predictions"] = s.prefetch_predictions;
+    j["prefetch_accuracy_pct"] = s.prefetch_accuracy_pct;
+    j["prefetch_experts"] = s.prefetch_experts;
+    j["prefetch_used"] = s.prefetch_used;
+    j["prefetch_unused"] = s.prefetch_unused;
+    j["prefetch_bytes"] = s.prefetch_bytes;
+    j["prefetch_wait_s"] = s.prefetch_wait_s;
     j["experts_routed"] = s.experts_routed;
     j["experts_dropped"] = s.experts_dropped;
     j["weight_mass_dropped"] = s.weight_mass_dropped;
@@ -140,6 +148,15 @@ int do_run(RunFlags & f) {
                          mib(double(s.resident_expert_bytes)), mib(double(s.peak_resident_expert_bytes)));
         else
             std::fprintf(stderr, "moestream: %s\n", s.cache_budget_reason.c_str());
+        if (s.prefetch)
+            std::fprintf(stderr,
+                         "moestream: prefetch: %.1f%% of %llu next-layer guesses right | %llu experts "
+                         "read ahead (%.1f MiB), %llu then routed, %llu evicted unrouted | %.2f s "
+                         "waiting for them\n",
+                         s.prefetch_accuracy_pct, (unsigned long long)s.prefetch_predictions,
+                         (unsigned long long)s.prefetch_experts, mib(double(s.prefetch_bytes)),
+                         (unsigned long long)s.prefetch_used, (unsigned long long)s.prefetch_unused,
+                         s.prefetch_wait_s);
         if (s.cache_commit_failures > 0)
             std::fprintf(stderr,
                          "moestream: the system refused %llu cache commits: budget shrunk to %.1f MiB\n",
@@ -168,12 +185,13 @@ int do_run(RunFlags & f) {
     if (!f.stats_csv.empty()) {
         std::ostringstream o;
         o << "step,token,decode_s,io_s,flash_bytes_read,flash_reads,token_demand_bytes,"
-             "layer_demand_bytes,cache_hits,cache_misses\n";
+             "layer_demand_bytes,cache_hits,cache_misses,prefetch_bytes,stage_s\n";
         for (size_t i = 0; i < s.tokens.size(); ++i) {
             const TokenStats & t = s.tokens[i];
             o << i << ',' << t.token << ',' << t.decode_s << ',' << t.io_s << ','
               << t.flash_bytes_read << ',' << t.flash_reads << ',' << t.token_demand_bytes << ','
-              << t.layer_demand_bytes << ',' << t.cache_hits << ',' << t.cache_misses << '\n';
+              << t.layer_demand_bytes << ',' << t.cache_hits << ',' << t.cache_misses << ','
+              << t.prefetch_bytes << ',' << t.stage_s << '\n';
         }
         st = write_file(f.stats_csv, o.str());
         if (!st.ok()) return fail(st);
@@ -232,6 +250,9 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
                   "commit fresh zero-filled pages for every cache miss and free them on "
                   "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
+    sub->add_flag("--no-prefetch", [opt](int64_t) { opt->prefetch = false; },
+                  "do not read the experts predicted for the next layer ahead of its routing "
+                  "(default: read them while this layer computes; lossless); for A/B benchmarks");
     sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", opt->n_expert_used,

@@ -1,0 +1,173 @@
+// prefetch.cpp — RoutePredictor (see prefetch.h).
+#include "prefetch.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+
+namespace moestream {
+namespace {
+
+constexpr char kLogitsPrefix[] = "ffn_moe_logits-";
+constexpr size_t kLogitsPrefixLen = sizeof(kLogitsPrefix) - 1;
+
+bool host_f32(const ggml_tensor * t) {
+    return t && t->type == GGML_TYPE_F32 && t->data && t->nb[0] == sizeof(float) &&
+           (t->buffer == nullptr || ggml_backend_buffer_is_host(t->buffer));
+}
+
+// The leaf weight γ of `ffn_norm-<il>` (a MUL of the normed state by a [n_embd] vector).
+const ggml_tensor * norm_weight(const ggml_tensor * norm, int64_t n_embd) {
+    if (norm == nullptr || norm->op != GGML_OP_MUL) return nullptr;
+    for (int i = 0; i < 2; ++i) {
+        const ggml_tensor * g = norm->src[i];
+        if (g && g->op == GGML_OP_NONE && g->ne[0] == n_embd && g->ne[1] == 1 && g->ne[2] == 1 &&
+            g->type == GGML_TYPE_F32)
+            return g;
+    }
+    return nullptr;
+}
+
+// Integer dot product: a plain loop the compiler vectorizes (this file is built with -O3,
+// src/CMakeLists.txt), unlike a float reduction, which it may not reorder.
+int32_t dot_i8(const int8_t * a, const int8_t * b, int64_t n) {
+    int32_t s = 0;
+    for (int64_t i = 0; i < n; ++i) s += int32_t(a[i]) * int32_t(b[i]);
+    return s;
+}
+
+// Symmetric int8 quantization of n floats; returns the scale (1 when all are 0 or not finite).
+float quantize_i8(const float * x, int64_t n, int8_t * q) {
+    float amax = 0;
+    for (int64_t i = 0; i < n; ++i)
+        if (std::isfinite(x[i])) amax = std::max(amax, std::fabs(x[i]));
+    const float s = amax > 0 ? amax / 127.0f : 1.0f;
+    for (int64_t i = 0; i < n; ++i) {
+        const float v = std::isfinite(x[i]) ? std::nearbyint(x[i] / s) : 0.0f;
+        q[i] = int8_t(std::clamp(v, -127.0f, 127.0f));
+    }
+    return s;
+}
+
+}  // namespace
+
+void RoutePredictor::grow(uint32_t il) {
+    if (il >= layers_.size()) {
+        layers_.resize(il + 1);
+        x_.resize(il + 1, nullptr);
+    }
+}
+
+void RoutePredictor::observe(const ggml_tensor * t) {
+    if (std::strncmp(t->name, kLogitsPrefix, kLogitsPrefixLen) != 0) return;
+    const char * p = t->name + kLogitsPrefixLen;
+    uint32_t il = 0;
+    int digits = 0;
+    for (; *p >= '0' && *p <= '9' && digits < 7; ++p, ++digits) il = il * 10 + uint32_t(*p - '0');
+    if (digits == 0 || *p != '\0' || t->op != GGML_OP_MUL_MAT) return;
+    const ggml_tensor * w = t->src[0];
+    const ggml_tensor * x = t->src[1];
+    if (w == nullptr || x == nullptr) return;
+    grow(il);
+    layers_[il].w = w;
+    layers_[il].gamma = norm_weight(x, w->ne[0]);
+    x_[il] = x;
+}
+
+bool RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd) {
+    Layer & L = layers_[il];
+    const ggml_tensor * g0 = L.gamma;
+    const ggml_tensor * g1 = layers_[nl].gamma;
+    if (!host_f32(g0) || !host_f32(g1) || g0->ne[0] != n_embd || g1->ne[0] != n_embd) {
+        L.ratio.clear();  // predict with the plain router input
+        return true;
+    }
+    if (L.ratio.size() == size_t(n_embd) && L.ratio_for[0] == g0->data &&
+        L.ratio_for[1] == g1->data)
+        return true;
+    const auto * a = static_cast<const float *>(g0->data);
+    const auto * b = static_cast<const float *>(g1->data);
+    L.ratio.resize(size_t(n_embd));
+    for (int64_t i = 0; i < n_embd; ++i) L.ratio[size_t(i)] = a[i] != 0.0f ? b[i] / a[i] : 0.0f;
+    L.ratio_for[0] = g0->data;
+    L.ratio_for[1] = g1->data;
+    return true;
+}
+
+void RoutePredictor::quantize(Layer & L, int64_t n_embd, int64_t n_expert) {
+    const ggml_tensor * w = L.w;
+    L.q.resize(size_t(n_embd) * size_t(n_expert));
+    L.scale.resize(size_t(n_expert));
+    const char * wb = static_cast<const char *>(w->data);
+    for (int64_t e = 0; e < n_expert; ++e) {
+        const auto * row = reinterpret_cast<const float *>(wb + size_t(e) * w->nb[1]);
+        L.scale[size_t(e)] = quantize_i8(row, n_embd, L.q.data() + size_t(e) * size_t(n_embd));
+    }
+    L.q_for = w->data;
+}
+
+uint64_t RoutePredictor::copy_bytes() const {
+    uint64_t b = 0;
+    for (const Layer & L : layers_) b += L.q.size() + L.scale.size() * sizeof(float);
+    return b;
+}
+
+bool RoutePredictor::predict(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out) {
+    out->clear();
+    guess_il_ = -1;
+    if (il >= layers_.size() || k <= 0) return false;
+    uint32_t nl = il + 1;
+    while (nl < layers_.size() && layers_[nl].w == nullptr) ++nl;
+    if (nl >= layers_.size()) return false;
+    const ggml_tensor * x = x_[il];
+    const ggml_tensor * w = layers_[nl].w;
+    if (!host_f32(x) || !host_f32(w)) return false;
+    const int64_t n_embd = x->ne[0];
+    const int64_t n_expert = w->ne[1];
+    if (x->ne[1] != 1 || x->ne[2] != 1 || w->ne[0] != n_embd || w->ne[2] != 1 || n_expert < k ||
+        w->nb[1] < size_t(n_embd) * sizeof(float))
+        return false;
+    ratio_of(il, nl, n_embd);
+    const auto * xs = static_cast<const float *>(x->data);
+    const std::vector<float> & r = layers_[il].ratio;
+    y_.resize(size_t(n_embd));
+    for (int64_t i = 0; i < n_embd; ++i) y_[size_t(i)] = r.empty() ? xs[i] : xs[i] * r[size_t(i)];
+    Layer & N = layers_[nl];
+    if (N.q_for != w->data || N.q.size() != size_t(n_embd) * size_t(n_expert))
+        quantize(N, n_embd, n_expert);
+    yq_.resize(size_t(n_embd));
+    const float ys = quantize_i8(y_.data(), n_embd, yq_.data());
+    scores_.resize(size_t(n_expert));
+    for (int64_t e = 0; e < n_expert; ++e)
+        scores_[size_t(e)] =
+            N.scale[size_t(e)] * ys *
+            float(dot_i8(N.q.data() + size_t(e) * size_t(n_embd), yq_.data(), n_embd));
+    order_.resize(size_t(n_expert));
+    for (uint32_t e = 0; e < uint32_t(n_expert); ++e) order_[e] = e;
+    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
+                      [&](uint32_t a, uint32_t b) { return scores_[a] > scores_[b]; });
+    out->assign(order_.begin(), order_.begin() + k);
+    *next_il = nl;
+    guess_il_ = int64_t(nl);
+    guess_ = *out;
+    ++c_.predictions;
+    return true;
+}
+
+void RoutePredictor::score(uint32_t il, const int32_t * ids, int k) {
+    if (guess_il_ != int64_t(il)) return;
+    guess_il_ = -1;
+    for (uint32_t g : guess_) {
+        ++c_.scored;
+        for (int j = 0; j < k; ++j)
+            if (ids[j] == int32_t(g)) {
+                ++c_.right;
+                break;
+            }
+    }
+}
+
+}  // namespace moestream

@@ -1,0 +1,89 @@
+// prefetch.h — predicting the next MoE layer's routing, so its experts can be read ahead.
+//
+// Why: with a warm cache the disk sits idle while a token computes (0.24 s of compute per
+// token on the 30B preset against ~0.07 s of reads at a 6000 MiB cache), yet every miss is
+// read only once its layer's router has run, with the matmuls waiting. Reading the misses of
+// layer L+1 while layer L computes uses that idle time. Nothing about the output changes: a
+// prefetched expert is read from the same file bytes into its canonical place, and a routed
+// expert is still waited for before its matmul (streamer.h, "Prefetch").
+//
+// The guess: layer L+1's router scores W_{L+1} · norm(h_{L+1}) and picks the top k. At layer
+// L's routing, h_{L+1} is not computed yet, but layer L's own router input is: x_L =
+// rmsnorm(h_L) ⊙ γ_L (`ffn_norm-L`, the second operand of `ffn_moe_logits-L`). The residual
+// stream changes little from one layer to the next, so the prediction is the top k of
+// W_{L+1} · (x_L ⊙ γ_{L+1} / γ_L): layer L+1's router applied to layer L's normalized state
+// with layer L+1's norm weights (the RMS scale does not change a top-k). Prior art measured
+// 80-89 % of such guesses right on a trained Qwen3-30B-A3B (../shared/reference/
+// prior-art.md); accuracy() reports what this model and prompt give.
+//
+// Cost: the router weights are n_embd x n_expert f32 per layer (1 MiB on the 30B preset), and
+// reading them from RAM for each guess cost ~0.17 ms (8 ms a token, on the compute thread).
+// So the guess uses an int8 copy (one scale per expert row, made on the first guess of a
+// layer: n_embd x n_expert bytes per layer, 12 MiB on the 30B preset), a quarter of the
+// bytes, and an int8 input: an integer dot product the compiler vectorizes. A guess only needs
+// the order of the top scores, not their values.
+//
+// Graph facts used (llama-0.7-facts.md; checked at every use, a mismatch turns the
+// prediction off for that layer, never an error): `ffn_moe_logits-<il>` is a MUL_MAT of the
+// router weights (f32, ne = [n_embd, n_expert], host memory) by `ffn_norm-<il>` (f32,
+// ne = [n_embd, n_tokens]), itself a MUL of the normed state by γ (f32, ne = [n_embd]).
+// The router input stays valid until the layer's expert matmuls, which read it.
+//
+// Thread-safety: driven from the eval callback (one thread).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+struct ggml_tensor;
+
+namespace moestream {
+
+struct PredictCounters {
+    uint64_t predictions = 0;  // layers predicted
+    uint64_t scored = 0;       // predicted experts whose layer was then routed
+    uint64_t right = 0;        // of those, routed
+};
+
+class RoutePredictor {
+public:
+    // Ask mode, every node: records the operands of `ffn_moe_logits-<il>`. Cheap for others.
+    void observe(const ggml_tensor * t);
+    // A new graph: the previous graph's router inputs are gone.
+    void new_graph() { std::fill(x_.begin(), x_.end(), nullptr); }
+    // At the routing of layer il (one token): the k experts predicted for the next MoE layer.
+    // False when it cannot predict (no next MoE layer, unsupported tensor types, batch > 1).
+    bool predict(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out);
+    // The routing of layer il arrived: scores the prediction made for it, if any.
+    void score(uint32_t il, const int32_t * ids, int k);
+    const PredictCounters & counters() const { return c_; }
+    uint64_t copy_bytes() const;  // RAM held by the int8 router copies
+
+private:
+    struct Layer {
+        const ggml_tensor * w = nullptr;      // router weights, f32 [n_embd, n_expert]
+        const ggml_tensor * gamma = nullptr;  // ffn_norm weight, f32 [n_embd] (may be absent)
+        std::vector<float> ratio;             // gamma of the next MoE layer / this gamma
+        const void * ratio_for[2] = {nullptr, nullptr};  // the data pointers ratio was made of
+        // int8 copy of w: row e = q[e * n_embd ...] * scale[e]
+        std::vector<int8_t> q;
+        std::vector<float> scale;
+        const void * q_for = nullptr;  // w->data the copy was made of
+    };
+    void grow(uint32_t il);
+    bool ratio_of(uint32_t il, uint32_t nl, int64_t n_embd);
+    void quantize(Layer & L, int64_t n_embd, int64_t n_expert);
+
+    std::vector<Layer> layers_;
+    std::vector<const ggml_tensor *> x_;  // per layer: this graph's router input
+    std::vector<float> y_, scores_;       // scratch
+    std::vector<int8_t> yq_;              // scratch: y_ in int8
+    std::vector<uint32_t> order_;         // scratch
+    // The last prediction, scored when its layer routes.
+    int64_t guess_il_ = -1;
+    std::vector<uint32_t> guess_;
+    PredictCounters c_;
+};
+
+}  // namespace moestream
