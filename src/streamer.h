@@ -13,7 +13,7 @@
 // down MUL_MAT_ID itself — always before that matmul runs. Nothing stays pending across
 // graphs: the engine calls finish_pending() after every llama_decode.
 //
-// Prefetch (router hook + prefetch.h; on with a cache unless --no-prefetch): at a one-token
+// Prefetch (router hook + prefetch.h; opt-in, --prefetch, with a cache): at a one-token
 // routing the hook hands over the experts predicted for the next MoE layer. on_routing()
 // asks the store to commit the absent ones (within the budget, never evicting this layer's
 // routed set) and appends their reads to this layer's batch as a tail: the lanes read it after

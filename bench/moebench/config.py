@@ -29,7 +29,8 @@ VARIABLES: dict[str, Any] = {
     "threads": 2,               # compute threads (-t)
     "io_threads": 2,            # moestream read lanes (--io-threads)
     "odirect": True,            # moestream O_DIRECT (False: --no-odirect)
-    "prefetch": True,           # moestream next-layer read-ahead (False: --no-prefetch)
+    "prefetch": False,          # moestream next-layer read-ahead (--prefetch; on by default
+                                # with --no-prefetch at e50c94e only)
     "cache_mb": "off",          # moestream LRU budget: "off" | MiB | "auto" | "all-experts"
     "force_cache": False,       # moestream --force-cache
     "drop_cold": None,          # moestream --drop-cold-experts F (lossy)
@@ -60,7 +61,7 @@ APPLIES: dict[str, set[str]] = {
 # io_threads has no neutral value: comparing a streaming cell with a non-streaming one
 # is a comparison of loaders, whatever the lanes.
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
-           "prefetch": True,
+           "prefetch": False,
            "route_trace": False}
 
 EXPERIMENT_KEYS = {

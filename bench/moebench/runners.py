@@ -61,9 +61,12 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
         if not p["odirect"]:
             a.append("--no-odirect")
             need.append("--no-odirect")
-        if not p["prefetch"]:
+        # prefetch is opt-in (--prefetch), except at e50c94e where it was on unless --no-prefetch
+        if p["prefetch"] and not tools.has_flag("--no-prefetch"):
+            a.append("--prefetch")
+            need.append("--prefetch")
+        elif not p["prefetch"] and tools.has_flag("--no-prefetch"):
             a.append("--no-prefetch")
-            need.append("--no-prefetch")
         cm = p["cache_mb"]
         if cm == "off" and tools.has_flag("--cache-mb"):
             # since 9db6e53 the CLI's default is auto: "off" must be said (0 = off); before

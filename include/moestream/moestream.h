@@ -49,8 +49,9 @@ struct RunOptions {
     bool cache_recycle = true;
     // Read the experts predicted for the next MoE layer while this one computes (docs/
     // prefetch.md; lossless). Needs the cache and io_threads >= 2; off while drop-cold is on.
-    // false: --no-prefetch.
-    bool prefetch = true;
+    // Opt-in (--prefetch): on this machine it reads ~40 % more bytes per token for a speed-up
+    // within the noise (bench `prefetch`).
+    bool prefetch = false;
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;         // experts per token; 0 = the model's top-k (--n-expert-used)
     double drop_cold = 0;          // --drop-cold-experts F in (0, 1]; 0 = off

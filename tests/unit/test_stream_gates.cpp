@@ -114,9 +114,10 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                         "--cache-mb 0 --no-io-overlap",                // every read before gate/up
                         "--cache-mb 0 --io-copy --no-io-overlap",      // bounce buffer + copy
                         "--cache-mb 1000000",                         // everything fits
-                        "--cache-mb 1000000 --no-prefetch",
-                        "--cache-mb 4 --force-cache --cache-debug",   // prefetch + evictions
-                        "--cache-mb 4 --force-cache --io-threads 4",
+                        "--cache-mb 1000000 --prefetch",
+                        "--cache-mb 4 --force-cache --cache-debug --prefetch",  // + evictions
+                        "--cache-mb 4 --force-cache --io-threads 4 --prefetch",
+                        "--cache-mb 4 --force-cache --io-threads 1 --prefetch",  // no worker
                         "--cache-mb 1 --force-cache --cache-debug"};  // evicts on every token
         for (const std::string & flags : variants) {
             SCOPED_TRACE(flags);
@@ -135,10 +136,9 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             EXPECT_EQ(s.stats["settings"]["io_overlap"].get<bool>(), overlap);
             if (overlap)
                 EXPECT_GT(s.stats["settings"]["io_overlap_waits_at_input"].get<uint64_t>(), 0u);
-            // Prefetch (docs/prefetch.md) is on with the cache and a worker lane, so the
+            // --prefetch (docs/prefetch.md) works with the cache and a worker lane, so the
             // identity above covers experts read ahead of their routing.
-            const bool prefetch = flags.find("cache-mb 0") == std::string::npos &&
-                                  flags.find("no-prefetch") == std::string::npos &&
+            const bool prefetch = flags.find("--prefetch") != std::string::npos &&
                                   flags.find("io-threads 1") == std::string::npos;
             EXPECT_EQ(s.stats["prefetch"].get<bool>(), prefetch) << "cache " << s.stats["cache_budget_reason"];
             if (prefetch) EXPECT_GT(s.stats["prefetch_predictions"].get<uint64_t>(), 0u);

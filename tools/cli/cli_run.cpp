@@ -250,9 +250,9 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
                   "commit fresh zero-filled pages for every cache miss and free them on "
                   "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
-    sub->add_flag("--no-prefetch", [opt](int64_t) { opt->prefetch = false; },
-                  "do not read the experts predicted for the next layer ahead of its routing "
-                  "(default: read them while this layer computes; lossless); for A/B benchmarks");
+    sub->add_flag("--prefetch", opt->prefetch,
+                  "read the experts predicted for the next layer while this layer computes "
+                  "(lossless; needs the cache and 2+ io threads; reads more bytes; docs/prefetch.md)");
     sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", opt->n_expert_used,
