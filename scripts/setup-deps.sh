@@ -32,7 +32,7 @@ die() { echo "setup-deps: error: $*" >&2; exit 1; }
 say() { echo "setup-deps: $*" >&2; }
 
 # ---- 1. host packages (bookworm) -------------------------------------------------------
-host_pkgs=(cmake g++ make pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib)
+host_pkgs=(cmake g++ make pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib liburing-dev)
 missing=()
 for p in "${host_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

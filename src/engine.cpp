@@ -18,6 +18,7 @@
 #include "model_loader.h"
 #include "moestream/moestream.h"
 #include "prefetch.h"
+#include "uring_tail.h"
 #include "residency.h"
 #include "route_trace.h"
 #include "router_hook.h"
@@ -272,6 +273,21 @@ public:
             opt_.route_trace.empty()) {
             predictor_ = std::make_unique<RoutePredictor>();
             if (opt_.drop_cold == 0) hook_->enable_prefetch(predictor_.get());
+            // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
+            // test fault plan is installed (faults are injected at the lanes).
+            // MOESTREAM_PREFETCH_NO_URING=1 (env, read here; for A/B benchmarks): the worker
+            // lanes read the tail instead.
+            const char * no_uring = std::getenv("MOESTREAM_PREFETCH_NO_URING");
+            if (lanes_.direct() && fault_plan_.kind == IoFaultPlan::Kind::kNone &&
+                !(no_uring && std::strcmp(no_uring, "1") == 0)) {
+                std::string why;
+                uring_ = UringTail::create(index_.path, lanes_.dio_alignment(), &why);
+                if (uring_)
+                    streamer_->set_uring(uring_.get());
+                else
+                    MS_LOG_INFO("prefetch: io_uring unavailable (%s); the lanes read ahead",
+                                why.c_str());
+            }
         }
         if (!opt_.route_trace.empty()) open_trace();
         return Status::Ok();
@@ -719,6 +735,7 @@ private:
     std::unique_ptr<Streamer> streamer_;
     bool overlap_ = false;  // down reads overlapped with gate/up (streamer.h)
     std::unique_ptr<RoutePredictor> predictor_;  // prefetch (null: off for this engine)
+    std::unique_ptr<UringTail> uring_;           // prefetch tails through io_uring (or null)
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode

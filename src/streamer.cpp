@@ -8,6 +8,7 @@
 
 #include "log.h"
 #include "route_trace.h"
+#include "uring_tail.h"
 
 namespace moestream {
 
@@ -71,10 +72,11 @@ void Streamer::set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) 
 }
 
 void Streamer::finish_tail() {
-    if (!tail_) return;
-    tail_ = false;
+    if (!tail_ && !uring_tail_) return;
     IoBatchStats io;
-    Status st = lanes_->finish(&io);
+    Status st = uring_tail_ ? uring_->reap(&io) : lanes_->finish(&io);
+    tail_ = uring_tail_ = false;
+    pf_reads_.clear();
     for (StepCounters * c : {&step_, &total_}) {
         c->bytes_read += io.bytes_read;
         c->reads += io.reads;
@@ -146,6 +148,10 @@ Status Streamer::on_routing(const Routing & r) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_stage0).count();
     step_.stage_s += stage_s;
     total_.stage_s += stage_s;
+    if (uring_ && reads_.size() > n_own) {  // the ring reads the tail, after the own reads
+        pf_reads_.assign(reads_.begin() + std::ptrdiff_t(n_own), reads_.end());
+        reads_.resize(n_own);
+    }
     tail_ = reads_.size() > n_own;
     pending_slot_ = slot;
     pending_layer_ = r.layer;
@@ -178,6 +184,17 @@ Status Streamer::finish_pending() {
     if (!st.ok() && tail_) {  // the batch has stopped, tail included: drop what it prefetched
         tail_ = false;
         store_->end_prefetch(false);
+    }
+    if (!pf_reads_.empty() && !tail_ && !uring_tail_) {  // a tail for the ring, not started
+        if (!st.ok()) {
+            pf_reads_.clear();
+            store_->end_prefetch(false);
+        } else if (uring_->submit(pf_reads_, 0)) {
+            uring_tail_ = true;
+        } else {
+            lanes_->start(pf_reads_, 0, 0);  // the ring refused: the worker lanes read it
+            tail_ = true;
+        }
     }
     pending_slot_ = -1;
     const IoBatchStats & io = pending_io_;

@@ -22,6 +22,9 @@
 // of the graph) waits for the tail, then the store keeps the experts (or releases them if a
 // read failed: the routing reads them again and reports the error). So a routed expert is
 // always complete before its matmul, and no read is in flight while the store stages.
+// With a UringTail (uring_tail.h) the tail is not read by the lanes: finish_pending() submits
+// it through io_uring once the own reads are in, and the next routing reaps it; if the ring
+// refuses, the lanes read it as above.
 //
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest
@@ -42,6 +45,7 @@
 namespace moestream {
 
 class RouteTracer;
+class UringTail;
 
 struct StepCounters {
     uint64_t bytes_read = 0;
@@ -62,6 +66,8 @@ class Streamer final : public RouteSink {
 public:
     Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes,
              bool overlap = false);
+    // Prefetch tails through io_uring (null: through the worker lanes). Not owned.
+    void set_uring(UringTail * u) { uring_ = u; }
 
     Status on_routing(const Routing & r) override;
     bool has_pending() const override { return pending_slot_ >= 0; }
@@ -114,7 +120,11 @@ private:
     // Prefetch: the hint for the next routing, and whether the batch in flight has a tail.
     int64_t hint_layer_ = -1;
     std::vector<uint32_t> hint_;
-    bool tail_ = false;
+    bool tail_ = false;         // the lanes' batch in flight has a tail (or is one)
+    UringTail * uring_ = nullptr;
+    bool uring_tail_ = false;             // a tail is in flight on the ring
+    std::vector<ReadRequest> pf_reads_;   // the tail when it goes through the ring (or its
+                                          // fallback batch on the lanes)
     static constexpr int kCorruptAll = -2;
     int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
 };

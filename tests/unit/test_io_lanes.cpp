@@ -16,6 +16,7 @@
 
 #include "io_faults.h"
 #include "io_lanes.h"
+#include "uring_tail.h"
 #include "test_util.h"
 
 using namespace moestream;
@@ -256,4 +257,73 @@ TEST_F(IoLanesTest, TailOnlyBatch) {
     ASSERT_TRUE(io.finish(&st).ok());
     EXPECT_EQ(st.reads, 1u);
     EXPECT_TRUE(all_exact(reqs));
+}
+
+// --- UringTail: the prefetch tail through io_uring (src/uring_tail.h) ---------------------
+
+namespace {
+bool has_body(const ReadRequest & r) {
+    const uint64_t b0 = (r.file_offset + 4095) / 4096 * 4096;
+    const uint64_t b1 = (r.file_offset + r.len) / 4096 * 4096;
+    return b1 > b0;
+}
+}  // namespace
+
+TEST_F(IoLanesTest, UringTailReadsInPlaceExactly) {
+    std::string why;
+    auto u = UringTail::create(path_, 4096, &why);
+    if (!u) GTEST_SKIP() << "io_uring unavailable here: " << why;
+    Scratch s(arena_bytes(60));
+    std::vector<ReadRequest> all = make_requests(&s, true, 91, 60), big;
+    for (const ReadRequest & r : all)
+        if (has_body(r)) big.push_back(r);
+    ASSERT_GT(big.size(), 10u);
+    // One request without an aligned body, or one off its file offset's phase: refused whole.
+    EXPECT_FALSE(u->submit(all, 0));
+    EXPECT_FALSE(u->in_flight());
+    std::vector<ReadRequest> off_phase = big;
+    off_phase[3].dest = static_cast<uint8_t *>(off_phase[3].dest) + 1;
+    EXPECT_FALSE(u->submit(off_phase, 0));
+    // Congruent requests with a body: read in place, exact, head and tail blocks included.
+    ASSERT_TRUE(u->submit(big, 2));
+    EXPECT_TRUE(u->in_flight());
+    IoBatchStats st;
+    ASSERT_TRUE(u->reap(&st).ok());
+    EXPECT_FALSE(u->in_flight());
+    EXPECT_EQ(st.reads, big.size() - 2);
+    EXPECT_TRUE(all_exact(std::vector<ReadRequest>(big.begin() + 2, big.end())));
+    // The file's last bytes: the aligned range reaches past the end (a short read that is not
+    // an error), twice in a row on the same ring.
+    for (int round = 0; round < 2; ++round) {
+        ReadRequest last;
+        last.len = 3 * 4096 + 100;
+        last.file_offset = kFileBytes - last.len;
+        last.dest = s.base + last.file_offset % 4096;
+        std::memset(s.base, 0, 5 * 4096);
+        ASSERT_TRUE(u->submit({last}, 0));
+        ASSERT_TRUE(u->reap(&st).ok());
+        EXPECT_TRUE(all_exact({last}));
+    }
+}
+
+// A slice the file does not hold (truncated file): an error naming the file and offset, and
+// the destination zero-filled, never partial.
+TEST_F(IoLanesTest, UringTailReportsAShortFile) {
+    std::string why;
+    auto u = UringTail::create(path_, 4096, &why);
+    if (!u) GTEST_SKIP() << "io_uring unavailable here: " << why;
+    Scratch s(6 * 4096);
+    ReadRequest r;
+    r.file_offset = kFileBytes - 2 * 4096;
+    r.len = 4 * 4096;  // two blocks past the end
+    r.dest = s.base;
+    std::memset(s.base, 0x77, 4 * 4096);
+    std::vector<ReadRequest> reqs = {r};
+    ASSERT_TRUE(u->submit(reqs, 0));
+    IoBatchStats st;
+    Status e = u->reap(&st);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.message().find(path_), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find(std::to_string(r.file_offset)), std::string::npos) << e.message();
+    for (uint64_t i = 0; i < r.len; ++i) ASSERT_EQ(s.base[i], 0) << "byte " << i;
 }
