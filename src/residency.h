@@ -133,8 +133,8 @@ public:
     // the absent ones among `experts` of MoE layer moe_idx resident, while that fits the
     // budget by evicting only experts that are neither routed in the last stage() nor being
     // prefetched now (never above the budget: a prediction is not worth it). Returns how many
-    // experts it will read. Until end_prefetch() they count as resident for nothing but
-    // eviction (none of them can be a victim), and stage() refuses to run. The default stores
+    // experts it will read. Until end_prefetch() is_resident() reports them (their reads are
+    // outstanding), none of them can be a victim, and stage() refuses to run. The default stores
     // nothing ahead (the shared slots of cache-off hold one layer at a time).
     virtual size_t prefetch(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/,
                             std::vector<ReadRequest> * /*reads*/) {

@@ -139,7 +139,7 @@ Status Streamer::on_routing(const Routing & r) {
                                          [](const ReadRequest & q) { return !q.late; })
                  : reads_.end();
     const size_t n_early = size_t(late_begin - reads_.begin());
-    // Then the next layer's predicted experts, as a tail the worker lanes read meanwhile.
+    // Then the next layer's predicted experts, as a tail read meanwhile (io_uring or lanes).
     if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
         const int next = moe_slot(uint32_t(hint_layer));
         if (next >= 0 && next != slot) store_->prefetch(size_t(next), hint_, &reads_);

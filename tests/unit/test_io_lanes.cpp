@@ -237,8 +237,11 @@ TEST_F(IoLanesTest, TailIsLeftToTheWorkerLanes) {
         // Which lane read each tail request (matched by its aligned start offset).
         for (size_t i = own; i < reqs.size(); ++i) {
             const uint64_t at = reqs[i].file_offset / 4096 * 4096;
-            for (const auto & [off, lane] : before_finish)
-                if (off == at) EXPECT_NE(lane, 0) << "tail request " << i << " read by the caller";
+            for (const auto & [off, lane] : before_finish) {
+                if (off == at) {
+                    EXPECT_NE(lane, 0) << "tail request " << i << " read by the caller";
+                }
+            }
         }
     }
 }
