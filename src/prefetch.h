@@ -16,9 +16,10 @@
 // 80-89 % of such guesses right on a trained Qwen3-30B-A3B (../shared/reference/
 // prior-art.md); accuracy() reports what this model and prompt give.
 //
-// Cost: the router weights are n_embd x n_expert f32 per layer (1 MiB on the 30B preset), and
-// reading them from RAM for each guess cost ~0.17 ms (8 ms a token, on the compute thread).
-// So the guess uses an int8 copy (one scale per expert row, made on the first guess of a
+// Cost: the router weights are n_embd x n_expert f32 per layer (1 MiB on the 30B preset). A
+// scalar float dot product over them cost ~8 ms a token on the compute thread (perf, 30B
+// preset), and so did one over an int8 copy with a float input: the compiler may not reorder
+// a float sum, so neither loop was vectorized. So the guess uses an int8 copy (one scale per expert row, made on the first guess of a
 // layer: n_embd x n_expert bytes per layer, 12 MiB on the 30B preset), a quarter of the
 // bytes, and an int8 input: an integer dot product the compiler vectorizes. A guess only needs
 // the order of the top scores, not their values.
