@@ -77,24 +77,23 @@ void RoutePredictor::observe(const ggml_tensor * t) {
     x_[il] = x;
 }
 
-bool RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd) {
+void RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd) {
     Layer & L = layers_[il];
     const ggml_tensor * g0 = L.gamma;
     const ggml_tensor * g1 = layers_[nl].gamma;
     if (!host_f32(g0) || !host_f32(g1) || g0->ne[0] != n_embd || g1->ne[0] != n_embd) {
         L.ratio.clear();  // predict with the plain router input
-        return true;
+        return;
     }
     if (L.ratio.size() == size_t(n_embd) && L.ratio_for[0] == g0->data &&
         L.ratio_for[1] == g1->data)
-        return true;
+        return;
     const auto * a = static_cast<const float *>(g0->data);
     const auto * b = static_cast<const float *>(g1->data);
     L.ratio.resize(size_t(n_embd));
     for (int64_t i = 0; i < n_embd; ++i) L.ratio[size_t(i)] = a[i] != 0.0f ? b[i] / a[i] : 0.0f;
     L.ratio_for[0] = g0->data;
     L.ratio_for[1] = g1->data;
-    return true;
 }
 
 void RoutePredictor::quantize(Layer & L, int64_t n_embd, int64_t n_expert) {

@@ -73,7 +73,7 @@ private:
         const void * q_for = nullptr;  // w->data the copy was made of
     };
     void grow(uint32_t il);
-    bool ratio_of(uint32_t il, uint32_t nl, int64_t n_embd);
+    void ratio_of(uint32_t il, uint32_t nl, int64_t n_embd);
     void quantize(Layer & L, int64_t n_embd, int64_t n_expert);
 
     std::vector<Layer> layers_;

@@ -191,7 +191,7 @@ private:
         r.layout.experts_on(p, &lo, &hi);
         return lo < hi;
     }
-    bool evict_one(size_t moe_idx);
+    bool evict_one();
     // Appends expert e's slice reads (all projections) to *reads.
     void push_reads(size_t moe_idx, uint32_t e, std::vector<ReadRequest> * reads);
 
@@ -562,11 +562,13 @@ void LruCache::release(size_t moe_idx, uint32_t e) {
     --live_count_;
 }
 
-// Evicts the least recently used live expert not routed in the stage of layer moe_idx.
-bool LruCache::evict_one(size_t moe_idx) {
+// Evicts the least recently used live expert that is neither routed in the last stage (only
+// its experts carry stamp gen_) nor waiting for its reads (the stage's misses, stamped too,
+// and the experts prefetch() is committing).
+bool LruCache::evict_one() {
     for (uint32_t id = prev_[n_ids_]; id != n_ids_; id = prev_[id]) {
         const uint32_t L = id_layer_[id];
-        if (L == moe_idx && stamp_[id] == gen_) continue;  // routed now: never a victim
+        if (stamp_[id] == gen_ || state_[id] != kResident) continue;  // never a victim
         release(L, id - layers_[L].first_id);
         ++stats_.evictions;
         return true;
@@ -621,7 +623,7 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
         ++stats_.misses;
         ++stats->misses;
         // Make room first: the budget bounds what is committed, not just what is kept.
-        while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one(moe_idx)) {
+        while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one()) {
         }
         int err = 0;
         Status st = commit(moe_idx, e, &err);
@@ -634,7 +636,7 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                 ++stats_.commit_failures;
                 // Free memory first: free pool chunks (any size), then the LRU expert.
                 if (!(recycle_ && pool_->punch_free_chunk(PagePool::kAnyClass)) &&
-                    !evict_one(moe_idx))
+                    !evict_one())
                     break;
                 st = commit(moe_idx, e, &err);
             }
@@ -702,27 +704,12 @@ size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
         if (e >= L.n_expert) continue;
         const uint32_t id = id_of(moe_idx, e);
         if (state_[id] != kAbsent) continue;
-        // Room within the budget, from the LRU end: never the last stage's routed set
-        // (stamp_ == gen_) nor an expert whose reads are outstanding (this call's, or the
-        // stage's misses, which are stamped too).
-        bool room = true;
-        while (committed_ + commit_cost(moe_idx, e) > budget_) {
-            uint32_t victim = n_ids_;
-            for (uint32_t v = prev_[n_ids_]; v != n_ids_; v = prev_[v])
-                if (stamp_[v] != gen_ && state_[v] == kResident) {
-                    victim = v;
-                    break;
-                }
-            if (victim == n_ids_) {
-                room = false;
-                break;
-            }
-            const uint32_t VL = id_layer_[victim];
-            release(VL, victim - layers_[VL].first_id);
-            ++stats_.evictions;
+        // Room within the budget, from the LRU end (evict_one spares the routed set and every
+        // expert whose reads are outstanding, this call's included).
+        while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one()) {
         }
         int err = 0;
-        if (!room || !commit(moe_idx, e, &err).ok()) {
+        if (committed_ + commit_cost(moe_idx, e) > budget_ || !commit(moe_idx, e, &err).ok()) {
             ++stats_.prefetch_skipped;  // (a refused commit: no budget shrink for a guess)
             continue;
         }

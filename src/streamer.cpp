@@ -81,7 +81,6 @@ void Streamer::finish_tail() {
         c->bytes_read += io.bytes_read;
         c->reads += io.reads;
         c->io_s += io.seconds;
-        c->prefetch_reads += io.reads;
         c->prefetch_bytes += io.bytes_read;
         c->prefetch_wait_s += io.seconds;
     }

@@ -54,12 +54,11 @@ struct StepCounters {
     uint64_t demand_bytes = 0;        // distinct routed expert bytes, summed over layers
     uint64_t layer_demand_bytes = 0;  // max over layers
     uint64_t lookups = 0, hits = 0, misses = 0;
-    uint64_t routings = 0;  // layers routed
-    uint64_t prefetch_reads = 0;     // slice reads of the speculative tails
-    uint64_t prefetch_bytes = 0;     // bytes they transferred
-    double prefetch_wait_s = 0;      // time blocked finishing a tail (part of io_s)
-    double stage_s = 0;              // time in the store's stage() and prefetch() (commits,
-                                     // evictions, page mapping; not part of io_s)
+    uint64_t routings = 0;        // layers routed
+    uint64_t prefetch_bytes = 0;  // bytes the speculative tails transferred
+    double prefetch_wait_s = 0;   // time blocked finishing a tail (part of io_s)
+    double stage_s = 0;           // time in the store's stage() and prefetch() (commits,
+                                  // evictions, page mapping; not part of io_s)
 };
 
 class Streamer final : public RouteSink {
@@ -120,11 +119,11 @@ private:
     // Prefetch: the hint for the next routing, and whether the batch in flight has a tail.
     int64_t hint_layer_ = -1;
     std::vector<uint32_t> hint_;
-    bool tail_ = false;         // the lanes' batch in flight has a tail (or is one)
+    bool tail_ = false;  // the lanes' batch in flight has a tail (or is one)
     UringTail * uring_ = nullptr;
-    bool uring_tail_ = false;             // a tail is in flight on the ring
-    std::vector<ReadRequest> pf_reads_;   // the tail when it goes through the ring (or its
-                                          // fallback batch on the lanes)
+    bool uring_tail_ = false;            // a tail is in flight on the ring
+    std::vector<ReadRequest> pf_reads_;  // the tail when it goes through the ring (or its
+                                         // fallback batch on the lanes)
     static constexpr int kCorruptAll = -2;
     int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
 };
