@@ -20,6 +20,16 @@ def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+
+def fio_cap_bytes(exp: config.Experiment) -> int | None:
+    """The memory cap a capped fio probe runs under: the experiment's one cap. Uncapped cells
+    (a resident reference, say) do not count, so reads are probed where the engine reads;
+    with two different caps, or none, the probe runs uncapped."""
+    caps = {c.params["mem_cap"] for c in exp.cells} - {"none"}
+    if not (exp.fio and exp.fio.capped and len(caps) == 1):
+        return None
+    return config.parse_bytes(caps.pop())
+
 class Log:
     def __init__(self, path: str | None):
         self.f = open(path, "a") if path else None
@@ -330,8 +340,7 @@ class Harness:
             names += [f"fio-lanes-{l}" for l in exp.fio.lanes]
         order_seed = random.SystemRandom().randrange(1 << 30) if exp.order == "shuffled" else 0
         order = run_order(exp, names, order_seed)
-        caps = {c.params["mem_cap"] for c in exp.cells}
-        fio_cap = config.parse_bytes(caps.pop()) if (exp.fio and exp.fio.capped and len(caps) == 1) else None
+        fio_cap = fio_cap_bytes(exp)
         self.results = {
             "schema": SCHEMA,
             "experiment": {

@@ -123,6 +123,29 @@ class MatrixRules(unittest.TestCase):
         self.assertEqual(config.parse_bytes("512MiB"), 512 << 20)
         self.assertIsNone(config.parse_bytes("none"))
 
+    def test_fio_probe_runs_under_the_one_cap_of_the_capped_cells(self):
+        head = """
+            [fio_probe]
+            lanes = [2]
+            capped = %s
+            [[cell]]
+            name = "resident"
+            loader = "resident"
+            [[cell]]
+            name = "a"
+            loader = "stream"
+            mem_cap = "8GiB"
+            """
+        self.assertEqual(harness.fio_cap_bytes(load_toml(head % "true")), 8 << 30)
+        self.assertIsNone(harness.fio_cap_bytes(load_toml(head % "false")))
+        two = load_toml(head % "true" + """
+            [[cell]]
+            name = "b"
+            loader = "stream"
+            mem_cap = "4GiB"
+            """)
+        self.assertIsNone(harness.fio_cap_bytes(two))
+
 
 class Statistics(unittest.TestCase):
     def test_constant_tokens_give_exact_value_and_zero_width(self):
