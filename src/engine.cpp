@@ -114,6 +114,10 @@ public:
             return Status::Usage(
                 "--drop-cold-experts needs streaming (it drops cache misses); "
                 "remove --no-stream");
+        if (!opt.resident_mmap && opt.stream)
+            return Status::Usage(
+                "--no-mmap applies to --no-stream (streaming maps the file "
+                "itself); add --no-stream");
         if (!opt.route_trace.empty() && !opt.stream)
             return Status::Usage(
                 "--route-trace needs streaming (the streamer observes the "
@@ -170,7 +174,7 @@ public:
             if (!st.ok()) return st;
             hook_ = std::make_unique<RouterHook>(nullptr, index_.n_expert, nullptr);
         } else {
-            st = load_model_resident(index_, mp, &lm_);
+            st = load_model_resident(index_, mp, opt.resident_mmap, &lm_);
             if (!st.ok()) return st;
         }
 
@@ -573,6 +577,7 @@ public:
         nlohmann::json j;
         j["model"] = opt_.model_path;
         j["stream"] = opt_.stream;
+        j["mmap"] = opt_.stream || opt_.resident_mmap;
         j["n_threads"] = opt_.n_threads;
         j["n_ctx"] = opt_.n_ctx;
         j["n_batch"] = opt_.n_batch;

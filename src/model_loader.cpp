@@ -19,9 +19,9 @@
 namespace moestream {
 
 Status load_model_resident(const ModelIndex & index, const llama_model_params & params,
-                           LoadedModel * out) {
+                           bool map_file, LoadedModel * out) {
     llama_model_params mp = params;
-    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    mp.load_mode = map_file ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.use_extra_bufts = false;
     mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
     out->model = llama_model_load_from_file(index.path.c_str(), mp);

@@ -42,8 +42,10 @@ struct LoadedModel {
     size_t map_len = 0;
 };
 
+// map_file: llama.cpp load_mode MMAP (prefaults the whole file); false: NONE (every tensor
+// read into allocated memory).
 Status load_model_resident(const ModelIndex & index, const llama_model_params & params,
-                           LoadedModel * out);
+                           bool map_file, LoadedModel * out);
 Status load_model_streaming(const ModelIndex & index, const llama_model_params & params,
                             LoadedModel * out);
 // Rebinds llama.cpp's weights off the file mapping, lazily, from the first graph.

@@ -30,6 +30,10 @@ struct RunOptions {
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
     bool stream = true;   // false: llama.cpp loads everything resident (--no-stream)
+    // With stream = false only: true maps the file (llama.cpp load_mode MMAP, its default);
+    // false reads every tensor into allocated memory at load (load_mode NONE; --no-mmap), so
+    // the first decodes do not pay for the first touch of mapped pages (bench t_compute).
+    bool resident_mmap = true;
     int io_threads = 2;   // read lanes, the calling thread included (--io-threads)
     bool odirect = true;  // O_DIRECT reads (false: buffered pread; --no-odirect)
     // Keep a layer's down-projection reads in flight while its gate/up matmuls compute (needs

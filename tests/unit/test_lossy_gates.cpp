@@ -106,6 +106,15 @@ TEST(DropColdRules, RefusedWithoutTheCache) {
     EXPECT_EQ(rc, 64);
 }
 
+// --no-mmap is a choice of the resident loader: with streaming it is refused, not ignored.
+TEST(LoaderRules, NoMmapNeedsNoStream) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    int rc = 0;
+    std::string err;
+    run_json(model, "--no-mmap", &rc, &err);
+    EXPECT_EQ(rc, 64);
+    EXPECT_NE(err.find("--no-mmap applies to --no-stream"), std::string::npos) << err;
+}
 
 TEST(NExpertUsed, MatchesLlamaCompletionWithTheOverride) {
     for (const char * arch : {"qwen3moe", "olmoe"}) {

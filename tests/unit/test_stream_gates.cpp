@@ -103,6 +103,17 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
         ASSERT_EQ(ref.stats["n_generated"].get<int>(), 32) << "model stopped early; pick a prompt";
         ASSERT_EQ(ref.logits.size() % 4, 0u);
         ASSERT_GT(ref.logits.size(), 0u);
+        // The resident reference read into memory instead of mapped (--no-mmap, the bench's
+        // warm t_compute cell) computes the same bytes.
+        if (prompt == kPrompts[2]) {
+            RunOut nm = run_moestream(model, prompt, "--no-stream --no-mmap");
+            ASSERT_FALSE(nm.stats.is_null());
+            EXPECT_FALSE(nm.stats["settings"]["mmap"].get<bool>());
+            EXPECT_TRUE(ref.stats["settings"]["mmap"].get<bool>());
+            EXPECT_EQ(nm.stats["tokens"], ref.stats["tokens"]);
+            EXPECT_EQ(nm.stats["logits_sha"], ref.stats["logits_sha"]);
+            EXPECT_TRUE(nm.logits == ref.logits) << "--no-mmap: final logits differ";
+        }
         // The full matrix on the long (multi-token prefill) prompt, the defaults on the others.
         std::vector<std::string> variants = {"", "--cache-mb 0"};
         if (prompt == kPrompts[2])
@@ -134,14 +145,17 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                                  flags.find("io-threads 1") == std::string::npos &&
                                  flags.find("cache-debug") == std::string::npos;
             EXPECT_EQ(s.stats["settings"]["io_overlap"].get<bool>(), overlap);
-            if (overlap)
+            if (overlap) {
                 EXPECT_GT(s.stats["settings"]["io_overlap_waits_at_input"].get<uint64_t>(), 0u);
+            }
             // --prefetch (docs/prefetch.md) works with the cache and a worker lane, so the
             // identity above covers experts read ahead of their routing.
             const bool prefetch = flags.find("--prefetch") != std::string::npos &&
                                   flags.find("io-threads 1") == std::string::npos;
             EXPECT_EQ(s.stats["prefetch"].get<bool>(), prefetch) << "cache " << s.stats["cache_budget_reason"];
-            if (prefetch) EXPECT_GT(s.stats["prefetch_predictions"].get<uint64_t>(), 0u);
+            if (prefetch) {
+                EXPECT_GT(s.stats["prefetch_predictions"].get<uint64_t>(), 0u);
+            }
             // (A 1 MiB budget is below some models' routed set: no room to read ahead.)
             if (prefetch && flags.find("cache-mb 1 ") == std::string::npos) {
                 EXPECT_GT(s.stats["prefetch_experts"].get<uint64_t>(), 0u);

@@ -217,6 +217,10 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_option("--seed", opt->seed, "sampling seed");
     sub->add_flag("--no-stream", [opt](int64_t) { opt->stream = false; },
                   "llama.cpp's own loading, everything resident (the reference)");
+    sub->add_flag(
+        "--no-mmap", [opt](int64_t) { opt->resident_mmap = false; },
+        "with --no-stream: read every tensor into memory at load instead of mapping "
+        "the file (no first-touch cost in the first decodes)");
     sub->add_option("--io-threads", opt->io_threads, "parallel read lanes (calling thread included)")
         ->check(CLI::Range(1, 64));
     sub->add_flag("--no-odirect", [opt](int64_t) { opt->odirect = false; },
