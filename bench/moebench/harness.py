@@ -20,7 +20,6 @@ def now_utc() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-
 def fio_cap_bytes(exp: config.Experiment) -> int | None:
     """The memory cap a capped fio probe runs under: the experiment's one cap. Uncapped cells
     (a resident reference, say) do not count, so reads are probed where the engine reads;
@@ -29,6 +28,7 @@ def fio_cap_bytes(exp: config.Experiment) -> int | None:
     if not (exp.fio and exp.fio.capped and len(caps) == 1):
         return None
     return config.parse_bytes(caps.pop())
+
 
 class Log:
     def __init__(self, path: str | None):
