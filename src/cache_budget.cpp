@@ -1,6 +1,9 @@
 #include "cache_budget.h"
 
+#include <algorithm>
 #include <cstdio>
+
+#include "page_layout.h"
 
 namespace moestream {
 namespace {
@@ -11,10 +14,26 @@ std::string mib(uint64_t b) {
 }
 }  // namespace
 
+uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_bytes) {
+    if (page_bytes == 0) page_bytes = 4096;
+    uint64_t total = 0;
+    for (const MoeLayer & L : index.moe_layers)
+        for (const ExpertTensor & t : L.tensors) {
+            const uint32_t n_expert = t.ne[2] > 0 ? uint32_t(t.ne[2]) : 0;
+            if (n_expert == 0 || t.slice_bytes == 0) continue;
+            const PageLayout lay{t.file_offset % page_bytes, t.slice_bytes, page_bytes, n_expert};
+            // No overflow: a chunk is at most slice_bytes + 2 pages, and the slices exist in
+            // the file, so n_expert x chunk <= tensor_bytes + 2 x n_expert pages.
+            total += uint64_t(n_expert) * lay.chunk_pages() * page_bytes;
+        }
+    return std::max(total, index.expert_bytes_total);
+}
+
 Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool force,
                            uint64_t needs_bytes, const MemoryAvailability & mem,
-                           BudgetDecision * out) {
+                           uint64_t page_bytes, BudgetDecision * out) {
     const uint64_t ws = index.token_working_set_bytes;
+    const uint64_t all = cache_bytes_for_all_experts(index, page_bytes);
     if (cache_mb == 0) {
         *out = {0, "cache off (--cache-mb 0): every routed expert is read for every token"};
         return Status::Ok();
@@ -30,15 +49,15 @@ Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool forc
                 mib(ws + ws / 2) + " (1.5 x the working set), or add --force-cache");
         uint64_t b = uint64_t(cache_mb) << 20;
         std::string why = "--cache-mb " + std::to_string(cache_mb);
-        if (b > index.expert_bytes_total) {
-            b = index.expert_bytes_total;
-            why += ", capped at the model's total expert bytes";
+        if (b > all) {
+            b = all;
+            why += ", capped at what holds every expert (" + mib(all) + ")";
         }
         *out = {b, why};
         return Status::Ok();
     }
     // auto
-    const uint64_t lo = ws + ws / 2, hi = index.expert_bytes_total;
+    const uint64_t lo = ws + ws / 2, hi = all;
     const uint64_t reserve = needs_bytes + kAutoFloorBytes;
     const uint64_t avail = mem.available_bytes;
     std::string from = std::string(mem.source) + " " + mib(avail);
@@ -53,7 +72,7 @@ Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool forc
                       " (dense weights, KV, buffers) - " + mib(kAutoFloorBytes) + " floor";
     if (b > hi) {
         b = hi;
-        why += ", capped at the model's total expert bytes " + mib(hi);
+        why += ", capped at what holds every expert (" + mib(hi) + ")";
     }
     *out = {b, why};
     return Status::Ok();

@@ -7,7 +7,9 @@
 // if one applies, else MemAvailable; see sysinfo.h) minus what the run itself needs besides
 // cached experts (dense weights, KV cache and compute buffers as measured after the context
 // exists, the I/O buffers) and a floor; clamped to [1.5 x one token's working set, total
-// expert bytes]; if even the lower clamp does not fit: cache off.
+// expert bytes]; if even the lower clamp does not fit: cache off. "Total expert bytes" is
+// what the cache needs to hold every expert at once (cache_bytes_for_all_experts), a little
+// more than the experts' file bytes: a budget that says "everything" then holds everything.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -28,10 +30,18 @@ struct BudgetDecision {
     std::string reason;         // one line for the user
 };
 
+// Bytes the LRU cache needs to hold every expert at once, with pages of `page_bytes`: each
+// (layer, projection) slice costs its page-pool chunk (PageLayout::chunk_pages pages; the
+// recycled-pages accounting of docs/cache.md), which is >= the page-exact cost of the fresh
+// pages mode. Above expert_bytes_total by up to one page per slice: +0.5 % on the 30B
+// preset's Q4_K slices, ~9 % on the trained demo model's 72 KiB ones.
+uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_bytes);
+
 // cache_mb: -1 = auto, 0 = off, N = explicit. `needs_bytes`: memory the run needs besides
-// cached experts. `mem` is only used for auto.
+// cached experts. `mem` is only used for auto. `page_bytes`: the system page size (the
+// cache's commit granularity), for the upper clamp.
 Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool force,
                            uint64_t needs_bytes, const MemoryAvailability & mem,
-                           BudgetDecision * out);
+                           uint64_t page_bytes, BudgetDecision * out);
 
 }  // namespace moestream

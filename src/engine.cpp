@@ -1,6 +1,7 @@
 // engine.cpp — the Engine: validate, load, bind, then prefill + single-token decode with the
 // router hook streaming experts in. See include/moestream/moestream.h and docs/design.md.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -229,8 +230,10 @@ public:
             uint64_t(opt_.n_batch) * (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
         const uint64_t needs = index_.dense_bytes_total + compute_est + max_layer_set;
         BudgetDecision d;
-        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
-                                        memory_availability(), &d);
+        const long page = sysconf(_SC_PAGESIZE);
+        Status st =
+            decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
+                                memory_availability(), page > 0 ? uint64_t(page) : 4096, &d);
         if (!st.ok()) return st;
         if (d.budget_bytes > 0) {
             CacheDebug dbg;

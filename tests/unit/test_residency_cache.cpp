@@ -20,6 +20,7 @@
 
 #include <gtest/gtest.h>
 
+#include "cache_budget.h"
 #include "gguf_index.h"
 #include "io_lanes.h"
 #include "page_layout.h"
@@ -956,3 +957,41 @@ TEST(ResidencyCache, RefusedCommitWithNothingToEvictFailsCleanly) {
 }
 
 }  // namespace
+
+// cache_bytes_for_all_experts() is the cap of every budget ("capped at what holds every
+// expert"): a cache of exactly that many bytes holds every expert of every layer at once, in
+// both page modes, with no eviction. The experts' file bytes (the cap before) do not: with
+// slices that are not page multiples each live slice costs a whole pool chunk.
+TEST(ResidencyCache, AllExpertsBudgetHoldsEveryExpert) {
+    const uint32_t n_expert = 16;
+    const ModelIndex idx = make_index({{18 * 1024 + 100, 18 * 1024 + 100, 18 * 1024 + 100},
+                                       {kPage * 3 + 1, kPage * 3 + 1, kPage * 3 + 1}},
+                                      n_expert);
+    const uint64_t all = cache_bytes_for_all_experts(idx, kPage);
+    EXPECT_GT(all, idx.expert_bytes_total);
+    std::vector<uint32_t> every(n_expert);
+    for (uint32_t e = 0; e < n_expert; ++e) every[e] = e;
+    for (bool recycle : {true, false}) {
+        SCOPED_TRACE(recycle ? "recycled pages" : "fresh pages");
+        CacheDebug dbg;
+        dbg.recycle_pages = recycle;
+        auto fits = make(idx, all, dbg);
+        auto short_of = make(idx, idx.expert_bytes_total, dbg);
+        ASSERT_TRUE(fits && short_of);
+        for (int round = 0; round < 2; ++round)
+            for (size_t moe = 0; moe < idx.moe_layers.size(); ++moe)
+                for (uint32_t e = 0; e < n_expert; ++e) {  // one expert per stage, every one
+                    stage_and_read(*fits, idx, moe, {e});
+                    stage_and_read(*short_of, idx, moe, {e});
+                }
+        EXPECT_EQ(fits->cache_stats().evictions, 0u);
+        EXPECT_EQ(fits->cache_stats().misses, uint64_t(n_expert) * idx.moe_layers.size());
+        for (size_t moe = 0; moe < idx.moe_layers.size(); ++moe)
+            for (uint32_t e = 0; e < n_expert; ++e) EXPECT_TRUE(slice_intact(*fits, idx, moe, e));
+        // The control: the old cap evicts with pool chunks (fresh pages are page-exact and
+        // share boundary pages, so there the file bytes round up to the same pages or fewer).
+        if (recycle) {
+            EXPECT_GT(short_of->cache_stats().evictions, 0u);
+        }
+    }
+}

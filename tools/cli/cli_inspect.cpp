@@ -2,6 +2,8 @@
 // validated index (src/gguf_index.h): shapes, expert vs dense bytes, one token's routed
 // working set, how the expert slices sit in the file for O_DIRECT, and the cache sizes
 // worth using. See docs/inspect.md for every field.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -12,6 +14,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cache_budget.h"
 #include "cli.h"
 #include "ggml.h"
 #include "gguf_index.h"
@@ -111,7 +114,11 @@ Report make_report(const ModelIndex & m) {
     }
     r.cache_min_bytes = uint64_t(double(m.token_working_set_bytes) * kCacheMinFactor + 0.5);
     r.cache_min_mib = (r.cache_min_bytes + kMiB - 1) / kMiB;
-    r.cache_all_mib = (m.expert_bytes_total + kMiB - 1) / kMiB;
+    // What the cache needs to hold every expert (pool chunks, system pages): a budget of this
+    // many MiB holds them all (the bench's `all-experts` cell uses it).
+    const long page = sysconf(_SC_PAGESIZE);
+    r.cache_all_mib =
+        (cache_bytes_for_all_experts(m, page > 0 ? uint64_t(page) : 4096) + kMiB - 1) / kMiB;
     return r;
 }
 
