@@ -221,14 +221,21 @@ public:
     Status make_store() {
         // Besides cached experts the run needs: dense weights (copied to RAM on the first
         // graph), compute buffers not yet touched (estimate: logits and activations of one
-        // batch), and one layer's routed set above the budget.
+        // batch), one layer's routed set above the budget, and with --prefetch the
+        // predictor's int8 router copies (prefetch.h: n_expert x (n_embd + 4) bytes per MoE
+        // layer; 12 MiB on the 30B preset).
         uint64_t max_layer_set = 0;
         for (const auto & L : index_.moe_layers)
             max_layer_set =
                 std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
         const uint64_t compute_est =
             uint64_t(opt_.n_batch) * (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
-        const uint64_t needs = index_.dense_bytes_total + compute_est + max_layer_set;
+        const uint64_t predictor_est = opt_.prefetch
+                                           ? uint64_t(index_.moe_layers.size()) * index_.n_expert *
+                                                 (uint64_t(index_.n_embd) + 4)
+                                           : 0;
+        const uint64_t needs =
+            index_.dense_bytes_total + compute_est + max_layer_set + predictor_est;
         BudgetDecision d;
         const long page = sysconf(_SC_PAGESIZE);
         Status st =
