@@ -34,7 +34,8 @@ struct BudgetDecision {
 // (layer, projection) slice costs its page-pool chunk (PageLayout::chunk_pages pages; the
 // recycled-pages accounting of docs/cache.md), which is >= the page-exact cost of the fresh
 // pages mode. Above expert_bytes_total by up to one page per slice: +0.5 % on the 30B
-// preset's Q4_K slices, ~9 % on the trained demo model's 72 KiB ones.
+// preset's Q4_K slices, +4.9 % / +11.8 % on the trained demo model's 68 KiB Q8_0 / 36 KiB
+// Q4_K_M ones.
 uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_bytes);
 
 // cache_mb: -1 = auto, 0 = off, N = explicit. `needs_bytes`: memory the run needs besides

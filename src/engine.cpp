@@ -177,6 +177,9 @@ public:
         } else {
             st = load_model_resident(index_, mp, opt.resident_mmap, &lm_);
             if (!st.ok()) return st;
+            // What the load left mapped of the file (0 with --no-mmap): the settings report
+            // the observed loading, not just the option.
+            file_mapped_after_load_bytes_ = mapped_bytes_of_file(index_.path);
         }
 
         llama_context_params cp = llama_context_default_params();
@@ -588,6 +591,7 @@ public:
         j["model"] = opt_.model_path;
         j["stream"] = opt_.stream;
         j["mmap"] = opt_.stream || opt_.resident_mmap;
+        if (!opt_.stream) j["model_file_mapped_bytes"] = file_mapped_after_load_bytes_;
         j["n_threads"] = opt_.n_threads;
         j["n_ctx"] = opt_.n_ctx;
         j["n_batch"] = opt_.n_batch;
@@ -750,6 +754,7 @@ private:
     std::unique_ptr<Streamer> streamer_;
     bool overlap_ = false;  // down reads overlapped with gate/up (streamer.h)
     std::unique_ptr<RoutePredictor> predictor_;  // prefetch (null: off for this engine)
+    uint64_t file_mapped_after_load_bytes_ = 0;  // --no-stream: model file mapped after load
     std::unique_ptr<UringTail> uring_;           // prefetch tails through io_uring (or null)
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace

@@ -1,11 +1,15 @@
 #include "sysinfo.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 namespace moestream {
 namespace {
@@ -25,6 +29,26 @@ uint64_t status_kb(const char * key) {
     return v;
 }
 }  // namespace
+
+uint64_t mapped_bytes_of_file(const std::string & path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return 0;
+    std::ifstream f("/proc/self/maps");
+    std::string line;
+    uint64_t total = 0;
+    while (std::getline(f, line)) {
+        // "start-end perms offset major:minor inode path"
+        unsigned long long lo = 0, hi = 0, off = 0, ino = 0;
+        unsigned maj = 0, min = 0;
+        char perms[8] = {0};
+        if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &off, &maj,
+                        &min, &ino) != 7)
+            continue;
+        if (ino == uint64_t(st.st_ino) && makedev(maj, min) == st.st_dev && hi > lo)
+            total += hi - lo;
+    }
+    return total;
+}
 
 uint64_t current_rss_bytes() { return status_kb("VmRSS:") * 1024; }
 uint64_t peak_rss_bytes() { return status_kb("VmHWM:") * 1024; }

@@ -24,10 +24,10 @@ def fio_cap_bytes(exp: config.Experiment) -> int | None:
     """The memory cap a capped fio probe runs under: the experiment's one cap. Uncapped cells
     (a resident reference, say) do not count, so reads are probed where the engine reads;
     with two different caps, or none, the probe runs uncapped."""
-    caps = {c.params["mem_cap"] for c in exp.cells} - {"none"}
+    caps = {config.parse_bytes(c.params["mem_cap"]) for c in exp.cells} - {None}
     if not (exp.fio and exp.fio.capped and len(caps) == 1):
         return None
-    return config.parse_bytes(caps.pop())
+    return caps.pop()
 
 
 class Log:
@@ -62,8 +62,9 @@ def required_memory(cell: config.Cell, ins: dict[str, Any], cap: int | None) -> 
     loader = cell.params["loader"]
     if loader == "stream":
         cm = cell.params["cache_mb"]
-        if cm == "all-experts":
-            buf = ins.get("expert_bytes_total", 0)
+        if cm == "all-experts":   # the budget runners.py passes: cache_all_experts_mib + 1
+            mib = ins.get("cache_all_experts_mib")
+            buf = (int(mib) + 1) << 20 if mib is not None else ins.get("expert_bytes_total", 0)
         elif isinstance(cm, int):
             buf = cm << 20
         else:   # off / auto: one token's working set at least

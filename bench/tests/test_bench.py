@@ -145,6 +145,14 @@ class MatrixRules(unittest.TestCase):
             mem_cap = "4GiB"
             """)
         self.assertIsNone(harness.fio_cap_bytes(two))
+        # The same cap spelled two ways is one cap.
+        same = load_toml(head % "true" + """
+            [[cell]]
+            name = "b"
+            loader = "stream"
+            mem_cap = 8589934592
+            """)
+        self.assertEqual(harness.fio_cap_bytes(same), 8 << 30)
 
 
 class Statistics(unittest.TestCase):

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -158,6 +159,8 @@ void expect_json_matches_gguf_h(const std::string & path, const json & j) {
     uint64_t expert = 0, dense = 0, or_offsets = 0, odirect = 0, n_slices = 0, aligned = 0;
     std::map<int, uint64_t> one_expert_by_layer;  // layer -> bytes of one expert
     std::map<int, uint64_t> bank_by_layer;        // layer -> bytes of all its experts
+    const uint64_t page = uint64_t(sysconf(_SC_PAGESIZE));
+    uint64_t cache_all = 0;  // a cache holding every expert: each slice's chunk of pages
     for (int64_t i = 0; i < gguf_get_n_tensors(g); ++i) {
         const std::string name = gguf_get_tensor_name(g, i);
         const ggml_tensor * t = ggml_get_tensor(gctx, name.c_str());
@@ -173,13 +176,16 @@ void expect_json_matches_gguf_h(const std::string & path, const json & j) {
         one_expert_by_layer[layer] += slice;
         bank_by_layer[layer] += nbytes;
         const uint64_t off0 = gguf_get_data_offset(g) + gguf_get_tensor_offset(g, i);
+        uint64_t most_pages = 0;  // the cache's chunk for this tensor (page_pool.h)
         for (uint64_t e = 0; e < n_expert; ++e) {
             const uint64_t off = off0 + e * slice;
+            most_pages = std::max(most_pages, (off + slice + page - 1) / page - off / page);
             or_offsets |= off;
             ++n_slices;
             aligned += off % 4096 == 0;
             odirect += (off + slice + 4095) / 4096 * 4096 - off / 4096 * 4096;
         }
+        cache_all += n_expert * most_pages * page;
     }
     uint64_t ws = 0, max_one = 0, max_bank = 0;
     for (auto [l, b] : one_expert_by_layer) {
@@ -202,6 +208,8 @@ void expect_json_matches_gguf_h(const std::string & path, const json & j) {
     const uint64_t cache_min = uint64_t(double(ws) * 1.5 + 0.5);
     EXPECT_EQ(j.at("cache_min_bytes"), cache_min);
     EXPECT_EQ(j.at("cache_min_mib"), (cache_min + (1 << 20) - 1) >> 20);
+    EXPECT_GE(cache_all, expert);
+    EXPECT_EQ(j.at("cache_all_experts_mib"), (cache_all + (1 << 20) - 1) >> 20);
     EXPECT_NEAR(j.at("expert_pct_of_file").get<double>(), 100.0 * expert / st.st_size, 1e-9);
     // Projections of the first MoE layer appear with their type and slice size.
     const int first = one_expert_by_layer.begin()->first;

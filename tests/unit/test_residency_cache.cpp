@@ -995,3 +995,25 @@ TEST(ResidencyCache, AllExpertsBudgetHoldsEveryExpert) {
         }
     }
 }
+
+// decide_cache_budget() applies that cap to an explicit budget and to auto (the wiring the
+// test above relies on: the engine passes the system page size).
+TEST(ResidencyCache, BudgetsAreCappedAtWhatHoldsEveryExpert) {
+    const ModelIndex idx = make_index({{18 * 1024 + 100, 18 * 1024 + 100, 18 * 1024 + 100}}, 16);
+    const uint64_t all = cache_bytes_for_all_experts(idx, kPage);
+    MemoryAvailability plenty;
+    plenty.available_bytes = 64ull << 30;
+    plenty.source = "test";
+    BudgetDecision d;
+    ASSERT_TRUE(decide_cache_budget(idx, 1000000, false, 0, plenty, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, all);
+    EXPECT_NE(d.reason.find("capped at what holds every expert"), std::string::npos) << d.reason;
+    ASSERT_TRUE(decide_cache_budget(idx, -1, false, 1 << 20, plenty, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, all);
+    // Not enough memory for auto: cache off.
+    MemoryAvailability little;
+    little.available_bytes = 256ull << 20;
+    little.source = "test";
+    ASSERT_TRUE(decide_cache_budget(idx, -1, false, 1 << 20, little, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, 0u);
+}

@@ -110,6 +110,9 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             ASSERT_FALSE(nm.stats.is_null());
             EXPECT_FALSE(nm.stats["settings"]["mmap"].get<bool>());
             EXPECT_TRUE(ref.stats["settings"]["mmap"].get<bool>());
+            // Observed, not just the option: llama.cpp left the file mapped, or did not.
+            EXPECT_EQ(nm.stats["settings"]["model_file_mapped_bytes"].get<uint64_t>(), 0u);
+            EXPECT_GT(ref.stats["settings"]["model_file_mapped_bytes"].get<uint64_t>(), 0u);
             EXPECT_EQ(nm.stats["tokens"], ref.stats["tokens"]);
             EXPECT_EQ(nm.stats["logits_sha"], ref.stats["logits_sha"]);
             EXPECT_TRUE(nm.logits == ref.logits) << "--no-mmap: final logits differ";
