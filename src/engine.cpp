@@ -1,7 +1,6 @@
 // engine.cpp — the Engine: validate, load, bind, then prefill + single-token decode with the
 // router hook streaming experts in. See include/moestream/moestream.h and docs/design.md.
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -224,26 +223,23 @@ public:
     Status make_store() {
         // Besides cached experts the run needs: dense weights (copied to RAM on the first
         // graph), compute buffers not yet touched (estimate: logits and activations of one
-        // batch), one layer's routed set above the budget, and with --prefetch the
-        // predictor's int8 router copies (prefetch.h: n_expert x (n_embd + 4) bytes per MoE
-        // layer; 12 MiB on the 30B preset).
+        // batch), one layer's routed set above the budget, and when prefetch can run the
+        // predictor's int8 router copies (12 MiB on the 30B preset).
         uint64_t max_layer_set = 0;
         for (const auto & L : index_.moe_layers)
             max_layer_set =
                 std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
         const uint64_t compute_est =
             uint64_t(opt_.n_batch) * (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
-        const uint64_t predictor_est = opt_.prefetch
-                                           ? uint64_t(index_.moe_layers.size()) * index_.n_expert *
-                                                 (uint64_t(index_.n_embd) + 4)
-                                           : 0;
+        const uint64_t predictor_est =
+            prefetch_possible() ? RoutePredictor::copy_bytes_for(index_.moe_layers.size(),
+                                                                 index_.n_expert, index_.n_embd)
+                                : 0;
         const uint64_t needs =
             index_.dense_bytes_total + compute_est + max_layer_set + predictor_est;
         BudgetDecision d;
-        const long page = sysconf(_SC_PAGESIZE);
-        Status st =
-            decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
-                                memory_availability(), page > 0 ? uint64_t(page) : 4096, &d);
+        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
+                                        memory_availability(), system_page_bytes(), &d);
         if (!st.ok()) return st;
         if (d.budget_bytes > 0) {
             CacheDebug dbg;
@@ -286,8 +282,7 @@ public:
         // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
         // Not with --route-trace: a trace records what a cache without read-ahead does, so
         // that `moestream replay` reproduces it exactly (docs/route-trace.md).
-        if (opt_.prefetch && d.budget_bytes > 0 && lanes_.n_lanes() > 1 &&
-            opt_.route_trace.empty()) {
+        if (d.budget_bytes > 0 && prefetch_possible()) {
             predictor_ = std::make_unique<RoutePredictor>();
             if (opt_.drop_cold == 0) hook_->enable_prefetch(predictor_.get());
             // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
@@ -722,6 +717,11 @@ private:
         s->prefetch_wait_s = streamer_->total().prefetch_wait_s;
     }
     bool prefetch_on() const { return predictor_ != nullptr && opt_.drop_cold == 0; }
+    // --prefetch asked for, a worker lane to read the tail and no --route-trace (make_store:
+    // it also needs the cache). The budget's estimate and the predictor follow the same rule.
+    bool prefetch_possible() const {
+        return opt_.prefetch && lanes_.n_lanes() > 1 && opt_.route_trace.empty();
+    }
 
     // The per-token figures of the decode step that just ran (streaming counters, if any).
     TokenStats step_stats(int32_t token, double decode_s) const {

@@ -60,6 +60,11 @@ public:
     void score(uint32_t il, const int32_t * ids, int k);
     const PredictCounters & counters() const { return c_; }
     uint64_t copy_bytes() const;  // RAM held by the int8 router copies
+    // What copy_bytes() reaches once every MoE layer has been guessed: an int8 row and a
+    // float scale per expert and layer.
+    static uint64_t copy_bytes_for(uint64_t n_moe_layers, uint64_t n_expert, uint64_t n_embd) {
+        return n_moe_layers * n_expert * (n_embd + sizeof(float));
+    }
 
 private:
     struct Layer {

@@ -34,6 +34,7 @@
 #include "page_layout.h"
 #include "page_pool.h"
 #include "residency.h"
+#include "sysinfo.h"
 
 namespace moestream {
 namespace {
@@ -248,8 +249,7 @@ Status LruCache::init() {
         return Status::Usage("expert cache budget must be > 0 (use the shared slots for 0)");
     if (index_.moe_layers.empty())
         return Status::BadModel(index_.path + ": no MoE layers to cache");
-    const long ps = sysconf(_SC_PAGESIZE);
-    page_ = ps > 0 ? uint64_t(ps) : 4096;
+    page_ = system_page_bytes();
 
     // Shapes: one expert count per layer, slices consistent with the tensor size.
     uint64_t max_experts = 0, min_expert_bytes = UINT64_MAX;

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -48,6 +49,11 @@ uint64_t mapped_bytes_of_file(const std::string & path) {
             total += hi - lo;
     }
     return total;
+}
+
+uint64_t system_page_bytes() {
+    const long ps = sysconf(_SC_PAGESIZE);
+    return ps > 0 ? uint64_t(ps) : 4096;
 }
 
 uint64_t current_rss_bytes() { return status_kb("VmRSS:") * 1024; }

@@ -11,6 +11,9 @@ namespace moestream {
 // Bytes of this process's address space that map the file at `path` now (the sum of the
 // /proc/self/maps ranges with the file's device and inode); 0 when none or unreadable.
 uint64_t mapped_bytes_of_file(const std::string & path);
+// The system page size (sysconf), 4096 if it cannot be read: the expert cache's commit
+// granularity.
+uint64_t system_page_bytes();
 uint64_t current_rss_bytes();
 uint64_t peak_rss_bytes();      // VmHWM
 uint64_t major_faults();        // this process, from getrusage

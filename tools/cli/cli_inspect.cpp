@@ -2,8 +2,6 @@
 // validated index (src/gguf_index.h): shapes, expert vs dense bytes, one token's routed
 // working set, how the expert slices sit in the file for O_DIRECT, and the cache sizes
 // worth using. See docs/inspect.md for every field.
-#include <unistd.h>
-
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -18,6 +16,7 @@
 #include "cli.h"
 #include "ggml.h"
 #include "gguf_index.h"
+#include "sysinfo.h"
 
 namespace moestream::cli {
 
@@ -116,9 +115,7 @@ Report make_report(const ModelIndex & m) {
     r.cache_min_mib = (r.cache_min_bytes + kMiB - 1) / kMiB;
     // What the cache needs to hold every expert (pool chunks, system pages): a budget of this
     // many MiB holds them all (the bench's `all-experts` cell uses it).
-    const long page = sysconf(_SC_PAGESIZE);
-    r.cache_all_mib =
-        (cache_bytes_for_all_experts(m, page > 0 ? uint64_t(page) : 4096) + kMiB - 1) / kMiB;
+    r.cache_all_mib = (cache_bytes_for_all_experts(m, system_page_bytes()) + kMiB - 1) / kMiB;
     return r;
 }
 
