@@ -119,39 +119,57 @@ long IoLanes::do_pread(int lane, void * buf, size_t len, uint64_t off) {
     return do_preadv(lane, &v, 1, off);
 }
 
-int IoLanes::read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err) {
-    const uint64_t a = align_;
+bool InPlaceRead::plan(const ReadRequest & r, uint64_t a, InPlaceRead * out) {
     const uint64_t off = r.file_offset;
-    if (!direct_ || !in_place_ || r.len == 0 || reinterpret_cast<uintptr_t>(r.dest) % a != off % a)
-        return 0;
-    if (r.len > UINT64_MAX - off - 2 * a) return 0;  // the bounce path reports the bad range
+    if (r.len == 0 || reinterpret_cast<uintptr_t>(r.dest) % a != off % a) return false;
+    if (r.len > UINT64_MAX - off - 2 * a) return false;  // the bounce path reports the bad range
     const uint64_t end = off + r.len;
     const uint64_t body0 = round_up(off, a), body1 = round_down(end, a);
-    if (body1 <= body0) return 0;  // no whole aligned block inside: nothing to gain
-    const uint64_t io_off = round_down(off, a), io_end = round_up(end, a);
-    Lane & l = lanes_[lane];
-    uint8_t * dest = static_cast<uint8_t *>(r.dest);
-    struct iovec iov[3];
+    if (body1 <= body0) return false;  // no whole aligned block inside: nothing to gain
+    out->io_off = round_down(off, a);
+    out->io_len = round_up(end, a) - out->io_off;
+    out->head = body0 - off;
+    out->tail = end - body1;
+    return true;
+}
+
+int InPlaceRead::iov(const ReadRequest & r, uint8_t * bounce, uint64_t a,
+                     struct iovec iov[3]) const {
     int n = 0;
-    if (body0 > off) iov[n++] = {l.bounce, a};         // head block: the slice starts inside
-    iov[n++] = {dest + (body0 - off), body1 - body0};  // aligned, because dest ≡ off (mod a)
-    if (io_end > end) iov[n++] = {l.bounce + a, a};    // tail block: the slice ends inside
+    if (head) iov[n++] = {bounce, a};  // head block: the slice starts inside
+    // aligned, because dest ≡ off (mod a)
+    iov[n++] = {static_cast<uint8_t *>(r.dest) + head, r.len - head - tail};
+    if (tail) iov[n++] = {bounce + a, a};  // tail block: the slice ends inside
+    return n;
+}
+
+void InPlaceRead::copy_ends(const ReadRequest & r, const uint8_t * bounce, uint64_t a) const {
+    uint8_t * dest = static_cast<uint8_t *>(r.dest);
+    if (head) std::memcpy(dest, bounce + (r.file_offset - io_off), head);
+    if (tail) std::memcpy(dest + (r.len - tail), bounce + a, tail);
+}
+
+int IoLanes::read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err) {
+    InPlaceRead p;
+    if (!direct_ || !in_place_ || !InPlaceRead::plan(r, align_, &p)) return 0;
+    Lane & l = lanes_[lane];
+    struct iovec iov[3];
+    const int n = p.iov(r, l.bounce, align_, iov);
     long got;
-    do got = do_preadv(lane, iov, n, io_off);
+    do got = do_preadv(lane, iov, n, p.io_off);
     while (got < 0 && errno == EINTR);
     if (got < 0) {
         const int e = errno;
-        std::memset(dest, 0, r.len);
-        *err = Status::Runtime(path_ + ": read failed at offset " + std::to_string(io_off) +
-                               " length " + std::to_string(io_end - io_off) + " (slice at offset " +
-                               std::to_string(off) + ", " + std::to_string(r.len) +
+        std::memset(r.dest, 0, r.len);
+        *err = Status::Runtime(path_ + ": read failed at offset " + std::to_string(p.io_off) +
+                               " length " + std::to_string(p.io_len) + " (slice at offset " +
+                               std::to_string(r.file_offset) + ", " + std::to_string(r.len) +
                                " bytes): " + errno_text(e));
         return -1;
     }
     *transferred += static_cast<uint64_t>(got);
-    if (static_cast<uint64_t>(got) < io_end - io_off) return 0;  // short: redo via the bounce path
-    if (body0 > off) std::memcpy(dest, l.bounce + (off - io_off), body0 - off);
-    if (io_end > end) std::memcpy(dest + (body1 - off), l.bounce + a, end - body1);
+    if (static_cast<uint64_t>(got) < p.io_len) return 0;  // short: redo via the bounce path
+    p.copy_ends(r, l.bounce, align_);
     return 1;
 }
 

@@ -37,6 +37,8 @@
 // read_batch); the batch vector must stay alive and unchanged until finish() returns.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -58,6 +60,23 @@ struct ReadRequest {
     // Needed only by a later matmul of the layer (the down projection): may still be in
     // flight while the first matmuls (gate, up) compute (streamer.h, "Overlap").
     bool late = false;
+};
+
+// How one request is read in place with O_DIRECT (above, "Reads straight into the
+// destination"): the aligned file range [io_off, io_off + io_len) in one vectored read of up
+// to three parts: the head block into the first of two bounce blocks when the slice starts
+// inside it, the aligned body straight into the destination, the tail block into the second
+// bounce block when the slice ends inside it. IoLanes and UringTail both read this way.
+struct InPlaceRead {
+    uint64_t io_off = 0, io_len = 0;  // the aligned file range read
+    uint64_t head = 0, tail = 0;      // slice bytes that arrive in the head / tail bounce block
+    // False when r cannot be read in place with alignment a: empty, destination not congruent
+    // to the file offset mod a, a range that would overflow, or no whole aligned block inside.
+    static bool plan(const ReadRequest & r, uint64_t a, InPlaceRead * out);
+    // The parts for `bounce` (2 x a bytes, a-aligned) into iov[0..n); returns n (1..3).
+    int iov(const ReadRequest & r, uint8_t * bounce, uint64_t a, struct iovec iov[3]) const;
+    // After the read: copies the head and tail bytes from `bounce` into r.dest.
+    void copy_ends(const ReadRequest & r, const uint8_t * bounce, uint64_t a) const;
 };
 
 struct IoBatchStats {

@@ -21,15 +21,6 @@ struct UringTail::Impl {
     std::thread::id owner;  // the thread that made the ring (single issuer)
 };
 
-namespace {
-uint64_t round_down(uint64_t v, uint64_t a) {
-    return v - v % a;
-}
-uint64_t round_up(uint64_t v, uint64_t a) {
-    return round_down(v + a - 1, a);
-}
-}  // namespace
-
 std::unique_ptr<UringTail> UringTail::create(const std::string & path, uint64_t align,
                                              std::string * why) {
     std::unique_ptr<UringTail> u(new UringTail());
@@ -92,34 +83,21 @@ bool UringTail::submit(const std::vector<ReadRequest> & reqs, size_t first) {
     pending_.clear();
     iov_.clear();
     for (size_t i = first; i < reqs.size(); ++i) {
-        const ReadRequest & r = reqs[i];
-        const uint64_t off = r.file_offset;
-        if (r.len == 0 || reinterpret_cast<uintptr_t>(r.dest) % a != off % a ||
-            r.len > UINT64_MAX - off - 2 * a)
-            return false;
-        const uint64_t end = off + r.len;
-        const uint64_t body0 = round_up(off, a), body1 = round_down(end, a);
-        if (body1 <= body0) return false;
         Pending p;
-        p.r = r;
-        p.io_off = round_down(off, a);
-        p.expect = round_up(end, a) - p.io_off;
-        p.head = body0 - off;
-        p.tail = end - body1;
+        p.r = reqs[i];
+        if (!InPlaceRead::plan(p.r, a, &p.span)) return false;
         pending_.push_back(p);
     }
     if (impl_->owner != std::this_thread::get_id() && !setup_ring()) return false;
     for (size_t k = 0; k < pending_.size(); ++k) {
         const Pending & p = pending_[k];
-        uint8_t * dest = static_cast<uint8_t *>(p.r.dest);
-        uint8_t * b = bounce_ + 2 * k * a;
         const size_t at = iov_.size();
-        if (p.head) iov_.push_back({b, a});
-        iov_.push_back({dest + p.head, p.r.len - p.head - p.tail});
-        if (p.tail) iov_.push_back({b + a, a});
+        struct iovec parts[3];
+        const int n = p.span.iov(p.r, bounce_ + 2 * k * a, a, parts);
+        iov_.insert(iov_.end(), parts, parts + n);
         io_uring_sqe * sqe = io_uring_get_sqe(&impl_->ring);
         if (sqe == nullptr) return false;  // (cannot happen: entries >= kMaxRequests)
-        io_uring_prep_readv(sqe, fd_, &iov_[at], unsigned(iov_.size() - at), p.io_off);
+        io_uring_prep_readv(sqe, fd_, &iov_[at], unsigned(n), p.span.io_off);
         io_uring_sqe_set_data64(sqe, k);
     }
     const int rc = io_uring_submit(&impl_->ring);
@@ -162,7 +140,7 @@ Status UringTail::reap(IoBatchStats * stats) {
         const Pending & p = pending_[k];
         // At the end of the file the aligned range reaches past it: only the slice's own bytes
         // must have come (as in IoLanes).
-        const uint64_t need = p.r.file_offset + p.r.len - p.io_off;
+        const uint64_t need = p.r.file_offset + p.r.len - p.span.io_off;
         if (res < 0 || uint64_t(res) < need) {
             failed[k] = 1;
             if (err.ok())
@@ -175,10 +153,7 @@ Status UringTail::reap(IoBatchStats * stats) {
             continue;
         }
         bytes += uint64_t(res);
-        uint8_t * dest = static_cast<uint8_t *>(p.r.dest);
-        const uint8_t * b = bounce_ + 2 * k * align_;
-        if (p.head) std::memcpy(dest, b + (p.r.file_offset - p.io_off), p.head);
-        if (p.tail) std::memcpy(dest + (p.r.len - p.tail), b + align_, p.tail);
+        p.span.copy_ends(p.r, bounce_ + 2 * k * align_, align_);
     }
     for (size_t k = 0; k < pending_.size(); ++k)
         if (failed[k]) std::memset(pending_[k].r.dest, 0, pending_[k].r.len);

@@ -65,9 +65,8 @@ private:
     uint8_t * bounce_ = nullptr;  // kMaxRequests x 2 blocks: each request's head and tail
     size_t n_ = 0;                // reads in flight
     struct Pending {
-        ReadRequest r;  // a copy: the caller's vector may go (its destinations may not)
-        uint64_t io_off = 0, expect = 0;  // the aligned range read
-        uint64_t head = 0, tail = 0;      // bytes to copy from the bounce blocks
+        ReadRequest r;     // a copy: the caller's vector may go (its destinations may not)
+        InPlaceRead span;  // how it is read (io_lanes.h)
     };
     std::vector<Pending> pending_;
     std::vector<struct iovec> iov_;  // 3 per request, alive until reap()
