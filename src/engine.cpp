@@ -158,15 +158,15 @@ public:
             st = lanes_.open(index_.path, opt.io_threads, opt.odirect, max_slice);
             lanes_.set_in_place(opt.io_in_place);
             if (!st.ok()) return st;
-            // MOESTREAM_DEBUG_IO_FAULT (env, read here; tests only): see io_faults.h.
+            // MOESTREAM_DEBUG_IO_FAULT (env, read here; tests only): see io_faults.h. Parsed
+            // now (a bad value fails before loading); the hook goes in once the dense
+            // weights are read (make_store), so faults hit the expert reads it counts.
             const char * fault = std::getenv("MOESTREAM_DEBUG_IO_FAULT");
             if (fault != nullptr && *fault != '\0') {
                 st = parse_io_fault(fault, &fault_plan_);
                 if (st.ok()) st = check_io_fault_lanes(fault_plan_, lanes_.n_lanes());
                 if (!st.ok()) return st;
-                lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
-                MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)",
-                            fault);
+                fault_env_ = fault;
             }
             st = load_model_streaming(index_, mp, &lm_);
             if (!st.ok()) return st;
@@ -273,6 +273,15 @@ public:
             hook_->enable_drop_cold(dc, n_layer);
         }
         binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
+        // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
+        st = binder_->read_dense(&lanes_);
+        if (!st.ok()) return st;
+        stats_.dense_read_s = binder_->dense_read_s();
+        if (!fault_env_.empty()) {
+            lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
+            MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)",
+                        fault_env_.c_str());
+        }
         // Overlap of down reads with gate/up compute needs a worker lane, and stays off under
         // --cache-debug, whose check must see every slice before the layer's first matmul.
         overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
@@ -748,6 +757,7 @@ private:
     LoadedModel lm_;
     std::unique_ptr<ResidencyStore> store_;
     IoFaultPlan fault_plan_;  // before lanes_: the lanes' threads may use it until joined
+    std::string fault_env_;   // MOESTREAM_DEBUG_IO_FAULT, installed after the dense reads
     IoLanes lanes_;
     std::unique_ptr<WeightBinder> binder_;
     bool bind_checked_ = false;

@@ -1,8 +1,8 @@
 // io_faults.h — deterministic I/O fault injection for the tests (docs/reliability.md).
 //
 // MOESTREAM_DEBUG_IO_FAULT (env, read by the engine when streaming starts) installs a read
-// hook on the I/O lanes. The value is KIND[,lane=L][,p=P][,seed=S]. KIND (N counts read
-// calls (pread/preadv) from 1):
+// hook on the I/O lanes once the dense weights are read (so N counts expert reads). The value is
+// KIND[,lane=L][,p=P][,seed=S]. KIND (N counts read calls (pread/preadv) from 1):
 //   short          a read returns at most half of what was asked (then the rest)
 //   eintr          a read fails once with EINTR (without p=: every other read)
 //   eio            a read fails with EIO (needs p=)

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 
@@ -75,12 +76,68 @@ WeightBinder::WeightBinder(const ModelIndex & index, ResidencyStore * store, con
             experts_.push_back({index.moe_layers[sl].tensors[t].name, {sl, t}});
     }
     std::sort(experts_.begin(), experts_.end());
-    fd_ = ::open(index.path.c_str(), O_RDONLY | O_CLOEXEC);
 }
 
 WeightBinder::~WeightBinder() {
-    for (void * p : heap_) std::free(p);
-    if (fd_ >= 0) ::close(fd_);
+    for (auto & [off, c] : dense_) std::free(c.alloc);
+}
+
+Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const uint64_t a = std::max<uint64_t>(lanes->dio_alignment(), 64);
+    const uint64_t chunk = std::max<uint64_t>(chunk_bytes / a * a, a);
+    std::vector<ReadRequest> reqs;
+    for (const TensorInfo & ti : index_.tensors) {
+        if (index_.expert_tensor_names.count(ti.name) || ti.nbytes == 0) continue;
+        if (dense_.count(ti.file_offset)) continue;  // read once
+        const uint64_t phase = ti.file_offset % a;
+        uint64_t alloc_bytes = 0;
+        if (__builtin_add_overflow(ti.nbytes, phase, &alloc_bytes))
+            return Status::BadModel(index_.path + ": tensor '" + ti.name + "' is too large");
+        DenseCopy c;
+        if (posix_memalign(&c.alloc, std::max<uint64_t>(a, 4096), alloc_bytes) != 0)
+            return Status::Runtime("cannot allocate " + std::to_string(alloc_bytes) +
+                                   " bytes for weight '" + ti.name + "'");
+        c.data = static_cast<uint8_t *>(c.alloc) + phase;
+        c.nbytes = ti.nbytes;
+        dense_.emplace(ti.file_offset, c);
+        // Split at multiples of `chunk` in the file: every request but a tensor's first starts
+        // aligned, so each is read in place (io_lanes.h) and the lanes share the big ones.
+        const uint64_t end = ti.file_offset + ti.nbytes;  // validated by the index: no overflow
+        for (uint64_t at = ti.file_offset; at < end;) {
+            const uint64_t next = std::min<uint64_t>(end, (at / chunk + 1) * chunk);
+            ReadRequest r;
+            r.file_offset = at;
+            r.len = next - at;
+            r.dest = c.data + (at - ti.file_offset);
+            reqs.push_back(r);
+            at = next;
+        }
+    }
+    IoBatchStats stats;
+    Status st = lanes->read_batch(reqs, &stats);
+    if (!st.ok()) return st;
+    if (!lanes->direct()) {
+        // Buffered lanes: drop what the reads left in the page cache (the copies hold it).
+        const int fd = ::open(index_.path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            for (const auto & [off, c] : dense_)
+                posix_fadvise(fd, off_t(off), off_t(c.nbytes), POSIX_FADV_DONTNEED);
+            ::close(fd);
+        }
+    }
+    dense_read_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    MS_LOG_INFO("read %zu dense weights (%.1f MiB) in %.2f s with %d lane(s)%s", dense_.size(),
+                double(stats.bytes_read) / (1 << 20), dense_read_s_, lanes->n_lanes(),
+                lanes->direct() ? ", O_DIRECT" : "");
+    return Status::Ok();
+}
+
+const void * WeightBinder::dense_copy(const std::string & name) const {
+    const TensorInfo * ti = index_.find_tensor(name);
+    if (ti == nullptr) return nullptr;
+    auto it = dense_.find(ti->file_offset);
+    return it == dense_.end() ? nullptr : it->second.data;
 }
 
 bool WeightBinder::in_map(const void * p) const {
@@ -127,20 +184,14 @@ Status WeightBinder::bind_root(ggml_tensor * g) {
         MS_LOG_DEBUG("bound expert tensor %s", g->name);
         return Status::Ok();
     }
-    // A dense weight: one heap copy, read from the file (never through the mapping).
-    void * p = nullptr;
-    if (posix_memalign(&p, 64, nbytes ? nbytes : 1) != 0)
-        return Status::Runtime("cannot allocate " + std::to_string(nbytes) + " bytes for weight '" +
-                               g->name + "'");
-    Status st = read_exact_at(fd_, index_.path, p, nbytes, ti->file_offset);
-    if (!st.ok()) {
-        std::free(p);
-        return st;
-    }
-    posix_fadvise(fd_, off_t(ti->file_offset), off_t(nbytes), POSIX_FADV_DONTNEED);
-    heap_.push_back(p);
-    g->data = p;
-    dense_bytes_ += nbytes;
+    // A dense weight: its heap copy from read_dense (never read through the mapping).
+    auto d = dense_.find(off);
+    if (d == dense_.end())
+        return Status::Runtime(std::string("weight '") + g->name +
+                               "' was not read at load (read_dense not called?)");
+    g->data = d->second.data;
+    if (!d->second.bound) dense_bytes_ += nbytes;
+    d->second.bound = true;
     return Status::Ok();
 }
 
@@ -153,8 +204,19 @@ Status WeightBinder::finish() {
                 return Status::Runtime("expert tensor '" + index_.moe_layers[sl].tensors[t].name +
                                        "' was not used by llama.cpp's graph (unsupported architecture "
                                        "for streaming?)");
+    // Copies of weights no node used (none on the supported architectures) go.
+    for (auto it = dense_.begin(); it != dense_.end();) {
+        if (it->second.bound) {
+            ++it;
+            continue;
+        }
+        MS_LOG_DEBUG("dense weight at file offset %llu unused by the graph: freed",
+                     (unsigned long long)it->first);
+        std::free(it->second.alloc);
+        it = dense_.erase(it);
+    }
     // Nothing points into the mapping any more, and nothing was read through it (dense weights
-    // were copied with pread). No madvise on the mapping's range: llama.cpp unmaps unused
+    // were read by the lanes). No madvise on the mapping's range: llama.cpp unmaps unused
     // fragments after load and other allocations (the KV cache) can live in those holes.
     MS_LOG_INFO("bound %zu expert tensors; %.1f MiB of dense weights copied to RAM", n_expert_bound_,
                 double(dense_bytes_) / (1 << 20));

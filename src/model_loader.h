@@ -8,12 +8,18 @@
 // file is mapped without MAP_POPULATE / WILLNEED, so loading reads only metadata. All
 // tensors then point into the file mapping and nothing has been read.
 //
+// Dense weights are read at load (WeightBinder::read_dense): every tensor of the file that is
+// not an expert tensor gets its own heap copy, filled by the I/O lanes in parallel, O_DIRECT
+// straight into the copy (io_lanes.h), so dense weights end up resident in anonymous memory,
+// not in the page cache. (Until stop 17 each was read on the first graph with one buffered
+// pread on the compute thread: ~5 s of the 30B preset's time to first token, spent copying
+// out of the page cache and zero-filling the copy's pages one after the other.)
+//
 // Binding happens on the first graph (llama.cpp keeps no public tensor lookup): the router
 // hook hands every node's operands to WeightBinder::bind in ask mode, which runs before the
 // node computes. A weight that points into the mapping is rebound: an expert tensor to the
-// residency store (never read here), any other weight to a heap copy (read once from the
-// file with checked reads; dense weights end up resident in anonymous memory, not in the
-// page cache). Views of a rebound weight are re-pointed. After the first graph nothing points
+// residency store (never read here), any other weight to its heap copy. Views of a rebound
+// weight are re-pointed. After the first graph nothing points
 // into the mapping: finish() checks that every expert tensor of the index was bound. (Weights
 // are recognised by name and file offset, not by address alone: llama.cpp unmaps unused
 // fragments of the mapping after load, and other allocations can land in those holes.)
@@ -23,10 +29,12 @@
 // Thread-safety: not reentrant per model; distinct models are independent.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "gguf_index.h"
+#include "io_lanes.h"
 #include "residency.h"
 #include "status.h"
 
@@ -49,13 +57,24 @@ Status load_model_resident(const ModelIndex & index, const llama_model_params & 
 Status load_model_streaming(const ModelIndex & index, const llama_model_params & params,
                             LoadedModel * out);
 // Rebinds llama.cpp's weights off the file mapping, lazily, from the first graph.
-// Thread-safety: used from the llama_decode thread only.
+// Thread-safety: used from the llama_decode thread only (read_dense: from the thread that
+// drives the lanes, before the first graph).
 class WeightBinder {
 public:
     WeightBinder(const ModelIndex & index, ResidencyStore * store, const LoadedModel & lm);
     ~WeightBinder();
     WeightBinder(const WeightBinder &) = delete;
     WeightBinder & operator=(const WeightBinder &) = delete;
+
+    // Reads every non-expert tensor of the index into its heap copy with `lanes` (requests of
+    // at most chunk_bytes, split at aligned file offsets; the copy has the file offset's
+    // phase modulo the lanes' alignment, so the body is read in place). Call once, before the
+    // first graph. A read error is returned as the lanes report it (file, offset, errno).
+    static constexpr uint64_t kDenseChunkBytes = 4ull << 20;
+    Status read_dense(IoLanes * lanes, uint64_t chunk_bytes = kDenseChunkBytes);
+    // The heap copy of a dense weight, or null (not read, or freed by finish()).
+    const void * dense_copy(const std::string & name) const;
+    double dense_read_s() const { return dense_read_s_; }  // wall time of read_dense
 
     // True until finish(): the hook hands every node's operands to bind().
     bool active() const { return !finished_; }
@@ -76,11 +95,17 @@ private:
     ResidencyStore * store_;
     uint8_t * map_addr_;
     size_t map_len_;
-    int fd_ = -1;
     std::vector<std::pair<std::string, std::pair<size_t, size_t>>> experts_;  // sorted by name
     std::vector<std::vector<bool>> expert_bound_;                             // [slot][t]
-    std::vector<void *> heap_;                                                // dense copies
-    uint64_t dense_bytes_ = 0;
+    struct DenseCopy {
+        void * alloc = nullptr;    // posix_memalign'ed block (freed with std::free)
+        uint8_t * data = nullptr;  // the weight's bytes: alloc + file offset mod the alignment
+        uint64_t nbytes = 0;
+        bool bound = false;  // a graph tensor points at it
+    };
+    std::map<uint64_t, DenseCopy> dense_;  // by file offset
+    uint64_t dense_bytes_ = 0;             // bytes of bound copies
+    double dense_read_s_ = 0;
     size_t n_expert_bound_ = 0;
     bool finished_ = false;
 };

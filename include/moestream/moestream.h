@@ -82,7 +82,8 @@ struct TokenStats {
 };
 
 struct RunStats {
-    double load_s = 0;  // model load + bind
+    double load_s = 0;        // model load, dense weights read (dense_read_s), cache set up
+    double dense_read_s = 0;  // of load_s: reading the dense weights with the lanes (streaming)
     double prefill_s = 0;
     double decode_s = 0;
     int n_prompt = 0;

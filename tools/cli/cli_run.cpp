@@ -34,6 +34,7 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["n_prompt"] = s.n_prompt;
     j["n_generated"] = s.n_generated;
     j["load_s"] = s.load_s;
+    j["dense_read_s"] = s.dense_read_s;
     j["ttft_s"] = s.ttft_s;
     j["prefill_s"] = s.prefill_s;
     j["prefill_tok_s"] = s.prefill_tok_s;
