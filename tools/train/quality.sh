@@ -46,3 +46,7 @@ for which in trained synth; do
 done
 rm -f "$out"/trace-*.trace "$synth"  # large and reproducible
 echo "quality.sh: wrote $out"
+# The tables of docs/quality.md come from these files (the prose around them is by hand).
+if [ "$out" = "$repo/docs/quality" ]; then
+  python3 "$repo/tools/train/quality_tables.py" --doc "$repo/docs/quality.md" --dir "$out"
+fi
