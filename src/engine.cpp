@@ -221,9 +221,9 @@ public:
 
     // Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
     Status make_store() {
-        // Besides cached experts the run needs: dense weights (copied to RAM on the first
-        // graph), compute buffers not yet touched (estimate: logits and activations of one
-        // batch), one layer's routed set above the budget, and when prefetch can run the
+        // Besides cached experts the run needs: dense weights (read into RAM below, once the
+        // budget is chosen), compute buffers not yet touched (estimate: logits and activations of
+        // one batch), one layer's routed set above the budget, and when prefetch can run the
         // predictor's int8 router copies (12 MiB on the 30B preset).
         uint64_t max_layer_set = 0;
         for (const auto & L : index_.moe_layers)

@@ -1,4 +1,5 @@
-// io_lanes.h — parallel, checked reads of expert slices from the model file.
+// io_lanes.h — parallel, checked reads from the model file: expert slices (the streamer) and,
+// at load, the dense weights (WeightBinder::read_dense).
 //
 // IoLanes owns N lanes. Each lane has a private file descriptor (O_DIRECT unless refused or
 // disabled) and a private aligned bounce buffer; lane 0 is the calling thread, lanes 1..N-1

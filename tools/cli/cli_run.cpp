@@ -222,7 +222,8 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
         "--no-mmap", [opt](int64_t) { opt->resident_mmap = false; },
         "with --no-stream: read every tensor into memory at load instead of mapping "
         "the file (no first-touch cost in the first decodes)");
-    sub->add_option("--io-threads", opt->io_threads, "parallel read lanes (calling thread included)")
+    sub->add_option("--io-threads", opt->io_threads,
+                    "parallel read lanes (calling thread included; default 4)")
         ->check(CLI::Range(1, 64));
     sub->add_flag("--no-odirect", [opt](int64_t) { opt->odirect = false; },
                   "buffered reads instead of O_DIRECT");
