@@ -12,8 +12,17 @@
 # Needs root (drop_caches, the cgroup). Env: MODEL (default: the bench's repeating-output
 # 30B model in /var/tmp/moestream-models), CGROUP, OUT (default /tmp/ttft-ab).
 set -eu
+usage="usage: bench/ttft-ab.sh OLD_BIN NEW_BIN [REPS] [CACHE_MB|auto ...]"
+[ $# -ge 2 ] || { echo "$usage" >&2; exit 64; }
 old="$1"; new="$2"; reps="${3:-2}"; shift 2; [ $# -gt 0 ] && shift
 caches=("$@"); [ ${#caches[@]} -eq 0 ] && caches=(0 6000)
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "ttft-ab: REPS must be a positive integer, not '$reps'" >&2; exit 64; }
+for c in "${caches[@]}"; do
+  [[ "$c" =~ ^([0-9]+|auto)$ ]] || { echo "ttft-ab: bad cache budget '$c' (MiB or auto)" >&2; exit 64; }
+done
+for b in "$old" "$new"; do
+  [ -x "$b" ] || { echo "ttft-ab: $b is not an executable" >&2; exit 64; }
+done
 here="$(cd "$(dirname "$0")" && pwd)"
 model="${MODEL:-/var/tmp/moestream-models/qwen3-30b-a3b-qwen3moe-q4_k-g0.65.gguf}"
 cg="${CGROUP:-/sys/fs/cgroup/memory/ms8g}"
@@ -21,6 +30,10 @@ out="${OUT:-/tmp/ttft-ab}"
 mkdir -p "$out"
 [ -f "$model" ] || { echo "ttft-ab: no model at $model (set MODEL)" >&2; exit 2; }
 procs="-"; [ "$cg" != "-" ] && procs="$cg/cgroup.procs"
+if [ "$procs" != "-" ] && [ ! -w "$procs" ]; then
+  echo "ttft-ab: cannot write $procs (a cgroups v1 memory group, as root; CGROUP=- for none)" >&2
+  exit 2
+fi
 rows="$out/rows.tsv"; : > "$rows"
 for r in $(seq 1 "$reps"); do
   for c in "${caches[@]}"; do
@@ -48,7 +61,7 @@ import statistics, sys
 rows = [l.split("\t") for l in open(sys.argv[1]).read().splitlines()]
 print("binary\tcache_mb\truns\tload_s\tdense_read_s\tttft_s (each)\tsys_s")
 for which in ("old", "new"):
-    for c in sorted({r[1] for r in rows}, key=int):
+    for c in sorted({r[1] for r in rows}, key=lambda c: (c == "auto", int(c) if c.isdigit() else 0)):
         sel = [r for r in rows if r[0] == which and r[1] == c]
         med = lambda i: statistics.median(float(r[i]) for r in sel)
         print(f"{which}\t{c}\t{len(sel)}\t{med(3):.2f}\t{med(4):.2f}\t{med(5):.2f} "

@@ -9,7 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "file_io.h"
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
@@ -82,12 +81,38 @@ WeightBinder::~WeightBinder() {
     for (auto & [off, c] : dense_) std::free(c.alloc);
 }
 
-Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes) {
+Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t batch_limit) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t a = std::max<uint64_t>(lanes->dio_alignment(), 64);
     const uint64_t chunk = std::max<uint64_t>(chunk_bytes / a * a, a);
     std::vector<ReadRequest> reqs;
+    uint64_t batch_bytes = 0, batch_first = UINT64_MAX, batch_end = 0;
+    int fadvise_fd = -1;
+    // Reads the requests gathered so far. Buffered lanes (O_DIRECT refused or off) leave the
+    // bytes in the page cache too: drop each batch's range once its copies hold it, so the
+    // page cache never holds more than one batch of dense weights.
+    auto flush = [&]() -> Status {
+        if (reqs.empty()) return Status::Ok();
+        IoBatchStats bs;
+        Status st = lanes->read_batch(reqs, &bs);
+        dense_stats_.bytes_read += bs.bytes_read;
+        dense_stats_.reads += bs.reads;
+        dense_stats_.direct_reads += bs.direct_reads;
+        if (st.ok() && !lanes->direct()) {
+            if (fadvise_fd < 0) fadvise_fd = ::open(index_.path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (fadvise_fd >= 0)
+                posix_fadvise(fadvise_fd, off_t(batch_first), off_t(batch_end - batch_first),
+                              POSIX_FADV_DONTNEED);
+        }
+        reqs.clear();
+        batch_bytes = 0;
+        batch_first = UINT64_MAX;
+        batch_end = 0;
+        return st;
+    };
+    Status st = Status::Ok();
     for (const TensorInfo & ti : index_.tensors) {
+        if (!st.ok()) break;
         if (index_.expert_tensor_names.count(ti.name) || ti.nbytes == 0) continue;
         if (dense_.count(ti.file_offset)) continue;  // read once
         const uint64_t phase = ti.file_offset % a;
@@ -111,21 +136,20 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes) {
             r.len = next - at;
             r.dest = c.data + (at - ti.file_offset);
             reqs.push_back(r);
+            batch_bytes += r.len;
+            batch_first = std::min(batch_first, at);
+            batch_end = std::max(batch_end, next);
             at = next;
+            if (batch_bytes >= batch_limit) {
+                st = flush();
+                if (!st.ok()) break;
+            }
         }
     }
-    IoBatchStats stats;
-    Status st = lanes->read_batch(reqs, &stats);
+    if (st.ok()) st = flush();
+    if (fadvise_fd >= 0) ::close(fadvise_fd);
     if (!st.ok()) return st;
-    if (!lanes->direct()) {
-        // Buffered lanes: drop what the reads left in the page cache (the copies hold it).
-        const int fd = ::open(index_.path.c_str(), O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            for (const auto & [off, c] : dense_)
-                posix_fadvise(fd, off_t(off), off_t(c.nbytes), POSIX_FADV_DONTNEED);
-            ::close(fd);
-        }
-    }
+    const IoBatchStats & stats = dense_stats_;
     dense_read_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MS_LOG_INFO("read %zu dense weights (%.1f MiB) in %.2f s with %d lane(s)%s", dense_.size(),
                 double(stats.bytes_read) / (1 << 20), dense_read_s_, lanes->n_lanes(),
@@ -185,6 +209,11 @@ Status WeightBinder::bind_root(ggml_tensor * g) {
         return Status::Ok();
     }
     // A dense weight: its heap copy from read_dense (never read through the mapping).
+    if (nbytes == 0) {  // nothing to read or copy; any valid address will do
+        static uint64_t empty_weight[8];
+        g->data = empty_weight;
+        return Status::Ok();
+    }
     auto d = dense_.find(off);
     if (d == dense_.end())
         return Status::Runtime(std::string("weight '") + g->name +

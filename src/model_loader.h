@@ -71,10 +71,15 @@ public:
     // phase modulo the lanes' alignment, so the body is read in place). Call once, before the
     // first graph. A read error is returned as the lanes report it (file, offset, errno).
     static constexpr uint64_t kDenseChunkBytes = 4ull << 20;
-    Status read_dense(IoLanes * lanes, uint64_t chunk_bytes = kDenseChunkBytes);
+    // Requests are read in batches of about this many bytes (the buffered fallback drops
+    // each batch from the page cache once read).
+    static constexpr uint64_t kDenseBatchBytes = 256ull << 20;
+    Status read_dense(IoLanes * lanes, uint64_t chunk_bytes = kDenseChunkBytes,
+                      uint64_t batch_bytes = kDenseBatchBytes);
     // The heap copy of a dense weight, or null (not read, or freed by finish()).
     const void * dense_copy(const std::string & name) const;
     double dense_read_s() const { return dense_read_s_; }  // wall time of read_dense
+    const IoBatchStats & dense_read_stats() const { return dense_stats_; }  // its reads
 
     // True until finish(): the hook hands every node's operands to bind().
     bool active() const { return !finished_; }
@@ -106,6 +111,7 @@ private:
     std::map<uint64_t, DenseCopy> dense_;  // by file offset
     uint64_t dense_bytes_ = 0;             // bytes of bound copies
     double dense_read_s_ = 0;
+    IoBatchStats dense_stats_;
     size_t n_expert_bound_ = 0;
     bool finished_ = false;
 };
