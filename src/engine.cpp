@@ -166,7 +166,8 @@ public:
                 st = parse_io_fault(fault, &fault_plan_);
                 if (st.ok()) st = check_io_fault_lanes(fault_plan_, lanes_.n_lanes());
                 if (!st.ok()) return st;
-                fault_env_ = fault;
+                MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)",
+                            fault);
             }
             st = load_model_streaming(index_, mp, &lm_);
             if (!st.ok()) return st;
@@ -277,11 +278,8 @@ public:
         st = binder_->read_dense(&lanes_);
         if (!st.ok()) return st;
         stats_.dense_read_s = binder_->dense_read_s();
-        if (!fault_env_.empty()) {
+        if (fault_plan_.kind != IoFaultPlan::Kind::kNone)
             lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
-            MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)",
-                        fault_env_.c_str());
-        }
         // Overlap of down reads with gate/up compute needs a worker lane, and stays off under
         // --cache-debug, whose check must see every slice before the layer's first matmul.
         overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
@@ -757,7 +755,6 @@ private:
     LoadedModel lm_;
     std::unique_ptr<ResidencyStore> store_;
     IoFaultPlan fault_plan_;  // before lanes_: the lanes' threads may use it until joined
-    std::string fault_env_;   // MOESTREAM_DEBUG_IO_FAULT, installed after the dense reads
     IoLanes lanes_;
     std::unique_ptr<WeightBinder> binder_;
     bool bind_checked_ = false;

@@ -86,28 +86,26 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     const uint64_t a = std::max<uint64_t>(lanes->dio_alignment(), 64);
     const uint64_t chunk = std::max<uint64_t>(chunk_bytes / a * a, a);
     std::vector<ReadRequest> reqs;
-    uint64_t batch_bytes = 0, batch_first = UINT64_MAX, batch_end = 0;
+    uint64_t batch_bytes = 0;
     int fadvise_fd = -1;
     // Reads the requests gathered so far. Buffered lanes (O_DIRECT refused or off) leave the
     // bytes in the page cache too: drop each batch's range once its copies hold it, so the
     // page cache never holds more than one batch of dense weights.
     auto flush = [&]() -> Status {
         if (reqs.empty()) return Status::Ok();
-        IoBatchStats bs;
-        Status st = lanes->read_batch(reqs, &bs);
-        dense_stats_.bytes_read += bs.bytes_read;
-        dense_stats_.reads += bs.reads;
-        dense_stats_.direct_reads += bs.direct_reads;
+        Status st = lanes->read_batch(reqs, &dense_stats_);  // adds to dense_stats_
         if (st.ok() && !lanes->direct()) {
+            uint64_t first = UINT64_MAX, end = 0;
+            for (const ReadRequest & r : reqs) {
+                first = std::min(first, r.file_offset);
+                end = std::max(end, r.file_offset + r.len);
+            }
             if (fadvise_fd < 0) fadvise_fd = ::open(index_.path.c_str(), O_RDONLY | O_CLOEXEC);
             if (fadvise_fd >= 0)
-                posix_fadvise(fadvise_fd, off_t(batch_first), off_t(batch_end - batch_first),
-                              POSIX_FADV_DONTNEED);
+                posix_fadvise(fadvise_fd, off_t(first), off_t(end - first), POSIX_FADV_DONTNEED);
         }
         reqs.clear();
         batch_bytes = 0;
-        batch_first = UINT64_MAX;
-        batch_end = 0;
         return st;
     };
     Status st = Status::Ok();
@@ -137,8 +135,6 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
             r.dest = c.data + (at - ti.file_offset);
             reqs.push_back(r);
             batch_bytes += r.len;
-            batch_first = std::min(batch_first, at);
-            batch_end = std::max(batch_end, next);
             at = next;
             if (batch_bytes >= batch_limit) {
                 st = flush();
@@ -149,10 +145,9 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     if (st.ok()) st = flush();
     if (fadvise_fd >= 0) ::close(fadvise_fd);
     if (!st.ok()) return st;
-    const IoBatchStats & stats = dense_stats_;
     dense_read_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MS_LOG_INFO("read %zu dense weights (%.1f MiB) in %.2f s with %d lane(s)%s", dense_.size(),
-                double(stats.bytes_read) / (1 << 20), dense_read_s_, lanes->n_lanes(),
+                double(dense_stats_.bytes_read) / (1 << 20), dense_read_s_, lanes->n_lanes(),
                 lanes->direct() ? ", O_DIRECT" : "");
     return Status::Ok();
 }
