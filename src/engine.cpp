@@ -246,6 +246,7 @@ public:
             CacheDebug dbg;
             dbg.poison = dbg.check_residency = opt_.cache_debug;
             dbg.recycle_pages = opt_.cache_recycle;
+            dbg.move_pages = opt_.cache_move;
             store_ = make_lru_cache(index_, d.budget_bytes, dbg, &st);
         } else {
             store_ = make_shared_slots(index_, &st);
@@ -560,6 +561,7 @@ private:
                 std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
             s.cache_recycle_pages = cs.recycle_pages;
             s.cache_recycled_commits = cs.recycled_commits;
+            s.cache_moved_commits = cs.moved_commits;
             s.cache_pool_bytes = cs.pool_bytes;
         }
         fill_prefetch(&s);
@@ -615,6 +617,7 @@ public:
         j["cache_budget_reason"] = stats_.cache_budget_reason;
         j["cache_debug"] = opt_.cache_debug;
         j["cache_recycle"] = opt_.cache_recycle;
+        j["cache_move"] = opt_.cache_move;
         j["prefetch"] = prefetch_on();
         j["prefetch_requested"] = opt_.prefetch;
         j["n_expert_used"] = k_eff_;

@@ -65,6 +65,9 @@ struct CacheStats {
     // the byte figures above count chunks.
     bool recycle_pages = false;
     uint64_t recycled_commits = 0;  // projection slices mapped onto an earlier expert's pages
+    // Of those, slices whose pages were moved (mremap) from the expert evicted for them, page
+    // tables and all, instead of unmapped there and mapped (and populated) anew here.
+    uint64_t moved_commits = 0;
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
     // Prefetch (streamer.h, "Prefetch"): experts read ahead of their routing.
@@ -96,12 +99,20 @@ struct CacheDebug {
     // false = the old path (`--cache-no-recycle`, for A/B benchmarks). Falls back to fresh
     // pages when memfd_create is unavailable.
     bool recycle_pages = true;
+    // With recycled pages: when a miss takes the chunk of an expert evicted in the same
+    // stage() and needs the same pages of it, move that mapping to the new address with
+    // mremap(MREMAP_DONTUNMAP) instead of unmapping it there and mapping it (MAP_POPULATE)
+    // here: the page-table entries move instead of being torn down and refilled, and there is
+    // one TLB shootdown instead of two. false = `--cache-no-move`, for A/B benchmarks. Turns
+    // itself off when the kernel refuses the flag (Linux < 5.13 for shared mappings).
+    bool move_pages = true;
 
     // Test only: plant one bug, once, at the first stage() where it applies, so tests can
     // show verify_resident() catches it. kForgetRead: the first miss is marked resident but
     // its reads are not returned. kDropRouted: the first hit's pages are released (state
-    // left saying resident).
-    enum class Fault { kNone, kForgetRead, kDropRouted };
+    // left saying resident). kLeaveParked: the first moved chunk's old range (the evicted
+    // expert's address) is left mapped instead of reserved PROT_NONE again.
+    enum class Fault { kNone, kForgetRead, kDropRouted, kLeaveParked };
     Fault fault = Fault::kNone;
 
     // Test only: a commit that would take committed expert memory above this many bytes fails

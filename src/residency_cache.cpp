@@ -14,6 +14,15 @@
 // the owner goes first, the page's bytes move into the other's chunk. Budget accounting is
 // then in whole chunks per live expert (PageLayout::chunk_pages; the replay does the same).
 //
+// Moved pages (CacheDebug::move_pages): an expert evicted by stage() or prefetch() does not
+// unmap its chunk at once; the chunk is parked, still mapped at the victim's address. A miss
+// of the same call that needs the same pages of a chunk of that class takes a parked one
+// and moves the mapping to its own address (mremap with MREMAP_DONTUNMAP; the victim's range
+// then gets its PROT_NONE reservation back): page-table entries move instead of being torn
+// down and faulted in again. Parked chunks are unmapped and handed back to the pool before
+// the call returns (and before any commit that would map over one of their pages), so no
+// read or matmul ever sees one: outside stage() and prefetch() nothing is parked.
+//
 // State per (layer, expert): absent, pending (committed, reads handed out by the current
 // stage()), resident. Pending becomes resident when the next stage() begins (the caller
 // reports failed reads through abandon_stage() before that). A doubly linked LRU list over
@@ -181,11 +190,37 @@ private:
     // Commits expert e's pages. On failure nothing is committed and *err is the errno.
     Status commit(size_t moe_idx, uint32_t e, int * err);
     // Gives back expert e's memory in projection t; returns the bytes accounted for it.
-    uint64_t release_projection(size_t moe_idx, size_t t, uint32_t e);
-    void release(size_t moe_idx, uint32_t e);
+    // park: leave the chunk mapped where it is, in parked_, for a commit of the same call.
+    uint64_t release_projection(size_t moe_idx, size_t t, uint32_t e, bool park);
+    void release(size_t moe_idx, uint32_t e, bool park = false);
+    // Moved pages: a chunk taken from an evicted expert and still mapped at its address.
+    struct Parked {
+        uint32_t cls;    // pool class
+        uint64_t off;    // chunk offset in the class's memfd
+        uint8_t * addr;  // where pages [first, first + n) of the chunk are mapped now
+        uint64_t first;
+        uint64_t n;
+    };
+    // Unmaps parked_[i] (a PROT_NONE reservation again) and gives its chunk to the pool.
+    void unpark(size_t i);
+    void flush_parked() {
+        while (!parked_.empty()) unpark(parked_.size() - 1);
+    }
+    // Moves a parked chunk of class cls mapped as chunk pages [first, first + n) to dst.
+    // Returns the chunk's offset, or kNoChunk when none fits (or the move failed; then
+    // dst's reservation is intact and the caller maps a chunk the usual way).
+    uint64_t move_parked(uint32_t cls, uint64_t first, uint64_t n, uint8_t * dst);
+    // Flushes the parked chunks when the enclosing stage() or prefetch() returns.
+    struct ParkScope {
+        LruCache * c;
+        ~ParkScope() { c->flush_parked(); }
+    };
     // Frees pages [q0, q1) of a reservation (anonymous: MADV_DONTNEED; recycled: replaced by
     // a PROT_NONE reservation again). False if the pages could not be taken away.
     bool release_pages(uint8_t * base, uint64_t q0, uint64_t q1);
+    // Debug poison for a fresh commit of expert e (pages [p0, p1), exclusive [q0, q1)).
+    void poison_new(const Reservation & r, uint32_t e, uint64_t p0, uint64_t p1, uint64_t q0,
+                    uint64_t q1);
     // Recycled pages: whether page p of r can be touched by more than one expert.
     static bool shareable(const Reservation & r, uint64_t p) {
         uint64_t lo, hi;
@@ -215,6 +250,8 @@ private:
     uint64_t page_ = 4096;
     bool protect_ = true;
     bool recycle_ = false;            // pages from pool_ (implies protect_)
+    bool move_ = false;               // move parked chunks (implies recycle_)
+    std::vector<Parked> parked_;      // non-empty only inside stage() and prefetch()
     std::unique_ptr<PagePool> pool_;
     uint64_t leaked_chunks_ = 0;      // chunks kept out of the pool after a failed release
 
@@ -324,11 +361,13 @@ Status LruCache::init() {
     if (protect_ && dbg_.recycle_pages) {
         Status pst;
         pool_ = PagePool::create(page_, &pst);
-        if (pool_)
+        if (pool_) {
             recycle_ = true;
-        else
+            move_ = dbg_.move_pages;
+        } else {
             MS_LOG_WARN("%s: committing fresh pages for every miss instead of recycling",
                         pst.message().c_str());
+        }
     }
 
     // Reservations.
@@ -370,6 +409,7 @@ Status LruCache::init() {
         MS_LOG_WARN("%s: committing fresh pages for every miss instead of recycling",
                     pool_error.message().c_str());
         recycle_ = false;
+        move_ = false;
         pool_.reset();
         for (LayerInfo & L : layers_) L.chunk_cost = 0;
         for (Reservation & r : res_) r.chunk.clear();
@@ -405,11 +445,24 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
         if (!refused && recycle_) {
             // Room in the pool: live chunks are within the budget (stage() evicted for this
             // one); free chunks of other sizes give their memory back if needed.
+            uint64_t off = kNoChunk;
+            if (!parked_.empty() && q1 > q0)
+                off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
+            if (off != kNoChunk) {
+                r.chunk[e] = off;
+                ++stats_.recycled_commits;
+                ++stats_.moved_commits;
+                if (shareable(r, q0)) r.owner[q0] = e;
+                if (shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
+                added += cost;
+                if (dbg_.poison) poison_new(r, e, p0, p1, q0, q1);
+                continue;
+            }
+            flush_parked();  // none fits: they are free chunks again, for take() or a punch
             const uint64_t cap = std::max(budget_, committed_ + added + cost);
             if (!pool_->has_free(r.cls))
                 while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
                 }
-            uint64_t off = 0;
             bool recycled = false;
             if (!pool_->take(r.cls, &off, &recycled, &err)) {
                 what = "page pool";
@@ -432,26 +485,107 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
         if (err != 0) {
             *err_out = err;
             // Undo the projections committed so far (state is still absent).
-            for (size_t u = 0; u < t; ++u) release_projection(moe_idx, u, e);
+            for (size_t u = 0; u < t; ++u) release_projection(moe_idx, u, e, false);
             return Status::Runtime(
                 "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
                 index_.moe_layers[moe_idx].tensors[t].name + "': " + what + ": " + errno_str(err) +
                 (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
         }
         added += cost;
-        if (dbg_.poison) {
-            // The slice itself, plus the parts of newly committed boundary pages outside it
-            // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
-            const uint64_t begin = slice_begin(r, e), end = begin + r.slice_bytes;
-            std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
-            if (q0 == p0 && q1 > q0)
-                std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
-            if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
-        }
+        if (dbg_.poison) poison_new(r, e, p0, p1, q0, q1);
     }
     committed_ += added;
     stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, committed_);
     return Status::Ok();
+}
+
+void LruCache::poison_new(const Reservation & r, uint32_t e, uint64_t p0, uint64_t p1, uint64_t q0,
+                          uint64_t q1) {
+    // The slice itself, plus the parts of newly committed boundary pages outside it (they
+    // belong to absent neighbours). Bytes of live neighbours stay untouched.
+    const uint64_t begin = slice_begin(r, e), end = begin + r.slice_bytes;
+    std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
+    if (q0 == p0 && q1 > q0) std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
+    if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
+}
+
+uint64_t LruCache::move_parked(uint32_t cls, uint64_t first, uint64_t n, uint8_t * dst) {
+    const uint64_t len = n * page_;
+    // A parked range that overlaps dst (a boundary page the victim shared with this expert)
+    // is unmapped first: it cannot move onto itself, and must not stay mapped over dst.
+    for (size_t i = parked_.size(); i-- > 0;) {
+        const Parked & pk = parked_[i];
+        if (pk.addr < dst + len && dst < pk.addr + pk.n * page_) unpark(i);
+    }
+    // The best parked chunk of the class: the same chunk pages (all move), else the most in
+    // common (slices that straddle pages: whether a boundary page is in a range depends on
+    // the neighbours, so ranges differ by a page at either end). Pages this slice needs that
+    // did not move are mapped from the chunk as usual; the victim's pages that did not move
+    // go with its range.
+    size_t best = SIZE_MAX;
+    uint64_t best_common = 0;
+    for (size_t i = 0; i < parked_.size(); ++i) {
+        const Parked & pk = parked_[i];
+        if (pk.cls != cls) continue;
+        const uint64_t c = std::max(first, pk.first), d = std::min(first + n, pk.first + pk.n);
+        const uint64_t common = d > c ? d - c : 0;
+        const bool exact = pk.first == first && pk.n == n;
+        if (exact || common > best_common) {
+            best = i;
+            best_common = common;
+            if (exact) break;
+        }
+    }
+    if (best == SIZE_MAX || best_common * 2 < n) return kNoChunk;
+    const Parked pk = parked_[best];
+    const uint64_t c = std::max(first, pk.first), d = std::min(first + n, pk.first + pk.n);
+    uint8_t * const to = dst + (c - first) * page_;
+    void * m = mremap(pk.addr + (c - pk.first) * page_, (d - c) * page_, (d - c) * page_,
+                      MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, to);
+    if (m == MAP_FAILED) {
+        const int err = errno;
+        // The target may have been unmapped before the failure: reserve it again.
+        release_pages(to, 0, d - c);
+        unpark(best);
+        if (err == EINVAL) {  // the kernel has no MREMAP_DONTUNMAP for shared mappings
+            move_ = false;
+            MS_LOG_INFO(
+                "expert cache: mremap(MREMAP_DONTUNMAP) refused (%s): recycled "
+                "pages are unmapped and mapped again instead of moved",
+                std::strerror(err));
+            flush_parked();
+        }
+        return kNoChunk;
+    }
+    int err = 0;
+    if (c > first) err = pool_->map(cls, pk.off, first, c - first, dst, true);
+    if (err == 0 && first + n > d)
+        err = pool_->map(cls, pk.off, d, first + n - d, dst + (d - first) * page_, true);
+    // The victim's range: what moved left a mapping without page-table entries there, what
+    // did not move is unmapped with it; the PROT_NONE reservation comes back. Should that
+    // fail, it still maps the chunk's file pages, where nothing reads (that expert is absent).
+    if (dbg_.fault == CacheDebug::Fault::kLeaveParked && !fault_fired_)
+        fault_fired_ = true;  // planted bug: the victim's range keeps the chunk's mapping
+    else
+        release_pages(pk.addr, 0, pk.n);
+    parked_[best] = parked_.back();
+    parked_.pop_back();
+    if (err != 0) {  // (a refused page: the caller maps a chunk the usual way and reports)
+        release_pages(dst, 0, n);
+        pool_->give_back(cls, pk.off);
+        return kNoChunk;
+    }
+    return pk.off;
+}
+
+void LruCache::unpark(size_t i) {
+    const Parked pk = parked_[i];
+    parked_[i] = parked_.back();
+    parked_.pop_back();
+    if (release_pages(pk.addr, 0, pk.n))
+        pool_->give_back(pk.cls, pk.off);
+    else
+        ++leaked_chunks_;
 }
 
 bool LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
@@ -486,7 +620,7 @@ bool LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
     return true;
 }
 
-uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e) {
+uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e, bool park) {
     Reservation & r = res_[layer_res_[moe_idx] + t];
     uint64_t q0, q1;
     exclusive_range(moe_idx, r, e, &q0, &q1);
@@ -539,8 +673,12 @@ uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e) {
                         errno_str(err).c_str());
         }
     }
-    if (!release_pages(r.base, q0, q1)) keep_chunk = true;
     r.chunk[e] = kNoChunk;
+    if (park && move_ && !keep_chunk && q1 > q0) {  // for a commit of this stage (see top)
+        parked_.push_back({r.cls, off, r.base + q0 * page_, q0 - p0, q1 - q0});
+        return r.chunk_pages * page_;
+    }
+    if (!release_pages(r.base, q0, q1)) keep_chunk = true;
     if (keep_chunk)
         ++leaked_chunks_;
     else
@@ -549,14 +687,14 @@ uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e) {
 }
 
 // Releases a live expert's exclusively covered pages in every projection and marks it absent.
-void LruCache::release(size_t moe_idx, uint32_t e) {
+void LruCache::release(size_t moe_idx, uint32_t e, bool park) {
     const uint32_t id = id_of(moe_idx, e);
     if (prefetched_[id]) {
         prefetched_[id] = 0;
         ++stats_.prefetch_unused;
     }
     for (size_t t = 0; t < layers_res_count(moe_idx); ++t)
-        committed_ -= release_projection(moe_idx, t, e);
+        committed_ -= release_projection(moe_idx, t, e, park);
     state_[id] = kAbsent;
     lru_unlink(id);
     --live_count_;
@@ -569,7 +707,7 @@ bool LruCache::evict_one() {
     for (uint32_t id = prev_[n_ids_]; id != n_ids_; id = prev_[id]) {
         const uint32_t L = id_layer_[id];
         if (stamp_[id] == gen_ || state_[id] != kResident) continue;  // never a victim
-        release(L, id - layers_[L].first_id);
+        release(L, id - layers_[L].first_id, /*park=*/true);
         ++stats_.evictions;
         return true;
     }
@@ -590,6 +728,7 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
 
     if (!prefetch_pending_.empty())
         return Status::Runtime("expert cache: internal: stage() while prefetch reads are open");
+    ParkScope park_scope{this};  // evictions below park their chunks until this returns
     // The previous stage's reads succeeded (else abandon_stage() would have been called).
     for (uint32_t id : pending_) {
         state_[id] = kResident;
@@ -698,6 +837,7 @@ void LruCache::push_reads(size_t moe_idx, uint32_t e, std::vector<ReadRequest> *
 size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                           std::vector<ReadRequest> * reads) {
     if (moe_idx >= layers_.size() || !prefetch_pending_.empty()) return 0;
+    ParkScope park_scope{this};
     const LayerInfo & L = layers_[moe_idx];
     size_t n = 0;
     for (uint32_t e : experts) {

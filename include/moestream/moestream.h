@@ -54,6 +54,10 @@ struct RunOptions {
     // fresh zero-filled pages (docs/cache.md, "Recycled pages"). false: --cache-no-recycle,
     // the old path, for A/B benchmarks.
     bool cache_recycle = true;
+    // With recycled pages: move an evicted expert's mapping to the next miss's address
+    // (mremap) instead of unmapping and mapping it again (docs/cache.md, "Moved pages").
+    // false: --cache-no-move, for A/B benchmarks.
+    bool cache_move = true;
     // Read the experts predicted for the next MoE layer while this one computes (docs/
     // prefetch.md; lossless). Needs the cache and io_threads >= 2; off while drop-cold is on.
     // Opt-in (--prefetch): on this machine it reads ~40 % more bytes per token for a speed-up
@@ -116,6 +120,7 @@ struct RunStats {
     uint64_t peak_resident_expert_bytes = 0;
     bool cache_recycle_pages = false;     // pages came from the page pool (else fresh commits)
     uint64_t cache_recycled_commits = 0;  // slices mapped onto an evicted expert's pages
+    uint64_t cache_moved_commits = 0;     // of those, moved with their page tables (mremap)
     uint64_t cache_pool_bytes = 0;        // RAM the pool may hold at the end (in use + free)
     uint64_t dense_bytes = 0;             // dense weights copied to RAM
     // Prefetch (docs/prefetch.md); zero when off. Over the whole run.

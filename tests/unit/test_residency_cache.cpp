@@ -38,13 +38,14 @@ const uint64_t kPage = uint64_t(sysconf(_SC_PAGESIZE));
 
 // A model index with one MoE layer per entry of `layers`, each with three projections of
 // the given slice sizes, `n_expert` experts each.
-ModelIndex make_index(const std::vector<std::vector<uint64_t>> & layers, uint32_t n_expert) {
+ModelIndex make_index(const std::vector<std::vector<uint64_t>> & layers, uint32_t n_expert,
+                      uint64_t first_offset = 4096) {
     ModelIndex idx;
     idx.path = "hand-made";
     idx.n_expert = n_expert;
     idx.n_expert_used = 1;
     idx.n_layer = uint32_t(layers.size());
-    uint64_t off = 4096;
+    uint64_t off = first_offset;
     const Projection projs[3] = {Projection::kGate, Projection::kUp, Projection::kDown};
     for (size_t l = 0; l < layers.size(); ++l) {
         MoeLayer L;
@@ -316,13 +317,16 @@ TEST(ResidencyCache, MatchesReferenceLru) {
 // a long random routing, every live expert's bytes stay intact after every stage, whichever
 // neighbour's chunk backs a shared page and in whatever order neighbours leave; the pool
 // recycles and never holds more than the budget. The same run with fresh pages is the
-// control for the decisions (the accounting differs, so only integrity is compared).
+// control for the decisions (the accounting differs, so only integrity is compared). With
+// recycled pages, both with chunks moved from their victims (mremap) and mapped afresh.
 TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) {
     const ModelIndex idx = make_index({{10000, 1500, 3 * kPage + 7}, {5000, 5000, 9000}}, 24);
-    for (bool recycle : {true, false}) {
-        SCOPED_TRACE("recycle " + std::to_string(recycle));
+    for (int mode : {0, 1, 2}) {
+        const bool recycle = mode < 2, move = mode == 0;
+        SCOPED_TRACE("recycle " + std::to_string(recycle) + " move " + std::to_string(move));
         CacheDebug dbg;
         dbg.recycle_pages = recycle;
+        dbg.move_pages = move;
         dbg.poison = true;
         dbg.check_residency = true;
         const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(9, 0), true);
@@ -354,6 +358,95 @@ TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) {
         EXPECT_GT(cs.evictions, 100u);
         if (recycle) {
             EXPECT_GT(cs.recycled_commits, 200u);
+        }
+        if (move) {
+            EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
+        } else {
+            EXPECT_EQ(cs.moved_commits, 0u);
+        }
+    }
+}
+
+// Moved pages (CacheDebug::move_pages): an evicted expert's chunk moves to the next miss's
+// address. After every stage each routed expert holds its own bytes at its canonical
+// address and every absent expert's pages (those no live neighbour covers) are gone from
+// its address, for slices that are page multiples at a page-aligned file offset (every
+// recycled commit moves) and at an unaligned one (slices straddle pages; ranges differ by a
+// boundary page, so some moves are partial). The second layer has one projection, so a miss
+// there that evicts a first-layer expert moves one of its three chunks and must unmap the
+// other two. Negative control: a planted bug that leaves the victim's old mapping in place
+// (Fault::kLeaveParked) is caught by the same check.
+namespace {
+// The first page of an absent expert's slice in projection t that no live expert covers
+// and that is still backed by memory (mincore), or nullptr.
+const uint8_t * absent_page_in_core(ResidencyStore & s, const ModelIndex & idx, size_t moe,
+                                    size_t t, uint32_t n_expert) {
+    const ExpertTensor & et = idx.moe_layers[moe].tensors[t];
+    const uint8_t * base = s.tensor_base(moe, t);
+    auto page_of = [&](uint64_t b) { return reinterpret_cast<uintptr_t>(base + b) / kPage; };
+    std::set<uintptr_t> live_pages;
+    for (uint32_t e = 0; e < n_expert; ++e)
+        if (s.is_resident(moe, e))
+            for (uintptr_t p = page_of(uint64_t(e) * et.slice_bytes);
+                 p <= page_of(uint64_t(e + 1) * et.slice_bytes - 1); ++p)
+                live_pages.insert(p);
+    for (uint32_t e = 0; e < n_expert; ++e) {
+        if (s.is_resident(moe, e)) continue;
+        for (uintptr_t p = page_of(uint64_t(e) * et.slice_bytes);
+             p <= page_of(uint64_t(e + 1) * et.slice_bytes - 1); ++p)
+            if (!live_pages.count(p) && page_in_core(reinterpret_cast<void *>(p * kPage)))
+                return reinterpret_cast<const uint8_t *>(p * kPage);
+    }
+    return nullptr;
+}
+}  // namespace
+
+TEST(ResidencyCache, MovedPagesFollowTheirExpert) {
+    for (uint64_t phase : {uint64_t(0), uint64_t(1000)}) {
+        for (int mode : {0, 1, 2}) {  // moved, mapped afresh, planted bug
+            SCOPED_TRACE("phase " + std::to_string(phase) + " mode " + std::to_string(mode));
+            const uint32_t n = 32;
+            const ModelIndex idx =
+                make_index({{2 * kPage, 2 * kPage, 3 * kPage}, {2 * kPage}}, n, 2 * kPage + phase);
+            CacheDebug dbg;
+            dbg.move_pages = mode != 1;
+            if (mode == 2) dbg.fault = CacheDebug::Fault::kLeaveParked;
+            const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(5, 0), true);
+            auto s = make(idx, budget, dbg);
+            ASSERT_TRUE(s);
+            ASSERT_TRUE(s->cache_stats().recycle_pages);
+            std::mt19937 rng(7);
+            bool caught = false;
+            for (int i = 0; i < 120 && !caught; ++i) {
+                const size_t moe = rng() % 2;
+                const std::vector<uint32_t> ex = random_routing(rng, n, 1 + rng() % 3);
+                stage_and_read(*s, idx, moe, ex);
+                for (uint32_t e : ex) {
+                    ASSERT_TRUE(slice_intact(*s, idx, moe, e)) << "stage " << i << " expert " << e;
+                }
+                for (size_t l = 0; l < 2; ++l)
+                    for (size_t t = 0; t < idx.moe_layers[l].tensors.size() && !caught; ++t)
+                        if (const uint8_t * p = absent_page_in_core(*s, idx, l, t, n)) {
+                            caught = true;
+                            if (mode != 2) {
+                                ADD_FAILURE() << "stage " << i << ": page " << (const void *)p
+                                              << " of an absent expert is still mapped";
+                            }
+                        }
+            }
+            const CacheStats cs = s->cache_stats();
+            if (mode != 2) {
+                EXPECT_GT(cs.evictions, 100u);
+            }
+            if (mode == 2) {
+                EXPECT_TRUE(caught) << "the planted stale mapping went unnoticed";
+            } else if (mode == 1) {
+                EXPECT_EQ(cs.moved_commits, 0u);
+                EXPECT_GT(cs.recycled_commits, 200u);
+            } else {
+                EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
+                EXPECT_GT(cs.moved_commits, 100u);
+            }
         }
     }
 }

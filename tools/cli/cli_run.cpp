@@ -64,6 +64,7 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["peak_resident_expert_bytes"] = s.peak_resident_expert_bytes;
     j["cache_recycle_pages"] = s.cache_recycle_pages;
     j["cache_recycled_commits"] = s.cache_recycled_commits;
+    j["cache_moved_commits"] = s.cache_moved_commits;
     j["cache_pool_bytes"] = s.cache_pool_bytes;
     j["dense_bytes"] = s.dense_bytes;
     j["prefetch"] = s.prefetch;
@@ -256,6 +257,10 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
                   "commit fresh zero-filled pages for every cache miss and free them on "
                   "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
+    sub->add_flag(
+        "--cache-no-move", [opt](int64_t) { opt->cache_move = false; },
+        "unmap an evicted expert's recycled pages and map them afresh for the next "
+        "miss (default: move the mapping with mremap); for A/B benchmarks");
     sub->add_flag("--prefetch", opt->prefetch,
                   "read the experts predicted for the next layer while this layer computes "
                   "(lossless; needs the cache and 2+ io threads; reads more bytes; docs/prefetch.md)");
