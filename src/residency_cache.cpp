@@ -562,17 +562,22 @@ uint64_t LruCache::move_parked(uint32_t cls, uint64_t first, uint64_t n, uint8_t
     if (err == 0 && first + n > d)
         err = pool_->map(cls, pk.off, d, first + n - d, dst + (d - first) * page_, true);
     // The victim's range: what moved left a mapping without page-table entries there, what
-    // did not move is unmapped with it; the PROT_NONE reservation comes back. Should that
-    // fail, it still maps the chunk's file pages, where nothing reads (that expert is absent).
+    // did not move is unmapped with it; the PROT_NONE reservation comes back.
+    bool old_released = true;
     if (dbg_.fault == CacheDebug::Fault::kLeaveParked && !fault_fired_)
         fault_fired_ = true;  // planted bug: the victim's range keeps the chunk's mapping
     else
-        release_pages(pk.addr, 0, pk.n);
+        old_released = release_pages(pk.addr, 0, pk.n);
     parked_[best] = parked_.back();
     parked_.pop_back();
-    if (err != 0) {  // (a refused page: the caller maps a chunk the usual way and reports)
-        release_pages(dst, 0, n);
-        pool_->give_back(cls, pk.off);
+    if (err != 0 || !old_released) {
+        // A refused page, or the victim's range still maps the chunk: the chunk is not used
+        // here (and never again if any mapping of it is left); the caller maps a chunk the
+        // usual way and reports what fails.
+        if (release_pages(dst, 0, n) && old_released)
+            pool_->give_back(cls, pk.off);
+        else
+            ++leaked_chunks_;
         return kNoChunk;
     }
     return pk.off;
@@ -782,6 +787,7 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
             if (st.ok() && committed_ < budget_) {
                 budget_ = std::max<uint64_t>(committed_, page_);
                 ++stats_.budget_shrinks;
+                flush_parked();  // evicted chunks are free chunks again: punch them too
                 while (recycle_ && pool_->held_bytes() > budget_ &&
                        pool_->punch_free_chunk(PagePool::kAnyClass)) {
                 }

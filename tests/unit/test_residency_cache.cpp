@@ -5,6 +5,7 @@
 // from its file offset, which is what IoLanes would do with the real bytes.
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/utsname.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -81,17 +82,22 @@ uint8_t pattern_byte(uint64_t file_offset) {
 
 // What IoLanes would do: every requested slice gets its bytes.
 void simulate_reads(const std::vector<ReadRequest> & reads) {
-    for (const ReadRequest & r : reads) std::memset(r.dest, pattern_byte(r.file_offset), r.len);
+    // Each byte's value follows from its own file offset, so a page mapped at the wrong place
+    // (another page of the slice, another expert's chunk page) shows.
+    for (const ReadRequest & r : reads) {
+        auto * d = static_cast<uint8_t *>(r.dest);
+        for (uint64_t i = 0; i < r.len; ++i) d[i] = pattern_byte(r.file_offset + i);
+    }
 }
 
 bool slice_intact(ResidencyStore & s, const ModelIndex & idx, size_t moe, uint32_t e) {
     const MoeLayer & L = idx.moe_layers[moe];
     for (size_t t = 0; t < L.tensors.size(); ++t) {
         const ExpertTensor & et = L.tensors[t];
-        const uint8_t want = pattern_byte(et.slice_offset(e));
+        const uint64_t off = et.slice_offset(e);
         const uint8_t * p = s.tensor_base(moe, t) + uint64_t(e) * et.slice_bytes;
         for (uint64_t i = 0; i < et.slice_bytes; ++i)
-            if (p[i] != want) return false;
+            if (p[i] != pattern_byte(off + i)) return false;
     }
     return true;
 }
@@ -399,6 +405,13 @@ const uint8_t * absent_page_in_core(ResidencyStore & s, const ModelIndex & idx, 
     }
     return nullptr;
 }
+
+bool kernel_at_least(int major, int minor) {
+    struct utsname u;
+    int a = 0, b = 0;
+    if (uname(&u) != 0 || std::sscanf(u.release, "%d.%d", &a, &b) != 2) return true;
+    return a > major || (a == major && b >= minor);
+}
 }  // namespace
 
 TEST(ResidencyCache, MovedPagesFollowTheirExpert) {
@@ -421,9 +434,21 @@ TEST(ResidencyCache, MovedPagesFollowTheirExpert) {
                 const size_t moe = rng() % 2;
                 const std::vector<uint32_t> ex = random_routing(rng, n, 1 + rng() % 3);
                 stage_and_read(*s, idx, moe, ex);
+                if (i % 2 == 1) {  // prefetch into the other layer: its evictions park too
+                    std::vector<ReadRequest> pr;
+                    s->prefetch(1 - moe, random_routing(rng, n, 2), &pr);
+                    simulate_reads(pr);
+                    s->end_prefetch(true);
+                }
                 for (uint32_t e : ex) {
                     ASSERT_TRUE(slice_intact(*s, idx, moe, e)) << "stage " << i << " expert " << e;
                 }
+                for (size_t l = 0; l < 2; ++l)
+                    for (uint32_t e = 0; e < n; ++e)
+                        if (s->is_resident(l, e)) {
+                            ASSERT_TRUE(slice_intact(*s, idx, l, e))
+                                << "stage " << i << " layer " << l << " expert " << e;
+                        }
                 for (size_t l = 0; l < 2; ++l)
                     for (size_t t = 0; t < idx.moe_layers[l].tensors.size() && !caught; ++t)
                         if (const uint8_t * p = absent_page_in_core(*s, idx, l, t, n)) {
@@ -443,7 +468,7 @@ TEST(ResidencyCache, MovedPagesFollowTheirExpert) {
             } else if (mode == 1) {
                 EXPECT_EQ(cs.moved_commits, 0u);
                 EXPECT_GT(cs.recycled_commits, 200u);
-            } else {
+            } else if (kernel_at_least(5, 13)) {  // MREMAP_DONTUNMAP for shared mappings
                 EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
                 EXPECT_GT(cs.moved_commits, 100u);
             }
@@ -1012,7 +1037,11 @@ TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
                 ASSERT_TRUE(s->is_resident(moe, e));
                 ASSERT_TRUE(slice_intact(*s, idx, moe, e)) << "step " << step << " expert " << e;
             }
-            ASSERT_LE(s->cache_stats().resident_expert_bytes, 6 * eb);
+            const CacheStats cs = s->cache_stats();
+            ASSERT_LE(cs.resident_expert_bytes, 6 * eb);
+            if (cs.recycle_pages) {  // evicted chunks are punched down to the shrunk budget
+                ASSERT_LE(cs.pool_bytes, std::max(cs.budget_bytes, cs.resident_expert_bytes));
+            }
         }
         const CacheStats cs = s->cache_stats();
         EXPECT_GT(cs.commit_failures, 0u);
