@@ -8,6 +8,7 @@
 //  - --n-expert-used K gives llama-completion's tokens with --override-kv expert_used_count=K;
 //  - dropping without the cache is refused with the reason.
 #include <gtest/gtest.h>
+#include <cstdio>
 
 #include <algorithm>
 #include <fstream>
@@ -32,7 +33,12 @@ json run_json(const std::string & model, const std::string & flags, int * exit_c
     if (exit_code) *exit_code = r.exit_code;
     if (err) *err = r.err;
     if (out) *out = r.out;
-    if (r.exit_code != 0) return json();
+    if (r.exit_code != 0) {
+        if (!err)
+            std::fprintf(stderr, "moestream run %s: exit %d\n%s\n", flags.c_str(), r.exit_code,
+                         r.err.c_str());
+        return json();
+    }
     std::ifstream f(path);
     json j = json::parse(f);
     std::remove(path.c_str());

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -105,7 +106,13 @@ std::string synth_model(const std::string & preset, const std::string & arch,
                       std::to_string(alignment) + " -o " + sh_quote(tmp);
     CmdResult r = run_cmd(cmd);
     if (r.exit_code != 0) throw std::runtime_error("synth failed: " + cmd + "\n" + r.err);
-    std::filesystem::rename(tmp, path);
+    // Never replace a file another test may have open: tests run in parallel, and a run that
+    // finds its model replaced after loading it stops with "the model file changed" (engine
+    // check_file_unchanged). link() fails with EEXIST when another test got there first.
+    if (link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST)
+        throw std::runtime_error("cannot link " + tmp + " to " + path + ": " +
+                                 std::strerror(errno));
+    std::remove(tmp.c_str());
     return path;
 }
 
