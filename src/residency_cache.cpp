@@ -218,9 +218,6 @@ private:
     // Frees pages [q0, q1) of a reservation (anonymous: MADV_DONTNEED; recycled: replaced by
     // a PROT_NONE reservation again). False if the pages could not be taken away.
     bool release_pages(uint8_t * base, uint64_t q0, uint64_t q1);
-    // Debug poison for a fresh commit of expert e (pages [p0, p1), exclusive [q0, q1)).
-    void poison_new(const Reservation & r, uint32_t e, uint64_t p0, uint64_t p1, uint64_t q0,
-                    uint64_t q1);
     // Recycled pages: whether page p of r can be touched by more than one expert.
     static bool shareable(const Reservation & r, uint64_t p) {
         uint64_t lo, hi;
@@ -448,31 +445,26 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
             uint64_t off = kNoChunk;
             if (!parked_.empty() && q1 > q0)
                 off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
-            if (off != kNoChunk) {
-                r.chunk[e] = off;
-                ++stats_.recycled_commits;
+            bool recycled = off != kNoChunk;  // moved: an evicted expert's pages
+            if (recycled) {
                 ++stats_.moved_commits;
-                if (shareable(r, q0)) r.owner[q0] = e;
-                if (shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
-                added += cost;
-                if (dbg_.poison) poison_new(r, e, p0, p1, q0, q1);
-                continue;
-            }
-            flush_parked();  // none fits: they are free chunks again, for take() or a punch
-            const uint64_t cap = std::max(budget_, committed_ + added + cost);
-            if (!pool_->has_free(r.cls))
-                while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
-                }
-            bool recycled = false;
-            if (!pool_->take(r.cls, &off, &recycled, &err)) {
-                what = "page pool";
-                if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
-            } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
-                                         recycled)) != 0) {
-                pool_->give_back(r.cls, off);
-                // MAP_FIXED may have taken the old reservation away: put it back.
-                release_pages(r.base, q0, q1);
             } else {
+                flush_parked();  // none fits: they are free chunks again, for take() or a punch
+                const uint64_t cap = std::max(budget_, committed_ + added + cost);
+                if (!pool_->has_free(r.cls))
+                    while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
+                    }
+                if (!pool_->take(r.cls, &off, &recycled, &err)) {
+                    what = "page pool";
+                    if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
+                } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
+                                             recycled)) != 0) {
+                    pool_->give_back(r.cls, off);
+                    // MAP_FIXED may have taken the old reservation away: put it back.
+                    release_pages(r.base, q0, q1);
+                }
+            }
+            if (err == 0) {
                 r.chunk[e] = off;
                 if (recycled) ++stats_.recycled_commits;
                 if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
@@ -492,21 +484,19 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
                 (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
         }
         added += cost;
-        if (dbg_.poison) poison_new(r, e, p0, p1, q0, q1);
+        if (dbg_.poison) {
+            // The slice itself, plus the parts of newly committed boundary pages outside it
+            // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
+            const uint64_t begin = slice_begin(r, e), end = begin + r.slice_bytes;
+            std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
+            if (q0 == p0 && q1 > q0)
+                std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
+            if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
+        }
     }
     committed_ += added;
     stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, committed_);
     return Status::Ok();
-}
-
-void LruCache::poison_new(const Reservation & r, uint32_t e, uint64_t p0, uint64_t p1, uint64_t q0,
-                          uint64_t q1) {
-    // The slice itself, plus the parts of newly committed boundary pages outside it (they
-    // belong to absent neighbours). Bytes of live neighbours stay untouched.
-    const uint64_t begin = slice_begin(r, e), end = begin + r.slice_bytes;
-    std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
-    if (q0 == p0 && q1 > q0) std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
-    if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
 }
 
 uint64_t LruCache::move_parked(uint32_t cls, uint64_t first, uint64_t n, uint8_t * dst) {
