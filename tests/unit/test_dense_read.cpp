@@ -14,7 +14,7 @@
 #include "gguf_index.h"
 #include "io_faults.h"
 #include "io_lanes.h"
-#include "model_loader.h"
+#include "weight_binder.h"
 #include "test_util.h"
 
 using namespace moestream;

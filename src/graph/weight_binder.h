@@ -1,19 +1,9 @@
-// model_loader.h — getting a llama_model without reading the experts, and binding them.
-//
-// Resident (--no-stream): llama_model_load_from_file with load_mode MMAP, exactly what the
-// reference tools do with `-lm mmap --no-repack` (llama.cpp prefaults the whole file).
-//
-// Streaming: the same llama_model_load_from_file with load_mode MMAP — llama.cpp's own loader,
-// so the model is exactly the file's — but with the mmap guard armed (mmap_guard.h): the
-// file is mapped without MAP_POPULATE / WILLNEED, so loading reads only metadata. All
-// tensors then point into the file mapping and nothing has been read.
+// weight_binder.h — moving llama.cpp's weights off the file mapping.
 //
 // Dense weights are read at load (WeightBinder::read_dense): every tensor of the file that is
 // not an expert tensor gets its own heap copy, filled by the I/O lanes in parallel, O_DIRECT
 // straight into the copy (io_lanes.h), so dense weights end up resident in anonymous memory,
-// not in the page cache. (Until stop 17 each was read on the first graph with one buffered
-// pread on the compute thread: ~5 s of the 30B preset's time to first token, spent copying
-// out of the page cache and zero-filling the copy's pages one after the other.)
+// not in the page cache.
 //
 // Binding happens on the first graph (llama.cpp keeps no public tensor lookup): the router
 // hook hands every node's operands to WeightBinder::bind in ask mode, which runs before the
@@ -23,10 +13,8 @@
 // into the mapping: finish() checks that every expert tensor of the index was bound. (Weights
 // are recognised by name and file offset, not by address alone: llama.cpp unmaps unused
 // fragments of the mapping after load, and other allocations can land in those holes.)
-//
-// Both paths load with use_extra_bufts = false (repacking would change the in-memory
-// layout that file offsets describe: load-bearing, not a tunable) and lazy mode off.
-// Thread-safety: not reentrant per model; distinct models are independent.
+// Thread-safety: used from the llama_decode thread only (read_dense: from the thread that
+// drives the lanes, before the first graph).
 #pragma once
 
 #include <map>
@@ -35,27 +23,14 @@
 
 #include "gguf_index.h"
 #include "io_lanes.h"
+#include "model_loader.h"
 #include "residency.h"
 #include "status.h"
 
-struct llama_model;
-struct llama_model_params;
 struct ggml_tensor;
 
 namespace moestream {
 
-struct LoadedModel {
-    llama_model * model = nullptr;
-    uint8_t * map_addr = nullptr;  // streaming: llama.cpp's mapping of the file
-    size_t map_len = 0;
-};
-
-// map_file: llama.cpp load_mode MMAP (prefaults the whole file); false: NONE (every tensor
-// read into allocated memory).
-Status load_model_resident(const ModelIndex & index, const llama_model_params & params,
-                           bool map_file, LoadedModel * out);
-Status load_model_streaming(const ModelIndex & index, const llama_model_params & params,
-                            LoadedModel * out);
 // Rebinds llama.cpp's weights off the file mapping, lazily, from the first graph.
 // Thread-safety: used from the llama_decode thread only (read_dense: from the thread that
 // drives the lanes, before the first graph).

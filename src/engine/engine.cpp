@@ -15,7 +15,7 @@
 #include "io_lanes.h"
 #include "llama.h"
 #include "log.h"
-#include "model_loader.h"
+#include "weight_binder.h"
 #include "moestream/moestream.h"
 #include "prefetch.h"
 #include "uring_tail.h"

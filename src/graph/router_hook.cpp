@@ -6,7 +6,7 @@
 
 #include "ggml.h"
 #include "log.h"
-#include "model_loader.h"
+#include "weight_binder.h"
 #include "prefetch.h"
 #include "route_trace.h"
 

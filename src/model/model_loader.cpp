@@ -1,0 +1,69 @@
+#include "model_loader.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+#include "ggml-backend.h"
+#include "ggml.h"
+#include "gguf.h"
+#include "llama.h"
+#include "log.h"
+#include "mmap_guard.h"
+
+namespace moestream {
+
+Status load_model_resident(const ModelIndex & index, const llama_model_params & params,
+                           bool map_file, LoadedModel * out) {
+    llama_model_params mp = params;
+    mp.load_mode = map_file ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
+    mp.use_extra_bufts = false;
+    mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
+    out->model = llama_model_load_from_file(index.path.c_str(), mp);
+    if (!out->model)
+        return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
+                                "for llama.cpp's log)");
+    return Status::Ok();
+}
+
+Status load_model_streaming(const ModelIndex & index, const llama_model_params & params,
+                            LoadedModel * out) {
+    if (!mmap_guard_active())
+        return Status::Runtime("the mmap guard is not interposed in this executable (link "
+                               "moestream_core into the executable, not a shared library): loading "
+                               "would read the whole model file");
+    int fd = ::open(index.path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return Status::BadModel(index.path + ": cannot open: " + std::strerror(errno));
+    mmap_guard_arm(fd);
+    llama_model_params mp = params;
+    mp.load_mode = LLAMA_LOAD_MODE_MMAP;
+    mp.use_extra_bufts = false;
+    mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
+    mp.check_tensors = false;  // validating rows would read every expert
+    out->model = llama_model_load_from_file(index.path.c_str(), mp);
+    GuardedMapping seen = mmap_guard_disarm();
+    ::close(fd);
+    if (!out->model)
+        return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
+                                "for llama.cpp's log)");
+    if (seen.addr == nullptr) {
+        llama_model_free(out->model);
+        out->model = nullptr;
+        return Status::Runtime(index.path + ": llama.cpp did not map the file as expected (the "
+                               "seam changed? see docs/seam.md)");
+    }
+    out->map_addr = seen.addr;
+    out->map_len = seen.len;
+    // No readahead around the few faults that may still hit the mapping.
+    ::madvise(seen.addr, seen.len, MADV_RANDOM);
+    MS_LOG_INFO("mapped %s without prefaulting (MAP_POPULATE removed: %s, %d advice calls dropped)",
+                index.path.c_str(), seen.populate_removed ? "yes" : "no", seen.advice_dropped);
+    return Status::Ok();
+}
+
+}  // namespace moestream
