@@ -155,9 +155,11 @@ def _protocol(res: dict[str, Any]) -> str:
     if not exp["cells"]:
         return (f"{exp['reps']} repetitions, order *{exp['order']}*; fio reads with O_DIRECT (the "
                 "page cache plays no part)")
-    caps = sorted({c["params"]["mem_cap"] for c in exp["cells"]}, key=str)
-    cap = ("no memory cap" if caps == ["none"] else
-           "memory cap " + ", ".join(str(c) for c in caps) + " (page cache included)")
+    caps = sorted({str(c["params"]["mem_cap"]) for c in exp["cells"]} - {"none"})
+    uncapped = [c["name"] for c in exp["cells"] if str(c["params"]["mem_cap"]) == "none"]
+    cap = ("no memory cap" if not caps else
+           "memory cap " + ", ".join(caps) + " (page cache included)"
+           + (f" except {', '.join(f'`{n}`' for n in uncapped)}" if uncapped else ""))
     return (f"prompt \"{exp['prompt']}\", {exp['tokens']} tokens greedy, {exp['reps']} repetitions, "
             f"order *{exp['order']}*, first {exp['trim']} decodes of each run dropped, {cap}, cold "
             f"page cache at the start of every run unless a cell says `start = \"warm\"`; readahead "
@@ -172,10 +174,10 @@ def _noise(res: dict[str, Any]) -> tuple[str, float]:
     walls = [r["wall_s"] for r in runs if r.get("wall_s")]
     steal = [r["steal_s"] for r in runs if r.get("steal_s") is not None]
     txt = (f"other processes used {sum(other):.0f} CPU-s during {sum(walls):.0f} s of runs on "
-           f"{m.get('cores')} cores (per run: {', '.join(f'{max(x, 0):.0f}' for x in other)})")
+           f"{m.get('cores')} cores (per run: {', '.join(str(max(round(x), 0)) for x in other)})")
     if steal:
         txt += (f"; the hypervisor stole {sum(steal):.0f} CPU-s (per run: "
-                f"{', '.join(f'{max(x, 0):.0f}' for x in steal)})")
+                f"{', '.join(str(max(round(x), 0)) for x in steal)})")
     busy = sum(other) / sum(walls) if walls and sum(walls) > 0 else 0.0
     return txt, busy
 
