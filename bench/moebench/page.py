@@ -241,10 +241,11 @@ def section(path: str, res: dict[str, Any], older: list[str], exp_def: config.Ex
              f"| Noise | {noise} |",
              f"| Results | {results} |", ""]
     if busy > 0.25:
+        why = ("their disk traffic is not measured; compare the repetitions" if not exp["cells"] else
+               "on a VM that slows ggml's synchronized compute threads by more than a fair share. "
+               "Read the per-rep column and rerun on an idle machine before drawing conclusions")
         lines += [f"> **Busy machine:** other processes kept {busy:.2f} of the "
-                  f"{res['machine'].get('cores')} cores busy on average during these runs; on a VM "
-                  "that slows ggml's synchronized compute threads by more than a fair share. Read "
-                  "the per-rep column and rerun on an idle machine before drawing conclusions.", ""]
+                  f"{res['machine'].get('cores')} cores busy on average during these runs; {why}.", ""]
     if exp["cells"]:
         lines += [report.table(res), ""]
     if any(res["summary"]["cells"][c["name"]].get("proc_read_bytes_per_token_est")
