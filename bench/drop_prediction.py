@@ -8,8 +8,8 @@ decode cache misses (= expert reads) per decoded token relative to the lossless 
 
 The replay cannot model the cache responding to dropping (avoided reads free capacity, which
 raises the hit rate of what remains), so it is expected to under-predict the avoided reads
-(docs/replay.md). Writes bench/results/drop-prediction-<stamp>.json and the generated
-section `drop-prediction` of docs/benchmarks.md.
+(docs/replay.md). Writes bench/results/drop-prediction-<stamp>.json and regenerates
+docs/benchmarks.md (its `drop-prediction` section follows `drop-cold`).
 
 Env knobs: none. Default RESULTS_JSON: the newest bench/results/drop-cold-*.json.
 """
@@ -116,38 +116,12 @@ def main():
                    "lossless_decode_misses_per_token": base_miss,
                    "lossless_decode_bytes_per_token": base_bytes, "rows": table}, f, indent=1)
 
-    md = ["## drop-prediction: replay's predicted avoided reads vs the measured ones", "",
-          f"*Generated from `{os.path.relpath(path, REPO)}` by bench/drop_prediction.py — do not edit by hand.*", "",
-          "Prediction: `moestream replay TRACE --budgets B --drop-cold 0,F` over each lossless run's route "
-          "trace (same budget), decode phase: 1 - misses(F) / misses(0). Measured: the drop cells of the same "
-          "experiment, decode cache misses (= expert reads) per token relative to the lossless cells "
-          f"({base_miss:.1f} misses, {base_bytes / 2**20:.1f} MiB per decoded token). All decode tokens, no trim.", "",
-          "| F | predicted reads avoided | measured reads avoided | measured bytes avoided | predicted weight mass discarded | measured weight mass dropped | runs |",
-          "|---|---|---|---|---|---|---|"]
-    for t in table:
-        md.append(f"| {t['drop_cold']:g} | {100 * t['predicted_reads_avoided']:.1f}% | "
-                  f"{100 * t['measured_reads_avoided']:.1f}% | {100 * t['measured_bytes_avoided']:.1f}% | "
-                  f"{100 * t['predicted_weight_mass_discarded']:.1f}% | {100 * t['measured_weight_mass_dropped']:.1f}% | {t['runs']} |")
-    gap = max(abs(t["measured_reads_avoided"] - t["predicted_reads_avoided"]) for t in table)
-    md += ["", "The replay cannot model the cache responding to dropping: reads it avoids free cache "
-           "capacity, which can raise the real cache's hit rate on what remains (docs/replay.md). "
-           f"Here prediction and measurement differ by at most {100 * gap:.1f} points: with random-weight "
-           "routing the hit rate is about budget / expert bytes whatever is dropped, so there is little "
-           "for freed capacity to win. The gap on a model with routing locality is not measured here.", ""]
-    section = "\n".join(md)
-    bm = os.path.join(REPO, "docs", "benchmarks.md")
-    with open(bm) as f:
-        doc = f.read()
-    begin, end = "<!-- bench:drop-prediction begin -->", "<!-- bench:drop-prediction end -->"
-    block = f"{begin}\n{section}\n{end}"
-    if begin in doc and end in doc:
-        doc = doc[:doc.index(begin)] + block + doc[doc.index(end) + len(end):]
-    else:
-        doc = doc.rstrip("\n") + "\n\n" + block + "\n"
-    with open(bm, "w") as f:
-        f.write(doc)
-    print(section)
-    print(f"wrote {os.path.relpath(out_json, REPO)} and docs/benchmarks.md", file=sys.stderr)
+    sys.path.insert(0, HERE)
+    from moebench import page  # noqa: E402
+    with open(out_json) as f:
+        print(page.drop_prediction_section(out_json, json.load(f)))
+    page.write(REPO)
+    print(f"wrote {os.path.relpath(out_json, REPO)} and regenerated docs/benchmarks.md", file=sys.stderr)
     return 0
 
 

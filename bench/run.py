@@ -10,7 +10,7 @@
 Writes bench/results/EXPERIMENT-STAMP.json (machine, versions, commands, every run's raw
 per-token data and the statistics), raw tool output under bench/results/raw/ (not
 committed), and — when the experiment ran as defined (its own model, all cells) — its
-generated section in docs/benchmarks.md and charts in docs/img/. Needs root for the memory
+charts in docs/img/ and docs/benchmarks.md regenerated (bench/report.py --all). Needs root for the memory
 cgroup, readahead and drop_caches. docs/benchmark-method.md explains the method.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from moebench import config, harness, models, report  # noqa: E402
+from moebench import config, harness, models, page, report  # noqa: E402
 
 
 def experiments_dir() -> str:
@@ -59,15 +59,14 @@ def select_cells(exp: config.Experiment, names: list[str]) -> None:
     exp.cells = [c for c in exp.cells if c.name in keep]
 
 
-def publish(res: dict, results_path: str, docs: bool) -> None:
-    rel = os.path.relpath(results_path, REPO)
+def publish(res: dict, docs: bool) -> None:
+    """Draw the run's charts in docs/img/ and regenerate docs/benchmarks.md (bench/report.py
+    --all), which shows the newest complete run of every preset."""
     if not docs:
         return
     imgs = report.charts(res, os.path.join(REPO, "docs", "img"))
-    body = report.section(res, rel, [os.path.relpath(p, os.path.join(REPO, "docs")) for p in imgs])
-    report.update_doc(os.path.join(REPO, "docs", "benchmarks.md"), res["experiment"]["name"], body)
-    print(f"updated docs/benchmarks.md section bench:{res['experiment']['name']} and "
-          f"{len(imgs)} chart(s) in docs/img/", file=sys.stderr)
+    page.write(REPO)
+    print(f"regenerated docs/benchmarks.md and drew {len(imgs)} chart(s) in docs/img/", file=sys.stderr)
 
 
 def main() -> int:
@@ -89,10 +88,9 @@ def main() -> int:
     ap.add_argument("--wait", type=int, default=1800,
                     help="max seconds to wait for other jobs on the model / for free memory")
     ap.add_argument("--dry-run", action="store_true", help="print the matrix and commands, run nothing")
-    g = ap.add_mutually_exclusive_group()
-    g.add_argument("--docs", dest="docs", action="store_true", default=None,
-                   help="update docs/benchmarks.md and docs/img even for a partial or overridden run")
-    g.add_argument("--no-docs", dest="docs", action="store_false")
+    ap.add_argument("--no-docs", action="store_true",
+                    help="do not draw charts or regenerate docs/benchmarks.md (a run with overrides "
+                         "never appears there: the page shows complete as-defined runs only)")
     ap.add_argument("--force", action="store_true", help="run a placeholder experiment")
     a = ap.parse_args()
 
@@ -162,8 +160,8 @@ def main() -> int:
         json.dump(res, f, indent=1, default=str)
         f.write("\n")
     print(f"results: {os.path.relpath(path_out, REPO)}", file=sys.stderr)
-    docs = a.docs if a.docs is not None else (as_defined and exp.publish and not res.get("interrupted"))
-    publish(res, path_out, docs)
+    in_repo = os.path.abspath(a.results_dir) == os.path.join(HERE, "results")
+    publish(res, as_defined and in_repo and exp.publish and not res.get("interrupted") and not a.no_docs)
     if res["experiment"]["cells"]:
         print(report.table(res))
     for extra in (report.fio_table(res), report.bound_table(res)):

@@ -4,10 +4,10 @@
 // size), then ITERS times: take the oldest slot's chunk to a free slot and write one byte
 // per page (the read that would fill it).
 //   mode 0: unmap (PROT_NONE reservation) + madvise + mmap(MAP_POPULATE) at the new slot:
-//           the cache before stop 18 (`--cache-no-move`)
+//           the cache with `--cache-no-move`
 //   mode 1: mode 0 without the madvise
 //   mode 2: mremap to the new slot (a hole is left) + PROT_NONE into the hole
-//   mode 3: mremap(MREMAP_DONTUNMAP) + PROT_NONE over the old range + madvise: the cache now
+//   mode 3: mremap(MREMAP_DONTUNMAP) + PROT_NONE over the old range + madvise: the cache's default
 // SPINNER = 1 runs a second thread spinning on another CPU, as ggml's OpenMP threads do while
 // the router callback stages: every TLB shootdown then interrupts it.
 // Build and run: cc -O2 -o /tmp/remap_slice bench/micro/remap_slice.c -lpthread
@@ -37,6 +37,10 @@ static void * spin(void * a) {
     return 0;
 }
 int main(int argc, char ** argv) {
+    if (argc != 4) {
+        fprintf(stderr, "usage: %s MODE(0-3) SPINNER(0|1) ITERS\n", argv[0]);
+        return 64;
+    }
     int mode = atoi(argv[1]);
     int spinner = atoi(argv[2]);
     int iters = atoi(argv[3]);

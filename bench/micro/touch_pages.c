@@ -18,5 +18,7 @@ static double touch(size_t n){
   madvise(p,n,MADV_NOHUGEPAGE);
   double t=now(); for(size_t i=0;i<n;i+=4096)p[i]=1; t=now()-t;
   munmap(p,n); return t/(n/4096)*1e6;}
-int main(int c,char**v){size_t n=(size_t)atoi(v[1])<<20; int gap=atoi(v[2]);
+int main(int c,char**v){
+  if(c!=3||atoi(v[1])<=0||atoi(v[2])<0){fprintf(stderr,"usage: %s MIB GAP_S\n",v[0]);return 64;}
+  size_t n=(size_t)atoi(v[1])<<20; int gap=atoi(v[2]);
   for(int i=0;i<4;i++){printf("pass %d: %.2f us/page\n",i,touch(n)); fflush(stdout); sleep(gap);} }

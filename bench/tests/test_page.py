@@ -1,0 +1,118 @@
+"""docs/benchmarks.md is generated: `bench/report.py --all` on the committed results renders the
+committed page byte for byte, and a change to a results file changes the page.
+Run: /usr/bin/python3 -m unittest discover -s bench/tests"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+BENCH = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(BENCH)
+sys.path.insert(0, BENCH)
+
+from moebench import page  # noqa: E402
+
+RESULTS = os.path.join(BENCH, "results")
+DOC = os.path.join(REPO, "docs", "benchmarks.md")
+
+
+def copy_results(tmp: str) -> None:
+    for p in os.listdir(RESULTS):
+        if p.endswith(".json"):
+            shutil.copy(os.path.join(RESULTS, p), tmp)
+
+
+def load_json(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def section_of(text: str, name: str) -> str:
+    start = text.index(f'<a id="{name}"></a>')
+    nxt = text.find('<a id="', start + 1)
+    return text[start:nxt if nxt >= 0 else len(text)]
+
+
+class GeneratedPage(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.rendered = page.render(REPO)
+
+    def test_committed_page_is_what_the_generator_renders(self):
+        with open(DOC) as f:
+            committed = f.read()
+        self.assertEqual(committed, self.rendered,
+                         "docs/benchmarks.md is stale or edited by hand: run bench/report.py --all")
+
+    def test_check_command_agrees(self):
+        r = subprocess.run([sys.executable, os.path.join(BENCH, "report.py"), "--all", "--check"],
+                           capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stderr)
+
+    def test_rendering_twice_gives_the_same_bytes(self):
+        self.assertEqual(self.rendered, page.render(REPO))
+
+    def test_a_changed_result_changes_its_section_only(self):
+        runs = page.newest_runs(RESULTS)
+        path = runs["capped-repeating"][0][0]
+        with tempfile.TemporaryDirectory() as tmp:
+            copy_results(tmp)
+            res = load_json(path)
+            # slow every kept decode of one cell down: its tok/s must change on the page
+            cell = "cache-6000"
+            for r in res["runs"]:
+                if r.get("cell") == cell:
+                    r["metrics"]["per_token"]["decode_s"] = [
+                        2 * x if x is not None else x for x in r["metrics"]["per_token"]["decode_s"]]
+            with open(os.path.join(tmp, os.path.basename(path)), "w") as f:
+                json.dump(res, f)
+            changed = page.render(REPO, results_dir=tmp)
+        self.assertNotEqual(changed, self.rendered)
+        self.assertNotEqual(section_of(changed, "capped-repeating"),
+                            section_of(self.rendered, "capped-repeating"))
+        self.assertEqual(section_of(changed, "serial-bound"), section_of(self.rendered, "serial-bound"))
+
+    def test_a_newer_run_replaces_the_older_one(self):
+        runs = page.newest_runs(RESULTS)
+        path, head = runs["stream-lanes"][0]
+        with tempfile.TemporaryDirectory() as tmp:
+            copy_results(tmp)
+            res = load_json(path)
+            res["started_utc"] = "2099-01-01T00:00:00Z"
+            res["harness_command"] = ["bench/run.py", "--preset", "stream-lanes", "--commit", "feedbee"]
+            with open(os.path.join(tmp, "stream-lanes-20990101T000000Z.json"), "w") as f:
+                json.dump(res, f)
+            # an override run (name with --) and an interrupted run never make the page
+            res2 = dict(res, started_utc="2099-02-01T00:00:00Z",
+                        harness_command=["bench/run.py", "--preset", "stream-lanes", "--reps", "1"])
+            with open(os.path.join(tmp, "stream-lanes--tiny-20990201T000000Z.json"), "w") as f:
+                json.dump(res2, f)
+            res3 = dict(res, started_utc="2099-03-01T00:00:00Z", interrupted=True,
+                        harness_command=["bench/run.py", "--preset", "stream-lanes", "--commit", "badbad"])
+            with open(os.path.join(tmp, "stream-lanes-20990301T000000Z.json"), "w") as f:
+                json.dump(res3, f)
+            sec = section_of(page.render(REPO, results_dir=tmp), "stream-lanes")
+        self.assertIn("--commit feedbee", sec)
+        self.assertIn(os.path.basename(path), sec)          # listed as an older run
+        self.assertNotIn("--reps 1", sec)
+        self.assertNotIn("badbad", sec)
+
+    def test_renamed_preset_is_shown_under_its_new_name(self):
+        sec = section_of(self.rendered, "capped-repeating")
+        self.assertIn("--preset capped-repeating", sec)
+        self.assertNotIn("--preset issue4-final", sec)
+        self.assertIn('id="capped-repeating"', sec)
+
+    def test_no_history_on_the_page(self):
+        import re
+        bad = re.compile(r"\b[Ss]top[ -]?[0-9]{1,2}\b|issue #[0-9]+|competing engine|competitor|prior-art")
+        self.assertEqual(bad.findall(self.rendered), [])
+
+
+if __name__ == "__main__":
+    unittest.main()
