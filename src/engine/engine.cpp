@@ -8,22 +8,22 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "cache_budget.h"
+#include "moestream/cache_budget.h"
 #include "ggml-backend.h"
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "io_faults.h"
 #include "io_lanes.h"
 #include "llama.h"
-#include "log.h"
+#include "moestream/log.h"
 #include "weight_binder.h"
 #include "moestream/moestream.h"
 #include "prefetch.h"
 #include "uring_tail.h"
 #include "residency.h"
-#include "route_trace.h"
+#include "route_tracer.h"
 #include "router_hook.h"
 #include "streamer.h"
-#include "sysinfo.h"
+#include "moestream/sysinfo.h"
 
 namespace moestream {
 namespace {

@@ -1,5 +1,5 @@
 // eval.cpp — see eval.h.
-#include "eval.h"
+#include "moestream/eval.h"
 
 #include <unistd.h>
 

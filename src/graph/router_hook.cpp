@@ -5,10 +5,10 @@
 #include <string>
 
 #include "ggml.h"
-#include "log.h"
+#include "moestream/log.h"
 #include "weight_binder.h"
 #include "prefetch.h"
-#include "route_trace.h"
+#include "route_tracer.h"
 
 namespace moestream {
 

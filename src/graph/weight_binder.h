@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "io_lanes.h"
 #include "model_loader.h"
 #include "residency.h"

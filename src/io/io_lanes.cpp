@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "log.h"
+#include "moestream/log.h"
 
 namespace moestream {
 namespace {

@@ -11,7 +11,7 @@
 #include <cstring>
 #include <thread>
 
-#include "log.h"
+#include "moestream/log.h"
 
 namespace moestream {
 

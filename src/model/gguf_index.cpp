@@ -6,7 +6,7 @@
 // Every count and size read from the file is bounded (kMax* below) and every sum/product
 // is computed with overflow-checked builtins. Errors are raised internally as an exception
 // carrying the byte offset and converted into one Status at the API boundary.
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

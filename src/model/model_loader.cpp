@@ -13,7 +13,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
-#include "log.h"
+#include "moestream/log.h"
 #include "mmap_guard.h"
 
 namespace moestream {

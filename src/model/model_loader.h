@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "status.h"
 
 struct llama_model;

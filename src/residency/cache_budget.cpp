@@ -1,4 +1,4 @@
-#include "cache_budget.h"
+#include "moestream/cache_budget.h"
 
 #include <algorithm>
 #include <cstdio>

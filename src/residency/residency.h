@@ -29,7 +29,7 @@
 #include <memory>
 #include <vector>
 
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "io_lanes.h"
 #include "status.h"
 

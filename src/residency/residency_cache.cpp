@@ -39,11 +39,11 @@
 #include <string>
 #include <unordered_map>
 
-#include "log.h"
+#include "moestream/log.h"
 #include "page_layout.h"
 #include "page_pool.h"
 #include "residency.h"
-#include "sysinfo.h"
+#include "moestream/sysinfo.h"
 
 namespace moestream {
 namespace {

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "log.h"
-#include "route_trace.h"
+#include "moestream/log.h"
+#include "route_tracer.h"
 #include "uring_tail.h"
 
 namespace moestream {

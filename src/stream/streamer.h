@@ -37,7 +37,7 @@
 #include <memory>
 #include <vector>
 
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "io_lanes.h"
 #include "residency.h"
 #include "router_hook.h"

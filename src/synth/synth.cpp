@@ -18,7 +18,7 @@
 // Quantized tensors are generated as random blocks directly (random quant bytes plus fp16
 // scales chosen so that the block decodes to zero-mean values with the target standard
 // deviation), which is much faster than quantizing floats.
-#include "synth.h"
+#include "moestream/synth.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

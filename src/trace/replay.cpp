@@ -9,7 +9,7 @@
 // (both use page_layout.h for that arithmetic). Any other change
 // to the engine's cache must be made here too; `moestream replay --validate` and the
 // CacheSimMatchesLruCache test catch a divergence.
-#include "replay.h"
+#include "moestream/replay.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // route_stats.cpp — see route_stats.h.
-#include "route_stats.h"
+#include "moestream/route_stats.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // route_trace.cpp — route trace writer and reader (format: docs/route-trace.md).
-#include "route_trace.h"
+#include "route_tracer.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,7 +11,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
-#include "log.h"
+#include "moestream/log.h"
 
 namespace moestream {
 

@@ -1,4 +1,4 @@
-#include "log.h"
+#include "moestream/log.h"
 
 #include <atomic>
 #include <cstdio>

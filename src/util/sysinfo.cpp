@@ -1,4 +1,4 @@
-#include "sysinfo.h"
+#include "moestream/sysinfo.h"
 
 #include <sys/resource.h>
 #include <sys/stat.h>

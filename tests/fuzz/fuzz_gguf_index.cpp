@@ -19,8 +19,8 @@
 #include <cstring>
 #include <string>
 
-#include "gguf_index.h"
-#include "log.h"
+#include "moestream/gguf_index.h"
+#include "moestream/log.h"
 
 using namespace moestream;
 

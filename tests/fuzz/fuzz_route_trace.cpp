@@ -8,8 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "log.h"
-#include "route_trace.h"
+#include "moestream/log.h"
+#include "moestream/route_trace.h"
 
 using namespace moestream;
 

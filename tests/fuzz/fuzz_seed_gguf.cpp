@@ -5,7 +5,7 @@
 #include <fstream>
 #include <vector>
 
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 
 int main(int argc, char ** argv) {
     if (argc != 3) {

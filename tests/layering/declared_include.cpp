@@ -1,5 +1,5 @@
 // Compiled against moestream_residency, which declares the model stage: the same include
 // compiles (the positive control of layering_refuses_undeclared_include).
-#include "gguf_index.h"
+#include "model_loader.h"
 #include "residency.h"
 int main() { return 0; }

@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "io_lanes.h"
-#include "route_trace.h"
+#include "moestream/route_trace.h"
 
 using namespace moestream;
 

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "io_faults.h"
 #include "io_lanes.h"
 #include "weight_binder.h"

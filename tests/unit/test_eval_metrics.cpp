@@ -9,7 +9,7 @@
 #include <limits>
 #include <vector>
 
-#include "eval.h"
+#include "moestream/eval.h"
 #include "test_util.h"
 
 using namespace moestream;

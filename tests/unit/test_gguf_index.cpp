@@ -29,7 +29,7 @@
 
 #include "ggml.h"
 #include "gguf.h"
-#include "gguf_index.h"
+#include "moestream/gguf_index.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

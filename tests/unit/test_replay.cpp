@@ -20,10 +20,10 @@
 #include <random>
 #include <sstream>
 
-#include "gguf_index.h"
-#include "replay.h"
+#include "moestream/gguf_index.h"
+#include "moestream/replay.h"
 #include "residency.h"
-#include "route_trace.h"
+#include "moestream/route_trace.h"
 #include "test_util.h"
 
 using nlohmann::json;

@@ -21,12 +21,12 @@
 
 #include <gtest/gtest.h>
 
-#include "cache_budget.h"
-#include "gguf_index.h"
+#include "moestream/cache_budget.h"
+#include "moestream/gguf_index.h"
 #include "io_lanes.h"
 #include "page_layout.h"
 #include "residency.h"
-#include "synth.h"
+#include "moestream/synth.h"
 #include "test_util.h"
 
 using namespace moestream;

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "route_stats.h"
+#include "moestream/route_stats.h"
 
 using namespace moestream;
 

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "route_trace.h"
+#include "route_tracer.h"
 #include "test_util.h"
 
 using nlohmann::json;

@@ -24,7 +24,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
-#include "synth.h"
+#include "moestream/synth.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;

@@ -16,8 +16,8 @@
 #include <sstream>
 
 #include "cli.h"
-#include "eval.h"
-#include "gguf_index.h"
+#include "moestream/eval.h"
+#include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
 
 namespace moestream::cli {

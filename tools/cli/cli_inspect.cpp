@@ -12,11 +12,11 @@
 #include <tuple>
 #include <vector>
 
-#include "cache_budget.h"
+#include "moestream/cache_budget.h"
 #include "cli.h"
 #include "ggml.h"
-#include "gguf_index.h"
-#include "sysinfo.h"
+#include "moestream/gguf_index.h"
+#include "moestream/sysinfo.h"
 
 namespace moestream::cli {
 

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "cli.h"
-#include "log.h"
-#include "replay.h"
-#include "route_stats.h"
-#include "route_trace.h"
+#include "moestream/log.h"
+#include "moestream/replay.h"
+#include "moestream/route_stats.h"
+#include "moestream/route_trace.h"
 
 namespace moestream::cli {
 namespace {

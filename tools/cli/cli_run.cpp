@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "cli.h"
-#include "log.h"
+#include "moestream/log.h"
 #include "moestream/moestream.h"
 
 namespace moestream::cli {

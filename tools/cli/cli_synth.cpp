@@ -12,8 +12,8 @@
 #include <string>
 
 #include "cli.h"
-#include "log.h"
-#include "synth.h"
+#include "moestream/log.h"
+#include "moestream/synth.h"
 
 namespace moestream::cli {
 

@@ -2,7 +2,7 @@
 #include <cstdio>
 
 #include "cli.h"
-#include "log.h"
+#include "moestream/log.h"
 
 namespace moestream::cli {
 void apply_verbosity(int count) {

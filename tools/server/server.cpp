@@ -18,8 +18,8 @@
 #include <mutex>
 #include <thread>
 
-#include "log.h"
-#include "sysinfo.h"
+#include "moestream/log.h"
+#include "moestream/sysinfo.h"
 #include "web_assets.h"
 
 namespace moestream::server {

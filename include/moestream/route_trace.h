@@ -8,21 +8,17 @@
 // page size, cache budget, settings), so `moestream replay` (replay.h) can re-run the
 // residency cache offline with the engine's own accounting.
 //
-// RouteTracer writes one: a temporary file next to the target, renamed over it by finish().
-// Any write failure (disk full, unwritable directory) turns tracing off with one warning and
-// removes the temporary file; inference is never affected. read_route_trace() parses and
-// validates one; every error names the byte offset (Status kBadInput).
+// The engine's RouteTracer (src/trace/route_tracer.h) writes one. read_route_trace() parses
+// and validates one; every error names the byte offset (Status kBadInput).
 //
-// Thread-safety: a RouteTracer is driven from the llama_decode thread only (eval callback and
-// engine); parsed traces are plain values.
+// Thread-safety: parsed traces are plain values.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "status.h"
+#include "moestream/status.h"
 
 namespace moestream {
 
@@ -91,69 +87,5 @@ struct RouteTrace {
 Status read_route_trace(const std::string & path, RouteTrace * out);
 Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string & name,
                          RouteTrace * out);
-
-class RouteTracer {
-public:
-    // Creates "<path>.tmp.<pid>" and writes the header. On failure logs a warning and returns
-    // a tracer that is not active (every call is then a no-op).
-    static std::unique_ptr<RouteTracer> open(const std::string & path, const TraceHeader & header);
-    ~RouteTracer();  // removes the temporary file unless finish() renamed it
-
-    bool active() const { return fd_ >= 0; }
-
-    // --- engine ---
-    // Before every llama_decode: its phase, the position of its first token, its tokens.
-    void begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens);
-    void end_graph() { close_record(); }
-    // Writes the end marker, closes and renames the file over the target. Warns on failure.
-    void finish();
-
-    // --- router hook ---
-    // A layer's routing (ids row-major [n_rows][k], as routed). Opens a new record.
-    void routing_start(uint32_t layer, int k, int n_rows, const int32_t * ids);
-    // The layer whose record still waits for its final weights, or -1.
-    int64_t waiting_layer() const { return open_ && !have_weights_ ? int64_t(cur_.layer) : -1; }
-    // Sets the final weight of (row, slot) of the open record; done_weights() ends the wait.
-    void set_weight(int row, int slot, float w) {
-        weight_[size_t(row) * cur_.k + size_t(slot)] = w;
-    }
-    void done_weights() { have_weights_ = true; }
-    void mark_dropped(int row, int slot) {
-        flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotDropped;
-    }
-
-    // --- streamer ---
-    // The distinct experts staged for `layer`, whether each was resident before the stage,
-    // and the bytes read for them.
-    void on_stage(uint32_t layer, const std::vector<uint32_t> & experts,
-                  const std::vector<uint8_t> & resident, uint64_t bytes_read);
-
-    uint64_t records() const { return n_records_; }
-
-private:
-    RouteTracer() = default;
-    void close_record();
-    void flush(bool force);
-    void fail(const std::string & what, int err);
-
-    std::string path_, tmp_;
-    int fd_ = -1;
-    std::string buf_;
-    uint64_t n_records_ = 0, n_slots_ = 0;
-    uint32_t n_expert_ = 0;
-
-    // graph
-    bool decode_ = false;
-    uint32_t pos0_ = 0, n_tokens_ = 0, graph_ = 0;
-    bool graph_started_ = false;
-
-    // the open record
-    bool open_ = false, have_weights_ = false;
-    TraceRouting cur_;
-    std::vector<int32_t> ids_;
-    std::vector<float> weight_;
-    std::vector<uint8_t> flags_;
-    std::vector<uint8_t> resident_;  // per expert id, scratch
-};
 
 }  // namespace moestream

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "status.h"
+#include "moestream/status.h"
 
 namespace moestream {
 

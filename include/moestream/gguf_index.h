@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "status.h"
+#include "moestream/status.h"
 
 namespace moestream {
 

@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <string>
 
-#include "gguf_index.h"
-#include "status.h"
-#include "sysinfo.h"
+#include "moestream/gguf_index.h"
+#include "moestream/status.h"
+#include "moestream/sysinfo.h"
 
 namespace moestream {
 

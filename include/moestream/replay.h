@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "route_trace.h"
-#include "status.h"
+#include "moestream/route_trace.h"
+#include "moestream/status.h"
 
 namespace moestream {
 

@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "route_trace.h"
-#include "status.h"
+#include "moestream/route_trace.h"
+#include "moestream/status.h"
 
 namespace moestream {
 
