@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 PRESETS = ("tiny", "mid", "qwen3-30b-a3b")
-DEFAULT_ATTN_GAIN = 0.3  # moestream synth --attn-gain's default (src/synth.h)
+DEFAULT_ATTN_GAIN = 0.3  # moestream synth --attn-gain's default (include/moestream/synth.h)
 
 
 def gain_note(attn_gain: float | None) -> str:

@@ -10,6 +10,17 @@
 // Thread-safety: an Engine is used from one thread at a time (decode is single-stream by
 // construction); it owns internal I/O lane threads. Distinct Engines are independent.
 // The library never aborts or exits on input: every failure comes back as a Status.
+//
+// Linking: link the target `moestream_api` (CMake) into the EXECUTABLE, statically, as the
+// CLI does. Streaming interposes libc's mmap family (src/model/mmap_guard.h) so llama.cpp's
+// loader maps the model file without prefaulting it; the interposers only take effect when
+// the static library is part of the executable itself. In a shared library, or when they
+// are not linked, Engine::open with streaming fails with a message saying so rather than
+// reading the whole file. The executable also needs the llama.cpp / ggml prefix at run time
+// (cmake/llama-prefix.cmake: moestream_link_llama).
+// Other public headers: gguf_index.h (the validated model index: inspect, eval), synth.h
+// (random-weight models), route_trace.h / replay.h / route_stats.h (traces and the cache
+// simulator), eval.h (quality metrics), cache_budget.h (the cache rule), log.h, sysinfo.h.
 #pragma once
 
 #include <cstdint>

@@ -148,8 +148,6 @@ public:
             kvo[0].val_i64 = k_eff_;
             mp.kv_overrides = kvo;
         }
-        mp.use_extra_bufts = false;  // load-bearing: see model_loader.h
-        mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
 
         if (opt.stream) {
             uint64_t max_slice = 0;

@@ -65,7 +65,6 @@ public:
     Status finish();
 
     uint64_t dense_bytes() const { return dense_bytes_; }    // heap copies of dense weights
-    size_t n_experts_bound() const { return n_expert_bound_; }
 
 private:
     bool in_map(const void * p) const;

@@ -1,5 +1,5 @@
 // fuzz_gguf_index.cpp — libFuzzer target for moestream's GGUF / expert-map validation
-// (load_model_index, src/gguf_index.h). docs/reliability.md, "Fuzzing".
+// (load_model_index, include/moestream/gguf_index.h). docs/reliability.md, "Fuzzing".
 //
 // Input: [u64 little-endian pad][file bytes]. The file given to load_model_index is the file
 // bytes followed by min(pad, 1 GiB) zero bytes (a sparse memfd: nothing is allocated). The pad

@@ -1,5 +1,5 @@
 // fuzz_route_trace.cpp — libFuzzer target for the route-trace reader (parse_route_trace,
-// src/route_trace.h). docs/reliability.md, "Fuzzing". Input: the trace file's bytes. Seeds:
+// include/moestream/route_trace.h). docs/reliability.md, "Fuzzing". Input: the trace file's bytes. Seeds:
 // traces recorded by `moestream run --route-trace` on synth models.
 //
 // Checked: no crash / sanitizer report / abort; on success the parsed trace is consistent

@@ -1,4 +1,4 @@
-// test_eval_metrics.cpp — the measures of `moestream eval` (src/eval.h) on hand-made logits,
+// test_eval_metrics.cpp — the measures of `moestream eval` (include/moestream/eval.h) on hand-made logits,
 // and the reference-logits file: round trip and every mismatch refused with its offset.
 #include <gtest/gtest.h>
 #include <unistd.h>

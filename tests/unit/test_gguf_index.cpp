@@ -1,4 +1,4 @@
-// test_gguf_index.cpp — moestream's own GGUF reader (src/gguf_index.h).
+// test_gguf_index.cpp — moestream's own GGUF reader (include/moestream/gguf_index.h).
 //
 //  - a byte-level GGUF builder (test-only, written from the format description) makes a small
 //    valid MoE model and every corrupt variant of it: the corruption matrix must give

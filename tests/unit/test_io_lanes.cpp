@@ -262,7 +262,7 @@ TEST_F(IoLanesTest, TailOnlyBatch) {
     EXPECT_TRUE(all_exact(reqs));
 }
 
-// --- UringTail: the prefetch tail through io_uring (src/uring_tail.h) ---------------------
+// --- UringTail: the prefetch tail through io_uring (src/io/uring_tail.h) ---------------------
 
 namespace {
 bool has_body(const ReadRequest & r) {

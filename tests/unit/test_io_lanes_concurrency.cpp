@@ -1,4 +1,4 @@
-// test_io_lanes_concurrency.cpp — IoLanes (src/io_lanes.h) under concurrency, the TSan build's main
+// test_io_lanes_concurrency.cpp — IoLanes (src/io/io_lanes.h) under concurrency, the TSan build's main
 // subject (docs/reliability.md):
 //  - many batches of unaligned slice reads spread over 4 lanes deliver exactly the file's
 //    bytes, O_DIRECT and buffered, with and without short reads / EINTR from a hook;

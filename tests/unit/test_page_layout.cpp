@@ -1,4 +1,4 @@
-// test_page_layout.cpp — PageLayout (src/page_layout.h), the page arithmetic the cache and
+// test_page_layout.cpp — PageLayout (src/residency/page_layout.h), the page arithmetic the cache and
 // the replay share, against a byte-by-byte model: for random phases, slice sizes and sets of
 // live experts, which pages each expert touches, which experts touch each page, and which of
 // an expert's pages no other live expert touches.

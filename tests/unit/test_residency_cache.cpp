@@ -1,4 +1,4 @@
-// test_residency_cache.cpp — the bounded LRU expert cache (src/residency_cache.cpp).
+// test_residency_cache.cpp — the bounded LRU expert cache (src/residency/residency_cache.cpp).
 //
 // Layouts are built by hand (no model file): the store only needs the expert map's shapes.
 // "Reads" are simulated by filling each ReadRequest's destination with a pattern derived

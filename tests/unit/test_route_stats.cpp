@@ -1,4 +1,4 @@
-// test_route_stats.cpp — routing statistics (src/route_stats.h) on hand-made traces whose
+// test_route_stats.cpp — routing statistics (include/moestream/route_stats.h) on hand-made traces whose
 // answers are known: a sticky routing reuses, an alternating one does not, a shuffle of a
 // sticky routing loses its reuse, uniform usage has entropy 1.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // `moestream inspect -m MODEL [--json]` — describes a MoE GGUF model from moestream's own
-// validated index (src/gguf_index.h): shapes, expert vs dense bytes, one token's routed
+// validated index (include/moestream/gguf_index.h): shapes, expert vs dense bytes, one token's routed
 // working set, how the expert slices sit in the file for O_DIRECT, and the cache sizes
 // worth using. See docs/inspect.md for every field.
 #include <algorithm>
@@ -227,7 +227,7 @@ void print_human(const ModelIndex & m, const Report & r) {
                   "slice (%s for all experts)",
                   r.odirect_overread_pct, human_bytes(r.odirect_read_bytes).c_str());
     line("O_DIRECT", buf);
-    // run refuses 1..1499 MiB without --force-cache (src/cache_budget.h); say so when the
+    // run refuses 1..1499 MiB without --force-cache (include/moestream/cache_budget.h); say so when the
     // model's own figures fall in that band.
     const uint64_t rule = 1500;
     const char * forced = r.cache_min_mib < rule ? " (below 1500 needs --force-cache)" : "";
