@@ -45,9 +45,8 @@ struct RunOptions {
     // false reads every tensor into allocated memory at load (load_mode NONE; --no-mmap), so
     // the first decodes do not pay for the first touch of mapped pages (bench t_compute).
     bool resident_mmap = true;
-    // Read lanes, the calling thread included (--io-threads). 4 since stop 17: against 2, under
-    // the 8 GiB cap (bench lanes-capped), decode x1.16 with the cache off, x1.11 at 4000 MiB,
-    // x0.99-1.01 at 6000 MiB / auto, and a shorter time to first token at every budget.
+    // Read lanes, the calling thread included (--io-threads). The default of 4 is the
+    // measured choice under a memory cap (docs/benchmarks.md#lanes-capped).
     int io_threads = 4;
     bool odirect = true;  // O_DIRECT reads (false: buffered pread; --no-odirect)
     // Keep a layer's down-projection reads in flight while its gate/up matmuls compute (needs
