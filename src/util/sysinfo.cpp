@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace moestream {
 namespace {
@@ -121,6 +122,15 @@ std::string cgroup_path(bool v2) {
     return "";
 }
 
+// Where one cgroup version keeps a group's limit, usage and page cache.
+struct CgroupFiles {
+    const char * name;                       // "cgroup v1" / "cgroup v2"
+    const char * limit;                      // limit file, bytes
+    const char * usage;                      // usage file, bytes (page cache included)
+    std::vector<const char *> cache_fields;  // memory.stat fields holding the page cache
+    bool (*limited)(uint64_t limit);         // false: the value means "no limit"
+};
+
 }  // namespace
 
 MemoryAvailability memory_availability() {
@@ -135,49 +145,37 @@ MemoryAvailability memory_availability() {
     }
     m.available_bytes = m.mem_available_bytes;
     m.source = "MemAvailable";
-    // cgroup v1 (memory controller), walking up: the tightest limit on the path applies.
-    std::string p = cgroup_path(false);
+    // The tightest cgroup limit on the path applies: walk up from this process's group.
     uint64_t best_free = UINT64_MAX, best_limit = 0;
     const char * src = nullptr;
-    if (!p.empty()) {
-        for (std::string q = p;; q = q.substr(0, q.rfind('/'))) {
-            std::string d = "/sys/fs/cgroup/memory" + (q == "/" ? std::string() : q);
+    auto scan = [&](const std::string & group, const std::string & root, const CgroupFiles & f) {
+        for (std::string q = group;; q = q.substr(0, q.rfind('/'))) {
+            const std::string d = root + (q == "/" ? std::string() : q);
             uint64_t lim = 0, use = 0;
-            if (read_u64_file(d + "/memory.limit_in_bytes", &lim) && lim < (1ull << 60) &&
-                read_u64_file(d + "/memory.usage_in_bytes", &use)) {
-                uint64_t cache = stat_field(d + "/memory.stat", "total_inactive_file") +
-                                 stat_field(d + "/memory.stat", "total_active_file");
-                uint64_t hard = use > cache ? use - cache : 0;
-                uint64_t free = lim > hard ? lim - hard : 0;
+            if (read_u64_file(d + "/" + f.limit, &lim) && f.limited(lim) &&
+                read_u64_file(d + "/" + f.usage, &use)) {
+                uint64_t cache = 0;
+                for (const char * field : f.cache_fields) cache += stat_field(d + "/memory.stat", field);
+                const uint64_t hard = use > cache ? use - cache : 0;
+                const uint64_t free = lim > hard ? lim - hard : 0;
                 if (free < best_free) {
                     best_free = free;
                     best_limit = lim;
-                    src = "cgroup v1";
+                    src = f.name;
                 }
             }
             if (q.empty() || q == "/") break;
         }
-    }
-    // cgroup v2
-    std::string p2 = cgroup_path(true);
-    if (!p2.empty() || src == nullptr) {
-        for (std::string q = p2;; q = q.substr(0, q.rfind('/'))) {
-            std::string d = "/sys/fs/cgroup" + (q == "/" ? std::string() : q);
-            uint64_t lim = 0, use = 0;
-            if (read_u64_file(d + "/memory.max", &lim) && lim != UINT64_MAX &&
-                read_u64_file(d + "/memory.current", &use)) {
-                uint64_t cache = stat_field(d + "/memory.stat", "file");
-                uint64_t hard = use > cache ? use - cache : 0;
-                uint64_t free = lim > hard ? lim - hard : 0;
-                if (free < best_free) {
-                    best_free = free;
-                    best_limit = lim;
-                    src = "cgroup v2";
-                }
-            }
-            if (q.empty() || q == "/") break;
-        }
-    }
+    };
+    static const CgroupFiles kV1{"cgroup v1", "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                 {"total_inactive_file", "total_active_file"},
+                                 [](uint64_t lim) { return lim < (1ull << 60); }};
+    static const CgroupFiles kV2{"cgroup v2", "memory.max", "memory.current", {"file"},
+                                 [](uint64_t lim) { return lim != UINT64_MAX; }};
+    const std::string p = cgroup_path(false);
+    if (!p.empty()) scan(p, "/sys/fs/cgroup/memory", kV1);  // v1 (memory controller)
+    const std::string p2 = cgroup_path(true);
+    if (!p2.empty() || src == nullptr) scan(p2, "/sys/fs/cgroup", kV2);
     if (src != nullptr && best_free < m.available_bytes) {
         m.available_bytes = best_free;
         m.cgroup_limit_bytes = best_limit;

@@ -33,6 +33,7 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using moestream::test::TempDir;
 using moestream::ErrorCode;
 using moestream::load_model_index;
 using moestream::ModelIndex;
@@ -288,19 +289,6 @@ Builder moe_builder() {
 
 // ---- temp files ------------------------------------------------------------------------------
 
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/moestream-gguf-index-XXXXXX";
-        if (!mkdtemp(tmpl)) std::abort();
-        dir_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(dir_); }
-    std::string path(const std::string & name) const { return dir_ + "/" + name; }
-
-private:
-    std::string dir_;
-};
 
 void write_file(const std::string & path, const std::vector<uint8_t> & b, size_t len = SIZE_MAX) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);

@@ -22,6 +22,7 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using moestream::test::TempDir;
 using moestream::test::cli_bin;
 using moestream::test::CmdResult;
 using moestream::test::run_cmd;
@@ -41,19 +42,6 @@ void default_test_env() {
     setenv("MOESTREAM_TEST_MODELS", (bin.parent_path() / "test-models").c_str(), 0);
 }
 
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/moestream-inspect-XXXXXX";
-        if (!mkdtemp(tmpl)) std::abort();
-        dir_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(dir_); }
-    std::string path(const std::string & name) const { return dir_ + "/" + name; }
-
-private:
-    std::string dir_;
-};
 
 CmdResult inspect(const std::string & args) {
     default_test_env();

@@ -28,6 +28,7 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
+using moestream::test::TempDir;
 using moestream::test::cli_bin;
 using moestream::test::CmdResult;
 using moestream::test::run_cmd;
@@ -41,23 +42,6 @@ std::string llama_tool() {
 }
 
 // A fresh temp directory, removed at the end of the test.
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/moestream-synth-XXXXXX";
-        if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-        path_ = tmpl;
-    }
-    ~TempDir() {
-        std::error_code ec;
-        fs::remove_all(path_, ec);
-    }
-    std::string file(const std::string & name) const { return path_ + "/" + name; }
-    const std::string & path() const { return path_; }
-
-private:
-    std::string path_;
-};
 
 CmdResult synth(const std::string & args) {
     return run_cmd(sh_quote(cli_bin()) + " synth " + args);
@@ -151,13 +135,13 @@ INSTANTIATE_TEST_SUITE_P(synth, SynthTinyLoads,
 TEST(synth, SameSeedSameBytesAnyThreadCountOtherSeedDiffers) {
     TempDir d;
     const std::string base = "--preset tiny --arch glm4moe --type q4_k --seed 7 ";
-    ASSERT_EQ(synth(base + "--threads 1 -o " + d.file("a.gguf")).exit_code, 0);
-    ASSERT_EQ(synth(base + "--threads 3 -o " + d.file("b.gguf")).exit_code, 0);
+    ASSERT_EQ(synth(base + "--threads 1 -o " + d.path("a.gguf")).exit_code, 0);
+    ASSERT_EQ(synth(base + "--threads 3 -o " + d.path("b.gguf")).exit_code, 0);
     ASSERT_EQ(
-        synth("--preset tiny --arch glm4moe --type q4_k --seed 8 -o " + d.file("c.gguf")).exit_code,
+        synth("--preset tiny --arch glm4moe --type q4_k --seed 8 -o " + d.path("c.gguf")).exit_code,
         0);
-    const std::string a = slurp(d.file("a.gguf")), b = slurp(d.file("b.gguf")),
-                      c = slurp(d.file("c.gguf"));
+    const std::string a = slurp(d.path("a.gguf")), b = slurp(d.path("b.gguf")),
+                      c = slurp(d.path("c.gguf"));
     ASSERT_GT(a.size(), 1000000u);
     EXPECT_TRUE(a == b) << "same options, different thread count: bytes differ";
     // Negative control: another seed changes the data (same layout, so the same size).
@@ -173,11 +157,11 @@ TEST(synth, SameSeedSameBytesAnyThreadCountOtherSeedDiffers) {
 TEST(synth, AttnGainChangesOnlyTheAttentionOutputs) {
     TempDir d;
     const std::string base = "--preset tiny --type q8_0 ";
-    ASSERT_EQ(synth(base + "-o " + d.file("a.gguf")).exit_code, 0);
-    ASSERT_EQ(synth(base + "--attn-gain 0.3 -o " + d.file("b.gguf")).exit_code, 0);
-    ASSERT_EQ(synth(base + "--attn-gain 1 -o " + d.file("c.gguf")).exit_code, 0);
-    EXPECT_TRUE(slurp(d.file("a.gguf")) == slurp(d.file("b.gguf")));
-    Gguf a = open_gguf(d.file("a.gguf")), c = open_gguf(d.file("c.gguf"));
+    ASSERT_EQ(synth(base + "-o " + d.path("a.gguf")).exit_code, 0);
+    ASSERT_EQ(synth(base + "--attn-gain 0.3 -o " + d.path("b.gguf")).exit_code, 0);
+    ASSERT_EQ(synth(base + "--attn-gain 1 -o " + d.path("c.gguf")).exit_code, 0);
+    EXPECT_TRUE(slurp(d.path("a.gguf")) == slurp(d.path("b.gguf")));
+    Gguf a = open_gguf(d.path("a.gguf")), c = open_gguf(d.path("c.gguf"));
     ASSERT_TRUE(a && c);
     auto name_of = [](const Gguf & g) {
         return std::string(gguf_get_val_str(g.get(), gguf_find_key(g.get(), "general.name")));
@@ -187,8 +171,8 @@ TEST(synth, AttnGainChangesOnlyTheAttentionOutputs) {
     int n_changed = 0;
     for (int64_t i = 0; i < gguf_get_n_tensors(a.get()); ++i) {
         const std::string name = gguf_get_tensor_name(a.get(), i);
-        const std::vector<float> x = read_tensor_f32(d.file("a.gguf"), name),
-                                 y = read_tensor_f32(d.file("c.gguf"), name);
+        const std::vector<float> x = read_tensor_f32(d.path("a.gguf"), name),
+                                 y = read_tensor_f32(d.path("c.gguf"), name);
         ASSERT_EQ(x.size(), y.size()) << name;
         if (name.find("attn_output") == std::string::npos) {
             EXPECT_TRUE(x == y) << name << " changed with --attn-gain";
@@ -204,12 +188,12 @@ TEST(synth, AttnGainChangesOnlyTheAttentionOutputs) {
     EXPECT_GT(n_changed, 0);
     // The library refuses a gain outside (0, 4] with a usage error, as the CLI does.
     moestream::SynthOptions opt;
-    opt.out_path = d.file("x.gguf");
+    opt.out_path = d.path("x.gguf");
     opt.attn_out_gain = 0.0f;
     EXPECT_EQ(moestream::synth_model(opt, nullptr).exit_code(), 64);
     opt.attn_out_gain = std::nanf("");
     EXPECT_EQ(moestream::synth_model(opt, nullptr).exit_code(), 64);
-    EXPECT_FALSE(fs::exists(d.file("x.gguf")));
+    EXPECT_FALSE(fs::exists(d.path("x.gguf")));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -255,7 +239,7 @@ TEST(synth, DefaultAlignmentIs32) {
 
 TEST(synth, BadFlagsExit64) {
     TempDir d;
-    const std::string o = " -o " + d.file("x.gguf");
+    const std::string o = " -o " + d.path("x.gguf");
     const std::vector<std::string> bad = {
         "--preset huge" + o,
         "--preset tiny --arch llama" + o,
@@ -277,34 +261,34 @@ TEST(synth, BadFlagsExit64) {
         EXPECT_EQ(r.exit_code, 64) << args << "\n" << r.err;
         EXPECT_NE(r.err.find("moestream:"), std::string::npos) << args;
     }
-    EXPECT_TRUE(fs::is_empty(d.path()));
+    EXPECT_TRUE(fs::is_empty(d.dir()));
 }
 
 TEST(synth, UnwritableOutputIsAClearError) {
     TempDir d;
     // Missing directory.
-    const std::string missing = d.file("no/such/dir/m.gguf");
+    const std::string missing = d.path("no/such/dir/m.gguf");
     CmdResult r = synth("--preset tiny -o " + sh_quote(missing));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     // The output path is an existing directory: rename fails, the temp file is removed.
-    fs::create_directory(d.file("adir"));
-    r = synth("--preset tiny -o " + sh_quote(d.file("adir")));
+    fs::create_directory(d.path("adir"));
+    r = synth("--preset tiny -o " + sh_quote(d.path("adir")));
     EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find(d.file("adir")), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(d.path("adir")), std::string::npos) << r.err;
     // Write failure part-way (file size limit: EFBIG, like a full disk): no half file left.
-    const std::string big = d.file("big.gguf");
+    const std::string big = d.path("big.gguf");
     r = run_cmd("trap '' XFSZ; ulimit -f 4096; exec " + sh_quote(cli_bin()) +
                 " synth --preset tiny --type f32 -o " + sh_quote(big));
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find(big), std::string::npos) << r.err;
     std::vector<std::string> left;
-    for (const auto & e : fs::directory_iterator(d.path())) {
+    for (const auto & e : fs::directory_iterator(d.dir())) {
         if (e.path().filename() != "adir") left.push_back(e.path().string());
     }
     EXPECT_TRUE(left.empty()) << left.front();
-    EXPECT_TRUE(fs::is_empty(d.file("adir")));
+    EXPECT_TRUE(fs::is_empty(d.path("adir")));
 }
 
 TEST(synth, InterruptedRunLeavesNoFile) {
@@ -312,9 +296,9 @@ TEST(synth, InterruptedRunLeavesNoFile) {
     // mid is ~3 GB: still writing after 1 s when SIGTERM arrives.
     CmdResult r =
         run_cmd(sh_quote(cli_bin()) + " synth --preset mid --type q4_k -o " +
-                sh_quote(d.file("mid.gguf")) + " & p=$!; sleep 1; kill -TERM $p; wait $p");
+                sh_quote(d.path("mid.gguf")) + " & p=$!; sleep 1; kill -TERM $p; wait $p");
     EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
-    EXPECT_TRUE(fs::is_empty(d.path()));
+    EXPECT_TRUE(fs::is_empty(d.dir()));
 }
 
 TEST(synth, DryRunPlansRealSizes) {

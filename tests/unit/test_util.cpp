@@ -132,4 +132,15 @@ uint64_t pool_file_bytes() {
     return total;
 }
 
+TempDir::TempDir(const std::string & tag) {
+    std::string tmpl = "/tmp/moestream-" + tag + "-XXXXXX";
+    if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp " + tmpl + ": " + std::strerror(errno));
+    dir_ = tmpl;
+}
+
+TempDir::~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+}
+
 }  // namespace moestream::test

@@ -37,4 +37,19 @@ std::string sh_quote(const std::string & s);
 // counts it (st_blocks), mapped or not.
 uint64_t pool_file_bytes();
 
+// A fresh directory "/tmp/moestream-<tag>-XXXXXX", removed with everything in it when the
+// object goes. Throws std::runtime_error when it cannot be made.
+class TempDir {
+public:
+    explicit TempDir(const std::string & tag = "test");
+    ~TempDir();
+    TempDir(const TempDir &) = delete;
+    TempDir & operator=(const TempDir &) = delete;
+    std::string path(const std::string & name) const { return dir_ + "/" + name; }
+    const std::string & dir() const { return dir_; }
+
+private:
+    std::string dir_;
+};
+
 }  // namespace moestream::test
