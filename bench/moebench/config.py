@@ -40,6 +40,9 @@ VARIABLES: dict[str, Any] = {
     "start": "cold",            # cold: model file evicted + caches dropped before the run
     "extra_args": [],           # escape hatch: extra CLI arguments (counts as a variable)
     "route_trace": False,       # moestream --route-trace <run prefix>.trace (kept in raw/)
+    # moestream as committed at this revision (bench/build-at.sh: a clean export), so one run
+    # can compare two commits side by side; absent = the run's binary (--commit / --bin).
+    "commit": None,
 }
 
 MOESTREAM_LOADERS = {"stream", "resident"}
@@ -49,8 +52,9 @@ LOADERS = MOESTREAM_LOADERS | LLAMA_COMPLETION_LOADERS | LLAMA_BENCH_LOADERS
 
 _COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args"}
 APPLIES: dict[str, set[str]] = {
-    "stream": _COMMON | {"io_threads", "odirect", "prefetch", "cache_mb", "force_cache", "drop_cold", "route_trace"},
-    "resident": set(_COMMON),
+    "stream": _COMMON | {"io_threads", "odirect", "prefetch", "cache_mb", "force_cache", "drop_cold",
+                         "route_trace", "commit"},
+    "resident": _COMMON | {"commit"},
     "llama-mmap": set(_COMMON),
     "llama-dio": set(_COMMON),
     "bench-mmap": set(_COMMON),
@@ -62,7 +66,7 @@ APPLIES: dict[str, set[str]] = {
 # is a comparison of loaders, whatever the lanes.
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
            "prefetch": False,
-           "route_trace": False}
+           "route_trace": False, "commit": None}
 
 EXPERIMENT_KEYS = {
     "name", "title", "description", "model", "arch", "type", "seed", "attn_gain", "prompt", "tokens",
@@ -163,6 +167,8 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad('"cold" or "warm"')
     if var == "extra_args" and not (isinstance(v, list) and all(isinstance(a, str) for a in v)):
         raise bad("a list of strings")
+    if var == "commit" and not (v is None or (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z._/~^-]+", v))):
+        raise bad("a git revision (commit hash, tag or branch) or absent")
 
 
 def _fmt_name(template: str, params: dict[str, Any]) -> str:

@@ -7,6 +7,7 @@ import json
 import os
 import random
 import shutil
+import subprocess
 import sys
 import time
 from typing import Any
@@ -89,6 +90,21 @@ def snapshot_binary(path: str) -> str:
     return dst
 
 
+def resolve_commit(repo: str, rev: str) -> str:
+    r = subprocess.run(["git", "-C", repo, "rev-parse", "--verify", rev + "^{commit}"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"commit {rev!r}: not a revision of {repo}: {r.stderr.strip()}")
+    return r.stdout.strip()
+
+
+def build_at(repo: str, commit: str) -> str:
+    r = subprocess.run([os.path.join(repo, "bench", "build-at.sh"), commit], stdout=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench/build-at.sh {commit} failed")
+    return r.stdout.strip()
+
+
 class Harness:
     def __init__(self, exp: config.Experiment, repo: str, moestream_bin: str, out_dir: str,
                  raw_root: str, wait_s: int = 1800, dry_run: bool = False, commit: str | None = None):
@@ -101,6 +117,17 @@ class Harness:
             # very same binary, so run a private copy (named by its hash).
             moestream_bin = snapshot_binary(moestream_bin)
         self.tools = runners.Tools(repo, moestream_bin)
+        # Cells that name a commit run moestream as built at it (bench/build-at.sh), resolved
+        # to full hashes here so the results name exactly what ran.
+        self.cell_tools: dict[str, runners.Tools] = {}
+        self.cell_commits: dict[str, str] = {}
+        for rev in sorted({c.params["commit"] for c in exp.cells if c.params.get("commit")}):
+            full = resolve_commit(repo, rev)
+            self.cell_commits[rev] = full
+            if dry_run:
+                self.cell_tools[rev] = runners.Tools(repo, f"<build-at {full[:12]}>/moestream")
+                continue
+            self.cell_tools[rev] = runners.Tools(repo, snapshot_binary(build_at(repo, full)))
         self.out_dir = out_dir
         self.stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         self.raw = os.path.join(raw_root, f"{exp.name}-{self.stamp}")
@@ -117,10 +144,15 @@ class Harness:
         # + --stats-csv carry the figures) and the failed run is repeated.
         self.no_stats_json: str | None = None
 
+    def tools_for(self, cell: config.Cell) -> runners.Tools:
+        rev = cell.params.get("commit")
+        return self.cell_tools[rev] if rev else self.tools
+
     # ------------------------------------------------------------------ preflight
     def preflight(self) -> None:
-        if not os.access(self.tools.moestream, os.X_OK):
-            raise SystemExit(f"{self.tools.moestream}: not built (make build)")
+        for t in [self.tools, *([] if self.dry_run else self.cell_tools.values())]:
+            if not os.access(t.moestream, os.X_OK):
+                raise SystemExit(f"{t.moestream}: not built (make build)")
         loaders = {c.params["loader"] for c in self.exp.cells}
         if loaders & (config.LLAMA_COMPLETION_LOADERS | config.LLAMA_BENCH_LOADERS) and \
                 not os.access(self.tools.llama_tool, os.X_OK):
@@ -205,7 +237,7 @@ class Harness:
         if cell is None:
             cmd = runners.fio_args(model, ins, fio_lanes, self.exp.fio.seconds, prefix + ".fio.json")
         elif p["loader"] in config.MOESTREAM_LOADERS:
-            cmd, why = runners.moestream_args(self.tools, self.exp, cell, model, ins, prefix)
+            cmd, why = runners.moestream_args(self.tools_for(cell), self.exp, cell, model, ins, prefix)
             if cmd is None:
                 rec.update(status="skipped", reason=why)
                 return rec
@@ -368,7 +400,9 @@ class Harness:
                              # uncommitted edits build/ was compiled with
                              moestream_bin_commit=self.commit,
                              moestream_bin_from=("clean export (bench/build-at.sh)" if self.commit
-                                                 else "work tree build (may include uncommitted edits)")),
+                                                 else "work tree build (may include uncommitted edits)"),
+                             cell_commits={rev: {"commit": full, "moestream_bin": self.cell_tools[rev].moestream}
+                                           for rev, full in self.cell_commits.items()}),
             "model": minfo,
             "raw_dir": os.path.relpath(self.raw, self.repo),
             "order": [{"index": i, "rep": r, "cell": n} for i, (r, n) in enumerate(order)],

@@ -118,6 +118,41 @@ class MatrixRules(unittest.TestCase):
         self.assertTrue(models.preset_path("mid", "qwen3moe", "q4_k", 1, 0.65)
                         .endswith("/mid-qwen3moe-q4_k-g0.65.gguf"))
 
+    def test_a_commit_is_one_variable_of_a_comparison(self):
+        e = load_toml("""
+            [[cell]]
+            name = "before"
+            commit = "HEAD"
+            [[cell]]
+            name = "after"
+            baseline = "before"
+        """)
+        self.assertIn("commit", config.describe_change(e.cell("after"), e.cell("before")))
+        with self.assertRaisesRegex(config.ConfigError, "a git revision"):
+            load_toml("""
+                [[cell]]
+                name = "a"
+                commit = "rm -rf /"
+            """)
+
+    def test_cells_that_name_a_commit_run_the_binary_built_at_it(self):
+        e = load_toml("""
+            [[cell]]
+            name = "before"
+            commit = "HEAD"
+            [[cell]]
+            name = "after"
+            baseline = "before"
+        """)
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        h = harness.Harness(e, repo, "/nonexistent/moestream", tempfile.mkdtemp(), tempfile.mkdtemp(),
+                            dry_run=True)
+        full = harness.resolve_commit(repo, "HEAD")
+        self.assertIn(full[:12], h.tools_for(e.cell("before")).moestream)
+        self.assertEqual(h.tools_for(e.cell("after")).moestream, "/nonexistent/moestream")
+        with self.assertRaises(SystemExit):
+            harness.resolve_commit(repo, "no-such-revision-xyz")
+
     def test_parse_bytes(self):
         self.assertEqual(config.parse_bytes("8GiB"), 8 << 30)
         self.assertEqual(config.parse_bytes("512MiB"), 512 << 20)
