@@ -16,7 +16,7 @@
 # kernels), and
 # the Cortex-A76 with 64 KiB pages (qemu -p 65536: the cache's page arithmetic at 64 KiB, the
 # page size in the stats checked). The cache's page-size unit tests (test_page_layout,
-# test_residency_cache's CachePageSize) run under emulation at 4 KiB and 64 KiB pages.
+# test_residency_cache's CachePageSize) run under emulation at 4, 16 and 64 KiB pages.
 # Negative control: a planted corrupted expert slice (MOESTREAM_DEBUG_CORRUPT_EXPERT) must change
 # the arm64 output, on both models. The stats must say which I/O paths were taken (O_DIRECT or
 # buffered, io_uring or the lanes for read-ahead, page moves) and, where io_uring was wanted and
@@ -73,6 +73,9 @@ say "unit tests, 4 KiB pages"
 "$qemu" -cpu cortex-a76 "$build/bin/test_residency_cache" --gtest_brief=1 \
   --gtest_filter='Sizes/CachePageSize.MatchesReferenceLru/16KiB:Sizes/CachePageSize.AccountsInItsPages/*:ResidencyCache.RejectsAPageSizeTheSystemCannotMap' >&2 \
   || fail "test_residency_cache CachePageSize with 4 KiB pages"
+say "unit tests, 16 KiB pages"
+"$qemu" -cpu cortex-a76 -p 16384 "$build/bin/test_page_layout" --gtest_brief=1 >&2 \
+  || fail "test_page_layout with 16 KiB pages"
 say "unit tests, 64 KiB pages"
 "$qemu" -cpu cortex-a76 -p 65536 "$build/bin/test_page_layout" --gtest_brief=1 >&2 \
   || fail "test_page_layout with 64 KiB pages"
