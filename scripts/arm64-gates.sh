@@ -5,20 +5,20 @@
 # (qemu-aarch64-static, started explicitly: binfmt need not be usable). `make test-arm64`;
 # part of `make test`. docs/arm64.md says what it covers and what it does not.
 #
-# Byte identity, arm64 against arm64 (ggml's arm64 kernels are not x86's): every streaming
-# variant (default cache, cache off, cache off with buffered reads, a small forced cache that
-# evicts on every token with the poison and residency checks, prefetch into a small cache, a
-# cache holding everything with prefetch) gives the same 32 token ids, the same logits hash of
+# Byte identity, arm64 against arm64 (ggml's arm64 kernels are not x86's): streaming variants
+# (default cache, cache off, cache off with buffered reads, a 1 MiB forced cache that evicts on
+# every token, with or without the poison and residency checks, prefetch into a small cache, a
+# cache holding everything with prefetch) give the same 32 token ids, the same logits hash of
 # every step and the same final logits bytes as the resident run (--no-stream) of the same
 # binary and CPU, on the trained demo model (models/) and a `moestream synth` model. Three
-# emulated machines: a Cortex-A76 (Raspberry Pi 5's core: NEON, dot product, FP16; ggml's
-# armv8.2_2 kernels), the emulator's "max" CPU with 128-bit SVE and int8 matmul (armv8.6_1
-# kernels), and
-# the Cortex-A76 with 64 KiB pages (qemu -p 65536: the cache's page arithmetic at 64 KiB, the
-# page size in the stats checked). The cache's page-size unit tests (test_page_layout,
-# test_residency_cache's CachePageSize) run under emulation at 4, 16 and 64 KiB pages.
+# emulated machines (the variants each runs: the gate calls at the end): a Cortex-A76 (Raspberry
+# Pi 5's core: NEON, dot product, FP16; ggml's armv8.2_2 kernels), the emulator's "max" CPU with
+# 128-bit SVE and int8 matmul (armv8.6_1 kernels), and the Cortex-A76 with 64 KiB pages (qemu
+# -p 65536: the cache's page arithmetic at 64 KiB; the page size in the stats is checked). The
+# page-size unit tests (test_page_layout, part of test_residency_cache's CachePageSize) run under
+# emulation at 4, 16 and 64 KiB pages.
 # Negative control: a planted corrupted expert slice (MOESTREAM_DEBUG_CORRUPT_EXPERT) must change
-# the arm64 output, on both models. The stats must say which I/O paths were taken (O_DIRECT or
+# the arm64 output, on both models and every machine. The stats must say which I/O paths were taken (O_DIRECT or
 # buffered, io_uring or the lanes for read-ahead, page moves) and, where io_uring was wanted and
 # is missing (the emulator has none), why.
 #
