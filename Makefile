@@ -2,25 +2,28 @@
 #   make build   set-up (private llama.cpp prefix + Debian 12 packages), configure, compile
 #   make test    build + every test (unit, gates against llama.cpp, the app page in Debian's
 #                chromium: scripts/setup-browser.sh installs it and playwright-core), then
-#                the sanitizer builds (ASan+UBSan, TSan) and a libFuzzer smoke run
-#                (docs/reliability.md)
-#   make test-asan / test-tsan / fuzz-smoke   one of those steps alone
+#                the sanitizer builds (ASan+UBSan, TSan), a libFuzzer smoke run
+#                (docs/reliability.md) and the arm64 gates (a cross build run under
+#                qemu-user, docs/arm64.md)
+#   make test-asan / test-tsan / fuzz-smoke / test-arm64   one of those steps alone
 #   make fuzz-long [FUZZ_SECONDS=900]          the documented long fuzz run (nice 19)
 #   make demo    build + stream the trained demo model (models/, tools/train) and print the stats
 #   make format  clang-format the sources
 # Env knobs (read here): JOBS (parallel compile/test jobs, default nproc),
-#   BUILD_DIR (default build), DEMO_MODEL (the GGUF `make demo` runs; default the trained
-#   byte-level MoE in models/; empty = a random-weight `moestream synth` model).
+#   BUILD_DIR (default build), BUILD_ARM64 (the arm64 cross build, default build-arm64),
+#   DEMO_MODEL (the GGUF `make demo` runs; default the trained byte-level MoE in models/;
+#   empty = a random-weight `moestream synth` model).
 JOBS      ?= $(shell nproc)
 BUILD_DIR ?= build
 CMAKE     ?= cmake
+BUILD_ARM64 ?= build-arm64
 DEMO_DIR  ?= $(BUILD_DIR)/demo
 DEMO_MODEL ?= models/moestream-linuxdoc-4l32e-q4_k_m.gguf
 export DEMO_MODEL
 
 FUZZ_SECONDS ?= 900
 
-.PHONY: all setup build test test-unit test-asan test-tsan fuzz-smoke fuzz-long demo format clean
+.PHONY: all setup build test test-unit test-asan test-tsan test-arm64 fuzz-smoke fuzz-long demo format clean
 
 all: build
 
@@ -33,7 +36,7 @@ $(BUILD_DIR)/CMakeCache.txt: | setup
 build: setup $(BUILD_DIR)/CMakeCache.txt
 	$(CMAKE) --build $(BUILD_DIR) -j $(JOBS)
 
-test: test-unit test-asan test-tsan fuzz-smoke
+test: test-unit test-asan test-tsan fuzz-smoke test-arm64
 
 test-unit: build
 	scripts/setup-browser.sh
@@ -45,6 +48,9 @@ test-asan: setup
 
 test-tsan: setup
 	JOBS=$(JOBS) scripts/sanitize.sh tsan
+
+test-arm64:
+	JOBS=$(JOBS) BUILD_ARM64=$(BUILD_ARM64) scripts/arm64-gates.sh
 
 fuzz-smoke: build
 	JOBS=$(JOBS) MOESTREAM_BIN=$(CURDIR)/$(BUILD_DIR)/bin/moestream scripts/fuzz.sh smoke
@@ -59,4 +65,4 @@ format:
 	clang-format -i $$(git ls-files '*.cpp' '*.h')
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan build-fuzz
+	rm -rf $(BUILD_DIR) $(BUILD_ARM64) build-asan build-tsan build-fuzz

@@ -305,6 +305,7 @@ public:
                 else
                     MS_LOG_INFO("prefetch: io_uring unavailable (%s); the lanes read ahead",
                                 why.c_str());
+                if (!uring_) uring_fallback_ = why;
             }
         }
         if (!opt_.route_trace.empty()) open_trace();
@@ -616,6 +617,12 @@ public:
         j["cache_debug"] = opt_.cache_debug;
         j["cache_recycle"] = opt_.cache_recycle;
         j["cache_move"] = opt_.cache_move;
+        // The paths taken where the kernel (or an emulator) may lack a feature: the cache's
+        // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.
+        j["page_bytes"] = system_page_bytes();
+        j["cache_move_used"] = store_ ? store_->cache_stats().move_pages : false;
+        j["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
+        if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
         j["prefetch"] = prefetch_on();
         j["prefetch_requested"] = opt_.prefetch;
         j["n_expert_used"] = k_eff_;
@@ -764,6 +771,7 @@ private:
     std::unique_ptr<RoutePredictor> predictor_;  // prefetch (null: off for this engine)
     uint64_t file_mapped_after_load_bytes_ = 0;  // --no-stream: model file mapped after load
     std::unique_ptr<UringTail> uring_;           // prefetch tails through io_uring (or null)
+    std::string uring_fallback_;                 // why io_uring was wanted and not available
     std::unique_ptr<RouterHook> hook_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode

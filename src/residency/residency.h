@@ -58,7 +58,7 @@ struct CacheStats {
     uint64_t peak_resident_bytes = 0;    // max of resident_expert_bytes since construction
     uint64_t budget_bytes = 0;           // the budget now (built with; lower after a shrink)
     uint64_t reserved_bytes = 0;         // address space reserved (not RAM)
-    uint64_t page_bytes = 0;             // commit granularity
+    uint64_t page_bytes = 0;             // commit granularity (CacheDebug::page_bytes)
     bool page_protect = false;           // released pages are PROT_NONE (else: flat mapping)
     // Pages recycled through the page pool (page_pool.h) rather than committed fresh for
     // every miss. Then a live expert costs whole pool chunks (PageLayout::chunk_pages) and
@@ -68,6 +68,7 @@ struct CacheStats {
     // Of those, slices whose pages were moved (mremap) from the expert evicted for them, page
     // tables and all, instead of unmapped there and mapped (and populated) anew here.
     uint64_t moved_commits = 0;
+    bool move_pages = false;        // moves in use now (off after the kernel refused one)
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
     // Prefetch (streamer.h, "Prefetch"): experts read ahead of their routing.
@@ -119,6 +120,11 @@ struct CacheDebug {
     // with ENOMEM, as mprotect does when the system refuses (RLIMIT_DATA, strict overcommit,
     // vm.max_map_count). 0 = off. See "Failed commits" in docs/reliability.md.
     uint64_t commit_limit_bytes = 0;
+
+    // The page size the cache commits, releases and accounts in: 0 = the system's
+    // (system_page_bytes()); else a power of two that is a multiple of it. Tests set it to run
+    // the page arithmetic at 16 KiB and 64 KiB pages on a 4 KiB host.
+    uint64_t page_bytes = 0;
 };
 
 class ResidencyStore {

@@ -120,6 +120,7 @@ public:
         s.page_bytes = page_;
         s.page_protect = protect_;
         s.recycle_pages = recycle_;
+        s.move_pages = move_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         s.pool_leaked_chunks = leaked_chunks_;
         return s;
@@ -244,7 +245,8 @@ private:
     const ModelIndex & index_;
     uint64_t budget_;  // lowered when the system refuses a commit
     const CacheDebug dbg_;
-    uint64_t page_ = 4096;
+    uint64_t page_ = 4096;      // the cache's page (CacheDebug::page_bytes)
+    uint64_t sys_page_ = 4096;  // the system's (mincore reports in these)
     bool protect_ = true;
     bool recycle_ = false;            // pages from pool_ (implies protect_)
     bool move_ = false;               // move parked chunks (implies recycle_)
@@ -283,7 +285,15 @@ Status LruCache::init() {
         return Status::Usage("expert cache budget must be > 0 (use the shared slots for 0)");
     if (index_.moe_layers.empty())
         return Status::BadModel(index_.path + ": no MoE layers to cache");
-    page_ = system_page_bytes();
+    sys_page_ = system_page_bytes();
+    page_ = sys_page_;
+    if (dbg_.page_bytes != 0) {
+        if (dbg_.page_bytes % sys_page_ != 0 || (dbg_.page_bytes & (dbg_.page_bytes - 1)) != 0)
+            return Status::Usage("expert cache: page size " + std::to_string(dbg_.page_bytes) +
+                                 " is not a power-of-two multiple of the system page size " +
+                                 std::to_string(sys_page_));
+        page_ = dbg_.page_bytes;
+    }
 
     // Shapes: one expert count per layer, slices consistent with the tensor size.
     uint64_t max_experts = 0, min_expert_bytes = UINT64_MAX;
@@ -380,12 +390,22 @@ Status LruCache::init() {
             r.map_bytes = (r.phase + et.tensor_bytes + page_ - 1) / page_ * page_;
             r.layout = PageLayout{r.phase, et.slice_bytes, page_, layers_[i].n_expert};
             const int prot = protect_ ? PROT_NONE : (PROT_READ | PROT_WRITE);
-            void * p = mmap(nullptr, r.map_bytes, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                            -1, 0);
+            // Page aligned: with a cache page above the system's (CacheDebug::page_bytes), the
+            // reservation is cut out of a larger one, as the kernel would align it.
+            const uint64_t slack = page_ - sys_page_;
+            void * p = mmap(nullptr, r.map_bytes + slack, prot,
+                            MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
             if (p == MAP_FAILED)
                 return Status::Runtime(
                     "expert cache: cannot reserve " + std::to_string(r.map_bytes) +
                     " bytes of address space for '" + et.name + "': " + errno_str(errno));
+            if (slack) {
+                const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+                const uintptr_t at = (a + page_ - 1) / page_ * page_;
+                if (at > a) munmap(p, at - a);
+                if (a + slack > at) munmap(reinterpret_cast<void *>(at + r.map_bytes), a + slack - at);
+                p = reinterpret_cast<void *>(at);
+            }
             r.base = static_cast<uint8_t *>(p);
             reserved_ += r.map_bytes;
             // Whole huge pages would commit neighbours' bytes and break the page accounting.
@@ -907,20 +927,23 @@ Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & e
                                    " is routed but the cache does not hold it");
         for (size_t t = 0; t < ML.tensors.size(); ++t) {
             const Reservation & r = res_[layer_res_[moe_idx] + t];
-            uint64_t p0, p1;
-            page_range(r, e, &p0, &p1);
+            const uint64_t begin = slice_begin(r, e);
             // 1) Every page of the slice is in RAM (a released or never written page is not).
-            mincore_buf_.assign(size_t(p1 - p0), 0);
-            if (mincore(r.base + p0 * page_, (p1 - p0) * page_, mincore_buf_.data()) != 0)
+            // mincore reports per system page: those under the slice's bytes (a cache page
+            // larger than the system's, CacheDebug::page_bytes, covers bytes no read wrote).
+            const uint64_t b0 = begin / sys_page_ * sys_page_;
+            const uint64_t b1 = (begin + r.slice_bytes + sys_page_ - 1) / sys_page_ * sys_page_;
+            mincore_buf_.assign(size_t((b1 - b0) / sys_page_), 0);
+            if (mincore(r.base + b0, b1 - b0, mincore_buf_.data()) != 0)
                 return Status::Runtime("verify_resident: mincore failed for " + where(e, t) + ": " +
                                        errno_str(errno));
-            for (uint64_t i = 0; i < p1 - p0; ++i)
+            for (size_t i = 0; i < mincore_buf_.size(); ++i)
                 if (!(mincore_buf_[i] & 1))
-                    return Status::Runtime("verify_resident: page " + std::to_string(p0 + i) +
-                                           " of " + where(e, t) + " is not in RAM");
+                    return Status::Runtime("verify_resident: page " +
+                                           std::to_string((b0 + i * sys_page_) / page_) + " of " +
+                                           where(e, t) + " is not in RAM");
             // 2) Readable and not still the poison pattern. Read through process_vm_readv so a
             // page left PROT_NONE is reported (EFAULT) rather than crashing the process.
-            const uint64_t begin = slice_begin(r, e);
             const uint64_t n_words = r.slice_bytes / 8;
             if (n_words == 0) continue;
             constexpr uint64_t kSamples = 32;

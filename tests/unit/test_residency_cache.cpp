@@ -18,6 +18,7 @@
 #include <random>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -35,7 +36,11 @@ using moestream::test::pool_file_bytes;
 namespace {
 
 constexpr uint64_t kMiB = 1024 * 1024;
-const uint64_t kPage = uint64_t(sysconf(_SC_PAGESIZE));
+const uint64_t kSysPage = uint64_t(sysconf(_SC_PAGESIZE));
+// The cache's page size in the test running now: the system's, or the parameter of the
+// CachePageSize tests (CacheDebug::page_bytes, set by make()), which run the same checks at
+// 4, 16 and 64 KiB pages on any host.
+uint64_t kPage = kSysPage;
 
 // A model index with one MoE layer per entry of `layers`, each with three projections of
 // the given slice sizes, `n_expert` experts each.
@@ -80,33 +85,61 @@ uint8_t pattern_byte(uint64_t file_offset) {
     return uint8_t(1 + (file_offset * 131) % 251);
 }
 
+// pattern_byte is periodic in the file offset (period 251): the bytes of [off, off + len) are
+// pieces of a table holding 64 periods, handed to f(piece, n) in order (slices of 64 KiB pages
+// are too large to fill and check byte by byte).
+template <class F>
+void pattern_pieces(uint64_t off, uint64_t len, F && f) {
+    static const std::vector<uint8_t> table = [] {
+        std::vector<uint8_t> t(251 * 64);
+        for (size_t i = 0; i < t.size(); ++i) t[i] = pattern_byte(i);
+        return t;
+    }();
+    while (len > 0) {
+        const uint64_t n = std::min<uint64_t>(len, 251 * 63);
+        f(table.data() + off % 251, n);
+        off += n;
+        len -= n;
+    }
+}
+
 // What IoLanes would do: every requested slice gets its bytes.
 void simulate_reads(const std::vector<ReadRequest> & reads) {
     // Each byte's value follows from its own file offset, so a page mapped at the wrong place
     // (another page of the slice, another expert's chunk page) shows.
     for (const ReadRequest & r : reads) {
         auto * d = static_cast<uint8_t *>(r.dest);
-        for (uint64_t i = 0; i < r.len; ++i) d[i] = pattern_byte(r.file_offset + i);
+        pattern_pieces(r.file_offset, r.len, [&](const uint8_t * p, uint64_t n) {
+            std::memcpy(d, p, n);
+            d += n;
+        });
     }
 }
 
 bool slice_intact(ResidencyStore & s, const ModelIndex & idx, size_t moe, uint32_t e) {
     const MoeLayer & L = idx.moe_layers[moe];
-    for (size_t t = 0; t < L.tensors.size(); ++t) {
+    bool same = true;
+    for (size_t t = 0; t < L.tensors.size() && same; ++t) {
         const ExpertTensor & et = L.tensors[t];
-        const uint64_t off = et.slice_offset(e);
-        const uint8_t * p = s.tensor_base(moe, t) + uint64_t(e) * et.slice_bytes;
-        for (uint64_t i = 0; i < et.slice_bytes; ++i)
-            if (p[i] != pattern_byte(off + i)) return false;
+        const uint8_t * q = s.tensor_base(moe, t) + uint64_t(e) * et.slice_bytes;
+        pattern_pieces(et.slice_offset(e), et.slice_bytes, [&](const uint8_t * p, uint64_t n) {
+            same = same && std::memcmp(q, p, n) == 0;
+            q += n;
+        });
     }
-    return true;
+    return same;
 }
 
 std::unique_ptr<ResidencyStore> make(const ModelIndex & idx, uint64_t budget,
                                      const CacheDebug & dbg = {}) {
     Status st;
-    auto s = make_lru_cache(idx, budget, dbg, &st);
+    CacheDebug d = dbg;
+    if (kPage != kSysPage) d.page_bytes = kPage;
+    auto s = make_lru_cache(idx, budget, d, &st);
     EXPECT_TRUE(st.ok()) << st.message();
+    if (s) {
+        EXPECT_EQ(s->cache_stats().page_bytes, kPage);
+    }
     return s;
 }
 
@@ -187,10 +220,10 @@ uint64_t union_page_bytes(const ModelIndex & idx, size_t moe, const std::vector<
     return total;
 }
 
-bool page_in_core(const void * p) {
+bool page_in_core(const void * p) {  // the system page holding p
     unsigned char v = 0;
-    auto a = reinterpret_cast<uintptr_t>(p) / kPage * kPage;
-    EXPECT_EQ(mincore(reinterpret_cast<void *>(a), kPage, &v), 0);
+    auto a = reinterpret_cast<uintptr_t>(p) / kSysPage * kSysPage;
+    EXPECT_EQ(mincore(reinterpret_cast<void *>(a), kSysPage, &v), 0);
     return v & 1;
 }
 
@@ -251,11 +284,11 @@ private:
 
 // Hits, misses, evictions and the resident set after every stage match the reference LRU on
 // a seeded random routing sequence, for budgets from below one expert to above everything.
-TEST(ResidencyCache, MatchesReferenceLru) {
+void run_matches_reference_lru() {
     // Page-multiple slices, two layer shapes (different expert sizes per layer).
     const uint64_t P = kPage;
     const ModelIndex idx = make_index(
-        {{2 * P, 2 * P, 2 * P}, {P, P, 3 * P}, {2 * P, 2 * P, 2 * P}, {P, P, 3 * P}}, 16);
+        {{2 * P, 2 * P, 2 * P}, {P, P, 3 * P}, {2 * P, 2 * P, 2 * P}, {P, P, 3 * P}}, 16, P);
     const uint64_t eb0 = 6 * P, eb1 = 5 * P;
     const uint64_t budgets[] = {P, eb0, 3 * eb0, 10 * eb1 + 3 * P, 25 * eb0, 70 * eb0};
     for (uint64_t budget : budgets) {
@@ -265,7 +298,9 @@ TEST(ResidencyCache, MatchesReferenceLru) {
         RefLru ref(idx, budget);
         std::mt19937 rng(1234 + uint32_t(budget / P));
         uint64_t hits = 0, misses = 0;
-        for (int tok = 0; tok < 150; ++tok) {
+        // (Fewer tokens at larger pages: the same number of page commits, 16x the bytes.)
+        const int n_tok = kPage <= 4096 ? 150 : kPage <= 16384 ? 80 : 40;
+        for (int tok = 0; tok < n_tok; ++tok) {
             for (size_t moe = 0; moe < idx.moe_layers.size(); ++moe) {
                 // Skewed routing so that hits happen at every budget.
                 std::vector<uint32_t> ex = random_routing(rng, 16, 4);
@@ -318,6 +353,7 @@ TEST(ResidencyCache, MatchesReferenceLru) {
                 }
     }
 }
+TEST(ResidencyCache, MatchesReferenceLru) { run_matches_reference_lru(); }
 
 // Recycled pages with slices that share boundary pages (three sizes, one below a page): over
 // a long random routing, every live expert's bytes stay intact after every stage, whichever
@@ -325,8 +361,11 @@ TEST(ResidencyCache, MatchesReferenceLru) {
 // recycles and never holds more than the budget. The same run with fresh pages is the
 // control for the decisions (the accounting differs, so only integrity is compared). With
 // recycled pages, both with chunks moved from their victims (mremap) and mapped afresh.
-TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) {
-    const ModelIndex idx = make_index({{10000, 1500, 3 * kPage + 7}, {5000, 5000, 9000}}, 24);
+void run_recycled_pages_intact() {
+    // (Sizes at 4 KiB pages; the same shapes at other page sizes.)
+    const uint64_t k = kPage / 4096;
+    const ModelIndex idx = make_index(
+        {{10000 * k, 1500 * k, 3 * kPage + 7}, {5000 * k, 5000 * k, 9000 * k}}, 24);
     for (int mode : {0, 1, 2}) {
         const bool recycle = mode < 2, move = mode == 0;
         SCOPED_TRACE("recycle " + std::to_string(recycle) + " move " + std::to_string(move));
@@ -372,6 +411,7 @@ TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) {
         }
     }
 }
+TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) { run_recycled_pages_intact(); }
 
 // Moved pages (CacheDebug::move_pages): an evicted expert's chunk moves to the next miss's
 // address. After every stage each routed expert holds its own bytes at its canonical
@@ -414,7 +454,7 @@ bool kernel_at_least(int major, int minor) {
 }
 }  // namespace
 
-TEST(ResidencyCache, MovedPagesFollowTheirExpert) {
+void run_moved_pages_follow() {
     for (uint64_t phase : {uint64_t(0), uint64_t(1000)}) {
         for (int mode : {0, 1, 2}) {  // moved, mapped afresh, planted bug
             SCOPED_TRACE("phase " + std::to_string(phase) + " mode " + std::to_string(mode));
@@ -475,6 +515,7 @@ TEST(ResidencyCache, MovedPagesFollowTheirExpert) {
         }
     }
 }
+TEST(ResidencyCache, MovedPagesFollowTheirExpert) { run_moved_pages_follow(); }
 
 // A budget smaller than one layer's routed set: the routed set is kept whole (it is needed
 // by the matmul about to run), everything else goes.
@@ -765,6 +806,77 @@ TEST(ResidencyCache, BoundaryPagesSmallSlices) {
     // Several experts per page; expert 2 straddles pages 0/1, expert 3 lies inside page 1.
     run_boundary(kPage * 3 / 8 + 36, 2, CacheDebug::Mapping::kProtect, true);
     run_boundary(kPage * 3 / 8 + 36, 2, CacheDebug::Mapping::kProtect, false);
+}
+
+// --- page sizes ----------------------------------------------------------------------------
+
+// The page arithmetic at 4 KiB, 16 KiB and 64 KiB pages (arm64 kernels come with each), on any
+// host: the cache takes the page size as a parameter (CacheDebug::page_bytes, a multiple of
+// the system's), and the checks above run again with every size computed from it: LRU order and
+// byte accounting against the reference, slices sharing boundary pages, recycled and moved
+// chunks, and the planted stale mapping (the negative control, caught at every size).
+class CachePageSize : public ::testing::TestWithParam<uint64_t> {
+protected:
+    void SetUp() override {
+        if (GetParam() < kSysPage || GetParam() % kSysPage != 0)
+            GTEST_SKIP() << "page size " << GetParam() << " is below the system's " << kSysPage;
+        kPage = GetParam();
+    }
+    void TearDown() override { kPage = kSysPage; }
+};
+
+TEST_P(CachePageSize, MatchesReferenceLru) { run_matches_reference_lru(); }
+TEST_P(CachePageSize, RecycledPagesKeepEveryLiveSliceIntact) { run_recycled_pages_intact(); }
+TEST_P(CachePageSize, MovedPagesFollowTheirExpert) { run_moved_pages_follow(); }
+TEST_P(CachePageSize, BoundaryPages) {
+    run_boundary(2 * kPage + 1808, 3, CacheDebug::Mapping::kProtect, true);
+    run_boundary(2 * kPage + 1808, 3, CacheDebug::Mapping::kFlat, false);
+    run_boundary(kPage * 3 / 8 + 36, 2, CacheDebug::Mapping::kProtect, true);
+}
+// What the cache reports and accounts follows the page size: one expert of a slice just
+// above a page costs two pages of it, and a reservation's phase is the file offset modulo it.
+TEST_P(CachePageSize, AccountsInItsPages) {
+    const ModelIndex idx = make_index({{kPage + 8, kPage + 8, kPage + 8}}, 4, 3 * kPage + 512);
+    CacheDebug dbg;
+    dbg.recycle_pages = false;
+    auto s = make(idx, 64 * kPage, dbg);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {1});
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 3 * 2 * kPage);
+    for (size_t t = 0; t < 3; ++t) {
+        const uint64_t off = idx.moe_layers[0].tensors[t].file_offset;
+        // The tensor lies at its file offset's phase within the cache page, so O_DIRECT reads
+        // (aligned to at most the system page) land in place.
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(s->tensor_base(0, t)) % kSysPage, off % kSysPage);
+    }
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 1));
+    // The oracle's negative control: one wrong byte, in the last projection's last page.
+    const ExpertTensor & et = idx.moe_layers[0].tensors[2];
+    uint8_t * last = s->tensor_base(0, 2) + 2 * et.slice_bytes - 1;
+    *last ^= 0x5a;
+    EXPECT_FALSE(slice_intact(*s, idx, 0, 1));
+    *last ^= 0x5a;
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 1));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, CachePageSize,
+                         ::testing::Values(uint64_t(4096), uint64_t(16384), uint64_t(65536)),
+                         [](const ::testing::TestParamInfo<uint64_t> & i) {
+                             return std::to_string(i.param >> 10) + "KiB";
+                         });
+
+// A page size the system cannot map is refused with one clear error, not used.
+TEST(ResidencyCache, RejectsAPageSizeTheSystemCannotMap) {
+    const ModelIndex idx = make_index({{3000, 5000, 9000}}, 16);
+    for (uint64_t bad : {kSysPage / 2, kSysPage * 3, kSysPage + 512}) {
+        CacheDebug dbg;
+        dbg.page_bytes = bad;
+        Status st;
+        EXPECT_FALSE(make_lru_cache(idx, kMiB, dbg, &st)) << bad;
+        EXPECT_NE(st.message().find("is not a power-of-two multiple of the system page size"),
+                  std::string::npos)
+            << st.message();
+    }
 }
 
 // --- failed reads -------------------------------------------------------------------------

@@ -165,6 +165,17 @@ int do_run(RunFlags & f) {
                          (unsigned long long)s.cache_commit_failures,
                          mib(double(s.cache_budget_now_bytes)));
     }
+    if (f.opt.stream) {
+        // The paths taken where a kernel or an emulator may lack a feature (docs/arm64.md).
+        const nlohmann::json set = nlohmann::json::parse(engine->settings_json());
+        const std::string pio = set.value("prefetch_io", "off");
+        const std::string why = set.value("prefetch_io_fallback", "");
+        std::fprintf(stderr, "moestream: paths: %s reads | page %llu KiB | page moves %s | prefetch %s%s%s\n",
+                     set.value("odirect", false) ? "O_DIRECT" : "buffered",
+                     (unsigned long long)(set.value("page_bytes", uint64_t(0)) >> 10),
+                     set.value("cache_move_used", false) ? "on" : "off", pio.c_str(),
+                     why.empty() ? "" : " (io_uring unavailable: ", why.empty() ? "" : (why + ")").c_str());
+    }
     std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | %s\n",
                  mib(double(s.peak_rss_bytes)), s.majflt_per_token,
                  engine->lossy() ? "LOSSY output (opt-in knobs changed it; see settings)"
