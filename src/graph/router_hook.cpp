@@ -37,7 +37,7 @@ bool RouterHook::on_ask(ggml_tensor * t) {
     if (std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0) return true;
     for (NodeObserver * o : observers_)
         if (o->on_ask(t, *this)) return true;
-    if (wants_terminals()) nodes_.learn_terminal(t);
+    if (t->op == GGML_OP_MUL && wants_terminals()) nodes_.learn_terminal(t);  // cheap test first
     return false;
 }
 
