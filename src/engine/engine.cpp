@@ -17,6 +17,8 @@
 #include "moestream/log.h"
 #include "weight_binder.h"
 #include "moestream/moestream.h"
+#include "overlap_waiter.h"
+#include "policy_drop_cold.h"
 #include "prefetch.h"
 #include "uring_tail.h"
 #include "residency.h"
@@ -24,6 +26,7 @@
 #include "router_hook.h"
 #include "streamer.h"
 #include "moestream/sysinfo.h"
+#include "trace_observer.h"
 
 namespace moestream {
 namespace {
@@ -157,7 +160,7 @@ public:
             lanes_.set_in_place(opt.io_in_place);
             if (!st.ok()) return st;
             // MOESTREAM_DEBUG_IO_FAULT (env, read here; tests only): see io_faults.h. Parsed
-            // now (a bad value fails before loading); the hook goes in once the dense
+            // now (a bad value fails before loading); the lanes' hook goes in once the dense
             // weights are read (make_store), so faults hit the expert reads it counts.
             const char * fault = std::getenv("MOESTREAM_DEBUG_IO_FAULT");
             if (fault != nullptr && *fault != '\0') {
@@ -171,7 +174,6 @@ public:
             if (!st.ok()) return st;
             st = check_file_unchanged(index_);
             if (!st.ok()) return st;
-            hook_ = std::make_unique<RouterHook>(nullptr, index_.n_expert, nullptr);
         } else {
             st = load_model_resident(index_, mp, opt.resident_mmap, &lm_);
             if (!st.ok()) return st;
@@ -187,11 +189,11 @@ public:
         cp.n_threads = opt.n_threads;
         cp.n_threads_batch = opt.n_threads;
         cp.no_perf = true;
-        if (hook_) {
-            cp.cb_eval = &RouterHook::eval_callback;
-            cp.cb_eval_user_data = hook_.get();
-            cp.abort_callback = &RouterHook::abort_callback;
-            cp.abort_callback_data = hook_.get();
+        if (opt.stream) {  // the router hook goes into the slot once built (make_store)
+            cp.cb_eval = &HookSlot::eval_callback;
+            cp.cb_eval_user_data = &hook_slot_;
+            cp.abort_callback = &HookSlot::abort_callback;
+            cp.abort_callback_data = &hook_slot_;
         }
         ctx_ = llama_init_from_model(lm_.model, cp);
         if (!ctx_)
@@ -255,6 +257,7 @@ public:
         MS_LOG_INFO(
             "cache: %s -> %s", d.reason.c_str(),
             d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) + " MiB LRU").c_str() : "off");
+        DropColdConfig dc;  // off unless asked for
         if (opt_.drop_cold > 0) {
             if (d.budget_bytes == 0)
                 return Status::Usage(
@@ -264,14 +267,11 @@ public:
                     d.reason +
                     "). Give --cache-mb N (>= 1500) or auto with "
                     "enough memory");
-            DropColdConfig dc;
             dc.frac = opt_.drop_cold;
             dc.in_prefill = opt_.drop_in_prefill;
             dc.renorm = opt_.drop_renorm;
-            uint32_t n_layer = index_.n_layer;
-            for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
-            hook_->enable_drop_cold(dc, n_layer);
         }
+        drop_cold_ = std::make_unique<DropColdObserver>(dc);
         binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
         // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
         st = binder_->read_dense(&lanes_);
@@ -283,14 +283,14 @@ public:
         // --cache-debug, whose check must see every slice before the layer's first matmul.
         overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
         streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
-        hook_->attach(streamer_.get(), binder_.get());
+        overlap_waiter_ = std::make_unique<OverlapWaiter>();
         // Prefetch (docs/prefetch.md): a cache to read into and a worker lane to read with.
         // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
         // Not with --route-trace: a trace records what a cache without read-ahead does, so
         // that `moestream replay` reproduces it exactly (docs/route-trace.md).
         if (d.budget_bytes > 0 && prefetch_possible()) {
             predictor_ = std::make_unique<RoutePredictor>();
-            if (opt_.drop_cold == 0) hook_->enable_prefetch(predictor_.get());
+            predictor_->set_enabled(opt_.drop_cold == 0);
             // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
             // test fault plan is installed (faults are injected at the lanes).
             // MOESTREAM_PREFETCH_NO_URING=1 (env, read here; for A/B benchmarks): the worker
@@ -309,6 +309,18 @@ public:
             }
         }
         if (!opt_.route_trace.empty()) open_trace();
+        // The router hook's observers, in the order they see each event (node_observer.h):
+        // the tracer reads the final weights before drop-cold rewrites them.
+        std::vector<NodeObserver *> observers = {binder_.get()};
+        if (predictor_) observers.push_back(predictor_.get());
+        observers.push_back(overlap_waiter_.get());
+        if (trace_observer_) observers.push_back(trace_observer_.get());
+        observers.push_back(drop_cold_.get());
+        uint32_t n_layer = index_.n_layer;
+        for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
+        hook_ = std::make_unique<RouterHook>(index_.n_expert, n_layer, *streamer_,
+                                             std::move(observers));
+        hook_slot_.set(hook_.get());
         return Status::Ok();
     }
 
@@ -339,19 +351,18 @@ public:
         h.cache_chunks = cs.recycle_pages;
         h.settings_json = settings_json();
         tracer_ = RouteTracer::open(opt_.route_trace, h);
-        hook_->enable_trace(tracer_.get(), h.n_layer);
+        trace_observer_ = std::make_unique<TraceObserver>(*tracer_);
         streamer_->set_tracer(tracer_.get());
     }
 
     Status decode(llama_batch batch, bool decode_phase) {
         if (streamer_) streamer_->begin_step();
-        if (hook_) hook_->set_decode_phase(decode_phase);
-        if (tracer_)
-            tracer_->begin_graph(decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens));
+        if (hook_)
+            hook_->begin_graph(GraphInfo{decode_phase, uint32_t(trace_pos_),
+                                         uint32_t(batch.n_tokens)});
         trace_pos_ += batch.n_tokens;
         int rc = llama_decode(ctx_, batch);
         if (hook_) hook_->end_graph();  // no read may stay in flight past the graph
-        if (tracer_) tracer_->end_graph();
         if (hook_ && hook_->failed()) {
             Status e = hook_->error();
             hook_->clear_error();
@@ -412,10 +423,8 @@ public:
         if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;
         dc.in_prefill = opt_.drop_in_prefill;
         dc.renorm = opt_.drop_renorm;
-        uint32_t n_layer = index_.n_layer;
-        for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
-        hook_->enable_drop_cold(dc, n_layer);  // terminals are re-learned on the next graph
-        if (predictor_) hook_->enable_prefetch(frac > 0 ? nullptr : predictor_.get());
+        drop_cold_->configure(dc);  // terminals are re-learned on the next graph
+        if (predictor_) predictor_->set_enabled(frac == 0);
         opt_.drop_cold = frac;
         return Status::Ok();
     }
@@ -567,15 +576,16 @@ private:
         if (binder_) s.dense_bytes = binder_->dense_bytes();
         if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
         if (hook_ && opt_.drop_cold > 0) {
-            const DropCounters & dc = hook_->drop_counters();
+            const DropCounters & dc = drop_cold_->counters();
             s.experts_routed = dc.routed;
             s.experts_dropped = dc.dropped;
             s.weight_mass_dropped = dc.weight_total > 0 ? dc.weight_dropped / dc.weight_total : 0;
             s.drop_bytes_avoided = dc.bytes_avoided;
-            s.drop_deferred = hook_->drop_state().deferred;
-            s.drop_fallbacks = hook_->drop_state().fallbacks;
-            s.drop_terminal =
-                index_.moe_layers.empty() ? "" : hook_->terminal_kind(index_.moe_layers[0].layer);
+            s.drop_deferred = drop_cold_->deferred();
+            s.drop_fallbacks = drop_cold_->fallbacks();
+            s.drop_terminal = index_.moe_layers.empty()
+                                  ? ""
+                                  : hook_->nodes().terminal_kind(index_.moe_layers[0].layer);
         } else {  // off (set_drop_cold(0) may have turned it off after a lossy generation)
             s.experts_routed = s.experts_dropped = s.drop_bytes_avoided = 0;
             s.drop_deferred = s.drop_fallbacks = 0;
@@ -605,8 +615,8 @@ public:
         j["odirect"] = opt_.stream && lanes_.direct();
         j["io_overlap"] = overlap_;
         j["io_in_place"] = opt_.io_in_place;
-        if (hook_) {
-            const auto & oc = hook_->overlap_counters();
+        if (overlap_waiter_) {
+            const auto & oc = overlap_waiter_->counters();
             j["io_overlap_waits_at_input"] = oc.waits_at_input;
             j["io_overlap_waits_at_matmul"] = oc.waits_at_matmul;
         }
@@ -772,8 +782,12 @@ private:
     uint64_t file_mapped_after_load_bytes_ = 0;  // --no-stream: model file mapped after load
     std::unique_ptr<UringTail> uring_;           // prefetch tails through io_uring (or null)
     std::string uring_fallback_;                 // why io_uring was wanted and not available
-    std::unique_ptr<RouterHook> hook_;
+    std::unique_ptr<OverlapWaiter> overlap_waiter_;  // the hook's observers (streaming only)
+    std::unique_ptr<DropColdObserver> drop_cold_;
     std::unique_ptr<RouteTracer> tracer_;  // --route-trace
+    std::unique_ptr<TraceObserver> trace_observer_;
+    HookSlot hook_slot_;  // the context's callbacks: outlives ctx_ (freed first, in the destructor)
+    std::unique_ptr<RouterHook> hook_;  // built complete once its observers exist (make_store)
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode
     std::vector<llama_token> kv_tokens_;   // tokens whose KV the context holds (prefix reuse)
     llama_context * ctx_ = nullptr;

@@ -14,6 +14,7 @@
 #include "gguf.h"
 #include "llama.h"
 #include "moestream/log.h"
+#include "router_hook.h"
 
 namespace moestream {
 
@@ -124,6 +125,18 @@ Status WeightBinder::bind(ggml_tensor * t) {
     }
     if (t != root && t->data != nullptr && in_map(t->data)) t->data = static_cast<uint8_t *>(root->data) + t->view_offs;
     return Status::Ok();
+}
+
+bool WeightBinder::on_ask(ggml_tensor * t, RouterHook & hook) {
+    if (!active()) return false;
+    for (int i = 0; i < GGML_MAX_SRC; ++i) {
+        Status st = bind(t->src[i]);
+        if (!st.ok()) {
+            hook.fail(st);  // the abort callback stops the graph
+            return false;
+        }
+    }
+    return false;
 }
 
 Status WeightBinder::bind_root(ggml_tensor * g) {

@@ -24,6 +24,7 @@
 #include "moestream/gguf_index.h"
 #include "io_lanes.h"
 #include "model_loader.h"
+#include "node_observer.h"
 #include "residency.h"
 #include "status.h"
 
@@ -31,10 +32,12 @@ struct ggml_tensor;
 
 namespace moestream {
 
-// Rebinds llama.cpp's weights off the file mapping, lazily, from the first graph.
+// Rebinds llama.cpp's weights off the file mapping, lazily, from the first graph. As the
+// router hook's binding observer (node_observer.h) it binds the operands of every node in ask
+// mode while active(); it asks for no node.
 // Thread-safety: used from the llama_decode thread only (read_dense: from the thread that
 // drives the lanes, before the first graph).
-class WeightBinder {
+class WeightBinder final : public NodeObserver {
 public:
     WeightBinder(const ModelIndex & index, ResidencyStore * store, const LoadedModel & lm);
     ~WeightBinder();
@@ -63,6 +66,8 @@ public:
     Status bind(ggml_tensor * t);
     // After the first graph: every expert tensor must have been bound. Idempotent.
     Status finish();
+    // Ask mode, while active(): binds every operand of t; a failure goes to hook.fail().
+    bool on_ask(ggml_tensor * t, RouterHook & hook) override;
 
     uint64_t dense_bytes() const { return dense_bytes_; }    // heap copies of dense weights
 

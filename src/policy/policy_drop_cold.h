@@ -10,13 +10,27 @@
 //    is certainly loaded and multiplies it by exactly zero;
 //  - remaining weights are not renormalized unless renorm (--drop-renorm): then they are
 //    scaled so that the row's weight sum is unchanged.
-// This file holds the decision for one row, independent of ggml, so it is unit-tested
-// directly; router_hook.cpp applies it to the graph's tensors.
-// Thread-safety: pure functions.
+// drop_cold_row() is the decision for one row, independent of ggml, so it is unit-tested
+// directly. DropColdObserver applies it to the graph's tensors, as a router hook observer:
+//
+// Deferred loading. The decision needs the FINAL router weights, which appear several nodes
+// after the topk. So, when the policy applies (decode, or prefill with --drop-in-prefill), the
+// layer's load is deferred from the topk to the terminal node of its weight chain (learned by
+// the router hook, node_learning.h); there the policy rewrites the weights and ids in the
+// graph's memory before any expert matmul reads them, and the routing is loaded with the
+// repointed ids. Until a layer's terminal is known the layer loads at the topk, unchanged. If
+// a learned terminal fails to arrive before the layer's first MUL_MAT_ID (seen in ask mode),
+// or does not look like the final weights, the pending routing is loaded right there without
+// dropping and the terminal is forgotten and re-learned.
+//
+// Thread-safety: drop_cold_row is a pure function; a DropColdObserver is driven from the
+// llama_decode thread only (configure() between graphs).
 #pragma once
 
 #include <cstdint>
 #include <functional>
+
+#include "node_observer.h"
 
 namespace moestream {
 
@@ -40,5 +54,39 @@ struct DropCounters {
 int drop_cold_row(int k, int32_t * ids, int64_t id_stride, float * w, int64_t w_stride,
                   int k_eff, const DropColdConfig & cfg,
                   const std::function<bool(int32_t)> & resident, DropCounters * counters);
+
+class DropColdObserver final : public NodeObserver {
+public:
+    explicit DropColdObserver(const DropColdConfig & cfg) : cfg_(cfg) {}
+    // A new setting (frac 0 = off) for the next graphs; the terminals are learned afresh.
+    void configure(const DropColdConfig & cfg) {
+        cfg_ = cfg;
+        relearn_ = true;
+    }
+    const DropCounters & counters() const { return drop_; }
+    uint64_t deferred() const { return deferred_; }    // routings loaded at their terminal
+    uint64_t fallbacks() const { return fallbacks_; }  // loaded at MUL_MAT_ID: it never came
+
+    void begin_graph(const GraphInfo & g, RouterHook & hook) override;
+    bool wants_terminals() const override { return cfg_.frac > 0; }
+    bool on_ask(ggml_tensor * t, RouterHook & hook) override;
+    Status on_node(ggml_tensor * t, RouterHook & hook) override;
+    Status on_routing(const Routing & r, ggml_tensor * topk, RouterHook & hook,
+                      bool * defer) override;
+
+private:
+    bool applies() const { return cfg_.frac > 0 && (decode_ || cfg_.in_prefill); }
+    Status load_at_terminal(ggml_tensor * t, RouterHook & hook);
+    Status load_unchanged(RouterHook & hook);
+
+    DropColdConfig cfg_;
+    DropCounters drop_;
+    uint64_t deferred_ = 0, fallbacks_ = 0;
+    bool relearn_ = false;  // configure() was called: reset the terminals at the next graph
+    bool decode_ = false;   // the running graph is a decode
+    bool pending_ = false;  // a routing waits for its terminal node
+    ggml_tensor * pending_topk_ = nullptr;
+    Routing pending_routing_;
+};
 
 }  // namespace moestream

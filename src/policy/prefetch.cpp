@@ -7,6 +7,7 @@
 
 #include "ggml-backend.h"
 #include "ggml.h"
+#include "router_hook.h"
 
 namespace moestream {
 namespace {
@@ -167,6 +168,25 @@ void RoutePredictor::score(uint32_t il, const int32_t * ids, int k) {
                 break;
             }
     }
+}
+
+void RoutePredictor::begin_graph(const GraphInfo & g, RouterHook & /*hook*/) {
+    decode_ = g.decode;
+    if (enabled_) new_graph();
+}
+
+bool RoutePredictor::on_ask(ggml_tensor * t, RouterHook & /*hook*/) {
+    if (enabled_) observe(t);
+    return false;
+}
+
+Status RoutePredictor::on_routing(const Routing & r, ggml_tensor * /*topk*/, RouterHook & hook,
+                                  bool * /*defer*/) {
+    if (!enabled_ || r.n_rows != 1) return Status::Ok();
+    score(r.layer, r.ids.data(), r.k);
+    uint32_t next_il = 0;
+    if (decode_ && predict(r.layer, r.k, &next_il, &hint_)) hook.sink().set_prefetch(next_il, hint_);
+    return Status::Ok();
 }
 
 }  // namespace moestream

@@ -30,12 +30,20 @@
 // ne = [n_embd, n_tokens]), itself a MUL of the normed state by γ (f32, ne = [n_embd]).
 // The router input stays valid until the layer's expert matmuls, which read it.
 //
-// Thread-safety: driven from the eval callback (one thread).
+// As a router hook observer (node_observer.h): in ask mode it records the router inputs; at
+// every one-token routing of a decode it scores the previous guess and hands the sink
+// (streamer.h, "Prefetch") the next MoE layer's guess to read ahead. While disabled it does
+// nothing at all. Off while drop-cold is on (the engine enables one of them: a deferred load
+// would take the hint of a routing the policy has not decided yet).
+//
+// Thread-safety: driven from the eval callback (one thread); set_enabled() between graphs.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "node_observer.h"
 
 struct ggml_tensor;
 
@@ -47,8 +55,16 @@ struct PredictCounters {
     uint64_t right = 0;        // of those, routed
 };
 
-class RoutePredictor {
+class RoutePredictor final : public NodeObserver {
 public:
+    // Whether it predicts (and so prefetches) in the next graphs.
+    void set_enabled(bool on) { enabled_ = on; }
+
+    void begin_graph(const GraphInfo & g, RouterHook & hook) override;
+    bool on_ask(ggml_tensor * t, RouterHook & hook) override;
+    Status on_routing(const Routing & r, ggml_tensor * topk, RouterHook & hook,
+                      bool * defer) override;
+
     // Ask mode, every node: records the operands of `ffn_moe_logits-<il>`. Cheap for others.
     void observe(const ggml_tensor * t);
     // A new graph: the previous graph's router inputs are gone.
@@ -81,6 +97,9 @@ private:
     void ratio_of(uint32_t il, uint32_t nl, int64_t n_embd);
     void quantize(Layer & L, int64_t n_embd, int64_t n_expert);
 
+    bool enabled_ = true;
+    bool decode_ = false;         // the running graph is a decode
+    std::vector<uint32_t> hint_;  // scratch: the experts predicted for the next layer
     std::vector<Layer> layers_;
     std::vector<const ggml_tensor *> x_;  // per layer: this graph's router input
     std::vector<float> y_, scores_;       // scratch

@@ -8,13 +8,13 @@
 // Overlap (on unless --no-io-overlap, --cache-debug or a single lane): the down projection
 // is needed only by the layer's last expert matmul. So on_routing() orders the reads gate/up
 // first, returns once those are done and leaves the down reads in flight on the worker lanes
-// while gate/up compute; finish_pending() waits for them. The router hook calls it at the
-// node feeding the down matmul (learned from the graph) or, failing that, in ask mode at the
-// down MUL_MAT_ID itself — always before that matmul runs. Nothing stays pending across
-// graphs: the engine calls finish_pending() after every llama_decode.
+// while gate/up compute; finish_pending() waits for them. The overlap waiter (overlap_waiter.h,
+// a router hook observer) calls it at the node feeding the down matmul (learned from the
+// graph) or, failing that, in ask mode at the down MUL_MAT_ID itself — always before that
+// matmul runs. Nothing stays pending across graphs: the hook drains after every llama_decode.
 //
-// Prefetch (router hook + prefetch.h; opt-in, --prefetch, with a cache): at a one-token
-// routing the hook hands over the experts predicted for the next MoE layer. on_routing()
+// Prefetch (prefetch.h, a router hook observer; opt-in, --prefetch, with a cache): at a
+// one-token routing the predictor hands over the experts predicted for the next MoE layer. on_routing()
 // asks the store to commit the absent ones (within the budget, never evicting this layer's
 // routed set) and appends their reads to this layer's batch as a tail: the lanes read it after
 // every own read, while the layer's matmuls and the next layer's attention compute.

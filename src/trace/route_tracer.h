@@ -5,7 +5,8 @@
 // Any write failure (disk full, unwritable directory) turns tracing off with one warning and
 // removes the temporary file; inference is never affected.
 //
-// Thread-safety: driven from the llama_decode thread only (eval callback and engine).
+// Thread-safety: driven from the llama_decode thread only (its router hook observer,
+// trace_observer.h, the streamer and the engine).
 #pragma once
 
 #include <cstdint>
@@ -26,14 +27,14 @@ public:
 
     bool active() const { return fd_ >= 0; }
 
-    // --- engine ---
+    // --- graphs (TraceObserver; the engine calls finish()) ---
     // Before every llama_decode: its phase, the position of its first token, its tokens.
     void begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens);
     void end_graph() { close_record(); }
     // Writes the end marker, closes and renames the file over the target. Warns on failure.
     void finish();
 
-    // --- router hook ---
+    // --- routings (TraceObserver, trace_observer.h) ---
     // A layer's routing (ids row-major [n_rows][k], as routed). Opens a new record.
     void routing_start(uint32_t layer, int k, int n_rows, const int32_t * ids);
     // The layer whose record still waits for its final weights, or -1.
