@@ -11,6 +11,7 @@
 #include "moestream/cache_budget.h"
 #include "ggml-backend.h"
 #include "moestream/gguf_index.h"
+#include "env_knobs.h"
 #include "io_faults.h"
 #include "io_lanes.h"
 #include "llama.h"
@@ -31,24 +32,22 @@
 namespace moestream {
 namespace {
 
-// Loads ggml's CPU backend once per process. GGML_BACKEND_PATH (env, read here): load exactly
-// that backend .so (the gates pin the same one for moestream and the reference tools).
-// MOESTREAM_GGML_BACKEND_DIR (env, read here): directory of backend variants, default the
-// prefix's ggml/backends0; ggml picks the best variant for this CPU.
-Status init_backend() {
+// Loads ggml's CPU backend once per process: exactly knobs.ggml_backend_path when set (the
+// gates pin the same one for moestream and the reference tools), else the best variant for
+// this CPU from knobs.ggml_backend_dir or the prefix's ggml/backends0 (env_knobs.h).
+Status init_backend(const EnvKnobs & knobs) {
     static std::once_flag once;
     static Status result;
-    std::call_once(once, [] {
+    std::call_once(once, [&knobs] {
         log_capture_llama();
-        const char * one = std::getenv("GGML_BACKEND_PATH");
-        const char * dir = std::getenv("MOESTREAM_GGML_BACKEND_DIR");
-        if (one && *one) {
-            if (!ggml_backend_load(one))
-                result = Status::Runtime(std::string("cannot load ggml backend ") + one);
+        if (!knobs.ggml_backend_path.empty()) {
+            if (!ggml_backend_load(knobs.ggml_backend_path.c_str()))
+                result = Status::Runtime("cannot load ggml backend " + knobs.ggml_backend_path);
         } else {
-            const char * d = (dir && *dir) ? dir : MOESTREAM_GGML_BACKEND_DIR;
-            if (*d)
-                ggml_backend_load_all_from_path(d);
+            const std::string d = !knobs.ggml_backend_dir.empty() ? knobs.ggml_backend_dir
+                                                                 : MOESTREAM_GGML_BACKEND_DIR;
+            if (!d.empty())
+                ggml_backend_load_all_from_path(d.c_str());
             else
                 ggml_backend_load_all();
         }
@@ -130,7 +129,9 @@ public:
 
         Status st = load_model_index(opt.model_path, &index_);
         if (!st.ok()) return st;
-        st = init_backend();
+        st = read_env_knobs(&knobs_);
+        if (!st.ok()) return st;
+        st = init_backend(knobs_);
         if (!st.ok()) return st;
 
         if (opt.n_expert_used < 0 || uint32_t(opt.n_expert_used) > index_.n_expert_used)
@@ -159,16 +160,15 @@ public:
             st = lanes_.open(index_.path, opt.io_threads, opt.odirect, max_slice);
             lanes_.set_in_place(opt.io_in_place);
             if (!st.ok()) return st;
-            // MOESTREAM_DEBUG_IO_FAULT (env, read here; tests only): see io_faults.h. Parsed
-            // now (a bad value fails before loading); the lanes' hook goes in once the dense
-            // weights are read (make_store), so faults hit the expert reads it counts.
-            const char * fault = std::getenv("MOESTREAM_DEBUG_IO_FAULT");
-            if (fault != nullptr && *fault != '\0') {
-                st = parse_io_fault(fault, &fault_plan_);
+            // Planted I/O faults (tests only; env_knobs.h): checked against the lanes now, so
+            // a bad plan fails before loading; the lanes' hook goes in once the dense weights
+            // are read (make_store), so faults hit the expert reads it counts.
+            if (!knobs_.io_fault.empty()) {
+                st = parse_io_fault(knobs_.io_fault.c_str(), &fault_plan_);
                 if (st.ok()) st = check_io_fault_lanes(fault_plan_, lanes_.n_lanes());
                 if (!st.ok()) return st;
                 MS_LOG_WARN("MOESTREAM_DEBUG_IO_FAULT=%s: injecting I/O faults (tests only)",
-                            fault);
+                            knobs_.io_fault.c_str());
             }
             st = load_model_streaming(index_, mp, &lm_);
             if (!st.ok()) return st;
@@ -283,6 +283,7 @@ public:
         // --cache-debug, whose check must see every slice before the layer's first matmul.
         overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
         streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
+        streamer_->set_test_hooks(knobs_.stream_hooks);
         overlap_waiter_ = std::make_unique<OverlapWaiter>();
         // Prefetch (docs/prefetch.md): a cache to read into and a worker lane to read with.
         // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
@@ -293,11 +294,9 @@ public:
             predictor_->set_enabled(opt_.drop_cold == 0);
             // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
             // test fault plan is installed (faults are injected at the lanes).
-            // MOESTREAM_PREFETCH_NO_URING=1 (env, read here; for A/B benchmarks): the worker
-            // lanes read the tail instead.
-            const char * no_uring = std::getenv("MOESTREAM_PREFETCH_NO_URING");
+            // knobs_.prefetch_no_uring (for A/B benchmarks): the worker lanes read the tail.
             if (lanes_.direct() && fault_plan_.kind == IoFaultPlan::Kind::kNone &&
-                !(no_uring && std::strcmp(no_uring, "1") == 0)) {
+                !knobs_.prefetch_no_uring) {
                 std::string why;
                 uring_ = UringTail::create(index_.path, lanes_.dio_alignment(), &why);
                 if (uring_)
@@ -772,6 +771,7 @@ private:
     ModelIndex index_;
     LoadedModel lm_;
     std::unique_ptr<ResidencyStore> store_;
+    EnvKnobs knobs_;  // the environment knobs, read at open (env_knobs.h)
     IoFaultPlan fault_plan_;  // before lanes_: the lanes' threads may use it until joined
     IoLanes lanes_;
     std::unique_ptr<WeightBinder> binder_;

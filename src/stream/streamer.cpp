@@ -20,31 +20,12 @@ Streamer::Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * l
     for (size_t i = 0; i < index.moe_layers.size(); ++i)
         layer_to_moe_[index.moe_layers[i].layer] = static_cast<int>(i);
     seen_.assign(index.n_expert, 0);
-    // MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert> (env, read here; tests only): after the
-    // reads of that layer, flip bytes of that expert's first-projection slice whenever it is
-    // routed ("<layer>:*": every routed expert of that layer). The gates' negative control: proves
-    // the byte-identity comparison can fail.
-    if (const char * e = std::getenv("MOESTREAM_DEBUG_CORRUPT_EXPERT")) {
-        int l = -1, x = -1;
-        char star = 0;
-        if (std::sscanf(e, "%d:%c", &l, &star) == 2 && star == '*')
-            x = kCorruptAll;
-        else
-            std::sscanf(e, "%d:%d", &l, &x);
-        if (l >= 0 && (x >= 0 || x == kCorruptAll)) {
-            corrupt_layer_ = l;
-            corrupt_expert_ = x;
-            MS_LOG_WARN(
-                "MOESTREAM_DEBUG_CORRUPT_EXPERT=%s: corrupting expert %d of layer %d on "
-                "purpose (test negative control)",
-                e, x, l);
-        }
-    }
 }
 
 void Streamer::corrupt_for_test(int slot) {
     for (uint32_t e : experts_) {
-        if (int(e) != corrupt_expert_ && corrupt_expert_ != kCorruptAll) continue;
+        if (int(e) != hooks_.corrupt_expert && hooks_.corrupt_expert != StreamTestHooks::kAllExperts)
+            continue;
         const ExpertTensor & et = index_.moe_layers[size_t(slot)].tensors[0];
         uint8_t * p = store_->tensor_base(size_t(slot), 0) + uint64_t(e) * et.slice_bytes;
         for (uint64_t i = 0; i < et.slice_bytes; i += 7) p[i] ^= 0x5a;
@@ -166,7 +147,7 @@ Status Streamer::on_routing(const Routing & r) {
         }
     }
     // Gate/up are in place: the negative control corrupts them before their matmul.
-    if (corrupt_layer_ >= 0 && uint32_t(corrupt_layer_) == r.layer) corrupt_for_test(slot);
+    if (hooks_.corrupt_layer >= 0 && uint32_t(hooks_.corrupt_layer) == r.layer) corrupt_for_test(slot);
     if (n_early < n_own) return Status::Ok();  // down reads continue meanwhile
     return finish_pending();
 }

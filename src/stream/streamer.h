@@ -61,6 +61,17 @@ struct StepCounters {
                                   // evictions, page mapping; not part of io_s)
 };
 
+// Test-only behaviour, off by default; the engine fills it from its environment knobs
+// (src/engine/env_knobs.h), never production code.
+struct StreamTestHooks {
+    static constexpr int kAllExperts = -2;
+    // After the reads of graph layer corrupt_layer, flip bytes of expert corrupt_expert's
+    // first-projection slice whenever it is routed (kAllExperts: every routed expert of that
+    // layer): the gates' negative control, proving the byte-identity comparison can fail.
+    int corrupt_layer = -1;   // -1 = off
+    int corrupt_expert = -1;
+};
+
 class Streamer final : public RouteSink {
 public:
     Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes,
@@ -84,6 +95,8 @@ public:
     }
     const StepCounters & step() const { return step_; }
     const StepCounters & total() const { return total_; }
+
+    void set_test_hooks(const StreamTestHooks & h) { hooks_ = h; }
 
     // --route-trace: report every stage (which staged experts were resident, bytes read).
     void set_tracer(RouteTracer * t) { tracer_ = t; }
@@ -124,8 +137,7 @@ private:
     bool uring_tail_ = false;            // a tail is in flight on the ring
     std::vector<ReadRequest> pf_reads_;  // the tail when it goes through the ring (or its
                                          // fallback batch on the lanes)
-    static constexpr int kCorruptAll = -2;
-    int corrupt_layer_ = -1, corrupt_expert_ = -1;  // MOESTREAM_DEBUG_CORRUPT_EXPERT
+    StreamTestHooks hooks_;
 };
 
 }  // namespace moestream

@@ -266,6 +266,34 @@ TEST(IoFaults, BadFaultSpecIsAUsageError) {
     }
 }
 
+// The environment knobs are parsed at open: a malformed value is refused by name, never
+// silently ignored (src/engine/env_knobs.h). Control: a well-formed value opens.
+TEST(EnvKnobs, MalformedValuesAreUsageErrorsNamingTheVariable) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::pair<const char *, const char *> cases[] = {
+        {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "1"},   {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "1:x"},
+        {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "-1:2"}, {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "1:2junk"},
+        {"MOESTREAM_PREFETCH_NO_URING", "yes"}};
+    for (const auto & [var, value] : cases) {
+        SCOPED_TRACE(std::string(var) + "=" + value);
+        setenv(var, value, 1);
+        RunOptions o;
+        o.model_path = model;
+        std::unique_ptr<Engine> e;
+        Status st = Engine::open(o, &e);
+        unsetenv(var);
+        EXPECT_EQ(st.code(), ErrorCode::kUsage) << st.message();
+        EXPECT_NE(st.message().find(var), std::string::npos) << st.message();
+    }
+    setenv("MOESTREAM_DEBUG_CORRUPT_EXPERT", "1:*", 1);
+    RunOptions o;
+    o.model_path = model;
+    std::unique_ptr<Engine> e;
+    Status st = Engine::open(o, &e);
+    unsetenv("MOESTREAM_DEBUG_CORRUPT_EXPERT");
+    EXPECT_TRUE(st.ok()) << st.message();
+}
+
 // EIO on one lane only: the generation stops with errno 5 (the other lane's reads do not
 // hide it), and every later one too while it persists.
 TEST(IoFaults, PersistentEioOnOneLaneStopsEveryGeneration) {

@@ -1,0 +1,62 @@
+#include "env_knobs.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "moestream/log.h"
+
+namespace moestream {
+namespace {
+
+std::string env(const char * name) {
+    const char * v = std::getenv(name);
+    return v ? v : "";
+}
+
+// "<layer>:<expert>" or "<layer>:*", layer and expert non-negative integers.
+bool parse_corrupt(const std::string & s, StreamTestHooks * h) {
+    int l = -1, x = -1, n = 0;
+    if (std::sscanf(s.c_str(), "%d:*%n", &l, &n) == 1 && n == int(s.size()) && l >= 0) {
+        h->corrupt_layer = l;
+        h->corrupt_expert = StreamTestHooks::kAllExperts;
+        return true;
+    }
+    n = 0;
+    if (std::sscanf(s.c_str(), "%d:%d%n", &l, &x, &n) == 2 && n == int(s.size()) && l >= 0 &&
+        x >= 0) {
+        h->corrupt_layer = l;
+        h->corrupt_expert = x;
+        return true;
+    }
+    return false;
+}
+
+}  // namespace
+
+Status read_env_knobs(EnvKnobs * k) {
+    k->ggml_backend_path = env("GGML_BACKEND_PATH");
+    k->ggml_backend_dir = env("MOESTREAM_GGML_BACKEND_DIR");
+    const std::string no_uring = env("MOESTREAM_PREFETCH_NO_URING");
+    if (!no_uring.empty() && no_uring != "0" && no_uring != "1")
+        return Status::Usage("MOESTREAM_PREFETCH_NO_URING=" + no_uring + ": must be 0 or 1");
+    k->prefetch_no_uring = no_uring == "1";
+    k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
+    if (!k->io_fault.empty()) {
+        IoFaultPlan plan;
+        Status st = parse_io_fault(k->io_fault.c_str(), &plan);
+        if (!st.ok()) return st;
+    }
+    const std::string corrupt = env("MOESTREAM_DEBUG_CORRUPT_EXPERT");
+    if (!corrupt.empty()) {
+        if (!parse_corrupt(corrupt, &k->stream_hooks))
+            return Status::Usage("MOESTREAM_DEBUG_CORRUPT_EXPERT=" + corrupt +
+                                 ": expected <layer>:<expert> or <layer>:* (tests only)");
+        MS_LOG_WARN("MOESTREAM_DEBUG_CORRUPT_EXPERT=%s: corrupting expert slices on purpose "
+                    "(test negative control)",
+                    corrupt.c_str());
+    }
+    return Status::Ok();
+}
+
+}  // namespace moestream

@@ -1,0 +1,40 @@
+// env_knobs.h — every environment variable the engine reads, read once per Engine::open.
+//
+// Each knob is a named field; nothing else in src/ calls getenv (the logger's MOESTREAM_LOG,
+// read by src/util/log.cpp before any engine exists, is the one exception). A value that
+// cannot be parsed is an error naming the variable (Status kUsage), never silently ignored.
+// The ggml backend is loaded once per process, with the knobs of the first engine opened.
+// Thread-safety: read_env_knobs() reads the process environment (not safe against a
+// concurrent setenv); the result is a plain value.
+#pragma once
+
+#include <string>
+
+#include "io_faults.h"
+#include "moestream/status.h"
+#include "streamer.h"
+
+namespace moestream {
+
+struct EnvKnobs {
+    // GGML_BACKEND_PATH: load exactly this ggml CPU backend .so (the gates pin the same one
+    // for moestream and llama.cpp's tools); empty = choose from ggml_backend_dir.
+    std::string ggml_backend_path;
+    // MOESTREAM_GGML_BACKEND_DIR: directory of backend variants (ggml picks the best for this
+    // CPU); empty = the prefix's ggml/backends0 compiled in.
+    std::string ggml_backend_dir;
+    // MOESTREAM_PREFETCH_NO_URING=1: prefetch tails are read by the worker lanes instead of
+    // io_uring (for A/B benchmarks).
+    bool prefetch_no_uring = false;
+    // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
+    // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
+    std::string io_fault;
+    // Tests only. MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert>|<layer>:*: the gates'
+    // negative control (streamer.h, StreamTestHooks).
+    StreamTestHooks stream_hooks;
+};
+
+// Reads every knob now: Ok, or the first variable whose value is malformed (kUsage).
+Status read_env_knobs(EnvKnobs * out);
+
+}  // namespace moestream
