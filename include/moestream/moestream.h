@@ -26,7 +26,9 @@ namespace moestream {
 struct RunOptions {
     std::string model_path;
     int n_threads = 2;    // compute threads (-t)
-    int n_ctx = 4096;     // context length (-c)
+    // Context length (-c). 0 = the model's training context, capped so that the KV cache
+    // takes at most a quarter of the memory available at open (Engine::n_ctx() says which).
+    int n_ctx = 4096;
     int n_batch = 512;    // prompt tokens per llama_decode
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
@@ -217,6 +219,16 @@ struct GenerateResult {
     std::vector<float> final_logits;  // logits of the last decode
     FinishReason finish = FinishReason::kLength;
     std::string stop_string;  // the stop string that ended it (finish kStop)
+    // True when this output depends on lossy settings: the engine's now, or those that
+    // computed KV it reused (reuse_prefix).
+    bool lossy = false;
+};
+
+// One chat message (Engine::apply_chat_template). role: as the template knows it
+// ("system", "user", "assistant"); content: text without NUL bytes.
+struct ChatMessage {
+    std::string role;
+    std::string content;
 };
 
 class Engine {
@@ -242,6 +254,12 @@ public:
                             const std::function<bool(const std::string &)> & on_piece,
                             GenerateResult * result) = 0;
 
+    // Checks req as generate would (settings, grammar, stop strings, the prompt against the
+    // context) without generating; *n_prompt (optional): the prompt's length in tokens (0 if
+    // it could not be tokenized). Reads only what open() loaded: safe from other threads
+    // while a generate runs.
+    virtual Status check_request(const GenerateRequest & req, int * n_prompt) const = 0;
+
     // Changes --drop-cold-experts between generations (0 = off): the policy state is per
     // engine and nothing is pending between llama_decode calls, so this is safe whenever no
     // generate is running. kUsage when F is out of range, without streaming, or the cache is
@@ -249,6 +267,17 @@ public:
     virtual Status set_drop_cold(double frac) = 0;
     // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
     virtual std::string chat_template() const = 0;
+    // Renders messages with the model's chat template through llama.cpp's template
+    // recogniser, ending with the assistant turn's opener when add_assistant. A model without
+    // a template gets chatml; a template llama.cpp does not recognise is refused (kBadInput),
+    // never replaced by another.
+    virtual Status apply_chat_template(const std::vector<ChatMessage> & messages,
+                                       bool add_assistant, std::string * out) const = 0;
+    // Which template apply_chat_template uses ("chatml (the model carries no chat template)",
+    // "llama3 (recognised from the model's template)", ...); "" when it refuses them all.
+    virtual std::string chat_template_name() const = 0;
+    // The context length in use (RunOptions::n_ctx, or what 0 resolved to) and why.
+    virtual int n_ctx() const = 0;
 
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.
@@ -257,7 +286,11 @@ public:
 
     // --- Scoring a text (moestream eval, docs/eval.md) ---
     // The model's tokens for `text`, with the model's start token when it uses one.
+    // tokenize, detokenize, n_vocab, n_ctx and the chat template methods read only what open()
+    // loaded: they may be called from other threads while a generate runs.
     virtual Status tokenize(const std::string & text, std::vector<int32_t> * out) const = 0;
+    // The text of `tokens` (ids in [0, n_vocab); kBadInput naming one outside).
+    virtual Status detokenize(const std::vector<int32_t> & tokens, std::string * out) const = 0;
     virtual int n_vocab() const = 0;
     // Decodes `tokens` one at a time from an empty context (single-token decodes: the way
     // streaming runs, with the decode-phase policies) and hands the logits after each token to

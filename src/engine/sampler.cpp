@@ -94,8 +94,8 @@ Status Sampler::create(const SamplingParams & sp, const llama_vocab * vocab, int
         // llama.cpp returns null for text it cannot parse (the reason goes to its log).
         if (!g)
             return Status::Usage(
-                "grammar: llama.cpp cannot parse it as GBNF with a `root` rule (run with -vv "
-                "for its parser's message)");
+                "grammar: llama.cpp cannot parse it as GBNF with a `root` rule (its parser's "
+                "message is in the log)");
         llama_sampler_chain_add(chain, g);
     }
     const bool penalties = sp.repeat_last_n != 0 &&

@@ -381,13 +381,33 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
         {"/v1/chat/completions", "{" + msgs + R"(,"temperature":-1})", "temperature"},
         {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":0})", "max_tokens"},
         {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":1.5})", "max_tokens"},
-        {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":100000000})", "max_tokens"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":1,"n_predict":2})", "n_predict"},
         {"/v1/chat/completions", "{" + msgs + R"(,"top_p":0})", "top_p"},
         {"/v1/chat/completions", "{" + msgs + R"(,"top_p":1.5})", "top_p"},
         {"/v1/chat/completions", "{" + msgs + R"(,"seed":-1})", "seed"},
         {"/v1/chat/completions", "{" + msgs + R"(,"n":2})", "n"},
         {"/v1/chat/completions", "{" + msgs + R"(,"stream":"yes"})", "stream"},
-        {"/v1/chat/completions", "{" + msgs + R"(,"stop":["x"]})", "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"stop":[""]})", "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"stop":5})", "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"min_p":2})", "min_p"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"repeat_penalty":0})", "repeat_penalty"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"presence_penalty":3})", "presence_penalty"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logit_bias":{"abc":1}})", "logit_bias"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logit_bias":{"99999":1}})", "logit_bias"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"grammar":"root ::= ("})", "grammar"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"foo":1})", "foo"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"tools":[{"type":"function"}]})", "tools"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"tool_choice":"auto"})", "tool_choice"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"response_format":{"type":"json_object"}})",
+         "response_format"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logprobs":true})", "logprobs"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"top_logprobs":2})", "top_logprobs"},
+        {"/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})",
+         "messages[0].role"},
+        {"/v1/completions", R"({"prompt":"x","logprobs":2})", "logprobs"},
+        {"/v1/completions", R"({"prompt":"x","suffix":"y"})", "suffix"},
+        {"/v1/completions", R"({"prompt":"x","best_of":2})", "best_of"},
+        {"/v1/completions", R"({"prompt":["a","b"]})", "prompt"},
         {"/v1/chat/completions", "{" + msgs + R"(,"drop_cold_experts":2})", "drop_cold_experts"},
         {"/v1/completions", R"({"prompt":7})", "prompt"},
         {"/v1/completions", R"({"prompt":""})", "prompt"},
@@ -407,12 +427,23 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
     auto ct = c.Post("/v1/completions", R"({"prompt":"x"})", "text/plain");
     ASSERT_TRUE(ct);
     EXPECT_EQ(ct->status, 415);
-    // A prompt + max_tokens beyond the context: the engine's refusal comes back as 400.
-    auto lc =
-        post(s, "/v1/completions",
-             {{"prompt", "Hello world, this is a prompt of several tokens"}, {"max_tokens", 4095}});
+    // A prompt longer than the context (the synth model's 512 tokens): 400 naming the prompt;
+    // the same prompt within the context is served (the control).
+    auto lc = post(s, "/v1/completions", {{"prompt", std::string(600, 'x')}, {"max_tokens", 1}});
     ASSERT_TRUE(lc);
     EXPECT_EQ(lc->status, 400) << lc->body;
+    EXPECT_EQ(body_json(lc)["error"]["param"], "prompt") << lc->body;
+    EXPECT_NE(lc->body.find("longer than the context (512 tokens)"), std::string::npos) << lc->body;
+    auto lc_ok = post(s, "/v1/completions", {{"prompt", std::string(400, 'x')}, {"max_tokens", 1}});
+    ASSERT_TRUE(lc_ok);
+    EXPECT_EQ(lc_ok->status, 200) << lc_ok->body;
+    // prompt + max_tokens over the context: clamped, finish_reason "length" at the end of it.
+    auto cl = post(s, "/v1/completions",
+                   {{"prompt", std::string(500, 'x')}, {"max_tokens", 4000}, {"ignore_eos", true}});
+    ASSERT_TRUE(cl);
+    ASSERT_EQ(cl->status, 200) << cl->body;
+    EXPECT_EQ(body_json(cl)["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(body_json(cl)["usage"]["total_tokens"], 512) << cl->body;
     // Still healthy and still generating.
     auto ok = post(s, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
     ASSERT_TRUE(ok);
@@ -458,8 +489,12 @@ TEST(Server, LossyDefaultsApiKeyAndBodyLimit) {
     auto r2 = post(s, "/v1/completions", off, auth);
     ASSERT_TRUE(r2);
     json j2 = body_json(r2);
-    EXPECT_EQ(j2["moestream"]["lossy"], false);
+    EXPECT_EQ(j2["moestream"]["lossy"], true) << "it reused the KV the lossy request computed";
     EXPECT_EQ(j2["moestream"]["settings"]["engine"]["drop_cold_experts"], 0.0);
+    off["cache_prompt"] = false;  // a fresh prefill with the knob off: lossless
+    auto r3 = post(s, "/v1/completions", off, auth);
+    ASSERT_TRUE(r3);
+    EXPECT_EQ(body_json(r3)["moestream"]["lossy"], false) << r3->body;
 
     json big = req;
     big["prompt"] = std::string(8000, 'x');

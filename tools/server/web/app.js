@@ -71,7 +71,7 @@ async function loadDefaults() {
   if (!s) return;
   const d = s.defaults;
   $("set-temperature").placeholder = d.temperature;
-  $("set-max-tokens").placeholder = d.max_tokens;
+  $("set-max-tokens").placeholder = d.max_tokens === null ? "no limit" : d.max_tokens;
   $("set-max-tokens").max = d.max_tokens_limit;
   $("set-seed").placeholder = d.seed;
   $("set-top-p").placeholder = 1;
