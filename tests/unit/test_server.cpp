@@ -677,3 +677,96 @@ TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {
 
 }  // namespace
 }  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// /tokenize and /detokenize round-trip; /apply-template gives the prompt chat generates from;
+// /props and /metrics report the context and counters; the /chat/completions alias and the
+// developer role work; token-id prompts are accepted when they round-trip.
+TEST(Server, TokenizeDetokenizeTemplatePropsMetrics) {
+    ServerProc s({"--lossless"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto t = post(s, "/tokenize", {{"content", "Hello"}});
+    ASSERT_TRUE(t);
+    ASSERT_EQ(t->status, 200) << t->body;
+    const auto ids = body_json(t)["tokens"].get<std::vector<int>>();
+    EXPECT_EQ(ids, (std::vector<int>{'H', 'e', 'l', 'l', 'o'})) << "byte-level vocabulary";
+    auto d = post(s, "/detokenize", {{"tokens", ids}});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(body_json(d)["content"], "Hello");
+    auto bad = post(s, "/detokenize", {{"tokens", {1, 100000}}});
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400) << "control: an id outside the vocabulary";
+
+    const json msgs = json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                   {{"role", "user"}, {"content", "Hi"}}});
+    auto at = post(s, "/apply-template", {{"messages", msgs}});
+    ASSERT_TRUE(at);
+    ASSERT_EQ(at->status, 200) << at->body;
+    EXPECT_EQ(body_json(at)["prompt"],
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+              "<|im_start|>assistant\n");
+    auto chat = post(s, "/chat/completions",
+                     {{"messages", msgs}, {"max_tokens", 3}, {"return_tokens", true}});
+    ASSERT_TRUE(chat);
+    ASSERT_EQ(chat->status, 200) << chat->body;
+    auto same = post(s, "/v1/completions",
+                     {{"prompt", body_json(at)["prompt"]}, {"max_tokens", 3}, {"return_tokens", true}});
+    ASSERT_TRUE(same);
+    EXPECT_EQ(body_json(chat)["usage"]["prompt_tokens"], body_json(same)["usage"]["prompt_tokens"]);
+    EXPECT_EQ(body_json(chat)["moestream"]["tokens"], body_json(same)["moestream"]["tokens"])
+        << "chat generates from exactly the applied template";
+
+    auto by_ids = post(s, "/v1/completions",
+                       {{"prompt", ids}, {"max_tokens", 2}, {"cache_prompt", false},
+                        {"return_tokens", true}});
+    auto by_text = post(s, "/v1/completions",
+                        {{"prompt", "Hello"}, {"max_tokens", 2}, {"cache_prompt", false},
+                         {"return_tokens", true}});
+    ASSERT_TRUE(by_ids && by_text);
+    ASSERT_EQ(by_ids->status, 200) << by_ids->body;
+    EXPECT_EQ(body_json(by_ids)["moestream"]["tokens"], body_json(by_text)["moestream"]["tokens"]);
+
+    auto c = s.client();
+    auto props = c.Get("/props");
+    ASSERT_TRUE(props);
+    EXPECT_EQ(body_json(props)["n_ctx"], 512) << "the synth model's context (no -c given)";
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 200);
+    EXPECT_NE(m->body.find("\nmoestream_requests_served_total 4\n"), std::string::npos) << m->body;
+    EXPECT_NE(m->body.find("# TYPE moestream_tokens_generated_total counter"), std::string::npos);
+}
+
+// --cors ORIGIN: the header on responses and preflights answered; without it neither.
+TEST(Server, CorsOnlyWhenAskedAndBearerInAnyCase) {
+    ServerProc s({"--lossless", "--cors", "http://localhost:3000", "--api-key", "k1"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto c = s.client();
+    auto pre = c.Options("/v1/chat/completions");
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+    auto lower = post(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}},
+                      {{"Authorization", "bearer k1"}});
+    ASSERT_TRUE(lower);
+    EXPECT_EQ(lower->status, 200) << lower->body;
+    auto wrong = post(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}},
+                      {{"Authorization", "bearer K1"}});
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401) << "control: the key itself is case-sensitive";
+
+    ServerProc plain({"--lossless"});
+    ASSERT_GT(plain.port(), 0) << plain.log();
+    auto pc = plain.client();
+    auto no = pc.Options("/v1/chat/completions");
+    ASSERT_TRUE(no);
+    EXPECT_EQ(no->status, 404);
+    auto h = pc.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_FALSE(h->has_header("Access-Control-Allow-Origin"));
+}
+
+}  // namespace
+}  // namespace moestream::test
