@@ -100,6 +100,23 @@ await check("unsupported fields are refused by name", async () => {
   await refusedWith(fast.completions.create({ model: "m", prompt: "x", max_tokens: 2, logprobs: 2 }), "logprobs");
 });
 
+await check("response_format json_object gives a JSON object", async () => {
+  let complete = 0;
+  for (const seed of [1, 2, 3, 5]) {
+    const r = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "JSON" }],
+      max_tokens: 120, temperature: 1, seed, response_format: { type: "json_object" } });
+    if (r.choices[0].finish_reason !== "stop") continue;
+    complete++;
+    const v = JSON.parse(r.choices[0].message.content);
+    assert.equal(typeof v, "object");
+    assert.ok(v !== null && !Array.isArray(v));
+  }
+  assert.ok(complete > 0, "some replies end by themselves");
+  const plain = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "JSON" }],
+    max_tokens: 40, temperature: 1, seed: 1 });
+  assert.throws(() => JSON.parse(plain.choices[0].message.content), "control: no JSON without it");
+});
+
 async function stats(url) {
   return (await fetch(url + "stats")).json();
 }

@@ -398,7 +398,7 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
         {"/v1/chat/completions", "{" + msgs + R"(,"foo":1})", "foo"},
         {"/v1/chat/completions", "{" + msgs + R"(,"tools":[{"type":"function"}]})", "tools"},
         {"/v1/chat/completions", "{" + msgs + R"(,"tool_choice":"auto"})", "tool_choice"},
-        {"/v1/chat/completions", "{" + msgs + R"(,"response_format":{"type":"json_object"}})",
+        {"/v1/chat/completions", "{" + msgs + R"(,"response_format":{"type":"json_schema"}})",
          "response_format"},
         {"/v1/chat/completions", "{" + msgs + R"(,"logprobs":true})", "logprobs"},
         {"/v1/chat/completions", "{" + msgs + R"(,"top_logprobs":2})", "top_logprobs"},
@@ -766,6 +766,55 @@ TEST(Server, CorsOnlyWhenAskedAndBearerInAnyCase) {
     auto h = pc.Get("/health");
     ASSERT_TRUE(h);
     EXPECT_FALSE(h->has_header("Access-Control-Allow-Origin"));
+}
+
+}  // namespace
+}  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// response_format json_object: every reply that ends by itself is a JSON object; the same
+// draws without it are not JSON (the control); combining it with grammar is refused.
+TEST(Server, JsonObjectResponseFormatGivesJsonObjects) {
+    ServerProc s({"--lossless"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    json req{{"messages", json::array({{{"role", "user"}, {"content", "JSON please"}}})},
+             {"max_tokens", 60},
+             {"temperature", 1.0}};
+    int complete = 0, plain_json = 0;
+    for (int seed = 1; seed <= 3; ++seed) {
+        req["seed"] = seed;
+        json jr = req;
+        jr["response_format"] = {{"type", "json_object"}};
+        auto r = post(s, "/v1/chat/completions", jr);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json c = body_json(r)["choices"][0];
+        if (c["finish_reason"] == "stop") {
+            ++complete;
+            json parsed = json::parse(c["message"]["content"].get<std::string>(), nullptr, false);
+            EXPECT_TRUE(parsed.is_object()) << c["message"]["content"];
+        }
+        json short_req = req;
+        short_req["max_tokens"] = 16;
+        auto p = post(s, "/v1/chat/completions", short_req);
+        ASSERT_TRUE(p);
+        const std::string text = body_json(p)["choices"][0]["message"]["content"];
+        if (!json::parse(text, nullptr, false).is_discarded()) ++plain_json;
+    }
+    EXPECT_GT(complete, 0) << "some replies end by themselves";
+    EXPECT_EQ(body_json(post(s, "/v1/chat/completions", req))["moestream"]["settings"]["request"]
+                  ["response_format"],
+              "text");
+    EXPECT_EQ(plain_json, 0) << "control: without response_format the model writes no JSON";
+    json both = req;
+    both["response_format"] = {{"type", "json_object"}};
+    both["grammar"] = "root ::= \"a\"";
+    auto b = post(s, "/v1/chat/completions", both);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->status, 400);
+    EXPECT_EQ(body_json(b)["error"]["param"], "response_format");
 }
 
 }  // namespace

@@ -293,15 +293,34 @@ std::optional<ApiError> parse_logit_bias(const json & j, SamplingParams * sp) {
     return bad("logit_bias", "'logit_bias' must be an object {\"token id\": bias}");
 }
 
+// response_format json_object: a JSON object (RFC 8259), with at most one whitespace
+// character between tokens so that a model cannot spend its tokens on blank space.
+const char kJsonObjectGrammar[] = R"gbnf(
+root   ::= "{" ws ( member ( "," ws member )* )? "}" ws
+member ::= string ws ":" ws value ws
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( "," ws member )* )? "}"
+array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex ) )* "\""
+hex    ::= [0-9a-fA-F]
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= ( " " | "\n" )?
+)gbnf";
+
 // Fields that are accepted only at their no-op value, refused by name otherwise.
 std::optional<ApiError> refuse_unimplemented(const json & j, bool chat) {
     int64_t one = 1;
     if (auto e = get_int(j, "n", 1, 1 << 20, &one)) return e;
     if (one != 1) return unsupported("n", "one choice per request (n = 1)");
     if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
-        if (!(it->is_object() && it->value("type", json()) == "text" && it->size() == 1))
-            return unsupported("response_format", "only {\"type\": \"text\"}; constrain the "
-                                                  "output with 'grammar' (GBNF)");
+        const bool plain = it->is_object() && it->size() == 1 &&
+                           (it->value("type", json()) == "text" ||
+                            it->value("type", json()) == "json_object");
+        if (!plain)
+            return unsupported("response_format",
+                               "only {\"type\": \"text\"} and {\"type\": \"json_object\"} "
+                               "(json_schema is not implemented; constrain the output with "
+                               "'grammar', GBNF)");
     }
     if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
         const bool off = (it->is_boolean() && !it->get<bool>()) ||
@@ -407,6 +426,14 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
     if (auto it = j.find("grammar"); it != j.end() && !it->is_null()) {
         if (!it->is_string()) return bad("grammar", "'grammar' must be a string (GBNF)");
         sp.grammar = it->get<std::string>();
+    }
+    if (auto it = j.find("response_format");
+        it != j.end() && it->is_object() && it->value("type", json()) == "json_object") {
+        if (!sp.grammar.empty())
+            return bad("response_format", "'response_format' json_object and 'grammar' both "
+                                          "constrain the output: give one");
+        sp.grammar = kJsonObjectGrammar;
+        p.response_format = "json_object";
     }
     if (auto e = get_bool(j, "ignore_eos", &sp.ignore_eos)) return e;
     if (sp.ignore_eos && !sp.grammar.empty())

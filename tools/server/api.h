@@ -36,6 +36,7 @@ struct GenParams {
     int max_tokens = -1;  // -1 = until end-of-generation or the context is full
     SamplingParams sampling;
     std::vector<std::string> stop;
+    std::string response_format = "text";  // "text" | "json_object" (sampling.grammar set)
     double drop_cold = 0.0;      // 0 = off
     bool cache_prompt = true;    // reuse the KV prefix of the previous request
     bool return_tokens = false;  // add the token ids to the moestream object

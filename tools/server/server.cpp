@@ -856,7 +856,10 @@ private:
                     {"presence_penalty", float_json(sp.presence_penalty)},
                     {"frequency_penalty", float_json(sp.frequency_penalty)},
                     {"logit_bias", bias},
-                    {"grammar", sp.grammar.empty() ? json(nullptr) : json(sp.grammar)},
+                    {"grammar", sp.grammar.empty() || p.response_format != "text"
+                                    ? json(nullptr)
+                                    : json(sp.grammar)},
+                    {"response_format", p.response_format},
                     {"ignore_eos", sp.ignore_eos},
                     {"stop", p.stop},
                     {"seed", sp.seed},
