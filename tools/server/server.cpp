@@ -481,6 +481,17 @@ private:
                 lk.lock();
             }
         }
+        lk.unlock();  // done: the job is no longer written to
+        bool stopping;
+        {
+            std::lock_guard<std::mutex> ql(q_m_);
+            stopping = stopping_;
+        }
+        if (job->cancelled && stopping) {  // SIGTERM: not a failure of the request
+            res.set_header("Retry-After", "5");
+            return send_error(res, api_error(503, "the server is stopping; retry later",
+                                             "server_busy"));
+        }
         if (!job->status.ok())
             return send_error(res,
                               api_error(http_status(job->status), job->status.message(),
