@@ -133,8 +133,8 @@ void Sampler::accept_prompt(const llama_token * tokens, size_t n) {
 }
 
 Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
-    // llama_sampler_sample's steps, with a check between apply and accept: a token that every
-    // sampler excluded (logit -inf) must not reach the grammar's accept, which aborts.
+    // llama_sampler_sample's steps, with a check between apply and accept: a token that the
+    // samplers excluded (logit -inf) must not reach the grammar's accept, which aborts.
     const float * logits = llama_get_logits_ith(ctx, idx);
     if (!logits) return Status::Runtime("llama.cpp returned no logits to sample from");
     cur_.resize(size_t(n_vocab_));
@@ -142,8 +142,10 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
     llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
     try {
         llama_sampler_apply(chain_.get(), &arr);
+        // -inf: excluded by logit_bias or the grammar (a NaN from the model itself is drawn
+        // as before: the corrupt-expert gates rely on seeing its effect in the output).
         if (arr.selected < 0 || size_t(arr.selected) >= arr.size ||
-            !std::isfinite(arr.data[arr.selected].logit))
+            arr.data[arr.selected].logit == -INFINITY)
             return Status::BadInput(
                 "sampling: no token is allowed here (the grammar and logit_bias exclude every "
                 "token)");
