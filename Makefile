@@ -1,7 +1,8 @@
 # moestream front door. `make demo` and `make test` do all set-up themselves.
 #   make build   set-up (private llama.cpp prefix + Debian 12 packages), configure, compile
 #   make test    build + every test (unit, gates against llama.cpp, the app page in Debian's
-#                chromium: scripts/setup-browser.sh installs it and playwright-core), then
+#                chromium: scripts/setup-browser.sh installs it and playwright-core; the API
+#                through the openai npm SDK: scripts/setup-api-tests.sh), then
 #                the sanitizer builds (ASan+UBSan, TSan), a libFuzzer smoke run
 #                (docs/reliability.md) and the arm64 gates (a cross build run under
 #                qemu-user, docs/arm64.md)
@@ -40,6 +41,7 @@ test: test-unit test-asan test-tsan fuzz-smoke test-arm64
 
 test-unit: build
 	scripts/setup-browser.sh
+	scripts/setup-api-tests.sh
 	bench/setup.sh
 	scripts/run-tests.sh $(BUILD_DIR)
 

@@ -31,9 +31,4 @@ fi
 node_major="$(node -p 'process.versions.node.split(".")[0]')"
 [ "$node_major" -ge 20 ] || die "Node.js $(node --version) is too old for playwright-core (needs >= 20)"
 
-# npm ci only when node_modules does not match the lock (npm writes its own copy there).
-if ! cmp -s "$dir/package-lock.json" "$dir/node_modules/.moestream-lock" 2>/dev/null; then
-  say "npm ci in tests/browser"
-  (cd "$dir" && npm ci --no-audit --no-fund >&2) || die "npm ci failed in $dir"
-  cp "$dir/package-lock.json" "$dir/node_modules/.moestream-lock"
-fi
+"$repo/scripts/npm-ci-locked" "$dir"

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moestream/status.h"
@@ -36,7 +37,9 @@ namespace moestream {
 struct RunOptions {
     std::string model_path;
     int n_threads = 2;    // compute threads (-t)
-    int n_ctx = 4096;     // context length (-c)
+    // Context length (-c). 0 = the model's training context, capped so that the KV cache
+    // takes at most a quarter of the memory available at open (Engine::n_ctx() says which).
+    int n_ctx = 4096;
     int n_batch = 512;    // prompt tokens per llama_decode
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
@@ -155,20 +158,51 @@ struct RunStats {
     std::vector<TokenStats> tokens;   // decode steps, in order
 };
 
-// Sampling of one request (the server's per-request settings). temp 0 = greedy; otherwise
-// top_k (0 = off), top_p (1 = off), temperature, then a draw seeded with seed.
+// Sampling of one request (the server's per-request settings; docs/server.md describes each
+// field as the API exposes it). The chain, in order: logit_bias (and ignore_eos), grammar,
+// penalties, then either greedy (temp below kGreedyBelow) or top_k, top_p, min_p, temperature
+// and a draw seeded with seed. Engine::generate checks every field and refuses a bad one
+// with kUsage naming it.
 struct SamplingParams {
-    float temp = 0.0f;
-    uint32_t seed = 1;
-    int top_k = 0;
-    float top_p = 1.0f;
+    // Temperatures below this are greedy: a temperature of 1e-45 would scale the logits to
+    // infinity (and the draw to NaN); below 1e-4 the draw is the argmax anyway.
+    static constexpr float kGreedyBelow = 1e-4f;
+    float temp = 0.0f;        // finite, >= 0; below kGreedyBelow = greedy
+    uint32_t seed = 1;        // seed of the draw (temp >= kGreedyBelow)
+    int top_k = 0;            // >= 0; 0 = off
+    float top_p = 1.0f;       // (0, 1]; 1 = off
+    float min_p = 0.0f;       // [0, 1]; 0 = off
+    // Penalties over the last repeat_last_n tokens (prompt and generated): repeat divides a
+    // positive logit (multiplies a negative one) by repeat_penalty; frequency subtracts
+    // frequency_penalty x count; presence subtracts presence_penalty once per token seen.
+    float repeat_penalty = 1.0f;     // finite, > 0; 1 = off
+    int repeat_last_n = 64;          // >= -1; 0 = penalties off, -1 = the whole context
+    float presence_penalty = 0.0f;   // [-2, 2]; 0 = off
+    float frequency_penalty = 0.0f;  // [-2, 2]; 0 = off
+    // Added to a token's logit before anything else: token id in [0, n_vocab), bias finite
+    // or -infinity (the token is never produced).
+    std::vector<std::pair<int32_t, float>> logit_bias;
+    // GBNF grammar text (llama.cpp's grammar format, start symbol `root`); "" = none. The
+    // output is constrained to it; a grammar llama.cpp cannot parse is refused (kUsage).
+    std::string grammar;
+    // Never end at an end-of-generation token (they are masked); not with a grammar, whose
+    // end is an end-of-generation token.
+    bool ignore_eos = false;
 };
 
 // One generation with explicit settings (Engine::generate(const GenerateRequest &, ...)).
 struct GenerateRequest {
     std::string prompt;
+    // Tokens to generate at most; -1 = until end-of-generation or the context is full.
     int n_predict = 64;
+    // What a prompt + n_predict larger than the context does: false = kUsage, true = the
+    // generation ends when the context is full (finish kLength).
+    bool clamp_to_context = false;
     SamplingParams sampling;
+    // Stop strings (none empty): generation ends when the text contains one. The stop string
+    // and anything after it are not emitted; a match may span tokens. Text that could still
+    // become a stop string is held back (on_piece gets it, possibly with more, once resolved).
+    std::vector<std::string> stop;
     // Keep the KV cache of the previous generation and prefill only what follows the longest
     // common token prefix (the prompt's last token is always decoded again, for its logits).
     // Not bit-exact: the reused KV was computed in other batch shapes, so logits differ from a
@@ -176,10 +210,35 @@ struct GenerateRequest {
     bool reuse_prefix = false;
 };
 
+// Why a generation ended.
+enum class FinishReason {
+    kLength,     // n_predict tokens, or the context is full
+    kEos,        // the model produced an end-of-generation token
+    kStop,       // a stop string (GenerateResult::stop_string)
+    kCancelled,  // on_piece returned false
+};
+const char * finish_reason_name(FinishReason r);  // "length", "eos", "stop", "cancelled"
+
 struct GenerateResult {
-    std::vector<int32_t> tokens;      // generated token ids
-    std::string text;                 // their detokenized text
+    // Generated token ids: every token sampled, including those that carried a stop string
+    // (the end-of-generation token is not included).
+    std::vector<int32_t> tokens;
+    // Their detokenized text, without a matched stop string and what followed it in its
+    // token: exactly what on_piece received.
+    std::string text;
     std::vector<float> final_logits;  // logits of the last decode
+    FinishReason finish = FinishReason::kLength;
+    std::string stop_string;  // the stop string that ended it (finish kStop)
+    // True when this output depends on lossy settings: the engine's now, or those that
+    // computed KV it reused (reuse_prefix).
+    bool lossy = false;
+};
+
+// One chat message (Engine::apply_chat_template). role: as the template knows it
+// ("system", "user", "assistant"); content: text without NUL bytes.
+struct ChatMessage {
+    std::string role;
+    std::string content;
 };
 
 class Engine {
@@ -191,8 +250,10 @@ public:
     static Status open(const RunOptions & opt, std::unique_ptr<Engine> * out);
 
     // Tokenizes `prompt`, prefills, then decodes up to n_predict tokens (stops at
-    // end-of-generation). on_piece (optional) receives each token's text as produced;
-    // returning false stops generation. An I/O error stops generation with kRuntime.
+    // end-of-generation). on_piece (optional) is called once per generated token with the
+    // text released by it (with stop strings, possibly "" while a match is pending; at the end
+    // once more with what was held back); returning false stops generation (kCancelled).
+    // An I/O error stops generation with kRuntime.
     virtual Status generate(const std::string & prompt, int n_predict,
                             const std::function<bool(const std::string &)> & on_piece,
                             GenerateResult * result) = 0;
@@ -203,6 +264,12 @@ public:
                             const std::function<bool(const std::string &)> & on_piece,
                             GenerateResult * result) = 0;
 
+    // Checks req as generate would (settings, grammar, stop strings, the prompt against the
+    // context) without generating; *n_prompt (optional): the prompt's length in tokens (0 if
+    // it could not be tokenized). Reads only what open() loaded: safe from other threads
+    // while a generate runs.
+    virtual Status check_request(const GenerateRequest & req, int * n_prompt) const = 0;
+
     // Changes --drop-cold-experts between generations (0 = off): the policy state is per
     // engine and nothing is pending between llama_decode calls, so this is safe whenever no
     // generate is running. kUsage when F is out of range, without streaming, or the cache is
@@ -210,6 +277,17 @@ public:
     virtual Status set_drop_cold(double frac) = 0;
     // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
     virtual std::string chat_template() const = 0;
+    // Renders messages with the model's chat template through llama.cpp's template
+    // recogniser, ending with the assistant turn's opener when add_assistant. A model without
+    // a template gets chatml; a template llama.cpp does not recognise is refused (kBadInput),
+    // never replaced by another.
+    virtual Status apply_chat_template(const std::vector<ChatMessage> & messages,
+                                       bool add_assistant, std::string * out) const = 0;
+    // Which template apply_chat_template uses ("chatml (the model carries no chat template)",
+    // "llama3 (recognised from the model's template)", ...); "" when it refuses them all.
+    virtual std::string chat_template_name() const = 0;
+    // The context length in use (RunOptions::n_ctx, or what 0 resolved to) and why.
+    virtual int n_ctx() const = 0;
 
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.
@@ -218,7 +296,11 @@ public:
 
     // --- Scoring a text (moestream eval, docs/eval.md) ---
     // The model's tokens for `text`, with the model's start token when it uses one.
+    // tokenize, detokenize, n_vocab, n_ctx and the chat template methods read only what open()
+    // loaded: they may be called from other threads while a generate runs.
     virtual Status tokenize(const std::string & text, std::vector<int32_t> * out) const = 0;
+    // The text of `tokens` (ids in [0, n_vocab); kBadInput naming one outside).
+    virtual Status detokenize(const std::vector<int32_t> & tokens, std::string * out) const = 0;
     virtual int n_vocab() const = 0;
     // Decodes `tokens` one at a time from an empty context (single-token decodes: the way
     // streaming runs, with the decode-phase policies) and hands the logits after each token to

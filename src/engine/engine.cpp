@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moestream/cache_budget.h"
+#include "chat_template.h"
 #include "ggml-backend.h"
 #include "moestream/gguf_index.h"
 #include "env_knobs.h"
@@ -25,6 +26,8 @@
 #include "residency.h"
 #include "route_tracer.h"
 #include "router_hook.h"
+#include "sampler.h"
+#include "stop_strings.h"
 #include "streamer.h"
 #include "moestream/sysinfo.h"
 #include "trace_observer.h"
@@ -92,10 +95,42 @@ Status check_file_unchanged(const ModelIndex & index) {
     return Status::Ok();
 }
 
+// RunOptions::n_ctx 0: the model's training context, capped so that the KV cache (f16 K and
+// V for every layer and KV head) takes at most a quarter of the memory available now.
+int model_context(const llama_model * model, std::string * reason) {
+    const int train = std::max(16, llama_model_n_ctx_train(model));
+    char arch[128] = {0}, buf[64];
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+    auto meta_int = [&](const char * key, int fallback) {
+        const std::string k = std::string(arch) + "." + key;
+        return llama_model_meta_val_str(model, k.c_str(), buf, sizeof buf) > 0 ? std::atoi(buf)
+                                                                              : fallback;
+    };
+    const int n_head = std::max(1, llama_model_n_head(model));
+    const int head_k = meta_int("attention.key_length", llama_model_n_embd(model) / n_head);
+    const int head_v = meta_int("attention.value_length", head_k);
+    const uint64_t kv_per_token = uint64_t(std::max(1, llama_model_n_layer(model))) *
+                                  uint64_t(std::max(1, llama_model_n_head_kv(model))) *
+                                  uint64_t(head_k + head_v) * 2;
+    const MemoryAvailability mem = memory_availability();
+    const uint64_t cap_tokens = mem.available_bytes / 4 / std::max<uint64_t>(1, kv_per_token);
+    int n = train;
+    if (mem.available_bytes > 0 && cap_tokens < uint64_t(train))
+        n = int(std::max<uint64_t>(512, cap_tokens) / 256 * 256);
+    n = std::min(n, train);
+    *reason = "the model's context " + std::to_string(train) +
+              (n < train ? ", capped to " + std::to_string(n) + " so the KV cache (" +
+                               std::to_string(kv_per_token >> 10) + " KiB per token) takes <= 1/4 of " +
+                               std::to_string(mem.available_bytes >> 20) + " MiB available (" +
+                               mem.source + ")"
+                         : std::string());
+    return n;
+}
+
 class EngineImpl final : public Engine {
 public:
     ~EngineImpl() override {
-        if (sampler_) llama_sampler_free(sampler_);
+        sampler_.reset();  // before the model its grammar was built for
         if (ctx_) llama_free(ctx_);
         if (lm_.model) llama_model_free(lm_.model);
     }
@@ -104,7 +139,8 @@ public:
         t_open_ = now_s();
         opt_ = opt;
         if (opt.n_threads < 1 || opt.n_threads > 512) return Status::Usage("-t must be in 1..512");
-        if (opt.n_ctx < 16) return Status::Usage("-c must be >= 16");
+        if (opt.n_ctx != 0 && opt.n_ctx < 16)
+            return Status::Usage("-c must be >= 16 (or 0: the model's context)");
         if (opt.n_batch < 1) return Status::Usage("--batch must be >= 1");
         if (opt.io_threads < 1 || opt.io_threads > 64)
             return Status::Usage("--io-threads must be in 1..64");
@@ -182,8 +218,9 @@ public:
             file_mapped_after_load_bytes_ = mapped_bytes_of_file(index_.path);
         }
 
+        if (opt_.n_ctx == 0) opt_.n_ctx = model_context(lm_.model, &n_ctx_reason_);
         llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = uint32_t(opt.n_ctx);
+        cp.n_ctx = uint32_t(opt_.n_ctx);
         cp.n_batch = uint32_t(opt.n_batch);
         cp.n_ubatch = uint32_t(opt.n_batch);
         cp.n_threads = opt.n_threads;
@@ -198,21 +235,20 @@ public:
         ctx_ = llama_init_from_model(lm_.model, cp);
         if (!ctx_)
             return Status::Runtime("llama.cpp could not create a context (n_ctx " +
-                                   std::to_string(opt.n_ctx) + "); run with -vv for its log");
+                                   std::to_string(opt_.n_ctx) + "); run with -vv for its log");
+        chat_ = choose_chat_template(llama_model_chat_template(lm_.model, nullptr));
 
         if (opt.stream) {
             st = make_store();
             if (!st.ok()) return st;
         }
 
-        auto sp = llama_sampler_chain_default_params();
-        sampler_ = llama_sampler_chain_init(sp);
-        if (opt.temp <= 0.0f) {
-            llama_sampler_chain_add(sampler_, llama_sampler_init_greedy());
-        } else {
-            llama_sampler_chain_add(sampler_, llama_sampler_init_temp(opt.temp));
-            llama_sampler_chain_add(sampler_, llama_sampler_init_dist(opt.seed));
-        }
+        SamplingParams run_sampling;
+        run_sampling.temp = opt.temp;
+        run_sampling.seed = opt.seed;
+        run_sampling.repeat_last_n = 0;  // generate(prompt, ...) samples without penalties
+        st = Sampler::create(run_sampling, llama_model_get_vocab(lm_.model), opt_.n_ctx, &sampler_);
+        if (!st.ok()) return st;
         stats_.load_s = now_s() - t_open_;
         stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
         MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
@@ -380,32 +416,38 @@ public:
     Status generate(const std::string & prompt, int n_predict,
                     const std::function<bool(const std::string &)> & on_piece,
                     GenerateResult * result) override {
-        return generate_with(prompt, n_predict, sampler_, false, on_piece, result);
+        GenerateRequest req;
+        req.n_predict = n_predict;
+        return generate_with(prompt, req, *sampler_, on_piece, result);
     }
 
     Status generate(const GenerateRequest & req,
                     const std::function<bool(const std::string &)> & on_piece,
                     GenerateResult * result) override {
-        const SamplingParams & sp = req.sampling;
-        if (!std::isfinite(sp.temp) || sp.temp < 0.0f)
-            return Status::BadInput("temperature must be >= 0");
-        if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-            return Status::BadInput("top_p must be in (0, 1]");
-        if (sp.top_k < 0) return Status::BadInput("top_k must be >= 0");
-        llama_sampler * smp = llama_sampler_chain_init(llama_sampler_chain_default_params());
-        if (sp.temp <= 0.0f) {
-            llama_sampler_chain_add(smp, llama_sampler_init_greedy());
-        } else {
-            if (sp.top_k > 0) llama_sampler_chain_add(smp, llama_sampler_init_top_k(sp.top_k));
-            if (sp.top_p < 1.0f)
-                llama_sampler_chain_add(smp, llama_sampler_init_top_p(sp.top_p, 1));
-            llama_sampler_chain_add(smp, llama_sampler_init_temp(sp.temp));
-            llama_sampler_chain_add(smp, llama_sampler_init_dist(sp.seed));
-        }
-        Status st =
-            generate_with(req.prompt, req.n_predict, smp, req.reuse_prefix, on_piece, result);
-        llama_sampler_free(smp);
-        return st;
+        std::unique_ptr<Sampler> smp;
+        Status st = check_settings(req, &smp);
+        if (!st.ok()) return st;
+        return generate_with(req.prompt, req, *smp, on_piece, result);
+    }
+
+    Status check_request(const GenerateRequest & req, int * n_prompt) const override {
+        std::unique_ptr<Sampler> smp;
+        Status st = check_settings(req, &smp);
+        std::vector<llama_token> toks;
+        int n_predict = req.n_predict;
+        Status pst = prompt_fits(req.prompt, req, &toks, &n_predict);
+        if (n_prompt) *n_prompt = int(toks.size());
+        return pst.ok() ? st : pst;
+    }
+
+    // Everything of req but the prompt; *smp: its sampler.
+    Status check_settings(const GenerateRequest & req, std::unique_ptr<Sampler> * smp) const {
+        if (req.n_predict < -1)
+            return Status::Usage("n_predict must be >= -1 (-1 = until the context is full)");
+        for (size_t i = 0; i < req.stop.size(); ++i)
+            if (req.stop[i].empty())
+                return Status::Usage("stop[" + std::to_string(i) + "] must not be empty");
+        return Sampler::create(req.sampling, llama_model_get_vocab(lm_.model), opt_.n_ctx, smp);
     }
 
     Status set_drop_cold(double frac) override {
@@ -432,34 +474,64 @@ public:
         const char * t = llama_model_chat_template(lm_.model, nullptr);
         return t ? std::string(t) : std::string();
     }
+    Status apply_chat_template(const std::vector<ChatMessage> & messages, bool add_assistant,
+                               std::string * out) const override {
+        return render_chat(chat_, messages, add_assistant, out);
+    }
+    std::string chat_template_name() const override { return chat_.usable ? chat_.name : ""; }
+    int n_ctx() const override { return opt_.n_ctx; }
 
 private:
-    // The generation loop. sampler: the chain to draw with (reset here). reuse_prefix: see
-    // GenerateRequest. kv_tokens_ tracks which tokens' KV the context holds, in order.
-    Status generate_with(const std::string & prompt, int n_predict, llama_sampler * sampler,
-                         bool reuse_prefix,
+    // The prompt's tokens (with the model's start token and special tokens parsed, as
+    // generate decodes them), checked against the context; *n_predict resolved (-1 or, with
+    // clamp_to_context, too many: what the context has left).
+    Status prompt_fits(const std::string & prompt, const GenerateRequest & req,
+                       std::vector<llama_token> * toks, int * n_predict) const {
+        const llama_vocab * vocab = llama_model_get_vocab(lm_.model);
+        if (prompt.size() > size_t(INT32_MAX) / 2)
+            return Status::BadInput("the prompt is too long to tokenize");
+        toks->resize(prompt.size() + 16);
+        int n = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), toks->data(),
+                               int32_t(toks->size()), true, true);
+        if (n < 0) {
+            toks->resize(size_t(-n));
+            n = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), toks->data(),
+                               int32_t(toks->size()), true, true);
+        }
+        if (n <= 0) return Status::BadInput("the prompt tokenizes to no tokens");
+        toks->resize(size_t(n));
+        if (n >= opt_.n_ctx)
+            return Status::BadInput("the prompt (" + std::to_string(n) +
+                                    " tokens) does not fit the context (" +
+                                    std::to_string(opt_.n_ctx) + " tokens)");
+        if (*n_predict < 0 || (req.clamp_to_context && n + *n_predict > opt_.n_ctx))
+            *n_predict = opt_.n_ctx - n;  // until the context is full
+        if (n + *n_predict > opt_.n_ctx)
+            return Status::Usage("the prompt (" + std::to_string(n) + " tokens) + n_predict " +
+                                 std::to_string(*n_predict) + " exceed the context (" +
+                                 std::to_string(opt_.n_ctx) + " tokens)");
+        return Status::Ok();
+    }
+
+    // The generation loop. sampler: what draws (reset here). req: n_predict, clamp_to_context,
+    // stop and reuse_prefix (see GenerateRequest; its prompt and sampling are not read: the
+    // prompt is `prompt`). kv_tokens_ tracks which tokens' KV the context holds, in order.
+    Status generate_with(const std::string & prompt, const GenerateRequest & req,
+                         Sampler & sampler,
                          const std::function<bool(const std::string &)> & on_piece,
                          GenerateResult * result) {
-        if (n_predict < 0) return Status::Usage("-n must be >= 0");
+        int n_predict = req.n_predict;
+        const bool reuse_prefix = req.reuse_prefix;
+        if (n_predict < -1) return Status::Usage("-n must be >= 0");
         if (streamer_) {
             Status st = check_file_unchanged(index_);
             if (!st.ok()) return st;
         }
         const llama_vocab * vocab = llama_model_get_vocab(lm_.model);
-        std::vector<llama_token> toks(prompt.size() + 16);
-        int n = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), toks.data(),
-                               int32_t(toks.size()), true, true);
-        if (n < 0) {
-            toks.resize(size_t(-n));
-            n = llama_tokenize(vocab, prompt.data(), int32_t(prompt.size()), toks.data(),
-                               int32_t(toks.size()), true, true);
-        }
-        if (n <= 0) return Status::BadInput("the prompt tokenizes to no tokens");
-        toks.resize(size_t(n));
-        if (n + n_predict > opt_.n_ctx)
-            return Status::Usage("prompt (" + std::to_string(n) + " tokens) + -n " +
-                                 std::to_string(n_predict) + " exceeds the context (-c " +
-                                 std::to_string(opt_.n_ctx) + ")");
+        std::vector<llama_token> toks;
+        Status pst = prompt_fits(prompt, req, &toks, &n_predict);
+        if (!pst.ok()) return pst;
+        const int n = int(toks.size());
 
         llama_memory_t mem = llama_get_memory(ctx_);
         int reused = 0;
@@ -471,8 +543,18 @@ private:
         }
         if (reused == 0) llama_memory_clear(mem, true);
         kv_tokens_.clear();  // refilled as decodes succeed; an error leaves it empty
+        kv_lossy_ = (reused > 0 && kv_lossy_) || lossy();
+        // Drop-cold counts since it was enabled: this generation reports its own share.
+        const DropCounters dc0 = drop_cold_ ? drop_cold_->counters() : DropCounters{};
+        const uint64_t deferred0 = drop_cold_ ? drop_cold_->deferred() : 0;
+        const uint64_t fallbacks0 = drop_cold_ ? drop_cold_->fallbacks() : 0;
         trace_pos_ = reused;
-        llama_sampler_reset(sampler);
+        sampler.reset();
+        {   // the penalties' window reaches back into the prompt
+            const size_t tail = std::min<size_t>(toks.size(), size_t(opt_.n_ctx));
+            sampler.accept_prompt(toks.data() + (toks.size() - tail), tail);
+        }
+        StopMatcher stops(req.stop);
         RunStats & s = stats_;
         s.tokens.clear();
         s.n_prompt = n;
@@ -481,6 +563,7 @@ private:
         const int n_vocab = llama_vocab_n_tokens(vocab);
         uint64_t logit_hash = 0xcbf29ce484222325ull;
         *result = GenerateResult{};
+        result->lossy = kv_lossy_;
 
         // Prefill.
         double t0 = now_s();
@@ -508,18 +591,31 @@ private:
         for (int i = 0; i < n_predict; ++i) {
             const float * logits = llama_get_logits_ith(ctx_, -1);
             logit_hash = fnv1a(logit_hash, logits, sizeof(float) * size_t(n_vocab));
-            llama_token tok = llama_sampler_sample(sampler, ctx_, -1);
+            llama_token tok = 0;
+            Status sst = sampler.sample(ctx_, -1, &tok);
+            if (!sst.ok()) return sst;
             if (i == n_predict - 1 || llama_vocab_is_eog(vocab, tok))
                 result->final_logits.assign(logits, logits + n_vocab);
-            if (llama_vocab_is_eog(vocab, tok)) break;
+            if (llama_vocab_is_eog(vocab, tok)) {
+                result->finish = FinishReason::kEos;
+                break;
+            }
             if (i == 0) s.ttft_s = now_s() - t_open_;
             result->tokens.push_back(tok);
             s.n_generated++;
             char buf[256];
             int pn = llama_token_to_piece(vocab, tok, buf, sizeof buf, 0, false);
-            std::string piece = pn > 0 ? std::string(buf, size_t(pn)) : std::string();
+            const std::string piece = stops.push(pn > 0 ? std::string(buf, size_t(pn)) : "");
             result->text += piece;
-            if (on_piece && !on_piece(piece)) break;
+            if (on_piece && !on_piece(piece)) {
+                result->finish = FinishReason::kCancelled;
+                break;
+            }
+            if (stops.stopped()) {
+                result->finish = FinishReason::kStop;
+                result->stop_string = stops.matched();
+                break;
+            }
             if (i == n_predict - 1) break;
             if (streamer_) {
                 // One stat per token: a file truncated, rewritten or replaced mid-generation
@@ -543,6 +639,13 @@ private:
             demand_sum += t.token_demand_bytes;
             layer_demand_max = std::max(layer_demand_max, t.layer_demand_bytes);
             s.tokens.push_back(t);
+        }
+        if (result->finish != FinishReason::kStop && result->finish != FinishReason::kCancelled) {
+            const std::string held = stops.flush();  // no stop string completed: release it
+            if (!held.empty()) {
+                result->text += held;
+                if (on_piece) on_piece(held);
+            }
         }
         const size_t steps = s.tokens.size();
         s.decode_s = decode_s;
@@ -575,13 +678,15 @@ private:
         if (binder_) s.dense_bytes = binder_->dense_bytes();
         if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
         if (hook_ && opt_.drop_cold > 0) {
+            // This generation's share.
             const DropCounters & dc = drop_cold_->counters();
-            s.experts_routed = dc.routed;
-            s.experts_dropped = dc.dropped;
-            s.weight_mass_dropped = dc.weight_total > 0 ? dc.weight_dropped / dc.weight_total : 0;
-            s.drop_bytes_avoided = dc.bytes_avoided;
-            s.drop_deferred = drop_cold_->deferred();
-            s.drop_fallbacks = drop_cold_->fallbacks();
+            s.experts_routed = dc.routed - dc0.routed;
+            s.experts_dropped = dc.dropped - dc0.dropped;
+            const double wt = dc.weight_total - dc0.weight_total;
+            s.weight_mass_dropped = wt > 0 ? (dc.weight_dropped - dc0.weight_dropped) / wt : 0;
+            s.drop_bytes_avoided = dc.bytes_avoided - dc0.bytes_avoided;
+            s.drop_deferred = drop_cold_->deferred() - deferred0;
+            s.drop_fallbacks = drop_cold_->fallbacks() - fallbacks0;
             s.drop_terminal = index_.moe_layers.empty()
                                   ? ""
                                   : hook_->nodes().terminal_kind(index_.moe_layers[0].layer);
@@ -606,6 +711,7 @@ public:
         if (!opt_.stream) j["model_file_mapped_bytes"] = file_mapped_after_load_bytes_;
         j["n_threads"] = opt_.n_threads;
         j["n_ctx"] = opt_.n_ctx;
+        if (!n_ctx_reason_.empty()) j["n_ctx_reason"] = n_ctx_reason_;
         j["n_batch"] = opt_.n_batch;
         j["temp"] = opt_.temp;
         j["seed"] = opt_.seed;
@@ -664,6 +770,23 @@ public:
     }
 
     int n_vocab() const override { return llama_vocab_n_tokens(llama_model_get_vocab(lm_.model)); }
+
+    Status detokenize(const std::vector<int32_t> & tokens, std::string * out) const override {
+        const llama_vocab * vocab = llama_model_get_vocab(lm_.model);
+        const int nv = n_vocab();
+        out->clear();
+        char buf[256];
+        for (size_t i = 0; i < tokens.size(); ++i) {
+            if (tokens[i] < 0 || tokens[i] >= nv)
+                return Status::BadInput("tokens[" + std::to_string(i) + "] = " +
+                                        std::to_string(tokens[i]) +
+                                        " is outside the vocabulary (0.." +
+                                        std::to_string(nv - 1) + ")");
+            const int n = llama_token_to_piece(vocab, tokens[i], buf, sizeof buf, 0, false);
+            if (n > 0) out->append(buf, size_t(n));
+        }
+        return Status::Ok();
+    }
 
     Status score(const std::vector<int32_t> & tokens, uint32_t window,
                  const std::function<Status(size_t, const float *)> & on_logits) override {
@@ -791,7 +914,10 @@ private:
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode
     std::vector<llama_token> kv_tokens_;   // tokens whose KV the context holds (prefix reuse)
     llama_context * ctx_ = nullptr;
-    llama_sampler * sampler_ = nullptr;
+    std::unique_ptr<Sampler> sampler_;  // generate(prompt, ...): RunOptions' temp and seed
+    ChatTemplate chat_;                 // apply_chat_template
+    std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen
+    bool kv_lossy_ = false;     // the KV cache holds state computed with lossy settings
     RunStats stats_;
     double t_open_ = 0;
     uint32_t k_eff_ = 0;  // effective top-k

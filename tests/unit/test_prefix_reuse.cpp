@@ -116,10 +116,10 @@ TEST(PrefixReuse, PerRequestSamplingIsSeededAndValidated) {
     ASSERT_TRUE(e->generate(r, nullptr, &c).ok());
     EXPECT_NE(a.tokens, c.tokens) << "another seed draws differently";
     r.sampling.top_p = 0.0f;
-    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kBadInput);
+    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kUsage);
     r.sampling.top_p = 1.0f;
     r.sampling.temp = -1.0f;
-    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kBadInput);
+    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kUsage);
 }
 
 TEST(PrefixReuse, DropColdCanBeSwitchedBetweenGenerations) {
@@ -137,6 +137,45 @@ TEST(PrefixReuse, DropColdCanBeSwitchedBetweenGenerations) {
     EXPECT_EQ(e->stats().experts_dropped, 0u);
     EXPECT_EQ(e->set_drop_cold(1.5).code(), ErrorCode::kUsage);
     EXPECT_EQ(e->chat_template(), "") << "synth models carry no chat template";
+}
+
+}  // namespace
+}  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// A lossless turn that reuses KV computed by a lossy one is lossy; without reuse it is not.
+TEST(PrefixReuse, ReusedLossyKvMakesTheResultLossy) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    ASSERT_TRUE(e->set_drop_cold(0.75).ok());
+    GenerateResult g;
+    ASSERT_TRUE(e->generate(req("Once upon a time there was", 4, true), nullptr, &g).ok());
+    EXPECT_TRUE(g.lossy);
+    ASSERT_TRUE(e->set_drop_cold(0).ok());
+    ASSERT_TRUE(e->generate(req("Once upon a time there was a", 2, true), nullptr, &g).ok());
+    EXPECT_GT(e->stats().n_prompt_reused, 0);
+    EXPECT_TRUE(g.lossy) << "its KV prefix was computed with drop-cold on";
+    ASSERT_TRUE(e->generate(req("Once upon a time there was a", 2, false), nullptr, &g).ok());
+    EXPECT_FALSE(g.lossy) << "control: a fresh prefill with lossless settings";
+    ASSERT_TRUE(e->generate(req("Once upon a time there was a", 2, true), nullptr, &g).ok());
+    EXPECT_FALSE(g.lossy) << "the KV is lossless again";
+}
+
+// Drop counters describe one generation, not the engine's life.
+TEST(PrefixReuse, DropCountersArePerGeneration) {
+    auto e = open_tiny();
+    ASSERT_TRUE(e);
+    ASSERT_TRUE(e->set_drop_cold(0.75).ok());
+    GenerateRequest r = req("Once upon a time", 6, false);
+    r.sampling.ignore_eos = true;
+    GenerateResult g;
+    ASSERT_TRUE(e->generate(r, nullptr, &g).ok());
+    const uint64_t routed1 = e->stats().experts_routed;
+    EXPECT_GT(routed1, 0u) << "control: the policy saw routings";
+    ASSERT_TRUE(e->generate(r, nullptr, &g).ok());
+    EXPECT_EQ(e->stats().experts_routed, routed1) << "the same work counts the same, not twice";
 }
 
 }  // namespace

@@ -381,13 +381,33 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
         {"/v1/chat/completions", "{" + msgs + R"(,"temperature":-1})", "temperature"},
         {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":0})", "max_tokens"},
         {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":1.5})", "max_tokens"},
-        {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":100000000})", "max_tokens"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"max_tokens":1,"n_predict":2})", "n_predict"},
         {"/v1/chat/completions", "{" + msgs + R"(,"top_p":0})", "top_p"},
         {"/v1/chat/completions", "{" + msgs + R"(,"top_p":1.5})", "top_p"},
         {"/v1/chat/completions", "{" + msgs + R"(,"seed":-1})", "seed"},
         {"/v1/chat/completions", "{" + msgs + R"(,"n":2})", "n"},
         {"/v1/chat/completions", "{" + msgs + R"(,"stream":"yes"})", "stream"},
-        {"/v1/chat/completions", "{" + msgs + R"(,"stop":["x"]})", "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"stop":[""]})", "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"stop":5})", "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"min_p":2})", "min_p"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"repeat_penalty":0})", "repeat_penalty"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"presence_penalty":3})", "presence_penalty"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logit_bias":{"abc":1}})", "logit_bias"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logit_bias":{"99999":1}})", "logit_bias"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"grammar":"root ::= ("})", "grammar"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"foo":1})", "foo"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"tools":[{"type":"function"}]})", "tools"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"tool_choice":"auto"})", "tool_choice"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"response_format":{"type":"json_schema"}})",
+         "response_format"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logprobs":true})", "logprobs"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"top_logprobs":2})", "top_logprobs"},
+        {"/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})",
+         "messages[0].role"},
+        {"/v1/completions", R"({"prompt":"x","logprobs":2})", "logprobs"},
+        {"/v1/completions", R"({"prompt":"x","suffix":"y"})", "suffix"},
+        {"/v1/completions", R"({"prompt":"x","best_of":2})", "best_of"},
+        {"/v1/completions", R"({"prompt":["a","b"]})", "prompt"},
         {"/v1/chat/completions", "{" + msgs + R"(,"drop_cold_experts":2})", "drop_cold_experts"},
         {"/v1/completions", R"({"prompt":7})", "prompt"},
         {"/v1/completions", R"({"prompt":""})", "prompt"},
@@ -407,12 +427,23 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
     auto ct = c.Post("/v1/completions", R"({"prompt":"x"})", "text/plain");
     ASSERT_TRUE(ct);
     EXPECT_EQ(ct->status, 415);
-    // A prompt + max_tokens beyond the context: the engine's refusal comes back as 400.
-    auto lc =
-        post(s, "/v1/completions",
-             {{"prompt", "Hello world, this is a prompt of several tokens"}, {"max_tokens", 4095}});
+    // A prompt longer than the context (the synth model's 512 tokens): 400 naming the prompt;
+    // the same prompt within the context is served (the control).
+    auto lc = post(s, "/v1/completions", {{"prompt", std::string(600, 'x')}, {"max_tokens", 1}});
     ASSERT_TRUE(lc);
     EXPECT_EQ(lc->status, 400) << lc->body;
+    EXPECT_EQ(body_json(lc)["error"]["param"], "prompt") << lc->body;
+    EXPECT_NE(lc->body.find("longer than the context (512 tokens)"), std::string::npos) << lc->body;
+    auto lc_ok = post(s, "/v1/completions", {{"prompt", std::string(400, 'x')}, {"max_tokens", 1}});
+    ASSERT_TRUE(lc_ok);
+    EXPECT_EQ(lc_ok->status, 200) << lc_ok->body;
+    // prompt + max_tokens over the context: clamped, finish_reason "length" at the end of it.
+    auto cl = post(s, "/v1/completions",
+                   {{"prompt", std::string(500, 'x')}, {"max_tokens", 4000}, {"ignore_eos", true}});
+    ASSERT_TRUE(cl);
+    ASSERT_EQ(cl->status, 200) << cl->body;
+    EXPECT_EQ(body_json(cl)["choices"][0]["finish_reason"], "length");
+    EXPECT_EQ(body_json(cl)["usage"]["total_tokens"], 512) << cl->body;
     // Still healthy and still generating.
     auto ok = post(s, "/v1/completions", {{"prompt", "Hello"}, {"max_tokens", 2}});
     ASSERT_TRUE(ok);
@@ -458,8 +489,12 @@ TEST(Server, LossyDefaultsApiKeyAndBodyLimit) {
     auto r2 = post(s, "/v1/completions", off, auth);
     ASSERT_TRUE(r2);
     json j2 = body_json(r2);
-    EXPECT_EQ(j2["moestream"]["lossy"], false);
+    EXPECT_EQ(j2["moestream"]["lossy"], true) << "it reused the KV the lossy request computed";
     EXPECT_EQ(j2["moestream"]["settings"]["engine"]["drop_cold_experts"], 0.0);
+    off["cache_prompt"] = false;  // a fresh prefill with the knob off: lossless
+    auto r3 = post(s, "/v1/completions", off, auth);
+    ASSERT_TRUE(r3);
+    EXPECT_EQ(body_json(r3)["moestream"]["lossy"], false) << r3->body;
 
     json big = req;
     big["prompt"] = std::string(8000, 'x');
@@ -638,6 +673,148 @@ TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {
     EXPECT_EQ(u.push("\xF0\x9F"), "");
     EXPECT_EQ(u.finish(), "\xEF\xBF\xBD");  // unfinished at the end -> U+FFFD
     EXPECT_EQ(server::sanitize_utf8("ok\xC0\xAFz"), "ok\xEF\xBF\xBD\xEF\xBF\xBDz");  // overlong
+}
+
+}  // namespace
+}  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// /tokenize and /detokenize round-trip; /apply-template gives the prompt chat generates from;
+// /props and /metrics report the context and counters; the /chat/completions alias and the
+// developer role work; token-id prompts are accepted when they round-trip.
+TEST(Server, TokenizeDetokenizeTemplatePropsMetrics) {
+    ServerProc s({"--lossless"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto t = post(s, "/tokenize", {{"content", "Hello"}});
+    ASSERT_TRUE(t);
+    ASSERT_EQ(t->status, 200) << t->body;
+    const auto ids = body_json(t)["tokens"].get<std::vector<int>>();
+    EXPECT_EQ(ids, (std::vector<int>{'H', 'e', 'l', 'l', 'o'})) << "byte-level vocabulary";
+    auto d = post(s, "/detokenize", {{"tokens", ids}});
+    ASSERT_TRUE(d);
+    EXPECT_EQ(body_json(d)["content"], "Hello");
+    auto bad = post(s, "/detokenize", {{"tokens", {1, 100000}}});
+    ASSERT_TRUE(bad);
+    EXPECT_EQ(bad->status, 400) << "control: an id outside the vocabulary";
+
+    const json msgs = json::array({{{"role", "developer"}, {"content", "Be brief."}},
+                                   {{"role", "user"}, {"content", "Hi"}}});
+    auto at = post(s, "/apply-template", {{"messages", msgs}});
+    ASSERT_TRUE(at);
+    ASSERT_EQ(at->status, 200) << at->body;
+    EXPECT_EQ(body_json(at)["prompt"],
+              "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+              "<|im_start|>assistant\n");
+    auto chat = post(s, "/chat/completions",
+                     {{"messages", msgs}, {"max_tokens", 3}, {"return_tokens", true}});
+    ASSERT_TRUE(chat);
+    ASSERT_EQ(chat->status, 200) << chat->body;
+    auto same = post(s, "/v1/completions",
+                     {{"prompt", body_json(at)["prompt"]}, {"max_tokens", 3}, {"return_tokens", true}});
+    ASSERT_TRUE(same);
+    EXPECT_EQ(body_json(chat)["usage"]["prompt_tokens"], body_json(same)["usage"]["prompt_tokens"]);
+    EXPECT_EQ(body_json(chat)["moestream"]["tokens"], body_json(same)["moestream"]["tokens"])
+        << "chat generates from exactly the applied template";
+
+    auto by_ids = post(s, "/v1/completions",
+                       {{"prompt", ids}, {"max_tokens", 2}, {"cache_prompt", false},
+                        {"return_tokens", true}});
+    auto by_text = post(s, "/v1/completions",
+                        {{"prompt", "Hello"}, {"max_tokens", 2}, {"cache_prompt", false},
+                         {"return_tokens", true}});
+    ASSERT_TRUE(by_ids && by_text);
+    ASSERT_EQ(by_ids->status, 200) << by_ids->body;
+    EXPECT_EQ(body_json(by_ids)["moestream"]["tokens"], body_json(by_text)["moestream"]["tokens"]);
+
+    auto c = s.client();
+    auto props = c.Get("/props");
+    ASSERT_TRUE(props);
+    EXPECT_EQ(body_json(props)["n_ctx"], 512) << "the synth model's context (no -c given)";
+    auto m = c.Get("/metrics");
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 200);
+    EXPECT_NE(m->body.find("\nmoestream_requests_served_total 4\n"), std::string::npos) << m->body;
+    EXPECT_NE(m->body.find("# TYPE moestream_tokens_generated_total counter"), std::string::npos);
+}
+
+// --cors ORIGIN: the header on responses and preflights answered; without it neither.
+TEST(Server, CorsOnlyWhenAskedAndBearerInAnyCase) {
+    ServerProc s({"--lossless", "--cors", "http://localhost:3000", "--api-key", "k1"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto c = s.client();
+    auto pre = c.Options("/v1/chat/completions");
+    ASSERT_TRUE(pre);
+    EXPECT_EQ(pre->status, 204);
+    EXPECT_EQ(pre->get_header_value("Access-Control-Allow-Origin"), "http://localhost:3000");
+    auto lower = post(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}},
+                      {{"Authorization", "bearer k1"}});
+    ASSERT_TRUE(lower);
+    EXPECT_EQ(lower->status, 200) << lower->body;
+    auto wrong = post(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}},
+                      {{"Authorization", "bearer K1"}});
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401) << "control: the key itself is case-sensitive";
+
+    ServerProc plain({"--lossless"});
+    ASSERT_GT(plain.port(), 0) << plain.log();
+    auto pc = plain.client();
+    auto no = pc.Options("/v1/chat/completions");
+    ASSERT_TRUE(no);
+    EXPECT_EQ(no->status, 404);
+    auto h = pc.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_FALSE(h->has_header("Access-Control-Allow-Origin"));
+}
+
+}  // namespace
+}  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// response_format json_object: every reply that ends by itself is a JSON object; the same
+// draws without it are not JSON (the control); combining it with grammar is refused.
+TEST(Server, JsonObjectResponseFormatGivesJsonObjects) {
+    ServerProc s({"--lossless"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    json req{{"messages", json::array({{{"role", "user"}, {"content", "JSON please"}}})},
+             {"max_tokens", 60},
+             {"temperature", 1.0}};
+    int complete = 0, plain_json = 0;
+    for (int seed = 1; seed <= 3; ++seed) {
+        req["seed"] = seed;
+        json jr = req;
+        jr["response_format"] = {{"type", "json_object"}};
+        auto r = post(s, "/v1/chat/completions", jr);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json c = body_json(r)["choices"][0];
+        if (c["finish_reason"] == "stop") {
+            ++complete;
+            json parsed = json::parse(c["message"]["content"].get<std::string>(), nullptr, false);
+            EXPECT_TRUE(parsed.is_object()) << c["message"]["content"];
+        }
+        json short_req = req;
+        short_req["max_tokens"] = 16;
+        auto p = post(s, "/v1/chat/completions", short_req);
+        ASSERT_TRUE(p);
+        const std::string text = body_json(p)["choices"][0]["message"]["content"];
+        if (!json::parse(text, nullptr, false).is_discarded()) ++plain_json;
+    }
+    EXPECT_GT(complete, 0) << "some replies end by themselves";
+    EXPECT_EQ(body_json(post(s, "/v1/chat/completions", req))["moestream"]["settings"]["request"]
+                  ["response_format"],
+              "text");
+    EXPECT_EQ(plain_json, 0) << "control: without response_format the model writes no JSON";
+    json both = req;
+    both["response_format"] = {{"type", "json_object"}};
+    both["grammar"] = "root ::= \"a\"";
+    auto b = post(s, "/v1/chat/completions", both);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->status, 400);
+    EXPECT_EQ(body_json(b)["error"]["param"], "response_format");
 }
 
 }  // namespace

@@ -35,8 +35,13 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->add_option(
         "--api-key", f->cfg.api_key,
         "require 'Authorization: Bearer KEY' on /v1/* and /stats (or set MOESTREAM_API_KEY)");
-    sub->add_option("-n,--n-predict", f->cfg.defaults.max_tokens, "default max_tokens of a request")
-        ->check(CLI::Range(1, 1 << 22));
+    sub->add_option("-n,--n-predict", f->cfg.defaults.max_tokens,
+                    "default max_tokens of a request; -1 (default) = until the end of "
+                    "generation or the context is full")
+        ->check(CLI::Range(-1, 1 << 22));
+    sub->add_option("--cors", f->cfg.cors_origin,
+                    "allow this web origin (e.g. http://localhost:3000) to call the API from a "
+                    "browser (CORS)");
     sub->add_option("--queue", f->cfg.queue_max, "requests that may wait behind the running one")
         ->check(CLI::Range(0, 1024));
     sub->add_option("--max-body", f->cfg.body_limit_bytes,
@@ -58,6 +63,9 @@ void add_serve_command(CLI::App & app, Action * action) {
             if (const char * d = std::getenv("MOESTREAM_DEBUG_TOKEN_DELAY_MS"); d && *d)
                 cfg.token_delay_ms = std::max(0, std::atoi(d));
             cfg.drop_cold_explicit = dc->count() > 0;
+            // Without -c the server uses the model's context (capped by memory), as
+            // llama-server does; `run` keeps its fixed default.
+            if (sub->get_option("-c")->count() == 0) cfg.run.n_ctx = 0;
             if (cfg.drop_cold_explicit && f->lossless) {
                 std::fprintf(stderr, "moestream: --lossless and --drop-cold-experts contradict\n%s",
                              sub->help().c_str());

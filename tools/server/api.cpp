@@ -3,9 +3,8 @@
 #include "api.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
-
-#include "llama.h"
 
 namespace moestream::server {
 namespace {
@@ -121,88 +120,331 @@ const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 }  // namespace
 
+namespace {
+
+// Every field a request may carry. Anything else is refused by name: a client must never
+// believe a setting took effect when it did not.
+const char * const kCommonFields[] = {
+    "model", "stream", "stream_options", "max_tokens", "max_completion_tokens", "n_predict",
+    "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
+    "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop", "grammar",
+    "ignore_eos", "n", "drop_cold_experts", "cache_prompt", "return_tokens", "user",
+    "response_format", "logprobs"};
+const char * const kChatFields[] = {"messages", "top_logprobs", "tools", "tool_choice",
+                                    "parallel_tool_calls", "functions", "function_call"};
+const char * const kCompletionFields[] = {"prompt", "echo", "suffix", "best_of"};
+
+bool listed(const std::string & key, bool chat) {
+    for (const char * k : kCommonFields)
+        if (key == k) return true;
+    if (chat) {
+        for (const char * k : kChatFields)
+            if (key == k) return true;
+    } else {
+        for (const char * k : kCompletionFields)
+            if (key == k) return true;
+    }
+    return false;
+}
+
+bool present(const json & j, const char * key) {
+    auto it = j.find(key);
+    return it != j.end() && !it->is_null();
+}
+
+ApiError unsupported(const std::string & key, const std::string & what) {
+    return bad(key, "'" + key + "' is not supported by this server: " + what +
+                        " (docs/server.md lists what is)");
+}
+
+// Float fields into SamplingParams, with the API's ranges (the engine checks them again).
+std::optional<ApiError> get_float(const json & j, const char * key, double lo, double hi,
+                                  float * v) {
+    double x = *v;
+    if (auto e = get_number(j, key, lo, hi, &x)) return e;
+    *v = float(x);
+    return std::nullopt;
+}
+
+std::optional<ApiError> parse_messages(const json & j, std::vector<ChatMessage> * out) {
+    auto it = j.find("messages");
+    if (it == j.end() || !it->is_array() || it->empty())
+        return bad("messages", "'messages' must be a non-empty array");
+    for (size_t i = 0; i < it->size(); ++i) {
+        const json & m = (*it)[i];
+        const std::string pm = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object()) return bad(pm, "'" + pm + "' must be an object");
+        for (auto f = m.begin(); f != m.end(); ++f) {
+            const std::string k = f.key();
+            if (k == "tool_calls" || k == "tool_call_id" || k == "function_call")
+                return unsupported(pm + "." + k, "tool calls are not implemented");
+            if (k != "role" && k != "content" && k != "name")
+                return bad(pm + "." + k, "'" + pm + "." + k + "' is not a field of a message");
+        }
+        if (present(m, "name"))
+            return unsupported(pm + ".name", "the chat template has no place for names");
+        if (!m.contains("role") || !m["role"].is_string())
+            return bad(pm + ".role", "'" + pm + ".role' must be a string");
+        ChatMessage msg;
+        msg.role = m["role"].get<std::string>();
+        if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for it
+        if (msg.role == "tool" || msg.role == "function")
+            return unsupported(pm + ".role", "'" + msg.role +
+                                                 "' messages need tools, which are not "
+                                                 "implemented");
+        if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
+            return bad(pm + ".role",
+                       "'" + pm + ".role' must be system, developer, user or assistant");
+        if (!m.contains("content"))
+            return bad(pm + ".content", "'" + pm + ".content' is missing");
+        if (!(m["content"].is_null() && msg.role == "assistant"))  // null: an empty turn
+            if (auto e = get_content(m["content"], i, &msg.content)) return e;
+        if (msg.content.find('\0') != std::string::npos)
+            return bad(pm + ".content", "'" + pm + ".content' contains a NUL character");
+        out->push_back(std::move(msg));
+    }
+    return std::nullopt;
+}
+
+std::optional<ApiError> parse_prompt(const json & j, GenParams * p) {
+    auto it = j.find("prompt");
+    if (it == j.end() || it->is_null()) return bad("prompt", "'prompt' is missing");
+    const json * one = &*it;
+    if (it->is_array() && it->size() == 1 && ((*it)[0].is_string() || (*it)[0].is_array()))
+        one = &(*it)[0];  // a batch of one prompt
+    if (one->is_string()) {
+        p->prompt = one->get<std::string>();
+        if (p->prompt.empty()) return bad("prompt", "'prompt' must not be empty");
+        return std::nullopt;
+    }
+    if (one->is_array() && !one->empty()) {
+        for (const json & t : *one) {
+            if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() > INT32_MAX)
+                return bad("prompt", "'prompt' as tokens must be an array of token ids");
+            p->prompt_tokens.push_back(int32_t(t.get<int64_t>()));
+        }
+        return std::nullopt;
+    }
+    return bad("prompt",
+               "'prompt' must be a string, an array of token ids, or an array of one of "
+               "those (one prompt per request)");
+}
+
+std::optional<ApiError> parse_stop(const json & j, std::vector<std::string> * out) {
+    auto it = j.find("stop");
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    std::vector<json> items;
+    if (it->is_string())
+        items.push_back(*it);
+    else if (it->is_array())
+        items.assign(it->begin(), it->end());
+    else
+        return bad("stop", "'stop' must be a string or an array of strings");
+    for (size_t i = 0; i < items.size(); ++i) {
+        if (!items[i].is_string() || items[i].get<std::string>().empty())
+            return bad("stop", "'stop' entries must be non-empty strings (entry " +
+                                   std::to_string(i) + " is not)");
+        out->push_back(items[i].get<std::string>());
+    }
+    return std::nullopt;
+}
+
+// {"<token id>": bias, ...} or [[id, bias], ...]; a bias of false bans the token. Ids are
+// checked against the vocabulary by the engine.
+std::optional<ApiError> parse_logit_bias(const json & j, SamplingParams * sp) {
+    auto it = j.find("logit_bias");
+    if (it == j.end() || it->is_null()) return std::nullopt;
+    auto add = [&](const std::string & what, int64_t id, const json & b) -> std::optional<ApiError> {
+        float v;
+        if (b.is_boolean() && !b.get<bool>())
+            v = -INFINITY;
+        else if (b.is_number() && std::isfinite(b.get<double>()) && b.get<double>() >= -100 &&
+                 b.get<double>() <= 100)
+            v = float(b.get<double>());
+        else
+            return bad("logit_bias", "'logit_bias' " + what +
+                                         ": the bias must be a number in [-100, 100] or false "
+                                         "(never produce the token)");
+        if (id < 0 || id > INT32_MAX)
+            return bad("logit_bias", "'logit_bias' " + what + ": not a token id");
+        sp->logit_bias.push_back({int32_t(id), v});
+        return std::nullopt;
+    };
+    if (it->is_object()) {
+        for (auto e = it->begin(); e != it->end(); ++e) {
+            const std::string & k = e.key();
+            char * end = nullptr;
+            const long long id = std::strtoll(k.c_str(), &end, 10);
+            if (k.empty() || *end != '\0')
+                return bad("logit_bias", "'logit_bias' keys must be token ids, got \"" + k +
+                                             "\" (text keys are not supported)");
+            if (auto err = add("token " + k, id, e.value())) return err;
+        }
+        return std::nullopt;
+    }
+    if (it->is_array()) {
+        for (const json & e : *it) {
+            if (!e.is_array() || e.size() != 2 || !e[0].is_number_integer())
+                return bad("logit_bias", "'logit_bias' as an array holds [token id, bias] pairs");
+            if (auto err = add("token " + e[0].dump(), e[0].get<int64_t>(), e[1])) return err;
+        }
+        return std::nullopt;
+    }
+    return bad("logit_bias", "'logit_bias' must be an object {\"token id\": bias}");
+}
+
+// response_format json_object: a JSON object (RFC 8259), with at most one whitespace
+// character between tokens so that a model cannot spend its tokens on blank space.
+const char kJsonObjectGrammar[] = R"gbnf(
+root   ::= "{" ws ( member ( "," ws member )* )? "}" ws
+member ::= string ws ":" ws value ws
+value  ::= object | array | string | number | "true" | "false" | "null"
+object ::= "{" ws ( member ( "," ws member )* )? "}"
+array  ::= "[" ws ( value ws ( "," ws value ws )* )? "]"
+string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" hex hex hex hex ) )* "\""
+hex    ::= [0-9a-fA-F]
+number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+ws     ::= ( " " | "\n" )?
+)gbnf";
+
+// Fields that are accepted only at their no-op value, refused by name otherwise.
+std::optional<ApiError> refuse_unimplemented(const json & j, bool chat) {
+    int64_t one = 1;
+    if (auto e = get_int(j, "n", 1, 1 << 20, &one)) return e;
+    if (one != 1) return unsupported("n", "one choice per request (n = 1)");
+    if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
+        const bool plain = it->is_object() && it->size() == 1 &&
+                           (it->value("type", json()) == "text" ||
+                            it->value("type", json()) == "json_object");
+        if (!plain)
+            return unsupported("response_format",
+                               "only {\"type\": \"text\"} and {\"type\": \"json_object\"} "
+                               "(json_schema is not implemented; constrain the output with "
+                               "'grammar', GBNF)");
+    }
+    if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
+        const bool off = (it->is_boolean() && !it->get<bool>()) ||
+                         (!chat && it->is_number_integer() && it->get<int64_t>() == 0);
+        if (!off) return unsupported("logprobs", "log probabilities are not returned");
+    }
+    if (chat) {
+        if (present(j, "top_logprobs"))
+            return unsupported("top_logprobs", "log probabilities are not returned");
+        if (auto it = j.find("tools");
+            it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
+            return unsupported("tools", "tool calls are not implemented");
+        if (auto it = j.find("tool_choice");
+            it != j.end() && !it->is_null() && *it != "none")
+            return unsupported("tool_choice", "tool calls are not implemented");
+        for (const char * k : {"parallel_tool_calls", "functions", "function_call"})
+            if (present(j, k)) return unsupported(k, "tool calls are not implemented");
+    } else {
+        bool echo = false;
+        if (auto e = get_bool(j, "echo", &echo)) return e;
+        if (echo) return unsupported("echo", "the prompt is not repeated in the output");
+        if (auto it = j.find("suffix");
+            it != j.end() && !it->is_null() && !(it->is_string() && it->get<std::string>().empty()))
+            return unsupported("suffix", "fill-in-the-middle is not implemented");
+        int64_t best_of = 1;
+        if (auto e = get_int(j, "best_of", 1, 1 << 20, &best_of)) return e;
+        if (best_of != 1) return unsupported("best_of", "one candidate per request (best_of = 1)");
+    }
+    return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<ApiError> parse_request(const std::string & body, bool chat,
                                       const RequestDefaults & d, GenParams * out) {
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return bad("", "the request body is not valid JSON");
     if (!j.is_object()) return bad("", "the request body must be a JSON object");
+    for (auto it = j.begin(); it != j.end(); ++it)
+        if (!listed(it.key(), chat))
+            return bad(it.key(), "unknown field '" + it.key() + "' for " +
+                                     (chat ? "chat completions" : "completions") +
+                                     " (docs/server.md lists the fields this server takes)");
+    if (auto e = refuse_unimplemented(j, chat)) return e;
+
     GenParams p;
     p.chat = chat;
     p.max_tokens = d.max_tokens;
-    p.temperature = d.temperature;
-    p.seed = d.seed;
+    p.sampling.temp = d.temperature;
+    p.sampling.seed = d.seed;
     p.drop_cold = d.drop_cold;
 
     if (auto it = j.find("model"); it != j.end() && !it->is_null()) {
         if (!it->is_string()) return bad("model", "'model' must be a string");
         p.model = it->get<std::string>();
     }
+    if (auto it = j.find("user"); it != j.end() && !it->is_null() && !it->is_string())
+        return bad("user", "'user' must be a string");
     if (chat) {
-        auto it = j.find("messages");
-        if (it == j.end() || !it->is_array() || it->empty())
-            return bad("messages", "'messages' must be a non-empty array");
-        for (size_t i = 0; i < it->size(); ++i) {
-            const json & m = (*it)[i];
-            const std::string pm = "messages[" + std::to_string(i) + "]";
-            if (!m.is_object()) return bad(pm, "'" + pm + "' must be an object");
-            if (!m.contains("role") || !m["role"].is_string())
-                return bad(pm + ".role", "'" + pm + ".role' must be a string");
-            ChatMessage msg;
-            msg.role = m["role"].get<std::string>();
-            if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
-                return bad(pm + ".role", "'" + pm + ".role' must be system, user or assistant");
-            if (!m.contains("content"))
-                return bad(pm + ".content", "'" + pm + ".content' is missing");
-            if (auto e = get_content(m["content"], i, &msg.content)) return e;
-            p.messages.push_back(std::move(msg));
-        }
+        if (auto e = parse_messages(j, &p.messages)) return e;
     } else {
-        auto it = j.find("prompt");
-        if (it == j.end()) return bad("prompt", "'prompt' is missing");
-        if (it->is_array() && it->size() == 1 && (*it)[0].is_string()) {
-            p.prompt = (*it)[0].get<std::string>();
-        } else if (it->is_string()) {
-            p.prompt = it->get<std::string>();
-        } else {
-            return bad("prompt", "'prompt' must be a string (or an array of one string)");
-        }
-        if (p.prompt.empty()) return bad("prompt", "'prompt' must not be empty");
+        if (auto e = parse_prompt(j, &p)) return e;
     }
 
     if (auto e = get_bool(j, "stream", &p.stream)) return e;
-    int64_t v = 0;
-    for (const char * key : {"max_tokens", "max_completion_tokens"}) {
-        v = p.max_tokens;
-        if (auto e = get_int(j, key, 1, d.max_tokens_limit, &v)) return e;
+    if (auto it = j.find("stream_options"); it != j.end() && !it->is_null()) {
+        if (!it->is_object()) return bad("stream_options", "'stream_options' must be an object");
+        for (auto o = it->begin(); o != it->end(); ++o)
+            if (o.key() != "include_usage" || !o->is_boolean())
+                return bad("stream_options." + o.key(),
+                           "'stream_options' takes only include_usage (true or false)");
+    }
+    // max_completion_tokens, max_tokens and n_predict are one setting: they must agree.
+    const char * given = nullptr;
+    for (const char * key : {"max_completion_tokens", "max_tokens", "n_predict"}) {
+        int64_t v = p.max_tokens;
+        const bool is_n_predict = std::string(key) == "n_predict";
+        if (auto e = get_int(j, key, is_n_predict ? -1 : 1, INT32_MAX, &v)) return e;
+        if (!present(j, key)) continue;
+        if (given && v != p.max_tokens)
+            return bad(key, std::string("'") + key + "' and '" + given +
+                                "' are the same setting and disagree");
+        given = key;
         p.max_tokens = int(v);
     }
-    double x = p.temperature;
-    if (auto e = get_number(j, "temperature", 0.0, 100.0, &x)) return e;
-    p.temperature = float(x);
-    x = p.top_p;
-    if (auto e = get_number(j, "top_p", 1e-6, 1.0, &x)) return e;
-    p.top_p = float(x);
-    v = p.top_k;
+    SamplingParams & sp = p.sampling;
+    if (auto e = get_float(j, "temperature", 0.0, 100.0, &sp.temp)) return e;
+    if (auto e = get_float(j, "top_p", 1e-6, 1.0, &sp.top_p)) return e;
+    int64_t v = sp.top_k;
     if (auto e = get_int(j, "top_k", 0, 1 << 20, &v)) return e;
-    p.top_k = int(v);
-    v = p.seed;
+    sp.top_k = int(v);
+    if (auto e = get_float(j, "min_p", 0.0, 1.0, &sp.min_p)) return e;
+    if (auto e = get_float(j, "repeat_penalty", 1e-3, 100.0, &sp.repeat_penalty)) return e;
+    v = sp.repeat_last_n;
+    if (auto e = get_int(j, "repeat_last_n", -1, INT32_MAX, &v)) return e;
+    sp.repeat_last_n = int(v);
+    if (auto e = get_float(j, "presence_penalty", -2.0, 2.0, &sp.presence_penalty)) return e;
+    if (auto e = get_float(j, "frequency_penalty", -2.0, 2.0, &sp.frequency_penalty)) return e;
+    if (auto e = parse_logit_bias(j, &sp)) return e;
+    v = sp.seed;
     if (auto e = get_int(j, "seed", 0, std::numeric_limits<uint32_t>::max(), &v)) return e;
-    p.seed = uint32_t(v);
-    x = p.drop_cold;
+    sp.seed = uint32_t(v);
+    if (auto it = j.find("grammar"); it != j.end() && !it->is_null()) {
+        if (!it->is_string()) return bad("grammar", "'grammar' must be a string (GBNF)");
+        sp.grammar = it->get<std::string>();
+    }
+    if (auto it = j.find("response_format");
+        it != j.end() && it->is_object() && it->value("type", json()) == "json_object") {
+        if (!sp.grammar.empty())
+            return bad("response_format", "'response_format' json_object and 'grammar' both "
+                                          "constrain the output: give one");
+        sp.grammar = kJsonObjectGrammar;
+        p.response_format = "json_object";
+    }
+    if (auto e = get_bool(j, "ignore_eos", &sp.ignore_eos)) return e;
+    if (sp.ignore_eos && !sp.grammar.empty())
+        return bad("ignore_eos", "'ignore_eos' cannot be combined with 'grammar': a grammar "
+                                 "ends with the end-of-generation token");
+    if (auto e = parse_stop(j, &p.stop)) return e;
+    double x = p.drop_cold;
     if (auto e = get_number(j, "drop_cold_experts", 0.0, 1.0, &x)) return e;
     p.drop_cold = x;
     if (auto e = get_bool(j, "cache_prompt", &p.cache_prompt)) return e;
     if (auto e = get_bool(j, "return_tokens", &p.return_tokens)) return e;
-    v = 1;
-    if (auto e = get_int(j, "n", 1, 1, &v)) return bad("n", "only n = 1 is supported");
-    if (auto it = j.find("stop");
-        it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
-        return bad("stop", "stop sequences are not supported (docs/server.md)");
-    for (const char * key : {"logprobs", "echo"}) {
-        bool b = false;
-        if (auto e = get_bool(j, key, &b)) return e;
-        if (b) return bad(key, std::string("'") + key + "' is not supported");
-    }
     *out = std::move(p);
     return std::nullopt;
 }
@@ -214,50 +456,6 @@ nlohmann::json error_json(const ApiError & e) {
     err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
     err["code"] = e.status;
     return json{{"error", err}};
-}
-
-ChatTemplate choose_chat_template(const std::string & model_template) {
-    ChatTemplate t;
-    if (!model_template.empty()) {
-        llama_chat_message probe{"user", "hi"};
-        char buf[16];
-        if (llama_chat_apply_template(model_template.c_str(), &probe, 1, true, buf, sizeof buf) >=
-            0) {
-            t.tmpl = model_template;
-            t.description = "model";
-            return t;
-        }
-        t.tmpl = "chatml";
-        t.description = "chatml (default: llama.cpp does not support the model's template)";
-        return t;
-    }
-    t.tmpl = "chatml";
-    t.description = "chatml (default: the model carries no template)";
-    return t;
-}
-
-bool format_chat(const ChatTemplate & t, const std::vector<ChatMessage> & messages,
-                 std::string * out, std::string * error) {
-    std::vector<llama_chat_message> chat;
-    size_t total = 0;
-    for (const auto & m : messages) {
-        chat.push_back({m.role.c_str(), m.content.c_str()});
-        total += m.role.size() + m.content.size();
-    }
-    std::vector<char> buf(2 * total + 256);
-    int32_t n = llama_chat_apply_template(t.tmpl.c_str(), chat.data(), chat.size(), true,
-                                          buf.data(), int32_t(buf.size()));
-    if (n > int32_t(buf.size())) {
-        buf.resize(size_t(n));
-        n = llama_chat_apply_template(t.tmpl.c_str(), chat.data(), chat.size(), true, buf.data(),
-                                      int32_t(buf.size()));
-    }
-    if (n < 0) {
-        *error = "llama.cpp could not apply the chat template (" + t.description + ")";
-        return false;
-    }
-    out->assign(buf.data(), size_t(n));
-    return true;
 }
 
 std::string Utf8Stream::push(const std::string & piece) {

@@ -1,7 +1,7 @@
 // api.h — the OpenAI-compatible request/response layer of `moestream serve`, independent of
-// HTTP and of the engine's thread: parsing and validating request bodies into GenParams,
-// formatting chat messages with a chat template, keeping streamed text valid UTF-8, and the
-// error body. docs/server.md is the reference for every field.
+// HTTP and of the engine's thread: parsing and validating request bodies into GenParams
+// (every field this server takes does what docs/server.md says; any other field is refused
+// by name), keeping streamed text valid UTF-8, and the error body. docs/server.md is the reference for every field.
 //
 // Invariants: a request that parses is within the documented ranges (the worker never sees an
 // out-of-range value); every string that leaves here in JSON is valid UTF-8.
@@ -14,33 +14,29 @@
 #include <string>
 #include <vector>
 
+#include "moestream/moestream.h"
+
 namespace moestream::server {
 
 // Server-wide defaults for a request's settings (flags of `serve`; docs/server.md).
 struct RequestDefaults {
-    int max_tokens = 256;         // -n
-    int max_tokens_limit = 4096;  // the context length: a request cannot ask for more
-    float temperature = 0.0f;     // --temp
-    uint32_t seed = 1;            // --seed
-    double drop_cold = 0.0;       // the server's --drop-cold-experts (0.75 unless --lossless)
-};
-
-struct ChatMessage {
-    std::string role;  // system | user | assistant
-    std::string content;
+    int max_tokens = -1;       // -n; -1 = until end-of-generation or the context is full
+    float temperature = 0.0f;  // --temp
+    uint32_t seed = 1;         // --seed
+    double drop_cold = 0.0;    // the server's --drop-cold-experts (0.75 unless --lossless)
 };
 
 // One validated generation request.
 struct GenParams {
     bool chat = false;                  // /v1/chat/completions (messages) vs /v1/completions
-    std::vector<ChatMessage> messages;  // chat
-    std::string prompt;                 // completions (chat: filled by format_chat)
+    std::vector<ChatMessage> messages;  // chat ("developer" arrives as "system")
+    std::string prompt;                 // completions (chat: filled by the chat template)
+    std::vector<int32_t> prompt_tokens; // completions: a prompt given as token ids
     bool stream = false;
-    int max_tokens = 0;
-    float temperature = 0.0f;
-    float top_p = 1.0f;
-    int top_k = 0;
-    uint32_t seed = 1;
+    int max_tokens = -1;  // -1 = until end-of-generation or the context is full
+    SamplingParams sampling;
+    std::vector<std::string> stop;
+    std::string response_format = "text";  // "text" | "json_object" (sampling.grammar set)
     double drop_cold = 0.0;      // 0 = off
     bool cache_prompt = true;    // reuse the KV prefix of the previous request
     bool return_tokens = false;  // add the token ids to the moestream object
@@ -62,19 +58,6 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_json(const ApiError & e);
-
-// The chat template used for a model: its own when llama.cpp's llama_chat_apply_template
-// supports it, else the default ("chatml"). `description` says which and why.
-struct ChatTemplate {
-    std::string tmpl;         // passed to llama_chat_apply_template (a template or a name)
-    std::string description;  // "model", "chatml (default: the model carries no template)", ...
-};
-ChatTemplate choose_chat_template(const std::string & model_template);
-
-// Formats messages with the template, ending with the assistant's turn opener.
-// Returns false (with *error) when llama.cpp cannot apply it.
-bool format_chat(const ChatTemplate & t, const std::vector<ChatMessage> & messages,
-                 std::string * out, std::string * error);
 
 // Turns a stream of token pieces (arbitrary bytes: a piece may end inside a UTF-8 sequence)
 // into valid UTF-8: complete sequences pass through, an unfinished trailing sequence is held

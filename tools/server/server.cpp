@@ -5,13 +5,19 @@
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
+#include <dirent.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <deque>
 #include <memory>
@@ -39,6 +45,74 @@ std::string dump(const json & j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
+// A float as the shortest decimal that reads back as the same float (0.7f is 0.7, not
+// 0.699999988079071 as its double would print).
+json float_json(float f) {
+    if (!std::isfinite(f)) return json(nullptr);
+    char buf[32];
+    for (int prec = 1; prec <= 9; ++prec) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, double(f));
+        if (std::strtof(buf, nullptr) == f) break;
+    }
+    return json(std::strtod(buf, nullptr));
+}
+
+// The field a library refusal names: its message starts with it ("top_p must be ...",
+// "logit_bias: token id ..."), else "".
+std::string field_of(const std::string & msg) {
+    static const char * const kFields[] = {
+        "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+        "presence_penalty", "frequency_penalty", "logit_bias", "grammar", "ignore_eos",
+        "stop", "n_predict"};
+    for (const char * f : kFields) {
+        const size_t n = std::strlen(f);
+        if (msg.compare(0, n, f) == 0 && (msg.size() == n || msg[n] == ' ' || msg[n] == ':' ||
+                                          msg[n] == '['))
+            return std::string(f) == "n_predict" ? "max_tokens" : f;
+    }
+    return "";
+}
+
+// The connected socket of a request (httplib 0.11 does not expose it): the fd of this
+// process whose local and peer ports and peer address are the request's. -1 if not found.
+int find_request_socket(const httplib::Request & req) {
+    DIR * d = opendir("/proc/self/fd");
+    if (!d) return -1;
+    int found = -1;
+    while (dirent * e = readdir(d)) {
+        const int fd = std::atoi(e->d_name);
+        if (fd <= 2) continue;
+        sockaddr_storage a{}, b{};
+        socklen_t la = sizeof a, lb = sizeof b;
+        if (getsockname(fd, reinterpret_cast<sockaddr *>(&a), &la) != 0 ||
+            getpeername(fd, reinterpret_cast<sockaddr *>(&b), &lb) != 0)
+            continue;
+        auto port_of = [](const sockaddr_storage & s) {
+            if (s.ss_family == AF_INET) return int(ntohs(reinterpret_cast<const sockaddr_in &>(s).sin_port));
+            if (s.ss_family == AF_INET6) return int(ntohs(reinterpret_cast<const sockaddr_in6 &>(s).sin6_port));
+            return -1;
+        };
+        char host[INET6_ADDRSTRLEN] = {0};
+        if (b.ss_family == AF_INET)
+            inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in &>(b).sin_addr, host, sizeof host);
+        else if (b.ss_family == AF_INET6)
+            inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6 &>(b).sin6_addr, host, sizeof host);
+        if (port_of(a) == req.local_port && port_of(b) == req.remote_port &&
+            req.remote_addr == host) {
+            found = fd;
+            break;
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+// True when the peer has closed its side of the connection (or it failed).
+bool peer_gone(int fd) {
+    pollfd p{fd, POLLRDHUP, 0};
+    return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
 // One generation request, shared by the HTTP thread that owns the connection and the worker.
 struct Job {
     uint64_t id = 0;
@@ -54,6 +128,7 @@ struct Job {
     std::string text;  // the whole completion (valid UTF-8)
     std::vector<int32_t> tokens;
     std::string finish_reason;
+    std::string stop_string;  // finish "stop" on a stop string: which
     json moestream;  // settings, lossy, per-request stats
     int n_prompt = 0, n_generated = 0;
 };
@@ -67,6 +142,8 @@ struct Snapshot {
     uint64_t served = 0, cancelled = 0, errors = 0, rejected_busy = 0;
     double resident_expert_mib = 0, cache_budget_mib = 0, cache_hit_pct_total = 0;
     double avg_request_s = 0;
+    uint64_t prompt_tokens_total = 0, generated_tokens_total = 0;
+    double prefill_s_total = 0, decode_s_total = 0;
     bool lossy = false;
     json engine_settings;
 };
@@ -120,7 +197,11 @@ public:
     Server(const ServeConfig & cfg, std::unique_ptr<Engine> engine)
         : cfg_(cfg), engine_(std::move(engine)) {
         model_name_ = basename_of(cfg.run.model_path);
-        tmpl_ = choose_chat_template(engine_->chat_template());
+        tmpl_ = engine_->chat_template_name();
+        if (tmpl_.empty())
+            MS_LOG_WARN(
+                "the model's chat template is not one llama.cpp renders: chat completions are "
+                "refused; completions work");
         cache_on_ = cfg.run.stream && engine_->stats().cache_budget_bytes > 0;
         publish_after_job(0, 0);
     }
@@ -134,22 +215,29 @@ public:
         } else if (!http_.bind_to_port(cfg_.host, port)) {
             return bind_failed();
         }
-        if (cfg_.host != "127.0.0.1" && cfg_.host != "localhost" && cfg_.host != "::1")
+        // cpp-httplib listens with a backlog of 5: a burst of connections would be refused or
+        // delayed by the kernel. listen() again on the bound socket raises it.
+        if (listen_fd_ >= 0) ::listen(listen_fd_, 512);
+        if (cfg_.host.compare(0, 4, "127.") != 0 && cfg_.host != "localhost" && cfg_.host != "::1")
             MS_LOG_WARN("listening on %s: reachable from other machines%s", cfg_.host.c_str(),
                         cfg_.api_key.empty() ? " and no --api-key is set" : "");
         worker_ = std::thread([this] { worker_loop(); });
         std::printf(
-            "moestream serve: listening on http://%s:%d/ (model %s, %s, chat template %s)\n",
-            cfg_.host.c_str(), port, model_name_.c_str(),
-            engine_->lossy() ? "LOSSY defaults" : "lossless", tmpl_.description.c_str());
+            "moestream serve: listening on http://%s:%d/ (model %s, %s, context %d, chat "
+            "template %s)\n",
+            cfg_.host.find(':') != std::string::npos ? ("[" + cfg_.host + "]").c_str()
+                                                     : cfg_.host.c_str(),
+            port, model_name_.c_str(), engine_->lossy() ? "LOSSY defaults" : "lossless",
+            engine_->n_ctx(), tmpl_.empty() ? "none (unsupported)" : tmpl_.c_str());
         std::fflush(stdout);
         bool ok = http_.listen_after_bind();
         shutdown();
         return ok ? 0 : 1;
     }
 
-    // From the signal thread: cancel what runs and waits (streams end at once), then stop
-    // accepting; serve() returns once the HTTP threads are done.
+    // From the signal thread: cancel what runs and waits, let the open streams send their
+    // final chunk and [DONE] (cpp-httplib stops writing chunks once it stops listening), then
+    // stop accepting; serve() returns once the HTTP threads are done.
     void stop() {
         {
             std::lock_guard<std::mutex> lk(q_m_);
@@ -158,6 +246,9 @@ public:
             if (running_) running_->cancelled = true;
         }
         q_cv_.notify_all();
+        const double deadline = now_s() + 3.0;
+        while (open_streams_.load() > 0 && now_s() < deadline)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
         http_.stop();
     }
 
@@ -198,10 +289,12 @@ private:
     bool authorized(const httplib::Request & req, httplib::Response & res) const {
         if (cfg_.api_key.empty()) return true;
         const std::string h = req.get_header_value("Authorization");
-        const std::string prefix = "Bearer ";
-        if (h.size() > prefix.size() && h.compare(0, prefix.size(), prefix) == 0 &&
-            same_key(h.substr(prefix.size()), cfg_.api_key))
-            return true;
+        // The scheme is case-insensitive (RFC 9110); the key is not.
+        const std::string prefix = "bearer ";
+        bool scheme = h.size() > prefix.size();
+        for (size_t i = 0; scheme && i < prefix.size(); ++i)
+            scheme = std::tolower(static_cast<unsigned char>(h[i])) == prefix[i];
+        if (scheme && same_key(h.substr(prefix.size()), cfg_.api_key)) return true;
         res.set_header("WWW-Authenticate", "Bearer");
         send_error(res, api_error(401, "missing or wrong API key (Authorization: Bearer KEY)",
                                   "authentication_error"));
@@ -219,15 +312,36 @@ private:
     }
 
     void setup_routes() {
-        http_.new_task_queue = [] { return new httplib::ThreadPool(32); };
+        // A connection holds a pool thread while it sends its request, however slowly, and
+        // while it is kept alive idle: a large pool keeps slow or idle sockets from starving
+        // /health and the API; per-read/write timeouts and keep-alive limits bound each one.
+        http_.new_task_queue = [] { return new httplib::ThreadPool(kHttpThreads); };
         // cpp-httplib's default sets SO_REUSEPORT, which lets a second server bind the same
         // port and share its connections: only SO_REUSEADDR (a quick restart) here.
-        http_.set_socket_options([](int sock) {
+        http_.set_socket_options([this](int sock) {
             int yes = 1;
             setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+            listen_fd_ = sock;
         });
         http_.set_payload_max_length(cfg_.body_limit_bytes);
         http_.set_keep_alive_timeout(5);
+        http_.set_keep_alive_max_count(100);
+        http_.set_read_timeout(5, 0);
+        http_.set_write_timeout(5, 0);
+        if (!cfg_.cors_origin.empty()) {
+            const std::string origin = cfg_.cors_origin;
+            http_.set_post_routing_handler(
+                [origin](const httplib::Request &, httplib::Response & res) {
+                    res.set_header("Access-Control-Allow-Origin", origin);
+                    res.set_header("Vary", "Origin");
+                });
+            http_.Options(".*", [](const httplib::Request &, httplib::Response & res) {
+                res.status = 204;
+                res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+                res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+                res.set_header("Access-Control-Max-Age", "600");
+            });
+        }
         http_.set_logger([](const httplib::Request & req, const httplib::Response & res) {
             MS_LOG_INFO("%s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
         });
@@ -283,14 +397,35 @@ private:
                    {"owned_by", "moestream"}};
             send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
         });
-        http_.Post("/v1/chat/completions",
+        for (const char * path : {"/v1/chat/completions", "/chat/completions"})
+            http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
+                generate_route(req, res, true);
+            });
+        for (const char * path : {"/v1/completions", "/completions"})
+            http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
+                generate_route(req, res, false);
+            });
+        http_.Post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res) || !json_body(req, res)) return;
+            tokenize_route(req, res);
+        });
+        http_.Post("/detokenize", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res) || !json_body(req, res)) return;
+            detokenize_route(req, res);
+        });
+        http_.Post("/apply-template",
                    [this](const httplib::Request & req, httplib::Response & res) {
-                       generate_route(req, res, true);
+                       if (!authorized(req, res) || !json_body(req, res)) return;
+                       apply_template_route(req, res);
                    });
-        http_.Post("/v1/completions",
-                   [this](const httplib::Request & req, httplib::Response & res) {
-                       generate_route(req, res, false);
-                   });
+        http_.Get("/props", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            send_json(res, 200, props_json());
+        });
+        http_.Get("/metrics", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            res.set_content(metrics_text(), "text/plain; version=0.0.4");
+        });
     }
 
     void generate_route(const httplib::Request & req, httplib::Response & res, bool chat) {
@@ -307,11 +442,7 @@ private:
             e.param = "drop_cold_experts";
             return send_error(res, e);
         }
-        if (chat) {
-            std::string err;
-            if (!format_chat(tmpl_, p.messages, &p.prompt, &err))
-                return send_error(res, api_error(400, err, "invalid_request_error"));
-        }
+        if (auto e = prepare_prompt(p)) return send_error(res, *e);
         job->created = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count();
@@ -327,32 +458,131 @@ private:
             res.set_header("Cache-Control", "no-cache");
             res.set_header("X-Accel-Buffering", "no");
             auto sent_role = std::make_shared<bool>(false);
+            open_streams_++;
             res.set_chunked_content_provider(
                 "text/event-stream",
                 [this, job, sent_role](size_t, httplib::DataSink & sink) {
                     return stream_step(*job, sink, sent_role.get());
                 },
                 [this, job](bool success) {
-                    if (success) return;
-                    job->cancelled = true;  // the client went away: free its place in the queue
-                    std::lock_guard<std::mutex> lk(q_m_);
-                    auto it = std::find(queue_.begin(), queue_.end(), job);
-                    if (it != queue_.end()) {
-                        queue_.erase(it);
-                        std::lock_guard<std::mutex> sl(stats_m_);
-                        snap_.cancelled++;
-                    }
+                    if (!success) client_left(job);
+                    open_streams_--;
                 });
             return;
         }
+        // Not streaming: nothing is written before the end, so watch the connection instead;
+        // a client that leaves cancels its job, waiting or running.
+        const int fd = find_request_socket(req);
         std::unique_lock<std::mutex> lk(job->m);
-        job->cv.wait(lk, [&] { return job->done; });
+        while (!job->cv.wait_for(lk, std::chrono::milliseconds(50), [&] { return job->done; })) {
+            if (fd >= 0 && !job->cancelled && peer_gone(fd)) {
+                lk.unlock();
+                client_left(job);
+                lk.lock();
+            }
+        }
+        lk.unlock();  // done: the job is no longer written to
+        bool stopping;
+        {
+            std::lock_guard<std::mutex> ql(q_m_);
+            stopping = stopping_;
+        }
+        if (job->cancelled && stopping) {  // SIGTERM: not a failure of the request
+            res.set_header("Retry-After", "5");
+            return send_error(res, api_error(503, "the server is stopping; retry later",
+                                             "server_busy"));
+        }
         if (!job->status.ok())
             return send_error(res,
                               api_error(http_status(job->status), job->status.message(),
                                         http_status(job->status) == 400 ? "invalid_request_error"
                                                                         : "server_error"));
         send_json(res, 200, final_json(*job));
+    }
+
+    // The client went away: cancel its job; a waiting one leaves the queue at once (and is
+    // finished here, so its handler returns), a running one stops at its next token.
+    void client_left(const std::shared_ptr<Job> & job) {
+        job->cancelled = true;
+        bool removed = false;
+        {
+            std::lock_guard<std::mutex> lk(q_m_);
+            auto it = std::find(queue_.begin(), queue_.end(), job);
+            if (it != queue_.end()) {
+                queue_.erase(it);
+                removed = true;
+                std::lock_guard<std::mutex> sl(stats_m_);
+                snap_.cancelled++;
+            }
+        }
+        if (removed) {
+            {
+                std::lock_guard<std::mutex> lk(job->m);
+                job->status = Status::Runtime("cancelled: the client left");
+                job->done = true;
+            }
+            job->cv.notify_all();
+        }
+    }
+
+    // The prompt text of a request (chat: the template applied), checked against the
+    // context and the engine's own rules before it is queued, so that a refusal is a 400
+    // even for a streaming request. Runs on the HTTP thread: the engine methods used read
+    // only the loaded vocabulary and template.
+    std::optional<ApiError> prepare_prompt(GenParams & p) const {
+        const char * param = p.chat ? "messages" : "prompt";
+        if (p.chat) {
+            if (tmpl_.empty())
+                return api_error_param(400,
+                                       "chat completions are not available: the model's chat "
+                                       "template is not one llama.cpp renders; format the "
+                                       "prompt yourself and use /v1/completions",
+                                       "messages");
+            Status st = engine_->apply_chat_template(p.messages, true, &p.prompt);
+            if (!st.ok()) return api_error_param(400, st.message(), "messages");
+        } else if (!p.prompt_tokens.empty()) {
+            // Token ids are passed as their text: accepted when the text gives the same ids.
+            Status st = engine_->detokenize(p.prompt_tokens, &p.prompt);
+            std::vector<int32_t> again;
+            if (st.ok()) st = engine_->tokenize(p.prompt, &again);
+            if (!st.ok()) return api_error_param(400, "'prompt': " + st.message(), "prompt");
+            if (again != p.prompt_tokens)
+                return api_error_param(400,
+                                       "'prompt': these token ids do not come back from their "
+                                       "text (the server tokenizes text); send the text",
+                                       "prompt");
+        }
+        GenerateRequest r = engine_request(p);
+        int n_prompt = 0;
+        Status st = engine_->check_request(r, &n_prompt);
+        if (!st.ok()) {
+            std::string field = field_of(st.message());
+            if (field.empty() && n_prompt >= engine_->n_ctx()) field = param;
+            std::string msg = st.message();
+            if (n_prompt >= engine_->n_ctx())
+                msg = "the prompt is " + std::to_string(n_prompt) +
+                      " tokens, longer than the context (" + std::to_string(engine_->n_ctx()) +
+                      " tokens): shorten it";
+            return api_error_param(400, msg, field);
+        }
+        return std::nullopt;
+    }
+    static ApiError api_error_param(int status, const std::string & msg, const std::string & param) {
+        ApiError e = api_error(status, msg, "invalid_request_error");
+        e.param = param;
+        return e;
+    }
+
+    // What the engine is asked to do for p.
+    static GenerateRequest engine_request(const GenParams & p) {
+        GenerateRequest r;
+        r.prompt = p.prompt;
+        r.n_predict = p.max_tokens;
+        r.clamp_to_context = true;  // like llama-server: stop when the context is full
+        r.sampling = p.sampling;
+        r.stop = p.stop;
+        r.reuse_prefix = p.cache_prompt;
+        return r;
     }
 
     json chunk_json(const Job & job, const json & delta_or_text, const json & finish) const {
@@ -528,14 +758,7 @@ private:
             }
             return finish(job, st);
         }
-        GenerateRequest r;
-        r.prompt = p.prompt;
-        r.n_predict = p.max_tokens;
-        r.sampling.temp = p.temperature;
-        r.sampling.seed = p.seed;
-        r.sampling.top_k = p.top_k;
-        r.sampling.top_p = p.top_p;
-        r.reuse_prefix = p.cache_prompt;
+        const GenerateRequest r = engine_request(p);
         {
             std::lock_guard<std::mutex> sl(stats_m_);
             snap_.generating = true;
@@ -576,13 +799,14 @@ private:
             job.tokens = g.tokens;
             job.n_prompt = s.n_prompt;
             job.n_generated = s.n_generated;
-            job.finish_reason = cancelled                              ? "cancelled"
-                                : int(g.tokens.size()) >= p.max_tokens ? "length"
-                                                                       : "stop";
+            job.finish_reason = cancelled                           ? "cancelled"
+                                : g.finish == FinishReason::kLength ? "length"
+                                                                    : "stop";
+            job.stop_string = g.stop_string;
             job.moestream = request_report(job, g, cancelled);
         }
         publish_live();
-        publish_after_job(dt, st.ok() ? 1 : 0);
+        publish_after_job(dt, st.ok() && !cancelled ? 1 : 0);
         {
             std::lock_guard<std::mutex> sl(stats_m_);
             snap_.generating = false;
@@ -611,6 +835,12 @@ private:
         const RunStats & s = engine_->stats();
         json settings = json::parse(engine_->settings_json(), nullptr, false);
         std::lock_guard<std::mutex> sl(stats_m_);
+        if (dt > 0) {  // a generation ran (not the start)
+            snap_.prompt_tokens_total += uint64_t(s.n_prompt - s.n_prompt_reused);
+            snap_.generated_tokens_total += uint64_t(s.n_generated);
+            snap_.prefill_s_total += s.prefill_s;
+            snap_.decode_s_total += s.decode_s;
+        }
         snap_.engine_settings = settings;
         snap_.lossy = engine_->lossy();
         snap_.resident_expert_mib = mib(double(s.resident_expert_bytes));
@@ -623,15 +853,31 @@ private:
     }
 
     json request_settings(const GenParams & p) const {
-        return json{{"max_tokens", p.max_tokens},
-                    {"temperature", p.temperature},
-                    {"top_p", p.top_p},
-                    {"top_k", p.top_k},
-                    {"seed", p.seed},
+        const SamplingParams & sp = p.sampling;
+        json bias = json::object();
+        for (const auto & [id, b] : sp.logit_bias)
+            bias[std::to_string(id)] = std::isfinite(b) ? float_json(b) : json(false);
+        return json{{"max_tokens", p.max_tokens < 0 ? json(nullptr) : json(p.max_tokens)},
+                    {"temperature", float_json(sp.temp)},
+                    {"top_p", float_json(sp.top_p)},
+                    {"top_k", sp.top_k},
+                    {"min_p", float_json(sp.min_p)},
+                    {"repeat_penalty", float_json(sp.repeat_penalty)},
+                    {"repeat_last_n", sp.repeat_last_n},
+                    {"presence_penalty", float_json(sp.presence_penalty)},
+                    {"frequency_penalty", float_json(sp.frequency_penalty)},
+                    {"logit_bias", bias},
+                    {"grammar", sp.grammar.empty() || p.response_format != "text"
+                                    ? json(nullptr)
+                                    : json(sp.grammar)},
+                    {"response_format", p.response_format},
+                    {"ignore_eos", sp.ignore_eos},
+                    {"stop", p.stop},
+                    {"seed", sp.seed},
                     {"drop_cold_experts", p.drop_cold},
                     {"cache_prompt", p.cache_prompt},
                     {"stream", p.stream},
-                    {"chat_template", p.chat ? json(tmpl_.description) : json(nullptr)}};
+                    {"chat_template", p.chat ? json(tmpl_) : json(nullptr)}};
     }
 
     // The moestream object of a response: what produced it and how it went.
@@ -647,14 +893,141 @@ private:
                 {"cache_hit_pct", f.cache_hit_pct},
                 {"flash_mib_per_token", f.mib_per_token},
                 {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
-                {"experts_dropped", s.experts_dropped}};
-        json r{{"lossy", engine_->lossy()},
+                {"experts_dropped", s.experts_dropped},
+                {"finish", finish_reason_name(g.finish)}};
+        json r{{"lossy", g.lossy},
                {"settings", json{{"engine", json::parse(engine_->settings_json(), nullptr, false)},
                                  {"request", request_settings(job.params)}}},
                {"stats", st},
                {"cancelled", cancelled}};
         if (job.params.return_tokens) r["tokens"] = g.tokens;
+        if (g.finish == FinishReason::kStop) r["stop_string"] = g.stop_string;
         return r;
+    }
+
+    // POST /tokenize {"content": text} -> {"tokens": [...]} (with the model's start token when
+    // it uses one, as a prompt is tokenized for `with_pieces`: each token's text too).
+    void tokenize_route(const httplib::Request & req, httplib::Response & res) const {
+        json j = json::parse(req.body, nullptr, false);
+        if (!j.is_object() || !j.contains("content") || !j["content"].is_string())
+            return send_error(res, api_error_param(400, "'content' must be a string", "content"));
+        for (auto it = j.begin(); it != j.end(); ++it)
+            if (it.key() != "content" && it.key() != "with_pieces")
+                return send_error(res, api_error_param(400, "unknown field '" + it.key() + "'",
+                                                       it.key()));
+        const bool pieces = j.value("with_pieces", false);
+        std::vector<int32_t> toks;
+        Status st = engine_->tokenize(j["content"].get<std::string>(), &toks);
+        if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "content"));
+        json out = json::array();
+        for (int32_t t : toks) {
+            if (!pieces) {
+                out.push_back(t);
+                continue;
+            }
+            std::string piece;
+            engine_->detokenize({t}, &piece);
+            out.push_back(json{{"id", t}, {"piece", sanitize_utf8(piece)}});
+        }
+        send_json(res, 200, json{{"tokens", out}});
+    }
+
+    // POST /detokenize {"tokens": [...]} -> {"content": text}
+    void detokenize_route(const httplib::Request & req, httplib::Response & res) const {
+        json j = json::parse(req.body, nullptr, false);
+        std::vector<int32_t> toks;
+        bool ok = j.is_object() && j.contains("tokens") && j["tokens"].is_array() && j.size() == 1;
+        if (ok)
+            for (const json & t : j["tokens"]) {
+                ok = ok && t.is_number_integer() && t.get<int64_t>() >= 0 &&
+                     t.get<int64_t>() <= INT32_MAX;
+                if (ok) toks.push_back(int32_t(t.get<int64_t>()));
+            }
+        if (!ok)
+            return send_error(res, api_error_param(
+                                       400, "the body must be {\"tokens\": [token ids]}", "tokens"));
+        std::string text;
+        Status st = engine_->detokenize(toks, &text);
+        if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "tokens"));
+        send_json(res, 200, json{{"content", sanitize_utf8(text)}});
+    }
+
+    // POST /apply-template {"messages": [...]} -> {"prompt": text, "chat_template": name}
+    void apply_template_route(const httplib::Request & req, httplib::Response & res) const {
+        json j = json::parse(req.body, nullptr, false);
+        if (!j.is_object() || j.size() != 1 || !j.contains("messages"))
+            return send_error(res, api_error_param(400, "the body must be {\"messages\": [...]}",
+                                                   "messages"));
+        GenParams p;
+        if (auto e = parse_request(req.body, true, cfg_.defaults, &p)) return send_error(res, *e);
+        if (tmpl_.empty())
+            return send_error(res, api_error_param(400,
+                                                   "the model's chat template is not one "
+                                                   "llama.cpp renders",
+                                                   "messages"));
+        std::string prompt;
+        Status st = engine_->apply_chat_template(p.messages, true, &prompt);
+        if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "messages"));
+        send_json(res, 200, json{{"prompt", sanitize_utf8(prompt)}, {"chat_template", tmpl_}});
+    }
+
+    // GET /props: what llama-server's /props reports that applies here.
+    json props_json() {
+        json st = stats_json();
+        return json{{"model_path", cfg_.run.model_path},
+                    {"model", model_name_},
+                    {"n_ctx", engine_->n_ctx()},
+                    {"n_vocab", engine_->n_vocab()},
+                    {"total_slots", 1},
+                    {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
+                    {"default_generation_settings", st["defaults"]},
+                    {"lossy", st["lossy"]},
+                    {"settings", st["settings"]}};
+    }
+
+    // GET /metrics: Prometheus text exposition.
+    std::string metrics_text() {
+        const json st = stats_json();
+        std::string out;
+        auto metric = [&](const char * name, const char * type, const char * help, double v) {
+            char buf[64];
+            std::snprintf(buf, sizeof buf, "%.17g", v);
+            out += std::string("# HELP moestream_") + name + " " + help + "\n# TYPE moestream_" +
+                   name + " " + type + "\nmoestream_" + name + " " + buf + "\n";
+        };
+        Snapshot s;
+        {
+            std::lock_guard<std::mutex> sl(stats_m_);
+            s = snap_;
+        }
+        metric("requests_served_total", "counter", "requests answered in full", double(s.served));
+        metric("requests_cancelled_total", "counter", "requests whose client left or that the "
+               "server stopped", double(s.cancelled));
+        metric("requests_errors_total", "counter", "requests that failed", double(s.errors));
+        metric("requests_rejected_busy_total", "counter", "requests refused with 503",
+               double(s.rejected_busy));
+        metric("queue_waiting", "gauge", "requests waiting behind the running one",
+               st["queue_waiting"].get<double>());
+        metric("generating", "gauge", "1 while a generation runs", s.generating ? 1 : 0);
+        metric("prompt_tokens_total", "counter", "prompt tokens prefilled (not reused)",
+               double(s.prompt_tokens_total));
+        metric("tokens_generated_total", "counter", "tokens generated",
+               double(s.generated_tokens_total));
+        metric("prefill_seconds_total", "counter", "time spent in prefill", s.prefill_s_total);
+        metric("decode_seconds_total", "counter", "time spent decoding", s.decode_s_total);
+        metric("decode_tokens_per_second", "gauge", "decode speed of the running or last request",
+               s.tok_s);
+        metric("cache_hit_ratio", "gauge", "expert cache hits / lookups of the running or last "
+               "request's decode", s.cache_hit_pct / 100.0);
+        metric("cache_hit_ratio_total", "gauge", "expert cache hits / lookups since start",
+               s.cache_hit_pct_total / 100.0);
+        metric("flash_mib_per_token", "gauge", "MiB read from the model file per decoded token "
+               "(running or last request)", s.mib_per_token);
+        metric("resident_expert_mib", "gauge", "expert bytes resident in the cache",
+               s.resident_expert_mib);
+        metric("rss_mib", "gauge", "resident set size", st["rss_mib"].get<double>());
+        metric("lossy", "gauge", "1 when the current settings are lossy", s.lossy ? 1 : 0);
+        return out;
     }
 
     json stats_json() {
@@ -665,13 +1038,16 @@ private:
         }
         std::lock_guard<std::mutex> sl(stats_m_);
         const Snapshot & s = snap_;
-        json defaults{{"max_tokens", cfg_.defaults.max_tokens},
-                      {"max_tokens_limit", cfg_.defaults.max_tokens_limit},
-                      {"temperature", cfg_.defaults.temperature},
+        json defaults{{"max_tokens", cfg_.defaults.max_tokens < 0
+                                         ? json(nullptr)
+                                         : json(cfg_.defaults.max_tokens)},
+                      {"max_tokens_limit", engine_->n_ctx() - 1},
+                      {"n_ctx", engine_->n_ctx()},
+                      {"temperature", float_json(cfg_.defaults.temperature)},
                       {"seed", cfg_.defaults.seed},
                       {"drop_cold_experts", cfg_.defaults.drop_cold},
                       {"cache_prompt", true},
-                      {"chat_template", tmpl_.description},
+                      {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
                       {"drop_cold_available", cache_on_}};
         return json{{"generating", s.generating},
                     {"request_id", s.job_id},
@@ -699,7 +1075,10 @@ private:
     ServeConfig cfg_;
     std::unique_ptr<Engine> engine_;  // worker thread only (and the constructor)
     std::string model_name_;
-    ChatTemplate tmpl_;
+    std::string tmpl_;  // the engine's chat template name; "" = chat refused
+    static constexpr int kHttpThreads = 128;
+    int listen_fd_ = -1;  // the listening socket (set_socket_options)
+    std::atomic<int> open_streams_{0};  // SSE responses not yet finished
     bool cache_on_ = false;
     int64_t started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
@@ -747,8 +1126,6 @@ int run_server(const ServeConfig & cfg_in) {
             cfg.defaults.drop_cold = 0;
         }
     }
-    cfg.defaults.max_tokens_limit = std::max(1, cfg.run.n_ctx - 1);
-    cfg.defaults.max_tokens = std::min(cfg.defaults.max_tokens, cfg.defaults.max_tokens_limit);
     if (cfg.token_delay_ms > 0)
         MS_LOG_WARN("MOESTREAM_DEBUG_TOKEN_DELAY_MS=%d: every token is delayed (tests only)",
                     cfg.token_delay_ms);

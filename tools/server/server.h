@@ -4,8 +4,10 @@
 // Shape: cpp-httplib's thread pool answers HTTP; one worker thread owns the Engine and runs
 // one generation at a time (decode is single-stream). Generation requests wait in a bounded
 // FIFO queue; a full queue answers 503 with Retry-After. A streaming client that disconnects
-// cancels its job (the engine's on_piece returns false). HTTP threads never call the Engine:
-// they read snapshots (settings, stats) that the worker publishes under a mutex.
+// cancels its job (the engine's on_piece returns false); so does a non-streaming client whose
+// connection closes (the HTTP thread watches it). HTTP threads call only the Engine's
+// methods documented as safe alongside a generate (tokenize, templates, check_request); the
+// figures they report come from snapshots the worker publishes under a mutex.
 //
 // Invariants: the Engine is touched only by the worker thread; the API key is compared in
 // constant time and never logged; POST bodies above the limit get 413 before being parsed.
@@ -30,6 +32,7 @@ struct ServeConfig {
     int queue_max = 8;         // requests waiting behind the running one
     size_t body_limit_bytes = 1 << 20;
     int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
+    std::string cors_origin;  // --cors ORIGIN: allow that web origin ("" = no CORS headers)
 };
 
 // Opens the engine, binds, prints "moestream serve: listening on http://HOST:PORT/" on stdout

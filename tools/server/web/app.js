@@ -9,6 +9,7 @@ const $ = (id) => document.getElementById(id);
 const history = [];
 let controller = null;
 let pollTimer = null;
+let conversation = 0;  // New chat bumps it: what an older conversation's reply does is dropped
 let statsUpdates = 0;
 
 function authHeaders() {
@@ -71,7 +72,7 @@ async function loadDefaults() {
   if (!s) return;
   const d = s.defaults;
   $("set-temperature").placeholder = d.temperature;
-  $("set-max-tokens").placeholder = d.max_tokens;
+  $("set-max-tokens").placeholder = d.max_tokens === null ? "no limit" : d.max_tokens;
   $("set-max-tokens").max = d.max_tokens_limit;
   $("set-seed").placeholder = d.seed;
   $("set-top-p").placeholder = 1;
@@ -126,10 +127,21 @@ async function readSSE(body, onEvent) {
   }
 }
 
+// After a reply ends (or is stopped) the server may still be finishing its last token: poll
+// until it is idle, so the live panel does not stay on "generating".
+async function refreshUntilIdle() {
+  for (let i = 0; i < 25; i++) {
+    const s = await refreshStats();
+    if (!s || !s.generating) return;
+    await new Promise((r) => setTimeout(r, 200));
+  }
+}
+
 async function send(text) {
   showError("");
+  const conv = conversation;
   history.push({ role: "user", content: text });
-  addMessage("user", text);
+  const userDiv = addMessage("user", text);
   const div = addMessage("assistant", "");
   div.classList.add("streaming");
   const textNode = div.firstChild;
@@ -164,13 +176,19 @@ async function send(text) {
         setLossy(ev.moestream.lossy);
       }
     });
-    history.push({ role: "assistant", content: reply });
+    if (conv === conversation) history.push({ role: "assistant", content: reply });
   } catch (e) {
-    if (e.name === "AbortError") {
+    if (conv !== conversation) {
+      // New chat during the reply: nothing of the old conversation is kept.
+    } else if (e.name === "AbortError") {
       history.push({ role: "assistant", content: reply });
       showError("stopped");
     } else {
-      history.pop();  // the user turn was not answered
+      // Not answered: the turn leaves the conversation and its text goes back to the box.
+      history.pop();
+      div.remove();
+      userDiv.remove();
+      if (!$("prompt").value) $("prompt").value = text;
       showError(String(e.message || e));
     }
   } finally {
@@ -179,7 +197,7 @@ async function send(text) {
     controller = null;
     $("send").disabled = false;
     $("stop").disabled = true;
-    refreshStats();
+    refreshUntilIdle();
   }
 }
 
@@ -198,6 +216,7 @@ $("prompt").addEventListener("keydown", (ev) => {
 });
 $("stop").addEventListener("click", () => { if (controller) controller.abort(); });
 $("clear").addEventListener("click", () => {
+  conversation++;
   if (controller) controller.abort();
   history.length = 0;
   $("messages").textContent = "";

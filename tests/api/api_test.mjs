@@ -1,0 +1,211 @@
+// api_test.mjs — `moestream serve` through the official openai SDK (run by run.sh):
+// stop strings, penalties, context clamping, refusal by name, cancellation by disconnect,
+// slow-header connections against /health, and SIGTERM ending a stream. Every check has a
+// control: the same request without the feature behaves as the baseline.
+// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID
+import assert from "node:assert/strict";
+import http from "node:http";
+import net from "node:net";
+import OpenAI from "openai";
+
+const [fastUrl, slowUrl, slowPid] = process.argv.slice(2);
+const fast = new OpenAI({ baseURL: fastUrl + "v1", apiKey: "none", maxRetries: 0 });
+const slow = new OpenAI({ baseURL: slowUrl + "v1", apiKey: "none", maxRetries: 0 });
+
+let failed = 0;
+async function check(name, fn) {
+  const t0 = Date.now();
+  try {
+    await fn();
+    console.log(`ok   ${name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    failed++;
+    console.log(`FAIL ${name}: ${e.stack || e}`);
+  }
+}
+
+// The synth model's vocabulary is one token per byte: every multi-character string spans
+// tokens. A grammar makes its output known in advance.
+const SENTENCE = "hello world, hello moon";
+const fixed = { grammar: `root ::= "${SENTENCE}"` };
+
+async function refusedWith(promise, param) {
+  try {
+    await promise;
+  } catch (e) {
+    assert.equal(e.status, 400, `status of ${param}: ${e.message}`);
+    assert.equal(e.error?.param ?? e.param, param, e.message);
+    return e;
+  }
+  assert.fail(`'${param}' was accepted`);
+}
+
+await check("stop string across tokens (completions)", async () => {
+  const base = await fast.completions.create({ model: "m", prompt: "Say", max_tokens: 40, ...fixed });
+  assert.equal(base.choices[0].text, SENTENCE, "control: the grammar's sentence");
+  const r = await fast.completions.create({ model: "m", prompt: "Say", max_tokens: 40, stop: ["o w", "zz"], ...fixed });
+  assert.equal(r.choices[0].text, "hell");
+  assert.equal(r.choices[0].finish_reason, "stop");
+  assert.equal(r.moestream.stop_string, "o w");
+});
+
+await check("stop string while streaming (chat)", async () => {
+  const stream = await fast.chat.completions.create({
+    model: "m", messages: [{ role: "user", content: "Say" }], max_tokens: 40, stream: true,
+    stop: "lo m", ...fixed,
+  });
+  let text = "", finish = null;
+  for await (const c of stream) {
+    text += c.choices[0]?.delta?.content ?? "";
+    finish = c.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(text, "hello world, hel");
+  assert.equal(finish, "stop");
+});
+
+await check("penalties change the output", async () => {
+  const req = { model: "m", prompt: "Once upon a time", max_tokens: 24, temperature: 0 };
+  const base = (await fast.completions.create(req)).choices[0].text;
+  const off = (await fast.completions.create({ ...req, frequency_penalty: 0 })).choices[0].text;
+  assert.equal(off, base, "control: a zero penalty changes nothing");
+  for (const extra of [{ frequency_penalty: 2 }, { presence_penalty: 2 }, { repeat_penalty: 2 }]) {
+    const t = (await fast.completions.create({ ...req, ...extra })).choices[0].text;
+    assert.notEqual(t, base, JSON.stringify(extra));
+  }
+});
+
+await check("max_tokens over the context is clamped with finish_reason length", async () => {
+  const prompt = "x".repeat(500);  // 500 tokens of the 512-token context
+  const r = await fast.completions.create({ model: "m", prompt, max_tokens: 4000, ignore_eos: true });
+  assert.equal(r.choices[0].finish_reason, "length");
+  assert.equal(r.usage.total_tokens, 512);
+  const small = await fast.completions.create({ model: "m", prompt, max_tokens: 3, ignore_eos: true });
+  assert.equal(small.usage.completion_tokens, 3, "control: a request that fits is not clamped");
+  const e = await refusedWith(fast.completions.create({ model: "m", prompt: "x".repeat(600), max_tokens: 1 }), "prompt");
+  assert.match(e.message, /longer than the context \(512 tokens\)/);
+});
+
+await check("unsupported fields are refused by name", async () => {
+  const msgs = [{ role: "user", content: "hi" }];
+  const ok = await fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2 });
+  assert.equal(ok.choices.length, 1, "control: the plain request is served");
+  assert.match(ok.moestream.settings.request.chat_template, /chatml/);
+  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
+    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }), "response_format");
+  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
+    tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }), "tools");
+  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, n: 2 }), "n");
+  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, logprobs: true }), "logprobs");
+  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, mirostat: 2 }), "mirostat");
+  await refusedWith(fast.completions.create({ model: "m", prompt: "x", max_tokens: 2, logprobs: 2 }), "logprobs");
+});
+
+await check("response_format json_object gives a JSON object", async () => {
+  let complete = 0;
+  for (const seed of [1, 2, 3, 5]) {
+    const r = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "JSON" }],
+      max_tokens: 120, temperature: 1, seed, response_format: { type: "json_object" } });
+    if (r.choices[0].finish_reason !== "stop") continue;
+    complete++;
+    const v = JSON.parse(r.choices[0].message.content);
+    assert.equal(typeof v, "object");
+    assert.ok(v !== null && !Array.isArray(v));
+  }
+  assert.ok(complete > 0, "some replies end by themselves");
+  const plain = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "JSON" }],
+    max_tokens: 40, temperature: 1, seed: 1 });
+  assert.throws(() => JSON.parse(plain.choices[0].message.content), "control: no JSON without it");
+});
+
+async function stats(url) {
+  return (await fetch(url + "stats")).json();
+}
+
+await check("12 non-streaming clients that disconnect leave the queue empty within a second", async () => {
+  const before = (await stats(slowUrl)).requests;
+  const aborts = [];
+  const pending = [];
+  for (let i = 0; i < 12; i++) {
+    const ac = new AbortController();
+    aborts.push(ac);
+    pending.push(slow.completions.create({ model: "m", prompt: "Once upon a time", max_tokens: 400, ignore_eos: true },
+      { signal: ac.signal }).catch(() => null));
+  }
+  let s;
+  for (let t = 0; t < 100; t++) {
+    s = await stats(slowUrl);
+    if (s.generating && s.queue_waiting === 11) break;
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  assert.equal(s.queue_waiting, 11, "control: eleven wait behind the running one");
+  const t0 = Date.now();
+  for (const ac of aborts) ac.abort();
+  await Promise.all(pending);
+  for (;;) {
+    s = await stats(slowUrl);
+    if (s.queue_waiting === 0 && !s.generating) break;
+    assert.ok(Date.now() - t0 < 1000, `queue not empty after 1 s: ${JSON.stringify(s.requests)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+  assert.equal(s.requests.cancelled - before.cancelled, 12);
+  assert.equal(s.requests.served - before.served, 0, "served and cancelled are disjoint");
+  const after = await slow.completions.create({ model: "m", prompt: "Hi", max_tokens: 2 });
+  assert.equal(after.usage.completion_tokens, 2, "the server still answers");
+});
+
+// GET on a new connection (fetch would reuse a kept-alive one, which a busy pool still serves).
+function freshGet(url, timeoutMs) {
+  return new Promise((resolve) => {
+    const req = http.get(url, { agent: false, headers: { Connection: "close" } }, (res) => {
+      res.resume();
+      res.on("end", () => resolve(res.statusCode));
+    });
+    req.setTimeout(timeoutMs, () => {
+      req.destroy();
+      resolve("timeout");
+    });
+    req.on("error", (e) => resolve(String(e)));
+  });
+}
+
+await check("40 slow-header connections while /health answers in < 100 ms", async () => {
+  const { port } = new URL(slowUrl);
+  const socks = [];
+  for (let i = 0; i < 40; i++) {
+    const sock = net.connect(Number(port), "127.0.0.1");
+    sock.on("error", () => {});
+    sock.write("GET /health HTTP/1.1\r\nHost: x\r\n");
+    socks.push(sock);
+  }
+  await new Promise((r) => setTimeout(r, 300));
+  let worst = 0;
+  for (let i = 0; i < 10; i++) {
+    for (const sock of socks) sock.write(`X-Slow-${i}: 1\r\n`);  // one header line at a time
+    const t0 = performance.now();
+    assert.equal(await freshGet(slowUrl + "health", 2000), 200);
+    worst = Math.max(worst, performance.now() - t0);
+    await new Promise((r) => setTimeout(r, 150));
+  }
+  const open = socks.filter((sock) => !sock.destroyed && !sock.readableEnded).length;
+  for (const sock of socks) sock.destroy();
+  assert.equal(open, 40, "control: the slow connections were still open (holding their threads)");
+  assert.ok(worst < 100, `worst /health ${worst.toFixed(1)} ms`);
+});
+
+await check("SIGTERM ends a stream with a final chunk and [DONE]", async () => {
+  const stream = await slow.completions.create({ model: "m", prompt: "Once", max_tokens: 400, ignore_eos: true, stream: true });
+  let chunks = 0, finish = null, killed = false;
+  for await (const c of stream) {  // the SDK throws if the stream ends without [DONE]
+    chunks++;
+    finish = c.choices[0]?.finish_reason ?? finish;
+    if (chunks === 5 && !killed) {
+      killed = true;
+      process.kill(Number(slowPid), "SIGTERM");
+    }
+  }
+  assert.ok(killed, "control: the signal was sent mid-stream");
+  assert.equal(finish, "cancelled");
+});
+
+console.log(failed ? `${failed} check(s) failed` : "all checks passed");
+process.exit(failed ? 1 : 0);
