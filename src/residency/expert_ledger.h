@@ -25,8 +25,9 @@
 // that no other live expert of the same tensor covers, or, when the back-end recycles pool
 // chunks (LedgerShape::whole_chunks), one whole chunk per projection.
 //
-// Invariants: committed_bytes() is the sum of the costs of the live experts as charged when
-// each was committed, minus nothing else; committed <= max(budget, the staged routed set);
+// Invariants: committed_bytes() = the costs of the commits minus those of the releases, each
+// computed when it happens (a page two live experts share is counted once); committed <=
+// max(budget, the staged routed set) after every stage();
 // every array is indexed by id and sized at construction, so stage() allocates nothing once
 // the pending lists have reached their working size.
 // Thread-safety: none; one thread at a time (the eval callback, or one replay).
