@@ -23,6 +23,7 @@
 
 #include "io_lanes.h"
 #include "moestream/route_trace.h"
+#include "route_tracer.h"
 
 using namespace moestream;
 
