@@ -49,10 +49,13 @@ private:
 
 // A min-heap of (key, last stage, id) with lazy deletion: an entry is stale once its id was
 // routed again or released (its version moved on). Ids routed in a stage are pushed when the
-// stage ends: until then they are never victims anyway.
-class KeyedPolicy : public EvictionPolicy {
+// stage ends: until then they are never victims anyway. Key: lfu, the routing count (fewest
+// first); belady, kNever - next use (farthest first).
+class KeyedPolicy final : public EvictionPolicy {
 public:
+    explicit KeyedPolicy(bool lfu) : lfu_(lfu) {}
     void reset(uint32_t n_ids) override {
+        if (lfu_) freq_.assign(n_ids, 0);
         key_.assign(n_ids, 0);
         last_.assign(n_ids, 0);
         ver_.assign(n_ids, 0);
@@ -99,10 +102,6 @@ public:
         return found;
     }
 
-protected:
-    // The primary key of a routed id (smallest evicted first).
-    virtual uint64_t key_of(uint32_t id, uint32_t next_use) = 0;
-
 private:
     // Heap entry: key = primary << 32 | last stage (both < 2^32 for one replay), smallest
     // first; ties by id.
@@ -114,7 +113,7 @@ private:
 
     void touch(uint32_t id, uint64_t gen, uint32_t next_use) {
         last_[id] = gen;
-        key_[id] = key_of(id, next_use);
+        key_[id] = lfu_ ? ++freq_[id] : uint64_t(kNever) - next_use;
         ++ver_[id];               // its old heap entry is stale now
         deferred_.push_back(id);
     }
@@ -131,6 +130,8 @@ private:
         std::make_heap(heap_.begin(), heap_.end(), std::greater<Entry>());
     }
 
+    const bool lfu_;
+    std::vector<uint64_t> freq_;  // lfu: routings since reset, across evictions
     std::vector<uint64_t> key_, last_;
     std::vector<uint32_t> ver_;
     std::vector<uint8_t> live_;
@@ -139,34 +140,16 @@ private:
     std::vector<uint32_t> deferred_;  // routed in this stage, not yet in the heap
 };
 
-class LfuPolicy final : public KeyedPolicy {
-public:
-    void reset(uint32_t n_ids) override {
-        KeyedPolicy::reset(n_ids);
-        freq_.assign(n_ids, 0);
-    }
-
-private:
-    uint64_t key_of(uint32_t id, uint32_t) override { return ++freq_[id]; }  // fewest first
-    std::vector<uint64_t> freq_;  // routings since reset, across evictions
-};
-
-class BeladyPolicy final : public KeyedPolicy {
-    uint64_t key_of(uint32_t, uint32_t next_use) override {
-        return uint64_t(kNever) - next_use;  // farthest next use first
-    }
-};
-
 }  // namespace
 
 std::unique_ptr<EvictionPolicy> make_lru_policy() {
     return std::make_unique<LruPolicy>();
 }
 std::unique_ptr<EvictionPolicy> make_lfu_policy() {
-    return std::make_unique<LfuPolicy>();
+    return std::make_unique<KeyedPolicy>(/*lfu=*/true);
 }
 std::unique_ptr<EvictionPolicy> make_belady_policy() {
-    return std::make_unique<BeladyPolicy>();
+    return std::make_unique<KeyedPolicy>(/*lfu=*/false);
 }
 
 }  // namespace moestream

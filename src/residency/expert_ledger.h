@@ -2,8 +2,8 @@
 // pending or resident, what the live ones cost against the budget, and which one goes when a
 // commit does not fit. Pure state: it holds no expert memory. The engine's LruCache
 // (residency_cache.cpp) is a ledger plus a memory back-end (reservations, page commits, the
-// page pool); `moestream replay` (replay.cpp) is a ledger plus a simulated back-end whose
-// commits always succeed. Both therefore make the same decisions for the same routing.
+// page pool); `moestream replay` (replay.cpp) is a ledger plus the simulated back-end (no
+// LedgerBackend: every commit succeeds). Both therefore make the same decisions for the same routing.
 //
 // States per (layer, expert) id: absent; pending (committed, its reads handed out by the
 // current stage() or prefetch()); resident. A stage's pending experts become resident when the
@@ -100,9 +100,6 @@ public:
     virtual void budget_shrunk(uint64_t /*was*/, uint64_t /*now*/) {}
 };
 
-// A back-end without memory: every commit succeeds (`moestream replay`).
-LedgerBackend & simulated_backend();
-
 // Sees every decision (white-box tests compare the engine's cache with the replay).
 class LedgerObserver {
 public:
@@ -116,7 +113,8 @@ class ExpertLedger {
 public:
     // Every layer of `shape` needs at least one tensor, all with n_expert > 0, and the total
     // (layer, expert) count must be < 2^32 - 1 (the caller validates its model). budget > 0.
-    // `backend` must outlive the ledger.
+    // `backend` must outlive the ledger; nullptr = the simulated back-end of `moestream
+    // replay`: no memory, every commit succeeds.
     ExpertLedger(const LedgerShape & shape, uint64_t budget_bytes,
                  std::unique_ptr<EvictionPolicy> policy, LedgerBackend * backend);
     ExpertLedger(const ExpertLedger &) = delete;
@@ -176,7 +174,12 @@ private:
 
     uint32_t id_of(uint32_t moe, uint32_t e) const { return layers_[moe].first_id + e; }
     // Bytes committing expert e (absent) would add, or releasing it (live) would free.
-    uint64_t cost(uint32_t moe, uint32_t e) const;
+    uint64_t cost(uint32_t moe, uint32_t e) const {
+        const Layer & L = layers_[moe];
+        return L.fixed_cost ? L.fixed_bytes : exclusive_bytes(moe, e);
+    }
+    // The bytes of the pages of e that no other live expert covers, over all its tensors.
+    uint64_t exclusive_bytes(uint32_t moe, uint32_t e) const;
     // Marks absent expert e of layer moe pending, charged `bytes`.
     void admit(uint32_t moe, uint32_t e, uint64_t bytes);
     // Releases live expert e through the back-end and marks it absent.
@@ -189,7 +192,7 @@ private:
 
     std::vector<Layer> layers_;
     std::unique_ptr<EvictionPolicy> policy_;
-    LedgerBackend * backend_;
+    LedgerBackend * backend_;  // nullptr: simulated
     LedgerObserver * observer_ = nullptr;
     uint64_t budget_;     // lowered when the back-end refuses a commit
     uint64_t page_bytes_;

@@ -61,7 +61,7 @@ std::unique_ptr<EvictionPolicy> make_replay_policy(ReplayPolicy p) {
 std::unique_ptr<ExpertLedger> make_replay_ledger(const TraceHeader & h, ReplayPolicy p,
                                                  uint64_t budget_bytes) {
     return std::make_unique<ExpertLedger>(replay_ledger_shape(h), budget_bytes,
-                                          make_replay_policy(p), &simulated_backend());
+                                          make_replay_policy(p), /*backend=*/nullptr);
 }
 
 namespace {
