@@ -1,8 +1,8 @@
 // replay.h — offline replay of a route trace through a simulated residency cache
 // (`moestream replay`, docs/replay.md).
 //
-// The simulator mirrors the engine's LRU cache (residency_cache.cpp) exactly: the same
-// per-(layer, expert) states, the same global LRU order, the same rule that experts routed in
+// The simulator is the engine's own cache bookkeeping (its expert ledger) without memory: the
+// same per-(layer, expert) states, the same LRU order, the same rule that experts routed in
 // the layer being staged are never victims, the same page-granular commit accounting (slices
 // that share a boundary page, the page size of the recording machine), the same "evict until
 // the miss fits, then commit" loop. Distinct experts are staged in first-seen order over the
@@ -28,7 +28,7 @@
 
 namespace moestream {
 
-enum class ReplayPolicy { kLru, kLfu, kBelady };
+enum class ReplayPolicy { kLru, kLfu, kBelady };  // policy_name() relies on this order
 const char * policy_name(ReplayPolicy p);
 bool parse_policy(const std::string & s, ReplayPolicy * out);
 

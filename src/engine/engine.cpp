@@ -279,11 +279,12 @@ public:
                                         memory_availability(), system_page_bytes(), &d);
         if (!st.ok()) return st;
         if (d.budget_bytes > 0) {
+            CacheOptions copt;
+            copt.recycle_pages = opt_.cache_recycle;
+            copt.move_pages = opt_.cache_move;
             CacheDebug dbg;
             dbg.poison = dbg.check_residency = opt_.cache_debug;
-            dbg.recycle_pages = opt_.cache_recycle;
-            dbg.move_pages = opt_.cache_move;
-            store_ = make_lru_cache(index_, d.budget_bytes, dbg, &st);
+            store_ = make_lru_cache(index_, d.budget_bytes, copt, dbg, &st);
         } else {
             store_ = make_shared_slots(index_, &st);
         }

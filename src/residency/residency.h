@@ -10,8 +10,10 @@
 // layer's tensor, shared by all layers (one layer computes at a time). Every routed slice is
 // re-read every time. RAM for experts = one layer's expert tensors.
 //
-// LruCache (--cache-mb N, residency_cache.cpp, docs/cache.md): every (layer, projection) has
-// its own reserved, lazily committed address range; a routed expert already resident is a
+// LruCache (--cache-mb N, residency_cache.cpp, docs/cache.md): an ExpertLedger
+// (expert_ledger.h: states, costs, the stage algorithm, LRU victims) over a memory back-end.
+// Every (layer, projection) has its own reserved, lazily committed address range; a routed
+// expert already resident is a
 // hit (no read), a miss is committed, read and kept; over budget, the least recently used
 // (layer, expert) not routed in the layer being staged is evicted and its pages released.
 // Committed expert memory <= max(budget, the staged layer's routed set).
@@ -29,40 +31,23 @@
 #include <memory>
 #include <vector>
 
+#include "expert_ledger.h"
 #include "moestream/gguf_index.h"
 #include "io_lanes.h"
 #include "status.h"
 
 namespace moestream {
 
-struct StageStats {
-    uint64_t lookups = 0;  // (layer, expert) routings looked up
-    uint64_t hits = 0;     // already resident: no read
-    uint64_t misses = 0;   // read from the file
-};
-
-// Counters of the LRU cache (docs/cache.md, "Metrics"). Byte figures are page-granular:
-// pages actually committed for expert data, a page shared by two experts counted once.
-struct CacheStats {
-    uint64_t lookups = 0;             // routed (layer, expert) looked up by stage()
-    uint64_t hits = 0;                // resident already: no read
-    uint64_t misses = 0;              // committed and read
-    uint64_t evictions = 0;           // resident experts released to make room
-    uint64_t rereads = 0;             // misses of experts that had been resident and were evicted
-    uint64_t abandoned = 0;           // experts released by abandon_stage() (their reads failed)
-    uint64_t over_budget_stages = 0;  // stages that ended above budget (routed set > budget)
-    uint64_t commit_failures = 0;     // commits the system refused (mprotect ENOMEM/EAGAIN)
-    uint64_t budget_shrinks = 0;      // times a refused commit lowered the budget
-    uint64_t resident_experts = 0;    // (layer, expert) pairs resident now
-    uint64_t resident_expert_bytes = 0;  // bytes committed for expert data now
-    uint64_t peak_resident_bytes = 0;    // max of resident_expert_bytes since construction
-    uint64_t budget_bytes = 0;           // the budget now (built with; lower after a shrink)
+// Counters of the LRU cache (docs/cache.md, "Metrics"): the ledger's (expert_ledger.h) and
+// the memory back-end's. Byte figures are page-granular: pages actually committed for expert
+// data, a page shared by two experts counted once.
+struct CacheStats : LedgerStats {
     uint64_t reserved_bytes = 0;         // address space reserved (not RAM)
-    uint64_t page_bytes = 0;             // commit granularity (CacheDebug::page_bytes)
+    uint64_t page_bytes = 0;             // commit granularity (CacheTestHooks::page_bytes)
     bool page_protect = false;           // released pages are PROT_NONE (else: flat mapping)
     // Pages recycled through the page pool (page_pool.h) rather than committed fresh for
     // every miss. Then a live expert costs whole pool chunks (PageLayout::chunk_pages) and
-    // the byte figures above count chunks.
+    // the byte figures count chunks.
     bool recycle_pages = false;
     uint64_t recycled_commits = 0;  // projection slices mapped onto an earlier expert's pages
     // Of those, slices whose pages were moved (mremap) from the expert evicted for them, page
@@ -71,14 +56,25 @@ struct CacheStats {
     bool move_pages = false;        // moves in use now (off after the kernel refused one)
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
-    // Prefetch (streamer.h, "Prefetch"): experts read ahead of their routing.
-    uint64_t prefetched = 0;       // experts committed and read by prefetch()
-    uint64_t prefetch_used = 0;    // of those, routed while still resident (a hit)
-    uint64_t prefetch_unused = 0;  // of those, evicted (or abandoned) without being routed
-    uint64_t prefetch_skipped = 0; // predicted, absent, not prefetched (no room, commit refused)
 };
 
-// Debug and test knobs of the LRU cache (docs/cache.md, "Debug mode").
+// How the LRU cache gets its pages (production settings; docs/cache.md).
+struct CacheOptions {
+    // With page protection: take the pages of a miss from the page pool (page_pool.h), where
+    // evicted experts leave theirs, instead of committing fresh zero-filled anonymous pages.
+    // false = `--cache-no-recycle`, for A/B benchmarks. Falls back to fresh pages when
+    // memfd_create is unavailable.
+    bool recycle_pages = true;
+    // With recycled pages: when a miss takes the chunk of an expert evicted in the same
+    // stage() and needs the same pages of it, move that mapping to the new address with
+    // mremap(MREMAP_DONTUNMAP) instead of unmapping it there and mapping it (MAP_POPULATE)
+    // here: the page-table entries move instead of being torn down and refilled, and there is
+    // one TLB shootdown instead of two. false = `--cache-no-move`, for A/B benchmarks. Turns
+    // itself off when the kernel refuses the flag (Linux < 5.13 for shared mappings).
+    bool move_pages = true;
+};
+
+// Debug knobs of the LRU cache (docs/cache.md, "Debug mode"; `--cache-debug`).
 struct CacheDebug {
     // Fill freshly committed pages with 0xFF (NaN for f32/f16/bf16, NaN scales for the
     // quantized types) before their read, so an expert used without being read poisons the
@@ -95,32 +91,23 @@ struct CacheDebug {
     // flat (read-write, never touched until committed; release = MADV_DONTNEED only).
     enum class Mapping { kAuto, kProtect, kFlat };
     Mapping mapping = Mapping::kAuto;
-    // With page protection: take the pages of a miss from the page pool (page_pool.h), where
-    // evicted experts leave theirs, instead of committing fresh zero-filled anonymous pages.
-    // false = the old path (`--cache-no-recycle`, for A/B benchmarks). Falls back to fresh
-    // pages when memfd_create is unavailable.
-    bool recycle_pages = true;
-    // With recycled pages: when a miss takes the chunk of an expert evicted in the same
-    // stage() and needs the same pages of it, move that mapping to the new address with
-    // mremap(MREMAP_DONTUNMAP) instead of unmapping it there and mapping it (MAP_POPULATE)
-    // here: the page-table entries move instead of being torn down and refilled, and there is
-    // one TLB shootdown instead of two. false = `--cache-no-move`, for A/B benchmarks. Turns
-    // itself off when the kernel refuses the flag (Linux < 5.13 for shared mappings).
-    bool move_pages = true;
+};
 
-    // Test only: plant one bug, once, at the first stage() where it applies, so tests can
-    // show verify_resident() catches it. kForgetRead: the first miss is marked resident but
-    // its reads are not returned. kDropRouted: the first hit's pages are released (state
-    // left saying resident). kLeaveParked: the first moved chunk's old range (the evicted
+// Test hooks of the LRU cache: nothing in production sets them.
+struct CacheTestHooks {
+    // Plant one bug, once, at the first stage() where it applies, so tests can show
+    // verify_resident() catches it. kForgetRead: the first miss is marked resident but its
+    // reads are not returned. kDropRouted: the first hit's pages are released (state left
+    // saying resident). kLeaveParked: the first moved chunk's old range (the evicted
     // expert's address) is left mapped instead of reserved PROT_NONE again.
     enum class Fault { kNone, kForgetRead, kDropRouted, kLeaveParked };
     Fault fault = Fault::kNone;
-
-    // Test only: a commit that would take committed expert memory above this many bytes fails
-    // with ENOMEM, as mprotect does when the system refuses (RLIMIT_DATA, strict overcommit,
+    // A commit that would take committed expert memory above this many bytes fails with
+    // ENOMEM, as mprotect does when the system refuses (RLIMIT_DATA, strict overcommit,
     // vm.max_map_count). 0 = off. See "Failed commits" in docs/reliability.md.
     uint64_t commit_limit_bytes = 0;
-
+    // Sees every decision of the cache's ledger (must outlive the store).
+    LedgerObserver * observer = nullptr;
     // The page size the cache commits, releases and accounts in: 0 = the system's
     // (system_page_bytes()); else a power of two that is a multiple of it. Tests set it to run
     // the page arithmetic at 16 KiB and 64 KiB pages on a 4 KiB host.
@@ -177,6 +164,7 @@ std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Stat
 // LRU cache with a budget of `budget_bytes` of committed expert memory (> 0). Reserves
 // address space for every expert tensor (no RAM). `index` must outlive the store.
 std::unique_ptr<ResidencyStore> make_lru_cache(const ModelIndex & index, uint64_t budget_bytes,
-                                               const CacheDebug & dbg, Status * st);
+                                               const CacheOptions & opt, const CacheDebug & dbg,
+                                               Status * st, const CacheTestHooks & test = {});
 
 }  // namespace moestream

@@ -14,7 +14,7 @@
 // the owner goes first, the page's bytes move into the other's chunk. Budget accounting is
 // then in whole chunks per live expert (PageLayout::chunk_pages; the replay does the same).
 //
-// Moved pages (CacheDebug::move_pages): an expert evicted by stage() or prefetch() does not
+// Moved pages (CacheOptions::move_pages): an expert evicted by stage() or prefetch() does not
 // unmap its chunk at once; the chunk is parked, still mapped at the victim's address. A miss
 // of the same call that needs the same pages of a chunk of that class takes a parked one
 // and moves the mapping to its own address (mremap with MREMAP_DONTUNMAP; the victim's range
@@ -23,11 +23,10 @@
 // the call returns (and before any commit that would map over one of their pages), so no
 // read or matmul ever sees one: outside stage() and prefetch() nothing is parked.
 //
-// State per (layer, expert): absent, pending (committed, reads handed out by the current
-// stage()), resident. Pending becomes resident when the next stage() begins (the caller
-// reports failed reads through abandon_stage() before that). A doubly linked LRU list over
-// live (pending or resident) experts orders eviction; experts routed in the layer being
-// staged are never chosen as victims.
+// Which expert is absent, pending or resident, what it costs, and which one an eviction takes
+// is the ExpertLedger's (expert_ledger.h, with the LRU policy of eviction_policy.h); this file
+// is its memory back-end: the ledger calls commit() and release() here, and stage() and
+// prefetch() turn the ledger's commits into reads.
 #include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -39,6 +38,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "expert_ledger.h"
 #include "moestream/log.h"
 #include "page_layout.h"
 #include "page_pool.h"
@@ -51,8 +51,6 @@ namespace {
 constexpr uint8_t kPoisonByte = 0xFF;
 constexpr uint64_t kPoisonWord = ~uint64_t(0);
 constexpr uint64_t kNoChunk = ~uint64_t(0);
-
-enum : uint8_t { kAbsent = 0, kPending = 1, kResident = 2 };
 
 std::string errno_str(int e) {
     return std::string(std::strerror(e));
@@ -79,10 +77,11 @@ uint64_t count_current_maps() {
     return n;
 }
 
-class LruCache final : public ResidencyStore {
+class LruCache final : public ResidencyStore, private LedgerBackend {
 public:
-    LruCache(const ModelIndex & index, uint64_t budget, const CacheDebug & dbg)
-        : index_(index), budget_(budget), dbg_(dbg) {}
+    LruCache(const ModelIndex & index, uint64_t budget, const CacheOptions & opt,
+             const CacheDebug & dbg, const CacheTestHooks & test)
+        : index_(index), budget_(budget), opt_(opt), dbg_(dbg), test_(test) {}
 
     ~LruCache() override {
         for (const Reservation & r : res_)
@@ -98,29 +97,30 @@ public:
 
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                  std::vector<ReadRequest> * reads, StageStats * stats) override;
-    void abandon_stage(size_t moe_idx) override;
+    void abandon_stage(size_t /*moe_idx*/) override { ledger_->abandon_stage(); }
     size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override;
-    void end_prefetch(bool ok) override;
+    void end_prefetch(bool ok) override { ledger_->end_prefetch(ok); }
 
-    uint64_t resident_bytes() const override { return committed_; }
+    uint64_t resident_bytes() const override { return ledger_->committed_bytes(); }
     uint64_t reserved_bytes() const override { return reserved_; }
 
     bool is_resident(size_t moe_idx, uint32_t e) const override {
-        if (moe_idx >= layers_.size() || e >= layers_[moe_idx].n_expert) return false;
-        return state_[id_of(moe_idx, e)] != kAbsent;
+        if (moe_idx >= ledger_->n_layers() || e >= ledger_->n_expert(uint32_t(moe_idx)))
+            return false;
+        return ledger_->live(uint32_t(moe_idx), e);
     }
 
     CacheStats cache_stats() const override {
-        CacheStats s = stats_;
-        s.resident_experts = live_count_;
-        s.resident_expert_bytes = committed_;
-        s.budget_bytes = budget_;
+        CacheStats s;
+        static_cast<LedgerStats &>(s) = ledger_->stats();
         s.reserved_bytes = reserved_;
         s.page_bytes = page_;
         s.page_protect = protect_;
         s.recycle_pages = recycle_;
         s.move_pages = move_;
+        s.recycled_commits = recycled_commits_;
+        s.moved_commits = moved_commits_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         s.pool_leaked_chunks = leaked_chunks_;
         return s;
@@ -146,54 +146,26 @@ private:
         // chunk backs them. Interior pages are always backed by their only expert's chunk.
         std::unordered_map<uint64_t, uint32_t> owner;
     };
-    struct LayerInfo {
-        uint32_t n_expert = 0;
-        uint32_t first_id = 0;    // id of expert 0 in the per-(layer, expert) arrays
-        uint64_t chunk_cost = 0;  // recycled pages: bytes of one expert's chunks
-    };
 
-    uint32_t id_of(size_t moe_idx, uint32_t e) const { return layers_[moe_idx].first_id + e; }
-
-    // Offset of expert e's slice from r.base.
-    static uint64_t slice_begin(const Reservation & r, uint32_t e) {
-        return r.layout.slice_begin(e);
+    // LedgerBackend: the memory under the ledger's decisions.
+    Status commit(uint32_t moe_idx, uint32_t e, int * err) override;
+    void release(uint32_t moe_idx, uint32_t e, bool park) override;
+    bool free_uncounted() override {
+        return recycle_ && pool_->punch_free_chunk(PagePool::kAnyClass);
     }
+    void budget_shrunk(uint64_t was, uint64_t now) override;
 
     // Pages [*p0, *p1) covering expert e's slice of reservation r.
-    void page_range(const Reservation & r, uint32_t e, uint64_t * p0, uint64_t * p1) const {
+    static void page_range(const Reservation & r, uint32_t e, uint64_t * p0, uint64_t * p1) {
         r.layout.pages_of(e, p0, p1);
     }
-
-    // The pages of expert e's slice in r that no other live expert covers: [*q0, *q1).
-    void exclusive_range(size_t moe_idx, const Reservation & r, uint32_t e, uint64_t * q0,
-                         uint64_t * q1) const {
-        const LayerInfo & L = layers_[moe_idx];
-        r.layout.exclusive_pages(
-            e, [&](uint32_t x) { return state_[L.first_id + x] != kAbsent; }, q0, q1);
-    }
-
-    // Bytes that committing expert e (absent now) would add.
-    uint64_t commit_cost(size_t moe_idx, uint32_t e) const {
-        if (recycle_) return layers_[moe_idx].chunk_cost;
-        uint64_t total = 0;
-        for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
-            uint64_t q0, q1;
-            exclusive_range(moe_idx, res_[layer_res_[moe_idx] + t], e, &q0, &q1);
-            total += (q1 - q0) * page_;
-        }
-        return total;
-    }
-
     size_t layers_res_count(size_t moe_idx) const {
         return layer_res_[moe_idx + 1] - layer_res_[moe_idx];
     }
 
-    // Commits expert e's pages. On failure nothing is committed and *err is the errno.
-    Status commit(size_t moe_idx, uint32_t e, int * err);
-    // Gives back expert e's memory in projection t; returns the bytes accounted for it.
+    // Gives back expert e's memory in projection t (the ledger still says live).
     // park: leave the chunk mapped where it is, in parked_, for a commit of the same call.
-    uint64_t release_projection(size_t moe_idx, size_t t, uint32_t e, bool park);
-    void release(size_t moe_idx, uint32_t e, bool park = false);
+    void release_projection(size_t moe_idx, size_t t, uint32_t e, bool park);
     // Moved pages: a chunk taken from an evicted expert and still mapped at its address.
     struct Parked {
         uint32_t cls;    // pool class
@@ -225,27 +197,19 @@ private:
         r.layout.experts_on(p, &lo, &hi);
         return lo < hi;
     }
-    bool evict_one();
-    // Appends expert e's slice reads (all projections) to *reads.
-    void push_reads(size_t moe_idx, uint32_t e, std::vector<ReadRequest> * reads);
-
-    // LRU list: sentinel at index n_ids_; next_ goes from MRU towards LRU.
-    void lru_unlink(uint32_t id) {
-        next_[prev_[id]] = next_[id];
-        prev_[next_[id]] = prev_[id];
-    }
-    void lru_push_front(uint32_t id) {
-        const uint32_t s = n_ids_;
-        next_[id] = next_[s];
-        prev_[id] = s;
-        prev_[next_[s]] = id;
-        next_[s] = id;
-    }
+    // Appends the reads of the ledger's `experts` of MoE layer moe_idx (all projections).
+    void push_reads(size_t moe_idx, const std::vector<uint32_t> & experts,
+                    std::vector<ReadRequest> * reads);
+    // Planted bugs (CacheTestHooks::fault); each fires once.
+    void plant_fault_after_stage(size_t moe_idx, const std::vector<uint32_t> & experts,
+                                 std::vector<ReadRequest> * reads);
 
     const ModelIndex & index_;
-    uint64_t budget_;  // lowered when the system refuses a commit
+    const uint64_t budget_;  // as built (the ledger's may shrink)
+    const CacheOptions opt_;
     const CacheDebug dbg_;
-    uint64_t page_ = 4096;      // the cache's page (CacheDebug::page_bytes)
+    const CacheTestHooks test_;
+    uint64_t page_ = 4096;      // the cache's page (CacheTestHooks::page_bytes)
     uint64_t sys_page_ = 4096;  // the system's (mincore reports in these)
     bool protect_ = true;
     bool recycle_ = false;            // pages from pool_ (implies protect_)
@@ -253,30 +217,16 @@ private:
     std::vector<Parked> parked_;      // non-empty only inside stage() and prefetch()
     std::unique_ptr<PagePool> pool_;
     uint64_t leaked_chunks_ = 0;      // chunks kept out of the pool after a failed release
+    uint64_t recycled_commits_ = 0;   // CacheStats::recycled_commits
+    uint64_t moved_commits_ = 0;      // CacheStats::moved_commits
 
-    std::vector<LayerInfo> layers_;
     std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])
     std::vector<Reservation> res_;
     uint64_t reserved_ = 0;
+    std::unique_ptr<ExpertLedger> ledger_;  // built by init(), once the page costs are known
 
-    uint32_t n_ids_ = 0;              // (layer, expert) pairs
-    std::vector<uint8_t> state_;      // kAbsent / kPending / kResident
-    std::vector<uint8_t> ever_;       // was resident once (for rereads)
-    std::vector<uint32_t> id_layer_;  // moe_idx of an id
-    std::vector<uint64_t> stamp_;     // stage generation that last routed the id
-    std::vector<uint32_t> prev_, next_;
-    uint64_t gen_ = 0;
-    uint64_t live_count_ = 0;
-    uint64_t committed_ = 0;
-
-    std::vector<uint32_t> pending_;  // ids committed by the last stage(), reads outstanding
-    std::vector<uint64_t> done_;     // stage generation that last looked the id up
-    std::vector<uint32_t> prefetch_pending_;  // ids committed by prefetch(), reads outstanding
-    std::vector<uint8_t> prefetched_;         // per id: read by prefetch, not routed since
     bool fault_fired_ = false;
     bool warned_protect_ = false;
-
-    CacheStats stats_;
     std::vector<unsigned char> mincore_buf_;
 };
 
@@ -287,18 +237,19 @@ Status LruCache::init() {
         return Status::BadModel(index_.path + ": no MoE layers to cache");
     sys_page_ = system_page_bytes();
     page_ = sys_page_;
-    if (dbg_.page_bytes != 0) {
-        if (dbg_.page_bytes % sys_page_ != 0 || (dbg_.page_bytes & (dbg_.page_bytes - 1)) != 0)
-            return Status::Usage("expert cache: page size " + std::to_string(dbg_.page_bytes) +
+    if (test_.page_bytes != 0) {
+        if (test_.page_bytes % sys_page_ != 0 || (test_.page_bytes & (test_.page_bytes - 1)) != 0)
+            return Status::Usage("expert cache: page size " + std::to_string(test_.page_bytes) +
                                  " is not a power-of-two multiple of the system page size " +
                                  std::to_string(sys_page_));
-        page_ = dbg_.page_bytes;
+        page_ = test_.page_bytes;
     }
 
     // Shapes: one expert count per layer, slices consistent with the tensor size.
     uint64_t max_experts = 0, min_expert_bytes = UINT64_MAX;
     size_t n_res = 0;
-    layers_.resize(index_.moe_layers.size());
+    uint32_t n_ids = 0;  // (layer, expert) pairs
+    std::vector<uint32_t> n_expert(index_.moe_layers.size());
     layer_res_.assign(index_.moe_layers.size() + 1, 0);
     for (size_t i = 0; i < index_.moe_layers.size(); ++i) {
         const MoeLayer & ML = index_.moe_layers[i];
@@ -314,11 +265,10 @@ Status LruCache::init() {
                                         "' has an inconsistent expert count or slice size");
             eb += et.slice_bytes;
         }
-        if (uint64_t(n_ids_) + uint64_t(n) > UINT32_MAX - 1)
+        if (uint64_t(n_ids) + uint64_t(n) > UINT32_MAX - 1)
             return Status::BadModel(index_.path + ": too many experts to cache");
-        layers_[i].n_expert = uint32_t(n);
-        layers_[i].first_id = n_ids_;
-        n_ids_ += uint32_t(n);
+        n_expert[i] = uint32_t(n);
+        n_ids += uint32_t(n);
         layer_res_[i] = n_res;
         n_res += ML.tensors.size();
         max_experts = std::max<uint64_t>(max_experts, uint64_t(n));
@@ -336,7 +286,7 @@ Status LruCache::init() {
         return m;
     }();
     const uint64_t max_live = std::min<uint64_t>(
-        n_ids_, budget_ / std::max<uint64_t>(1, min_expert_bytes) + 1 + max_experts);
+        n_ids, budget_ / std::max<uint64_t>(1, min_expert_bytes) + 1 + max_experts);
     const uint64_t worst_maps = 2 * max_live * n_proj_max + n_res;
     const uint64_t map_limit = read_max_map_count();
     const uint64_t in_use = count_current_maps();
@@ -365,12 +315,12 @@ Status LruCache::init() {
             "vm.max_map_count is %llu)",
             (unsigned long long)worst_maps, (unsigned long long)map_limit);
 
-    if (protect_ && dbg_.recycle_pages) {
+    if (protect_ && opt_.recycle_pages) {
         Status pst;
         pool_ = PagePool::create(page_, &pst);
         if (pool_) {
             recycle_ = true;
-            move_ = dbg_.move_pages;
+            move_ = opt_.move_pages;
         } else {
             MS_LOG_WARN("%s: committing fresh pages for every miss instead of recycling",
                         pst.message().c_str());
@@ -380,6 +330,9 @@ Status LruCache::init() {
     // Reservations.
     Status pool_error;
     res_.resize(n_res);
+    LedgerShape shape;
+    shape.page_bytes = page_;
+    shape.layers.resize(index_.moe_layers.size());
     for (size_t i = 0; i < index_.moe_layers.size(); ++i) {
         const MoeLayer & ML = index_.moe_layers[i];
         for (size_t t = 0; t < ML.tensors.size(); ++t) {
@@ -388,9 +341,10 @@ Status LruCache::init() {
             r.slice_bytes = et.slice_bytes;
             r.phase = et.file_offset % page_;
             r.map_bytes = (r.phase + et.tensor_bytes + page_ - 1) / page_ * page_;
-            r.layout = PageLayout{r.phase, et.slice_bytes, page_, layers_[i].n_expert};
+            r.layout = PageLayout{r.phase, et.slice_bytes, page_, n_expert[i]};
+            shape.layers[i].push_back(r.layout);
             const int prot = protect_ ? PROT_NONE : (PROT_READ | PROT_WRITE);
-            // Page aligned: with a cache page above the system's (CacheDebug::page_bytes), the
+            // Page aligned: with a cache page above the system's (CacheTestHooks::page_bytes), the
             // reservation is cut out of a larger one, as the kernel would align it.
             const uint64_t slack = page_ - sys_page_;
             void * p = mmap(nullptr, r.map_bytes + slack, prot,
@@ -413,10 +367,9 @@ Status LruCache::init() {
             if (recycle_) {
                 r.chunk_pages = r.layout.chunk_pages();
                 Status cst;
-                r.cls = pool_->class_for(r.chunk_pages, layers_[i].n_expert, &cst);
+                r.cls = pool_->class_for(r.chunk_pages, n_expert[i], &cst);
                 if (!cst.ok() && pool_error.ok()) pool_error = cst;
-                r.chunk.assign(layers_[i].n_expert, kNoChunk);
-                layers_[i].chunk_cost += r.chunk_pages * page_;
+                r.chunk.assign(n_expert[i], kNoChunk);
             }
         }
     }
@@ -428,35 +381,28 @@ Status LruCache::init() {
         recycle_ = false;
         move_ = false;
         pool_.reset();
-        for (LayerInfo & L : layers_) L.chunk_cost = 0;
         for (Reservation & r : res_) r.chunk.clear();
     }
-
-    state_.assign(n_ids_, kAbsent);
-    ever_.assign(n_ids_, 0);
-    stamp_.assign(n_ids_, 0);
-    done_.assign(n_ids_, 0);
-    prefetched_.assign(n_ids_, 0);
-    id_layer_.resize(n_ids_);
-    for (size_t i = 0; i < layers_.size(); ++i)
-        for (uint32_t e = 0; e < layers_[i].n_expert; ++e)
-            id_layer_[layers_[i].first_id + e] = uint32_t(i);
-    prev_.assign(size_t(n_ids_) + 1, n_ids_);
-    next_.assign(size_t(n_ids_) + 1, n_ids_);
+    shape.whole_chunks = recycle_;  // a live expert then holds one chunk per projection
+    LedgerBackend * backend = this;
+    ledger_ = std::make_unique<ExpertLedger>(shape, budget_, make_lru_policy(), backend);
+    ledger_->set_observer(test_.observer);
     return Status::Ok();
 }
 
-Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
+// Commits expert e's pages in every projection. On failure nothing is committed.
+Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
     const size_t n_t = layers_res_count(moe_idx);
+    const uint64_t committed = ledger_->committed_bytes();
     uint64_t added = 0;
     for (size_t t = 0; t < n_t; ++t) {
         Reservation & r = res_[layer_res_[moe_idx] + t];
         uint64_t p0, p1, q0, q1;
         page_range(r, e, &p0, &p1);
-        exclusive_range(moe_idx, r, e, &q0, &q1);
+        ledger_->exclusive_pages(moe_idx, t, e, &q0, &q1);
         const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
-        const bool refused =
-            dbg_.commit_limit_bytes > 0 && committed_ + added + cost > dbg_.commit_limit_bytes;
+        const bool refused = test_.commit_limit_bytes > 0 &&
+                             committed + added + cost > test_.commit_limit_bytes;
         const char * what = recycle_ ? "mmap" : "mprotect";
         int err = refused ? ENOMEM : 0;
         if (!refused && recycle_) {
@@ -467,10 +413,10 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
                 off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
             bool recycled = off != kNoChunk;  // moved: an evicted expert's pages
             if (recycled) {
-                ++stats_.moved_commits;
+                ++moved_commits_;
             } else {
                 flush_parked();  // none fits: they are free chunks again, for take() or a punch
-                const uint64_t cap = std::max(budget_, committed_ + added + cost);
+                const uint64_t cap = std::max(ledger_->budget_bytes(), committed + added + cost);
                 if (!pool_->has_free(r.cls))
                     while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
                     }
@@ -486,7 +432,7 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
             }
             if (err == 0) {
                 r.chunk[e] = off;
-                if (recycled) ++stats_.recycled_commits;
+                if (recycled) ++recycled_commits_;
                 if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
                 if (q1 > q0 && shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
             }
@@ -507,15 +453,13 @@ Status LruCache::commit(size_t moe_idx, uint32_t e, int * err_out) {
         if (dbg_.poison) {
             // The slice itself, plus the parts of newly committed boundary pages outside it
             // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
-            const uint64_t begin = slice_begin(r, e), end = begin + r.slice_bytes;
+            const uint64_t begin = r.layout.slice_begin(e), end = begin + r.slice_bytes;
             std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
             if (q0 == p0 && q1 > q0)
                 std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
             if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
         }
     }
-    committed_ += added;
-    stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, committed_);
     return Status::Ok();
 }
 
@@ -574,7 +518,7 @@ uint64_t LruCache::move_parked(uint32_t cls, uint64_t first, uint64_t n, uint8_t
     // The victim's range: what moved left a mapping without page-table entries there, what
     // did not move is unmapped with it; the PROT_NONE reservation comes back.
     bool old_released = true;
-    if (dbg_.fault == CacheDebug::Fault::kLeaveParked && !fault_fired_)
+    if (test_.fault == CacheTestHooks::Fault::kLeaveParked && !fault_fired_)
         fault_fired_ = true;  // planted bug: the victim's range keeps the chunk's mapping
     else
         old_released = release_pages(pk.addr, 0, pk.n);
@@ -635,17 +579,16 @@ bool LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
     return true;
 }
 
-uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e, bool park) {
+void LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e, bool park) {
     Reservation & r = res_[layer_res_[moe_idx] + t];
     uint64_t q0, q1;
-    exclusive_range(moe_idx, r, e, &q0, &q1);
+    ledger_->exclusive_pages(uint32_t(moe_idx), t, e, &q0, &q1);
     if (!recycle_) {
         release_pages(r.base, q0, q1);
-        return (q1 - q0) * page_;
+        return;
     }
     const uint64_t off = r.chunk[e];
-    if (off == kNoChunk) return 0;
-    const LayerInfo & L = layers_[moe_idx];
+    if (off == kNoChunk) return;
     uint64_t p0, p1;
     page_range(r, e, &p0, &p1);
     bool keep_chunk = false;  // a page of it stays mapped: never reuse it
@@ -661,7 +604,7 @@ uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e, bool
         r.layout.experts_on(p, &lo, &hi);
         uint32_t x = e;
         for (uint64_t v = lo; v <= hi && x == e; ++v)
-            if (v != e && state_[L.first_id + uint32_t(v)] != kAbsent && r.chunk[v] != kNoChunk)
+            if (v != e && ledger_->live(uint32_t(moe_idx), uint32_t(v)) && r.chunk[v] != kNoChunk)
                 x = uint32_t(v);
         int err = EINVAL;
         if (x != e) {
@@ -691,246 +634,119 @@ uint64_t LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e, bool
     r.chunk[e] = kNoChunk;
     if (park && move_ && !keep_chunk && q1 > q0) {  // for a commit of this stage (see top)
         parked_.push_back({r.cls, off, r.base + q0 * page_, q0 - p0, q1 - q0});
-        return r.chunk_pages * page_;
+        return;
     }
     if (!release_pages(r.base, q0, q1)) keep_chunk = true;
     if (keep_chunk)
         ++leaked_chunks_;
     else
         pool_->give_back(r.cls, off);
-    return r.chunk_pages * page_;
 }
 
-// Releases a live expert's exclusively covered pages in every projection and marks it absent.
-void LruCache::release(size_t moe_idx, uint32_t e, bool park) {
-    const uint32_t id = id_of(moe_idx, e);
-    if (prefetched_[id]) {
-        prefetched_[id] = 0;
-        ++stats_.prefetch_unused;
-    }
-    for (size_t t = 0; t < layers_res_count(moe_idx); ++t)
-        committed_ -= release_projection(moe_idx, t, e, park);
-    state_[id] = kAbsent;
-    lru_unlink(id);
-    --live_count_;
+// Releases a live expert's exclusively covered pages in every projection.
+void LruCache::release(uint32_t moe_idx, uint32_t e, bool park) {
+    for (size_t t = 0; t < layers_res_count(moe_idx); ++t) release_projection(moe_idx, t, e, park);
 }
 
-// Evicts the least recently used live expert that is neither routed in the last stage (only
-// its experts carry stamp gen_) nor waiting for its reads (the stage's misses, stamped too,
-// and the experts prefetch() is committing).
-bool LruCache::evict_one() {
-    for (uint32_t id = prev_[n_ids_]; id != n_ids_; id = prev_[id]) {
-        const uint32_t L = id_layer_[id];
-        if (stamp_[id] == gen_ || state_[id] != kResident) continue;  // never a victim
-        release(L, id - layers_[L].first_id, /*park=*/true);
-        ++stats_.evictions;
-        return true;
+void LruCache::budget_shrunk(uint64_t was, uint64_t now) {
+    flush_parked();  // evicted chunks are free chunks again: punch them too
+    while (recycle_ && pool_->held_bytes() > now && pool_->punch_free_chunk(PagePool::kAnyClass)) {
     }
-    return false;
+    MS_LOG_WARN("expert cache: the system refused to commit memory (%s); budget shrunk from "
+                "%llu to %llu MiB",
+                errno_str(ENOMEM).c_str(), (unsigned long long)(was >> 20),
+                (unsigned long long)(now >> 20));
 }
 
 Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                        std::vector<ReadRequest> * reads, StageStats * stats) {
-    if (moe_idx >= layers_.size())
+    if (moe_idx >= ledger_->n_layers())
         return Status::Runtime("expert cache: MoE layer slot " + std::to_string(moe_idx) +
                                " out of range");
-    const LayerInfo & L = layers_[moe_idx];
+    const uint32_t n_expert = ledger_->n_expert(uint32_t(moe_idx));
     for (uint32_t e : experts)
-        if (e >= L.n_expert)
+        if (e >= n_expert)
             return Status::Runtime("expert cache: expert id " + std::to_string(e) +
                                    " out of range for layer " +
                                    std::to_string(index_.moe_layers[moe_idx].layer));
-
-    if (!prefetch_pending_.empty())
-        return Status::Runtime("expert cache: internal: stage() while prefetch reads are open");
-    ParkScope park_scope{this};  // evictions below park their chunks until this returns
-    // The previous stage's reads succeeded (else abandon_stage() would have been called).
-    for (uint32_t id : pending_) {
-        state_[id] = kResident;
-        ever_[id] = 1;
-    }
-    pending_.clear();
-
-    ++gen_;
-    for (uint32_t e : experts) stamp_[id_of(moe_idx, e)] = gen_;
-
-    const MoeLayer & ML = index_.moe_layers[moe_idx];
-    int32_t first_hit = -1;
-    for (uint32_t e : experts) {
-        const uint32_t id = id_of(moe_idx, e);
-        if (done_[id] == gen_) continue;  // duplicate id in this routing
-        done_[id] = gen_;
-        ++stats_.lookups;
-        ++stats->lookups;
-        if (state_[id] == kResident) {
-            ++stats_.hits;
-            ++stats->hits;
-            lru_unlink(id);
-            lru_push_front(id);
-            if (prefetched_[id]) {
-                prefetched_[id] = 0;
-                ++stats_.prefetch_used;
-            }
-            if (first_hit < 0) first_hit = int32_t(e);
-            continue;
-        }
-        ++stats_.misses;
-        ++stats->misses;
-        // Make room first: the budget bounds what is committed, not just what is kept.
-        while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one()) {
-        }
-        int err = 0;
-        Status st = commit(moe_idx, e, &err);
-        if (!st.ok() && (err == ENOMEM || err == EAGAIN)) {
-            // The system refused memory the budget allowed: give back more (least recently
-            // used first, never this layer's routed set) until the commit fits, and keep the
-            // budget at what could be committed so later stages do not hit the wall again.
-            const uint64_t was = budget_;
-            while (!st.ok() && (err == ENOMEM || err == EAGAIN)) {
-                ++stats_.commit_failures;
-                // Free memory first: free pool chunks (any size), then the LRU expert.
-                if (!(recycle_ && pool_->punch_free_chunk(PagePool::kAnyClass)) &&
-                    !evict_one())
-                    break;
-                st = commit(moe_idx, e, &err);
-            }
-            if (st.ok() && committed_ < budget_) {
-                budget_ = std::max<uint64_t>(committed_, page_);
-                ++stats_.budget_shrinks;
-                flush_parked();  // evicted chunks are free chunks again: punch them too
-                while (recycle_ && pool_->held_bytes() > budget_ &&
-                       pool_->punch_free_chunk(PagePool::kAnyClass)) {
-                }
-                MS_LOG_WARN("expert cache: the system refused to commit memory (%s); budget "
-                            "shrunk from %llu to %llu MiB",
-                            errno_str(ENOMEM).c_str(), (unsigned long long)(was >> 20),
-                            (unsigned long long)(budget_ >> 20));
-            }
-        }
-        if (!st.ok()) {
-            abandon_stage(moe_idx);
-            if (err == ENOMEM || err == EAGAIN)
-                return Status::Runtime(st.message() + "; nothing left to evict, the request fails");
-            return st;
-        }
-        if (ever_[id]) ++stats_.rereads;
-        pending_.push_back(id);
-        state_[id] = kPending;
-        ++live_count_;
-        lru_push_front(id);
-
-        if (dbg_.fault == CacheDebug::Fault::kForgetRead && !fault_fired_) {
-            fault_fired_ = true;  // planted bug: no reads for this expert
-            continue;
-        }
-        push_reads(moe_idx, e, reads);
-    }
-    if (committed_ > budget_) ++stats_.over_budget_stages;
-
-    if (dbg_.fault == CacheDebug::Fault::kDropRouted && !fault_fired_ && first_hit >= 0) {
-        // Planted bug: a routed, resident expert's pages go away; its state says resident.
-        fault_fired_ = true;
-        for (size_t t = 0; t < ML.tensors.size(); ++t) {
-            const Reservation & r = res_[layer_res_[moe_idx] + t];
-            uint64_t q0, q1;
-            exclusive_range(moe_idx, r, uint32_t(first_hit), &q0, &q1);
-            release_pages(r.base, q0, q1);
-        }
-    }
+    ParkScope park_scope{this};  // evictions park their chunks until this returns
+    Status st = ledger_->stage(uint32_t(moe_idx), experts, nullptr, stats);
+    if (!st.ok()) return st;
+    if (test_.fault == CacheTestHooks::Fault::kNone || fault_fired_)
+        push_reads(moe_idx, ledger_->staged(), reads);
+    else
+        plant_fault_after_stage(moe_idx, experts, reads);
     return Status::Ok();
 }
 
-void LruCache::push_reads(size_t moe_idx, uint32_t e, std::vector<ReadRequest> * reads) {
-    const MoeLayer & ML = index_.moe_layers[moe_idx];
-    for (size_t t = 0; t < ML.tensors.size(); ++t) {
-        const ExpertTensor & et = ML.tensors[t];
-        reads->push_back({et.slice_offset(e), et.slice_bytes,
-                          tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
-                          et.proj == Projection::kDown});
+void LruCache::plant_fault_after_stage(size_t moe_idx, const std::vector<uint32_t> & experts,
+                                       std::vector<ReadRequest> * reads) {
+    std::vector<uint32_t> misses = ledger_->staged();
+    if (test_.fault == CacheTestHooks::Fault::kForgetRead && !misses.empty()) {
+        fault_fired_ = true;  // the first miss gets no reads
+        misses.erase(misses.begin());
     }
+    push_reads(moe_idx, misses, reads);
+    if (test_.fault != CacheTestHooks::Fault::kDropRouted) return;
+    // The first hit's pages go away; its state says resident. Hits are the routed experts
+    // the stage did not commit.
+    for (uint32_t e : experts) {
+        if (std::find(misses.begin(), misses.end(), e) != misses.end()) continue;
+        fault_fired_ = true;
+        for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
+            const Reservation & r = res_[layer_res_[moe_idx] + t];
+            uint64_t q0, q1;
+            ledger_->exclusive_pages(uint32_t(moe_idx), t, e, &q0, &q1);
+            release_pages(r.base, q0, q1);
+        }
+        return;
+    }
+}
+
+void LruCache::push_reads(size_t moe_idx, const std::vector<uint32_t> & experts,
+                          std::vector<ReadRequest> * reads) {
+    const MoeLayer & ML = index_.moe_layers[moe_idx];
+    for (uint32_t e : experts)
+        for (size_t t = 0; t < ML.tensors.size(); ++t) {
+            const ExpertTensor & et = ML.tensors[t];
+            reads->push_back({et.slice_offset(e), et.slice_bytes,
+                              tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
+                              et.proj == Projection::kDown});
+        }
 }
 
 size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                           std::vector<ReadRequest> * reads) {
-    if (moe_idx >= layers_.size() || !prefetch_pending_.empty()) return 0;
     ParkScope park_scope{this};
-    const LayerInfo & L = layers_[moe_idx];
-    size_t n = 0;
-    for (uint32_t e : experts) {
-        if (e >= L.n_expert) continue;
-        const uint32_t id = id_of(moe_idx, e);
-        if (state_[id] != kAbsent) continue;
-        // Room within the budget, from the LRU end (evict_one spares the routed set and every
-        // expert whose reads are outstanding, this call's included).
-        while (committed_ + commit_cost(moe_idx, e) > budget_ && evict_one()) {
-        }
-        int err = 0;
-        if (committed_ + commit_cost(moe_idx, e) > budget_ || !commit(moe_idx, e, &err).ok()) {
-            ++stats_.prefetch_skipped;  // (a refused commit: no budget shrink for a guess)
-            continue;
-        }
-        prefetch_pending_.push_back(id);
-        state_[id] = kPending;
-        prefetched_[id] = 1;
-        ++live_count_;
-        lru_push_front(id);
-        ++stats_.prefetched;
-        push_reads(moe_idx, e, reads);
-        ++n;
-    }
+    const size_t n = ledger_->prefetch(uint32_t(moe_idx), experts);
+    if (n > 0) push_reads(ledger_->prefetch_layer(), ledger_->prefetching(), reads);
     return n;
-}
-
-void LruCache::end_prefetch(bool ok) {
-    for (uint32_t id : prefetch_pending_) {
-        const uint32_t L = id_layer_[id];
-        if (ok) {
-            state_[id] = kResident;
-            if (ever_[id]) ++stats_.rereads;
-            ever_[id] = 1;
-        } else {
-            release(L, id - layers_[L].first_id);
-            ++stats_.abandoned;
-        }
-    }
-    prefetch_pending_.clear();
-}
-
-void LruCache::abandon_stage(size_t /*moe_idx*/) {
-    // The pending experts all belong to the last stage()'s layer.
-    // They never count as resident: ever_ is set only when a pending expert is promoted.
-    for (uint32_t id : pending_) {
-        const uint32_t L = id_layer_[id];
-        release(L, id - layers_[L].first_id);
-        ++stats_.abandoned;
-    }
-    pending_.clear();
 }
 
 Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & experts) {
     if (!dbg_.check_residency) return Status::Ok();
-    if (moe_idx >= layers_.size())
+    if (moe_idx >= ledger_->n_layers())
         return Status::Runtime("verify_resident: MoE layer slot " + std::to_string(moe_idx) +
                                " out of range");
     const MoeLayer & ML = index_.moe_layers[moe_idx];
-    const LayerInfo & L = layers_[moe_idx];
+    const uint32_t n_expert = ledger_->n_expert(uint32_t(moe_idx));
     auto where = [&](uint32_t e, size_t t) {
         return "expert " + std::to_string(e) + " of layer " + std::to_string(ML.layer) + " ('" +
                ML.tensors[t].name + "')";
     };
     for (uint32_t e : experts) {
-        if (e >= L.n_expert)
+        if (e >= n_expert)
             return Status::Runtime("verify_resident: expert id " + std::to_string(e) +
                                    " out of range for layer " + std::to_string(ML.layer));
-        if (state_[id_of(moe_idx, e)] == kAbsent)
+        if (!ledger_->live(uint32_t(moe_idx), e))
             return Status::Runtime("verify_resident: " + where(e, 0) +
                                    " is routed but the cache does not hold it");
         for (size_t t = 0; t < ML.tensors.size(); ++t) {
             const Reservation & r = res_[layer_res_[moe_idx] + t];
-            const uint64_t begin = slice_begin(r, e);
+            const uint64_t begin = r.layout.slice_begin(e);
             // 1) Every page of the slice is in RAM (a released or never written page is not).
             // mincore reports per system page: those under the slice's bytes (a cache page
-            // larger than the system's, CacheDebug::page_bytes, covers bytes no read wrote).
+            // larger than the system's, CacheTestHooks::page_bytes, covers bytes no read wrote).
             const uint64_t b0 = begin / sys_page_ * sys_page_;
             const uint64_t b1 = (begin + r.slice_bytes + sys_page_ - 1) / sys_page_ * sys_page_;
             mincore_buf_.assign(size_t((b1 - b0) / sys_page_), 0);
@@ -975,8 +791,9 @@ Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & e
 }  // namespace
 
 std::unique_ptr<ResidencyStore> make_lru_cache(const ModelIndex & index, uint64_t budget_bytes,
-                                               const CacheDebug & dbg, Status * st) {
-    auto s = std::make_unique<LruCache>(index, budget_bytes, dbg);
+                                               const CacheOptions & opt, const CacheDebug & dbg,
+                                               Status * st, const CacheTestHooks & test) {
+    auto s = std::make_unique<LruCache>(index, budget_bytes, opt, dbg, test);
     *st = s->init();
     if (!st->ok()) return nullptr;
     return s;

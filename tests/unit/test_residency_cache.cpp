@@ -38,7 +38,7 @@ namespace {
 constexpr uint64_t kMiB = 1024 * 1024;
 const uint64_t kSysPage = uint64_t(sysconf(_SC_PAGESIZE));
 // The cache's page size in the test running now: the system's, or the parameter of the
-// CachePageSize tests (CacheDebug::page_bytes, set by make()), which run the same checks at
+// CachePageSize tests (CacheTestHooks::page_bytes, set by make()), which run the same checks at
 // 4, 16 and 64 KiB pages on any host.
 uint64_t kPage = kSysPage;
 
@@ -130,12 +130,19 @@ bool slice_intact(ResidencyStore & s, const ModelIndex & idx, size_t moe, uint32
     return same;
 }
 
+// What a test builds a cache with: production options, debug knobs, test hooks.
+struct CacheSetup {
+    CacheOptions opt;
+    CacheDebug dbg;
+    CacheTestHooks test;
+};
+
 std::unique_ptr<ResidencyStore> make(const ModelIndex & idx, uint64_t budget,
-                                     const CacheDebug & dbg = {}) {
+                                     const CacheSetup & cfg = {}) {
     Status st;
-    CacheDebug d = dbg;
-    if (kPage != kSysPage) d.page_bytes = kPage;
-    auto s = make_lru_cache(idx, budget, d, &st);
+    CacheTestHooks test = cfg.test;
+    if (kPage != kSysPage) test.page_bytes = kPage;
+    auto s = make_lru_cache(idx, budget, cfg.opt, cfg.dbg, &st, test);
     EXPECT_TRUE(st.ok()) << st.message();
     if (s) {
         EXPECT_EQ(s->cache_stats().page_bytes, kPage);
@@ -369,13 +376,13 @@ void run_recycled_pages_intact() {
     for (int mode : {0, 1, 2}) {
         const bool recycle = mode < 2, move = mode == 0;
         SCOPED_TRACE("recycle " + std::to_string(recycle) + " move " + std::to_string(move));
-        CacheDebug dbg;
-        dbg.recycle_pages = recycle;
-        dbg.move_pages = move;
-        dbg.poison = true;
-        dbg.check_residency = true;
+        CacheSetup cfg;
+        cfg.opt.recycle_pages = recycle;
+        cfg.opt.move_pages = move;
+        cfg.dbg.poison = true;
+        cfg.dbg.check_residency = true;
         const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(9, 0), true);
-        auto s = make(idx, budget, dbg);
+        auto s = make(idx, budget, cfg);
         ASSERT_TRUE(s);
         ASSERT_EQ(s->cache_stats().recycle_pages, recycle);
         std::mt19937 rng(99);
@@ -413,7 +420,7 @@ void run_recycled_pages_intact() {
 }
 TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) { run_recycled_pages_intact(); }
 
-// Moved pages (CacheDebug::move_pages): an evicted expert's chunk moves to the next miss's
+// Moved pages (CacheOptions::move_pages): an evicted expert's chunk moves to the next miss's
 // address. After every stage each routed expert holds its own bytes at its canonical
 // address and every absent expert's pages (those no live neighbour covers) are gone from
 // its address, for slices that are page multiples at a page-aligned file offset (every
@@ -461,11 +468,11 @@ void run_moved_pages_follow() {
             const uint32_t n = 32;
             const ModelIndex idx =
                 make_index({{2 * kPage, 2 * kPage, 3 * kPage}, {2 * kPage}}, n, 2 * kPage + phase);
-            CacheDebug dbg;
-            dbg.move_pages = mode != 1;
-            if (mode == 2) dbg.fault = CacheDebug::Fault::kLeaveParked;
+            CacheSetup cfg;
+            cfg.opt.move_pages = mode != 1;
+            if (mode == 2) cfg.test.fault = CacheTestHooks::Fault::kLeaveParked;
             const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(5, 0), true);
-            auto s = make(idx, budget, dbg);
+            auto s = make(idx, budget, cfg);
             ASSERT_TRUE(s);
             ASSERT_TRUE(s->cache_stats().recycle_pages);
             std::mt19937 rng(7);
@@ -637,10 +644,10 @@ void run_rss_budget(CacheDebug::Mapping mapping, bool recycle, int n_stages) {
 
     const uint64_t rss0 = rss_anon_shmem_bytes();
     ASSERT_GT(rss0, 0u);
-    CacheDebug dbg;
-    dbg.mapping = mapping;
-    dbg.recycle_pages = recycle;
-    auto s = make(idx, budget, dbg);
+    CacheSetup cfg;
+    cfg.dbg.mapping = mapping;
+    cfg.opt.recycle_pages = recycle;
+    auto s = make(idx, budget, cfg);
     ASSERT_TRUE(s);
     EXPECT_EQ(s->cache_stats().recycle_pages, recycle);
     EXPECT_EQ(s->reserved_bytes(), 12ull * 1024 * kMiB);
@@ -707,11 +714,11 @@ TEST(ResidencyCache, ReservesFarMoreThanRam) {
     std::vector<std::vector<uint64_t>> shapes(48, {sb, sb, sb});
     const ModelIndex idx = make_index(shapes, 128);
     for (auto mapping : {CacheDebug::Mapping::kAuto, CacheDebug::Mapping::kFlat}) {
-        CacheDebug dbg;
-        dbg.mapping = mapping;
+        CacheSetup cfg;
+        cfg.dbg.mapping = mapping;
         Status st;
         const uint64_t rss0 = rss_anon_bytes();
-        auto s = make_lru_cache(idx, 256 * kMiB, dbg, &st);
+        auto s = make_lru_cache(idx, 256 * kMiB, cfg.opt, cfg.dbg, &st);
         ASSERT_TRUE(st.ok()) << st.message();
         EXPECT_GE(s->reserved_bytes(), 200ull * 1024 * kMiB);
         // Use it: a couple of layers' experts land at their canonical offsets.
@@ -733,16 +740,16 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping, bool rec
     const ModelIndex idx = make_index({{sb, sb + 24, 2 * sb + 8}}, 32);
     const uint32_t b = a + 1, far = 20;
     // a and b share a page in every projection; a also has a page of its own.
-    CacheDebug dbg;
-    dbg.poison = true;
-    dbg.check_residency = true;
-    dbg.mapping = mapping;
-    dbg.recycle_pages = recycle;
+    CacheSetup cfg;
+    cfg.dbg.poison = true;
+    cfg.dbg.check_residency = true;
+    cfg.dbg.mapping = mapping;
+    cfg.opt.recycle_pages = recycle;
     auto cost = [&](const std::vector<uint32_t> & es) {
         return accounted_bytes(idx, 0, es, recycle);
     };
     // Budget: exactly b + far, so staging far after {a, b} must evict a (the colder one).
-    auto s = make(idx, cost({b, far}), dbg);
+    auto s = make(idx, cost({b, far}), cfg);
     ASSERT_TRUE(s);
     EXPECT_EQ(s->cache_stats().recycle_pages, recycle);
     stage_and_read(*s, idx, 0, {a, b});
@@ -811,7 +818,7 @@ TEST(ResidencyCache, BoundaryPagesSmallSlices) {
 // --- page sizes ----------------------------------------------------------------------------
 
 // The page arithmetic at 4 KiB, 16 KiB and 64 KiB pages (arm64 kernels come with each), on any
-// host: the cache takes the page size as a parameter (CacheDebug::page_bytes, a multiple of
+// host: the cache takes the page size as a parameter (CacheTestHooks::page_bytes, a multiple of
 // the system's), and the checks above run again with every size computed from it: LRU order and
 // byte accounting against the reference, slices sharing boundary pages, recycled and moved
 // chunks, and the planted stale mapping (the negative control, caught at every size).
@@ -837,9 +844,9 @@ TEST_P(CachePageSize, BoundaryPages) {
 // above a page costs two pages of it, and a reservation's phase is the file offset modulo it.
 TEST_P(CachePageSize, AccountsInItsPages) {
     const ModelIndex idx = make_index({{kPage + 8, kPage + 8, kPage + 8}}, 4, 3 * kPage + 512);
-    CacheDebug dbg;
-    dbg.recycle_pages = false;
-    auto s = make(idx, 64 * kPage, dbg);
+    CacheSetup cfg;
+    cfg.opt.recycle_pages = false;
+    auto s = make(idx, 64 * kPage, cfg);
     ASSERT_TRUE(s);
     stage_and_read(*s, idx, 0, {1});
     EXPECT_EQ(s->cache_stats().resident_expert_bytes, 3 * 2 * kPage);
@@ -869,10 +876,10 @@ INSTANTIATE_TEST_SUITE_P(Sizes, CachePageSize,
 TEST(ResidencyCache, RejectsAPageSizeTheSystemCannotMap) {
     const ModelIndex idx = make_index({{3000, 5000, 9000}}, 16);
     for (uint64_t bad : {kSysPage / 2, kSysPage * 3, kSysPage + 512}) {
-        CacheDebug dbg;
-        dbg.page_bytes = bad;
+        CacheTestHooks test;
+        test.page_bytes = bad;
         Status st;
-        EXPECT_FALSE(make_lru_cache(idx, kMiB, dbg, &st)) << bad;
+        EXPECT_FALSE(make_lru_cache(idx, kMiB, CacheOptions{}, CacheDebug{}, &st, test)) << bad;
         EXPECT_NE(st.message().find("is not a power-of-two multiple of the system page size"),
                   std::string::npos)
             << st.message();
@@ -927,9 +934,9 @@ TEST(ResidencyCache, AbandonStageLeavesNothingResident) {
 
 TEST(ResidencyCache, PoisonFillsBeforeTheRead) {
     const ModelIndex idx = make_index({{4096 + 100, 4096 + 100, 4096 + 100}}, 8);
-    CacheDebug dbg;
-    dbg.poison = true;
-    auto s = make(idx, kMiB, dbg);
+    CacheSetup cfg;
+    cfg.dbg.poison = true;
+    auto s = make(idx, kMiB, cfg);
     ASSERT_TRUE(s);
     std::vector<ReadRequest> reads;
     StageStats ss;
@@ -947,9 +954,9 @@ TEST(ResidencyCache, PoisonFillsBeforeTheRead) {
 TEST(ResidencyCache, ReleasedPagesFault) {
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     const ModelIndex idx = make_index({{2 * kPage, 2 * kPage, 2 * kPage}}, 8);
-    CacheDebug dbg;
-    dbg.poison = true;
-    auto s = make(idx, 6 * kPage, dbg);  // room for one expert
+    CacheSetup cfg;
+    cfg.dbg.poison = true;
+    auto s = make(idx, 6 * kPage, cfg);  // room for one expert
     ASSERT_TRUE(s);
     EXPECT_TRUE(s->cache_stats().page_protect);
     stage_and_read(*s, idx, 0, {1});
@@ -963,21 +970,21 @@ TEST(ResidencyCache, ReleasedPagesFault) {
               pattern_byte(idx.moe_layers[0].tensors[1].slice_offset(4)));
 }
 
-void expect_caught(CacheDebug::Fault fault, bool poison, CacheDebug::Mapping mapping,
+void expect_caught(CacheTestHooks::Fault fault, bool poison, CacheDebug::Mapping mapping,
                    const std::string & want, bool recycle = true) {
     SCOPED_TRACE("fault " + std::to_string(int(fault)) + " poison " + std::to_string(poison) +
                  " mapping " + std::to_string(int(mapping)) + " recycle " + std::to_string(recycle));
     const ModelIndex idx = make_index({{3000, 5000, 9000}, {3000, 5000, 9000}}, 16);
-    CacheDebug dbg;
-    dbg.poison = poison;
-    dbg.check_residency = true;
-    dbg.mapping = mapping;
-    dbg.recycle_pages = recycle;
-    dbg.fault = fault;
-    auto s = make(idx, kMiB, dbg);
+    CacheSetup cfg;
+    cfg.dbg.poison = poison;
+    cfg.dbg.check_residency = true;
+    cfg.dbg.mapping = mapping;
+    cfg.opt.recycle_pages = recycle;
+    cfg.test.fault = fault;
+    auto s = make(idx, kMiB, cfg);
     ASSERT_TRUE(s);
     // Warm: layer 0 {0, 1, 2} (layer 1 first so kForgetRead does not fire yet for kDrop).
-    if (fault == CacheDebug::Fault::kDropRouted) {
+    if (fault == CacheTestHooks::Fault::kDropRouted) {
         stage_and_read(*s, idx, 0, {0, 1, 2});
         EXPECT_TRUE(s->verify_resident(0, {0, 1, 2}).ok());
         const std::vector<uint32_t> r = {9, 1, 2};  // 1 is the first hit: dropped
@@ -1001,7 +1008,7 @@ void expect_caught(CacheDebug::Fault fault, bool poison, CacheDebug::Mapping map
 }
 
 TEST(ResidencyCache, VerifyResidentCatchesPlantedBugs) {
-    using F = CacheDebug::Fault;
+    using F = CacheTestHooks::Fault;
     using M = CacheDebug::Mapping;
     expect_caught(F::kForgetRead, true, M::kProtect, "poison pattern");
     expect_caught(F::kForgetRead, true, M::kProtect, "poison pattern", false);
@@ -1016,10 +1023,10 @@ TEST(ResidencyCache, VerifyResidentCatchesPlantedBugs) {
 
 TEST(ResidencyCache, VerifyResidentPassesAndReportsAbsent) {
     const ModelIndex idx = make_index({{3000, 5000, 9000}}, 16);
-    CacheDebug dbg;
-    dbg.poison = true;
-    dbg.check_residency = true;
-    auto s = make(idx, 64 * 1024, dbg);
+    CacheSetup cfg;
+    cfg.dbg.poison = true;
+    cfg.dbg.check_residency = true;
+    auto s = make(idx, 64 * 1024, cfg);
     ASSERT_TRUE(s);
     std::mt19937 rng(3);
     for (int i = 0; i < 200; ++i) {
@@ -1041,7 +1048,7 @@ TEST(ResidencyCache, VerifyResidentPassesAndReportsAbsent) {
 TEST(ResidencyCache, RejectsBadArguments) {
     const ModelIndex idx = make_index({{kPage, kPage, kPage}}, 8);
     Status st;
-    EXPECT_FALSE(make_lru_cache(idx, 0, {}, &st));
+    EXPECT_FALSE(make_lru_cache(idx, 0, {}, {}, &st));
     EXPECT_FALSE(st.ok());
     auto s = make(idx, kMiB);
     std::vector<ReadRequest> reads;
@@ -1078,10 +1085,10 @@ TEST(ResidencyCache, RealModelBytesThroughIoLanes) {
     ASSERT_TRUE(st.ok()) << st.message();
     const MoeLayer & L0 = idx.moe_layers[0];
     // Budget: a handful of experts, so the run evicts.
-    CacheDebug dbg;
-    dbg.poison = true;
-    dbg.check_residency = true;
-    auto s = make(idx, 6 * L0.expert_bytes + 6 * kPage, dbg);
+    CacheSetup cfg;
+    cfg.dbg.poison = true;
+    cfg.dbg.check_residency = true;
+    auto s = make(idx, 6 * L0.expert_bytes + 6 * kPage, cfg);
     ASSERT_TRUE(s);
     IoLanes lanes;
     uint64_t max_slice = 0;
@@ -1125,7 +1132,7 @@ TEST(ResidencyCache, RealModelBytesThroughIoLanes) {
 
 namespace {
 
-// A refused commit (CacheDebug::commit_limit_bytes stands in for mprotect's ENOMEM) shrinks
+// A refused commit (CacheTestHooks::commit_limit_bytes stands in for mprotect's ENOMEM) shrinks
 // the cache: more is evicted, the budget drops to what could be committed, every stage still
 // returns the reads of all its misses and the data stays intact. Both mappings.
 TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
@@ -1133,10 +1140,10 @@ TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
     const uint64_t eb = 4 * kPage;
     for (auto mapping : {CacheDebug::Mapping::kProtect, CacheDebug::Mapping::kFlat}) {
         SCOPED_TRACE(mapping == CacheDebug::Mapping::kProtect ? "protect" : "flat");
-        CacheDebug dbg;
-        dbg.mapping = mapping;
-        dbg.commit_limit_bytes = 6 * eb;  // the "system" allows 6 experts, the budget says 12
-        auto s = make(idx, 12 * eb, dbg);
+        CacheSetup cfg;
+        cfg.dbg.mapping = mapping;
+        cfg.test.commit_limit_bytes = 6 * eb;  // the "system" allows 6 experts, the budget says 12
+        auto s = make(idx, 12 * eb, cfg);
         ASSERT_TRUE(s);
         std::mt19937 rng(5);
         for (int step = 0; step < 200; ++step) {
@@ -1170,10 +1177,10 @@ TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
 TEST(ResidencyCache, RefusedCommitWithNothingToEvictFailsCleanly) {
     const ModelIndex idx = make_index({{kPage, 2 * kPage, kPage}, {kPage, 2 * kPage, kPage}}, 16);
     const uint64_t eb = 4 * kPage;
-    CacheDebug dbg;
-    dbg.mapping = CacheDebug::Mapping::kProtect;
-    dbg.commit_limit_bytes = 3 * eb;
-    auto s = make(idx, 12 * eb, dbg);
+    CacheSetup cfg;
+    cfg.dbg.mapping = CacheDebug::Mapping::kProtect;
+    cfg.test.commit_limit_bytes = 3 * eb;
+    auto s = make(idx, 12 * eb, cfg);
     ASSERT_TRUE(s);
     stage_and_read(*s, idx, 0, {1, 2});
     std::vector<ReadRequest> reads;
@@ -1207,10 +1214,10 @@ TEST(ResidencyCache, AllExpertsBudgetHoldsEveryExpert) {
     for (uint32_t e = 0; e < n_expert; ++e) every[e] = e;
     for (bool recycle : {true, false}) {
         SCOPED_TRACE(recycle ? "recycled pages" : "fresh pages");
-        CacheDebug dbg;
-        dbg.recycle_pages = recycle;
-        auto fits = make(idx, all, dbg);
-        auto short_of = make(idx, idx.expert_bytes_total, dbg);
+        CacheSetup cfg;
+        cfg.opt.recycle_pages = recycle;
+        auto fits = make(idx, all, cfg);
+        auto short_of = make(idx, idx.expert_bytes_total, cfg);
         ASSERT_TRUE(fits && short_of);
         for (int round = 0; round < 2; ++round)
             for (size_t moe = 0; moe < idx.moe_layers.size(); ++moe)

@@ -1,0 +1,257 @@
+// expert_ledger.cpp — ExpertLedger (see expert_ledger.h).
+#include "expert_ledger.h"
+
+#include <algorithm>
+#include <cerrno>
+
+namespace moestream {
+
+namespace {
+
+bool refused(int err) {
+    return err == ENOMEM || err == EAGAIN;
+}
+
+}  // namespace
+
+ExpertLedger::ExpertLedger(const LedgerShape & shape, uint64_t budget_bytes,
+                           std::unique_ptr<EvictionPolicy> policy, LedgerBackend * backend)
+    : policy_(std::move(policy)),
+      backend_(backend),
+      budget_(budget_bytes),
+      page_bytes_(shape.page_bytes) {
+    layers_.resize(shape.layers.size());
+    uint32_t max_expert = 0;
+    for (size_t i = 0; i < shape.layers.size(); ++i) {
+        Layer & L = layers_[i];
+        L.tensors = shape.layers[i];
+        L.n_expert = L.tensors.empty() ? 0 : L.tensors[0].n_expert;
+        L.first_id = n_ids_;
+        n_ids_ += L.n_expert;
+        max_expert = std::max(max_expert, L.n_expert);
+        // Whole chunks, or slices that own whole pages: the cost does not depend on the
+        // neighbours.
+        L.fixed_cost = true;
+        for (const PageLayout & T : L.tensors) {
+            if (shape.whole_chunks) {
+                L.fixed_bytes += T.chunk_pages() * T.page_bytes;
+                continue;
+            }
+            if (!T.page_exclusive()) L.fixed_cost = false;
+            L.fixed_bytes += T.slice_bytes;
+        }
+    }
+    state_.assign(n_ids_, kAbsent);
+    ever_.assign(n_ids_, 0);
+    prefetched_.assign(n_ids_, 0);
+    stamp_.assign(n_ids_, 0);
+    done_.assign(n_ids_, 0);
+    id_layer_.resize(n_ids_);
+    for (size_t i = 0; i < layers_.size(); ++i)
+        for (uint32_t e = 0; e < layers_[i].n_expert; ++e)
+            id_layer_[layers_[i].first_id + e] = uint32_t(i);
+    pending_.reserve(max_expert);
+    prefetch_pending_.reserve(max_expert);
+    policy_->reset(n_ids_);
+}
+
+LedgerStats ExpertLedger::stats() const {
+    LedgerStats s = stats_;
+    s.resident_experts = live_;
+    s.resident_expert_bytes = committed_;
+    s.budget_bytes = budget_;
+    return s;
+}
+
+void ExpertLedger::exclusive_pages(uint32_t moe, size_t t, uint32_t e, uint64_t * q0,
+                                   uint64_t * q1) const {
+    const Layer & L = layers_[moe];
+    L.tensors[t].exclusive_pages(
+        e, [&](uint32_t x) { return state_[L.first_id + x] != kAbsent; }, q0, q1);
+}
+
+uint64_t ExpertLedger::exclusive_bytes(uint32_t moe, uint32_t e) const {
+    const Layer & L = layers_[moe];
+    uint64_t total = 0;
+    for (size_t t = 0; t < L.tensors.size(); ++t) {
+        uint64_t q0, q1;
+        exclusive_pages(moe, t, e, &q0, &q1);
+        total += (q1 - q0) * L.tensors[t].page_bytes;
+    }
+    return total;
+}
+
+void ExpertLedger::admit(uint32_t moe, uint32_t e, uint64_t bytes) {
+    const uint32_t id = id_of(moe, e);
+    committed_ += bytes;
+    stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, committed_);
+    state_[id] = kPending;
+    ++live_;
+}
+
+void ExpertLedger::release(uint32_t moe, uint32_t e, bool park) {
+    const uint32_t id = id_of(moe, e);
+    if (prefetched_[id]) {
+        prefetched_[id] = 0;
+        ++stats_.prefetch_unused;
+    }
+    const uint64_t bytes = cost(moe, e);  // its exclusive pages while it is still live
+    if (backend_) backend_->release(moe, e, park);
+    committed_ -= bytes;
+    state_[id] = kAbsent;
+    policy_->remove(id);
+    --live_;
+}
+
+bool ExpertLedger::evict_one() {
+    const uint32_t id = policy_->victim(*this);
+    if (id == EvictionPolicy::kNone) return false;
+    const uint32_t moe = id_layer_[id];
+    const uint32_t e = id - layers_[moe].first_id;
+    if (observer_) observer_->evicted(moe, e);
+    release(moe, e, /*park=*/true);
+    ++stats_.evictions;
+    return true;
+}
+
+Status ExpertLedger::commit_miss(uint32_t moe, uint32_t e) {
+    // Make room first: the budget bounds what is committed, not just what is kept.
+    while (committed_ + cost(moe, e) > budget_ && evict_one()) {
+    }
+    int err = 0;
+    uint64_t bytes = cost(moe, e);
+    if (!backend_) {  // simulated: the commit succeeds
+        admit(moe, e, bytes);
+        return Status::Ok();
+    }
+    Status st = backend_->commit(moe, e, &err);
+    if (!st.ok() && refused(err)) {
+        // The system refused memory the budget allowed: free more (memory the ledger does not
+        // count first, then the policy's victims, never this layer's routed set) until the
+        // commit goes through, and keep the budget at what could be committed.
+        const uint64_t was = budget_;
+        while (!st.ok() && refused(err)) {
+            ++stats_.commit_failures;
+            if (!backend_->free_uncounted() && !evict_one()) break;
+            bytes = cost(moe, e);
+            st = backend_->commit(moe, e, &err);
+        }
+        if (st.ok() && committed_ + bytes < budget_) {
+            budget_ = std::max<uint64_t>(committed_ + bytes, page_bytes_);
+            ++stats_.budget_shrinks;
+            backend_->budget_shrunk(was, budget_);
+        }
+    }
+    if (!st.ok()) {
+        abandon_stage();
+        if (refused(err))
+            return Status::Runtime(st.message() + "; nothing left to evict, the request fails");
+        return st;
+    }
+    admit(moe, e, bytes);
+    return Status::Ok();
+}
+
+Status ExpertLedger::stage(uint32_t moe, const std::vector<uint32_t> & experts,
+                           const uint32_t * next_use, StageStats * stats) {
+    if (!prefetch_pending_.empty())
+        return Status::Runtime("expert cache: internal: stage() while prefetch reads are open");
+    // The previous stage's reads succeeded (else abandon_stage() would have been called).
+    for (uint32_t e : pending_) {
+        const uint32_t id = id_of(pending_moe_, e);
+        state_[id] = kResident;
+        ever_[id] = 1;
+    }
+    pending_.clear();
+    pending_moe_ = moe;
+
+    ++gen_;
+    const uint32_t base = layers_[moe].first_id;
+    for (uint32_t e : experts) stamp_[base + e] = gen_;
+
+    for (uint32_t e : experts) {
+        const uint32_t id = base + e;
+        if (done_[id] == gen_) continue;  // duplicate id in this routing
+        done_[id] = gen_;
+        ++stats_.lookups;
+        ++stats->lookups;
+        const uint32_t nu = next_use ? next_use[e] : EvictionPolicy::kNever;
+        if (state_[id] == kResident) {
+            ++stats_.hits;
+            ++stats->hits;
+            if (observer_) observer_->lookup(moe, e, true);
+            policy_->hit(id, gen_, nu);
+            if (prefetched_[id]) {
+                prefetched_[id] = 0;
+                ++stats_.prefetch_used;
+            }
+            continue;
+        }
+        ++stats_.misses;
+        ++stats->misses;
+        if (observer_) observer_->lookup(moe, e, false);
+        Status st = commit_miss(moe, e);
+        if (!st.ok()) return st;
+        if (ever_[id]) ++stats_.rereads;
+        pending_.push_back(e);
+        policy_->admit(id, gen_, nu);
+    }
+    if (committed_ > budget_) ++stats_.over_budget_stages;
+    policy_->end_stage();
+    if (observer_) observer_->stage_done(moe, committed_);
+    return Status::Ok();
+}
+
+void ExpertLedger::abandon_stage() {
+    // They never count as resident: ever_ is set only when a pending expert is promoted.
+    for (uint32_t e : pending_) {
+        release(pending_moe_, e, /*park=*/false);
+        ++stats_.abandoned;
+    }
+    pending_.clear();
+}
+
+size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & experts) {
+    if (moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
+    prefetch_moe_ = moe;
+    const Layer & L = layers_[moe];
+    for (uint32_t e : experts) {
+        if (e >= L.n_expert) continue;
+        const uint32_t id = id_of(moe, e);
+        if (state_[id] != kAbsent) continue;
+        // Room within the budget (evict_one spares the routed set and every expert whose
+        // reads are outstanding, this call's included).
+        while (committed_ + cost(moe, e) > budget_ && evict_one()) {
+        }
+        const uint64_t bytes = cost(moe, e);
+        int err = 0;
+        if (committed_ + bytes > budget_ || (backend_ && !backend_->commit(moe, e, &err).ok())) {
+            ++stats_.prefetch_skipped;  // (a refused commit: no budget shrink for a guess)
+            continue;
+        }
+        admit(moe, e, bytes);
+        prefetched_[id] = 1;
+        prefetch_pending_.push_back(e);
+        policy_->admit(id, gen_, EvictionPolicy::kNever);
+        ++stats_.prefetched;
+    }
+    policy_->end_stage();
+    return prefetch_pending_.size();
+}
+
+void ExpertLedger::end_prefetch(bool ok) {
+    for (uint32_t e : prefetch_pending_) {
+        const uint32_t id = id_of(prefetch_moe_, e);
+        if (ok) {
+            state_[id] = kResident;
+            if (ever_[id]) ++stats_.rereads;
+            ever_[id] = 1;
+        } else {
+            release(prefetch_moe_, e, /*park=*/false);
+            ++stats_.abandoned;
+        }
+    }
+    prefetch_pending_.clear();
+}
+
+}  // namespace moestream
