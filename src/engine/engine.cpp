@@ -90,6 +90,19 @@ Status check_file_unchanged(const ModelIndex & index) {
     return Status::Ok();
 }
 
+// A NaN or inf logit means the model's arithmetic broke down (bad weights or hyperparameters):
+// stop instead of sampling from it.
+Status check_logits_finite(const float * logits, int n_vocab, size_t step) {
+    for (int v = 0; v < n_vocab; ++v) {
+        if (!std::isfinite(logits[v]))
+            return Status::Runtime("the model produced a non-finite logit (" +
+                                   std::string(std::isnan(logits[v]) ? "NaN" : "inf") +
+                                   ") for token id " + std::to_string(v) + " at step " +
+                                   std::to_string(step) + "; generation stopped");
+    }
+    return Status::Ok();
+}
+
 class EngineImpl final : public Engine {
 public:
     ~EngineImpl() override {
@@ -128,6 +141,8 @@ public:
         Status st = load_model_index(opt.model_path, &index_);
         if (!st.ok()) return st;
         st = init_backend();
+        if (!st.ok()) return st;
+        st = check_cpu_computable(index_);  // types llama.cpp would hand ggml unchecked
         if (!st.ok()) return st;
 
         if (opt.n_expert_used < 0 || uint32_t(opt.n_expert_used) > index_.n_expert_used)
@@ -500,6 +515,7 @@ private:
         double dec_io = 0;
         for (int i = 0; i < n_predict; ++i) {
             const float * logits = llama_get_logits_ith(ctx_, -1);
+            if (Status fin = check_logits_finite(logits, n_vocab, size_t(i)); !fin.ok()) return fin;
             logit_hash = fnv1a(logit_hash, logits, sizeof(float) * size_t(n_vocab));
             llama_token tok = llama_sampler_sample(sampler, ctx_, -1);
             if (i == n_predict - 1 || llama_vocab_is_eog(vocab, tok))
@@ -690,7 +706,10 @@ public:
             bytes += t.flash_bytes_read;
             s.tokens.push_back(t);
             s.n_generated++;
-            st = on_logits(i, llama_get_logits_ith(ctx_, -1));
+            const float * logits = llama_get_logits_ith(ctx_, -1);
+            st = check_logits_finite(logits, nv, i);
+            if (!st.ok()) return st;
+            st = on_logits(i, logits);
             if (!st.ok()) return st;
         }
         s.decode_s = decode_s;
