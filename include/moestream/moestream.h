@@ -200,6 +200,10 @@ public:
     virtual Status set_drop_cold(double frac) = 0;
     // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
     virtual std::string chat_template() const = 0;
+    // Whether the model file is still the one validated at open: Ok, or kRuntime naming what
+    // changed (size, mtime, ctime, or another file at the path). One stat; safe from any thread,
+    // also while a generation runs (the server's /health reports it).
+    virtual Status model_file_status() const = 0;
 
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.

@@ -79,12 +79,17 @@ Status check_file_unchanged(const ModelIndex & index) {
         return Status::Runtime(index.path +
                                ": the model file disappeared: " + std::strerror(errno));
     int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    // ctime: the kernel sets it on every write, truncate, rename and attribute change, and no
+    // call can set it back (an in-place rewrite followed by `touch -r` restores only mtime).
+    int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
     const bool replaced = uint64_t(st.st_dev) != index.dev || uint64_t(st.st_ino) != index.ino;
-    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns || replaced)
+    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns ||
+        ctime_ns != index.ctime_ns || replaced)
         return Status::Runtime(
             index.path + ": the model file changed since it was validated (size " +
             std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
             ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
+            ", ctime changed: " + (ctime_ns != index.ctime_ns ? "yes" : "no") +
             ", replaced by another file: " + (replaced ? "yes" : "no") +
             "); restart to use the new file");
     return Status::Ok();
@@ -435,6 +440,8 @@ public:
         opt_.drop_cold = frac;
         return Status::Ok();
     }
+
+    Status model_file_status() const override { return check_file_unchanged(index_); }
 
     std::string chat_template() const override {
         const char * t = llama_model_chat_template(lm_.model, nullptr);

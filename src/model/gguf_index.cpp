@@ -1299,6 +1299,7 @@ Status load_model_index(const std::string & path, ModelIndex * out) {
     if (!S_ISREG(st.st_mode)) return Status::BadModel(path + ": not a regular file");
     m.file_size = static_cast<uint64_t>(st.st_size);
     m.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    m.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
     m.dev = uint64_t(st.st_dev);
     m.ino = uint64_t(st.st_ino);
     try {

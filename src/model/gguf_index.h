@@ -84,6 +84,7 @@ struct ModelIndex {
     std::string path;
     uint64_t file_size = 0;
     int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;          // inode change time: any write moves it, `touch -r` cannot
     uint64_t dev = 0, ino = 0;     // identity of the validated file (replacement detection)
     uint32_t version = 0;          // GGUF version (2 or 3)
     uint64_t alignment = 32;       // general.alignment
