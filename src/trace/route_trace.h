@@ -11,7 +11,9 @@
 // RouteTracer writes one: a temporary file next to the target, renamed over it by finish().
 // Any write failure (disk full, unwritable directory) turns tracing off with one warning and
 // removes the temporary file; inference is never affected. read_route_trace() parses and
-// validates one; every error names the byte offset (Status kBadInput).
+// validates one; every error names the byte offset (Status kBadInput). It reads regular files
+// only (a FIFO, device or directory is refused without blocking), checks the magic before
+// reading the rest, and refuses files above kTraceMaxFileBytes.
 //
 // Thread-safety: a RouteTracer is driven from the llama_decode thread only (eval callback and
 // engine); parsed traces are plain values.
@@ -28,6 +30,13 @@ namespace moestream {
 
 constexpr uint32_t kRouteTraceVersion = 3;  // this build writes 3, reads 1 to 3
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
+
+// What a trace's shape may be (a real model's, with room): read_route_trace and
+// parse_route_trace refuse anything larger, so replay never sizes arrays from a hostile header.
+constexpr uint32_t kTraceMaxLayers = 512;                // llama.cpp's LLAMA_MAX_LAYERS
+constexpr uint32_t kTraceMaxExperts = 4096;              // per MoE layer (released: <= 512)
+constexpr uint64_t kTraceMaxLayerExperts = 1u << 20;     // MoE layers x experts
+constexpr uint64_t kTraceMaxFileBytes = 1ull << 30;      // read_route_trace reads at most this
 
 // Per-slot flags (the top 8 bits of a slot's 32-bit word; the low 24 bits are the expert id).
 enum : uint8_t {
