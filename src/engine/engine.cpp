@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "atomic_file.h"
 #include "cache_budget.h"
 #include "ggml-backend.h"
 #include "gguf_index.h"
@@ -142,6 +143,10 @@ public:
                 "routing); remove --no-stream");
         if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
             return Status::Usage("--drop-in-prefill / --drop-renorm need --drop-cold-experts F");
+        if (!opt.route_trace.empty()) {  // a device or FIFO is refused, never replaced
+            Status ts = check_output_path(opt.route_trace, "--route-trace");
+            if (!ts.ok()) return ts;
+        }
 
         Status st = load_model_index(opt.model_path, &index_);
         if (!st.ok()) return st;

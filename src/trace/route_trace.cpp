@@ -45,16 +45,14 @@ void put(std::string & b, T v) {
 std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const TraceHeader & h) {
     std::unique_ptr<RouteTracer> t(new RouteTracer());
     t->path_ = path;
-    t->tmp_ = path + ".tmp." + std::to_string(getpid());
     t->n_expert_ = h.n_expert;
     t->resident_.assign(h.n_expert, 0);
-    t->fd_ = ::open(t->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (t->fd_ < 0) {
-        const int err = errno;
-        MS_LOG_WARN("route trace: cannot create '%s': %s; tracing is off, inference continues",
-                    t->tmp_.c_str(), std::strerror(err));
+    Status st = t->file_.create(path, "route trace");  // messages: "route trace: cannot ..."
+    if (!st.ok()) {
+        MS_LOG_WARN("%s; tracing is off, inference continues", st.message().c_str());
         return t;
     }
+    t->fd_ = t->file_.fd();
     std::string & b = t->buf_;
     b.append(kRouteTraceMagic, sizeof kRouteTraceMagic);
     put<uint32_t>(b, kRouteTraceVersion);
@@ -81,18 +79,12 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
     return t;
 }
 
-RouteTracer::~RouteTracer() {
-    if (fd_ >= 0) {
-        ::close(fd_);
-        ::unlink(tmp_.c_str());
-    }
-}
+RouteTracer::~RouteTracer() = default;  // file_ removes an unfinished temporary file
 
 void RouteTracer::fail(const std::string & what, int err) {
     MS_LOG_WARN("route trace: %s '%s': %s; tracing is off, inference continues", what.c_str(),
-                tmp_.c_str(), std::strerror(err));
-    if (fd_ >= 0) ::close(fd_);
-    ::unlink(tmp_.c_str());
+                file_.temp_path().c_str(), std::strerror(err));
+    file_.discard();
     fd_ = -1;
     open_ = false;
     buf_.clear();
@@ -186,21 +178,10 @@ void RouteTracer::finish() {
     put<uint64_t>(buf_, n_slots_);
     flush(true);
     if (fd_ < 0) return;
-    if (::fsync(fd_) != 0) return fail("cannot sync", errno);
-    if (::close(fd_) != 0) {
-        fd_ = -1;
-        const int err = errno;
-        ::unlink(tmp_.c_str());
-        MS_LOG_WARN("route trace: cannot close '%s': %s; no trace written", tmp_.c_str(),
-                    std::strerror(err));
-        return;
-    }
     fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmp_.c_str());
-        MS_LOG_WARN("route trace: cannot rename '%s' to '%s': %s; no trace written", tmp_.c_str(),
-                    path_.c_str(), std::strerror(err));
+    Status st = file_.commit();  // fsync, close, rename over the target
+    if (!st.ok()) {
+        MS_LOG_WARN("%s; no trace written", st.message().c_str());
         return;
     }
     MS_LOG_INFO("route trace: %llu routings, %llu slots -> %s", (unsigned long long)n_records_,

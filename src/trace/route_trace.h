@@ -8,7 +8,8 @@
 // page size, cache budget, settings), so `moestream replay` (replay.h) can re-run the
 // residency cache offline with the engine's own accounting.
 //
-// RouteTracer writes one: a temporary file next to the target, renamed over it by finish().
+// RouteTracer writes one through AtomicFile (atomic_file.h): a temporary file next to the
+// target, renamed over it by finish(); a target that is a device, FIFO or directory is refused.
 // Any write failure (disk full, unwritable directory) turns tracing off with one warning and
 // removes the temporary file; inference is never affected. read_route_trace() parses and
 // validates one; every error names the byte offset (Status kBadInput). It reads regular files
@@ -24,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "atomic_file.h"
 #include "status.h"
 
 namespace moestream {
@@ -145,8 +147,9 @@ private:
     void flush(bool force);
     void fail(const std::string & what, int err);
 
-    std::string path_, tmp_;
-    int fd_ = -1;
+    std::string path_;
+    AtomicFile file_;  // the trace goes to its temporary file, renamed over path_ by finish()
+    int fd_ = -1;      // file_.fd() while tracing, -1 once off
     std::string buf_;
     uint64_t n_records_ = 0, n_slots_ = 0;
     uint32_t n_expert_ = 0;

@@ -1,6 +1,7 @@
-// test_input_files.cpp — files the CLI reads that are not what they claim: prompt/text files
-// that are directories, devices or streams that never end (read_text_file,
-// include/moestream/text_file.h; docs/reliability.md, "Inputs that exhaust memory or hang").
+// test_input_files.cpp — files the CLI reads and writes that are not what they claim:
+// prompt/text files that are directories, devices or streams that never end (read_text_file,
+// include/moestream/text_file.h), and output paths that are special files
+// (docs/reliability.md, "Inputs that exhaust memory or hang", "Writers and special files").
 // Every CLI run is under a 4 GiB address-space limit and a timeout, so a regression fails
 // instead of exhausting the machine.
 #include <gtest/gtest.h>
@@ -126,3 +127,122 @@ TEST(TextFile, RunAndEvalRefuseEndlessAndSpecialInputs) {
     std::filesystem::remove(dir);
 }
 
+// ---- writers ---------------------------------------------------------------------------------
+
+namespace {
+
+bool is_char_device(const std::string & p) {
+    struct stat st;
+    return lstat(p.c_str(), &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+}  // namespace
+
+// `synth -o`, `run --route-trace` and `eval --save-ref` given a path that is a device node, a
+// FIFO or a directory: refused (exit 64, naming the option and what the path is), and the
+// node is still there afterwards. The device is a private copy of /dev/null made with mknod
+// (root only: otherwise that part is skipped, said in the output), so a regression replaces it
+// and not the machine's /dev/null. Controls: a regular file is replaced, and a symbolic link
+// to a file is written through (the link stays a link).
+TEST(Writers, RefuseSpecialFilesAndNeverRenameOverThem) {
+    setenv("GGML_BACKEND_PATH", MOESTREAM_TEST_BACKEND, 0);
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string bin = sh_quote(cli_bin());
+    const std::string dev = tmp_path("null-dev");
+    const bool have_dev = mknod(dev.c_str(), S_IFCHR | 0666, makedev(1, 3)) == 0;
+    if (!have_dev) std::printf("[ SKIPPED part ] mknod needs root: no device-node case\n");
+    const std::string fifo = tmp_path("out.fifo");
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    const std::string dir = tmp_path("out.dir");
+    std::filesystem::create_directory(dir);
+    std::vector<std::pair<std::string, std::string>> targets = {{fifo, "a FIFO"},
+                                                                {dir, "a directory"}};
+    if (have_dev) targets.push_back({dev, "a character device"});
+    const std::string text = tmp_path("text.txt");
+    {
+        std::ofstream o(text);
+        o << "The expert streaming engine reads only what the router selects, layer by layer.";
+    }
+    int refused = 0;
+    for (const auto & [path, kind] : targets) {
+        struct {
+            std::string cmd, opt;
+        } writers[] = {
+            {bin + " synth --preset tiny -o " + sh_quote(path), "synth: -o"},
+            {bin + " run -m " + sh_quote(model) + " -p hi -n 2 --route-trace " + sh_quote(path),
+             "--route-trace"},
+            {bin + " eval -m " + sh_quote(model) + " -f " + sh_quote(text) +
+                 " --max-tokens 8 --save-ref " + sh_quote(path),
+             "--save-ref"},
+        };
+        for (const auto & w : writers) {
+            SCOPED_TRACE(w.cmd);
+            CmdResult r = run_cmd(limited(w.cmd));
+            EXPECT_EQ(r.exit_code, 64) << r.err;
+            EXPECT_NE(r.err.find(w.opt + ": '" + path + "' exists and is " + kind +
+                                 ", not a regular file; refusing to replace it"),
+                      std::string::npos)
+                << r.err;
+            ++refused;
+        }
+    }
+    EXPECT_GE(refused, 6);
+    struct stat st;
+    ASSERT_EQ(lstat(fifo.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISFIFO(st.st_mode));
+    ASSERT_EQ(lstat(dir.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+    if (have_dev) {
+        EXPECT_TRUE(is_char_device(dev));
+    }
+    // No temporary file was left next to them.
+    for (const auto & e : std::filesystem::directory_iterator(models_dir())) {
+        EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+    }
+
+    // Controls: a regular file is replaced; a link to a file is written through.
+    const std::string reg = tmp_path("out.gguf");
+    {
+        std::ofstream o(reg);
+        o << "old";
+    }
+    CmdResult r = run_cmd(limited(bin + " synth --preset tiny -o " + sh_quote(reg)));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_GT(std::filesystem::file_size(reg), 1000000u);
+    const std::string link = tmp_path("link.trace"), target = tmp_path("target.trace");
+    std::filesystem::create_symlink(target, link);  // dangling until written
+    r = run_cmd(limited(bin + " run -m " + sh_quote(model) + " -p hi -n 2 --route-trace " +
+                        sh_quote(link)));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(std::filesystem::is_symlink(link));
+    EXPECT_TRUE(std::filesystem::is_regular_file(target));
+    r = run_cmd(limited(bin + " replay " + sh_quote(link)));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    for (const std::string & p : {reg, link, target, text, fifo, dev}) std::remove(p.c_str());
+    std::filesystem::remove(dir);
+}
+
+// `replay --plot FILE` writes FILE as named: no ".png" appended to a name without an extension.
+TEST(Writers, ReplayPlotWritesTheNameGiven) {
+    // The interpreter replay uses (cli_replay.cpp): $MOESTREAM_PYTHON, else /usr/bin/python3.
+    const char * py = std::getenv("MOESTREAM_PYTHON");
+    const std::string python = py && *py ? py : "/usr/bin/python3";
+    if (run_cmd(sh_quote(python) + " -c 'import matplotlib'").exit_code != 0)
+        GTEST_SKIP() << "python3-matplotlib is not installed";
+    setenv("GGML_BACKEND_PATH", MOESTREAM_TEST_BACKEND, 0);
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string bin = sh_quote(cli_bin());
+    const std::string trace = tmp_path("plot.trace"), plot = tmp_path("plot-noext");
+    CmdResult r = run_cmd(limited(bin + " run -m " + sh_quote(model) +
+                                  " -p 'Once upon a time' -n 8 --route-trace " + sh_quote(trace)));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    r = run_cmd(limited(bin + " replay " + sh_quote(trace) + " --plot " + sh_quote(plot)));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(std::filesystem::exists(plot));
+    EXPECT_FALSE(std::filesystem::exists(plot + ".png"));
+    std::ifstream f(plot, std::ios::binary);
+    char magic[4] = {};
+    f.read(magic, 4);
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG");
+    for (const std::string & p : {trace, plot, plot + ".png"}) std::remove(p.c_str());
+}
