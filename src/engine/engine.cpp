@@ -96,6 +96,60 @@ Status check_file_unchanged(const ModelIndex & index) {
     return Status::Ok();
 }
 
+// An integer metadata value (the first element of a per-layer array), or `dflt`.
+uint64_t kv_uint(const ModelIndex & m, const std::string & key, uint64_t dflt) {
+    auto it = m.kv.find(key);
+    if (it == m.kv.end()) return dflt;
+    const KvValue & v = it->second;
+    if (!v.arr_i.empty()) return v.arr_i[0] > 0 ? uint64_t(v.arr_i[0]) : dflt;
+    return v.i > 0 ? uint64_t(v.i) : dflt;
+}
+
+std::string mib_str(unsigned __int128 b) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.0f MiB", double(b) / (1 << 20));
+    return buf;
+}
+
+// Before loading: the context's KV cache and one micro-batch's attention mask, estimated from
+// the model's shapes, plus the weights the run keeps in memory, must fit in the memory
+// available (the cgroup limit, else MemAvailable); otherwise the kernel would OOM-kill the
+// process while llama.cpp allocates them. The estimate is a lower bound of what llama.cpp
+// allocates (f16 K and V for every layer, the f16 mask of n_ctx x n_ubatch; MLA models cache
+// the compressed latent), so it refuses only what cannot fit.
+Status check_context_fits(const ModelIndex & m, const RunOptions & opt) {
+    const MemoryAvailability mem = memory_availability();
+    if (mem.available_bytes == 0) return Status::Ok();
+    const std::string p = m.arch + ".";
+    const uint64_t n_head = kv_uint(m, p + "attention.head_count", 0);
+    unsigned __int128 per_token = 0;  // KV bytes per context position, all layers
+    if (n_head > 0) {
+        const uint64_t n_head_kv = kv_uint(m, p + "attention.head_count_kv", n_head);
+        const uint64_t head_k = kv_uint(m, p + "attention.key_length", m.n_embd / n_head);
+        const uint64_t head_v = kv_uint(m, p + "attention.value_length", head_k);
+        const uint64_t lora = kv_uint(m, p + "attention.kv_lora_rank", 0);
+        const uint64_t nextn = kv_uint(m, p + "nextn_predict_layers", 0);
+        const uint64_t layers = m.n_layer > nextn ? m.n_layer - nextn : 1;
+        const uint64_t row = lora ? lora + kv_uint(m, p + "rope.dimension_count", 0)
+                                  : n_head_kv * (head_k + head_v);
+        per_token = (unsigned __int128)layers * row * 2;
+    }
+    const uint64_t n_ctx = uint64_t(opt.n_ctx);
+    const uint64_t n_ubatch = std::min<uint64_t>(uint64_t(opt.n_batch), n_ctx);
+    const unsigned __int128 kv = per_token * n_ctx;
+    const unsigned __int128 mask = (unsigned __int128)n_ctx * n_ubatch * 2;
+    const unsigned __int128 weights =
+        opt.stream ? m.dense_bytes_total : m.dense_bytes_total + m.expert_bytes_total;
+    const unsigned __int128 total = kv + mask + weights;
+    if (total <= mem.available_bytes) return Status::Ok();
+    return Status::Usage("-c " + std::to_string(opt.n_ctx) + " --batch " +
+                         std::to_string(opt.n_batch) + " cannot fit: the KV cache (" +
+                         mib_str(kv) + ") and one batch's attention mask (" + mib_str(mask) +
+                         ") with " + mib_str(weights) + " of weights need at least " +
+                         mib_str(total) + ", but " + mib_str(mem.available_bytes) +
+                         " is available (" + mem.source + "); lower -c or --batch");
+}
+
 // A NaN or inf logit means the model's arithmetic broke down (bad weights or hyperparameters):
 // stop instead of sampling from it.
 Status check_logits_finite(const float * logits, int n_vocab, size_t step) {
@@ -153,6 +207,8 @@ public:
         st = init_backend();
         if (!st.ok()) return st;
         st = check_cpu_computable(index_);  // types llama.cpp would hand ggml unchecked
+        if (!st.ok()) return st;
+        st = check_context_fits(index_, opt);  // before llama.cpp allocates (or the OOM killer)
         if (!st.ok()) return st;
 
         if (opt.n_expert_used < 0 || uint32_t(opt.n_expert_used) > index_.n_expert_used)
@@ -220,10 +276,13 @@ public:
             cp.abort_callback = &RouterHook::abort_callback;
             cp.abort_callback_data = hook_.get();
         }
+        llama_errors_begin();
         ctx_ = llama_init_from_model(lm_.model, cp);
+        const std::string ctx_why = llama_errors_end();
         if (!ctx_)
             return Status::Runtime("llama.cpp could not create a context (n_ctx " +
-                                   std::to_string(opt.n_ctx) + "); run with -vv for its log");
+                                   std::to_string(opt.n_ctx) + ")" +
+                                   (ctx_why.empty() ? "; run with -vv for its log" : ": " + ctx_why));
 
         if (opt.stream) {
             st = make_store();
@@ -264,9 +323,19 @@ public:
         const uint64_t needs =
             index_.dense_bytes_total + compute_est + max_layer_set + predictor_est;
         BudgetDecision d;
-        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
-                                        memory_availability(), system_page_bytes(), &d);
+        // MOESTREAM_DEBUG_NO_BUDGET_CLAMP (env, read here; tests only): an explicit budget is
+        // not clamped to the memory limit (the negative control of the clamp).
+        const char * no_clamp = std::getenv("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
+        MemoryAvailability mem = memory_availability();
+        if (no_clamp && *no_clamp && opt_.cache_mb > 0) {
+            MS_LOG_WARN("MOESTREAM_DEBUG_NO_BUDGET_CLAMP: the cache budget ignores the memory limit "
+                        "(tests only)");
+            mem = MemoryAvailability{};
+        }
+        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs, mem,
+                                        system_page_bytes(), &d);
         if (!st.ok()) return st;
+        if (d.clamped) MS_LOG_WARN("expert cache: %s", d.reason.c_str());
         if (d.budget_bytes > 0) {
             CacheDebug dbg;
             dbg.poison = dbg.check_residency = opt_.cache_debug;
