@@ -116,7 +116,7 @@ std::string mib_str(unsigned __int128 b) {
 // available (the cgroup limit, else MemAvailable); otherwise the kernel would OOM-kill the
 // process while llama.cpp allocates them. The estimate is a lower bound of what llama.cpp
 // allocates (f16 K and V for every layer, the f16 mask of n_ctx x n_ubatch; MLA models cache
-// the compressed latent), so it refuses only what cannot fit.
+// the compressed latent; a mapped file is not counted), so it refuses only what cannot fit.
 Status check_context_fits(const ModelIndex & m, const RunOptions & opt) {
     const MemoryAvailability mem = memory_availability();
     if (mem.available_bytes == 0) return Status::Ok();
@@ -138,8 +138,11 @@ Status check_context_fits(const ModelIndex & m, const RunOptions & opt) {
     const uint64_t n_ubatch = std::min<uint64_t>(uint64_t(opt.n_batch), n_ctx);
     const unsigned __int128 kv = per_token * n_ctx;
     const unsigned __int128 mask = (unsigned __int128)n_ctx * n_ubatch * 2;
+    // Weights held in anonymous memory: the dense ones when streaming, every tensor with
+    // --no-stream --no-mmap; a mapped file (--no-stream) is page cache the kernel can reclaim.
     const unsigned __int128 weights =
-        opt.stream ? m.dense_bytes_total : m.dense_bytes_total + m.expert_bytes_total;
+        opt.stream ? m.dense_bytes_total
+                   : (opt.resident_mmap ? 0 : m.dense_bytes_total + m.expert_bytes_total);
     const unsigned __int128 total = kv + mask + weights;
     if (total <= mem.available_bytes) return Status::Ok();
     return Status::Usage("-c " + std::to_string(opt.n_ctx) + " --batch " +
