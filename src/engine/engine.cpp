@@ -123,7 +123,9 @@ Status check_context_fits(const ModelIndex & m, const RunOptions & opt) {
     const std::string p = m.arch + ".";
     const uint64_t n_head = kv_uint(m, p + "attention.head_count", 0);
     unsigned __int128 per_token = 0;  // KV bytes per context position, all layers
-    if (n_head > 0) {
+    // Sliding-window layers keep a smaller cache: no KV term for such models (a lower bound).
+    const bool swa = m.kv.count(p + "attention.sliding_window") != 0;
+    if (n_head > 0 && !swa) {
         const uint64_t n_head_kv = kv_uint(m, p + "attention.head_count_kv", n_head);
         const uint64_t head_k = kv_uint(m, p + "attention.key_length", m.n_embd / n_head);
         const uint64_t head_v = kv_uint(m, p + "attention.value_length", head_k);
