@@ -28,6 +28,7 @@ constexpr uint64_t kAutoFloorBytes = 512ull << 20;  // head-room auto never give
 struct BudgetDecision {
     uint64_t budget_bytes = 0;  // 0 = cache off
     std::string reason;         // one line for the user
+    bool clamped = false;       // an explicit budget above the memory limit was lowered
 };
 
 // Bytes the LRU cache needs to hold every expert at once, with pages of `page_bytes`: each
@@ -39,7 +40,9 @@ struct BudgetDecision {
 uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_bytes);
 
 // cache_mb: -1 = auto, 0 = off, N = explicit. `needs_bytes`: memory the run needs besides
-// cached experts. `mem` is only used for auto. `page_bytes`: the system page size (the
+// cached experts. `mem`: for auto; for an explicit budget, one above what is available minus
+// `needs_bytes` is clamped to that (clamped = true, said in the reason), or turns the cache off
+// when that is below 1.5 x the working set (mem.available_bytes 0: no clamp). `page_bytes`: the system page size (the
 // cache's commit granularity), for the upper clamp.
 Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool force,
                            uint64_t needs_bytes, const MemoryAvailability & mem,

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "moestream/atomic_file.h"
 #include "moestream/status.h"
 
 namespace moestream {
@@ -58,7 +59,8 @@ uint64_t hash_tokens(const std::vector<int32_t> & toks);
 class RefLogitsFile {
 public:
     ~RefLogitsFile();
-    // Writing: header now, then append() per position, then finish() (renames tmp -> path).
+    // Writing: header now, then append() per position, then finish() (renames tmp -> path;
+    // atomic_file.h: a path that is a device, FIFO or directory is refused, kUsage).
     Status create(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,
                   uint64_t tokens_hash, uint64_t model_bytes);
     Status append(int32_t next, const float * logits);
@@ -72,7 +74,8 @@ public:
 private:
     Status err(const std::string & what) const;
     std::FILE * f_ = nullptr;
-    std::string path_, tmp_;
+    std::string path_;
+    AtomicFile file_;  // writing: the temporary file renamed over path_ by finish()
     int n_vocab_ = 0;
     uint32_t n_pos_ = 0, done_ = 0;
     bool writing_ = false;

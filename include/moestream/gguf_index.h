@@ -39,6 +39,7 @@ struct TensorInfo {
     uint64_t nb[4] = {0, 0, 0, 0};  // byte strides as ggml computes them (nb[0] = type size)
     uint64_t file_offset = 0;       // absolute byte offset of the data in the file
     uint64_t nbytes = 0;            // bytes of data
+    uint64_t info_offset = 0;       // offset of its record in the tensor-info table
 };
 
 enum class Projection : int { kGate = 0, kUp = 1, kDown = 2, kGateUp = 3 };
@@ -83,6 +84,7 @@ struct ModelIndex {
     std::string path;
     uint64_t file_size = 0;
     int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;          // inode change time: any write moves it, `touch -r` cannot
     uint64_t dev = 0, ino = 0;     // identity of the validated file (replacement detection)
     uint32_t version = 0;          // GGUF version (2 or 3)
     uint64_t alignment = 32;       // general.alignment
@@ -99,6 +101,7 @@ struct ModelIndex {
     uint32_t n_vocab = 0;          // length of tokenizer.ggml.tokens (0 if absent)
 
     std::map<std::string, KvValue> kv;
+    std::map<std::string, uint64_t> kv_offsets;  // key -> byte offset of its record
     std::vector<TensorInfo> tensors;     // in file order
     std::vector<MoeLayer> moe_layers;    // ascending layer index
 
@@ -118,5 +121,16 @@ struct ModelIndex {
 // Reads and validates `path`. On error the Status (ErrorCode::kBadModel) names the file,
 // what is wrong and the byte offset where it was found.
 Status load_model_index(const std::string & path, ModelIndex * out);
+
+// Checks a validated index against the ggml CPU backend loaded in this process (call after
+// loading the backends, before llama.cpp sees the file): general.alignment against the CPU
+// buffer alignment, and every tensor's type in the op its role feeds — the token embedding in
+// GET_ROWS (and MUL_MAT when the output is tied), expert tensors in MUL_MAT_ID, other
+// matrices in MUL_MAT, 1-D tensors (norms, biases) element-wise with f32 activations. The
+// device's supports_op is asked on a probe node of that op; the CPU kernels' type traits then
+// decide (a dot product and an activation conversion must exist), since ggml's CPU
+// supports_op accepts every type. Error: kBadModel naming the tensor and the offset of its
+// tensor-info record; kRuntime when no CPU backend is loaded.
+Status check_cpu_computable(const ModelIndex & m);
 
 }  // namespace moestream

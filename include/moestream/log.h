@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdarg>
+#include <string>
 
 namespace moestream {
 
@@ -18,6 +19,12 @@ bool log_enabled(LogLevel level);
 void log_printf(LogLevel level, const char * fmt, ...) __attribute__((format(printf, 2, 3)));
 // Installs the llama.cpp / ggml log callback that forwards into this logger.
 void log_capture_llama();
+// Capturing llama.cpp's errors around a call that reports them itself: between
+// llama_errors_begin() and llama_errors_end(), llama.cpp / ggml error lines are recorded (and
+// shown only at -v); llama_errors_end() returns the first one, trimmed (empty if none). Lets a
+// failed load say llama.cpp's reason ("error loading model: ...") in the one error line.
+void llama_errors_begin();
+std::string llama_errors_end();
 
 }  // namespace moestream
 

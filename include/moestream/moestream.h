@@ -288,6 +288,10 @@ public:
     virtual std::string chat_template_name() const = 0;
     // The context length in use (RunOptions::n_ctx, or what 0 resolved to) and why.
     virtual int n_ctx() const = 0;
+    // Whether the model file is still the one validated at open: Ok, or kRuntime naming what
+    // changed (size, mtime, ctime, or another file at the path). One stat; safe from any thread,
+    // also while a generation runs (the server's /health reports it).
+    virtual Status model_file_status() const = 0;
 
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.

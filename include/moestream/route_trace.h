@@ -8,8 +8,11 @@
 // page size, cache budget, settings), so `moestream replay` (replay.h) can re-run the
 // residency cache offline with the engine's own accounting.
 //
-// The engine's RouteTracer (src/trace/route_tracer.h) writes one. read_route_trace() parses
-// and validates one; every error names the byte offset (Status kBadInput).
+// The engine's RouteTracer (src/trace/route_tracer.h) writes one, through AtomicFile
+// (atomic_file.h). read_route_trace() parses and validates one; every error names the byte
+// offset (Status kBadInput). It reads regular files only (a FIFO, device or directory is
+// refused without blocking), checks the magic before reading the rest, and refuses files
+// above kTraceMaxFileBytes.
 //
 // Thread-safety: parsed traces are plain values.
 #pragma once
@@ -24,6 +27,13 @@ namespace moestream {
 
 constexpr uint32_t kRouteTraceVersion = 3;  // this build writes 3, reads 1 to 3
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
+
+// What a trace's shape may be (a real model's, with room): read_route_trace and
+// parse_route_trace refuse anything larger, so replay never sizes arrays from a hostile header.
+constexpr uint32_t kTraceMaxLayers = 512;                // llama.cpp's LLAMA_MAX_LAYERS
+constexpr uint32_t kTraceMaxExperts = 4096;              // per MoE layer (released: <= 512)
+constexpr uint64_t kTraceMaxLayerExperts = 1u << 20;     // MoE layers x experts
+constexpr uint64_t kTraceMaxFileBytes = 1ull << 30;      // read_route_trace reads at most this
 
 // Per-slot flags (the top 8 bits of a slot's 32-bit word; the low 24 bits are the expert id).
 enum : uint8_t {

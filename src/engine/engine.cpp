@@ -8,6 +8,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "moestream/atomic_file.h"
 #include "moestream/cache_budget.h"
 #include "chat_template.h"
 #include "ggml-backend.h"
@@ -84,12 +85,17 @@ Status check_file_unchanged(const ModelIndex & index) {
         return Status::Runtime(index.path +
                                ": the model file disappeared: " + std::strerror(errno));
     int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    // ctime: the kernel sets it on every write, truncate, rename and attribute change, and no
+    // call can set it back (an in-place rewrite followed by `touch -r` restores only mtime).
+    int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
     const bool replaced = uint64_t(st.st_dev) != index.dev || uint64_t(st.st_ino) != index.ino;
-    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns || replaced)
+    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns ||
+        ctime_ns != index.ctime_ns || replaced)
         return Status::Runtime(
             index.path + ": the model file changed since it was validated (size " +
             std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
             ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
+            ", ctime changed: " + (ctime_ns != index.ctime_ns ? "yes" : "no") +
             ", replaced by another file: " + (replaced ? "yes" : "no") +
             "); restart to use the new file");
     return Status::Ok();
@@ -127,6 +133,78 @@ int model_context(const llama_model * model, std::string * reason) {
     return n;
 }
 
+// An integer metadata value (the first element of a per-layer array), or `dflt`.
+uint64_t kv_uint(const ModelIndex & m, const std::string & key, uint64_t dflt) {
+    auto it = m.kv.find(key);
+    if (it == m.kv.end()) return dflt;
+    const KvValue & v = it->second;
+    if (!v.arr_i.empty()) return v.arr_i[0] > 0 ? uint64_t(v.arr_i[0]) : dflt;
+    return v.i > 0 ? uint64_t(v.i) : dflt;
+}
+
+std::string mib_str(unsigned __int128 b) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.0f MiB", double(b) / (1 << 20));
+    return buf;
+}
+
+// Before loading: the context's KV cache and one micro-batch's attention mask, estimated from
+// the model's shapes, plus the weights the run keeps in memory, must fit in the memory
+// available (the cgroup limit, else MemAvailable); otherwise the kernel would OOM-kill the
+// process while llama.cpp allocates them. The estimate is a lower bound of what llama.cpp
+// allocates (f16 K and V for every layer, the f16 mask of n_ctx x n_ubatch; MLA models cache
+// the compressed latent; a mapped file is not counted), so it refuses only what cannot fit.
+Status check_context_fits(const ModelIndex & m, const RunOptions & opt) {
+    const MemoryAvailability mem = memory_availability();
+    if (mem.available_bytes == 0) return Status::Ok();
+    const std::string p = m.arch + ".";
+    const uint64_t n_head = kv_uint(m, p + "attention.head_count", 0);
+    unsigned __int128 per_token = 0;  // KV bytes per context position, all layers
+    // Sliding-window layers keep a smaller cache: no KV term for such models (a lower bound).
+    const bool swa = m.kv.count(p + "attention.sliding_window") != 0;
+    if (n_head > 0 && !swa) {
+        const uint64_t n_head_kv = kv_uint(m, p + "attention.head_count_kv", n_head);
+        const uint64_t head_k = kv_uint(m, p + "attention.key_length", m.n_embd / n_head);
+        const uint64_t head_v = kv_uint(m, p + "attention.value_length", head_k);
+        const uint64_t lora = kv_uint(m, p + "attention.kv_lora_rank", 0);
+        const uint64_t nextn = kv_uint(m, p + "nextn_predict_layers", 0);
+        const uint64_t layers = m.n_layer > nextn ? m.n_layer - nextn : 1;
+        const uint64_t row = lora ? lora + kv_uint(m, p + "rope.dimension_count", 0)
+                                  : n_head_kv * (head_k + head_v);
+        per_token = (unsigned __int128)layers * row * 2;
+    }
+    const uint64_t n_ctx = uint64_t(opt.n_ctx);
+    const uint64_t n_ubatch = std::min<uint64_t>(uint64_t(opt.n_batch), n_ctx);
+    const unsigned __int128 kv = per_token * n_ctx;
+    const unsigned __int128 mask = (unsigned __int128)n_ctx * n_ubatch * 2;
+    // Weights held in anonymous memory: the dense ones when streaming, every tensor with
+    // --no-stream --no-mmap; a mapped file (--no-stream) is page cache the kernel can reclaim.
+    const unsigned __int128 weights =
+        opt.stream ? m.dense_bytes_total
+                   : (opt.resident_mmap ? 0 : m.dense_bytes_total + m.expert_bytes_total);
+    const unsigned __int128 total = kv + mask + weights;
+    if (total <= mem.available_bytes) return Status::Ok();
+    return Status::Usage("-c " + std::to_string(opt.n_ctx) + " --batch " +
+                         std::to_string(opt.n_batch) + " cannot fit: the KV cache (" +
+                         mib_str(kv) + ") and one batch's attention mask (" + mib_str(mask) +
+                         ") with " + mib_str(weights) + " of weights need at least " +
+                         mib_str(total) + ", but " + mib_str(mem.available_bytes) +
+                         " is available (" + mem.source + "); lower -c or --batch");
+}
+
+// A NaN or inf logit means the model's arithmetic broke down (bad weights or hyperparameters):
+// stop instead of sampling from it.
+Status check_logits_finite(const float * logits, int n_vocab, size_t step) {
+    for (int v = 0; v < n_vocab; ++v) {
+        if (!std::isfinite(logits[v]))
+            return Status::Runtime("the model produced a non-finite logit (" +
+                                   std::string(std::isnan(logits[v]) ? "NaN" : "inf") +
+                                   ") for token id " + std::to_string(v) + " at step " +
+                                   std::to_string(step) + "; generation stopped");
+    }
+    return Status::Ok();
+}
+
 class EngineImpl final : public Engine {
 public:
     ~EngineImpl() override {
@@ -162,12 +240,20 @@ public:
                 "routing); remove --no-stream");
         if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
             return Status::Usage("--drop-in-prefill / --drop-renorm need --drop-cold-experts F");
+        if (!opt.route_trace.empty()) {  // a device or FIFO is refused, never replaced
+            Status ts = check_output_path(opt.route_trace, "--route-trace");
+            if (!ts.ok()) return ts;
+        }
 
         Status st = load_model_index(opt.model_path, &index_);
         if (!st.ok()) return st;
         st = read_env_knobs(&knobs_);
         if (!st.ok()) return st;
         st = init_backend(knobs_);
+        if (!st.ok()) return st;
+        st = check_cpu_computable(index_);  // types llama.cpp would hand ggml unchecked
+        if (!st.ok()) return st;
+        st = check_context_fits(index_, opt);  // before llama.cpp allocates (or the OOM killer)
         if (!st.ok()) return st;
 
         if (opt.n_expert_used < 0 || uint32_t(opt.n_expert_used) > index_.n_expert_used)
@@ -232,10 +318,13 @@ public:
             cp.abort_callback = &HookSlot::abort_callback;
             cp.abort_callback_data = &hook_slot_;
         }
+        llama_errors_begin();
         ctx_ = llama_init_from_model(lm_.model, cp);
+        const std::string ctx_why = llama_errors_end();
         if (!ctx_)
             return Status::Runtime("llama.cpp could not create a context (n_ctx " +
-                                   std::to_string(opt_.n_ctx) + "); run with -vv for its log");
+                                   std::to_string(opt_.n_ctx) + ")" +
+                                   (ctx_why.empty() ? "; run with -vv for its log" : ": " + ctx_why));
         chat_ = choose_chat_template(llama_model_chat_template(lm_.model, nullptr));
 
         if (opt.stream) {
@@ -275,9 +364,16 @@ public:
         const uint64_t needs =
             index_.dense_bytes_total + compute_est + max_layer_set + predictor_est;
         BudgetDecision d;
-        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
-                                        memory_availability(), system_page_bytes(), &d);
+        MemoryAvailability mem = memory_availability();
+        if (knobs_.no_budget_clamp && opt_.cache_mb > 0) {
+            MS_LOG_WARN("MOESTREAM_DEBUG_NO_BUDGET_CLAMP: the cache budget ignores the memory limit "
+                        "(tests only)");
+            mem = MemoryAvailability{};
+        }
+        Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs, mem,
+                                        system_page_bytes(), &d);
         if (!st.ok()) return st;
+        if (d.clamped) MS_LOG_WARN("expert cache: %s", d.reason.c_str());
         if (d.budget_bytes > 0) {
             CacheOptions copt;
             copt.recycle_pages = opt_.cache_recycle;
@@ -471,6 +567,8 @@ public:
         return Status::Ok();
     }
 
+    Status model_file_status() const override { return check_file_unchanged(index_); }
+
     std::string chat_template() const override {
         const char * t = llama_model_chat_template(lm_.model, nullptr);
         return t ? std::string(t) : std::string();
@@ -591,6 +689,7 @@ private:
         double dec_io = 0;
         for (int i = 0; i < n_predict; ++i) {
             const float * logits = llama_get_logits_ith(ctx_, -1);
+            if (Status fin = check_logits_finite(logits, n_vocab, size_t(i)); !fin.ok()) return fin;
             logit_hash = fnv1a(logit_hash, logits, sizeof(float) * size_t(n_vocab));
             llama_token tok = 0;
             Status sst = sampler.sample(ctx_, -1, &tok);
@@ -828,7 +927,10 @@ public:
             bytes += t.flash_bytes_read;
             s.tokens.push_back(t);
             s.n_generated++;
-            st = on_logits(i, llama_get_logits_ith(ctx_, -1));
+            const float * logits = llama_get_logits_ith(ctx_, -1);
+            st = check_logits_finite(logits, nv, i);
+            if (!st.ok()) return st;
+            st = on_logits(i, logits);
             if (!st.ok()) return st;
         }
         s.decode_s = decode_s;

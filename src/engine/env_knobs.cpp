@@ -41,6 +41,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!no_uring.empty() && no_uring != "0" && no_uring != "1")
         return Status::Usage("MOESTREAM_PREFETCH_NO_URING=" + no_uring + ": must be 0 or 1");
     k->prefetch_no_uring = no_uring == "1";
+    const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
+    if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
+        return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");
+    k->no_budget_clamp = no_clamp == "1";
     k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
     if (!k->io_fault.empty()) {
         IoFaultPlan plan;

@@ -143,7 +143,7 @@ uint64_t hash_tokens(const std::vector<int32_t> & toks) {
 
 RefLogitsFile::~RefLogitsFile() {
     if (f_) std::fclose(f_);
-    if (writing_ && !tmp_.empty()) ::unlink(tmp_.c_str());
+    if (writing_) file_.fd_closed();  // fclose closed it; file_ removes the temporary file
 }
 
 Status RefLogitsFile::err(const std::string & what) const {
@@ -153,12 +153,14 @@ Status RefLogitsFile::err(const std::string & what) const {
 Status RefLogitsFile::create(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,
                              uint64_t tokens_hash, uint64_t model_bytes) {
     path_ = path;
-    tmp_ = path + ".tmp";
     n_vocab_ = n_vocab;
     n_pos_ = n_pos;
-    f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) return Status::Runtime(tmp_ + ": cannot create: " + std::strerror(errno));
+    Status st = file_.create(path, "--save-ref");
+    if (!st.ok()) return st;
+    f_ = ::fdopen(file_.fd(), "wb");
+    if (!f_) return Status::Runtime(file_.temp_path() + ": cannot create: " + std::strerror(errno));
     writing_ = true;
+    const std::string & tmp_ = file_.temp_path();  // for the messages below
     const uint32_t hdr[4] = {kVersion, uint32_t(n_vocab), n_pos, window};
     if (std::fwrite(kMagic, 1, 8, f_) != 8 || std::fwrite(hdr, 4, 4, f_) != 4 ||
         std::fwrite(&tokens_hash, 8, 1, f_) != 1 || std::fwrite(&model_bytes, 8, 1, f_) != 1)
@@ -170,7 +172,7 @@ Status RefLogitsFile::append(int32_t next, const float * logits) {
     if (!f_ || !writing_ || done_ >= n_pos_) return Status::Runtime(path_ + ": internal: append");
     if (std::fwrite(&next, 4, 1, f_) != 1 ||
         std::fwrite(logits, sizeof(float), size_t(n_vocab_), f_) != size_t(n_vocab_))
-        return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(errno));
+        return Status::Runtime(file_.temp_path() + ": cannot write: " + std::strerror(errno));
     ++done_;
     return Status::Ok();
 }
@@ -182,14 +184,17 @@ Status RefLogitsFile::finish() {
                                std::to_string(n_pos_) + " positions written");
     const bool ok = std::fflush(f_) == 0 && ::fsync(fileno(f_)) == 0;
     const int e = errno;
-    std::fclose(f_);
+    const bool closed = std::fclose(f_) == 0;  // closes file_'s descriptor too
     f_ = nullptr;
-    if (!ok) return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(e));
-    if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
-        return Status::Runtime(path_ + ": cannot rename from " + tmp_ + ": " +
-                               std::strerror(errno));
+    file_.fd_closed();
     writing_ = false;
-    return Status::Ok();
+    if (!ok || !closed) {
+        const Status st = Status::Runtime(file_.temp_path() + ": cannot write: " +
+                                          std::strerror(ok ? errno : e));
+        file_.discard();
+        return st;
+    }
+    return file_.commit();  // rename over path_ (never over a special file)
 }
 
 Status RefLogitsFile::open(const std::string & path, int n_vocab, uint32_t n_pos, uint32_t window,

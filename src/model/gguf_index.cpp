@@ -15,12 +15,18 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <new>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <dlfcn.h>
+
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
 #include "ggml.h"
 
 namespace moestream {
@@ -39,8 +45,10 @@ constexpr int64_t kMaxKv = 1 << 16;
 constexpr int64_t kMaxTensors = 1 << 16;
 constexpr uint64_t kMaxTensorName = 63;  // GGML_MAX_NAME - 1
 constexpr uint32_t kMaxDims = 4;         // GGML_MAX_DIMS
-constexpr uint32_t kMaxLayers = 1 << 16;
+constexpr uint32_t kMaxLayers = 512;       // llama.cpp's LLAMA_MAX_LAYERS (per-layer arrays)
+constexpr uint64_t kMinAlignment = 32;      // ggml's TENSOR_ALIGNMENT: CPU buffers assert it
 constexpr uint64_t kMaxAlignment = 1ull << 30;
+constexpr uint64_t kMaxVocab = 1ull << 22;  // tokens kept as (hash, offset) for the checks
 
 // gguf_type ids (stable file-format values; see gguf.h).
 enum : uint32_t {
@@ -143,6 +151,18 @@ public:
         pos_ = p;
     }
 
+    // Reads n bytes at absolute offset `at` (inside the file) without moving pos().
+    void read_at(uint64_t at, void * dst, uint64_t n) const {
+        auto * out = static_cast<uint8_t *>(dst);
+        uint64_t done = 0;
+        while (done < n) {
+            ssize_t r = ::pread(fd_, out + done, n - done, static_cast<off_t>(at + done));
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) fail(at + done, "read error while re-reading the vocabulary");
+            done += uint64_t(r);
+        }
+    }
+
     template <typename T>
     T get() {
         T v;
@@ -221,6 +241,8 @@ public:
         for (int64_t i = 0; i < n_tensors_; ++i) tensor_info(i);
         data_section();
         model_params();
+        hparams();
+        tokenizer();
         expert_map();
         totals();
     }
@@ -366,6 +388,10 @@ private:
         uint64_t at = r_.pos();
         std::string key = read_string(kMaxKeyLen, "key");
         if (key.empty()) fail(at, "metadata key #" + std::to_string(i) + " is empty");
+        if (key.find('\0') != std::string::npos) {
+            fail(at, "metadata key #" + std::to_string(i) + " " + quoted(key) +
+                         " contains a NUL byte");
+        }
         if (m_.kv.count(key)) fail(at, "duplicate metadata key " + quoted(key));
         KvValue v;
         v.type = read_type(key, false);
@@ -422,6 +448,8 @@ private:
                     for (uint64_t k = 0; k < v.arr_len; ++k)
                         v.arr_i.push_back(read_int(v.arr_type));
                     stored_ += v.arr_len * 8;
+                } else if (key == "tokenizer.ggml.tokens" && v.arr_type == kString) {
+                    read_vocab(v.arr_len, lat);
                 } else {
                     skip_array(key, v.arr_type, v.arr_len, 1);
                 }
@@ -432,6 +460,7 @@ private:
         }
         stored_ += key.size();
         kv_at_[key] = at;
+        m_.kv_offsets[key] = at;
         m_.kv.emplace(std::move(key), std::move(v));
     }
 
@@ -448,7 +477,12 @@ private:
         }
         if (!is_pow2(uint64_t(v.i)) || uint64_t(v.i) > kMaxAlignment) {
             fail(at,
-                 "general.alignment " + std::to_string(v.i) + " is not a power of 2 in [1, 2^30]");
+                 "general.alignment " + std::to_string(v.i) + " is not a power of 2 in [32, 2^30]");
+        }
+        if (uint64_t(v.i) < kMinAlignment) {
+            fail(at, "general.alignment " + std::to_string(v.i) + " is below " +
+                         std::to_string(kMinAlignment) +
+                         ", the tensor alignment ggml's CPU buffers require");
         }
         m_.alignment = uint64_t(v.i);
     }
@@ -458,6 +492,11 @@ private:
         uint64_t at = r_.pos();
         t.name = read_string(kMaxTensorName, "tensor name");
         if (t.name.empty()) fail(at, "tensor #" + std::to_string(i) + " has an empty name");
+        if (t.name.find('\0') != std::string::npos) {
+            fail(at, "tensor #" + std::to_string(i) + " name " + quoted(t.name) +
+                         " contains a NUL byte");
+        }
+        t.info_offset = at;
         if (m_.tensor_ids.count(t.name)) fail(at, "duplicate tensor name " + quoted(t.name));
         const std::string tn = "tensor " + quoted(t.name);
 
@@ -671,6 +710,250 @@ private:
         }
     }
 
+    // ---- hyperparameters llama.cpp asserts on or divides by -------------------------------
+    // A float key, if present: must be f32/f64 and finite (and > 0 / >= 0 when asked).
+    enum class Sign { kAny, kPositive, kNonNegative };
+    void float_key(const std::string & key, Sign sign) {
+        const KvValue * v = find_kv(key);
+        if (!v) return;
+        const uint64_t at = kv_offset(key);
+        if (v->type != kF32 && v->type != kF64) {
+            fail(at, "metadata key " + quoted(key) + " must be a float, is " +
+                         gguf_type_str(v->type));
+        }
+        const bool bad = !std::isfinite(v->f) || (sign == Sign::kPositive && !(v->f > 0)) ||
+                         (sign == Sign::kNonNegative && !(v->f >= 0));
+        if (bad) {
+            const char * need = sign == Sign::kPositive      ? "finite and > 0"
+                                : sign == Sign::kNonNegative ? "finite and >= 0"
+                                                             : "finite";
+            fail(at, "metadata key " + quoted(key) + " = " + std::to_string(v->f) + " must be " +
+                         need);
+        }
+    }
+
+    // The first value of an integer key that may be a scalar or a per-layer array (0: absent).
+    int64_t first_int(const std::string & key) {
+        const KvValue * v = find_kv(key);
+        if (!v) return 0;
+        if (v->type == kArray) {
+            if (v->arr_i.empty()) return 0;
+            return v->arr_i[0];
+        }
+        return int_key(key, false, 0, INT32_MAX);
+    }
+
+    void hparams() {
+        const std::string p = m_.arch + ".";
+        // Scales the graph multiplies by: NaN or inf turns every logit into NaN. (Not every
+        // float key: some archs store -inf on purpose, e.g. kda.gate_lower_bound.)
+        for (const char * k : {"expert_weights_scale", "attention.scale", "logit_scale",
+                               "residual_scale", "embedding_scale", "attn_logit_softcapping",
+                               "final_logit_softcapping", "rope.scaling.attn_factor",
+                               "rope.scaling.yarn_log_multiplier", "rope.freq_base_swa"})
+            float_key(p + k, Sign::kAny);
+        float_key(p + "attention.layer_norm_rms_epsilon", Sign::kPositive);
+        float_key(p + "attention.layer_norm_epsilon", Sign::kAny);  // 0 where unused
+        float_key(p + "rope.freq_base", Sign::kPositive);
+        float_key(p + "rope.scaling.factor", Sign::kNonNegative);
+        float_key(p + "rope.freq_scale", Sign::kPositive);
+
+        // Heads: llama.cpp divides n_embd by head_count and head_count by head_count_kv.
+        const int64_t n_head = first_int(p + "attention.head_count");
+        const int64_t n_head_kv = find_kv(p + "attention.head_count_kv")
+                                      ? first_int(p + "attention.head_count_kv")
+                                      : n_head;
+        if (n_head > 0) {
+            const std::string kvk = p + "attention.head_count_kv";
+            if (n_head_kv < 1 || n_head % n_head_kv != 0) {
+                fail(kv_offset(find_kv(kvk) ? kvk : p + "attention.head_count"),
+                     "metadata key " + quoted(kvk) + " = " + std::to_string(n_head_kv) +
+                         " must be >= 1 and divide " + p + "attention.head_count = " +
+                         std::to_string(n_head));
+            }
+            int64_t head_k = find_kv(p + "attention.key_length")
+                                 ? int_key(p + "attention.key_length", false, 1, 1 << 16)
+                                 : int64_t(m_.n_embd) / n_head;
+            if (head_k < 1) {
+                fail(kv_offset(p + "attention.head_count"),
+                     "metadata key " + quoted(p + "attention.head_count") + " = " +
+                         std::to_string(n_head) + " exceeds embedding_length " +
+                         std::to_string(m_.n_embd) + " (head size 0)");
+            }
+            const std::string rk = p + "rope.dimension_count";
+            if (find_kv(rk)) {
+                const int64_t n_rot = int_key(rk, false, 0, INT32_MAX);
+                // These architectures rotate the whole head (llama.cpp refuses a mismatch
+                // for llama/deci/falcon and its graph assumes it for the MoE ones); the
+                // others may rotate a part of it (glm4moe: half).
+                static const char * const kFull[] = {"llama",    "deci",     "falcon",
+                                                     "qwen2moe", "qwen3moe", "olmoe"};
+                const bool full = std::find_if(std::begin(kFull), std::end(kFull),
+                                               [&](const char * a) { return m_.arch == a; }) !=
+                                  std::end(kFull);
+                if (full ? n_rot != head_k : (n_rot < 2 || n_rot > head_k || n_rot % 2 != 0)) {
+                    fail(kv_offset(rk),
+                         "metadata key " + quoted(rk) + " = " + std::to_string(n_rot) +
+                             (full ? " must equal the head size " + std::to_string(head_k)
+                                   : " must be even and in [2, head size " +
+                                         std::to_string(head_k) + "]"));
+                }
+            }
+        }
+        // llama_expert_gating_func_type: 0 (the arch's default), softmax, sigmoid,
+        // softmax_weight; anything else reaches a fatal default in llama.cpp's MoE graph.
+        if (find_kv(p + "expert_gating_func")) int_key(p + "expert_gating_func", false, 0, 3);
+        const std::string nk = p + "nextn_predict_layers";
+        if (find_kv(nk)) {
+            const int64_t nn = int_key(nk, false, 0, INT32_MAX);
+            if (nn >= int64_t(m_.n_layer)) {
+                fail(kv_offset(nk), "metadata key " + quoted(nk) + " = " + std::to_string(nn) +
+                                        " must be less than block_count " +
+                                        std::to_string(m_.n_layer));
+            }
+        }
+        for (const char * k : {"leading_dense_block_count", "expert_shared_count"}) {
+            if (find_kv(p + k)) int_key(p + k, false, 0, m_.n_layer);
+        }
+    }
+
+    // ---- vocabulary ------------------------------------------------------------------------
+    // Well-formed UTF-8 in the structural sense llama.cpp's decoder checks (lead byte,
+    // continuation bytes, no truncated sequence); returns the offset of the first bad byte or
+    // n if none.
+    static uint64_t utf8_bad_at(const uint8_t * s, uint64_t n, uint32_t * pending) {
+        for (uint64_t i = 0; i < n; ++i) {
+            const uint8_t c = s[i];
+            if (*pending) {
+                if ((c & 0xC0) != 0x80) return i;
+                --*pending;
+            } else if (c < 0x80) {
+            } else if ((c & 0xE0) == 0xC0) {
+                *pending = 1;
+            } else if ((c & 0xF0) == 0xE0) {
+                *pending = 2;
+            } else if ((c & 0xF8) == 0xF0) {
+                *pending = 3;
+            } else {
+                return i;
+            }
+        }
+        return n;
+    }
+
+    static uint64_t fnv(uint64_t h, const uint8_t * p, uint64_t n) {
+        for (uint64_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+        return h;
+    }
+
+    // Reads tokenizer.ggml.tokens (header already read): each token must be UTF-8; keeps a
+    // hash and the offset of each for the duplicate check, and which bytes have a token.
+    void read_vocab(uint64_t n, uint64_t at) {
+        uint64_t min_bytes;  // each token is at least its 8-byte length
+        if (__builtin_mul_overflow(n, 8ull, &min_bytes)) min_bytes = UINT64_MAX;
+        r_.need(min_bytes);
+        if (n > kMaxVocab) {
+            fail(at, "tokenizer.ggml.tokens has " + std::to_string(n) +
+                         " tokens, more than the maximum " + std::to_string(kMaxVocab));
+        }
+        vocab_.reserve(n);
+        uint8_t buf[4096];
+        for (uint64_t i = 0; i < n; ++i) {
+            const uint64_t sat = r_.pos();
+            const uint64_t len = string_len(kMaxStringLen, "token string");
+            uint64_t h = 0xcbf29ce484222325ull, left = len;
+            uint32_t pending = 0;
+            uint8_t first[12] = {0};
+            while (left > 0) {
+                const uint64_t take = std::min<uint64_t>(left, sizeof buf);
+                const uint64_t base = r_.pos();
+                r_.read(buf, take);
+                if (base - sat - 8 < sizeof first)
+                    std::memcpy(first + (base - sat - 8), buf,
+                                std::min<uint64_t>(take, sizeof first - (base - sat - 8)));
+                const uint64_t bad = utf8_bad_at(buf, take, &pending);
+                if (bad < take) {
+                    fail(base + bad, "tokenizer.ggml.tokens[" + std::to_string(i) +
+                                         "] is not valid UTF-8 (byte " +
+                                         std::to_string(base + bad - sat - 8) + ")");
+                }
+                h = fnv(h, buf, take);
+                left -= take;
+            }
+            if (pending) {
+                fail(sat + 8 + len, "tokenizer.ggml.tokens[" + std::to_string(i) +
+                                        "] is not valid UTF-8 (truncated sequence at its end)");
+            }
+            if (len == 0) {
+                // llama.cpp stores an empty token as "[EMPTY_<id>]".
+                const std::string e = "[EMPTY_" + std::to_string(i) + "]";
+                h = fnv(0xcbf29ce484222325ull, reinterpret_cast<const uint8_t *>(e.data()),
+                        e.size());
+            }
+            if (len == 1) byte_single_[first[0]] = true;
+            if (len == 6 && first[0] == '<' && first[1] == '0' && first[2] == 'x' &&
+                first[5] == '>') {
+                auto hex = [](uint8_t c) {
+                    return (c >= '0' && c <= '9') ? c - '0' : (c >= 'A' && c <= 'F') ? c - 'A' + 10 : -1;
+                };
+                const int hi = hex(first[3]), lo = hex(first[4]);
+                if (hi >= 0 && lo >= 0) byte_hex_[hi * 16 + lo] = true;
+            }
+            vocab_.push_back({h, sat});
+        }
+        vocab_at_ = at;
+    }
+
+    // Token i's text as llama.cpp keys it (re-read from the file).
+    std::string token_text(size_t i) {
+        const uint64_t sat = vocab_[i].offset;
+        uint64_t len;
+        r_.read_at(sat, &len, 8);
+        if (len == 0) return "[EMPTY_" + std::to_string(i) + "]";
+        std::string s(len, '\0');
+        r_.read_at(sat + 8, s.data(), len);
+        return s;
+    }
+
+    void tokenizer() {
+        const KvValue * model = find_kv("tokenizer.ggml.model");
+        if (model && model->type != kString) {
+            fail(kv_offset("tokenizer.ggml.model"), "tokenizer.ggml.model must be a string, is " +
+                                                        std::string(gguf_type_str(model->type)));
+        }
+        // Duplicates: llama.cpp maps text -> id and asserts that every id got its own entry.
+        std::vector<std::pair<uint64_t, uint32_t>> order(vocab_.size());
+        for (size_t i = 0; i < vocab_.size(); ++i) order[i] = {vocab_[i].hash, uint32_t(i)};
+        std::sort(order.begin(), order.end());
+        for (size_t k = 1; k < order.size(); ++k) {
+            if (order[k].first != order[k - 1].first) continue;
+            // Equal hashes: compare the texts (and every earlier one with the same hash).
+            for (size_t j = k; j-- > 0 && order[j].first == order[k].first;) {
+                const std::string a = token_text(order[j].second);
+                if (a == token_text(order[k].second)) {
+                    const uint32_t lo = std::min(order[j].second, order[k].second);
+                    const uint32_t hi = std::max(order[j].second, order[k].second);
+                    fail(vocab_[hi].offset, "tokenizer.ggml.tokens[" + std::to_string(hi) +
+                                                "] duplicates token " + std::to_string(lo) +
+                                                " " + quoted(a));
+                }
+            }
+        }
+        if (!model || vocab_.empty()) return;
+        if (model->s == "llama") {
+            // SentencePiece: a byte with no piece falls back to "<0xXX>" (or the byte itself);
+            // llama.cpp's lookup of a missing byte token throws out of llama_tokenize.
+            for (int b = 0; b < 256; ++b) {
+                if (byte_hex_[b] || byte_single_[b]) continue;
+                char want[8];
+                std::snprintf(want, sizeof want, "<0x%02X>", b);
+                fail(kv_offset("tokenizer.ggml.model"),
+                     "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no "
+                     "byte token " + std::string(want) + " (a vocabulary of another tokenizer?)");
+            }
+        }
+    }
+
     // ---- expert map ----------------------------------------------------------------------
     // "blk.<N>.<suffix>" with a canonical decimal N; returns false otherwise.
     static bool parse_expert_name(const std::string & name, uint32_t * layer, Projection * proj) {
@@ -840,6 +1123,14 @@ private:
     std::vector<std::string> huge_u64_;      // u64 keys whose value exceeds INT64_MAX
     std::vector<uint32_t> n_ff_layer_;       // expert FFN width per layer from the KV (0 = any)
     std::vector<int64_t> latent_widths_;     // allowed expert input widths besides n_embd
+    struct VocabEntry {
+        uint64_t hash;    // FNV-1a of the text llama.cpp keys the token by
+        uint64_t offset;  // offset of the token's length field
+    };
+    std::vector<VocabEntry> vocab_;          // tokenizer.ggml.tokens
+    uint64_t vocab_at_ = 0;
+    std::array<bool, 256> byte_hex_{};       // bytes with a "<0xXX>" token
+    std::array<bool, 256> byte_single_{};    // bytes with a one-byte token
 };
 
 }  // namespace
@@ -867,6 +1158,134 @@ bool ModelIndex::is_expert_tensor(const std::string & n) const {
     return expert_tensor_names.count(n) != 0;
 }
 
+namespace {
+
+using CpuTraitsFn = const ggml_type_traits_cpu * (*)(ggml_type);
+
+// ggml_get_type_traits_cpu of the CPU backend this process loaded. The backend is a module
+// loaded at run time (one variant per CPU): find the loaded file through one of its functions
+// and look the symbol up there; a CPU backend linked in statically is found directly.
+CpuTraitsFn cpu_traits_fn(ggml_backend_reg_t reg) {
+    void * any = reg ? ggml_backend_reg_get_proc_address(reg, "ggml_backend_set_n_threads")
+                     : nullptr;
+    Dl_info info;
+    if (any && ::dladdr(any, &info) && info.dli_fname) {
+        if (void * h = ::dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD)) {
+            auto fn = reinterpret_cast<CpuTraitsFn>(::dlsym(h, "ggml_get_type_traits_cpu"));
+            ::dlclose(h);  // NOLOAD took a reference; the backend stays loaded
+            if (fn) return fn;
+        }
+    }
+    return reinterpret_cast<CpuTraitsFn>(::dlsym(RTLD_DEFAULT, "ggml_get_type_traits_cpu"));
+}
+
+enum class Role { kRows, kMatMul, kMatMulId, kElementwise };
+
+const char * role_op(Role r) {
+    switch (r) {
+        case Role::kRows: return "GET_ROWS (token embedding)";
+        case Role::kMatMul: return "MUL_MAT";
+        case Role::kMatMulId: return "MUL_MAT_ID (experts)";
+        case Role::kElementwise: return "MUL/ADD with f32 activations (norm, bias)";
+    }
+    return "?";
+}
+
+// Asks the device about a small probe node of the op the role feeds.
+bool device_supports(ggml_backend_dev_t dev, Role role, ggml_type t) {
+    const size_t mem = 16 * ggml_tensor_overhead() + 4096;
+    ggml_init_params ip{mem, nullptr, true};
+    ggml_context * c = ggml_init(ip);
+    if (!c) return false;
+    const int64_t k = std::max<int64_t>(256, ggml_blck_size(t));
+    ggml_tensor * node = nullptr;
+    switch (role) {
+        case Role::kRows:
+            node = ggml_get_rows(c, ggml_new_tensor_2d(c, t, k, 2),
+                                 ggml_new_tensor_1d(c, GGML_TYPE_I32, 1));
+            break;
+        case Role::kMatMul:
+            node = ggml_mul_mat(c, ggml_new_tensor_2d(c, t, k, 2),
+                                ggml_new_tensor_2d(c, GGML_TYPE_F32, k, 1));
+            break;
+        case Role::kMatMulId:
+            node = ggml_mul_mat_id(c, ggml_new_tensor_3d(c, t, k, 2, 2),
+                                   ggml_new_tensor_3d(c, GGML_TYPE_F32, k, 1, 1),
+                                   ggml_new_tensor_2d(c, GGML_TYPE_I32, 1, 1));
+            break;
+        case Role::kElementwise:
+            node = ggml_mul(c, ggml_new_tensor_2d(c, GGML_TYPE_F32, k, 2),
+                            ggml_new_tensor_1d(c, t, k));
+            break;
+    }
+    const bool ok = node && ggml_backend_dev_supports_op(dev, node);
+    ggml_free(c);
+    return ok;
+}
+
+// What the CPU kernels themselves can do with the type (supports_op of ggml 0.27's CPU
+// backend answers yes for every type, so the kernels' presence decides). Empty: computable.
+std::string kernel_missing(CpuTraitsFn traits, Role role, ggml_type t) {
+    switch (role) {
+        case Role::kRows:
+            if (t == GGML_TYPE_F32 || ggml_get_type_traits(t)->to_float) return "";
+            return "no conversion to f32";
+        case Role::kMatMul:
+        case Role::kMatMulId: {
+            const ggml_type_traits_cpu * tr = traits(t);
+            if (!tr || !tr->vec_dot) return "no dot-product kernel";
+            const ggml_type_traits_cpu * in = traits(tr->vec_dot_type);
+            if (!in || !in->from_float) return "no conversion of the activations";
+            return "";
+        }
+        case Role::kElementwise:
+            // The CPU's binary ops take an f32 activation with an f32 operand only.
+            return t == GGML_TYPE_F32 ? "" : "element-wise ops need f32";
+    }
+    return "unknown role";
+}
+
+}  // namespace
+
+Status check_cpu_computable(const ModelIndex & m) {
+    ggml_backend_dev_t dev = ggml_backend_dev_by_type(GGML_BACKEND_DEVICE_TYPE_CPU);
+    if (!dev) return Status::Runtime("no ggml CPU backend is loaded");
+    CpuTraitsFn traits = cpu_traits_fn(ggml_backend_dev_backend_reg(dev));
+    if (!traits)
+        return Status::Runtime("cannot find ggml_get_type_traits_cpu in the loaded CPU backend");
+    const size_t need_align = ggml_backend_buft_get_alignment(ggml_backend_dev_buffer_type(dev));
+    if (m.alignment < need_align) {
+        auto it = m.kv_offsets.find("general.alignment");
+        return Status::BadModel(m.path + ": general.alignment " + std::to_string(m.alignment) +
+                                " is below the CPU buffer alignment " +
+                                std::to_string(need_align) + " at byte offset " +
+                                std::to_string(it == m.kv_offsets.end() ? 0 : it->second));
+    }
+    const bool tied = m.find_tensor("output.weight") == nullptr;
+    for (const TensorInfo & t : m.tensors) {
+        std::vector<Role> roles;
+        if (t.name == "token_embd.weight") {
+            roles.push_back(Role::kRows);
+            if (tied) roles.push_back(Role::kMatMul);  // also the output projection
+        } else if (t.n_dims == 1) {
+            roles.push_back(Role::kElementwise);
+        } else {
+            roles.push_back(m.is_expert_tensor(t.name) ? Role::kMatMulId : Role::kMatMul);
+        }
+        const auto gt = static_cast<ggml_type>(t.type);
+        for (Role r : roles) {
+            std::string why = device_supports(dev, r, gt) ? kernel_missing(traits, r, gt)
+                                                           : "the device's supports_op says no";
+            if (!why.empty())
+                return Status::BadModel(m.path + ": tensor '" + t.name + "' has type " +
+                                        ggml_type_name(gt) + ", which the CPU backend cannot compute in " +
+                                        role_op(r) + " (" + why + ") at byte offset " +
+                                        std::to_string(t.info_offset));
+        }
+    }
+    return Status::Ok();
+}
+
 Status load_model_index(const std::string & path, ModelIndex * out) {
     ModelIndex m;
     m.path = path;
@@ -880,6 +1299,7 @@ Status load_model_index(const std::string & path, ModelIndex * out) {
     if (!S_ISREG(st.st_mode)) return Status::BadModel(path + ": not a regular file");
     m.file_size = static_cast<uint64_t>(st.st_size);
     m.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    m.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
     m.dev = uint64_t(st.st_dev);
     m.ino = uint64_t(st.st_ino);
     try {

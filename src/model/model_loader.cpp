@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -17,6 +18,22 @@
 #include "mmap_guard.h"
 
 namespace moestream {
+namespace {
+
+// A failed llama_model_load_from_file, with the reason llama.cpp logged.
+Status load_failed(const ModelIndex & index) {
+    std::string why = llama_errors_end();
+    // llama.cpp prefixes its lines with the logging function's name: drop it.
+    size_t k = 0;
+    while (k < why.size() && (std::islower(static_cast<unsigned char>(why[k])) || why[k] == '_')) ++k;
+    if (k > 0 && why.compare(k, 2, ": ") == 0) why.erase(0, k + 2);
+    if (why.empty())
+        return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
+                                "for llama.cpp's log)");
+    return Status::BadModel(index.path + ": llama.cpp could not load the model: " + why);
+}
+
+}  // namespace
 
 Status load_model_resident(const ModelIndex & index, const llama_model_params & params,
                            bool map_file, LoadedModel * out) {
@@ -24,10 +41,10 @@ Status load_model_resident(const ModelIndex & index, const llama_model_params & 
     mp.load_mode = map_file ? LLAMA_LOAD_MODE_MMAP : LLAMA_LOAD_MODE_NONE;
     mp.use_extra_bufts = false;
     mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
+    llama_errors_begin();
     out->model = llama_model_load_from_file(index.path.c_str(), mp);
-    if (!out->model)
-        return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
-                                "for llama.cpp's log)");
+    if (!out->model) return load_failed(index);
+    llama_errors_end();
     return Status::Ok();
 }
 
@@ -45,12 +62,12 @@ Status load_model_streaming(const ModelIndex & index, const llama_model_params &
     mp.use_extra_bufts = false;
     mp.lazy_mode = LLAMA_LAZY_MODE_OFF;
     mp.check_tensors = false;  // validating rows would read every expert
+    llama_errors_begin();
     out->model = llama_model_load_from_file(index.path.c_str(), mp);
     GuardedMapping seen = mmap_guard_disarm();
     ::close(fd);
-    if (!out->model)
-        return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
-                                "for llama.cpp's log)");
+    if (!out->model) return load_failed(index);
+    llama_errors_end();
     if (seen.addr == nullptr) {
         llama_model_free(out->model);
         out->model = nullptr;

@@ -53,6 +53,24 @@ Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool forc
             b = all;
             why += ", capped at what holds every expert (" + mib(all) + ")";
         }
+        // Never above the memory limit: what is available minus what the run needs besides.
+        const uint64_t avail = mem.available_bytes;
+        if (avail > 0) {
+            const uint64_t fits = avail > needs_bytes ? avail - needs_bytes : 0;
+            if (b > fits) {
+                const std::string lim = std::string(mem.source) + " " + mib(avail) +
+                                        " available - " + mib(needs_bytes) +
+                                        " (dense weights, KV, buffers)";
+                if (fits == 0 || fits < ws + ws / 2) {
+                    *out = {0, why + " does not fit: " + lim + " leaves " + mib(fits) +
+                                   ", below 1.5 x the working set (" + mib(ws + ws / 2) +
+                                   "): cache off", true};
+                    return Status::Ok();
+                }
+                *out = {fits, why + " clamped to " + mib(fits) + " (" + lim + ")", true};
+                return Status::Ok();
+            }
+        }
         *out = {b, why};
         return Status::Ok();
     }

@@ -20,6 +20,8 @@
 // deviation), which is much faster than quantizing floats.
 #include "moestream/synth.h"
 
+#include "moestream/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -674,15 +676,6 @@ private:
 };
 
 // Deletes the temp file unless released.
-struct TempFile {
-    std::string path;
-    int fd = -1;
-    bool keep = false;
-    ~TempFile() {
-        if (fd >= 0) ::close(fd);
-        if (!keep && !path.empty()) ::unlink(path.c_str());
-    }
-};
 
 }  // namespace
 
@@ -754,15 +747,19 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
     if (opt.dry_run) return Status::Ok();
 
     // Temp file next to the output, renamed at the end.
-    TempFile tmp;
-    tmp.path = synth_temp_path(opt);
+    // (AtomicFile: an -o that is a device, FIFO or directory is refused, never renamed over.)
+    AtomicFile out;
     const std::string & shown = opt.out_path;
-    tmp.fd = ::open(tmp.path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (tmp.fd < 0) {
-        const int e = errno;
-        tmp.path.clear();  // nothing to delete
-        return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(e));
+    st = out.create(opt.out_path, "synth: -o");
+    if (!st.ok()) {
+        if (st.code() == ErrorCode::kUsage) return st;
+        return Status::Runtime("synth: cannot write '" + shown + "': " +
+                               errno_str(out.create_errno()));
     }
+    struct {
+        const std::string & path;
+        int fd;
+    } tmp{out.temp_path(), out.fd()};
 
     // Reserve the whole file up front: a full disk fails here, at once, and the extents
     // are allocated in one go. Filesystems without fallocate just skip this.
@@ -833,19 +830,16 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
 
     if (::fdatasync(tmp.fd) != 0 || ::close(tmp.fd) != 0) {
         const int e = errno;
-        tmp.fd = -1;
+        out.fd_closed();
         return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(e));
     }
-    tmp.fd = -1;
+    out.fd_closed();
     progress.update(done.load(), /*final=*/true);
 
     st = verify_file(tmp.path, shown, m, align, file_bytes);
     if (!st.ok()) return st;
-    if (::rename(tmp.path.c_str(), opt.out_path.c_str()) != 0) {
-        const int e = errno;
-        return Status::Runtime("synth: cannot rename to '" + shown + "': " + errno_str(e));
-    }
-    tmp.keep = true;
+    st = out.commit();  // rename over -o (re-checked: never over a special file)
+    if (!st.ok()) return st;
     if (result) {
         result->seconds =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

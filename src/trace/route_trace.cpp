@@ -2,9 +2,12 @@
 #include "route_tracer.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
+#include <new>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -42,16 +45,14 @@ void put(std::string & b, T v) {
 std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const TraceHeader & h) {
     std::unique_ptr<RouteTracer> t(new RouteTracer());
     t->path_ = path;
-    t->tmp_ = path + ".tmp." + std::to_string(getpid());
     t->n_expert_ = h.n_expert;
     t->resident_.assign(h.n_expert, 0);
-    t->fd_ = ::open(t->tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (t->fd_ < 0) {
-        const int err = errno;
-        MS_LOG_WARN("route trace: cannot create '%s': %s; tracing is off, inference continues",
-                    t->tmp_.c_str(), std::strerror(err));
+    Status st = t->file_.create(path, "route trace");  // messages: "route trace: cannot ..."
+    if (!st.ok()) {
+        MS_LOG_WARN("%s; tracing is off, inference continues", st.message().c_str());
         return t;
     }
+    t->fd_ = t->file_.fd();
     std::string & b = t->buf_;
     b.append(kRouteTraceMagic, sizeof kRouteTraceMagic);
     put<uint32_t>(b, kRouteTraceVersion);
@@ -78,18 +79,12 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
     return t;
 }
 
-RouteTracer::~RouteTracer() {
-    if (fd_ >= 0) {
-        ::close(fd_);
-        ::unlink(tmp_.c_str());
-    }
-}
+RouteTracer::~RouteTracer() = default;  // file_ removes an unfinished temporary file
 
 void RouteTracer::fail(const std::string & what, int err) {
     MS_LOG_WARN("route trace: %s '%s': %s; tracing is off, inference continues", what.c_str(),
-                tmp_.c_str(), std::strerror(err));
-    if (fd_ >= 0) ::close(fd_);
-    ::unlink(tmp_.c_str());
+                file_.temp_path().c_str(), std::strerror(err));
+    file_.discard();
     fd_ = -1;
     open_ = false;
     buf_.clear();
@@ -183,21 +178,10 @@ void RouteTracer::finish() {
     put<uint64_t>(buf_, n_slots_);
     flush(true);
     if (fd_ < 0) return;
-    if (::fsync(fd_) != 0) return fail("cannot sync", errno);
-    if (::close(fd_) != 0) {
-        fd_ = -1;
-        const int err = errno;
-        ::unlink(tmp_.c_str());
-        MS_LOG_WARN("route trace: cannot close '%s': %s; no trace written", tmp_.c_str(),
-                    std::strerror(err));
-        return;
-    }
     fd_ = -1;
-    if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmp_.c_str());
-        MS_LOG_WARN("route trace: cannot rename '%s' to '%s': %s; no trace written", tmp_.c_str(),
-                    path_.c_str(), std::strerror(err));
+    Status st = file_.commit();  // fsync, close, rename over the target
+    if (!st.ok()) {
+        MS_LOG_WARN("%s; no trace written", st.message().c_str());
         return;
     }
     MS_LOG_INFO("route trace: %llu routings, %llu slots -> %s", (unsigned long long)n_records_,
@@ -267,9 +251,11 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
     MS_TRY(c.get(&h.k_model, "k_model"));
     MS_TRY(c.get(&h.k, "k"));
     MS_TRY(c.get(&n_moe, "n_moe_layers"));
-    if (h.n_layer == 0 || h.n_layer > 100000 || h.n_expert == 0 || h.n_expert > (1u << 24) ||
-        h.k == 0 || h.k > h.k_model || h.k_model > h.n_expert || h.k > 65535 || n_moe == 0 ||
-        n_moe > h.n_layer)
+    // Bounded by what a real model can have (llama.cpp's 512 layers; experts far above any
+    // released model), so the replay's per-expert arrays (MoE layers x experts) stay small.
+    if (h.n_layer == 0 || h.n_layer > kTraceMaxLayers || h.n_expert == 0 ||
+        h.n_expert > kTraceMaxExperts || h.k == 0 || h.k > h.k_model || h.k_model > h.n_expert ||
+        n_moe == 0 || n_moe > h.n_layer || uint64_t(n_moe) * h.n_expert > kTraceMaxLayerExperts)
         return c.err(at, "implausible model shape (n_layer " + std::to_string(h.n_layer) +
                              ", n_expert " + std::to_string(h.n_expert) + ", k " +
                              std::to_string(h.k) + " of " + std::to_string(h.k_model) +
@@ -335,10 +321,12 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
         return c.err(c.off(), "settings are not valid JSON");
     c.skip(json_len);
 
-    // Records. Reserve from the size (an upper bound: every slot costs 8 bytes).
-    out->expert.reserve(size_t(c.left() / kSlotBytes));
-    out->weight.reserve(size_t(c.left() / kSlotBytes));
-    out->flags.reserve(size_t(c.left() / kSlotBytes));
+    // Records. Reserve from the size (an upper bound: every slot costs 8 bytes), at most 1 Mi
+    // slots up front: beyond that the arrays grow with the records that actually parse.
+    const size_t guess = size_t(std::min<uint64_t>(c.left() / kSlotBytes, 1u << 20));
+    out->expert.reserve(guess);
+    out->weight.reserve(guess);
+    out->flags.reserve(guess);
     uint32_t last_graph = 0;
     while (true) {
         const uint64_t rec = c.off();
@@ -425,24 +413,63 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
 }
 
 Status read_route_trace(const std::string & path, RouteTrace * out) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; only regular files are read.
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return Status::BadInput(path + ": cannot open: " + std::strerror(errno));
-    std::vector<uint8_t> data;
-    uint8_t chunk[1 << 16];
-    while (true) {
-        const ssize_t n = ::read(fd, chunk, sizeof chunk);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) {
-            const int err = errno;
-            ::close(fd);
-            return Status::BadInput(path + ": offset " + std::to_string(data.size()) +
-                                    ": read failed: " + std::strerror(err));
+    struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    struct stat st;
+    if (::fstat(fd, &st) != 0)
+        return Status::BadInput(path + ": cannot stat: " + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return Status::BadInput(path + ": not a regular file (" +
+                                (S_ISDIR(st.st_mode)    ? "a directory"
+                                 : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                 : S_ISCHR(st.st_mode)  ? "a character device"
+                                 : S_ISBLK(st.st_mode)  ? "a block device"
+                                                        : "not a file") +
+                                "): a route trace is read from a file");
+    // The header first: anything else (a model file given by mistake) fails after 8 bytes.
+    auto read_at = [&](uint8_t * dst, uint64_t n, uint64_t off, uint64_t * got) -> Status {
+        *got = 0;
+        while (*got < n) {
+            const ssize_t r = ::pread(fd, dst + *got, n - *got, off_t(off + *got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0)
+                return Status::BadInput(path + ": offset " + std::to_string(off + *got) +
+                                        ": read failed: " + std::strerror(errno));
+            if (r == 0) break;
+            *got += uint64_t(r);
         }
-        if (n == 0) break;
-        data.insert(data.end(), chunk, chunk + n);
+        return Status::Ok();
+    };
+    uint8_t magic[sizeof kRouteTraceMagic];
+    uint64_t got = 0;
+    Status rs = read_at(magic, sizeof magic, 0, &got);
+    if (!rs.ok()) return rs;
+    if (got < sizeof magic || std::memcmp(magic, kRouteTraceMagic, sizeof magic) != 0)
+        return Status::BadInput(path + ": offset 0: not a moestream route trace (bad magic)");
+    const uint64_t size = uint64_t(st.st_size);
+    if (size > kTraceMaxFileBytes)
+        return Status::BadInput(path + ": " + std::to_string(size) +
+                                " bytes, more than the " + std::to_string(kTraceMaxFileBytes >> 20) +
+                                " MiB a route trace may have");
+    try {
+        std::vector<uint8_t> data(size_t(size) + 1);  // one more: a file that grew is not cut
+        rs = read_at(data.data(), size + 1, 0, &got);
+        if (!rs.ok()) return rs;
+        if (got != size)
+            return Status::BadInput(path + ": the file changed size while being read (" +
+                                    std::to_string(size) + " -> " + std::to_string(got) +
+                                    (got > size ? "+" : "") + " bytes)");
+        return parse_route_trace(data.data(), size, path, out);
+    } catch (const std::bad_alloc &) {
+        *out = RouteTrace{};
+        return Status::BadInput(path + ": out of memory holding the trace (" +
+                                std::to_string(size) + " bytes)");
     }
-    ::close(fd);
-    return parse_route_trace(data.data(), data.size(), path, out);
 }
 
 }  // namespace moestream

@@ -1,7 +1,9 @@
 // route_tracer.h — writing a route trace while the engine runs (`run --route-trace FILE`;
 // the format: include/moestream/route_trace.h, docs/route-trace.md).
 //
-// RouteTracer writes one: a temporary file next to the target, renamed over it by finish().
+// RouteTracer writes one through AtomicFile (moestream/atomic_file.h): a temporary file next
+// to the target, renamed over it by finish(); a target that is a device, FIFO or directory is
+// refused.
 // Any write failure (disk full, unwritable directory) turns tracing off with one warning and
 // removes the temporary file; inference is never affected.
 //
@@ -14,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "moestream/atomic_file.h"
 #include "moestream/route_trace.h"
 
 namespace moestream {
@@ -27,14 +30,14 @@ public:
 
     bool active() const { return fd_ >= 0; }
 
-    // --- graphs (TraceObserver; the engine calls finish()) ---
+    // --- engine ---
     // Before every llama_decode: its phase, the position of its first token, its tokens.
     void begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens);
     void end_graph() { close_record(); }
     // Writes the end marker, closes and renames the file over the target. Warns on failure.
     void finish();
 
-    // --- routings (TraceObserver, trace_observer.h) ---
+    // --- router hook ---
     // A layer's routing (ids row-major [n_rows][k], as routed). Opens a new record.
     void routing_start(uint32_t layer, int k, int n_rows, const int32_t * ids);
     // The layer whose record still waits for its final weights, or -1.
@@ -62,8 +65,9 @@ private:
     void flush(bool force);
     void fail(const std::string & what, int err);
 
-    std::string path_, tmp_;
-    int fd_ = -1;
+    std::string path_;
+    AtomicFile file_;  // the trace goes to its temporary file, renamed over path_ by finish()
+    int fd_ = -1;      // file_.fd() while tracing, -1 once off
     std::string buf_;
     uint64_t n_records_ = 0, n_slots_ = 0;
     uint32_t n_expert_ = 0;

@@ -23,6 +23,26 @@ LogLevel initial_level() {
 
 std::atomic<int> g_level{static_cast<int>(initial_level())};
 std::mutex g_mu;
+std::mutex g_err_mu;
+std::string g_first_error;    // first error line captured
+bool g_error_done = false;    // that line ended
+std::atomic<bool> g_capturing{false};  // between llama_errors_begin() and _end()
+std::atomic<bool> g_last_was_error{false};  // a CONT fragment continues an error line
+
+void record_error(const char * text) {
+    std::lock_guard<std::mutex> lk(g_err_mu);
+    if (g_error_done) return;
+    for (const char * p = text; *p; ++p) {
+        if (*p == '\n') {
+            if (!g_first_error.empty()) {
+                g_error_done = true;
+                return;
+            }
+            continue;
+        }
+        if (g_first_error.size() < 1024) g_first_error += *p;
+    }
+}
 
 const char * prefix(LogLevel l) {
     switch (l) {
@@ -60,13 +80,35 @@ void log_capture_llama() {
             // llama.cpp's warnings are shown at -v (they are mostly benign on our path),
             // its errors always; everything else only at debug.
             LogLevel l = LogLevel::kDebug;
-            if (level == GGML_LOG_LEVEL_ERROR) l = LogLevel::kError;
+            const bool err =
+                level == GGML_LOG_LEVEL_ERROR ||
+                (level == GGML_LOG_LEVEL_CONT && g_last_was_error.load());
+            if (level != GGML_LOG_LEVEL_CONT) g_last_was_error.store(level == GGML_LOG_LEVEL_ERROR);
+            const bool captured = err && g_capturing.load();
+            if (captured) record_error(text);
+            if (level == GGML_LOG_LEVEL_ERROR) l = captured ? LogLevel::kInfo : LogLevel::kError;
             else if (level == GGML_LOG_LEVEL_WARN) l = LogLevel::kInfo;
             if (!log_enabled(l)) return;
             std::lock_guard<std::mutex> lk(g_mu);
             std::fputs(text, stderr);
         },
         nullptr);
+}
+
+void llama_errors_begin() {
+    std::lock_guard<std::mutex> lk(g_err_mu);
+    g_first_error.clear();
+    g_error_done = false;
+    g_capturing.store(true);
+}
+
+std::string llama_errors_end() {
+    std::lock_guard<std::mutex> lk(g_err_mu);
+    g_capturing.store(false);
+    size_t b = 0, e = g_first_error.size();
+    while (b < e && (g_first_error[b] == ' ' || g_first_error[b] == '\t')) ++b;
+    while (e > b && (g_first_error[e - 1] == ' ' || g_first_error[e - 1] == '\r')) --e;
+    return g_first_error.substr(b, e - b);
 }
 
 }  // namespace moestream

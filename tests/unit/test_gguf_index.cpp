@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
 #include "moestream/gguf_index.h"
@@ -610,7 +611,11 @@ TEST(GgufIndex, NestedArrays) {
 TEST(GgufIndex, LargeVocabAndLongStringsAreSkippedNotStored) {
     TempDir tmp;
     Builder b = moe_builder();
-    std::vector<std::string> toks(200000, std::string(40, 'x'));
+    std::vector<std::string> toks(200000);
+    for (size_t i = 0; i < toks.size(); ++i) {  // unique, 40 bytes each
+        toks[i] = std::to_string(i);
+        toks[i].resize(40, 'x');
+    }
     b.arr_str("tokenizer.ggml.tokens", toks);
     b.str("tokenizer.chat_template", std::string(3 << 20, 'c'));  // 3 MiB: skipped
     const std::string path = tmp.path("vocab.gguf");
@@ -763,6 +768,94 @@ std::vector<Case> corruption_cases() {
     add("alignment 48", "not a power of 2", [](Builder & b) { b.u32("general.alignment", 48); });
     add("alignment 2^31", "not a power of 2",
         [](Builder & b) { b.u32("general.alignment", 1u << 31); });
+    // What llama.cpp / ggml would trust (and then crash on) if the index let it through.
+    auto f32 = [](Builder & b, const std::string & k, float v) {
+        b.set(k, T_F32, Bytes().put<float>(v));
+    };
+    auto vocab_with = [](Builder & b, std::vector<std::pair<int, std::string>> changes) {
+        std::vector<std::string> toks;
+        for (uint32_t i = 0; i < kVocab; ++i) toks.push_back("tok" + std::to_string(i));
+        for (auto & [i, t] : changes) toks[size_t(i)] = t;
+        b.arr_str("tokenizer.ggml.tokens", toks);
+    };
+    add("alignment 1", "general.alignment 1 is below 32",
+        [](Builder & b) { b.u32("general.alignment", 1); });
+    add("alignment 16", "general.alignment 16 is below 32",
+        [](Builder & b) { b.u32("general.alignment", 16); });
+    add("block_count above llama.cpp's 512",
+        "'qwen3moe.block_count' = 513 is out of range [1, 512]",
+        [](Builder & b) { b.u32("qwen3moe.block_count", 513); });
+    add("block_count 65536", "out of range [1, 512]",
+        [](Builder & b) { b.u32("qwen3moe.block_count", 65536); });
+    add("key with NUL", "contains a NUL byte",
+        [](Builder & b) { b.kvs[1].key = std::string("general.na\0me", 13); });
+    add("tensor name with NUL", "contains a NUL byte", [](Builder & b) {
+        b.tensor("output_norm.weight")->name = std::string("output_norm\0.weight", 19);
+    });
+    add("rms eps NaN", "'qwen3moe.attention.layer_norm_rms_epsilon' = nan must be finite and > 0",
+        [=](Builder & b) { f32(b, "qwen3moe.attention.layer_norm_rms_epsilon", NAN); });
+    add("rms eps negative", "layer_norm_rms_epsilon' = -0.000001 must be finite and > 0",
+        [=](Builder & b) { f32(b, "qwen3moe.attention.layer_norm_rms_epsilon", -1e-6f); });
+    add("rms eps 0", "must be finite and > 0",
+        [=](Builder & b) { f32(b, "qwen3moe.attention.layer_norm_rms_epsilon", 0.0f); });
+    add("rms eps is u32", "layer_norm_rms_epsilon' must be a float, is u32",
+        [](Builder & b) { b.u32("qwen3moe.attention.layer_norm_rms_epsilon", 1); });
+    add("rope freq_base 0", "'qwen3moe.rope.freq_base' = 0.000000 must be finite and > 0",
+        [=](Builder & b) { f32(b, "qwen3moe.rope.freq_base", 0.0f); });
+    add("rope freq_base inf", "'qwen3moe.rope.freq_base' = inf must be finite",
+        [=](Builder & b) { f32(b, "qwen3moe.rope.freq_base", INFINITY); });
+    add("rope scaling factor negative", "rope.scaling.factor' = -2.000000 must be finite and >= 0",
+        [=](Builder & b) { f32(b, "qwen3moe.rope.scaling.factor", -2.0f); });
+    add("expert_weights_scale NaN", "'qwen3moe.expert_weights_scale' = nan must be finite",
+        [=](Builder & b) { f32(b, "qwen3moe.expert_weights_scale", NAN); });
+    add("rope dims != head size", "'qwen3moe.rope.dimension_count' = 8 must equal the head size 16",
+        [](Builder & b) { b.u32("qwen3moe.rope.dimension_count", 8); });
+    add("rope dims > head size (partial-rotary arch)", "must be even and in [2, head size 16]",
+        [](Builder & b) {
+            b.str("general.architecture", "glm4moe");
+            for (auto & k : b.kvs) {
+                if (k.key.rfind("qwen3moe.", 0) == 0) k.key = "glm4moe." + k.key.substr(9);
+            }
+            b.u32("glm4moe.rope.dimension_count", 18);
+        });
+    add("head_count_kv 0", "'qwen3moe.attention.head_count_kv' = 0 must be >= 1 and divide",
+        [](Builder & b) { b.u32("qwen3moe.attention.head_count_kv", 0); });
+    add("head_count_kv does not divide", "head_count_kv' = 3 must be >= 1 and divide",
+        [](Builder & b) { b.u32("qwen3moe.attention.head_count_kv", 3); });
+    add("head_count > n_embd", "exceeds embedding_length",
+        [](Builder & b) { b.u32("qwen3moe.attention.head_count", 128); });
+    add("expert_gating_func 4", "'qwen3moe.expert_gating_func' = 4 is out of range [0, 3]",
+        [](Builder & b) { b.u32("qwen3moe.expert_gating_func", 4); });
+    add("nextn_predict_layers = block_count",
+        "nextn_predict_layers' = 3 must be less than block_count 3",
+        [](Builder & b) { b.u32("qwen3moe.nextn_predict_layers", 3); });
+    add("nextn_predict_layers huge", "must be less than block_count",
+        [](Builder & b) { b.u32("qwen3moe.nextn_predict_layers", 1u << 30); });
+    add("tokenizer model is u32", "tokenizer.ggml.model must be a string, is u32",
+        [](Builder & b) { b.u32("tokenizer.ggml.model", 1); });
+    add("token not UTF-8 (bad lead byte)", "tokenizer.ggml.tokens[5] is not valid UTF-8 (byte 1)",
+        [=](Builder & b) {
+            vocab_with(b, {{5, "a\xff"}});
+        });
+    add("token not UTF-8 (truncated sequence)", "tokens[7] is not valid UTF-8 (truncated",
+        [=](Builder & b) {
+            vocab_with(b, {{7, "ab\xe2\x82"}});
+        });
+    add("token not UTF-8 (bad continuation)", "tokens[9] is not valid UTF-8 (byte 1)",
+        [=](Builder & b) {
+            vocab_with(b, {{9, "\xc3("}});
+        });
+    add("duplicate token", "tokenizer.ggml.tokens[42] duplicates token 3 'tok3'", [=](Builder & b) {
+        vocab_with(b, {{42, "tok3"}});
+    });
+    add("empty token spelled like llama.cpp's placeholder",
+        "tokens[8] duplicates token 4 '[EMPTY_4]'", [=](Builder & b) {
+            vocab_with(b, {{4, ""}, {8, "[EMPTY_4]"}});
+        });
+    add("SentencePiece model on a vocabulary without byte tokens",
+        "tokenizer.ggml.model is 'llama' (SentencePiece) but the vocabulary has no byte token "
+        "<0x00>",
+        [](Builder & b) { b.str("tokenizer.ggml.model", "llama"); });
     add("tokens not strings", "tokenizer.ggml.tokens must be an array of strings",
         [](Builder & b) { b.u32("tokenizer.ggml.tokens", 5); });
     // Tensor infos.
@@ -907,6 +1000,90 @@ TEST(GgufIndex, CorruptionMatrix) {
         expect_bad(path, c.what, c.label);
     }
     EXPECT_GE(n, 80);
+}
+
+// A SentencePiece vocabulary with its 256 byte tokens passes the byte-token check (the
+// positive control of the "SentencePiece model on a vocabulary without byte tokens" case).
+TEST(GgufIndex, SentencePieceVocabularyWithByteTokensLoads) {
+    TempDir tmp;
+    Builder b = moe_builder();
+    b.str("tokenizer.ggml.model", "llama");
+    std::vector<std::string> toks = {"<unk>", "<s>", "</s>"};
+    for (int c = 0; c < 256; ++c) {
+        char t[8];
+        std::snprintf(t, sizeof t, "<0x%02X>", c);
+        toks.push_back(t);
+    }
+    b.arr_str("tokenizer.ggml.tokens", toks);
+    const std::string path = tmp.path("spm.gguf");
+    write_file(path, b.build());
+    ModelIndex m;
+    Status st = load_model_index(path, &m);
+    ASSERT_TRUE(st.ok()) << st.message();
+    toks.pop_back();  // no <0xFF>: refused, naming the missing byte
+    b.arr_str("tokenizer.ggml.tokens", toks);
+    write_file(path, b.build());
+    st = load_model_index(path, &m);
+    EXPECT_NE(st.message().find("no byte token <0xFF>"), std::string::npos) << st.message();
+}
+
+// Tensor types against the CPU backend: every role's type in the reference model passes, and
+// each type the CPU has no kernel for in that role is refused naming the tensor and the offset
+// of its tensor-info record.
+TEST(GgufIndex, TypesTheCpuBackendCannotComputeAreRefused) {
+    static const bool loaded = [] {
+        const char * one = std::getenv("GGML_BACKEND_PATH");
+        const std::string path = one && *one ? one : MOESTREAM_TEST_BACKEND;
+        return ggml_backend_load(path.c_str()) != nullptr;
+    }();
+    ASSERT_TRUE(loaded);
+    TempDir tmp;
+    const std::string base = tmp.path("base.gguf");
+    write_file(base, moe_builder().build());
+    ModelIndex m;
+    ASSERT_TRUE(load_model_index(base, &m).ok());
+    Status st = moestream::check_cpu_computable(m);
+    ASSERT_TRUE(st.ok()) << st.message();  // control: f32, f16, q8_0 in every role
+
+    struct TypeCase {
+        const char * tensor;
+        int32_t type;
+        const char * what;
+    };
+    const TypeCase cases[] = {
+        {"blk.1.ffn_gate_exps.weight", GGML_TYPE_I8,
+         "MUL_MAT_ID (experts) (no dot-product kernel)"},
+        {"blk.1.ffn_down_exps.weight", GGML_TYPE_I32, "MUL_MAT_ID"},
+        {"blk.2.ffn_up_exps.weight", GGML_TYPE_F64, "MUL_MAT_ID"},
+        {"blk.1.ffn_gate_inp.weight", GGML_TYPE_I32, "in MUL_MAT (no dot-product kernel)"},
+        {"blk.0.attn_q.weight", GGML_TYPE_I16, "in MUL_MAT"},
+        {"blk.1.ffn_gate_exps.weight", GGML_TYPE_Q8_1, "MUL_MAT_ID"},
+        {"output_norm.weight", GGML_TYPE_F16, "element-wise ops need f32"},
+        {"blk.0.attn_norm.weight", GGML_TYPE_I32, "element-wise"},
+        {"token_embd.weight", GGML_TYPE_I16, "GET_ROWS (token embedding) (no conversion to f32)"},
+    };
+    int n = 0;
+    for (const TypeCase & c : cases) {
+        SCOPED_TRACE(std::string(c.tensor) + " as " + ggml_type_name(ggml_type(c.type)));
+        Builder b = moe_builder();
+        b.tensor(c.tensor)->type = c.type;
+        const std::string path = tmp.path("type-" + std::to_string(n++) + ".gguf");
+        write_file(path, b.build());
+        ModelIndex mi;
+        Status ist = load_model_index(path, &mi);
+        ASSERT_TRUE(ist.ok()) << ist.message();  // the index alone accepts it
+        const moestream::TensorInfo * t = mi.find_tensor(c.tensor);
+        ASSERT_NE(t, nullptr);
+        st = moestream::check_cpu_computable(mi);
+        EXPECT_EQ(st.code(), moestream::ErrorCode::kBadModel);
+        const std::string want =
+            "tensor '" + std::string(c.tensor) + "' has type " + ggml_type_name(ggml_type(c.type));
+        EXPECT_NE(st.message().find(want), std::string::npos) << st.message();
+        EXPECT_NE(st.message().find(c.what), std::string::npos) << st.message();
+        EXPECT_NE(st.message().find("at byte offset " + std::to_string(t->info_offset)),
+                  std::string::npos)
+            << st.message();
+    }
 }
 
 // Rejecting a file costs little memory, whatever sizes it claims (counts of 2^40 and

@@ -208,6 +208,39 @@ TEST(IoFaults, ModelFileReplacedBetweenRequestsIsReported) {
     std::filesystem::remove(copy);
 }
 
+// Rewritten in place at the same size with the mtime put back (`dd conv=notrunc` then
+// `touch -r`): size, mtime and inode are all unchanged, only the ctime tells. The next request
+// fails naming it, and model_file_status() says so before any request.
+TEST(IoFaults, InPlaceRewriteWithRestoredMtimeIsReported) {
+    const std::string src = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string copy = private_copy(src, "touched");
+    auto e = open_engine(copy, nullptr, 0, true);
+    ASSERT_TRUE(generate(*e).st.ok());
+    ASSERT_TRUE(e->model_file_status().ok());
+    struct stat st;
+    ASSERT_EQ(stat(copy.c_str(), &st), 0);
+    {
+        std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(std::streamoff(st.st_size - 4096));
+        f.write("\x55\xaa\x55\xaa", 4);
+    }
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+    struct stat now;
+    ASSERT_EQ(stat(copy.c_str(), &now), 0);
+    ASSERT_EQ(now.st_size, st.st_size);
+    ASSERT_EQ(now.st_mtim.tv_nsec, st.st_mtim.tv_nsec);
+    ASSERT_EQ(now.st_ino, st.st_ino);
+    const Status fs = e->model_file_status();
+    EXPECT_FALSE(fs.ok());
+    EXPECT_NE(fs.message().find("mtime changed: no, ctime changed: yes"), std::string::npos)
+        << fs.message();
+    Out o = generate(*e);
+    EXPECT_FALSE(o.st.ok());
+    EXPECT_NE(o.st.message().find("ctime changed: yes"), std::string::npos) << o.st.message();
+    std::filesystem::remove(copy);
+}
+
 // Truncated (or rewritten in place) while tokens are being generated: the generation stops with
 // an error within one token; the pieces before are the fault-free run's. With the cache off every
 // token reads its experts, so without the per-token check the reads themselves would fail.

@@ -98,9 +98,9 @@ public:
     const std::string & dir() const { return dir_; }
 
     // Runs `args` (appended to the CLI) as the only process of this cgroup.
-    CmdResult run(const std::string & args) {
-        const std::string cmd = "echo $$ > " + sh_quote(dir_ + "/cgroup.procs") + " && exec " +
-                                sh_quote(cli_bin()) + " " + args;
+    CmdResult run(const std::string & args, const std::string & env = "") {
+        const std::string cmd = "echo $$ > " + sh_quote(dir_ + "/cgroup.procs") + " && " + env +
+                                " exec " + sh_quote(cli_bin()) + " " + args;
         return run_cmd("sh -c " + sh_quote(cmd));
     }
 
@@ -166,7 +166,7 @@ TEST(MemoryLimits, CacheAutoUnderCgroupLimitsIsNeverOomKilled) {
     fs::remove(json);
 }
 
-TEST(MemoryLimits, ExplicitBudgetFitsBudgetPlusMarginAndNegativeControlIsOomKilled) {
+TEST(MemoryLimits, ExplicitBudgetFitsOrIsClampedAndNegativeControlIsOomKilled) {
     const std::string model = synth_model("tiny", "qwen3moe", "f32");
     const std::string json = models_dir() + "/memlim2-" + std::to_string(getpid()) + ".json";
     uint64_t base = 0;
@@ -193,13 +193,58 @@ TEST(MemoryLimits, ExplicitBudgetFitsBudgetPlusMarginAndNegativeControlIsOomKill
         std::printf("cache off peak %.1f MiB; budget 64 MiB under %.1f MiB: cgroup peak %.1f MiB\n",
                     double(base) / kMiB, double(limit) / kMiB, double(cg.peak()) / kMiB);
     }
+    for (const uint64_t over : {budget / 4, budget * 3 / 4}) {
+        // The same budget under a limit it cannot fit in: clamped to what fits, or the cache
+        // off when that is below 1.5 x the working set (a warning, the reason in the stats),
+        // exit 0, the same tokens, no OOM kill.
+        NEED_CGROUP(cg, "clamp");
+        ASSERT_TRUE(cg.limit(base + over));
+        CmdResult r = cg.run(run_args(model, cache, json));
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, want);
+        EXPECT_NE(r.err.find("warning: expert cache: --cache-mb 64"), std::string::npos) << r.err;
+        const auto j = stats(json);
+        const std::string why = j["cache_budget_reason"].get<std::string>();
+        EXPECT_LT(uint64_t(j["cache_budget_bytes"]), budget);
+        EXPECT_TRUE(why.find("clamped to") != std::string::npos ||
+                    why.find("does not fit") != std::string::npos)
+            << why;
+        std::printf("--cache-mb 64 under %.1f MiB: %s; cgroup peak %.1f MiB\n",
+                    double(base + over) / kMiB, why.c_str(), double(cg.peak()) / kMiB);
+    }
     {
+        // Negative control: without the clamp (test knob) the same run is OOM-killed, so the
+        // limit binds and the harness sees the kernel's kills.
         NEED_CGROUP(cg, "oom");
         ASSERT_TRUE(cg.limit(base + budget / 4));
-        CmdResult r = cg.run(run_args(model, cache, json));
+        CmdResult r = cg.run(run_args(model, cache, json), "MOESTREAM_DEBUG_NO_BUDGET_CLAMP=1");
         EXPECT_EQ(r.exit_code, 128 + 9) << "expected an OOM kill (SIGKILL): " << r.err;
         EXPECT_GE(cg.oom_kills(), 1u);
     }
+    fs::remove(json);
+}
+
+// A context and batch whose KV cache and attention mask cannot fit under the limit: a usage
+// error before loading (exit 64, naming -c and --batch), never an OOM kill. Control: the
+// default context under the same limit runs.
+TEST(MemoryLimits, ContextThatCannotFitIsRefusedBeforeLoading) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string json = models_dir() + "/memlim3-" + std::to_string(getpid()) + ".json";
+    for (const char * args : {"-c 1048576 --batch 65536", "-c 4194304 --batch 512"}) {
+        NEED_CGROUP(cg, "ctx");
+        ASSERT_TRUE(cg.limit(700 * kMiB));
+        CmdResult r = cg.run("run -m " + sh_quote(model) + " -p hi -n 2 --cache-mb 0 " + args);
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        EXPECT_EQ(r.exit_code, 64) << r.err;
+        EXPECT_NE(r.err.find("cannot fit: the KV cache"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("available (cgroup"), std::string::npos) << r.err;
+    }
+    NEED_CGROUP(cg, "ctxok");
+    ASSERT_TRUE(cg.limit(700 * kMiB));
+    CmdResult r = cg.run(run_args(model, "--cache-mb 0", json));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(cg.oom_kills(), 0u);
     fs::remove(json);
 }
 

@@ -1258,3 +1258,30 @@ TEST(ResidencyCache, BudgetsAreCappedAtWhatHoldsEveryExpert) {
     ASSERT_TRUE(decide_cache_budget(idx, -1, false, 1 << 20, little, kPage, &d).ok());
     EXPECT_EQ(d.budget_bytes, 0u);
 }
+
+// An explicit budget above the memory limit is clamped to available - needs (no floor), or the
+// cache is off below 1.5 x the working set; within the limit it is kept as asked (control).
+TEST(ResidencyCache, ExplicitBudgetAboveTheMemoryLimitIsClamped) {
+    const ModelIndex idx = make_index({{1 << 20, 1 << 20, 1 << 20}}, 64);
+    MemoryAvailability mem;
+    mem.available_bytes = 40ull << 20;
+    mem.source = "cgroup test";
+    BudgetDecision d;
+    ASSERT_TRUE(decide_cache_budget(idx, 30, true, 4ull << 20, mem, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, 30ull << 20);  // fits: as asked
+    EXPECT_FALSE(d.clamped);
+    ASSERT_TRUE(decide_cache_budget(idx, 60, true, 4ull << 20, mem, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, 36ull << 20);  // 40 available - 4 needed
+    EXPECT_TRUE(d.clamped);
+    EXPECT_NE(d.reason.find("--cache-mb 60 clamped to 36 MiB (cgroup test 40 MiB available"),
+              std::string::npos)
+        << d.reason;
+    // Nothing (below 1.5 x the working set) would fit: cache off.
+    const uint64_t needs = mem.available_bytes - idx.token_working_set_bytes;  // ws + ws/2 > ws
+    ASSERT_TRUE(decide_cache_budget(idx, 60, true, needs, mem, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, 0u);
+    EXPECT_TRUE(d.clamped);
+    EXPECT_NE(d.reason.find("cache off"), std::string::npos) << d.reason;
+    ASSERT_TRUE(decide_cache_budget(idx, 60, true, 4ull << 20, MemoryAvailability{}, kPage, &d).ok());
+    EXPECT_EQ(d.budget_bytes, 60ull << 20);  // no limit known: no clamp
+}

@@ -8,10 +8,12 @@
 //  - tracing never changes the output, and a trace that cannot be written (missing
 //    directory, file size limit hit mid-run) only warns: the run succeeds with identical output.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -242,6 +244,109 @@ TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
     r = run_cmd(bin + " replay " + sh_quote(path + ".missing"));
     EXPECT_EQ(r.exit_code, 3) << r.err;
     std::remove(path.c_str());
+}
+
+// The shape a header may claim is bounded by what a real model can have (512 layers, 4096
+// experts, 2^20 layer x expert pairs), so replay never sizes its arrays from a hostile header.
+// Control: a header at exactly the product bound parses.
+TEST(RouteTraceFormat, ShapeIsBoundedByWhatARealModelCanHave) {
+    const std::string path = tmp_path("shape.trace");
+    RouteTrace t;
+    write_synthetic(path, shape_header(256, 4096, 2, 4096), 0);  // 256 x 4096 = 2^20
+    Status st = read_route_trace(path, &t);
+    ASSERT_TRUE(st.ok()) << st.message();
+    write_synthetic(path, shape_header(257, 4096, 2, 4096), 0);
+    st = read_route_trace(path, &t);
+    EXPECT_NE(st.message().find("offset 12: implausible model shape (n_layer 257, n_expert 4096"),
+              std::string::npos)
+        << st.message();
+    write_synthetic(path, shape_header(2, 8, 2, 4096), 1);
+    const std::string good = slurp(path);
+    struct Case {
+        uint64_t at;
+        uint32_t value;
+        const char * expect;
+    } cases[] = {
+        {12, 513, "n_layer 513"},          // above llama.cpp's 512 layers
+        {12, 0xFFFFFFFFu, "n_layer 4294967295"},
+        {16, 4097, "n_expert 4097,"},        // above 4096 experts
+        {16, 1u << 24, "n_expert 16777216,"},  // with n_layer 2^8 this reached 2^32 ids
+    };
+    const std::string bin = sh_quote(cli_bin());
+    for (const Case & c : cases) {
+        std::string bad = good;
+        std::memcpy(bad.data() + c.at, &c.value, 4);
+        spit(path, bad);
+        st = read_route_trace(path, &t);
+        EXPECT_NE(st.message().find(c.expect),
+                  std::string::npos)
+            << st.message();
+        CmdResult r = run_cmd(bin + " replay " + sh_quote(path));
+        EXPECT_EQ(r.exit_code, 3) << r.err;
+        EXPECT_NE(r.err.find("implausible model shape"), std::string::npos) << r.err;
+    }
+    std::remove(path.c_str());
+}
+
+// Bytes this process has read through read()/pread() so far (/proc/self/io rchar).
+uint64_t bytes_read_so_far() {
+    std::ifstream io("/proc/self/io");
+    std::string key;
+    uint64_t v = 0;
+    while (io >> key >> v)
+        if (key == "rchar:") return v;
+    return 0;
+}
+
+// Files that are not traces: refused without reading them whole or waiting on them.
+TEST(RouteTraceFormat, ReaderRefusesSpecialFilesHugeFilesAndOtherFormatsFast) {
+    RouteTrace t;
+    const std::string fifo = tmp_path("trace.fifo");
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    const std::string dir = tmp_path("trace.dir");
+    std::filesystem::create_directory(dir);
+    struct Case {
+        std::string path, expect;
+    } cases[] = {
+        {"/dev/zero", "not a regular file (a character device)"},
+        {"/dev/null", "not a regular file (a character device)"},
+        {fifo, "not a regular file (a FIFO)"},  // opened without blocking for a writer
+        {dir, "not a regular file (a directory)"},
+    };
+    const std::string bin = sh_quote(cli_bin());
+    for (const Case & c : cases) {
+        Status st = read_route_trace(c.path, &t);
+        EXPECT_EQ(st.code(), ErrorCode::kBadInput);
+        EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
+        CmdResult r = run_cmd("timeout 60 " + bin + " replay " + sh_quote(c.path));
+        EXPECT_EQ(r.exit_code, 3) << c.path << ": " << r.err;
+        EXPECT_NE(r.err.find(c.expect), std::string::npos) << r.err;
+    }
+    // A 104 MB model file: "bad magic" after reading 8 bytes, not the whole file.
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    ASSERT_GT(std::filesystem::file_size(model), 100000000u);
+    const uint64_t before = bytes_read_so_far();
+    Status st = read_route_trace(model, &t);
+    const uint64_t read = bytes_read_so_far() - before;
+    EXPECT_NE(st.message().find("offset 0: not a moestream route trace (bad magic)"),
+              std::string::npos)
+        << st.message();
+    EXPECT_LT(read, 4096u) << "read " << read << " bytes of a file that is not a trace";
+    // A (sparse) 2 GiB file that starts like a trace: refused by its size before reading it.
+    const std::string huge = tmp_path("huge.trace");
+    {
+        std::ofstream f(huge, std::ios::binary);
+        f.write(kRouteTraceMagic, sizeof kRouteTraceMagic);
+    }
+    ASSERT_EQ(truncate(huge.c_str(), off_t(2) << 30), 0);
+    const uint64_t before_huge = bytes_read_so_far();
+    st = read_route_trace(huge, &t);
+    EXPECT_NE(st.message().find("more than the 1024 MiB a route trace may have"), std::string::npos)
+        << st.message();
+    EXPECT_LT(bytes_read_so_far() - before_huge, 4096u);
+    std::remove(huge.c_str());
+    std::remove(fifo.c_str());
+    std::filesystem::remove(dir);
 }
 
 // --- Recorded by the engine -------------------------------------------------------------

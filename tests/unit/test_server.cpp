@@ -8,7 +8,9 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -37,7 +39,8 @@ std::string tiny_model() {
 // A `moestream serve` child process; stopped (SIGTERM, then SIGKILL) on destruction.
 class ServerProc {
 public:
-    ServerProc(const std::vector<std::string> & args, const std::vector<std::string> & env = {}) {
+    ServerProc(const std::vector<std::string> & args, const std::vector<std::string> & env = {},
+               const std::string & model = "") {
         char tmpl[] = "/tmp/moestream-serve-XXXXXX";
         dir_ = mkdtemp(tmpl);
         err_path_ = dir_ + "/stderr";
@@ -50,7 +53,8 @@ public:
             FILE * err = std::fopen(err_path_.c_str(), "w");
             if (err) dup2(fileno(err), 2);
             close(fds[0]);
-            std::vector<std::string> full = {cli_bin(), "serve", "-m", tiny_model(), "-v"};
+            std::vector<std::string> full = {cli_bin(), "serve", "-m",
+                                             model.empty() ? tiny_model() : model, "-v"};
             if (std::find(args.begin(), args.end(), "--port") == args.end())
                 full.insert(full.end(), {"--port", "0"});
             full.insert(full.end(), args.begin(), args.end());
@@ -262,6 +266,37 @@ TEST(Server, IoErrorFailsTheRequestAndTheNextOneIsAnswered) {
     auto h = s.client().Get("/health");
     ASSERT_TRUE(h);
     EXPECT_EQ(h->status, 200);
+}
+
+// The model file rewritten in place with its mtime restored (`dd conv=notrunc` + `touch -r`):
+// /health says so (503, naming the change) instead of 200 while every request fails.
+TEST(Server, ChangedModelFileMakesHealthFail) {
+    const std::string copy = "/tmp/moestream-serve-changed-" + std::to_string(getpid()) + ".gguf";
+    std::filesystem::copy_file(tiny_model(), copy,
+                               std::filesystem::copy_options::overwrite_existing);
+    ServerProc s({"--lossless"}, {}, copy);
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto h = s.client().Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200) << h->body;  // control: unchanged
+    struct stat st;
+    ASSERT_EQ(stat(copy.c_str(), &st), 0);
+    {
+        std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(std::streamoff(st.st_size / 2));
+        f.write("\x55\xaa\x55\xaa", 4);
+    }
+    const struct timespec times[2] = {st.st_atim, st.st_mtim};
+    ASSERT_EQ(utimensat(AT_FDCWD, copy.c_str(), times, 0), 0);
+    h = s.client().Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 503) << h->body;
+    EXPECT_NE(h->body.find("ctime changed: yes"), std::string::npos) << h->body;
+    EXPECT_NE(h->body.find("mtime changed: no"), std::string::npos) << h->body;
+    auto r = post(s, "/v1/completions", json{{"prompt", "Once"}, {"max_tokens", 2}});
+    ASSERT_TRUE(r);
+    EXPECT_GE(r->status, 500) << r->body;
+    std::filesystem::remove(copy);
 }
 
 // Chat: the default template (chatml; the synth model carries none) applied to the messages

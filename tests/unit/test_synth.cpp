@@ -272,11 +272,13 @@ TEST(synth, UnwritableOutputIsAClearError) {
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    // The output path is an existing directory: rename fails, the temp file is removed.
+    // The output path is an existing directory: refused before writing (never renamed over).
     fs::create_directory(d.path("adir"));
     r = synth("--preset tiny -o " + sh_quote(d.path("adir")));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.err.find(d.path("adir")), std::string::npos) << r.err;
+    EXPECT_EQ(r.exit_code, 64);
+    EXPECT_NE(r.err.find(d.path("adir") + "' exists and is a directory"), std::string::npos)
+        << r.err;
+    EXPECT_TRUE(fs::is_directory(d.path("adir")));
     // Write failure part-way (file size limit: EFBIG, like a full disk): no half file left.
     const std::string big = d.path("big.gguf");
     r = run_cmd("trap '' XFSZ; ulimit -f 4096; exec " + sh_quote(cli_bin()) +

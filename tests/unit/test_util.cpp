@@ -1,5 +1,6 @@
 #include "test_util.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -108,11 +109,15 @@ std::string synth_model(const std::string & preset, const std::string & arch,
     if (r.exit_code != 0) throw std::runtime_error("synth failed: " + cmd + "\n" + r.err);
     // Never replace a file another test may have open: tests run in parallel, and a run that
     // finds its model replaced after loading it stops with "the model file changed" (engine
-    // check_file_unchanged). link() fails with EEXIST when another test got there first.
-    if (link(tmp.c_str(), path.c_str()) != 0 && errno != EEXIST)
-        throw std::runtime_error("cannot link " + tmp + " to " + path + ": " +
-                                 std::strerror(errno));
-    std::remove(tmp.c_str());
+    // check_file_unchanged). The rename fails with EEXIST when another test got there first.
+    // RENAME_NOREPLACE rather than link() + unlink(): the unlink would change the inode's
+    // ctime after another test may have opened the path (ctime is part of the change check).
+    if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
+        if (errno != EEXIST)
+            throw std::runtime_error("cannot rename " + tmp + " to " + path + ": " +
+                                     std::strerror(errno));
+        std::remove(tmp.c_str());
+    }
     return path;
 }
 

@@ -19,6 +19,7 @@
 #include "moestream/eval.h"
 #include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
+#include "moestream/text_file.h"
 
 namespace moestream::cli {
 namespace {
@@ -40,12 +41,8 @@ int fail(const Status & st) {
 }
 
 Status read_text(const std::string & path, std::string * out) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return Status::BadInput(path + ": cannot read the text file");
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    *out = ss.str();
-    if (out->empty()) return Status::BadInput(path + ": the text file is empty");
+    Status rs = read_text_file(path, "text", out);
+    if (!rs.ok()) return rs;
     if (out->find('\0') != std::string::npos)
         return Status::BadInput(path + ": the text file contains NUL bytes (binary?)");
     return Status::Ok();

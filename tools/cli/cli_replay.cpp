@@ -150,7 +150,11 @@ if lossy:
     ax.legend(fontsize=7)
 fig.suptitle(d.get("title", "moestream replay"), fontsize=9)
 fig.tight_layout()
-fig.savefig(sys.argv[2], dpi=110)
+# The name given, as given: the format from its extension when matplotlib knows it, else PNG
+# (savefig alone would append ".png" to a name without one).
+ext = sys.argv[2].rsplit(".", 1)[-1].lower() if "." in sys.argv[2].rsplit("/", 1)[-1] else ""
+fmt = ext if ext in fig.canvas.get_supported_filetypes() else "png"
+fig.savefig(sys.argv[2], dpi=110, format=fmt)
 )PY";
 
 Status write_plot(const nlohmann::json & doc, const std::string & png) {

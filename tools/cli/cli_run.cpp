@@ -10,6 +10,7 @@
 #include "cli.h"
 #include "moestream/log.h"
 #include "moestream/moestream.h"
+#include "moestream/text_file.h"
 
 namespace moestream::cli {
 namespace {
@@ -103,12 +104,8 @@ int fail(const Status & st) {
 int do_run(RunFlags & f) {
     apply_verbosity(f.verbose);
     if (!f.prompt_file.empty()) {
-        std::ifstream in(f.prompt_file, std::ios::binary);
-        if (!in) return fail(Status::BadInput(f.prompt_file + ": cannot read the prompt file"));
-        std::stringstream ss;
-        ss << in.rdbuf();
-        f.prompt = ss.str();
-        if (f.prompt.empty()) return fail(Status::BadInput(f.prompt_file + ": the prompt file is empty"));
+        Status rs = read_text_file(f.prompt_file, "prompt", &f.prompt);
+        if (!rs.ok()) return fail(rs);
     }
     std::unique_ptr<Engine> engine;
     Status st = Engine::open(f.opt, &engine);

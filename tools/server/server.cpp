@@ -383,6 +383,10 @@ private:
             if (path == "/") http_.Get("/index.html", handler);
         }
         http_.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
+            const Status fs = engine_->model_file_status();  // a changed file fails every request
+            if (!fs.ok())
+                return send_json(res, 503, json{{"status", "error"}, {"model", model_name_},
+                                                {"error", fs.message()}});
             send_json(res, 200, json{{"status", "ok"}, {"model", model_name_}});
         });
         http_.Get("/stats", [this](const httplib::Request & req, httplib::Response & res) {
