@@ -25,8 +25,12 @@ namespace moestream {
 struct RunOptions {
     std::string model_path;
     int n_threads = 2;    // compute threads (-t)
-    int n_ctx = 4096;     // context length (-c)
-    int n_batch = 512;    // prompt tokens per llama_decode
+    int n_threads_batch = 0;  // threads for prompt batches (-tb); 0 = n_threads
+    // Context length (-c). 0 = the model's training context, capped so the KV cache takes at
+    // most 1/8 of the memory available at open (settings_json: n_ctx, n_ctx_reason).
+    int n_ctx = 4096;
+    int n_batch = 512;    // prompt tokens per llama_decode (-b)
+    int n_ubatch = 0;     // physical batch of llama.cpp (-ub); 0 = n_batch; capped at n_batch
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
     bool stream = true;   // false: llama.cpp loads everything resident (--no-stream)
@@ -181,8 +185,9 @@ public:
     static Status open(const RunOptions & opt, std::unique_ptr<Engine> * out);
 
     // Tokenizes `prompt`, prefills, then decodes up to n_predict tokens (stops at
-    // end-of-generation). on_piece (optional) receives each token's text as produced;
-    // returning false stops generation. An I/O error stops generation with kRuntime.
+    // end-of-generation; n_predict -1: until the context is full). on_piece (optional)
+    // receives each token's text as produced; returning false stops generation. An I/O error
+    // stops generation with kRuntime.
     virtual Status generate(const std::string & prompt, int n_predict,
                             const std::function<bool(const std::string &)> & on_piece,
                             GenerateResult * result) = 0;

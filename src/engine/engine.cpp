@@ -102,8 +102,12 @@ public:
         t_open_ = now_s();
         opt_ = opt;
         if (opt.n_threads < 1 || opt.n_threads > 512) return Status::Usage("-t must be in 1..512");
-        if (opt.n_ctx < 16) return Status::Usage("-c must be >= 16");
+        if (opt.n_ctx != 0 && opt.n_ctx < 16)
+            return Status::Usage("-c must be 0 (the model's) or >= 16");
         if (opt.n_batch < 1) return Status::Usage("--batch must be >= 1");
+        if (opt.n_ubatch < 0) return Status::Usage("--ubatch-size must be >= 1");
+        if (opt.n_threads_batch < 0 || opt.n_threads_batch > 512)
+            return Status::Usage("--threads-batch must be in 1..512");
         if (opt.io_threads < 1 || opt.io_threads > 64)
             return Status::Usage("--io-threads must be in 1..64");
         if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp))
@@ -183,11 +187,12 @@ public:
         }
 
         llama_context_params cp = llama_context_default_params();
-        cp.n_ctx = uint32_t(opt.n_ctx);
+        if (opt_.n_ctx == 0) opt_.n_ctx = context_from_model();
+        cp.n_ctx = uint32_t(opt_.n_ctx);
         cp.n_batch = uint32_t(opt.n_batch);
-        cp.n_ubatch = uint32_t(opt.n_batch);
+        cp.n_ubatch = uint32_t(opt.n_ubatch > 0 ? std::min(opt.n_ubatch, opt.n_batch) : opt.n_batch);
         cp.n_threads = opt.n_threads;
-        cp.n_threads_batch = opt.n_threads;
+        cp.n_threads_batch = opt.n_threads_batch > 0 ? opt.n_threads_batch : opt.n_threads;
         cp.no_perf = true;
         if (hook_) {
             cp.cb_eval = &RouterHook::eval_callback;
@@ -198,7 +203,7 @@ public:
         ctx_ = llama_init_from_model(lm_.model, cp);
         if (!ctx_)
             return Status::Runtime("llama.cpp could not create a context (n_ctx " +
-                                   std::to_string(opt.n_ctx) + "); run with -vv for its log");
+                                   std::to_string(opt_.n_ctx) + "); run with -vv for its log");
 
         if (opt.stream) {
             st = make_store();
@@ -218,6 +223,31 @@ public:
         MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
                     opt.stream ? "streaming" : "resident");
         return Status::Ok();
+    }
+
+    // -c 0: the model's training context, capped so that the KV cache (f16 K and V, estimated
+    // from the model's shape) takes at most 1/8 of the memory available now; a multiple of
+    // 256, at least 256 (docs/cli.md). n_ctx_reason_ says which bound applied.
+    int context_from_model() {
+        const int train = std::max(0, llama_model_n_ctx_train(lm_.model));
+        const int n_head = std::max(1, llama_model_n_head(lm_.model));
+        const int n_head_kv = std::max(1, llama_model_n_head_kv(lm_.model));
+        uint64_t head_dim = uint64_t(llama_model_n_embd(lm_.model)) / uint64_t(n_head);
+        auto kv = index_.kv.find(index_.arch + ".attention.key_length");
+        if (kv != index_.kv.end() && kv->second.i > 0) head_dim = uint64_t(kv->second.i);
+        const uint64_t per_token = uint64_t(std::max(1, llama_model_n_layer(lm_.model))) * 2 *
+                                   uint64_t(n_head_kv) * std::max<uint64_t>(1, head_dim) * 2;
+        const uint64_t mem = memory_availability().available_bytes;
+        const uint64_t cap = mem ? std::max<uint64_t>(256, mem / 8 / per_token / 256 * 256) : 4096;
+        int n = train > 0 ? train : 4096;
+        n_ctx_reason_ = train > 0 ? "the model's training context" : "4096 (the model gives none)";
+        if (uint64_t(n) > cap) {
+            n = int(std::min<uint64_t>(cap, 1 << 22));
+            n_ctx_reason_ = "the model's " + std::to_string(train) +
+                            " capped: its KV cache must fit in 1/8 of the " +
+                            std::to_string(mem >> 20) + " MiB available";
+        }
+        return std::max(16, n);
     }
 
     // Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
@@ -433,7 +463,7 @@ private:
                          bool reuse_prefix,
                          const std::function<bool(const std::string &)> & on_piece,
                          GenerateResult * result) {
-        if (n_predict < 0) return Status::Usage("-n must be >= 0");
+        if (n_predict < -1) return Status::Usage("-n must be >= 0, or -1 (until the context is full)");
         if (streamer_) {
             Status st = check_file_unchanged(index_);
             if (!st.ok()) return st;
@@ -449,6 +479,7 @@ private:
         }
         if (n <= 0) return Status::BadInput("the prompt tokenizes to no tokens");
         toks.resize(size_t(n));
+        if (n_predict == -1) n_predict = std::max(0, opt_.n_ctx - n);
         if (n + n_predict > opt_.n_ctx)
             return Status::Usage("prompt (" + std::to_string(n) + " tokens) + -n " +
                                  std::to_string(n_predict) + " exceeds the context (-c " +
@@ -598,6 +629,9 @@ public:
         if (!opt_.stream) j["model_file_mapped_bytes"] = file_mapped_after_load_bytes_;
         j["n_threads"] = opt_.n_threads;
         j["n_ctx"] = opt_.n_ctx;
+        j["n_ctx_reason"] = n_ctx_reason_.empty() ? "-c" : n_ctx_reason_;
+        j["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
+        j["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
         j["n_batch"] = opt_.n_batch;
         j["temp"] = opt_.temp;
         j["seed"] = opt_.seed;
@@ -772,6 +806,7 @@ private:
     std::vector<llama_token> kv_tokens_;   // tokens whose KV the context holds (prefix reuse)
     llama_context * ctx_ = nullptr;
     llama_sampler * sampler_ = nullptr;
+    std::string n_ctx_reason_;  // -c 0: how the context length was chosen
     RunStats stats_;
     double t_open_ = 0;
     uint32_t k_eff_ = 0;  // effective top-k

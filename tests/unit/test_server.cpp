@@ -50,7 +50,8 @@ public:
             FILE * err = std::fopen(err_path_.c_str(), "w");
             if (err) dup2(fileno(err), 2);
             close(fds[0]);
-            std::vector<std::string> full = {cli_bin(), "serve", "-m", tiny_model(), "-v"};
+            // -c 4096: the queue tests ask for 2000 tokens, beyond the tiny model's own context.
+            std::vector<std::string> full = {cli_bin(), "serve", "-m", tiny_model(), "-v", "-c", "4096"};
             if (std::find(args.begin(), args.end(), "--port") == args.end())
                 full.insert(full.end(), {"--port", "0"});
             full.insert(full.end(), args.begin(), args.end());

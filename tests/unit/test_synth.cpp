@@ -4,6 +4,8 @@
 // file named and no file left behind; the weights have realistic scale (quant blocks decode
 // to the intended distribution, activations finite, logits vary, routing covers all experts).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -275,7 +277,10 @@ TEST(synth, BadFlagsExit64) {
     for (const auto & args : bad) {
         CmdResult r = synth(args);
         EXPECT_EQ(r.exit_code, 64) << args << "\n" << r.err;
-        EXPECT_NE(r.err.find("moestream:"), std::string::npos) << args;
+        // One line naming the subcommand, then the pointer to --help (no usage dump).
+        EXPECT_EQ(r.err.rfind("moestream synth: ", 0), 0u) << args << "\n" << r.err;
+        EXPECT_NE(r.err.find("\nsee `moestream synth --help`\n"), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;
     }
     EXPECT_TRUE(fs::is_empty(d.path()));
 }

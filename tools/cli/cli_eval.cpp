@@ -199,11 +199,11 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
-        ->check(CLI::Range(2, 1 << 20));
+        ->check(int_range(2, 1 << 20));
     sub->add_option("--window", f->window,
                     "empty the context every N tokens (the expert cache stays): score within "
                     "the model's training context; 0 = the whole text in one context")
-        ->check(CLI::Range(0, 1 << 20));
+        ->check(int_range(0, 1 << 20));
     add_engine_flags(sub, &f->opt);  // run's engine flags (lossy knobs included)
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record the configured run's routings to FILE, one decode row per text "
@@ -212,7 +212,7 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
         ->excludes(save);
     sub->add_option("--bootstrap", f->bootstrap, "bootstrap resamples")
-        ->check(CLI::Range(100, 1000000));
+        ->check(int_range(100, 1000000));
     sub->add_flag("--json", f->json, "print one JSON object");
     sub->add_flag("-v,--verbose", f->verbose, "more log");
     sub->callback([f, action] { *action = [f] { return do_eval(*f); }; });

@@ -31,17 +31,17 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->add_option("--host", f->cfg.host,
                     "address to listen on (default 127.0.0.1: this machine only)");
     sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")
-        ->check(CLI::Range(0, 65535));
+        ->check(int_range(0, 65535));
     sub->add_option(
         "--api-key", f->cfg.api_key,
         "require 'Authorization: Bearer KEY' on /v1/* and /stats (or set MOESTREAM_API_KEY)");
     sub->add_option("-n,--n-predict", f->cfg.defaults.max_tokens, "default max_tokens of a request")
-        ->check(CLI::Range(1, 1 << 22));
+        ->check(int_range(1, 1 << 22));
     sub->add_option("--queue", f->cfg.queue_max, "requests that may wait behind the running one")
-        ->check(CLI::Range(0, 1024));
+        ->check(int_range(0, 1024));
     sub->add_option("--max-body", f->cfg.body_limit_bytes,
                     "largest request body in bytes (413 above)")
-        ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+        ->check(int_range(1024, 1ll << 30));
     sub->add_flag("--lossless", f->lossless,
                   "start without the app's lossy defaults (no drop-cold)");
     add_engine_flags(sub, &f->cfg.run);

@@ -75,7 +75,7 @@ void add_synth_command(CLI::App & app, Action * action) {
             "UINT64"))
         ->capture_default_str();
     sub->add_option("--alignment", opt->alignment, "general.alignment (power of two)")
-        ->check(CLI::Range(32u, 1u << 21))
+        ->check(int_range(32, 1 << 21))
         ->check(CLI::Validator(
             [](std::string & v) -> std::string {
                 unsigned long n = 0;
@@ -91,13 +91,13 @@ void add_synth_command(CLI::App & app, Action * action) {
     sub->add_option("--attn-gain", opt->attn_out_gain,
                     "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as "
                     "chance; 1.0 (plain init) makes greedy output and routing repeat")
-        ->check(CLI::Range(0.001f, 4.0f))
+        ->check(real_range(0.001, 4.0))
         ->capture_default_str();
     sub->add_option("-o,--output", opt->out_path, "output file (written via temp + rename)")
         ->required();
     sub->add_flag("--progress", opt->progress, "progress bar on stderr (automatic above 1 GB)");
     sub->add_option("--threads", opt->threads, "generator threads (0 = auto; same bytes)")
-        ->check(CLI::Range(0u, 64u))
+        ->check(int_range(0, 64))
         ->capture_default_str();
     sub->add_flag("--dry-run", opt->dry_run, "print the planned file size, write nothing");
     sub->add_flag("-v", *verbosity, "more log (-vv: debug)");

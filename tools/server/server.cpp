@@ -747,7 +747,9 @@ int run_server(const ServeConfig & cfg_in) {
             cfg.defaults.drop_cold = 0;
         }
     }
-    cfg.defaults.max_tokens_limit = std::max(1, cfg.run.n_ctx - 1);
+    // -c 0 means the model's context: the engine reports the length it chose.
+    const int n_ctx = nlohmann::json::parse(engine->settings_json()).value("n_ctx", cfg.run.n_ctx);
+    cfg.defaults.max_tokens_limit = std::max(1, n_ctx - 1);
     cfg.defaults.max_tokens = std::min(cfg.defaults.max_tokens, cfg.defaults.max_tokens_limit);
     if (cfg.token_delay_ms > 0)
         MS_LOG_WARN("MOESTREAM_DEBUG_TOKEN_DELAY_MS=%d: every token is delayed (tests only)",

@@ -1,0 +1,205 @@
+// test_cli_flags.cpp — the command line a llama.cpp user types (docs/cli.md), end to end
+// through the CLI binary: llama.cpp's spellings accepted or refused by name in one line,
+// readable parse errors, defaults shown, -n -1, -f -, escapes, seeds. Each refusal has a
+// control: the neighbouring accepted spelling runs (exit 0) and has the effect it names.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "test_util.h"
+
+using nlohmann::json;
+using namespace moestream::test;
+
+namespace {
+
+CmdResult cli(const std::string & args) { return run_cmd(sh_quote(cli_bin()) + " " + args); }
+
+std::string model() { return sh_quote(synth_model("tiny", "qwen3moe", "q8_0")); }
+
+int lines(const std::string & s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+// `run` with --stats-json; the parsed object (null on failure, with the error reported).
+json run_stats(const std::string & args, CmdResult * out = nullptr, const std::string & pre = "") {
+    static int n = 0;
+    const std::string path = "/tmp/moestream-cliflags-" + std::to_string(getpid()) + "-" +
+                             std::to_string(n++) + ".json";
+    CmdResult r = run_cmd(pre + sh_quote(cli_bin()) + " run -m " + model() + " -t 1 " + args +
+                          " --stats-json " + path);
+    if (out) *out = r;
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+    std::ifstream f(path);
+    if (r.exit_code != 0 || !f) return json();
+    json j = json::parse(f);
+    std::remove(path.c_str());
+    return j;
+}
+
+// A refused command: exit 64, the message, one line plus the pointer to --help (no usage dump).
+void expect_refused(const std::string & args, const std::string & msg) {
+    SCOPED_TRACE(args);
+    CmdResult r = cli(args);
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+    EXPECT_LE(lines(r.err), 2) << r.err;
+    EXPECT_EQ(r.out, "");
+}
+
+TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
+    const std::string m = " -m " + model();
+    expect_refused("run" + m + " -ngl 99", "not supported by moestream: -ngl (CPU only)");
+    expect_refused("run" + m + " -cnv", "-cnv: chat is not available");
+    expect_refused("run" + m + " -no-cnv", "-no-cnv is not needed");
+    expect_refused("run" + m + " -fa on", "not supported by moestream: -fa");
+    expect_refused("run" + m + " -dev none", "not supported by moestream: -dev (CPU only)");
+    expect_refused("run" + m + " --mlock", "not supported by moestream: --mlock");
+    expect_refused("serve" + m + " -ngl 99", "not supported by moestream: -ngl");
+    // Sampling flags the library cannot apply yet are refused, never accepted and ignored.
+    expect_refused("run" + m + " --min-p 0.05", "not supported yet by moestream: --min-p");
+    expect_refused("run" + m + " --repeat-penalty 1.1", "not supported yet by moestream: --repeat-penalty");
+    // A single-dash word CLI11 would split into short flags is named as typed.
+    expect_refused("run" + m + " -foo", "unknown option '-foo'");
+    // Control: the same position with an accepted spelling runs.
+    EXPECT_FALSE(run_stats("-n 1").is_null());
+}
+
+TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {
+    json j = run_stats("-p Hi -n 2 -tb 1 -ub 8 -b 16 -c 64 -s 5 --temp 0.7 --top-k 4 --top-p 0.9 "
+                       "--ctx-size 64 --batch-size 16 --threads 1 --seed 9 -s 5");
+    ASSERT_FALSE(j.is_null());
+    const json & s = j["settings"];
+    EXPECT_EQ(s["n_threads_batch"], 1);
+    EXPECT_EQ(s["n_ubatch"], 8);
+    EXPECT_EQ(s["n_batch"], 16);
+    EXPECT_EQ(s["n_ctx"], 64);
+    EXPECT_EQ(s["n_ctx_reason"], "-c");
+    EXPECT_EQ(s["seed"], 5);
+    // Control: -ub above -b is capped at -b, not taken as given.
+    json c = run_stats("-p Hi -n 1 -b 16 -ub 64");
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["settings"]["n_ubatch"], 16);
+}
+
+TEST(CliFlags, ParseErrorsAreOneReadableLine) {
+    const std::string m = " -m " + model();
+    expect_refused("run" + m + " --drop-cold-experts 0", "--drop-cold-experts: 0 is not in (0, 1]");
+    expect_refused("run" + m + " -t 0", "--threads: 0 is not in 1..512");
+    expect_refused("run" + m + " -n -2", "--n-predict: -2 is not in -1..");
+    expect_refused("run" + m + " -c 8", "--ctx-size: 8 is not in 16..");
+    expect_refused("run" + m + " --seed x", "--seed: x is not in 0..4294967295 (or -1: random)");
+    CmdResult r = cli("run" + m + " --drop-cold-experts 0");
+    EXPECT_EQ(r.err.find("0.000000"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("see `moestream run --help`"), std::string::npos) << r.err;
+    expect_refused("foo", "unknown subcommand 'foo'");
+    // Control: a known subcommand's --help exits 0 and does list its options.
+    r = cli("inspect --help");
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--model"), std::string::npos);
+}
+
+TEST(CliFlags, HelpShowsDefaultsAndVersionPrints) {
+    CmdResult h = cli("run --help");
+    ASSERT_EQ(h.exit_code, 0);
+    for (const char * d : {"--batch INT:1..65536=512", "--cache-mb auto|N=auto", "--n-predict INT:-1..16777216=64",
+                           "--ctx-size INT:0|16..4194304=0", "--io-threads INT:1..64=4"})
+        EXPECT_NE(h.out.find(d), std::string::npos) << d << "\n" << h.out;
+    // -t's default is this machine's, and a run without -t uses what --help says.
+    const size_t at = h.out.find("--threads INT:1..512=");
+    ASSERT_NE(at, std::string::npos);
+    const int shown = std::stoi(h.out.substr(at + 21));
+    EXPECT_GE(shown, 1);
+    CmdResult r;
+    const std::string path = "/tmp/moestream-cliflags-t-" + std::to_string(getpid()) + ".json";
+    r = cli("run -m " + model() + " -p Hi -n 1 --stats-json " + path);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream f(path);
+    json j = json::parse(f);
+    std::remove(path.c_str());
+    EXPECT_EQ(j["settings"]["n_threads"], shown);
+    // -c 0 (the default) takes the model's context and says so.
+    EXPECT_NE(j["settings"]["n_ctx_reason"].get<std::string>().find("the model's"), std::string::npos);
+    CmdResult v = cli("--version");
+    EXPECT_EQ(v.exit_code, 0);
+    EXPECT_EQ(v.out.rfind("moestream ", 0), 0u) << v.out;
+}
+
+TEST(CliFlags, NPredictMinusOneFillsTheContext) {
+    json j = run_stats("-p Hi -n -1 -c 32");
+    ASSERT_FALSE(j.is_null());
+    EXPECT_EQ(j["n_prompt"].get<int>() + j["n_generated"].get<int>(), 32);
+    // Control: -n 5 stops at 5.
+    json c = run_stats("-p Hi -n 5 -c 32");
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["n_generated"], 5);
+}
+
+TEST(CliFlags, PromptFromStdinEscapesAndEcho) {
+    CmdResult a, b;
+    json p = run_stats("-p 'one two' -n 4", &a);
+    json f = run_stats("-f - -n 4", &b, "printf 'one two' | ");
+    ASSERT_FALSE(p.is_null());
+    ASSERT_FALSE(f.is_null());
+    EXPECT_EQ(p["tokens"], f["tokens"]);
+    EXPECT_EQ(p["n_prompt"], f["n_prompt"]);
+    // Empty stdin is a bad input (3), named.
+    CmdResult e = run_cmd("printf '' | " + sh_quote(cli_bin()) + " run -m " + model() + " -f -");
+    EXPECT_EQ(e.exit_code, 3);
+    EXPECT_NE(e.err.find("-f -: stdin: the prompt is empty"), std::string::npos) << e.err;
+
+    // -e (the default) turns \n into a newline; --no-escape keeps the backslash.
+    json esc = run_stats("-p 'a\\nb' -n 1");
+    json lit = run_stats("-p 'a\\nb' -n 1 --no-escape");
+    json nl = run_stats("-f - -n 1", nullptr, "printf 'a\\nb' | ");
+    ASSERT_FALSE(esc.is_null());
+    ASSERT_FALSE(lit.is_null());
+    ASSERT_FALSE(nl.is_null());
+    EXPECT_EQ(esc["n_prompt"], nl["n_prompt"]);
+    EXPECT_NE(esc["n_prompt"], lit["n_prompt"]);
+
+    CmdResult shown, plain;
+    run_stats("-p 'Echo me' -n 2 --display-prompt", &shown);
+    run_stats("-p 'Echo me' -n 2", &plain);
+    EXPECT_EQ(shown.out.rfind("Echo me", 0), 0u) << shown.out;
+    EXPECT_NE(plain.out.rfind("Echo me", 0), 0u) << plain.out;
+    EXPECT_EQ(shown.out.substr(7), plain.out);
+
+    // No -p: the prompt used is said.
+    CmdResult none;
+    run_stats("-n 1", &none);
+    EXPECT_NE(none.err.find("no -p or -f given: the prompt is \"Once upon a time\""), std::string::npos)
+        << none.err;
+}
+
+TEST(CliFlags, SeedMinusOneIsRandomAndPrinted) {
+    CmdResult r;
+    json j = run_stats("-p Hi -n 2 --temp 1 --seed -1", &r);
+    ASSERT_FALSE(j.is_null());
+    const size_t at = r.err.find("--seed -1: random seed ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    EXPECT_EQ(j["settings"]["seed"].get<uint64_t>(), std::stoull(r.err.substr(at + 23)));
+    // The printed seed reproduces the run.
+    json again = run_stats("-p Hi -n 2 --temp 1 --seed " + std::to_string(j["settings"]["seed"].get<uint64_t>()));
+    ASSERT_FALSE(again.is_null());
+    EXPECT_EQ(again["tokens"], j["tokens"]);
+}
+
+TEST(CliFlags, SamplingFlagsThatGreedyWouldIgnoreAreRefused) {
+    const std::string m = " -m " + model();
+    expect_refused("run" + m + " --top-k 5", "--top-k shapes sampling, and --temp 0");
+    expect_refused("run" + m + " --top-p 0.5", "--top-p shapes sampling, and --temp 0");
+    // Control: with a temperature they apply; top-k 1 is greedy whatever the seed.
+    json g = run_stats("-p Hi -n 6");
+    json k1 = run_stats("-p Hi -n 6 --temp 5 --top-k 1 --seed 3");
+    ASSERT_FALSE(g.is_null());
+    ASSERT_FALSE(k1.is_null());
+    EXPECT_EQ(g["tokens"], k1["tokens"]);
+    json hot = run_stats("-p Hi -n 6 --temp 5 --seed 3");
+    ASSERT_FALSE(hot.is_null());
+    EXPECT_NE(g["tokens"], hot["tokens"]);
+}
+
+}  // namespace
