@@ -128,6 +128,28 @@ public:
                 "routing); remove --no-stream");
         if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
             return Status::Usage("--drop-in-prefill / --drop-renorm need --drop-cold-experts F");
+        if (!opt.stream && (opt.cache_mb >= 0 || opt.force_cache || opt.cache_debug))
+            return Status::Usage(std::string(opt.cache_mb >= 0 ? "--cache-mb"
+                                             : opt.force_cache ? "--force-cache"
+                                                               : "--cache-debug") +
+                                 " applies to the expert cache of streaming; remove --no-stream");
+        if (opt.prefetch) {
+            // Each combination below would leave --prefetch silently off (prefetch_possible).
+            if (!opt.stream) return Status::Usage("--prefetch needs streaming; remove --no-stream");
+            if (opt.cache_mb == 0)
+                return Status::Usage("--prefetch reads ahead into the expert cache, and "
+                                     "--cache-mb 0 turns the cache off");
+            if (opt.io_threads < 2)
+                return Status::Usage("--prefetch needs a worker lane to read ahead with: "
+                                     "--io-threads 2 or more");
+            if (!opt.route_trace.empty())
+                return Status::Usage("--prefetch and --route-trace exclude each other (a trace "
+                                     "records the cache without read-ahead, so that replay "
+                                     "reproduces it)");
+            if (opt.drop_cold > 0)
+                return Status::Usage("--prefetch and --drop-cold-experts exclude each other (the "
+                                     "policy drops cache misses; a read-ahead expert is none)");
+        }
 
         Status st = load_model_index(opt.model_path, &index_);
         if (!st.ok()) return st;
@@ -320,6 +342,9 @@ public:
         // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
         // Not with --route-trace: a trace records what a cache without read-ahead does, so
         // that `moestream replay` reproduces it exactly (docs/route-trace.md).
+        if (d.budget_bytes == 0 && opt_.prefetch)
+            MS_LOG_WARN("--prefetch is off for this run: it needs the cache, and %s",
+                        d.reason.c_str());
         if (d.budget_bytes > 0 && prefetch_possible()) {
             predictor_ = std::make_unique<RoutePredictor>();
             if (opt_.drop_cold == 0) hook_->enable_prefetch(predictor_.get());

@@ -203,3 +203,57 @@ TEST(CliFlags, SamplingFlagsThatGreedyWouldIgnoreAreRefused) {
 }
 
 }  // namespace
+
+// --- Nothing silently ignored: a combination that makes a flag ineffective is refused by name.
+
+TEST(CliIgnored, PrefetchThatCouldNotRunIsRefused) {
+    const std::string m = " -m " + model() + " -p Hi -n 2";
+    expect_refused("run" + m + " --prefetch --cache-mb 0", "--prefetch reads ahead into the expert cache, and --cache-mb 0");
+    expect_refused("run" + m + " --prefetch --cache-mb 100000 --io-threads 1", "--prefetch needs a worker lane");
+    expect_refused("run" + m + " --prefetch --cache-mb 100000 --route-trace /tmp/x.trace",
+                   "--prefetch and --route-trace exclude each other");
+    expect_refused("run" + m + " --prefetch --cache-mb 4 --force-cache --drop-cold-experts 0.5",
+                   "--prefetch and --drop-cold-experts exclude each other");
+    // Control: with the cache and two lanes it runs, and is on.
+    json j = run_stats("-p Hi -n 4 --prefetch --cache-mb 100000 --io-threads 2");
+    ASSERT_FALSE(j.is_null());
+    EXPECT_TRUE(j["prefetch"].get<bool>());
+}
+
+TEST(CliIgnored, StreamingFlagsWithNoStreamAreRefused) {
+    const std::string m = " -m " + model() + " -p Hi -n 2 --no-stream";
+    expect_refused("run" + m + " --cache-mb 4 --force-cache", "--cache-mb applies to streaming; remove --no-stream");
+    expect_refused("run" + m + " --io-threads 2", "--io-threads applies to streaming");
+    expect_refused("run" + m + " --prefetch", "--prefetch applies to streaming");
+    json j = run_stats("-p Hi -n 2 --no-stream");  // control
+    ASSERT_FALSE(j.is_null());
+    EXPECT_FALSE(j["settings"]["stream"].get<bool>());
+}
+
+TEST(CliIgnored, EvalRefusesSamplingAndBatchFlags) {
+    const std::string text = "/tmp/moestream-cliflags-text-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "The quick brown fox jumps over the lazy dog again and again."; }
+    const std::string e = "eval -m " + model() + " -f " + text + " --max-tokens 8 --bootstrap 100";
+    expect_refused(e + " --temp 0.5", "--temp has no effect on eval");
+    expect_refused(e + " --seed 3", "--seed has no effect on eval");
+    expect_refused(e + " -b 8", "--batch-size has no effect on eval");
+    CmdResult ok = cli(e);  // control
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    std::remove(text.c_str());
+}
+
+TEST(CliIgnored, ReplayRefusesSweepFlagsItWouldIgnoreAndEmptyListItems) {
+    const std::string trace = "/tmp/moestream-cliflags-" + std::to_string(getpid()) + ".trace";
+    CmdResult rec = cli("run -m " + model() + " -p Hi -n 8 --cache-mb 4 --force-cache --route-trace " + trace);
+    ASSERT_EQ(rec.exit_code, 0) << rec.err;
+    expect_refused("replay " + trace + " --validate --budgets 8", "--budgets has no effect with --validate");
+    expect_refused("replay " + trace + " --routing-stats --budgets 8", "--budgets has no effect with --routing-stats");
+    expect_refused("replay " + trace + " --budgets 4,,8", "--budgets: empty item in '4,,8'");
+    expect_refused("replay " + trace + " --budgets 4,", "--budgets: empty item in '4,'");
+    expect_refused("replay " + trace + " --drop-cold 2", "--drop-cold: '2' is not in [0, 1]");
+    // Controls: the same flags alone run.
+    EXPECT_EQ(cli("replay " + trace + " --budgets 4,8").exit_code, 0);
+    EXPECT_EQ(cli("replay " + trace + " --validate").exit_code, 0);
+    EXPECT_EQ(cli("replay " + trace + " --routing-stats").exit_code, 0);
+    std::remove(trace.c_str());
+}

@@ -32,6 +32,7 @@ struct EvalFlags {
     bool json = false;
     int bootstrap = 1000;
     int verbose = 0;
+    CLI::App * sub = nullptr;
 };
 
 int fail(const Status & st) {
@@ -57,6 +58,12 @@ nlohmann::json interval_json(const Interval & iv) {
 
 int do_eval(EvalFlags & f) {
     apply_verbosity(f.verbose);
+    if (int rc = refuse_given(f.sub,
+                              {"--temp", "--seed", "--batch-size", "--ubatch-size", "--threads-batch"},
+                              "has no effect on eval: it scores the text's own tokens one decode "
+                              "at a time (no sampling, no prompt batches)"))
+        return rc;
+    if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
     std::string text;
     Status st = read_text(f.text_file, &text);
     if (!st.ok()) return fail(st);
@@ -196,6 +203,7 @@ void add_eval_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<EvalFlags>();
     auto * sub = app.add_subcommand(
         "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
+    f->sub = sub;
     sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")

@@ -39,6 +39,7 @@ struct ReplayFlags {
     bool validate = false;
     bool routing_stats = false;
     int verbose = 0;
+    CLI::App * sub = nullptr;
 };
 
 int fail(const Status & st) {
@@ -46,18 +47,28 @@ int fail(const Status & st) {
     return st.exit_code();
 }
 
-std::vector<std::string> split(const std::string & s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ','))
-        if (!item.empty()) out.push_back(item);
-    return out;
+// A comma-separated list; an empty item ("4,,8", "4,") is an error naming the flag.
+Status split(const std::string & flag, const std::string & s, std::vector<std::string> * out) {
+    out->clear();
+    size_t at = 0;
+    while (true) {
+        const size_t comma = s.find(',', at);
+        const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        if (item.empty())
+            return Status::Usage(flag + ": empty item in '" + s + "' (a comma-separated list)");
+        out->push_back(item);
+        if (comma == std::string::npos) return Status::Ok();
+        at = comma + 1;
+    }
 }
+
 
 Status parse_doubles(const std::string & flag, const std::string & s, double lo, double hi,
                      std::vector<double> * out) {
-    for (const std::string & v : split(s)) {
+    std::vector<std::string> items;
+    Status st = split(flag, s, &items);
+    if (!st.ok()) return st;
+    for (const std::string & v : items) {
         size_t pos = 0;
         double d = NAN;
         try {
@@ -65,11 +76,9 @@ Status parse_doubles(const std::string & flag, const std::string & s, double lo,
         } catch (...) {
         }
         if (pos != v.size() || !(d >= lo && d <= hi))
-            return Status::Usage(flag + ": '" + v + "' is not a number in [" + std::to_string(lo) +
-                                 ", " + std::to_string(hi) + "]");
+            return Status::Usage(flag + ": '" + v + "' is not in [" + fmt_num(lo) + ", " + fmt_num(hi) + "]");
         out->push_back(d);
     }
-    if (out->empty()) return Status::Usage(flag + ": empty list");
     return Status::Ok();
 }
 
@@ -220,6 +229,18 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
 
 int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
+    const std::vector<std::string> sweep = {"--budgets", "--policy", "--drop-cold",
+                                            "--n-expert-used", "--drop-in-prefill", "--plot"};
+    if (f.validate && f.routing_stats)
+        return usage_error("replay", "--validate and --routing-stats exclude each other");
+    if (f.validate)
+        if (int rc = refuse_given(f.sub, sweep, "has no effect with --validate (it replays the "
+                                                "recorded settings)"))
+            return rc;
+    if (f.routing_stats)
+        if (int rc = refuse_given(f.sub, sweep, "has no effect with --routing-stats (it "
+                                                "simulates no cache)"))
+            return rc;
     RouteTrace trace;
     const auto t_load = std::chrono::steady_clock::now();
     Status st = read_route_trace(f.trace, &trace);
@@ -272,13 +293,15 @@ int do_replay(const ReplayFlags & f) {
         budgets_mib.push_back(double(h.cache_budget_bytes) / kMiB);
     }
     std::vector<ReplayPolicy> policies;
-    for (const std::string & p : split(f.policies)) {
+    std::vector<std::string> policy_names;
+    st = split("--policy", f.policies, &policy_names);
+    if (!st.ok()) return fail(st);
+    for (const std::string & p : policy_names) {
         ReplayPolicy pol;
         if (!parse_policy(p, &pol))
             return fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
         policies.push_back(pol);
     }
-    if (policies.empty()) return fail(Status::Usage("--policy: empty list"));
     if (!f.drops.empty()) {
         st = parse_doubles("--drop-cold", f.drops, 0, 1, &drops);
         if (!st.ok()) return fail(st);
@@ -399,6 +422,7 @@ void add_replay_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<ReplayFlags>();
     auto * sub = app.add_subcommand(
         "replay", "simulate the expert cache over a route trace (run --route-trace)");
+    f->sub = sub;
     sub->add_option("trace", f->trace, "route trace file")->required();
     sub->add_option(
         "--budgets", f->budgets,

@@ -50,6 +50,7 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->callback([f, action, sub, dc] {
         *action = [f, sub, dc] {
             apply_verbosity(f->verbose);
+            if (int rc = check_engine_flags(sub, f->cfg.run)) return rc;
             server::ServeConfig cfg = f->cfg;
             if (cfg.api_key.empty()) {
                 const char * k = std::getenv("MOESTREAM_API_KEY");
@@ -59,9 +60,7 @@ void add_serve_command(CLI::App & app, Action * action) {
                 cfg.token_delay_ms = std::max(0, std::atoi(d));
             cfg.drop_cold_explicit = dc->count() > 0;
             if (cfg.drop_cold_explicit && f->lossless) {
-                std::fprintf(stderr, "moestream: --lossless and --drop-cold-experts contradict\n%s",
-                             sub->help().c_str());
-                return 64;
+                return usage_error("serve", "--lossless and --drop-cold-experts contradict");
             }
             cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
                                      : f->lossless          ? 0.0
