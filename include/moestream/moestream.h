@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moestream/status.h"
@@ -149,20 +150,51 @@ struct RunStats {
     std::vector<TokenStats> tokens;   // decode steps, in order
 };
 
-// Sampling of one request (the server's per-request settings). temp 0 = greedy; otherwise
-// top_k (0 = off), top_p (1 = off), temperature, then a draw seeded with seed.
+// Sampling of one request (the server's per-request settings; docs/server.md describes each
+// field as the API exposes it). The chain, in order: logit_bias (and ignore_eos), grammar,
+// penalties, then either greedy (temp below kGreedyBelow) or top_k, top_p, min_p, temperature
+// and a draw seeded with seed. Engine::generate checks every field and refuses a bad one
+// with kUsage naming it.
 struct SamplingParams {
-    float temp = 0.0f;
-    uint32_t seed = 1;
-    int top_k = 0;
-    float top_p = 1.0f;
+    // Temperatures below this are greedy: a temperature of 1e-45 would scale the logits to
+    // infinity (and the draw to NaN); below 1e-4 the draw is the argmax anyway.
+    static constexpr float kGreedyBelow = 1e-4f;
+    float temp = 0.0f;        // finite, >= 0; below kGreedyBelow = greedy
+    uint32_t seed = 1;        // seed of the draw (temp >= kGreedyBelow)
+    int top_k = 0;            // >= 0; 0 = off
+    float top_p = 1.0f;       // (0, 1]; 1 = off
+    float min_p = 0.0f;       // [0, 1]; 0 = off
+    // Penalties over the last repeat_last_n tokens (prompt and generated): repeat divides a
+    // positive logit (multiplies a negative one) by repeat_penalty; frequency subtracts
+    // frequency_penalty x count; presence subtracts presence_penalty once per token seen.
+    float repeat_penalty = 1.0f;     // finite, > 0; 1 = off
+    int repeat_last_n = 64;          // >= -1; 0 = penalties off, -1 = the whole context
+    float presence_penalty = 0.0f;   // [-2, 2]; 0 = off
+    float frequency_penalty = 0.0f;  // [-2, 2]; 0 = off
+    // Added to a token's logit before anything else: token id in [0, n_vocab), bias finite
+    // or -infinity (the token is never produced).
+    std::vector<std::pair<int32_t, float>> logit_bias;
+    // GBNF grammar text (llama.cpp's grammar format, start symbol `root`); "" = none. The
+    // output is constrained to it; a grammar llama.cpp cannot parse is refused (kUsage).
+    std::string grammar;
+    // Never end at an end-of-generation token (they are masked); not with a grammar, whose
+    // end is an end-of-generation token.
+    bool ignore_eos = false;
 };
 
 // One generation with explicit settings (Engine::generate(const GenerateRequest &, ...)).
 struct GenerateRequest {
     std::string prompt;
+    // Tokens to generate at most; -1 = until end-of-generation or the context is full.
     int n_predict = 64;
+    // What a prompt + n_predict larger than the context does: false = kUsage, true = the
+    // generation ends when the context is full (finish kLength).
+    bool clamp_to_context = false;
     SamplingParams sampling;
+    // Stop strings (none empty): generation ends when the text contains one. The stop string
+    // and anything after it are not emitted; a match may span tokens. Text that could still
+    // become a stop string is held back (on_piece gets it, possibly with more, once resolved).
+    std::vector<std::string> stop;
     // Keep the KV cache of the previous generation and prefill only what follows the longest
     // common token prefix (the prompt's last token is always decoded again, for its logits).
     // Not bit-exact: the reused KV was computed in other batch shapes, so logits differ from a
@@ -170,10 +202,25 @@ struct GenerateRequest {
     bool reuse_prefix = false;
 };
 
+// Why a generation ended.
+enum class FinishReason {
+    kLength,     // n_predict tokens, or the context is full
+    kEos,        // the model produced an end-of-generation token
+    kStop,       // a stop string (GenerateResult::stop_string)
+    kCancelled,  // on_piece returned false
+};
+const char * finish_reason_name(FinishReason r);  // "length", "eos", "stop", "cancelled"
+
 struct GenerateResult {
-    std::vector<int32_t> tokens;      // generated token ids
-    std::string text;                 // their detokenized text
+    // Generated token ids: every token sampled, including those that carried a stop string
+    // (the end-of-generation token is not included).
+    std::vector<int32_t> tokens;
+    // Their detokenized text, without a matched stop string and what followed it in its
+    // token: exactly what on_piece received.
+    std::string text;
     std::vector<float> final_logits;  // logits of the last decode
+    FinishReason finish = FinishReason::kLength;
+    std::string stop_string;  // the stop string that ended it (finish kStop)
 };
 
 class Engine {
@@ -185,9 +232,11 @@ public:
     static Status open(const RunOptions & opt, std::unique_ptr<Engine> * out);
 
     // Tokenizes `prompt`, prefills, then decodes up to n_predict tokens (stops at
-    // end-of-generation; n_predict -1: until the context is full). on_piece (optional)
-    // receives each token's text as produced; returning false stops generation. An I/O error
-    // stops generation with kRuntime.
+    // end-of-generation; n_predict -1: until the context is full). on_piece (optional) is
+    // called once per generated token with the text released by it (with stop strings,
+    // possibly "" while a match is pending; at the end once more with what was held back);
+    // returning false stops generation (kCancelled).
+    // An I/O error stops generation with kRuntime.
     virtual Status generate(const std::string & prompt, int n_predict,
                             const std::function<bool(const std::string &)> & on_piece,
                             GenerateResult * result) = 0;

@@ -22,6 +22,8 @@
 #include "residency.h"
 #include "route_trace.h"
 #include "router_hook.h"
+#include "sampler.h"
+#include "stop_strings.h"
 #include "streamer.h"
 #include "sysinfo.h"
 
@@ -93,7 +95,7 @@ Status check_file_unchanged(const ModelIndex & index) {
 class EngineImpl final : public Engine {
 public:
     ~EngineImpl() override {
-        if (sampler_) llama_sampler_free(sampler_);
+        sampler_.reset();  // before the model its grammar was built for
         if (ctx_) llama_free(ctx_);
         if (lm_.model) llama_model_free(lm_.model);
     }
@@ -232,14 +234,12 @@ public:
             if (!st.ok()) return st;
         }
 
-        auto sp = llama_sampler_chain_default_params();
-        sampler_ = llama_sampler_chain_init(sp);
-        if (opt.temp <= 0.0f) {
-            llama_sampler_chain_add(sampler_, llama_sampler_init_greedy());
-        } else {
-            llama_sampler_chain_add(sampler_, llama_sampler_init_temp(opt.temp));
-            llama_sampler_chain_add(sampler_, llama_sampler_init_dist(opt.seed));
-        }
+        SamplingParams run_sampling;
+        run_sampling.temp = opt.temp;
+        run_sampling.seed = opt.seed;
+        run_sampling.repeat_last_n = 0;  // generate(prompt, ...) samples without penalties
+        st = Sampler::create(run_sampling, llama_model_get_vocab(lm_.model), opt_.n_ctx, &sampler_);
+        if (!st.ok()) return st;
         stats_.load_s = now_s() - t_open_;
         stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
         MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
@@ -426,32 +426,24 @@ public:
     Status generate(const std::string & prompt, int n_predict,
                     const std::function<bool(const std::string &)> & on_piece,
                     GenerateResult * result) override {
-        return generate_with(prompt, n_predict, sampler_, false, on_piece, result);
+        GenerateRequest req;
+        req.n_predict = n_predict;
+        return generate_with(prompt, req, *sampler_, on_piece, result);
     }
 
     Status generate(const GenerateRequest & req,
                     const std::function<bool(const std::string &)> & on_piece,
                     GenerateResult * result) override {
-        const SamplingParams & sp = req.sampling;
-        if (!std::isfinite(sp.temp) || sp.temp < 0.0f)
-            return Status::BadInput("temperature must be >= 0");
-        if (!std::isfinite(sp.top_p) || !(sp.top_p > 0.0f && sp.top_p <= 1.0f))
-            return Status::BadInput("top_p must be in (0, 1]");
-        if (sp.top_k < 0) return Status::BadInput("top_k must be >= 0");
-        llama_sampler * smp = llama_sampler_chain_init(llama_sampler_chain_default_params());
-        if (sp.temp <= 0.0f) {
-            llama_sampler_chain_add(smp, llama_sampler_init_greedy());
-        } else {
-            if (sp.top_k > 0) llama_sampler_chain_add(smp, llama_sampler_init_top_k(sp.top_k));
-            if (sp.top_p < 1.0f)
-                llama_sampler_chain_add(smp, llama_sampler_init_top_p(sp.top_p, 1));
-            llama_sampler_chain_add(smp, llama_sampler_init_temp(sp.temp));
-            llama_sampler_chain_add(smp, llama_sampler_init_dist(sp.seed));
-        }
-        Status st =
-            generate_with(req.prompt, req.n_predict, smp, req.reuse_prefix, on_piece, result);
-        llama_sampler_free(smp);
-        return st;
+        if (req.n_predict < -1)
+            return Status::Usage("n_predict must be >= -1 (-1 = until the context is full)");
+        for (size_t i = 0; i < req.stop.size(); ++i)
+            if (req.stop[i].empty())
+                return Status::Usage("stop[" + std::to_string(i) + "] must not be empty");
+        std::unique_ptr<Sampler> smp;
+        Status st = Sampler::create(req.sampling, llama_model_get_vocab(lm_.model), opt_.n_ctx,
+                                    &smp);
+        if (!st.ok()) return st;
+        return generate_with(req.prompt, req, *smp, on_piece, result);
     }
 
     Status set_drop_cold(double frac) override {
@@ -482,13 +474,16 @@ public:
     }
 
 private:
-    // The generation loop. sampler: the chain to draw with (reset here). reuse_prefix: see
-    // GenerateRequest. kv_tokens_ tracks which tokens' KV the context holds, in order.
-    Status generate_with(const std::string & prompt, int n_predict, llama_sampler * sampler,
-                         bool reuse_prefix,
+    // The generation loop. sampler: what draws (reset here). req: n_predict, clamp_to_context,
+    // stop and reuse_prefix (see GenerateRequest; its prompt and sampling are not read: the
+    // prompt is `prompt`). kv_tokens_ tracks which tokens' KV the context holds, in order.
+    Status generate_with(const std::string & prompt, const GenerateRequest & req,
+                         Sampler & sampler,
                          const std::function<bool(const std::string &)> & on_piece,
                          GenerateResult * result) {
-        if (n_predict < -1) return Status::Usage("-n must be >= 0, or -1 (until the context is full)");
+        int n_predict = req.n_predict;
+        const bool reuse_prefix = req.reuse_prefix;
+        if (n_predict < -1) return Status::Usage("-n must be >= 0");
         if (streamer_) {
             Status st = check_file_unchanged(index_);
             if (!st.ok()) return st;
@@ -504,11 +499,16 @@ private:
         }
         if (n <= 0) return Status::BadInput("the prompt tokenizes to no tokens");
         toks.resize(size_t(n));
-        if (n_predict == -1) n_predict = std::max(0, opt_.n_ctx - n);
+        if (n >= opt_.n_ctx)
+            return Status::BadInput("the prompt (" + std::to_string(n) +
+                                    " tokens) does not fit the context (" +
+                                    std::to_string(opt_.n_ctx) + " tokens)");
+        if (n_predict < 0 || (req.clamp_to_context && n + n_predict > opt_.n_ctx))
+            n_predict = opt_.n_ctx - n;  // until the context is full
         if (n + n_predict > opt_.n_ctx)
-            return Status::Usage("prompt (" + std::to_string(n) + " tokens) + -n " +
-                                 std::to_string(n_predict) + " exceeds the context (-c " +
-                                 std::to_string(opt_.n_ctx) + ")");
+            return Status::Usage("the prompt (" + std::to_string(n) + " tokens) + n_predict " +
+                                 std::to_string(n_predict) + " exceed the context (" +
+                                 std::to_string(opt_.n_ctx) + " tokens)");
 
         llama_memory_t mem = llama_get_memory(ctx_);
         int reused = 0;
@@ -521,7 +521,12 @@ private:
         if (reused == 0) llama_memory_clear(mem, true);
         kv_tokens_.clear();  // refilled as decodes succeed; an error leaves it empty
         trace_pos_ = reused;
-        llama_sampler_reset(sampler);
+        sampler.reset();
+        {   // the penalties' window reaches back into the prompt
+            const size_t tail = std::min<size_t>(toks.size(), size_t(opt_.n_ctx));
+            sampler.accept_prompt(toks.data() + (toks.size() - tail), tail);
+        }
+        StopMatcher stops(req.stop);
         RunStats & s = stats_;
         s.tokens.clear();
         s.n_prompt = n;
@@ -557,18 +562,31 @@ private:
         for (int i = 0; i < n_predict; ++i) {
             const float * logits = llama_get_logits_ith(ctx_, -1);
             logit_hash = fnv1a(logit_hash, logits, sizeof(float) * size_t(n_vocab));
-            llama_token tok = llama_sampler_sample(sampler, ctx_, -1);
+            llama_token tok = 0;
+            Status sst = sampler.sample(ctx_, -1, &tok);
+            if (!sst.ok()) return sst;
             if (i == n_predict - 1 || llama_vocab_is_eog(vocab, tok))
                 result->final_logits.assign(logits, logits + n_vocab);
-            if (llama_vocab_is_eog(vocab, tok)) break;
+            if (llama_vocab_is_eog(vocab, tok)) {
+                result->finish = FinishReason::kEos;
+                break;
+            }
             if (i == 0) s.ttft_s = now_s() - t_open_;
             result->tokens.push_back(tok);
             s.n_generated++;
             char buf[256];
             int pn = llama_token_to_piece(vocab, tok, buf, sizeof buf, 0, false);
-            std::string piece = pn > 0 ? std::string(buf, size_t(pn)) : std::string();
+            const std::string piece = stops.push(pn > 0 ? std::string(buf, size_t(pn)) : "");
             result->text += piece;
-            if (on_piece && !on_piece(piece)) break;
+            if (on_piece && !on_piece(piece)) {
+                result->finish = FinishReason::kCancelled;
+                break;
+            }
+            if (stops.stopped()) {
+                result->finish = FinishReason::kStop;
+                result->stop_string = stops.matched();
+                break;
+            }
             if (i == n_predict - 1) break;
             if (streamer_) {
                 // One stat per token: a file truncated, rewritten or replaced mid-generation
@@ -592,6 +610,13 @@ private:
             demand_sum += t.token_demand_bytes;
             layer_demand_max = std::max(layer_demand_max, t.layer_demand_bytes);
             s.tokens.push_back(t);
+        }
+        if (result->finish != FinishReason::kStop && result->finish != FinishReason::kCancelled) {
+            const std::string held = stops.flush();  // no stop string completed: release it
+            if (!held.empty()) {
+                result->text += held;
+                if (on_piece) on_piece(held);
+            }
         }
         const size_t steps = s.tokens.size();
         s.decode_s = decode_s;
@@ -830,7 +855,7 @@ private:
     int64_t trace_pos_ = 0;                // position of the next token fed to llama_decode
     std::vector<llama_token> kv_tokens_;   // tokens whose KV the context holds (prefix reuse)
     llama_context * ctx_ = nullptr;
-    llama_sampler * sampler_ = nullptr;
+    std::unique_ptr<Sampler> sampler_;  // generate(prompt, ...): RunOptions' temp and seed
     std::string n_ctx_reason_;  // -c 0: how the context length was chosen
     RunStats stats_;
     double t_open_ = 0;

@@ -116,10 +116,10 @@ TEST(PrefixReuse, PerRequestSamplingIsSeededAndValidated) {
     ASSERT_TRUE(e->generate(r, nullptr, &c).ok());
     EXPECT_NE(a.tokens, c.tokens) << "another seed draws differently";
     r.sampling.top_p = 0.0f;
-    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kBadInput);
+    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kUsage);
     r.sampling.top_p = 1.0f;
     r.sampling.temp = -1.0f;
-    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kBadInput);
+    EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kUsage);
 }
 
 TEST(PrefixReuse, DropColdCanBeSwitchedBetweenGenerations) {
