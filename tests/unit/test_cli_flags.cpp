@@ -59,8 +59,9 @@ TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
     expect_refused("run" + m + " --mlock", "not supported by moestream: --mlock");
     expect_refused("serve" + m + " -ngl 99", "not supported by moestream: -ngl");
     // Sampling flags the library cannot apply yet are refused, never accepted and ignored.
-    expect_refused("run" + m + " --min-p 0.05", "not supported yet by moestream: --min-p");
-    expect_refused("run" + m + " --repeat-penalty 1.1", "not supported yet by moestream: --repeat-penalty");
+    // serve takes sampling per request: its command line refuses them by name.
+    expect_refused("serve" + m + " --min-p 0.05", "not supported yet by moestream: --min-p");
+    expect_refused("serve" + m + " -r User:", "not supported yet by moestream: -r");
     // A single-dash word CLI11 would split into short flags is named as typed.
     expect_refused("run" + m + " -foo", "unknown option '-foo'");
     // Control: the same position with an accepted spelling runs.
@@ -256,4 +257,58 @@ TEST(CliIgnored, ReplayRefusesSweepFlagsItWouldIgnoreAndEmptyListItems) {
     EXPECT_EQ(cli("replay " + trace + " --validate").exit_code, 0);
     EXPECT_EQ(cli("replay " + trace + " --routing-stats").exit_code, 0);
     std::remove(trace.c_str());
+}
+
+// --- The sampler's options (penalties, min-p, ignore-eos, reverse prompts) take effect.
+
+TEST(CliSampling, PenaltiesChangeARepetitiveGreedyRun) {
+    json plain = run_stats("-p Hi -n 48");
+    ASSERT_FALSE(plain.is_null());
+    auto distinct = [](const json & j) {
+        std::vector<int> t = j["tokens"].get<std::vector<int>>();
+        std::sort(t.begin(), t.end());
+        return size_t(std::unique(t.begin(), t.end()) - t.begin());
+    };
+    // The control: greedy on this model repeats tokens, so a penalty has something to change.
+    ASSERT_LT(distinct(plain), 48u);
+    for (const char * fl : {"--repeat-penalty 1.5", "--presence-penalty 1.5", "--frequency-penalty 1"}) {
+        json j = run_stats(std::string("-p Hi -n 48 ") + fl);
+        ASSERT_FALSE(j.is_null()) << fl;
+        EXPECT_GT(distinct(j), distinct(plain)) << fl;
+    }
+    // --repeat-last-n 0 turns the penalties off: the plain run again.
+    json off = run_stats("-p Hi -n 48 --repeat-penalty 1.5 --repeat-last-n 0");
+    ASSERT_FALSE(off.is_null());
+    EXPECT_EQ(off["tokens"], plain["tokens"]);
+    expect_refused("run -m " + model() + " --min-p 0.1", "--min-p shapes sampling, and --temp 0");
+    expect_refused("run -m " + model() + " --repeat-penalty 0", "--repeat-penalty: 0 is not in (0, 100]");
+    json hot = run_stats("-p Hi -n 8 --temp 0.8 --min-p 1 --seed 2");  // min-p 1: the likeliest only
+    json g = run_stats("-p Hi -n 8");
+    ASSERT_FALSE(hot.is_null());
+    EXPECT_EQ(hot["tokens"], g["tokens"]);
+    json ie = run_stats("-p Hi -n -1 -c 48 --ignore-eos");
+    ASSERT_FALSE(ie.is_null());
+    EXPECT_EQ(ie["n_prompt"].get<int>() + ie["n_generated"].get<int>(), 48);
+}
+
+TEST(CliSampling, ReversePromptStopsBeforeItAndIsNotPrinted) {
+    CmdResult full, cut, lit;
+    json f = run_stats("-p Hi -n 24", &full);
+    ASSERT_FALSE(f.is_null());
+    const std::string text = f["text"].get<std::string>();
+    const size_t nl = text.find('\n');
+    ASSERT_NE(nl, std::string::npos) << "the control needs a newline in the greedy text";
+    // -r '\n' (an escape, processed by default): the text ends before the first newline.
+    json c = run_stats("-p Hi -n 24 -r '\\n'", &cut);
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["text"].get<std::string>(), text.substr(0, nl));
+    EXPECT_LT(c["n_generated"].get<int>(), f["n_generated"].get<int>());
+    // --no-escape: a literal backslash-n, which the text does not contain: the full run.
+    json l = run_stats("-p Hi -n 24 --no-escape -r '\\n'", &lit);
+    ASSERT_FALSE(l.is_null());
+    EXPECT_EQ(l["text"], f["text"]);
+    // Several -r: the earliest match ends it.
+    json two = run_stats("-p Hi -n 24 -r 'not in the text at all' -r '\\n'");
+    ASSERT_FALSE(two.is_null());
+    EXPECT_EQ(two["text"].get<std::string>(), text.substr(0, nl));
 }

@@ -22,8 +22,8 @@ struct RunFlags {
     std::string prompt = kDefaultPrompt;
     std::string prompt_file;
     int n_predict = 64;
-    int top_k = 0;
-    float top_p = 1.0f;
+    SamplingParams sampling;  // temp and seed come from opt (the engine flags)
+    std::vector<std::string> stop;  // -r
     bool escape = true;
     bool display_prompt = false;
     CLI::App * sub = nullptr;
@@ -106,12 +106,13 @@ int do_run(RunFlags & f) {
         if (int rc = refuse_given(f.sub, {"--no-escape", "--escape"},
                                   "applies to -p, and the prompt comes from -f (read as is)"))
             return rc;
-    if (f.opt.temp <= 0.0f)
-        if (int rc = refuse_given(f.sub, {"--top-k", "--top-p"},
+    const bool greedy = f.opt.temp < SamplingParams::kGreedyBelow;
+    if (greedy)
+        if (int rc = refuse_given(f.sub, {"--top-k", "--top-p", "--min-p"},
                                   "shapes sampling, and --temp 0 (the default) is greedy: add "
                                   "--temp T"))
             return rc;
-    if (f.opt.temp <= 0.0f && f.sub->get_option("--seed")->count() > 0)
+    if (greedy && f.sub->get_option("--seed")->count() > 0)
         std::fprintf(stderr, "moestream: warning: --seed has no effect with --temp 0 (greedy)\n");
     Status st = check_output_paths({{"--stats-json", f.stats_json},
                                     {"--stats-csv", f.stats_csv},
@@ -127,6 +128,11 @@ int do_run(RunFlags & f) {
         st = process_escapes("-p", &f.prompt);
         if (!st.ok()) return fail(st);
     }
+    for (std::string & r : f.stop) {
+        if (f.escape) st = process_escapes("-r", &r);
+        if (st.ok() && r.empty()) st = Status::Usage("-r: an empty reverse prompt");
+        if (!st.ok()) return fail(st);
+    }
     std::unique_ptr<Engine> engine;
     st = Engine::open(f.opt, &engine);
     if (!st.ok()) return fail(st);
@@ -138,10 +144,10 @@ int do_run(RunFlags & f) {
     GenerateRequest req;
     req.prompt = f.prompt;
     req.n_predict = f.n_predict;
+    req.sampling = f.sampling;
     req.sampling.temp = f.opt.temp;
     req.sampling.seed = f.opt.seed;
-    req.sampling.top_k = f.top_k;
-    req.sampling.top_p = f.top_p;
+    req.stop = f.stop;
     GenerateResult g;
     st = engine->generate(req,
                           [](const std::string & piece) {
@@ -378,10 +384,31 @@ void add_run_command(CLI::App & app, Action * action) {
                   "print only the generated text (the default)")
         ->excludes(dp);
     add_engine_flags(sub, &f->opt);
-    sub->add_option("--top-k", f->top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
+    SamplingParams & sp = f->sampling;
+    sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
         ->check(int_range(0, 1 << 20));
-    sub->add_option("--top-p", f->top_p, "with --temp > 0: nucleus sampling; 1 = off")
+    sub->add_option("--top-p", sp.top_p, "with --temp > 0: nucleus sampling; 1 = off")
         ->check(real_range(0.0, 1.0, true));
+    sub->add_option("--min-p", sp.min_p,
+                    "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off")
+        ->check(real_range(0.0, 1.0));
+    sub->add_option("--repeat-penalty", sp.repeat_penalty,
+                    "divide the logits of recent tokens by this (greedy too); 1 = off")
+        ->check(real_range(0.0, 100.0, true));
+    sub->add_option("--repeat-last-n", sp.repeat_last_n,
+                    "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context")
+        ->check(int_range(-1, 1 << 22));
+    sub->add_option("--presence-penalty", sp.presence_penalty,
+                    "subtract this once from every recent token's logit; 0 = off")
+        ->check(real_range(-2.0, 2.0));
+    sub->add_option("--frequency-penalty", sp.frequency_penalty,
+                    "subtract this x its count from every recent token's logit; 0 = off")
+        ->check(real_range(-2.0, 2.0));
+    sub->add_flag("--ignore-eos", sp.ignore_eos, "never stop at an end-of-generation token");
+    sub->add_option("-r,--reverse-prompt", f->stop,
+                    "stop when the text contains this (not printed); repeatable")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->default_str("");
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
