@@ -157,12 +157,12 @@ Status RefLogitsFile::create(const std::string & path, int n_vocab, uint32_t n_p
     n_vocab_ = n_vocab;
     n_pos_ = n_pos;
     f_ = std::fopen(tmp_.c_str(), "wb");
-    if (!f_) return Status::Runtime(tmp_ + ": cannot create: " + std::strerror(errno));
+    if (!f_) return Status::BadInput(tmp_ + ": cannot create: " + std::strerror(errno));
     writing_ = true;
     const uint32_t hdr[4] = {kVersion, uint32_t(n_vocab), n_pos, window};
     if (std::fwrite(kMagic, 1, 8, f_) != 8 || std::fwrite(hdr, 4, 4, f_) != 4 ||
         std::fwrite(&tokens_hash, 8, 1, f_) != 1 || std::fwrite(&model_bytes, 8, 1, f_) != 1)
-        return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(errno));
+        return Status::BadInput(tmp_ + ": cannot write: " + std::strerror(errno));
     return Status::Ok();
 }
 
@@ -170,7 +170,7 @@ Status RefLogitsFile::append(int32_t next, const float * logits) {
     if (!f_ || !writing_ || done_ >= n_pos_) return Status::Runtime(path_ + ": internal: append");
     if (std::fwrite(&next, 4, 1, f_) != 1 ||
         std::fwrite(logits, sizeof(float), size_t(n_vocab_), f_) != size_t(n_vocab_))
-        return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(errno));
+        return Status::BadInput(tmp_ + ": cannot write: " + std::strerror(errno));
     ++done_;
     return Status::Ok();
 }
@@ -184,9 +184,9 @@ Status RefLogitsFile::finish() {
     const int e = errno;
     std::fclose(f_);
     f_ = nullptr;
-    if (!ok) return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(e));
+    if (!ok) return Status::BadInput(tmp_ + ": cannot write: " + std::strerror(e));
     if (std::rename(tmp_.c_str(), path_.c_str()) != 0)
-        return Status::Runtime(path_ + ": cannot rename from " + tmp_ + ": " +
+        return Status::BadInput(path_ + ": cannot rename from " + tmp_ + ": " +
                                std::strerror(errno));
     writing_ = false;
     return Status::Ok();

@@ -761,7 +761,7 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
     if (tmp.fd < 0) {
         const int e = errno;
         tmp.path.clear();  // nothing to delete
-        return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(e));
+        return Status::BadInput("synth: cannot write '" + shown + "': " + errno_str(e));
     }
 
     // Reserve the whole file up front: a full disk fails here, at once, and the extents
@@ -769,12 +769,12 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
     if (::fallocate(tmp.fd, 0, 0, off_t(file_bytes)) != 0 && errno != EOPNOTSUPP &&
         errno != ENOSYS) {
         const int e = errno;
-        return Status::Runtime("synth: cannot write '" + shown + "' (" +
+        return Status::BadInput("synth: cannot write '" + shown + "' (" +
                                std::to_string(file_bytes) + " bytes): " + errno_str(e));
     }
     int err = 0;
     if (!pwrite_all(tmp.fd, meta.data(), meta.size(), 0, &err)) {
-        return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(err));
+        return Status::BadInput("synth: cannot write '" + shown + "': " + errno_str(err));
     }
 
     const std::vector<Chunk> chunks = plan_chunks(m.tensors);
@@ -829,12 +829,12 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     for (auto & th : threads) th.join();
-    if (failed.load()) return Status::Runtime(err_msg);
+    if (failed.load()) return Status::BadInput(err_msg);  // only a write fails there
 
     if (::fdatasync(tmp.fd) != 0 || ::close(tmp.fd) != 0) {
         const int e = errno;
         tmp.fd = -1;
-        return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(e));
+        return Status::BadInput("synth: cannot write '" + shown + "': " + errno_str(e));
     }
     tmp.fd = -1;
     progress.update(done.load(), /*final=*/true);
@@ -843,7 +843,7 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
     if (!st.ok()) return st;
     if (::rename(tmp.path.c_str(), opt.out_path.c_str()) != 0) {
         const int e = errno;
-        return Status::Runtime("synth: cannot rename to '" + shown + "': " + errno_str(e));
+        return Status::BadInput("synth: cannot rename to '" + shown + "': " + errno_str(e));
     }
     tmp.keep = true;
     if (result) {

@@ -312,3 +312,44 @@ TEST(CliSampling, ReversePromptStopsBeforeItAndIsNotPrinted) {
     ASSERT_FALSE(two.is_null());
     EXPECT_EQ(two["text"].get<std::string>(), text.substr(0, nl));
 }
+
+// --- Outputs are checked before any work; an output that cannot be written exits 3 everywhere.
+
+TEST(CliOutputs, UnwritableOutputsStopEverySubcommandBeforeWork) {
+    const std::string m = model();
+    struct Case {
+        std::string args, msg;
+    };
+    const std::string trace = "/tmp/moestream-cliflags-out-" + std::to_string(getpid()) + ".trace";
+    ASSERT_EQ(cli("run -m " + m + " -p Hi -n 4 --cache-mb 4 --force-cache --route-trace " + trace).exit_code, 0);
+    const std::string text = "/tmp/moestream-cliflags-out-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "One two three four five six seven eight nine ten."; }
+    const std::vector<Case> cases = {
+        {"run -m " + m + " -p Hi --stats-json /nonexistent/x.json",
+         "--stats-json /nonexistent/x.json: the directory /nonexistent does not exist"},
+        {"run -m " + m + " -p Hi --stats-csv /tmp", "--stats-csv /tmp: is a directory"},
+        {"run -m " + m + " -p Hi --dump-logits /nonexistent/l.bin", "--dump-logits /nonexistent/l.bin"},
+        {"eval -m " + m + " -f " + text + " --save-ref /nonexistent/r.ref", "--save-ref /nonexistent/r.ref"},
+        {"synth --preset tiny -o /nonexistent/m.gguf", "-o /nonexistent/m.gguf"},
+        {"replay " + trace + " --plot /nonexistent/p.png", "--plot /nonexistent/p.png"},
+    };
+    for (const Case & c : cases) {
+        SCOPED_TRACE(c.args);
+        CmdResult r = cli(c.args);
+        EXPECT_EQ(r.exit_code, 3) << r.err;
+        EXPECT_NE(r.err.find(c.msg), std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");                                            // nothing ran
+        EXPECT_EQ(r.err.find("model ready"), std::string::npos) << r.err;  // nor loaded
+    }
+    // Two flags naming one file would overwrite each other.
+    expect_refused("run -m " + m + " -p Hi --stats-json /tmp/same.json --stats-csv /tmp/same.json",
+                   "the same file is named by two output flags");
+    // Control: writable paths run and are written.
+    const std::string js = "/tmp/moestream-cliflags-out-" + std::to_string(getpid()) + ".json";
+    CmdResult ok = cli("run -m " + m + " -p Hi -n 2 --stats-json " + js);
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_TRUE(std::ifstream(js).good());
+    std::remove(js.c_str());
+    std::remove(trace.c_str());
+    std::remove(text.c_str());
+}

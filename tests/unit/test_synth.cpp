@@ -290,19 +290,19 @@ TEST(synth, UnwritableOutputIsAClearError) {
     // Missing directory.
     const std::string missing = d.file("no/such/dir/m.gguf");
     CmdResult r = synth("--preset tiny -o " + sh_quote(missing));
-    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.exit_code, 3);
     EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     // The output path is an existing directory: rename fails, the temp file is removed.
     fs::create_directory(d.file("adir"));
     r = synth("--preset tiny -o " + sh_quote(d.file("adir")));
-    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.exit_code, 3);
     EXPECT_NE(r.err.find(d.file("adir")), std::string::npos) << r.err;
     // Write failure part-way (file size limit: EFBIG, like a full disk): no half file left.
     const std::string big = d.file("big.gguf");
     r = run_cmd("trap '' XFSZ; ulimit -f 4096; exec " + sh_quote(cli_bin()) +
                 " synth --preset tiny --type f32 -o " + sh_quote(big));
-    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find(big), std::string::npos) << r.err;
     std::vector<std::string> left;
     for (const auto & e : fs::directory_iterator(d.path())) {

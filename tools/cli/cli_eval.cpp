@@ -64,8 +64,15 @@ int do_eval(EvalFlags & f) {
                               "at a time (no sampling, no prompt batches)"))
         return rc;
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
+    // Outputs before any work: the reference file (kept or temporary) and the trace.
+    const std::string tmp_ref_path = f.text_file + ".moestream-ref." + std::to_string(getpid());
+    Status st = check_output_paths({{"--save-ref", f.save_ref},
+                                    {"--route-trace", f.opt.route_trace},
+                                    {"the temporary reference next to -f",
+                                     f.ref.empty() && f.save_ref.empty() ? tmp_ref_path : ""}});
+    if (!st.ok()) return fail(st);
     std::string text;
-    Status st = read_text(f.text_file, &text);
+    st = read_text(f.text_file, &text);
     if (!st.ok()) return fail(st);
     uint64_t model_bytes = 0;
     {
@@ -100,8 +107,7 @@ int do_eval(EvalFlags & f) {
     std::string tmp_ref;
     nlohmann::json ref_info;
     if (ref_path.empty()) {
-        ref_path = f.save_ref.empty() ? (f.text_file + ".moestream-ref." + std::to_string(getpid()))
-                                      : f.save_ref;
+        ref_path = f.save_ref.empty() ? tmp_ref_path : f.save_ref;
         if (f.save_ref.empty()) tmp_ref = ref_path;
         std::unique_ptr<Engine> ref;
         st = Engine::open(ref_opt, &ref);

@@ -241,9 +241,11 @@ int do_replay(const ReplayFlags & f) {
         if (int rc = refuse_given(f.sub, sweep, "has no effect with --routing-stats (it "
                                                 "simulates no cache)"))
             return rc;
+    Status st = check_output_paths({{"--plot", f.plot}});
+    if (!st.ok()) return fail(st);
     RouteTrace trace;
     const auto t_load = std::chrono::steady_clock::now();
-    Status st = read_route_trace(f.trace, &trace);
+    st = read_route_trace(f.trace, &trace);
     if (!st.ok()) return fail(st);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();

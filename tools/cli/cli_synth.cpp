@@ -1,7 +1,7 @@
 // `moestream synth` — writes a GGUF MoE model with deterministic random weights.
 //   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N] [--attn-gain G]
 //                   [--progress] -o FILE
-// Bad flags exit 64 (CLI11 validation); I/O errors exit 1 with one line naming the file.
+// Bad flags exit 64; an output that cannot be written exits 3 with one line naming the file.
 #include <unistd.h>
 
 #include <csignal>
@@ -104,6 +104,10 @@ void add_synth_command(CLI::App & app, Action * action) {
     sub->callback([action, opt, verbosity] {
         *action = [opt, verbosity] {
             apply_verbosity(*verbosity);
+            if (!opt->dry_run) {
+                Status ck = check_output_paths({{"-o", opt->out_path}});
+                if (!ck.ok()) return report(ck);
+            }
             SynthResult r;
             if (!opt->dry_run) remove_temp_on_signals(synth_temp_path(*opt));
             Status st = synth_model(*opt, &r);
