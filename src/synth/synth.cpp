@@ -722,7 +722,7 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
         return Status::Usage("synth: --alignment: " + std::to_string(align) +
                              " is not a power of two in [32, 2097152]");
     }
-    if (opt.out_path.empty()) return Status::Usage("synth: -o: no output file given");
+    if (opt.out_path.empty() && !opt.dry_run) return Status::Usage("synth: -o: no output file given");
     if (m.type->type == GGML_TYPE_Q4_K &&
         (m.preset->n_embd % 256 != 0 || m.preset->n_ff_exp % 256 != 0)) {
         return Status::Usage("synth: --type q4_k needs rows that are multiples of 256");

@@ -353,3 +353,53 @@ TEST(CliOutputs, UnwritableOutputsStopEverySubcommandBeforeWork) {
     std::remove(trace.c_str());
     std::remove(text.c_str());
 }
+
+// --- Ctrl-C during run: the summary of what ran, the outputs written, exit 130.
+
+TEST(CliInterrupt, CtrlCDuringRunPrintsTheSummaryAndExits130) {
+    const std::string js = "/tmp/moestream-cliflags-int-" + std::to_string(getpid()) + ".json";
+    // 16384 tokens take far longer than the 2 s before the SIGINT on the tiny model.
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + model() +
+                          " -p Hi -n -1 -c 16384 --ignore-eos -t 1 --stats-json " + js +
+                          " & pid=$!; sleep 2; kill -INT $pid; wait $pid");
+    EXPECT_EQ(r.exit_code, 130) << r.err;
+    EXPECT_NE(r.err.find("interrupted (Ctrl-C) after"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("decode "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("lossless"), std::string::npos) << r.err;
+    std::ifstream f(js);
+    ASSERT_TRUE(f.good()) << "--stats-json not written after Ctrl-C";
+    json j = json::parse(f);
+    std::remove(js.c_str());
+    // It stopped mid-generation (the control: the run was not already over).
+    EXPECT_GT(j["n_generated"].get<int>(), 0);
+    EXPECT_LT(j["n_prompt"].get<int>() + j["n_generated"].get<int>(), 16384);
+    // Without the signal the same command ends normally.
+    CmdResult ok = cli("run -m " + model() + " -p Hi -n 8 --ignore-eos -t 1");
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_EQ(ok.err.find("interrupted"), std::string::npos);
+}
+
+// --- synth: no silent overwrite, --dry-run without -o, both spellings of a type.
+
+TEST(CliSynth, RefusesOverwriteDryRunNeedsNoOutputTypeSpellings) {
+    const std::string dir = "/tmp/moestream-cliflags-synth-" + std::to_string(getpid());
+    ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+    const std::string a = dir + "/a.gguf", b = dir + "/b.gguf";
+    ASSERT_EQ(cli("synth --preset tiny --type q4_k -o " + a).exit_code, 0);
+    CmdResult again = cli("synth --preset tiny --type q4_k --seed 2 -o " + a);
+    EXPECT_EQ(again.exit_code, 64) << again.err;
+    EXPECT_NE(again.err.find("-o " + a + " exists; add --force to overwrite it"), std::string::npos) << again.err;
+    // q4_K (inspect's spelling) is q4_k: the same bytes.
+    ASSERT_EQ(cli("synth --preset tiny --type q4_K -o " + b).exit_code, 0) << "q4_K refused";
+    EXPECT_EQ(run_cmd("cmp " + a + " " + b).exit_code, 0) << "a was overwritten, or q4_K differs";
+    // --force overwrites (seed 2 gives other bytes).
+    ASSERT_EQ(cli("synth --preset tiny --type q4_k --seed 2 --force -o " + a).exit_code, 0);
+    EXPECT_NE(run_cmd("cmp -s " + a + " " + b).exit_code, 0);
+    // --dry-run plans without -o, writes nothing.
+    CmdResult dry = cli("synth --preset tiny --dry-run");
+    EXPECT_EQ(dry.exit_code, 0) << dry.err;
+    EXPECT_NE(dry.out.find("dry run: "), std::string::npos) << dry.out;
+    expect_refused("synth --preset tiny --dry-run --force", "--force has no effect with --dry-run");
+    expect_refused("synth --preset tiny", "-o FILE is required (or --dry-run to plan only)");
+    std::system(("rm -rf " + dir).c_str());
+}

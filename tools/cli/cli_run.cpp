@@ -1,6 +1,7 @@
 // `moestream run` — generate text, streaming the routed experts from the model file.
 // Text goes to stdout as produced; the summary goes to stderr; --stats-json / --stats-csv
 // write the same figures to files (docs/metrics.md defines every field).
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -94,6 +95,16 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     return j;
 }
 
+// Ctrl-C: the first SIGINT asks generation to stop at the next token (on_piece returns false),
+// so the summary of what ran is printed and the outputs written, then exit 130; the handler
+// then reverts to the default, so a second Ctrl-C ends the process at once.
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_sigint(int) {
+    g_interrupted = 1;
+    std::signal(SIGINT, SIG_DFL);
+}
+
 int fail(const Status & st) {
     MS_LOG_ERROR("%s", st.message().c_str());
     return st.exit_code();
@@ -149,18 +160,24 @@ int do_run(RunFlags & f) {
     req.sampling.seed = f.opt.seed;
     req.stop = f.stop;
     GenerateResult g;
+    g_interrupted = 0;
+    std::signal(SIGINT, on_sigint);
     st = engine->generate(req,
                           [](const std::string & piece) {
                               std::fwrite(piece.data(), 1, piece.size(), stdout);
                               std::fflush(stdout);
-                              return true;
+                              return g_interrupted == 0;
                           },
                           &g);
+    const bool interrupted = g_interrupted != 0;
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!st.ok()) return fail(st);
     const RunStats & s = engine->stats();
 
+    if (interrupted)
+        std::fprintf(stderr, "\nmoestream: interrupted (Ctrl-C) after %d generated tokens\n",
+                     s.n_generated);
     std::fprintf(stderr,
                  "\nmoestream: %s | load %.2f s | first token %.2f s | prefill %d tok %.2f tok/s | "
                  "decode %d tok %.2f tok/s\n",
@@ -238,7 +255,7 @@ int do_run(RunFlags & f) {
                                     g.final_logits.size() * sizeof(float)));
         if (!st.ok()) return fail(st);
     }
-    return 0;
+    return interrupted ? 130 : 0;
 }
 
 }  // namespace
