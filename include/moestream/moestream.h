@@ -53,7 +53,7 @@ struct RunOptions {
     // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
     // (shared slots, every routed slice re-read), N = LRU cache of N MiB.
     int64_t cache_mb = -1;
-    bool force_cache = false;  // allow budgets in the 1..1499 MiB band (--force-cache)
+    bool force_cache = false;  // allow budgets below 1.5 x the token working set (--force-cache)
     bool cache_debug = false;  // poison + residency check of every routed slice (--cache-debug)
     // Map a miss onto the pages an evicted expert left in the page pool instead of committing
     // fresh zero-filled pages (docs/cache.md, "Recycled pages"). false: --cache-no-recycle,

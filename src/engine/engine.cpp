@@ -278,18 +278,11 @@ public:
         // budget is chosen), compute buffers not yet touched (estimate: logits and activations of
         // one batch), one layer's routed set above the budget, and when prefetch can run the
         // predictor's int8 router copies (12 MiB on the 30B preset).
-        uint64_t max_layer_set = 0;
-        for (const auto & L : index_.moe_layers)
-            max_layer_set =
-                std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
-        const uint64_t compute_est =
-            uint64_t(opt_.n_batch) * (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
         const uint64_t predictor_est =
             prefetch_possible() ? RoutePredictor::copy_bytes_for(index_.moe_layers.size(),
                                                                  index_.n_expert, index_.n_embd)
                                 : 0;
-        const uint64_t needs =
-            index_.dense_bytes_total + compute_est + max_layer_set + predictor_est;
+        const uint64_t needs = auto_needs_bytes(index_, uint32_t(opt_.n_batch)) + predictor_est;
         BudgetDecision d;
         Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs,
                                         memory_availability(), system_page_bytes(), &d);
@@ -316,8 +309,9 @@ public:
                     "misses, so the policy would silently become an unconditional cut of weakly "
                     "weighted experts (" +
                     d.reason +
-                    "). Give --cache-mb N (>= 1500) or auto with "
-                    "enough memory");
+                    "). Give --cache-mb " + std::to_string(cache_rule_min_mib(index_)) +
+                    " or more (the cache rule: " + cache_rule_text(index_) +
+                    "), or auto with enough memory");
             DropColdConfig dc;
             dc.frac = opt_.drop_cold;
             dc.in_prefill = opt_.drop_in_prefill;
@@ -454,7 +448,7 @@ public:
             return Status::Usage("drop_cold_experts needs streaming (the server runs --no-stream)");
         if (frac > 0 && stats_.cache_budget_bytes == 0)
             return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
-                                 stats_.cache_budget_reason + ")");
+                                 stats_.cache_budget_reason + "); " + cache_rule_text(index_));
         DropColdConfig dc;
         dc.frac = frac;
         if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;
@@ -699,6 +693,8 @@ public:
         j["cache_mb_requested"] =
             opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
         j["cache_budget_reason"] = stats_.cache_budget_reason;
+        j["cache_rule"] = cache_rule_text(index_);
+        j["cache_rule_min_mib"] = cache_rule_min_mib(index_);
         j["cache_debug"] = opt_.cache_debug;
         j["cache_recycle"] = opt_.cache_recycle;
         j["cache_move"] = opt_.cache_move;

@@ -343,7 +343,8 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
            "expert cache budget in MiB: auto, 0 = off, N")
         ->type_name("auto|N")
         ->default_str("auto");
-    sub->add_flag("--force-cache", opt->force_cache, "allow a --cache-mb in the 1..1499 MiB band");
+    sub->add_flag("--force-cache", opt->force_cache,
+                  "allow a --cache-mb below 1.5 x the model's per-token working set (moestream inspect: cache rule)");
     sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
                   "commit fresh zero-filled pages for every cache miss and free them on "
                   "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
