@@ -403,3 +403,29 @@ TEST(CliSynth, RefusesOverwriteDryRunNeedsNoOutputTypeSpellings) {
     expect_refused("synth --preset tiny", "-o FILE is required (or --dry-run to plan only)");
     std::system(("rm -rf " + dir).c_str());
 }
+
+// --- eval names the lossy knobs and prices the reads: both MiB/token figures and the avoided.
+
+TEST(CliEval, NamesTheKnobsAndBothReadFigures) {
+    const std::string text = "/tmp/moestream-cliflags-eval-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "It was the best of times, it was the worst of times, it was the age "
+                             "of wisdom, it was the age of foolishness, it was the epoch of belief."; }
+    const std::string e = "eval -m " + model() + " -f " + text + " --max-tokens 32 --bootstrap 100 -t 1 ";
+    CmdResult lossy = cli(e + "--cache-mb 8 --drop-cold-experts 0.5 --drop-renorm --n-expert-used 3");
+    ASSERT_EQ(lossy.exit_code, 0) << lossy.err;
+    EXPECT_NE(lossy.out.find("LOSSY: --n-expert-used 3 (the model's 4) --drop-cold-experts 0.5 --drop-renorm"),
+              std::string::npos) << lossy.out;
+    EXPECT_NE(lossy.out.find("MiB/token (reference "), std::string::npos) << lossy.out;
+    EXPECT_NE(lossy.out.find("MiB/token avoided ("), std::string::npos) << lossy.out;
+    CmdResult js = cli(e + "--cache-mb 8 --drop-cold-experts 0.5 --json");
+    ASSERT_EQ(js.exit_code, 0) << js.err;
+    const json j = json::parse(js.out);
+    EXPECT_NEAR(j["bytes_per_token_avoided"].get<double>(),
+                j["reference"]["bytes_per_token"].get<double>() - j["bytes_per_token"].get<double>(), 1e-6);
+    // Control: lossless settings name no knob.
+    CmdResult ll = cli(e + "--cache-mb 8");
+    ASSERT_EQ(ll.exit_code, 0) << ll.err;
+    EXPECT_NE(ll.out.find("lossless settings"), std::string::npos) << ll.out;
+    EXPECT_EQ(ll.out.find("LOSSY"), std::string::npos) << ll.out;
+    std::remove(text.c_str());
+}

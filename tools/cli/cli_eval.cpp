@@ -178,6 +178,11 @@ int do_eval(EvalFlags & f) {
     j["bootstrap_resamples"] = f.bootstrap;
     j["decode_tok_s"] = rs.decode_tok_s;
     j["bytes_per_token"] = rs.bytes_per_token;
+    if (ref_info.contains("bytes_per_token")) {
+        const double ref_b = ref_info["bytes_per_token"].get<double>();
+        j["bytes_per_token_avoided"] = ref_b - rs.bytes_per_token;
+        j["reads_avoided_pct"] = ref_b > 0 ? 100.0 * (ref_b - rs.bytes_per_token) / ref_b : 0.0;
+    }
     j["cache_hit_pct"] = rs.cache_hit_pct;
     if (f.json) {
         std::printf("%s\n", j.dump(2).c_str());
@@ -189,15 +194,37 @@ int do_eval(EvalFlags & f) {
         };
         const std::string win =
             f.window ? ", windows of " + std::to_string(f.window) + " tokens" : std::string();
+        // The lossy knobs by name (docs/lossy-knobs.md), from the resolved settings.
+        const nlohmann::json & set = j["settings"];
+        std::string knobs;
+        if (set.value("n_expert_used", 0) != set.value("n_expert_used_model", 0))
+            knobs += " --n-expert-used " + std::to_string(set.value("n_expert_used", 0)) +
+                     " (the model's " + std::to_string(set.value("n_expert_used_model", 0)) + ")";
+        if (set.value("drop_cold_experts", 0.0) > 0) {
+            knobs += " --drop-cold-experts " + fmt_num(set.value("drop_cold_experts", 0.0));
+            if (set.value("drop_in_prefill", false)) knobs += " --drop-in-prefill";
+            if (set.value("drop_renorm", false)) knobs += " --drop-renorm";
+        }
         std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
                     toks.size(), (unsigned long long)sum.positions, win.c_str(),
-                    run->lossy() ? "LOSSY settings" : "lossless settings");
+                    run->lossy() ? ("LOSSY:" + knobs).c_str() : "lossless settings");
         std::printf("  perplexity        %s   (reference %s)\n", iv(sum.ppl_run, 4).c_str(),
                     iv(sum.ppl_ref, 4).c_str());
         std::printf("  mean KL(ref||run) %s nats\n", iv(sum.mean_kl, 6).c_str());
         std::printf("  top-1 agreement   %s %%\n", iv(sum.top1_pct, 2).c_str());
-        std::printf("  decode %.2f tok/s, %.2f MiB read/token, cache hit %.1f %%\n",
-                    rs.decode_tok_s, rs.bytes_per_token / (1024.0 * 1024.0), rs.cache_hit_pct);
+        std::printf("  decode %.2f tok/s, cache hit %.1f %%\n", rs.decode_tok_s, rs.cache_hit_pct);
+        const double run_mib = rs.bytes_per_token / (1024.0 * 1024.0);
+        if (ref_info.contains("bytes_per_token")) {
+            const double ref_mib = ref_info["bytes_per_token"].get<double>() / (1024.0 * 1024.0);
+            std::printf("  reads             %.2f MiB/token (reference %.2f): %.2f MiB/token "
+                        "avoided (%.1f %%)\n",
+                        run_mib, ref_mib, ref_mib - run_mib,
+                        ref_mib > 0 ? 100.0 * (ref_mib - run_mib) / ref_mib : 0.0);
+        } else {
+            std::printf("  reads             %.2f MiB/token (the reference's is not in --ref's file: "
+                        "compute it, or see the --save-ref run)\n",
+                        run_mib);
+        }
         std::printf("  95%% intervals: bootstrap over positions (%d resamples)\n", f.bootstrap);
     }
     return 0;
