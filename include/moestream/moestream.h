@@ -223,6 +223,12 @@ struct GenerateResult {
     std::string stop_string;  // the stop string that ended it (finish kStop)
 };
 
+// Loads ggml's CPU backend the way Engine::open does (GGML_BACKEND_PATH if set, else the best
+// variant for this CPU among the prefix's backends) and gives the file it was loaded from (""
+// when that cannot be told). `moestream --version` prints it; scripts/llama-tool loads the
+// same file into the reference tools, so both run the same kernels. kRuntime: none loads.
+Status cpu_backend_file(std::string * path);
+
 class Engine {
 public:
     virtual ~Engine() = default;

@@ -1,5 +1,6 @@
 // engine.cpp — the Engine: validate, load, bind, then prefill + single-token decode with the
 // router hook streaming experts in. See include/moestream/moestream.h and docs/design.md.
+#include <dlfcn.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -859,6 +860,18 @@ private:
 };
 
 }  // namespace
+
+Status cpu_backend_file(std::string * path) {
+    path->clear();
+    Status st = init_backend();
+    if (!st.ok()) return st;
+    // The file is where a function of the loaded CPU backend lives (dladdr).
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+    void * fn = reg ? ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features") : nullptr;
+    Dl_info info;
+    if (fn && dladdr(fn, &info) != 0 && info.dli_fname) *path = info.dli_fname;
+    return Status::Ok();
+}
 
 Status Engine::open(const RunOptions & opt, std::unique_ptr<Engine> * out) {
     auto e = std::make_unique<EngineImpl>();

@@ -429,3 +429,33 @@ TEST(CliEval, NamesTheKnobsAndBothReadFigures) {
     EXPECT_EQ(ll.out.find("LOSSY"), std::string::npos) << ll.out;
     std::remove(text.c_str());
 }
+
+// --- The README's reference comparison: `run -p Hello` and llama-completion (through
+// scripts/llama-tool, which loads moestream's CPU backend, with --no-repack) print the same text.
+
+TEST(CliReference, RunAndLlamaCompletionGiveTheSameText) {
+    const char * t = std::getenv("LLAMA_TOOL");
+    const std::string tool = t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
+    const std::string m = sh_quote(synth_model("tiny", "qwen3moe", "q4_k"));
+    const std::string unpinned = "env -u GGML_BACKEND_PATH MOESTREAM_BIN=" + sh_quote(cli_bin()) + " ";
+    const std::string llama = " llama-completion -m " + m +
+                              " -p Hello -n 32 --temp 0 -no-cnv --no-display-prompt -fit off";
+    CmdResult ours = run_cmd(unpinned + sh_quote(cli_bin()) + " run -m " + m + " -p Hello -n 32");
+    ASSERT_EQ(ours.exit_code, 0) << ours.err;
+    CmdResult ref = run_cmd(unpinned + sh_quote(tool) + llama + " --no-repack");
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    EXPECT_TRUE(same_generation(ref.out, ours.out));
+    // Controls: where moestream's backend is not the conservative haswell pin, the pin gives
+    // other text, and so does repacking (both are what the comparison has to rule out).
+    CmdResult ver = run_cmd(unpinned + sh_quote(cli_bin()) + " --version");
+    if (ver.out.find("libggml-cpu-haswell.so") == std::string::npos) {
+        CmdResult pinned = run_cmd("MOESTREAM_BIN=" + sh_quote(cli_bin()) + " GGML_BACKEND_PATH=$(" +
+                                   sh_quote(std::string(MOESTREAM_TEST_SRC) + "/scripts/ggml-backend-path") +
+                                   ") " + sh_quote(tool) + llama + " --no-repack");
+        ASSERT_EQ(pinned.exit_code, 0) << pinned.err;
+        EXPECT_FALSE(same_generation(pinned.out, ours.out)) << "the haswell pin gave the same text";
+    }
+    CmdResult repacked = run_cmd(unpinned + sh_quote(tool) + llama);
+    ASSERT_EQ(repacked.exit_code, 0) << repacked.err;
+    EXPECT_FALSE(same_generation(repacked.out, ours.out)) << "repacking changed nothing here";
+}

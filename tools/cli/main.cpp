@@ -26,8 +26,12 @@ int main(int argc, char ** argv) {
     app.option_defaults()->always_capture_default();
     // A repeated option: the last one wins (as in llama.cpp).
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app.set_version_flag("--version", std::string("moestream ") + MOESTREAM_VERSION +
-                                          " (llama.cpp " + llama_version() + ")");
+    app.set_version_flag("--version", [] {
+        std::string be;
+        moestream::Status st = moestream::cpu_backend_file(&be);
+        return std::string("moestream ") + MOESTREAM_VERSION + " (llama.cpp " + llama_version() +
+               ")\nggml CPU backend: " + (st.ok() ? (be.empty() ? "unknown" : be) : st.message());
+    });
     Action action;
     add_run_command(app, &action);
     add_inspect_command(app, &action);
