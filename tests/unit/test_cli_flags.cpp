@@ -459,3 +459,30 @@ TEST(CliReference, RunAndLlamaCompletionGiveTheSameText) {
     ASSERT_EQ(repacked.exit_code, 0) << repacked.err;
     EXPECT_FALSE(same_generation(repacked.out, ours.out)) << "repacking changed nothing here";
 }
+
+// --- replay --plot errors: one line with the decoded exit code, never a raw wait status.
+
+TEST(CliReplayPlot, PlotFailuresAreNamedWithTheirExitCode) {
+    const std::string dir = "/tmp/moestream-cliflags-plot-" + std::to_string(getpid());
+    ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+    const std::string trace = dir + "/t.trace", png = dir + "/p.png", fake = dir + "/fakepy";
+    ASSERT_EQ(cli("run -m " + model() + " -p Hi -n 4 --cache-mb 4 --force-cache --route-trace " + trace).exit_code, 0);
+    { std::ofstream(fake) << "#!/bin/sh\necho 'Traceback (most recent call last):' >&2\necho 'ValueError: boom' >&2\nexit 3\n"; }
+    ASSERT_EQ(std::system(("chmod +x " + fake).c_str()), 0);
+    CmdResult missing = run_cmd("MOESTREAM_PYTHON=" + dir + "/nopython " + sh_quote(cli_bin()) +
+                                " replay " + trace + " --budgets 4 --plot " + png);
+    EXPECT_EQ(missing.exit_code, 1);
+    EXPECT_NE(missing.err.find("--plot: " + dir + "/nopython not found"), std::string::npos) << missing.err;
+    CmdResult failed = run_cmd("MOESTREAM_PYTHON=" + fake + " " + sh_quote(cli_bin()) + " replay " +
+                               trace + " --budgets 4 --plot " + png);
+    EXPECT_EQ(failed.exit_code, 1);
+    EXPECT_NE(failed.err.find("the plot script failed (exit 3): ValueError: boom"), std::string::npos) << failed.err;
+    EXPECT_EQ(failed.err.find("Traceback"), std::string::npos) << failed.err;
+    EXPECT_EQ(failed.err.find("exit 768"), std::string::npos) << failed.err;  // 3 << 8, the raw status
+    // Control: with a python that succeeds, replay exits 0.
+    { std::ofstream(fake) << "#!/bin/sh\ntouch \"$3\"\n"; }
+    CmdResult ok = run_cmd("MOESTREAM_PYTHON=" + fake + " " + sh_quote(cli_bin()) + " replay " + trace +
+                           " --budgets 4 --plot " + png);
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    std::system(("rm -rf " + dir).c_str());
+}

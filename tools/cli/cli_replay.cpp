@@ -4,6 +4,7 @@
 // router weight mass discarded against the lossless baseline (same policy and budget, the
 // trace's k, no dropping). --validate replays the recorded settings and requires the recorded
 // hits, misses and drops slot for slot. See docs/replay.md.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -181,15 +182,30 @@ Status write_plot(const nlohmann::json & doc, const std::string & png) {
         for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
         return r + "'";
     };
+    const std::string errf = d + "/stderr";
     const std::string cmd = q(python) + " " + q(script) + " " + q(data) + " " + q(png);
-    const int rc = std::system(cmd.c_str());
-    std::remove(data.c_str());
-    std::remove(script.c_str());
+    const int ws = std::system((cmd + " 2>" + q(errf)).c_str());
+    std::string err;
+    {
+        std::ifstream e(errf);
+        std::ostringstream ss;
+        ss << e.rdbuf();
+        err = ss.str();
+    }
+    for (const std::string & f : {data, script, errf}) std::remove(f.c_str());
     rmdir(dir);
-    if (rc != 0)
-        return Status::Runtime("--plot: '" + cmd + "' failed (exit " + std::to_string(rc) +
-                               "); it needs python3 with matplotlib (Debian: python3-matplotlib)");
-    return Status::Ok();
+    // The wait status, decoded: an exit code or a signal, never the raw number.
+    const int code = ws == -1 ? -1 : WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    if (code == 0) return Status::Ok();
+    if (code == 127)
+        return Status::Runtime("--plot: " + python + " not found (install python3 and "
+                               "python3-matplotlib, or set MOESTREAM_PYTHON)");
+    if (err.find("No module named 'matplotlib'") != std::string::npos)
+        return Status::Runtime("--plot: " + python + " has no matplotlib (Debian: python3-matplotlib)");
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    const size_t nl = err.rfind('\n');
+    return Status::Runtime("--plot: the plot script failed (exit " + std::to_string(code) +
+                           "): " + (nl == std::string::npos ? err : err.substr(nl + 1)));
 }
 
 // --routing-stats: how the traced model routes (route_stats.h), per layer and overall.
