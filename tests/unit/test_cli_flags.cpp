@@ -486,3 +486,19 @@ TEST(CliReplayPlot, PlotFailuresAreNamedWithTheirExitCode) {
     EXPECT_EQ(ok.exit_code, 0) << ok.err;
     std::system(("rm -rf " + dir).c_str());
 }
+
+// The plot marks one token's working set and every expert: replay computes both from the
+// trace's shapes, and they agree with inspect's figures for the traced model.
+TEST(CliReplayPlot, MarkersAgreeWithInspect) {
+    const std::string trace = "/tmp/moestream-cliflags-mark-" + std::to_string(getpid()) + ".trace";
+    ASSERT_EQ(cli("run -m " + model() + " -p Hi -n 4 --cache-mb 8 --route-trace " + trace).exit_code, 0);
+    CmdResult r = cli("replay " + trace + " --budgets 4 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json d = json::parse(r.out);
+    const json m = json::parse(cli("inspect --json -m " + model()).out);
+    EXPECT_NEAR(d["working_set_mib"].get<double>(),
+                double(m["token_working_set_bytes"].get<uint64_t>()) / (1 << 20), 1e-9);
+    EXPECT_NEAR(d["all_experts_mib"].get<double>(),
+                double(m["expert_bytes_total"].get<uint64_t>()) / (1 << 20), 1e-9);
+    std::remove(trace.c_str());
+}

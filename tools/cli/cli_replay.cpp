@@ -129,35 +129,60 @@ import matplotlib.pyplot as plt
 d = json.load(open(sys.argv[1]))
 res = d["results"]
 lossy = [r for r in res if r["lossy"]]
-fig, axes = plt.subplots(1, 2 if lossy else 1, figsize=(12 if lossy else 6.5, 4.5), squeeze=False)
+fig, axes = plt.subplots(1, 2 if lossy else 1, figsize=(13 if lossy else 7, 5), squeeze=False)
 ax = axes[0][0]
+budgets = sorted({r["budget_mib"] for r in res})
 for pol in sorted({r["policy"] for r in res}):
     pts = sorted((r["budget_mib"], r["decode_hit_pct"]) for r in res if r["policy"] == pol and not r["lossy"])
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
+ws, allx = d.get("working_set_mib", 0), d.get("all_experts_mib", 0)
+if ws > 0:
+    ax.axvline(ws, color="grey", ls="--", lw=1, label="one token's working set (%.1f MiB)" % ws)
+if allx > 0:
+    ax.axvline(allx, color="black", ls=":", lw=1, label="every expert (%.1f MiB)" % allx)
+hi = max(budgets + [allx * 1.05 if allx else 0, ws * 1.5 if ws else 0, 1])
+ax.set_xlim(0, hi)
+ax.set_ylim(0, 100)
 ax.set_xlabel("cache budget (MiB)")
 ax.set_ylabel("decode hit rate (%)")
 ax.set_title("hit rate vs budget (lossless)")
 ax.grid(True, alpha=0.3)
-ax.legend()
+ax.legend(fontsize=8, loc="lower right")
 if lossy:
     ax = axes[0][1]
-    groups = {}
-    for r in lossy:
-        key = (r["policy"], r["budget_mib"])
-        groups.setdefault(key, []).append((100 * r["weight_mass_discarded"], 100 * r["reads_avoided"],
-                                           "F=%g k=%d" % (r["drop_cold"], r["n_expert_used"])))
-    for (pol, mib), pts in sorted(groups.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="%s %g MiB" % (pol, mib))
-        if len(groups) <= 4:
-            for p in pts:
-                ax.annotate(p[2], (p[0], p[1]), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    # One (policy, budget) so the panel stays readable: lru if swept, at the largest budget.
+    pols = sorted({r["policy"] for r in lossy})
+    pol = "lru" if "lru" in pols else pols[0]
+    mib = max(r["budget_mib"] for r in lossy if r["policy"] == pol)
+    k0 = d["trace"]["k"]
+    series = {}
+    for r in res:
+        if r["policy"] != pol or r["budget_mib"] != mib:
+            continue
+        k, f = r["n_expert_used"], r["drop_cold"]
+        if k == k0 and f == 0:
+            series.setdefault("lossless", []).append(("", r))
+        elif k == k0:
+            series.setdefault("--drop-cold-experts F", []).append(("F=%g" % f, r))
+        elif f == 0:
+            series.setdefault("--n-expert-used K", []).append(("K=%d" % k, r))
+        else:
+            series.setdefault("K=%d with F" % k, []).append(("F=%g" % f, r))
+    for name, pts in sorted(series.items()):
+        pts.sort(key=lambda p: p[1]["weight_mass_discarded"])
+        xs = [100 * p[1]["weight_mass_discarded"] for p in pts]
+        ys = [100 * p[1]["reads_avoided"] for p in pts]
+        ax.plot(xs, ys, marker="o", label=name)
+        for (lab, _), x, y in zip(pts, xs, ys):
+            if lab:
+                ax.annotate(lab, (x, y), fontsize=7, textcoords="offset points", xytext=(4, -10))
     ax.set_xlabel("router weight mass discarded (%)")
     ax.set_ylabel("decode reads avoided (%)")
-    ax.set_title("lossy settings vs the lossless baseline")
+    ax.set_title("lossy knobs at %s, %g MiB (vs lossless there)" % (pol, mib))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.margins(0.1)
+    ax.legend(fontsize=8, loc="lower right")
 fig.suptitle(d.get("title", "moestream replay"), fontsize=9)
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
@@ -353,6 +378,15 @@ int do_replay(const ReplayFlags & f) {
                     {"routings", trace.routings.size()},
                     {"slots", trace.expert.size()}};
     doc["title"] = f.trace;
+    // For the plot's markers: one token's routed working set (k experts of every MoE layer)
+    // and the bytes of every expert (the budget beyond which nothing more is hit).
+    double ws_bytes = 0, all_bytes = 0;
+    for (const TraceLayerShape & L : h.moe_layers) {
+        ws_bytes += double(h.k) * double(L.expert_bytes);
+        all_bytes += double(h.n_expert) * double(L.expert_bytes);
+    }
+    doc["working_set_mib"] = ws_bytes / kMiB;
+    doc["all_experts_mib"] = all_bytes / kMiB;
     nlohmann::json results = nlohmann::json::array();
     double sim_s = 0;
     uint64_t sim_routings = 0, sim_slots = 0;
