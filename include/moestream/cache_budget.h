@@ -1,8 +1,10 @@
 // cache_budget.h — choosing the expert cache's budget (docs/cache.md, "Choosing a budget").
 //
-// The cache rule: below one token's routed working set a cache gets zero hits and pays
-// eviction costs — slower than no cache. So an explicit budget of 1..1499 MiB is refused
-// unless forced; 0 means cache off (shared slots).
+// The cache rule, relative to the model: below one token's routed working set a cache gets
+// zero hits and pays eviction costs — slower than no cache. So an explicit budget between 0
+// and 1.5 x the working set (cache_rule_min_mib) is refused unless forced; 0 means cache off
+// (shared slots). cache_rule_text states the rule with the model's numbers: inspect, run's
+// refusal, the drop-cold error and the engine's settings (the server) all print it.
 // auto (the default of `run`): budget = memory available to the process (the cgroup limit
 // if one applies, else MemAvailable; see sysinfo.h) minus what the run itself needs besides
 // cached experts (dense weights, KV cache and compute buffers as measured after the context
@@ -22,7 +24,6 @@
 
 namespace moestream {
 
-constexpr int64_t kCacheRuleMinMiB = 1500;         // budgets below this need --force-cache
 constexpr uint64_t kAutoFloorBytes = 512ull << 20;  // head-room auto never gives the cache
 
 struct BudgetDecision {
@@ -38,6 +39,18 @@ struct BudgetDecision {
 // preset's Q4_K slices, +4.9 % / +11.8 % on the trained demo model's 68 KiB Q8_0 / 36 KiB
 // Q4_K_M ones.
 uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_bytes);
+
+// The smallest explicit budget accepted without --force-cache: 1.5 x the token working set,
+// in MiB rounded up (at least 1).
+uint64_t cache_rule_min_mib(const ModelIndex & index);
+// "--cache-mb 0 (off) or >= M MiB (1.5 x this model's W MiB per-token working set); smaller
+// budgets need --force-cache".
+std::string cache_rule_text(const ModelIndex & index);
+
+// What a run needs besides cached experts, as auto counts it before the KV cache exists:
+// dense weights, an estimate of untouched compute buffers for n_batch (logits and activations
+// of one batch) and one layer's routed set above the budget.
+uint64_t auto_needs_bytes(const ModelIndex & index, uint32_t n_batch);
 
 // cache_mb: -1 = auto, 0 = off, N = explicit. `needs_bytes`: memory the run needs besides
 // cached experts. `mem`: for auto; for an explicit budget, one above what is available minus

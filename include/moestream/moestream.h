@@ -37,10 +37,12 @@ namespace moestream {
 struct RunOptions {
     std::string model_path;
     int n_threads = 2;    // compute threads (-t)
+    int n_threads_batch = 0;  // threads for prompt batches (-tb); 0 = n_threads
     // Context length (-c). 0 = the model's training context, capped so that the KV cache
     // takes at most a quarter of the memory available at open (Engine::n_ctx() says which).
     int n_ctx = 4096;
-    int n_batch = 512;    // prompt tokens per llama_decode
+    int n_batch = 512;    // prompt tokens per llama_decode (-b)
+    int n_ubatch = 0;     // physical batch of llama.cpp (-ub); 0 = n_batch; capped at n_batch
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
     bool stream = true;   // false: llama.cpp loads everything resident (--no-stream)
@@ -61,7 +63,7 @@ struct RunOptions {
     // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
     // (shared slots, every routed slice re-read), N = LRU cache of N MiB.
     int64_t cache_mb = -1;
-    bool force_cache = false;  // allow budgets in the 1..1499 MiB band (--force-cache)
+    bool force_cache = false;  // allow budgets below 1.5 x the token working set (--force-cache)
     bool cache_debug = false;  // poison + residency check of every routed slice (--cache-debug)
     // Map a miss onto the pages an evicted expert left in the page pool instead of committing
     // fresh zero-filled pages (docs/cache.md, "Recycled pages"). false: --cache-no-recycle,
@@ -240,6 +242,25 @@ struct ChatMessage {
     std::string role;
     std::string content;
 };
+const char * finish_reason_name(FinishReason r);  // "length", "eos", "stop", "cancelled"
+
+struct GenerateResult {
+    // Generated token ids: every token sampled, including those that carried a stop string
+    // (the end-of-generation token is not included).
+    std::vector<int32_t> tokens;
+    // Their detokenized text, without a matched stop string and what followed it in its
+    // token: exactly what on_piece received.
+    std::string text;
+    std::vector<float> final_logits;  // logits of the last decode
+    FinishReason finish = FinishReason::kLength;
+    std::string stop_string;  // the stop string that ended it (finish kStop)
+};
+
+// Loads ggml's CPU backend the way Engine::open does (GGML_BACKEND_PATH if set, else the best
+// variant for this CPU among the prefix's backends) and gives the file it was loaded from (""
+// when that cannot be told). `moestream --version` prints it; scripts/llama-tool loads the
+// same file into the reference tools, so both run the same kernels. kRuntime: none loads.
+Status cpu_backend_file(std::string * path);
 
 class Engine {
 public:
@@ -250,9 +271,10 @@ public:
     static Status open(const RunOptions & opt, std::unique_ptr<Engine> * out);
 
     // Tokenizes `prompt`, prefills, then decodes up to n_predict tokens (stops at
-    // end-of-generation). on_piece (optional) is called once per generated token with the
-    // text released by it (with stop strings, possibly "" while a match is pending; at the end
-    // once more with what was held back); returning false stops generation (kCancelled).
+    // end-of-generation; n_predict -1: until the context is full). on_piece (optional) is
+    // called once per generated token with the text released by it (with stop strings,
+    // possibly "" while a match is pending; at the end once more with what was held back);
+    // returning false stops generation (kCancelled).
     // An I/O error stops generation with kRuntime.
     virtual Status generate(const std::string & prompt, int n_predict,
                             const std::function<bool(const std::string &)> & on_piece,

@@ -16,7 +16,7 @@ enum class ErrorCode : int {
     kOk = 0,
     kRuntime = 1,    // I/O failure during generation, llama.cpp refusing, out of memory
     kBadModel = 2,   // missing, unreadable, non-GGUF, truncated, corrupt or non-MoE model file
-    kBadInput = 3,   // bad prompt file, trace, request
+    kBadInput = 3,   // bad prompt file, trace, request; a file to write that cannot be written
     kUsage = 64,     // bad flags (EX_USAGE)
 };
 

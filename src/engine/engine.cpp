@@ -1,5 +1,6 @@
 // engine.cpp — the Engine: validate, load, bind, then prefill + single-token decode with the
 // router hook streaming experts in. See include/moestream/moestream.h and docs/design.md.
+#include <dlfcn.h>
 #include <sys/stat.h>
 
 #include <cmath>
@@ -220,6 +221,9 @@ public:
         if (opt.n_ctx != 0 && opt.n_ctx < 16)
             return Status::Usage("-c must be >= 16 (or 0: the model's context)");
         if (opt.n_batch < 1) return Status::Usage("--batch must be >= 1");
+        if (opt.n_ubatch < 0) return Status::Usage("--ubatch-size must be >= 1");
+        if (opt.n_threads_batch < 0 || opt.n_threads_batch > 512)
+            return Status::Usage("--threads-batch must be in 1..512");
         if (opt.io_threads < 1 || opt.io_threads > 64)
             return Status::Usage("--io-threads must be in 1..64");
         if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp))
@@ -243,6 +247,28 @@ public:
         if (!opt.route_trace.empty()) {  // a device or FIFO is refused, never replaced
             Status ts = check_output_path(opt.route_trace, "--route-trace");
             if (!ts.ok()) return ts;
+        }
+        if (!opt.stream && (opt.cache_mb >= 0 || opt.force_cache || opt.cache_debug))
+            return Status::Usage(std::string(opt.cache_mb >= 0 ? "--cache-mb"
+                                             : opt.force_cache ? "--force-cache"
+                                                               : "--cache-debug") +
+                                 " applies to the expert cache of streaming; remove --no-stream");
+        if (opt.prefetch) {
+            // Each combination below would leave --prefetch silently off (prefetch_possible).
+            if (!opt.stream) return Status::Usage("--prefetch needs streaming; remove --no-stream");
+            if (opt.cache_mb == 0)
+                return Status::Usage("--prefetch reads ahead into the expert cache, and "
+                                     "--cache-mb 0 turns the cache off");
+            if (opt.io_threads < 2)
+                return Status::Usage("--prefetch needs a worker lane to read ahead with: "
+                                     "--io-threads 2 or more");
+            if (!opt.route_trace.empty())
+                return Status::Usage("--prefetch and --route-trace exclude each other (a trace "
+                                     "records the cache without read-ahead, so that replay "
+                                     "reproduces it)");
+            if (opt.drop_cold > 0)
+                return Status::Usage("--prefetch and --drop-cold-experts exclude each other (the "
+                                     "policy drops cache misses; a read-ahead expert is none)");
         }
 
         Status st = load_model_index(opt.model_path, &index_);
@@ -308,9 +334,9 @@ public:
         llama_context_params cp = llama_context_default_params();
         cp.n_ctx = uint32_t(opt_.n_ctx);
         cp.n_batch = uint32_t(opt.n_batch);
-        cp.n_ubatch = uint32_t(opt.n_batch);
+        cp.n_ubatch = uint32_t(opt.n_ubatch > 0 ? std::min(opt.n_ubatch, opt.n_batch) : opt.n_batch);
         cp.n_threads = opt.n_threads;
-        cp.n_threads_batch = opt.n_threads;
+        cp.n_threads_batch = opt.n_threads_batch > 0 ? opt.n_threads_batch : opt.n_threads;
         cp.no_perf = true;
         if (opt.stream) {  // the router hook goes into the slot once built (make_store)
             cp.cb_eval = &HookSlot::eval_callback;
@@ -351,18 +377,11 @@ public:
         // budget is chosen), compute buffers not yet touched (estimate: logits and activations of
         // one batch), one layer's routed set above the budget, and when prefetch can run the
         // predictor's int8 router copies (12 MiB on the 30B preset).
-        uint64_t max_layer_set = 0;
-        for (const auto & L : index_.moe_layers)
-            max_layer_set =
-                std::max<uint64_t>(max_layer_set, uint64_t(index_.n_expert_used) * L.expert_bytes);
-        const uint64_t compute_est =
-            uint64_t(opt_.n_batch) * (uint64_t(index_.n_vocab) + 64ull * index_.n_embd) * 4;
         const uint64_t predictor_est =
             prefetch_possible() ? RoutePredictor::copy_bytes_for(index_.moe_layers.size(),
                                                                  index_.n_expert, index_.n_embd)
                                 : 0;
-        const uint64_t needs =
-            index_.dense_bytes_total + compute_est + max_layer_set + predictor_est;
+        const uint64_t needs = auto_needs_bytes(index_, uint32_t(opt_.n_batch)) + predictor_est;
         BudgetDecision d;
         MemoryAvailability mem = memory_availability();
         if (knobs_.no_budget_clamp && opt_.cache_mb > 0) {
@@ -398,8 +417,9 @@ public:
                     "misses, so the policy would silently become an unconditional cut of weakly "
                     "weighted experts (" +
                     d.reason +
-                    "). Give --cache-mb N (>= 1500) or auto with "
-                    "enough memory");
+                    "). Give --cache-mb " + std::to_string(cache_rule_min_mib(index_)) +
+                    " or more (the cache rule: " + cache_rule_text(index_) +
+                    "), or auto with enough memory");
             dc.frac = opt_.drop_cold;
             dc.in_prefill = opt_.drop_in_prefill;
             dc.renorm = opt_.drop_renorm;
@@ -422,6 +442,9 @@ public:
         // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
         // Not with --route-trace: a trace records what a cache without read-ahead does, so
         // that `moestream replay` reproduces it exactly (docs/route-trace.md).
+        if (d.budget_bytes == 0 && opt_.prefetch)
+            MS_LOG_WARN("--prefetch is off for this run: it needs the cache, and %s",
+                        d.reason.c_str());
         if (d.budget_bytes > 0 && prefetch_possible()) {
             predictor_ = std::make_unique<RoutePredictor>();
             predictor_->set_enabled(opt_.drop_cold == 0);
@@ -555,7 +578,7 @@ public:
             return Status::Usage("drop_cold_experts needs streaming (the server runs --no-stream)");
         if (frac > 0 && stats_.cache_budget_bytes == 0)
             return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
-                                 stats_.cache_budget_reason + ")");
+                                 stats_.cache_budget_reason + "); " + cache_rule_text(index_));
         DropColdConfig dc;
         dc.frac = frac;
         if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;
@@ -811,7 +834,9 @@ public:
         if (!opt_.stream) j["model_file_mapped_bytes"] = file_mapped_after_load_bytes_;
         j["n_threads"] = opt_.n_threads;
         j["n_ctx"] = opt_.n_ctx;
-        if (!n_ctx_reason_.empty()) j["n_ctx_reason"] = n_ctx_reason_;
+        j["n_ctx_reason"] = n_ctx_reason_.empty() ? "-c" : n_ctx_reason_;
+        j["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
+        j["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
         j["n_batch"] = opt_.n_batch;
         j["temp"] = opt_.temp;
         j["seed"] = opt_.seed;
@@ -829,6 +854,8 @@ public:
         j["cache_mb_requested"] =
             opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
         j["cache_budget_reason"] = stats_.cache_budget_reason;
+        j["cache_rule"] = cache_rule_text(index_);
+        j["cache_rule_min_mib"] = cache_rule_min_mib(index_);
         j["cache_debug"] = opt_.cache_debug;
         j["cache_recycle"] = opt_.cache_recycle;
         j["cache_move"] = opt_.cache_move;
@@ -1027,6 +1054,18 @@ private:
 };
 
 }  // namespace
+
+Status cpu_backend_file(std::string * path) {
+    path->clear();
+    Status st = init_backend();
+    if (!st.ok()) return st;
+    // The file is where a function of the loaded CPU backend lives (dladdr).
+    ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");
+    void * fn = reg ? ggml_backend_reg_get_proc_address(reg, "ggml_backend_get_features") : nullptr;
+    Dl_info info;
+    if (fn && dladdr(fn, &info) != 0 && info.dli_fname) *path = info.dli_fname;
+    return Status::Ok();
+}
 
 Status Engine::open(const RunOptions & opt, std::unique_ptr<Engine> * out) {
     auto e = std::make_unique<EngineImpl>();

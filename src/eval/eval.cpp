@@ -158,13 +158,13 @@ Status RefLogitsFile::create(const std::string & path, int n_vocab, uint32_t n_p
     Status st = file_.create(path, "--save-ref");
     if (!st.ok()) return st;
     f_ = ::fdopen(file_.fd(), "wb");
-    if (!f_) return Status::Runtime(file_.temp_path() + ": cannot create: " + std::strerror(errno));
+    if (!f_) return Status::BadInput(file_.temp_path() + ": cannot create: " + std::strerror(errno));
     writing_ = true;
     const std::string & tmp_ = file_.temp_path();  // for the messages below
     const uint32_t hdr[4] = {kVersion, uint32_t(n_vocab), n_pos, window};
     if (std::fwrite(kMagic, 1, 8, f_) != 8 || std::fwrite(hdr, 4, 4, f_) != 4 ||
         std::fwrite(&tokens_hash, 8, 1, f_) != 1 || std::fwrite(&model_bytes, 8, 1, f_) != 1)
-        return Status::Runtime(tmp_ + ": cannot write: " + std::strerror(errno));
+        return Status::BadInput(tmp_ + ": cannot write: " + std::strerror(errno));
     return Status::Ok();
 }
 
@@ -172,7 +172,7 @@ Status RefLogitsFile::append(int32_t next, const float * logits) {
     if (!f_ || !writing_ || done_ >= n_pos_) return Status::Runtime(path_ + ": internal: append");
     if (std::fwrite(&next, 4, 1, f_) != 1 ||
         std::fwrite(logits, sizeof(float), size_t(n_vocab_), f_) != size_t(n_vocab_))
-        return Status::Runtime(file_.temp_path() + ": cannot write: " + std::strerror(errno));
+        return Status::BadInput(file_.temp_path() + ": cannot write: " + std::strerror(errno));
     ++done_;
     return Status::Ok();
 }
@@ -189,7 +189,7 @@ Status RefLogitsFile::finish() {
     file_.fd_closed();
     writing_ = false;
     if (!ok || !closed) {
-        const Status st = Status::Runtime(file_.temp_path() + ": cannot write: " +
+        const Status st = Status::BadInput(file_.temp_path() + ": cannot write: " +
                                           std::strerror(ok ? errno : e));
         file_.discard();
         return st;

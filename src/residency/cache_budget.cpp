@@ -29,6 +29,29 @@ uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_byt
     return std::max(total, index.expert_bytes_total);
 }
 
+uint64_t cache_rule_min_mib(const ModelIndex & index) {
+    const uint64_t ws = index.token_working_set_bytes;
+    const uint64_t min_bytes = ws + (ws + 1) / 2;  // 1.5 x ws, rounded to the nearest byte
+    return std::max<uint64_t>(1, (min_bytes + (1ull << 20) - 1) >> 20);
+}
+
+std::string cache_rule_text(const ModelIndex & index) {
+    char ws[32];
+    std::snprintf(ws, sizeof ws, "%.1f", double(index.token_working_set_bytes) / (1 << 20));
+    return "--cache-mb 0 (off) or >= " + std::to_string(cache_rule_min_mib(index)) +
+           " MiB (1.5 x this model's " + ws +
+           " MiB per-token working set); smaller budgets need --force-cache";
+}
+
+uint64_t auto_needs_bytes(const ModelIndex & index, uint32_t n_batch) {
+    uint64_t max_layer_set = 0;
+    for (const auto & L : index.moe_layers)
+        max_layer_set = std::max<uint64_t>(max_layer_set, uint64_t(index.n_expert_used) * L.expert_bytes);
+    const uint64_t compute_est =
+        uint64_t(n_batch) * (uint64_t(index.n_vocab) + 64ull * index.n_embd) * 4;
+    return index.dense_bytes_total + compute_est + max_layer_set;
+}
+
 Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool force,
                            uint64_t needs_bytes, const MemoryAvailability & mem,
                            uint64_t page_bytes, BudgetDecision * out) {
@@ -39,14 +62,12 @@ Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool forc
         return Status::Ok();
     }
     if (cache_mb > 0) {
-        if (cache_mb < kCacheRuleMinMiB && !force)
+        if (uint64_t(cache_mb) < cache_rule_min_mib(index) && !force)
             return Status::Usage(
-                "--cache-mb " + std::to_string(cache_mb) + " is in the 1.." +
-                std::to_string(kCacheRuleMinMiB - 1) +
-                " MiB band: one token of this model routes " + mib(ws) +
-                " of experts (inspect: token working set); a cache below that gets no hits and "
-                "pays for evictions, which is slower than no cache. Use 0, or at least " +
-                mib(ws + ws / 2) + " (1.5 x the working set), or add --force-cache");
+                "--cache-mb " + std::to_string(cache_mb) +
+                " is below the cache rule: a cache smaller than one token's routed experts gets "
+                "no hits and pays for evictions, which is slower than no cache. Use " +
+                cache_rule_text(index));
         uint64_t b = uint64_t(cache_mb) << 20;
         std::string why = "--cache-mb " + std::to_string(cache_mb);
         if (b > all) {

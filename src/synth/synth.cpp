@@ -715,7 +715,7 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
         return Status::Usage("synth: --alignment: " + std::to_string(align) +
                              " is not a power of two in [32, 2097152]");
     }
-    if (opt.out_path.empty()) return Status::Usage("synth: -o: no output file given");
+    if (opt.out_path.empty() && !opt.dry_run) return Status::Usage("synth: -o: no output file given");
     if (m.type->type == GGML_TYPE_Q4_K &&
         (m.preset->n_embd % 256 != 0 || m.preset->n_ff_exp % 256 != 0)) {
         return Status::Usage("synth: --type q4_k needs rows that are multiples of 256");
@@ -753,7 +753,7 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
     st = out.create(opt.out_path, "synth: -o");
     if (!st.ok()) {
         if (st.code() == ErrorCode::kUsage) return st;
-        return Status::Runtime("synth: cannot write '" + shown + "': " +
+        return Status::BadInput("synth: cannot write '" + shown + "': " +
                                errno_str(out.create_errno()));
     }
     struct {
@@ -766,12 +766,12 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
     if (::fallocate(tmp.fd, 0, 0, off_t(file_bytes)) != 0 && errno != EOPNOTSUPP &&
         errno != ENOSYS) {
         const int e = errno;
-        return Status::Runtime("synth: cannot write '" + shown + "' (" +
+        return Status::BadInput("synth: cannot write '" + shown + "' (" +
                                std::to_string(file_bytes) + " bytes): " + errno_str(e));
     }
     int err = 0;
     if (!pwrite_all(tmp.fd, meta.data(), meta.size(), 0, &err)) {
-        return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(err));
+        return Status::BadInput("synth: cannot write '" + shown + "': " + errno_str(err));
     }
 
     const std::vector<Chunk> chunks = plan_chunks(m.tensors);
@@ -826,12 +826,12 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     for (auto & th : threads) th.join();
-    if (failed.load()) return Status::Runtime(err_msg);
+    if (failed.load()) return Status::BadInput(err_msg);  // only a write fails there
 
     if (::fdatasync(tmp.fd) != 0 || ::close(tmp.fd) != 0) {
         const int e = errno;
         out.fd_closed();
-        return Status::Runtime("synth: cannot write '" + shown + "': " + errno_str(e));
+        return Status::BadInput("synth: cannot write '" + shown + "': " + errno_str(e));
     }
     out.fd_closed();
     progress.update(done.load(), /*final=*/true);

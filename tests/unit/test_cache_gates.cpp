@@ -73,13 +73,42 @@ TEST(CacheBudget, RssStaysWithinBudgetWhileStreamingAModelLargerThanIt) {
     EXPECT_GT(all["cache_hit_pct"].get<double>(), small["cache_hit_pct"].get<double>());
 }
 
-TEST(CacheBudget, RuleRejectsTheDeadBandWithTheWorkingSet) {
+// The rule is relative to the model: 0, or at least 1.5 x its per-token working set; inspect,
+// run's refusal, the drop-cold error and the settings (the server's) state it in the same words.
+TEST(CacheBudget, RuleRejectsOnlyBelowOneAndAHalfWorkingSetsInOneWording) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
-    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -n 4 --cache-mb 100");
+    CmdResult ins = run_cmd(sh_quote(cli_bin()) + " inspect --json -m " + sh_quote(model));
+    ASSERT_EQ(ins.exit_code, 0);
+    const json m = json::parse(ins.out);
+    const uint64_t ws = m["token_working_set_bytes"].get<uint64_t>();
+    const uint64_t min_mib = ((ws + (ws + 1) / 2) + (1u << 20) - 1) >> 20;
+    EXPECT_EQ(m["cache_min_mib"].get<uint64_t>(), min_mib);
+    const std::string rule = m["cache_rule"].get<std::string>();
+    EXPECT_NE(rule.find(">= " + std::to_string(min_mib) + " MiB"), std::string::npos) << rule;
+    CmdResult human = run_cmd(sh_quote(cli_bin()) + " inspect -m " + sh_quote(model));
+    EXPECT_NE(human.out.find("cache rule    " + rule), std::string::npos) << human.out;
+    // What auto would choose now, and the decode bound from MiB/token, are printed too.
+    EXPECT_LE(m["cache_auto_mib_now"].get<uint64_t>(), m["cache_all_experts_mib"].get<uint64_t>());
+    EXPECT_NE(human.out.find("cache auto    "), std::string::npos) << human.out;
+    EXPECT_NE(human.out.find("decode bound  cache off: "), std::string::npos) << human.out;
+
+    const std::string cmd = sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p A -n 2 ";
+    CmdResult r = run_cmd(cmd + "--cache-mb " + std::to_string(min_mib - 1));
     EXPECT_EQ(r.exit_code, 64);
-    EXPECT_NE(r.err.find("--force-cache"), std::string::npos) << r.err;
-    EXPECT_NE(r.err.find("routes"), std::string::npos) << r.err;  // names the working set
-    r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -n 4 --cache-mb lots");
+    EXPECT_NE(r.err.find(rule), std::string::npos) << r.err;
+    // Control: the rule's own minimum, and a budget far above the old fixed band's 1500, run.
+    r = run_cmd(cmd + "--cache-mb " + std::to_string(min_mib));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    r = run_cmd(cmd + "--cache-mb " + std::to_string(min_mib - 1) + " --force-cache");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    r = run_cmd(cmd + "--cache-mb 0 --drop-cold-experts 0.5");
+    EXPECT_EQ(r.exit_code, 64);
+    EXPECT_NE(r.err.find("Give --cache-mb " + std::to_string(min_mib) + " or more (the cache rule: " + rule), std::string::npos) << r.err;
+    json j = run(model, "--cache-mb " + std::to_string(min_mib));
+    ASSERT_FALSE(j.is_null());
+    EXPECT_EQ(j["settings"]["cache_rule"], rule);
+    EXPECT_EQ(j["settings"]["cache_rule_min_mib"], min_mib);
+    r = run_cmd(cmd + "--cache-mb lots");
     EXPECT_EQ(r.exit_code, 64);
 }
 

@@ -446,13 +446,13 @@ TEST(RouteTraceRun, TracingNeverChangesTheOutputAndFailuresOnlyWarn) {
     EXPECT_EQ(on.stats["logits_sha"], off.stats["logits_sha"]);
     EXPECT_EQ(on.stats["tokens"], off.stats["tokens"]);
 
-    // Unwritable: the directory does not exist.
+    // Unwritable from the start (the directory does not exist): refused before loading, like
+    // every output path (exit 3, nothing generated).
     RunOut bad = run(model, "--cache-mb 4 --force-cache --route-trace /nonexistent-dir/x.trace");
-    ASSERT_EQ(bad.rc, 0) << bad.err;
-    EXPECT_NE(bad.err.find("route trace: cannot create"), std::string::npos) << bad.err;
-    EXPECT_NE(bad.err.find("tracing is off, inference continues"), std::string::npos) << bad.err;
-    EXPECT_EQ(bad.out, off.out);
-    EXPECT_EQ(bad.stats["logits_sha"], off.stats["logits_sha"]);
+    EXPECT_EQ(bad.rc, 3) << bad.err;
+    EXPECT_NE(bad.err.find("--route-trace /nonexistent-dir/x.trace: the directory /nonexistent-dir does not exist"),
+              std::string::npos) << bad.err;
+    EXPECT_EQ(bad.out, "");
 
     // Disk full: an 8 KiB file size limit (sh counts 512-byte blocks) (SIGXFSZ ignored, so write()
     // fails with EFBIG). The limit applies to every file the run writes; only the trace outgrows it

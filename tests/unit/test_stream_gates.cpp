@@ -131,7 +131,7 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                         "--cache-mb 1000000 --prefetch",
                         "--cache-mb 4 --force-cache --cache-debug --prefetch",  // + evictions
                         "--cache-mb 4 --force-cache --io-threads 4 --prefetch",
-                        "--cache-mb 4 --force-cache --io-threads 1 --prefetch",  // no worker
+                        "--cache-mb 4 --force-cache --io-threads 2 --prefetch",  // one worker
                         "--cache-mb 1 --force-cache --cache-debug"};  // evicts on every token
         for (const std::string & flags : variants) {
             SCOPED_TRACE(flags);

@@ -4,6 +4,8 @@
 // file named and no file left behind; the weights have realistic scale (quant blocks decode
 // to the intended distribution, activations finite, logits vary, routing covers all experts).
 #include <gtest/gtest.h>
+
+#include <algorithm>
 #include <unistd.h>
 
 #include <cmath>
@@ -259,7 +261,10 @@ TEST(synth, BadFlagsExit64) {
     for (const auto & args : bad) {
         CmdResult r = synth(args);
         EXPECT_EQ(r.exit_code, 64) << args << "\n" << r.err;
-        EXPECT_NE(r.err.find("moestream:"), std::string::npos) << args;
+        // One line naming the subcommand, then the pointer to --help (no usage dump).
+        EXPECT_EQ(r.err.rfind("moestream synth: ", 0), 0u) << args << "\n" << r.err;
+        EXPECT_NE(r.err.find("\nsee `moestream synth --help`\n"), std::string::npos) << r.err;
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 2) << r.err;
     }
     EXPECT_TRUE(fs::is_empty(d.dir()));
 }
@@ -269,7 +274,7 @@ TEST(synth, UnwritableOutputIsAClearError) {
     // Missing directory.
     const std::string missing = d.path("no/such/dir/m.gguf");
     CmdResult r = synth("--preset tiny -o " + sh_quote(missing));
-    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_EQ(r.exit_code, 3);
     EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
     EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
     // The output path is an existing directory: refused before writing (never renamed over).
@@ -283,7 +288,7 @@ TEST(synth, UnwritableOutputIsAClearError) {
     const std::string big = d.path("big.gguf");
     r = run_cmd("trap '' XFSZ; ulimit -f 4096; exec " + sh_quote(cli_bin()) +
                 " synth --preset tiny --type f32 -o " + sh_quote(big));
-    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find(big), std::string::npos) << r.err;
     std::vector<std::string> left;
     for (const auto & e : fs::directory_iterator(d.dir())) {

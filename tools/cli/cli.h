@@ -1,11 +1,16 @@
 // cli.h — the moestream command line: one file per subcommand, each registering itself on
 // the CLI11 app. The CLI is a thin layer: it parses flags, calls the library, prints.
-// Exit codes: 0 ok; 64 bad flags (usage printed); 2 bad model file; 3 bad input file;
-// 1 runtime failure (I/O error during generation, llama.cpp refused).
+// Exit codes (every subcommand): 0 ok; 64 bad flags (one line + "see --help"); 2 bad model
+// file; 3 a file named on the command line cannot be read or written (prompt, text, trace,
+// every output); 1 runtime failure (I/O error during generation, llama.cpp refused);
+// 130 interrupted (Ctrl-C).
 #pragma once
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "moestream/moestream.h"
 
@@ -26,7 +31,38 @@ void add_serve_command(CLI::App & app, Action * action);
 // the app.
 void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 
+// After parsing: engine flags that the other flags make ineffective are refused by name
+// (streaming-only flags with --no-stream). Returns 0 or the exit code (64).
+int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);
+
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);
+
+// --- Shared by the subcommands (cli_common.cpp; docs/cli.md) ---
+extern const char * const kSubcommands[6];
+// Prints "moestream CMD: MSG" and "see `moestream CMD --help`" on stderr; returns 64.
+int usage_error(const std::string & cmd, const std::string & msg);
+// Before CLI11 parses args (argv without argv[0]): an unknown subcommand, llama.cpp flags
+// moestream refuses (one line each) and single-dash words CLI11 would split into short flags;
+// rewrites llama.cpp's -tb / -ub to their long names. Returns 0, or the exit code (64).
+int preprocess_args(CLI::App & app, std::vector<std::string> * args);
+// A number as a person writes it: 1, 0.5, 1e-06 (not 1.000000).
+std::string fmt_num(double v);
+// Validators whose message reads "0 is not in (0, 1]" / "70000 is not in 1..65535".
+CLI::Validator int_range(long long lo, long long hi);
+CLI::Validator real_range(double lo, double hi, bool lo_open = false);
+// Compute threads by default: the physical cores this process may run on (logical CPUs when
+// the topology is unknown).
+int default_threads();
+// llama.cpp's escapes (\n \t \r \\ \' \" \xHH ...) in place; `flag` names the source.
+Status process_escapes(const std::string & flag, std::string * s);
+// Output files, checked before any work: the directory exists and is writable, the path is
+// no directory, no two flags name the same file. kBadInput (exit 3), like a failed write.
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>> & flag_paths);
+Status write_output_file(const std::string & flag, const std::string & path, const std::string & data);
+// Prints "moestream: error: MSG" on stderr; returns st.exit_code().
+int report(const Status & st);
+// The first of `flags` given on the command line of `sub` is refused: usage_error(flag + why).
+int refuse_given(CLI::App * sub, const std::vector<std::string> & flags, const std::string & why);
 
 }  // namespace moestream::cli

@@ -33,6 +33,7 @@ struct EvalFlags {
     bool json = false;
     int bootstrap = 1000;
     int verbose = 0;
+    CLI::App * sub = nullptr;
 };
 
 int fail(const Status & st) {
@@ -54,8 +55,21 @@ nlohmann::json interval_json(const Interval & iv) {
 
 int do_eval(EvalFlags & f) {
     apply_verbosity(f.verbose);
+    if (int rc = refuse_given(f.sub,
+                              {"--temp", "--seed", "--batch-size", "--ubatch-size", "--threads-batch"},
+                              "has no effect on eval: it scores the text's own tokens one decode "
+                              "at a time (no sampling, no prompt batches)"))
+        return rc;
+    if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
+    // Outputs before any work: the reference file (kept or temporary) and the trace.
+    const std::string tmp_ref_path = f.text_file + ".moestream-ref." + std::to_string(getpid());
+    Status st = check_output_paths({{"--save-ref", f.save_ref},
+                                    {"--route-trace", f.opt.route_trace},
+                                    {"the temporary reference next to -f",
+                                     f.ref.empty() && f.save_ref.empty() ? tmp_ref_path : ""}});
+    if (!st.ok()) return fail(st);
     std::string text;
-    Status st = read_text(f.text_file, &text);
+    st = read_text(f.text_file, &text);
     if (!st.ok()) return fail(st);
     uint64_t model_bytes = 0;
     {
@@ -90,8 +104,7 @@ int do_eval(EvalFlags & f) {
     std::string tmp_ref;
     nlohmann::json ref_info;
     if (ref_path.empty()) {
-        ref_path = f.save_ref.empty() ? (f.text_file + ".moestream-ref." + std::to_string(getpid()))
-                                      : f.save_ref;
+        ref_path = f.save_ref.empty() ? tmp_ref_path : f.save_ref;
         if (f.save_ref.empty()) tmp_ref = ref_path;
         std::unique_ptr<Engine> ref;
         st = Engine::open(ref_opt, &ref);
@@ -162,6 +175,11 @@ int do_eval(EvalFlags & f) {
     j["bootstrap_resamples"] = f.bootstrap;
     j["decode_tok_s"] = rs.decode_tok_s;
     j["bytes_per_token"] = rs.bytes_per_token;
+    if (ref_info.contains("bytes_per_token")) {
+        const double ref_b = ref_info["bytes_per_token"].get<double>();
+        j["bytes_per_token_avoided"] = ref_b - rs.bytes_per_token;
+        j["reads_avoided_pct"] = ref_b > 0 ? 100.0 * (ref_b - rs.bytes_per_token) / ref_b : 0.0;
+    }
     j["cache_hit_pct"] = rs.cache_hit_pct;
     if (f.json) {
         std::printf("%s\n", j.dump(2).c_str());
@@ -173,15 +191,37 @@ int do_eval(EvalFlags & f) {
         };
         const std::string win =
             f.window ? ", windows of " + std::to_string(f.window) + " tokens" : std::string();
+        // The lossy knobs by name (docs/lossy-knobs.md), from the resolved settings.
+        const nlohmann::json & set = j["settings"];
+        std::string knobs;
+        if (set.value("n_expert_used", 0) != set.value("n_expert_used_model", 0))
+            knobs += " --n-expert-used " + std::to_string(set.value("n_expert_used", 0)) +
+                     " (the model's " + std::to_string(set.value("n_expert_used_model", 0)) + ")";
+        if (set.value("drop_cold_experts", 0.0) > 0) {
+            knobs += " --drop-cold-experts " + fmt_num(set.value("drop_cold_experts", 0.0));
+            if (set.value("drop_in_prefill", false)) knobs += " --drop-in-prefill";
+            if (set.value("drop_renorm", false)) knobs += " --drop-renorm";
+        }
         std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
                     toks.size(), (unsigned long long)sum.positions, win.c_str(),
-                    run->lossy() ? "LOSSY settings" : "lossless settings");
+                    run->lossy() ? ("LOSSY:" + knobs).c_str() : "lossless settings");
         std::printf("  perplexity        %s   (reference %s)\n", iv(sum.ppl_run, 4).c_str(),
                     iv(sum.ppl_ref, 4).c_str());
         std::printf("  mean KL(ref||run) %s nats\n", iv(sum.mean_kl, 6).c_str());
         std::printf("  top-1 agreement   %s %%\n", iv(sum.top1_pct, 2).c_str());
-        std::printf("  decode %.2f tok/s, %.2f MiB read/token, cache hit %.1f %%\n",
-                    rs.decode_tok_s, rs.bytes_per_token / (1024.0 * 1024.0), rs.cache_hit_pct);
+        std::printf("  decode %.2f tok/s, cache hit %.1f %%\n", rs.decode_tok_s, rs.cache_hit_pct);
+        const double run_mib = rs.bytes_per_token / (1024.0 * 1024.0);
+        if (ref_info.contains("bytes_per_token")) {
+            const double ref_mib = ref_info["bytes_per_token"].get<double>() / (1024.0 * 1024.0);
+            std::printf("  reads             %.2f MiB/token (reference %.2f): %.2f MiB/token "
+                        "avoided (%.1f %%)\n",
+                        run_mib, ref_mib, ref_mib - run_mib,
+                        ref_mib > 0 ? 100.0 * (ref_mib - run_mib) / ref_mib : 0.0);
+        } else {
+            std::printf("  reads             %.2f MiB/token (the reference's is not in --ref's file: "
+                        "compute it, or see the --save-ref run)\n",
+                        run_mib);
+        }
         std::printf("  95%% intervals: bootstrap over positions (%d resamples)\n", f.bootstrap);
     }
     return 0;
@@ -193,14 +233,15 @@ void add_eval_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<EvalFlags>();
     auto * sub = app.add_subcommand(
         "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
+    f->sub = sub;
     sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
-        ->check(CLI::Range(2, 1 << 20));
+        ->check(int_range(2, 1 << 20));
     sub->add_option("--window", f->window,
                     "empty the context every N tokens (the expert cache stays): score within "
                     "the model's training context; 0 = the whole text in one context")
-        ->check(CLI::Range(0, 1 << 20));
+        ->check(int_range(0, 1 << 20));
     add_engine_flags(sub, &f->opt);  // run's engine flags (lossy knobs included)
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record the configured run's routings to FILE, one decode row per text "
@@ -209,7 +250,7 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
         ->excludes(save);
     sub->add_option("--bootstrap", f->bootstrap, "bootstrap resamples")
-        ->check(CLI::Range(100, 1000000));
+        ->check(int_range(100, 1000000));
     sub->add_flag("--json", f->json, "print one JSON object");
     sub->add_flag("-v,--verbose", f->verbose, "more log");
     sub->callback([f, action] { *action = [f] { return do_eval(*f); }; });

@@ -24,9 +24,6 @@ namespace {
 
 constexpr uint64_t kPage = 4096;  // O_DIRECT granularity assumed for flash reads
 constexpr uint64_t kMiB = 1ull << 20;
-// The cache rule (design doc): a budget below one token's routed working set only pays
-// eviction cost; use 0 or at least 1.5x the working set.
-constexpr double kCacheMinFactor = 1.5;
 
 std::string human_bytes(uint64_t b) {
     char buf[64];
@@ -69,6 +66,8 @@ struct Report {
     uint64_t cache_min_bytes = 0;  // 1.5 x working set
     uint64_t cache_min_mib = 0;
     uint64_t cache_all_mib = 0;  // every expert resident
+    uint64_t auto_mib = 0;       // what --cache-mb auto would choose now (0 = off)
+    std::string auto_text;
 };
 
 Report make_report(const ModelIndex & m) {
@@ -111,11 +110,23 @@ Report make_report(const ModelIndex & m) {
         r.odirect_overread_pct =
             100.0 * double(r.odirect_read_bytes - m.expert_bytes_total) / m.expert_bytes_total;
     }
-    r.cache_min_bytes = uint64_t(double(m.token_working_set_bytes) * kCacheMinFactor + 0.5);
+    r.cache_min_bytes = m.token_working_set_bytes + (m.token_working_set_bytes + 1) / 2;
     r.cache_min_mib = (r.cache_min_bytes + kMiB - 1) / kMiB;
     // What the cache needs to hold every expert (pool chunks, system pages): a budget of this
     // many MiB holds them all (the bench's `all-experts` cell uses it).
     r.cache_all_mib = (cache_bytes_for_all_experts(m, system_page_bytes()) + kMiB - 1) / kMiB;
+    r.cache_min_mib = cache_rule_min_mib(m);
+    // What auto would choose on this machine now, as run counts it before the KV cache exists
+    // (run's choice is lower by the KV cache of its context).
+    BudgetDecision d;
+    const Status st = decide_cache_budget(m, -1, false, auto_needs_bytes(m, 512),
+                                          memory_availability(), system_page_bytes(), &d);
+    r.auto_mib = st.ok() ? d.budget_bytes / kMiB : 0;
+    r.auto_text = !st.ok() ? st.message()
+                  : d.budget_bytes
+                      ? std::to_string(r.auto_mib) + " MiB now (" + d.reason +
+                            "; run's choice is lower by the KV cache of its context)"
+                      : "cache off now (" + d.reason + ")";
     return r;
 }
 
@@ -174,6 +185,8 @@ nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     j["cache_min_bytes"] = r.cache_min_bytes;
     j["cache_min_mib"] = r.cache_min_mib;
     j["cache_all_experts_mib"] = r.cache_all_mib;
+    j["cache_rule"] = cache_rule_text(m);
+    j["cache_auto_mib_now"] = r.auto_mib;
     return j;
 }
 
@@ -227,23 +240,23 @@ void print_human(const ModelIndex & m, const Report & r) {
                   "slice (%s for all experts)",
                   r.odirect_overread_pct, human_bytes(r.odirect_read_bytes).c_str());
     line("O_DIRECT", buf);
-    // run refuses 1..1499 MiB without --force-cache (include/moestream/cache_budget.h); say so when the
-    // model's own figures fall in that band.
-    const uint64_t rule = 1500;
-    const char * forced = r.cache_min_mib < rule ? " (below 1500 needs --force-cache)" : "";
-    if (r.cache_min_mib >= r.cache_all_mib) {
+    // The rule run enforces, in the words run uses (src/residency/cache_budget.h).
+    line("cache rule", cache_rule_text(m));
+    std::snprintf(buf, sizeof buf, "%" PRIu64 " MiB holds every expert (no reads once warm)",
+                  r.cache_all_mib);
+    line("cache all", buf);
+    line("cache auto", r.auto_text);
+    // A rough bound: with the cache off every token reads its working set from flash, so
+    // decode is at most (flash read speed) / (working set) tokens per second.
+    const double ws_mib = double(m.token_working_set_bytes) / kMiB;
+    if (ws_mib > 0) {
         std::snprintf(buf, sizeof buf,
-                      "--cache-mb 0 (re-read routed experts every token) or >= %" PRIu64
-                      " (holds every expert: no reads once warm)%s; default auto",
-                      r.cache_all_mib, forced);
-    } else {
-        std::snprintf(buf, sizeof buf,
-                      "--cache-mb 0 (re-read routed experts every token) or >= %" PRIu64
-                      " (1.5 x working set; smaller budgets only add eviction cost)%s; %" PRIu64
-                      " holds every expert; default auto",
-                      r.cache_min_mib, forced, r.cache_all_mib);
+                      "cache off: %.1f MiB read per token, so at most %.1f tok/s per GB/s of "
+                      "flash reads (e.g. %.1f tok/s at 3 GB/s); a cache cuts the reads by its "
+                      "hit rate",
+                      ws_mib, 1e9 / double(kMiB) / ws_mib, 3e9 / double(kMiB) / ws_mib);
+        line("decode bound", buf);
     }
-    line("cache", buf);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // router weight mass discarded against the lossless baseline (same policy and budget, the
 // trace's k, no dropping). --validate replays the recorded settings and requires the recorded
 // hits, misses and drops slot for slot. See docs/replay.md.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -39,6 +40,7 @@ struct ReplayFlags {
     bool validate = false;
     bool routing_stats = false;
     int verbose = 0;
+    CLI::App * sub = nullptr;
 };
 
 int fail(const Status & st) {
@@ -46,18 +48,28 @@ int fail(const Status & st) {
     return st.exit_code();
 }
 
-std::vector<std::string> split(const std::string & s) {
-    std::vector<std::string> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ','))
-        if (!item.empty()) out.push_back(item);
-    return out;
+// A comma-separated list; an empty item ("4,,8", "4,") is an error naming the flag.
+Status split(const std::string & flag, const std::string & s, std::vector<std::string> * out) {
+    out->clear();
+    size_t at = 0;
+    while (true) {
+        const size_t comma = s.find(',', at);
+        const std::string item = s.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+        if (item.empty())
+            return Status::Usage(flag + ": empty item in '" + s + "' (a comma-separated list)");
+        out->push_back(item);
+        if (comma == std::string::npos) return Status::Ok();
+        at = comma + 1;
+    }
 }
+
 
 Status parse_doubles(const std::string & flag, const std::string & s, double lo, double hi,
                      std::vector<double> * out) {
-    for (const std::string & v : split(s)) {
+    std::vector<std::string> items;
+    Status st = split(flag, s, &items);
+    if (!st.ok()) return st;
+    for (const std::string & v : items) {
         size_t pos = 0;
         double d = NAN;
         try {
@@ -65,11 +77,9 @@ Status parse_doubles(const std::string & flag, const std::string & s, double lo,
         } catch (...) {
         }
         if (pos != v.size() || !(d >= lo && d <= hi))
-            return Status::Usage(flag + ": '" + v + "' is not a number in [" + std::to_string(lo) +
-                                 ", " + std::to_string(hi) + "]");
+            return Status::Usage(flag + ": '" + v + "' is not in [" + fmt_num(lo) + ", " + fmt_num(hi) + "]");
         out->push_back(d);
     }
-    if (out->empty()) return Status::Usage(flag + ": empty list");
     return Status::Ok();
 }
 
@@ -119,35 +129,60 @@ import matplotlib.pyplot as plt
 d = json.load(open(sys.argv[1]))
 res = d["results"]
 lossy = [r for r in res if r["lossy"]]
-fig, axes = plt.subplots(1, 2 if lossy else 1, figsize=(12 if lossy else 6.5, 4.5), squeeze=False)
+fig, axes = plt.subplots(1, 2 if lossy else 1, figsize=(13 if lossy else 7, 5), squeeze=False)
 ax = axes[0][0]
+budgets = sorted({r["budget_mib"] for r in res})
 for pol in sorted({r["policy"] for r in res}):
     pts = sorted((r["budget_mib"], r["decode_hit_pct"]) for r in res if r["policy"] == pol and not r["lossy"])
     if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=pol)
+ws, allx = d.get("working_set_mib", 0), d.get("all_experts_mib", 0)
+if ws > 0:
+    ax.axvline(ws, color="grey", ls="--", lw=1, label="one token's working set (%.1f MiB)" % ws)
+if allx > 0:
+    ax.axvline(allx, color="black", ls=":", lw=1, label="every expert (%.1f MiB)" % allx)
+hi = max(budgets + [allx * 1.05 if allx else 0, ws * 1.5 if ws else 0, 1])
+ax.set_xlim(0, hi)
+ax.set_ylim(0, 100)
 ax.set_xlabel("cache budget (MiB)")
 ax.set_ylabel("decode hit rate (%)")
 ax.set_title("hit rate vs budget (lossless)")
 ax.grid(True, alpha=0.3)
-ax.legend()
+ax.legend(fontsize=8, loc="lower right")
 if lossy:
     ax = axes[0][1]
-    groups = {}
-    for r in lossy:
-        key = (r["policy"], r["budget_mib"])
-        groups.setdefault(key, []).append((100 * r["weight_mass_discarded"], 100 * r["reads_avoided"],
-                                           "F=%g k=%d" % (r["drop_cold"], r["n_expert_used"])))
-    for (pol, mib), pts in sorted(groups.items()):
-        pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label="%s %g MiB" % (pol, mib))
-        if len(groups) <= 4:
-            for p in pts:
-                ax.annotate(p[2], (p[0], p[1]), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    # One (policy, budget) so the panel stays readable: lru if swept, at the largest budget.
+    pols = sorted({r["policy"] for r in lossy})
+    pol = "lru" if "lru" in pols else pols[0]
+    mib = max(r["budget_mib"] for r in lossy if r["policy"] == pol)
+    k0 = d["trace"]["k"]
+    series = {}
+    for r in res:
+        if r["policy"] != pol or r["budget_mib"] != mib:
+            continue
+        k, f = r["n_expert_used"], r["drop_cold"]
+        if k == k0 and f == 0:
+            series.setdefault("lossless", []).append(("", r))
+        elif k == k0:
+            series.setdefault("--drop-cold-experts F", []).append(("F=%g" % f, r))
+        elif f == 0:
+            series.setdefault("--n-expert-used K", []).append(("K=%d" % k, r))
+        else:
+            series.setdefault("K=%d with F" % k, []).append(("F=%g" % f, r))
+    for name, pts in sorted(series.items()):
+        pts.sort(key=lambda p: p[1]["weight_mass_discarded"])
+        xs = [100 * p[1]["weight_mass_discarded"] for p in pts]
+        ys = [100 * p[1]["reads_avoided"] for p in pts]
+        ax.plot(xs, ys, marker="o", label=name)
+        for (lab, _), x, y in zip(pts, xs, ys):
+            if lab:
+                ax.annotate(lab, (x, y), fontsize=7, textcoords="offset points", xytext=(4, -10))
     ax.set_xlabel("router weight mass discarded (%)")
     ax.set_ylabel("decode reads avoided (%)")
-    ax.set_title("lossy settings vs the lossless baseline")
+    ax.set_title("lossy knobs at %s, %g MiB (vs lossless there)" % (pol, mib))
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.margins(0.1)
+    ax.legend(fontsize=8, loc="lower right")
 fig.suptitle(d.get("title", "moestream replay"), fontsize=9)
 fig.tight_layout()
 # The name given, as given: the format from its extension when matplotlib knows it, else PNG
@@ -176,15 +211,30 @@ Status write_plot(const nlohmann::json & doc, const std::string & png) {
         for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
         return r + "'";
     };
+    const std::string errf = d + "/stderr";
     const std::string cmd = q(python) + " " + q(script) + " " + q(data) + " " + q(png);
-    const int rc = std::system(cmd.c_str());
-    std::remove(data.c_str());
-    std::remove(script.c_str());
+    const int ws = std::system((cmd + " 2>" + q(errf)).c_str());
+    std::string err;
+    {
+        std::ifstream e(errf);
+        std::ostringstream ss;
+        ss << e.rdbuf();
+        err = ss.str();
+    }
+    for (const std::string & f : {data, script, errf}) std::remove(f.c_str());
     rmdir(dir);
-    if (rc != 0)
-        return Status::Runtime("--plot: '" + cmd + "' failed (exit " + std::to_string(rc) +
-                               "); it needs python3 with matplotlib (Debian: python3-matplotlib)");
-    return Status::Ok();
+    // The wait status, decoded: an exit code or a signal, never the raw number.
+    const int code = ws == -1 ? -1 : WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    if (code == 0) return Status::Ok();
+    if (code == 127)
+        return Status::Runtime("--plot: " + python + " not found (install python3 and "
+                               "python3-matplotlib, or set MOESTREAM_PYTHON)");
+    if (err.find("No module named 'matplotlib'") != std::string::npos)
+        return Status::Runtime("--plot: " + python + " has no matplotlib (Debian: python3-matplotlib)");
+    while (!err.empty() && err.back() == '\n') err.pop_back();
+    const size_t nl = err.rfind('\n');
+    return Status::Runtime("--plot: the plot script failed (exit " + std::to_string(code) +
+                           "): " + (nl == std::string::npos ? err : err.substr(nl + 1)));
 }
 
 // --routing-stats: how the traced model routes (route_stats.h), per layer and overall.
@@ -224,9 +274,23 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
 
 int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
+    const std::vector<std::string> sweep = {"--budgets", "--policy", "--drop-cold",
+                                            "--n-expert-used", "--drop-in-prefill", "--plot"};
+    if (f.validate && f.routing_stats)
+        return usage_error("replay", "--validate and --routing-stats exclude each other");
+    if (f.validate)
+        if (int rc = refuse_given(f.sub, sweep, "has no effect with --validate (it replays the "
+                                                "recorded settings)"))
+            return rc;
+    if (f.routing_stats)
+        if (int rc = refuse_given(f.sub, sweep, "has no effect with --routing-stats (it "
+                                                "simulates no cache)"))
+            return rc;
+    Status st = check_output_paths({{"--plot", f.plot}});
+    if (!st.ok()) return fail(st);
     RouteTrace trace;
     const auto t_load = std::chrono::steady_clock::now();
-    Status st = read_route_trace(f.trace, &trace);
+    st = read_route_trace(f.trace, &trace);
     if (!st.ok()) return fail(st);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
@@ -276,13 +340,15 @@ int do_replay(const ReplayFlags & f) {
         budgets_mib.push_back(double(h.cache_budget_bytes) / kMiB);
     }
     std::vector<ReplayPolicy> policies;
-    for (const std::string & p : split(f.policies)) {
+    std::vector<std::string> policy_names;
+    st = split("--policy", f.policies, &policy_names);
+    if (!st.ok()) return fail(st);
+    for (const std::string & p : policy_names) {
         ReplayPolicy pol;
         if (!parse_policy(p, &pol))
             return fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
         policies.push_back(pol);
     }
-    if (policies.empty()) return fail(Status::Usage("--policy: empty list"));
     if (!f.drops.empty()) {
         st = parse_doubles("--drop-cold", f.drops, 0, 1, &drops);
         if (!st.ok()) return fail(st);
@@ -316,6 +382,15 @@ int do_replay(const ReplayFlags & f) {
                     {"routings", trace.routings.size()},
                     {"slots", trace.expert.size()}};
     doc["title"] = f.trace;
+    // For the plot's markers: one token's routed working set (k experts of every MoE layer)
+    // and the bytes of every expert (the budget beyond which nothing more is hit).
+    double ws_bytes = 0, all_bytes = 0;
+    for (const TraceLayerShape & L : h.moe_layers) {
+        ws_bytes += double(h.k) * double(L.expert_bytes);
+        all_bytes += double(h.n_expert) * double(L.expert_bytes);
+    }
+    doc["working_set_mib"] = ws_bytes / kMiB;
+    doc["all_experts_mib"] = all_bytes / kMiB;
     nlohmann::json results = nlohmann::json::array();
     double sim_s = 0;
     uint64_t sim_routings = 0, sim_slots = 0;
@@ -403,6 +478,7 @@ void add_replay_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<ReplayFlags>();
     auto * sub = app.add_subcommand(
         "replay", "simulate the expert cache over a route trace (run --route-trace)");
+    f->sub = sub;
     sub->add_option("trace", f->trace, "route trace file")->required();
     sub->add_option(
         "--budgets", f->budgets,

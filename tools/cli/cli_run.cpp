@@ -1,10 +1,12 @@
 // `moestream run` — generate text, streaming the routed experts from the model file.
 // Text goes to stdout as produced; the summary goes to stderr; --stats-json / --stats-csv
 // write the same figures to files (docs/metrics.md defines every field).
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 
 #include "cli.h"
@@ -15,11 +17,18 @@
 namespace moestream::cli {
 namespace {
 
+constexpr const char * kDefaultPrompt = "Once upon a time";
+
 struct RunFlags {
     RunOptions opt;
-    std::string prompt = "Once upon a time";
+    std::string prompt = kDefaultPrompt;
     std::string prompt_file;
     int n_predict = 64;
+    SamplingParams sampling;  // temp and seed come from opt (the engine flags)
+    std::vector<std::string> stop;  // -r
+    bool escape = true;
+    bool display_prompt = false;
+    CLI::App * sub = nullptr;
     std::string stats_json;
     std::string stats_csv;
     std::string dump_logits;
@@ -87,13 +96,14 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     return j;
 }
 
-Status write_file(const std::string & path, const std::string & data) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::BadInput(path + ": cannot open for writing");
-    f.write(data.data(), std::streamsize(data.size()));
-    f.close();
-    if (!f) return Status::BadInput(path + ": write failed");
-    return Status::Ok();
+// Ctrl-C: the first SIGINT asks generation to stop at the next token (on_piece returns false),
+// so the summary of what ran is printed and the outputs written, then exit 130; the handler
+// then reverts to the default, so a second Ctrl-C ends the process at once.
+volatile std::sig_atomic_t g_interrupted = 0;
+
+void on_sigint(int) {
+    g_interrupted = 1;
+    std::signal(SIGINT, SIG_DFL);
 }
 
 int fail(const Status & st) {
@@ -103,27 +113,72 @@ int fail(const Status & st) {
 
 int do_run(RunFlags & f) {
     apply_verbosity(f.verbose);
+    if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
+    if (!f.prompt_file.empty())
+        if (int rc = refuse_given(f.sub, {"--no-escape", "--escape"},
+                                  "applies to -p, and the prompt comes from -f (read as is)"))
+            return rc;
+    const bool greedy = f.opt.temp < SamplingParams::kGreedyBelow;
+    if (greedy)
+        if (int rc = refuse_given(f.sub, {"--top-k", "--top-p", "--min-p"},
+                                  "shapes sampling, and --temp 0 (the default) is greedy: add "
+                                  "--temp T"))
+            return rc;
+    if (greedy && f.sub->get_option("--seed")->count() > 0)
+        std::fprintf(stderr, "moestream: warning: --seed has no effect with --temp 0 (greedy)\n");
+    Status st = check_output_paths({{"--stats-json", f.stats_json},
+                                    {"--stats-csv", f.stats_csv},
+                                    {"--dump-logits", f.dump_logits},
+                                    {"--route-trace", f.opt.route_trace}});
+    if (!st.ok()) return fail(st);
     if (!f.prompt_file.empty()) {
         Status rs = read_text_file(f.prompt_file, "prompt", &f.prompt);
         if (!rs.ok()) return fail(rs);
+    } else if (f.sub->get_option("--prompt")->count() == 0) {
+        std::fprintf(stderr, "moestream: no -p or -f given: the prompt is \"%s\"\n", kDefaultPrompt);
+    } else if (f.escape) {
+        st = process_escapes("-p", &f.prompt);
+        if (!st.ok()) return fail(st);
+    }
+    for (std::string & r : f.stop) {
+        if (f.escape) st = process_escapes("-r", &r);
+        if (st.ok() && r.empty()) st = Status::Usage("-r: an empty reverse prompt");
+        if (!st.ok()) return fail(st);
     }
     std::unique_ptr<Engine> engine;
-    Status st = Engine::open(f.opt, &engine);
+    st = Engine::open(f.opt, &engine);
     if (!st.ok()) return fail(st);
 
+    if (f.display_prompt) {
+        std::fwrite(f.prompt.data(), 1, f.prompt.size(), stdout);
+        std::fflush(stdout);
+    }
+    GenerateRequest req;
+    req.prompt = f.prompt;
+    req.n_predict = f.n_predict;
+    req.sampling = f.sampling;
+    req.sampling.temp = f.opt.temp;
+    req.sampling.seed = f.opt.seed;
+    req.stop = f.stop;
     GenerateResult g;
-    st = engine->generate(f.prompt, f.n_predict,
+    g_interrupted = 0;
+    std::signal(SIGINT, on_sigint);
+    st = engine->generate(req,
                           [](const std::string & piece) {
                               std::fwrite(piece.data(), 1, piece.size(), stdout);
                               std::fflush(stdout);
-                              return true;
+                              return g_interrupted == 0;
                           },
                           &g);
+    const bool interrupted = g_interrupted != 0;
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!st.ok()) return fail(st);
     const RunStats & s = engine->stats();
 
+    if (interrupted)
+        std::fprintf(stderr, "\nmoestream: interrupted (Ctrl-C) after %d generated tokens\n",
+                     s.n_generated);
     std::fprintf(stderr,
                  "\nmoestream: %s | load %.2f s | first token %.2f s | prefill %d tok %.2f tok/s | "
                  "decode %d tok %.2f tok/s\n",
@@ -189,7 +244,7 @@ int do_run(RunFlags & f) {
                              "top-k: output differs from the model's\n", f.opt.n_expert_used);
 
     if (!f.stats_json.empty()) {
-        st = write_file(f.stats_json, stats_to_json(s, g, *engine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+        st = write_output_file("--stats-json", f.stats_json, stats_to_json(s, g, *engine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         if (!st.ok()) return fail(st);
     }
     if (!f.stats_csv.empty()) {
@@ -203,28 +258,66 @@ int do_run(RunFlags & f) {
               << t.layer_demand_bytes << ',' << t.cache_hits << ',' << t.cache_misses << ','
               << t.prefetch_bytes << ',' << t.stage_s << '\n';
         }
-        st = write_file(f.stats_csv, o.str());
+        st = write_output_file("--stats-csv", f.stats_csv, o.str());
         if (!st.ok()) return fail(st);
     }
     if (!f.dump_logits.empty()) {
-        st = write_file(f.dump_logits,
+        st = write_output_file("--dump-logits", f.dump_logits,
                         std::string(reinterpret_cast<const char *>(g.final_logits.data()),
                                     g.final_logits.size() * sizeof(float)));
         if (!st.ok()) return fail(st);
     }
-    return 0;
+    return interrupted ? 130 : 0;
 }
 
 }  // namespace
 
 void add_engine_flags(CLI::App * sub, RunOptions * opt) {
-    sub->add_option("-t,--threads", opt->n_threads, "compute threads")->check(CLI::Range(1, 512));
-    sub->add_option("-c,--ctx-size", opt->n_ctx, "context length")->check(CLI::Range(16, 1 << 22));
-    sub->add_option("-b,--batch", opt->n_batch, "prompt tokens per decode")
-        ->check(CLI::Range(1, 1 << 16));
+    opt->n_threads = default_threads();
+    opt->n_ctx = 0;
+    sub->add_option("-t,--threads", opt->n_threads,
+                    "compute threads (default: the physical cores this process may use)")
+        ->check(int_range(1, 512));
+    sub->add_option("--threads-batch", opt->n_threads_batch,
+                    "threads for prompt batches (-tb; 0 = as -t)")
+        ->check(int_range(0, 512));
+    sub->add_option("-c,--ctx-size", opt->n_ctx,
+                    "context length; 0 = the model's training context, capped so the KV cache "
+                    "takes at most 1/8 of the memory available")
+        ->check(CLI::Validator(
+            [](std::string & v) -> std::string {
+                std::string c = v;
+                const std::string e = int_range(16, 1 << 22)(c);
+                return v == "0" || e.empty() ? std::string() : e + " (or 0: the model's)";
+            },
+            "0|16..4194304"));
+    sub->add_option("-b,--batch-size,--batch", opt->n_batch, "prompt tokens per decode")
+        ->check(int_range(1, 1 << 16));
+    sub->add_option("--ubatch-size", opt->n_ubatch,
+                    "llama.cpp's physical batch (-ub; 0 = as -b; at most -b)")
+        ->check(int_range(0, 1 << 16));
     sub->add_option("--temp", opt->temp, "sampling temperature; 0 = greedy")
-        ->check(CLI::Range(0.0, 100.0));
-    sub->add_option("--seed", opt->seed, "sampling seed");
+        ->check(real_range(0.0, 100.0));
+    sub->add_option_function<std::string>(
+           "-s,--seed",
+           [opt](const std::string & v) {
+               size_t pos = 0;
+               long long n = -2;
+               try {
+                   n = std::stoll(v, &pos);
+               } catch (...) {
+                   pos = 0;
+               }
+               if (pos == 0 || pos != v.size() || n < -1 || n > 0xffffffffll)
+                   throw CLI::ValidationError("--seed", v + " is not in 0..4294967295 (or -1: random)");
+               if (n == -1) {
+                   n = std::random_device{}();
+                   std::fprintf(stderr, "moestream: --seed -1: random seed %lld\n", n);
+               }
+               opt->seed = uint32_t(n);
+           },
+           "sampling seed; -1 = random (printed)")
+        ->default_str(std::to_string(opt->seed));
     sub->add_flag("--no-stream", [opt](int64_t) { opt->stream = false; },
                   "llama.cpp's own loading, everything resident (the reference)");
     sub->add_flag(
@@ -232,8 +325,8 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
         "with --no-stream: read every tensor into memory at load instead of mapping "
         "the file (no first-touch cost in the first decodes)");
     sub->add_option("--io-threads", opt->io_threads,
-                    "parallel read lanes (calling thread included; default 4)")
-        ->check(CLI::Range(1, 64));
+                    "parallel read lanes (calling thread included)")
+        ->check(int_range(1, 64));
     sub->add_flag("--no-odirect", [opt](int64_t) { opt->odirect = false; },
                   "buffered reads instead of O_DIRECT");
     sub->add_flag("--no-io-overlap", [opt](int64_t) { opt->io_overlap = false; },
@@ -259,9 +352,11 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                    throw CLI::ValidationError("--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
                opt->cache_mb = n;
            },
-           "expert cache budget in MiB: auto (default), 0 = off, N")
-        ->type_name("auto|N");
-    sub->add_flag("--force-cache", opt->force_cache, "allow a --cache-mb in the 1..1499 MiB band");
+           "expert cache budget in MiB: auto, 0 = off, N")
+        ->type_name("auto|N")
+        ->default_str("auto");
+    sub->add_flag("--force-cache", opt->force_cache,
+                  "allow a --cache-mb below 1.5 x the model's per-token working set (moestream inspect: cache rule)");
     sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
                   "commit fresh zero-filled pages for every cache miss and free them on "
                   "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
@@ -275,25 +370,75 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", opt->n_expert_used,
-                    "LOSSY: experts per token, 1..the model's top-k (default: the model's)")
-        ->check(CLI::Range(1, 1 << 16));
+                    "LOSSY: experts per token, 1..the model's top-k (0 = the model's)")
+        ->check(int_range(1, 1 << 16));
     sub->add_option("--drop-cold-experts", opt->drop_cold,
-                    "LOSSY: skip a routed expert that is a cache miss with final weight < F/k (0<F<=1)")
-        ->check(CLI::Range(1e-12, 1.0));
+                    "LOSSY: skip a routed expert that is a cache miss with final weight < F/k "
+                    "(F in (0, 1]; 0 = off)")
+        ->check(real_range(0.0, 1.0, true));
     sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, "also drop during prefill (LOSSY)");
     sub->add_flag("--drop-renorm", opt->drop_renorm,
                   "renormalize the remaining weights after a drop (LOSSY)");
 }
 
+int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
+    if (!opt.stream)
+        return refuse_given(sub,
+                            {"--io-threads", "--no-odirect", "--no-io-overlap", "--io-copy",
+                             "--cache-mb", "--force-cache", "--cache-no-recycle", "--cache-no-move",
+                             "--prefetch", "--cache-debug", "--route-trace"},
+                            "applies to streaming; remove --no-stream");
+    return 0;
+}
+
 void add_run_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<RunFlags>();
     auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
+    f->sub = sub;
     sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
-    auto * p = sub->add_option("-p,--prompt", f->prompt, "prompt text");
-    sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file")->excludes(p);
-    sub->add_option("-n,--n-predict", f->n_predict, "tokens to generate")
-        ->check(CLI::Range(0, 1 << 24));
+    auto * p = sub->add_option("-p,--prompt", f->prompt,
+                               "prompt text, completed as is (no chat template)");
+    sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file; - = stdin")
+        ->excludes(p)
+        ->default_str("");
+    sub->add_option("-n,--n-predict", f->n_predict,
+                    "tokens to generate; -1 = until the context is full")
+        ->check(int_range(-1, 1 << 24));
+    auto * esc = sub->add_flag("-e,--escape", f->escape,
+                               "process escapes in -p (\\n \\t \\\\ \\xHH ...; the default)");
+    sub->add_flag("--no-escape", [f](int64_t) { f->escape = false; }, "take -p literally")
+        ->excludes(esc);
+    auto * dp = sub->add_flag("--display-prompt", f->display_prompt,
+                              "print the prompt before the generated text");
+    sub->add_flag("--no-display-prompt", [f](int64_t) { f->display_prompt = false; },
+                  "print only the generated text (the default)")
+        ->excludes(dp);
     add_engine_flags(sub, &f->opt);
+    SamplingParams & sp = f->sampling;
+    sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
+        ->check(int_range(0, 1 << 20));
+    sub->add_option("--top-p", sp.top_p, "with --temp > 0: nucleus sampling; 1 = off")
+        ->check(real_range(0.0, 1.0, true));
+    sub->add_option("--min-p", sp.min_p,
+                    "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off")
+        ->check(real_range(0.0, 1.0));
+    sub->add_option("--repeat-penalty", sp.repeat_penalty,
+                    "divide the logits of recent tokens by this (greedy too); 1 = off")
+        ->check(real_range(0.0, 100.0, true));
+    sub->add_option("--repeat-last-n", sp.repeat_last_n,
+                    "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context")
+        ->check(int_range(-1, 1 << 22));
+    sub->add_option("--presence-penalty", sp.presence_penalty,
+                    "subtract this once from every recent token's logit; 0 = off")
+        ->check(real_range(-2.0, 2.0));
+    sub->add_option("--frequency-penalty", sp.frequency_penalty,
+                    "subtract this x its count from every recent token's logit; 0 = off")
+        ->check(real_range(-2.0, 2.0));
+    sub->add_flag("--ignore-eos", sp.ignore_eos, "never stop at an end-of-generation token");
+    sub->add_option("-r,--reverse-prompt", f->stop,
+                    "stop when the text contains this (not printed); repeatable")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->default_str("");
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");

@@ -31,22 +31,22 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->add_option("--host", f->cfg.host,
                     "address to listen on (default 127.0.0.1: this machine only)");
     sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")
-        ->check(CLI::Range(0, 65535));
+        ->check(int_range(0, 65535));
     sub->add_option(
         "--api-key", f->cfg.api_key,
         "require 'Authorization: Bearer KEY' on /v1/* and /stats (or set MOESTREAM_API_KEY)");
     sub->add_option("-n,--n-predict", f->cfg.defaults.max_tokens,
                     "default max_tokens of a request; -1 (default) = until the end of "
                     "generation or the context is full")
-        ->check(CLI::Range(-1, 1 << 22));
+        ->check(int_range(-1, 1 << 22));
     sub->add_option("--cors", f->cfg.cors_origin,
                     "allow this web origin (e.g. http://localhost:3000) to call the API from a "
                     "browser (CORS)");
     sub->add_option("--queue", f->cfg.queue_max, "requests that may wait behind the running one")
-        ->check(CLI::Range(0, 1024));
+        ->check(int_range(0, 1024));
     sub->add_option("--max-body", f->cfg.body_limit_bytes,
                     "largest request body in bytes (413 above)")
-        ->check(CLI::Range(size_t(1024), size_t(1) << 30));
+        ->check(int_range(1024, 1ll << 30));
     sub->add_flag("--lossless", f->lossless,
                   "start without the app's lossy defaults (no drop-cold)");
     add_engine_flags(sub, &f->cfg.run);
@@ -55,6 +55,7 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->callback([f, action, sub, dc] {
         *action = [f, sub, dc] {
             apply_verbosity(f->verbose);
+            if (int rc = check_engine_flags(sub, f->cfg.run)) return rc;
             server::ServeConfig cfg = f->cfg;
             if (cfg.api_key.empty()) {
                 const char * k = std::getenv("MOESTREAM_API_KEY");
@@ -67,9 +68,7 @@ void add_serve_command(CLI::App & app, Action * action) {
             // llama-server does; `run` keeps its fixed default.
             if (sub->get_option("-c")->count() == 0) cfg.run.n_ctx = 0;
             if (cfg.drop_cold_explicit && f->lossless) {
-                std::fprintf(stderr, "moestream: --lossless and --drop-cold-experts contradict\n%s",
-                             sub->help().c_str());
-                return 64;
+                return usage_error("serve", "--lossless and --drop-cold-experts contradict");
             }
             cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
                                      : f->lossless          ? 0.0

@@ -1,12 +1,14 @@
 // `moestream synth` — writes a GGUF MoE model with deterministic random weights.
 //   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N] [--attn-gain G]
 //                   [--progress] -o FILE
-// Bad flags exit 64 (CLI11 validation); I/O errors exit 1 with one line naming the file.
+// Bad flags exit 64; an output that cannot be written exits 3 with one line naming the file.
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
+#include <cctype>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -35,13 +37,22 @@ void remove_temp_on_signals(const std::string & path) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
 }
 
+// Case-insensitive: --type q4_K (the spelling inspect and ggml print) is q4_k; the value is
+// replaced by the canonical name.
 CLI::Validator one_of(const std::vector<std::string> & names, const std::string & what) {
     std::string list;
     for (const auto & n : names) list += (list.empty() ? "" : "|") + n;
     return CLI::Validator(
         [names, what](std::string & v) -> std::string {
+            auto lower = [](std::string x) {
+                for (char & c : x) c = char(std::tolower((unsigned char)c));
+                return x;
+            };
             for (const auto & n : names)
-                if (n == v) return "";
+                if (lower(n) == lower(v)) {
+                    v = n;
+                    return "";
+                }
             std::string msg = "unknown " + what + " '" + v + "' (one of:";
             for (const auto & n : names) msg += " " + n;
             return msg + ")";
@@ -58,12 +69,12 @@ void add_synth_command(CLI::App & app, Action * action) {
     auto verbosity = std::make_shared<int>(0);
     sub->add_option("--preset", opt->preset, "model shapes")
         ->required()
-        ->check(one_of(synth_presets(), "preset"));
+        ->transform(one_of(synth_presets(), "preset"));
     sub->add_option("--arch", opt->arch, "architecture (router gating differs)")
-        ->check(one_of(synth_archs(), "architecture"))
+        ->transform(one_of(synth_archs(), "architecture"))
         ->capture_default_str();
     sub->add_option("--type", opt->expert_type, "type of the expert tensors")
-        ->check(one_of(synth_types(), "type"))
+        ->transform(one_of(synth_types(), "type"))
         ->capture_default_str();
     sub->add_option("--seed", opt->seed, "PRNG seed (same options => same bytes)")
         ->check(CLI::Validator(
@@ -75,7 +86,7 @@ void add_synth_command(CLI::App & app, Action * action) {
             "UINT64"))
         ->capture_default_str();
     sub->add_option("--alignment", opt->alignment, "general.alignment (power of two)")
-        ->check(CLI::Range(32u, 1u << 21))
+        ->check(int_range(32, 1 << 21))
         ->check(CLI::Validator(
             [](std::string & v) -> std::string {
                 unsigned long n = 0;
@@ -91,19 +102,35 @@ void add_synth_command(CLI::App & app, Action * action) {
     sub->add_option("--attn-gain", opt->attn_out_gain,
                     "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as "
                     "chance; 1.0 (plain init) makes greedy output and routing repeat")
-        ->check(CLI::Range(0.001f, 4.0f))
+        ->check(real_range(0.001, 4.0))
         ->capture_default_str();
-    sub->add_option("-o,--output", opt->out_path, "output file (written via temp + rename)")
-        ->required();
+    sub->add_option("-o,--output", opt->out_path,
+                    "output file (written via temp + rename; required unless --dry-run)");
+    auto force = std::make_shared<bool>(false);
+    sub->add_flag("--force", *force, "overwrite an existing output file");
     sub->add_flag("--progress", opt->progress, "progress bar on stderr (automatic above 1 GB)");
     sub->add_option("--threads", opt->threads, "generator threads (0 = auto; same bytes)")
-        ->check(CLI::Range(0u, 64u))
+        ->check(int_range(0, 64))
         ->capture_default_str();
     sub->add_flag("--dry-run", opt->dry_run, "print the planned file size, write nothing");
     sub->add_flag("-v", *verbosity, "more log (-vv: debug)");
-    sub->callback([action, opt, verbosity] {
-        *action = [opt, verbosity] {
+    sub->callback([action, opt, verbosity, force, sub] {
+        *action = [opt, verbosity, force, sub] {
             apply_verbosity(*verbosity);
+            if (opt->dry_run) {
+                if (int rc = refuse_given(sub, {"--force", "--progress"},
+                                          "has no effect with --dry-run (nothing is written)"))
+                    return rc;
+            } else {
+                if (opt->out_path.empty())
+                    return usage_error("synth", "-o FILE is required (or --dry-run to plan only)");
+                Status ck = check_output_paths({{"-o", opt->out_path}});
+                if (!ck.ok()) return report(ck);
+                std::error_code ec;
+                if (std::filesystem::exists(opt->out_path, ec) && !*force)
+                    return usage_error("synth", "-o " + opt->out_path +
+                                                    " exists; add --force to overwrite it");
+            }
             SynthResult r;
             if (!opt->dry_run) remove_temp_on_signals(synth_temp_path(*opt));
             Status st = synth_model(*opt, &r);
@@ -114,7 +141,7 @@ void add_synth_command(CLI::App & app, Action * action) {
             const double mb = double(r.file_bytes) / 1e6;
             if (opt->dry_run) {
                 std::printf("%s: %llu bytes (%.1f MB), %llu tensors, experts %.1f MB\n",
-                            opt->out_path.c_str(), static_cast<unsigned long long>(r.file_bytes),
+                            opt->out_path.empty() ? "dry run" : opt->out_path.c_str(), static_cast<unsigned long long>(r.file_bytes),
                             mb, static_cast<unsigned long long>(r.n_tensors),
                             double(r.expert_bytes) / 1e6);
                 return 0;

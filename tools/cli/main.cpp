@@ -1,8 +1,15 @@
 // moestream CLI entry point: dispatches to the subcommands (run, inspect, synth, ...).
 #include <cstdio>
+#include <string>
+#include <vector>
 
 #include "cli.h"
+#include "llama.h"
 #include "moestream/log.h"
+
+#ifndef MOESTREAM_VERSION
+#define MOESTREAM_VERSION "unknown"
+#endif
 
 namespace moestream::cli {
 void apply_verbosity(int count) {
@@ -16,6 +23,15 @@ int main(int argc, char ** argv) {
     CLI::App app{"moestream: run Mixture-of-Experts GGUF models whose experts do not fit in RAM,\n"
                  "reading from flash only the experts each token is routed to."};
     app.require_subcommand(1);
+    app.option_defaults()->always_capture_default();
+    // A repeated option: the last one wins (as in llama.cpp).
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    app.set_version_flag("--version", [] {
+        std::string be;
+        moestream::Status st = moestream::cpu_backend_file(&be);
+        return std::string("moestream ") + MOESTREAM_VERSION + " (llama.cpp " + llama_version() +
+               ")\nggml CPU backend: " + (st.ok() ? (be.empty() ? "unknown" : be) : st.message());
+    });
     Action action;
     add_run_command(app, &action);
     add_inspect_command(app, &action);
@@ -23,16 +39,22 @@ int main(int argc, char ** argv) {
     add_replay_command(app, &action);
     add_eval_command(app, &action);
     add_serve_command(app, &action);
+    std::vector<std::string> args(argv + 1, argv + argc);
+    if (int rc = preprocess_args(app, &args); rc != 0) return rc;
+    const std::string cmd = !args.empty() && !args[0].empty() && args[0][0] != '-' ? args[0] : "";
     try {
-        app.parse(argc, argv);
+        std::vector<std::string> rev(args.rbegin(), args.rend());  // CLI11 parses a reversed vector
+        app.parse(rev);
     } catch (const CLI::CallForHelp & e) {
         return app.exit(e);
     } catch (const CLI::CallForAllHelp & e) {
         return app.exit(e);
+    } catch (const CLI::CallForVersion & e) {
+        return app.exit(e);
     } catch (const CLI::ParseError & e) {
-        std::fprintf(stderr, "moestream: %s\n", e.what());
-        std::fprintf(stderr, "%s", app.help().c_str());
-        return 64;
+        if (cmd.empty() && args.empty())
+            return usage_error("", "give a subcommand (run, inspect, synth, replay, eval, serve)");
+        return usage_error(cmd, e.what());
     }
     if (!action) return 64;
     return action();

@@ -1,0 +1,504 @@
+// test_cli_flags.cpp — the command line a llama.cpp user types (docs/cli.md), end to end
+// through the CLI binary: llama.cpp's spellings accepted or refused by name in one line,
+// readable parse errors, defaults shown, -n -1, -f -, escapes, seeds. Each refusal has a
+// control: the neighbouring accepted spelling runs (exit 0) and has the effect it names.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "test_util.h"
+
+using nlohmann::json;
+using namespace moestream::test;
+
+namespace {
+
+CmdResult cli(const std::string & args) { return run_cmd(sh_quote(cli_bin()) + " " + args); }
+
+std::string model() { return sh_quote(synth_model("tiny", "qwen3moe", "q8_0")); }
+
+int lines(const std::string & s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+// `run` with --stats-json; the parsed object (null on failure, with the error reported).
+json run_stats(const std::string & args, CmdResult * out = nullptr, const std::string & pre = "") {
+    static int n = 0;
+    const std::string path = "/tmp/moestream-cliflags-" + std::to_string(getpid()) + "-" +
+                             std::to_string(n++) + ".json";
+    CmdResult r = run_cmd(pre + sh_quote(cli_bin()) + " run -m " + model() + " -t 1 " + args +
+                          " --stats-json " + path);
+    if (out) *out = r;
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.err;
+    std::ifstream f(path);
+    if (r.exit_code != 0 || !f) return json();
+    json j = json::parse(f);
+    std::remove(path.c_str());
+    return j;
+}
+
+// A refused command: exit 64, the message, one line plus the pointer to --help (no usage dump).
+void expect_refused(const std::string & args, const std::string & msg) {
+    SCOPED_TRACE(args);
+    CmdResult r = cli(args);
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+    EXPECT_LE(lines(r.err), 2) << r.err;
+    EXPECT_EQ(r.out, "");
+}
+
+TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
+    const std::string m = " -m " + model();
+    expect_refused("run" + m + " -ngl 99", "not supported by moestream: -ngl (CPU only)");
+    expect_refused("run" + m + " -cnv", "-cnv: chat is not available");
+    expect_refused("run" + m + " -no-cnv", "-no-cnv is not needed");
+    expect_refused("run" + m + " -fa on", "not supported by moestream: -fa");
+    expect_refused("run" + m + " -dev none", "not supported by moestream: -dev (CPU only)");
+    expect_refused("run" + m + " --mlock", "not supported by moestream: --mlock");
+    expect_refused("serve" + m + " -ngl 99", "not supported by moestream: -ngl");
+    // Sampling flags the library cannot apply yet are refused, never accepted and ignored.
+    // serve takes sampling per request: its command line refuses them by name.
+    expect_refused("serve" + m + " --min-p 0.05", "not supported yet by moestream: --min-p");
+    expect_refused("serve" + m + " -r User:", "not supported yet by moestream: -r");
+    // A single-dash word CLI11 would split into short flags is named as typed.
+    expect_refused("run" + m + " -foo", "unknown option '-foo'");
+    // Control: the same position with an accepted spelling runs.
+    EXPECT_FALSE(run_stats("-n 1").is_null());
+}
+
+TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {
+    json j = run_stats("-p Hi -n 2 -tb 1 -ub 8 -b 16 -c 64 -s 5 --temp 0.7 --top-k 4 --top-p 0.9 "
+                       "--ctx-size 64 --batch-size 16 --threads 1 --seed 9 -s 5");
+    ASSERT_FALSE(j.is_null());
+    const json & s = j["settings"];
+    EXPECT_EQ(s["n_threads_batch"], 1);
+    EXPECT_EQ(s["n_ubatch"], 8);
+    EXPECT_EQ(s["n_batch"], 16);
+    EXPECT_EQ(s["n_ctx"], 64);
+    EXPECT_EQ(s["n_ctx_reason"], "-c");
+    EXPECT_EQ(s["seed"], 5);
+    // Control: -ub above -b is capped at -b, not taken as given.
+    json c = run_stats("-p Hi -n 1 -b 16 -ub 64");
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["settings"]["n_ubatch"], 16);
+}
+
+TEST(CliFlags, ParseErrorsAreOneReadableLine) {
+    const std::string m = " -m " + model();
+    expect_refused("run" + m + " --drop-cold-experts 0", "--drop-cold-experts: 0 is not in (0, 1]");
+    expect_refused("run" + m + " -t 0", "--threads: 0 is not in 1..512");
+    expect_refused("run" + m + " -n -2", "--n-predict: -2 is not in -1..");
+    expect_refused("run" + m + " -c 8", "--ctx-size: 8 is not in 16..");
+    expect_refused("run" + m + " --seed x", "--seed: x is not in 0..4294967295 (or -1: random)");
+    CmdResult r = cli("run" + m + " --drop-cold-experts 0");
+    EXPECT_EQ(r.err.find("0.000000"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("see `moestream run --help`"), std::string::npos) << r.err;
+    expect_refused("foo", "unknown subcommand 'foo'");
+    // Control: a known subcommand's --help exits 0 and does list its options.
+    r = cli("inspect --help");
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("--model"), std::string::npos);
+}
+
+TEST(CliFlags, HelpShowsDefaultsAndVersionPrints) {
+    CmdResult h = cli("run --help");
+    ASSERT_EQ(h.exit_code, 0);
+    for (const char * d : {"--batch INT:1..65536=512", "--cache-mb auto|N=auto", "--n-predict INT:-1..16777216=64",
+                           "--ctx-size INT:0|16..4194304=0", "--io-threads INT:1..64=4"})
+        EXPECT_NE(h.out.find(d), std::string::npos) << d << "\n" << h.out;
+    // -t's default is this machine's, and a run without -t uses what --help says.
+    const size_t at = h.out.find("--threads INT:1..512=");
+    ASSERT_NE(at, std::string::npos);
+    const int shown = std::stoi(h.out.substr(at + 21));
+    EXPECT_GE(shown, 1);
+    CmdResult r;
+    const std::string path = "/tmp/moestream-cliflags-t-" + std::to_string(getpid()) + ".json";
+    r = cli("run -m " + model() + " -p Hi -n 1 --stats-json " + path);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream f(path);
+    json j = json::parse(f);
+    std::remove(path.c_str());
+    EXPECT_EQ(j["settings"]["n_threads"], shown);
+    // -c 0 (the default) takes the model's context and says so.
+    EXPECT_NE(j["settings"]["n_ctx_reason"].get<std::string>().find("the model's"), std::string::npos);
+    CmdResult v = cli("--version");
+    EXPECT_EQ(v.exit_code, 0);
+    EXPECT_EQ(v.out.rfind("moestream ", 0), 0u) << v.out;
+}
+
+TEST(CliFlags, NPredictMinusOneFillsTheContext) {
+    json j = run_stats("-p Hi -n -1 -c 32");
+    ASSERT_FALSE(j.is_null());
+    EXPECT_EQ(j["n_prompt"].get<int>() + j["n_generated"].get<int>(), 32);
+    // Control: -n 5 stops at 5.
+    json c = run_stats("-p Hi -n 5 -c 32");
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["n_generated"], 5);
+}
+
+TEST(CliFlags, PromptFromStdinEscapesAndEcho) {
+    CmdResult a, b;
+    json p = run_stats("-p 'one two' -n 4", &a);
+    json f = run_stats("-f - -n 4", &b, "printf 'one two' | ");
+    ASSERT_FALSE(p.is_null());
+    ASSERT_FALSE(f.is_null());
+    EXPECT_EQ(p["tokens"], f["tokens"]);
+    EXPECT_EQ(p["n_prompt"], f["n_prompt"]);
+    // Empty stdin is a bad input (3), named.
+    CmdResult e = run_cmd("printf '' | " + sh_quote(cli_bin()) + " run -m " + model() + " -f -");
+    EXPECT_EQ(e.exit_code, 3);
+    EXPECT_NE(e.err.find("-f -: stdin: the prompt is empty"), std::string::npos) << e.err;
+
+    // -e (the default) turns \n into a newline; --no-escape keeps the backslash.
+    json esc = run_stats("-p 'a\\nb' -n 1");
+    json lit = run_stats("-p 'a\\nb' -n 1 --no-escape");
+    json nl = run_stats("-f - -n 1", nullptr, "printf 'a\\nb' | ");
+    ASSERT_FALSE(esc.is_null());
+    ASSERT_FALSE(lit.is_null());
+    ASSERT_FALSE(nl.is_null());
+    EXPECT_EQ(esc["n_prompt"], nl["n_prompt"]);
+    EXPECT_NE(esc["n_prompt"], lit["n_prompt"]);
+
+    CmdResult shown, plain;
+    run_stats("-p 'Echo me' -n 2 --display-prompt", &shown);
+    run_stats("-p 'Echo me' -n 2", &plain);
+    EXPECT_EQ(shown.out.rfind("Echo me", 0), 0u) << shown.out;
+    EXPECT_NE(plain.out.rfind("Echo me", 0), 0u) << plain.out;
+    EXPECT_EQ(shown.out.substr(7), plain.out);
+
+    // No -p: the prompt used is said.
+    CmdResult none;
+    run_stats("-n 1", &none);
+    EXPECT_NE(none.err.find("no -p or -f given: the prompt is \"Once upon a time\""), std::string::npos)
+        << none.err;
+}
+
+TEST(CliFlags, SeedMinusOneIsRandomAndPrinted) {
+    CmdResult r;
+    json j = run_stats("-p Hi -n 2 --temp 1 --seed -1", &r);
+    ASSERT_FALSE(j.is_null());
+    const size_t at = r.err.find("--seed -1: random seed ");
+    ASSERT_NE(at, std::string::npos) << r.err;
+    EXPECT_EQ(j["settings"]["seed"].get<uint64_t>(), std::stoull(r.err.substr(at + 23)));
+    // The printed seed reproduces the run.
+    json again = run_stats("-p Hi -n 2 --temp 1 --seed " + std::to_string(j["settings"]["seed"].get<uint64_t>()));
+    ASSERT_FALSE(again.is_null());
+    EXPECT_EQ(again["tokens"], j["tokens"]);
+}
+
+TEST(CliFlags, SamplingFlagsThatGreedyWouldIgnoreAreRefused) {
+    const std::string m = " -m " + model();
+    expect_refused("run" + m + " --top-k 5", "--top-k shapes sampling, and --temp 0");
+    expect_refused("run" + m + " --top-p 0.5", "--top-p shapes sampling, and --temp 0");
+    // Control: with a temperature they apply; top-k 1 is greedy whatever the seed.
+    json g = run_stats("-p Hi -n 6");
+    json k1 = run_stats("-p Hi -n 6 --temp 5 --top-k 1 --seed 3");
+    ASSERT_FALSE(g.is_null());
+    ASSERT_FALSE(k1.is_null());
+    EXPECT_EQ(g["tokens"], k1["tokens"]);
+    json hot = run_stats("-p Hi -n 6 --temp 5 --seed 3");
+    ASSERT_FALSE(hot.is_null());
+    EXPECT_NE(g["tokens"], hot["tokens"]);
+}
+
+}  // namespace
+
+// --- Nothing silently ignored: a combination that makes a flag ineffective is refused by name.
+
+TEST(CliIgnored, PrefetchThatCouldNotRunIsRefused) {
+    const std::string m = " -m " + model() + " -p Hi -n 2";
+    expect_refused("run" + m + " --prefetch --cache-mb 0", "--prefetch reads ahead into the expert cache, and --cache-mb 0");
+    expect_refused("run" + m + " --prefetch --cache-mb 100000 --io-threads 1", "--prefetch needs a worker lane");
+    expect_refused("run" + m + " --prefetch --cache-mb 100000 --route-trace /tmp/x.trace",
+                   "--prefetch and --route-trace exclude each other");
+    expect_refused("run" + m + " --prefetch --cache-mb 4 --force-cache --drop-cold-experts 0.5",
+                   "--prefetch and --drop-cold-experts exclude each other");
+    // Control: with the cache and two lanes it runs, and is on.
+    json j = run_stats("-p Hi -n 4 --prefetch --cache-mb 100000 --io-threads 2");
+    ASSERT_FALSE(j.is_null());
+    EXPECT_TRUE(j["prefetch"].get<bool>());
+}
+
+TEST(CliIgnored, StreamingFlagsWithNoStreamAreRefused) {
+    const std::string m = " -m " + model() + " -p Hi -n 2 --no-stream";
+    expect_refused("run" + m + " --cache-mb 4 --force-cache", "--cache-mb applies to streaming; remove --no-stream");
+    expect_refused("run" + m + " --io-threads 2", "--io-threads applies to streaming");
+    expect_refused("run" + m + " --prefetch", "--prefetch applies to streaming");
+    json j = run_stats("-p Hi -n 2 --no-stream");  // control
+    ASSERT_FALSE(j.is_null());
+    EXPECT_FALSE(j["settings"]["stream"].get<bool>());
+}
+
+TEST(CliIgnored, EvalRefusesSamplingAndBatchFlags) {
+    const std::string text = "/tmp/moestream-cliflags-text-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "The quick brown fox jumps over the lazy dog again and again."; }
+    const std::string e = "eval -m " + model() + " -f " + text + " --max-tokens 8 --bootstrap 100";
+    expect_refused(e + " --temp 0.5", "--temp has no effect on eval");
+    expect_refused(e + " --seed 3", "--seed has no effect on eval");
+    expect_refused(e + " -b 8", "--batch-size has no effect on eval");
+    CmdResult ok = cli(e);  // control
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    std::remove(text.c_str());
+}
+
+TEST(CliIgnored, ReplayRefusesSweepFlagsItWouldIgnoreAndEmptyListItems) {
+    const std::string trace = "/tmp/moestream-cliflags-" + std::to_string(getpid()) + ".trace";
+    CmdResult rec = cli("run -m " + model() + " -p Hi -n 8 --cache-mb 4 --force-cache --route-trace " + trace);
+    ASSERT_EQ(rec.exit_code, 0) << rec.err;
+    expect_refused("replay " + trace + " --validate --budgets 8", "--budgets has no effect with --validate");
+    expect_refused("replay " + trace + " --routing-stats --budgets 8", "--budgets has no effect with --routing-stats");
+    expect_refused("replay " + trace + " --budgets 4,,8", "--budgets: empty item in '4,,8'");
+    expect_refused("replay " + trace + " --budgets 4,", "--budgets: empty item in '4,'");
+    expect_refused("replay " + trace + " --drop-cold 2", "--drop-cold: '2' is not in [0, 1]");
+    // Controls: the same flags alone run.
+    EXPECT_EQ(cli("replay " + trace + " --budgets 4,8").exit_code, 0);
+    EXPECT_EQ(cli("replay " + trace + " --validate").exit_code, 0);
+    EXPECT_EQ(cli("replay " + trace + " --routing-stats").exit_code, 0);
+    std::remove(trace.c_str());
+}
+
+// --- The sampler's options (penalties, min-p, ignore-eos, reverse prompts) take effect.
+
+TEST(CliSampling, PenaltiesChangeARepetitiveGreedyRun) {
+    json plain = run_stats("-p Hi -n 48");
+    ASSERT_FALSE(plain.is_null());
+    auto distinct = [](const json & j) {
+        std::vector<int> t = j["tokens"].get<std::vector<int>>();
+        std::sort(t.begin(), t.end());
+        return size_t(std::unique(t.begin(), t.end()) - t.begin());
+    };
+    // The control: greedy on this model repeats tokens, so a penalty has something to change.
+    ASSERT_LT(distinct(plain), 48u);
+    for (const char * fl : {"--repeat-penalty 1.5", "--presence-penalty 1.5", "--frequency-penalty 1"}) {
+        json j = run_stats(std::string("-p Hi -n 48 ") + fl);
+        ASSERT_FALSE(j.is_null()) << fl;
+        EXPECT_GT(distinct(j), distinct(plain)) << fl;
+    }
+    // --repeat-last-n 0 turns the penalties off: the plain run again.
+    json off = run_stats("-p Hi -n 48 --repeat-penalty 1.5 --repeat-last-n 0");
+    ASSERT_FALSE(off.is_null());
+    EXPECT_EQ(off["tokens"], plain["tokens"]);
+    expect_refused("run -m " + model() + " --min-p 0.1", "--min-p shapes sampling, and --temp 0");
+    expect_refused("run -m " + model() + " --repeat-penalty 0", "--repeat-penalty: 0 is not in (0, 100]");
+    json hot = run_stats("-p Hi -n 8 --temp 0.8 --min-p 1 --seed 2");  // min-p 1: the likeliest only
+    json g = run_stats("-p Hi -n 8");
+    ASSERT_FALSE(hot.is_null());
+    EXPECT_EQ(hot["tokens"], g["tokens"]);
+    json ie = run_stats("-p Hi -n -1 -c 48 --ignore-eos");
+    ASSERT_FALSE(ie.is_null());
+    EXPECT_EQ(ie["n_prompt"].get<int>() + ie["n_generated"].get<int>(), 48);
+}
+
+TEST(CliSampling, ReversePromptStopsBeforeItAndIsNotPrinted) {
+    CmdResult full, cut, lit;
+    json f = run_stats("-p Hi -n 24", &full);
+    ASSERT_FALSE(f.is_null());
+    const std::string text = f["text"].get<std::string>();
+    const size_t nl = text.find('\n');
+    ASSERT_NE(nl, std::string::npos) << "the control needs a newline in the greedy text";
+    // -r '\n' (an escape, processed by default): the text ends before the first newline.
+    json c = run_stats("-p Hi -n 24 -r '\\n'", &cut);
+    ASSERT_FALSE(c.is_null());
+    EXPECT_EQ(c["text"].get<std::string>(), text.substr(0, nl));
+    EXPECT_LT(c["n_generated"].get<int>(), f["n_generated"].get<int>());
+    // --no-escape: a literal backslash-n, which the text does not contain: the full run.
+    json l = run_stats("-p Hi -n 24 --no-escape -r '\\n'", &lit);
+    ASSERT_FALSE(l.is_null());
+    EXPECT_EQ(l["text"], f["text"]);
+    // Several -r: the earliest match ends it.
+    json two = run_stats("-p Hi -n 24 -r 'not in the text at all' -r '\\n'");
+    ASSERT_FALSE(two.is_null());
+    EXPECT_EQ(two["text"].get<std::string>(), text.substr(0, nl));
+}
+
+// --- Outputs are checked before any work; an output that cannot be written exits 3 everywhere.
+
+TEST(CliOutputs, UnwritableOutputsStopEverySubcommandBeforeWork) {
+    const std::string m = model();
+    struct Case {
+        std::string args, msg;
+    };
+    const std::string trace = "/tmp/moestream-cliflags-out-" + std::to_string(getpid()) + ".trace";
+    ASSERT_EQ(cli("run -m " + m + " -p Hi -n 4 --cache-mb 4 --force-cache --route-trace " + trace).exit_code, 0);
+    const std::string text = "/tmp/moestream-cliflags-out-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "One two three four five six seven eight nine ten."; }
+    const std::vector<Case> cases = {
+        {"run -m " + m + " -p Hi --stats-json /nonexistent/x.json",
+         "--stats-json /nonexistent/x.json: the directory /nonexistent does not exist"},
+        {"run -m " + m + " -p Hi --stats-csv /tmp", "--stats-csv /tmp: is a directory"},
+        {"run -m " + m + " -p Hi --dump-logits /nonexistent/l.bin", "--dump-logits /nonexistent/l.bin"},
+        {"eval -m " + m + " -f " + text + " --save-ref /nonexistent/r.ref", "--save-ref /nonexistent/r.ref"},
+        {"synth --preset tiny -o /nonexistent/m.gguf", "-o /nonexistent/m.gguf"},
+        {"replay " + trace + " --plot /nonexistent/p.png", "--plot /nonexistent/p.png"},
+    };
+    for (const Case & c : cases) {
+        SCOPED_TRACE(c.args);
+        CmdResult r = cli(c.args);
+        EXPECT_EQ(r.exit_code, 3) << r.err;
+        EXPECT_NE(r.err.find(c.msg), std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");                                            // nothing ran
+        EXPECT_EQ(r.err.find("model ready"), std::string::npos) << r.err;  // nor loaded
+    }
+    // Two flags naming one file would overwrite each other.
+    expect_refused("run -m " + m + " -p Hi --stats-json /tmp/same.json --stats-csv /tmp/same.json",
+                   "the same file is named by two output flags");
+    // Control: writable paths run and are written.
+    const std::string js = "/tmp/moestream-cliflags-out-" + std::to_string(getpid()) + ".json";
+    CmdResult ok = cli("run -m " + m + " -p Hi -n 2 --stats-json " + js);
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_TRUE(std::ifstream(js).good());
+    std::remove(js.c_str());
+    std::remove(trace.c_str());
+    std::remove(text.c_str());
+}
+
+// --- Ctrl-C during run: the summary of what ran, the outputs written, exit 130.
+
+TEST(CliInterrupt, CtrlCDuringRunPrintsTheSummaryAndExits130) {
+    const std::string js = "/tmp/moestream-cliflags-int-" + std::to_string(getpid()) + ".json";
+    // 16384 tokens take far longer than the 2 s before the SIGINT on the tiny model.
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + model() +
+                          " -p Hi -n -1 -c 16384 --ignore-eos -t 1 --stats-json " + js +
+                          " & pid=$!; sleep 2; kill -INT $pid; wait $pid");
+    EXPECT_EQ(r.exit_code, 130) << r.err;
+    EXPECT_NE(r.err.find("interrupted (Ctrl-C) after"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("decode "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("lossless"), std::string::npos) << r.err;
+    std::ifstream f(js);
+    ASSERT_TRUE(f.good()) << "--stats-json not written after Ctrl-C";
+    json j = json::parse(f);
+    std::remove(js.c_str());
+    // It stopped mid-generation (the control: the run was not already over).
+    EXPECT_GT(j["n_generated"].get<int>(), 0);
+    EXPECT_LT(j["n_prompt"].get<int>() + j["n_generated"].get<int>(), 16384);
+    // Without the signal the same command ends normally.
+    CmdResult ok = cli("run -m " + model() + " -p Hi -n 8 --ignore-eos -t 1");
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_EQ(ok.err.find("interrupted"), std::string::npos);
+}
+
+// --- synth: no silent overwrite, --dry-run without -o, both spellings of a type.
+
+TEST(CliSynth, RefusesOverwriteDryRunNeedsNoOutputTypeSpellings) {
+    const std::string dir = "/tmp/moestream-cliflags-synth-" + std::to_string(getpid());
+    ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+    const std::string a = dir + "/a.gguf", b = dir + "/b.gguf";
+    ASSERT_EQ(cli("synth --preset tiny --type q4_k -o " + a).exit_code, 0);
+    CmdResult again = cli("synth --preset tiny --type q4_k --seed 2 -o " + a);
+    EXPECT_EQ(again.exit_code, 64) << again.err;
+    EXPECT_NE(again.err.find("-o " + a + " exists; add --force to overwrite it"), std::string::npos) << again.err;
+    // q4_K (inspect's spelling) is q4_k: the same bytes.
+    ASSERT_EQ(cli("synth --preset tiny --type q4_K -o " + b).exit_code, 0) << "q4_K refused";
+    EXPECT_EQ(run_cmd("cmp " + a + " " + b).exit_code, 0) << "a was overwritten, or q4_K differs";
+    // --force overwrites (seed 2 gives other bytes).
+    ASSERT_EQ(cli("synth --preset tiny --type q4_k --seed 2 --force -o " + a).exit_code, 0);
+    EXPECT_NE(run_cmd("cmp -s " + a + " " + b).exit_code, 0);
+    // --dry-run plans without -o, writes nothing.
+    CmdResult dry = cli("synth --preset tiny --dry-run");
+    EXPECT_EQ(dry.exit_code, 0) << dry.err;
+    EXPECT_NE(dry.out.find("dry run: "), std::string::npos) << dry.out;
+    expect_refused("synth --preset tiny --dry-run --force", "--force has no effect with --dry-run");
+    expect_refused("synth --preset tiny", "-o FILE is required (or --dry-run to plan only)");
+    std::system(("rm -rf " + dir).c_str());
+}
+
+// --- eval names the lossy knobs and prices the reads: both MiB/token figures and the avoided.
+
+TEST(CliEval, NamesTheKnobsAndBothReadFigures) {
+    const std::string text = "/tmp/moestream-cliflags-eval-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "It was the best of times, it was the worst of times, it was the age "
+                             "of wisdom, it was the age of foolishness, it was the epoch of belief."; }
+    const std::string e = "eval -m " + model() + " -f " + text + " --max-tokens 32 --bootstrap 100 -t 1 ";
+    CmdResult lossy = cli(e + "--cache-mb 8 --drop-cold-experts 0.5 --drop-renorm --n-expert-used 3");
+    ASSERT_EQ(lossy.exit_code, 0) << lossy.err;
+    EXPECT_NE(lossy.out.find("LOSSY: --n-expert-used 3 (the model's 4) --drop-cold-experts 0.5 --drop-renorm"),
+              std::string::npos) << lossy.out;
+    EXPECT_NE(lossy.out.find("MiB/token (reference "), std::string::npos) << lossy.out;
+    EXPECT_NE(lossy.out.find("MiB/token avoided ("), std::string::npos) << lossy.out;
+    CmdResult js = cli(e + "--cache-mb 8 --drop-cold-experts 0.5 --json");
+    ASSERT_EQ(js.exit_code, 0) << js.err;
+    const json j = json::parse(js.out);
+    EXPECT_NEAR(j["bytes_per_token_avoided"].get<double>(),
+                j["reference"]["bytes_per_token"].get<double>() - j["bytes_per_token"].get<double>(), 1e-6);
+    // Control: lossless settings name no knob.
+    CmdResult ll = cli(e + "--cache-mb 8");
+    ASSERT_EQ(ll.exit_code, 0) << ll.err;
+    EXPECT_NE(ll.out.find("lossless settings"), std::string::npos) << ll.out;
+    EXPECT_EQ(ll.out.find("LOSSY"), std::string::npos) << ll.out;
+    std::remove(text.c_str());
+}
+
+// --- The README's reference comparison: `run -p Hello` and llama-completion (through
+// scripts/llama-tool, which loads moestream's CPU backend, with --no-repack) print the same text.
+
+TEST(CliReference, RunAndLlamaCompletionGiveTheSameText) {
+    const char * t = std::getenv("LLAMA_TOOL");
+    const std::string tool = t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
+    const std::string m = sh_quote(synth_model("tiny", "qwen3moe", "q4_k"));
+    const std::string unpinned = "env -u GGML_BACKEND_PATH MOESTREAM_BIN=" + sh_quote(cli_bin()) + " ";
+    const std::string llama = " llama-completion -m " + m +
+                              " -p Hello -n 32 --temp 0 -no-cnv --no-display-prompt -fit off";
+    CmdResult ours = run_cmd(unpinned + sh_quote(cli_bin()) + " run -m " + m + " -p Hello -n 32");
+    ASSERT_EQ(ours.exit_code, 0) << ours.err;
+    CmdResult ref = run_cmd(unpinned + sh_quote(tool) + llama + " --no-repack");
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    EXPECT_TRUE(same_generation(ref.out, ours.out));
+    // Controls: where moestream's backend is not the conservative haswell pin, the pin gives
+    // other text, and so does repacking (both are what the comparison has to rule out).
+    CmdResult ver = run_cmd(unpinned + sh_quote(cli_bin()) + " --version");
+    if (ver.out.find("libggml-cpu-haswell.so") == std::string::npos) {
+        CmdResult pinned = run_cmd("MOESTREAM_BIN=" + sh_quote(cli_bin()) + " GGML_BACKEND_PATH=$(" +
+                                   sh_quote(std::string(MOESTREAM_TEST_SRC) + "/scripts/ggml-backend-path") +
+                                   ") " + sh_quote(tool) + llama + " --no-repack");
+        ASSERT_EQ(pinned.exit_code, 0) << pinned.err;
+        EXPECT_FALSE(same_generation(pinned.out, ours.out)) << "the haswell pin gave the same text";
+    }
+    CmdResult repacked = run_cmd(unpinned + sh_quote(tool) + llama);
+    ASSERT_EQ(repacked.exit_code, 0) << repacked.err;
+    EXPECT_FALSE(same_generation(repacked.out, ours.out)) << "repacking changed nothing here";
+}
+
+// --- replay --plot errors: one line with the decoded exit code, never a raw wait status.
+
+TEST(CliReplayPlot, PlotFailuresAreNamedWithTheirExitCode) {
+    const std::string dir = "/tmp/moestream-cliflags-plot-" + std::to_string(getpid());
+    ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+    const std::string trace = dir + "/t.trace", png = dir + "/p.png", fake = dir + "/fakepy";
+    ASSERT_EQ(cli("run -m " + model() + " -p Hi -n 4 --cache-mb 4 --force-cache --route-trace " + trace).exit_code, 0);
+    { std::ofstream(fake) << "#!/bin/sh\necho 'Traceback (most recent call last):' >&2\necho 'ValueError: boom' >&2\nexit 3\n"; }
+    ASSERT_EQ(std::system(("chmod +x " + fake).c_str()), 0);
+    CmdResult missing = run_cmd("MOESTREAM_PYTHON=" + dir + "/nopython " + sh_quote(cli_bin()) +
+                                " replay " + trace + " --budgets 4 --plot " + png);
+    EXPECT_EQ(missing.exit_code, 1);
+    EXPECT_NE(missing.err.find("--plot: " + dir + "/nopython not found"), std::string::npos) << missing.err;
+    CmdResult failed = run_cmd("MOESTREAM_PYTHON=" + fake + " " + sh_quote(cli_bin()) + " replay " +
+                               trace + " --budgets 4 --plot " + png);
+    EXPECT_EQ(failed.exit_code, 1);
+    EXPECT_NE(failed.err.find("the plot script failed (exit 3): ValueError: boom"), std::string::npos) << failed.err;
+    EXPECT_EQ(failed.err.find("Traceback"), std::string::npos) << failed.err;
+    EXPECT_EQ(failed.err.find("exit 768"), std::string::npos) << failed.err;  // 3 << 8, the raw status
+    // Control: with a python that succeeds, replay exits 0.
+    { std::ofstream(fake) << "#!/bin/sh\ntouch \"$3\"\n"; }
+    CmdResult ok = run_cmd("MOESTREAM_PYTHON=" + fake + " " + sh_quote(cli_bin()) + " replay " + trace +
+                           " --budgets 4 --plot " + png);
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    std::system(("rm -rf " + dir).c_str());
+}
+
+// The plot marks one token's working set and every expert: replay computes both from the
+// trace's shapes, and they agree with inspect's figures for the traced model.
+TEST(CliReplayPlot, MarkersAgreeWithInspect) {
+    const std::string trace = "/tmp/moestream-cliflags-mark-" + std::to_string(getpid()) + ".trace";
+    ASSERT_EQ(cli("run -m " + model() + " -p Hi -n 4 --cache-mb 8 --route-trace " + trace).exit_code, 0);
+    CmdResult r = cli("replay " + trace + " --budgets 4 --json");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const json d = json::parse(r.out);
+    const json m = json::parse(cli("inspect --json -m " + model()).out);
+    EXPECT_NEAR(d["working_set_mib"].get<double>(),
+                double(m["token_working_set_bytes"].get<uint64_t>()) / (1 << 20), 1e-9);
+    EXPECT_NEAR(d["all_experts_mib"].get<double>(),
+                double(m["expert_bytes_total"].get<uint64_t>()) / (1 << 20), 1e-9);
+    std::remove(trace.c_str());
+}

@@ -1,0 +1,316 @@
+// cli_common.cpp — what every subcommand shares: llama.cpp's spellings (recognised before
+// CLI11 reads them), the validators with readable messages, the thread default, the prompt
+// reader, escapes, output checks and the one-line error format (docs/cli.md).
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <set>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "cli.h"
+
+namespace moestream::cli {
+namespace {
+
+// llama.cpp flags that moestream does not have, with the reason. A flag a subcommand defines
+// is never refused (the table only speaks for flags CLI11 would otherwise misread).
+struct Refusal {
+    const char * flag;
+    const char * why;
+};
+
+constexpr const char * kCpuOnly = "not supported by moestream: %s (CPU only)";
+constexpr const char * kNoChat =
+    "%s: chat is not available in moestream: `run` completes the raw prompt (no chat template)";
+constexpr const char * kNotYet = "not supported yet by moestream: %s";
+
+const Refusal kRefused[] = {
+    {"-ngl", kCpuOnly}, {"--gpu-layers", kCpuOnly}, {"--n-gpu-layers", kCpuOnly},
+    {"-dev", kCpuOnly}, {"--device", kCpuOnly}, {"--list-devices", kCpuOnly},
+    {"-sm", kCpuOnly}, {"--split-mode", kCpuOnly}, {"-ts", kCpuOnly},
+    {"--tensor-split", kCpuOnly}, {"-mg", kCpuOnly}, {"--main-gpu", kCpuOnly},
+    {"-nkvo", kCpuOnly}, {"--no-kv-offload", kCpuOnly}, {"--no-op-offload", kCpuOnly},
+    {"-fa", "not supported by moestream: %s (llama.cpp's default attention on the CPU)"},
+    {"--flash-attn", "not supported by moestream: %s (llama.cpp's default attention on the CPU)"},
+    {"-ot", "not supported by moestream: %s (moestream places the expert tensors itself)"},
+    {"--override-tensor", "not supported by moestream: %s (moestream places the expert tensors itself)"},
+    {"-cmoe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
+    {"--cpu-moe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
+    {"-ncmoe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
+    {"--n-cpu-moe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
+    {"--mlock", "not supported by moestream: %s (the experts are read from flash, not locked in RAM)"},
+    {"--numa", "not supported by moestream: %s"},
+    {"-cnv", kNoChat}, {"--conversation", kNoChat}, {"-i", kNoChat}, {"--interactive", kNoChat},
+    {"-if", kNoChat}, {"--interactive-first", kNoChat}, {"-sys", kNoChat},
+    {"--system-prompt", kNoChat}, {"--chat-template", kNoChat}, {"--jinja", kNoChat},
+    {"-st", kNoChat}, {"--single-turn", kNoChat},
+    {"-no-cnv", "%s is not needed: `moestream run` is always a plain completion (no conversation)"},
+    {"--no-conversation", "%s is not needed: `moestream run` is always a plain completion (no conversation)"},
+    {"-hf", "not supported by moestream: %s (give a local GGUF file with -m)"},
+    {"-hfr", "not supported by moestream: %s (give a local GGUF file with -m)"},
+    {"--hf-repo", "not supported by moestream: %s (give a local GGUF file with -m)"},
+    {"-mu", "not supported by moestream: %s (give a local GGUF file with -m)"},
+    {"--model-url", "not supported by moestream: %s (give a local GGUF file with -m)"},
+    {"-md", "not supported by moestream: %s (no speculative decoding)"},
+    {"--model-draft", "not supported by moestream: %s (no speculative decoding)"},
+    {"--lora", "not supported by moestream: %s"},
+    {"--control-vector", "not supported by moestream: %s"},
+    {"-np", "not supported by moestream: %s (one sequence at a time)"},
+    {"--parallel", "not supported by moestream: %s (one sequence at a time)"},
+    {"-cb", "not supported by moestream: %s (one sequence at a time)"},
+    {"--cont-batching", "not supported by moestream: %s (one sequence at a time)"},
+    {"-ctk", "not supported by moestream: %s (the KV cache is f16)"},
+    {"--cache-type-k", "not supported by moestream: %s (the KV cache is f16)"},
+    {"-ctv", "not supported by moestream: %s (the KV cache is f16)"},
+    {"--cache-type-v", "not supported by moestream: %s (the KV cache is f16)"},
+    {"--min-p", kNotYet}, {"--repeat-penalty", kNotYet}, {"--repeat-last-n", kNotYet},
+    {"--presence-penalty", kNotYet}, {"--frequency-penalty", kNotYet},
+    {"--ignore-eos", kNotYet}, {"-r", kNotYet}, {"--reverse-prompt", kNotYet},
+    {"--grammar", kNotYet}, {"--grammar-file", kNotYet}, {"--json-schema", kNotYet},
+    {"-l", kNotYet}, {"--logit-bias", kNotYet}, {"--mirostat", kNotYet}, {"--typical", kNotYet},
+};
+
+// llama.cpp's multi-letter single-dash spellings of options moestream has.
+const std::pair<const char *, const char *> kAliases[] = {
+    {"-tb", "--threads-batch"},
+    {"-ub", "--ubatch-size"},
+};
+
+std::string fmt1(const char * f, const std::string & a) {
+    char buf[512];
+    std::snprintf(buf, sizeof buf, f, a.c_str());
+    return buf;
+}
+
+}  // namespace
+
+std::string fmt_num(double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%g", v);
+    return b;
+}
+
+const char * const kSubcommands[] = {"run", "inspect", "synth", "replay", "eval", "serve"};
+
+int usage_error(const std::string & cmd, const std::string & msg) {
+    std::fprintf(stderr, "moestream%s%s: %s\nsee `moestream%s%s --help`\n",
+                 cmd.empty() ? "" : " ", cmd.c_str(), msg.c_str(), cmd.empty() ? "" : " ",
+                 cmd.c_str());
+    return 64;
+}
+
+int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
+    if (args->empty()) return 0;
+    const std::string & first = (*args)[0];
+    CLI::App * sub = nullptr;
+    if (!first.empty() && first[0] != '-') {
+        for (const char * n : kSubcommands)
+            if (first == n) sub = app.get_subcommand(n);
+        if (!sub) {
+            std::string list;
+            for (const char * n : kSubcommands) list += (list.empty() ? "" : ", ") + std::string(n);
+            return usage_error("", "unknown subcommand '" + first + "' (one of: " + list + ")");
+        }
+    }
+    if (!sub) return 0;
+    const std::string cmd = sub->get_name();
+    bool value_next = false;  // this token is the value of the option before it
+    for (size_t i = 1; i < args->size(); ++i) {
+        std::string & a = (*args)[i];
+        if (value_next) {
+            value_next = false;
+            continue;
+        }
+        if (a == "--") break;
+        if (a.size() < 2 || a[0] != '-') continue;
+        const std::string name = a.substr(0, a.find('='));
+        for (const auto & al : kAliases)
+            if (name == al.first && sub->get_option_no_throw(al.second))
+                a = al.second + a.substr(name.size());
+        const std::string n2 = a.substr(0, a.find('='));
+        if (const CLI::Option * o = sub->get_option_no_throw(n2)) {
+            value_next = o->get_type_size() != 0 && a.find('=') == std::string::npos;
+            continue;
+        }
+        for (const Refusal & r : kRefused)
+            if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
+        // Any other multi-letter single-dash word would be read by CLI11 as a bundle of short
+        // flags ("-foo" = -f oo) and reported under the wrong name.
+        const bool word = n2.size() > 2 && n2[1] != '-' &&
+                          n2.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-", 1) ==
+                              std::string::npos &&
+                          n2.find_first_not_of('v', 1) != std::string::npos;
+        if (word)
+            return usage_error(cmd, "unknown option '" + n2 +
+                                        "' (long options take two dashes; a short option's "
+                                        "value goes after a space)");
+    }
+    return 0;
+}
+
+CLI::Validator int_range(long long lo, long long hi) {
+    return CLI::Validator(
+        [lo, hi](std::string & v) -> std::string {
+            size_t pos = 0;
+            long long n = 0;
+            try {
+                n = std::stoll(v, &pos);
+            } catch (...) {
+                pos = 0;
+            }
+            if (pos == 0 || pos != v.size()) return "'" + v + "' is not a whole number";
+            if (n < lo || n > hi)
+                return v + " is not in " + std::to_string(lo) + ".." + std::to_string(hi);
+            return "";
+        },
+        std::to_string(lo) + ".." + std::to_string(hi));
+}
+
+CLI::Validator real_range(double lo, double hi, bool lo_open) {
+    const std::string desc = (lo_open ? "(" : "[") + fmt_num(lo) + ", " + fmt_num(hi) + "]";
+    return CLI::Validator(
+        [lo, hi, lo_open, desc](std::string & v) -> std::string {
+            size_t pos = 0;
+            double d = NAN;
+            try {
+                d = std::stod(v, &pos);
+            } catch (...) {
+                pos = 0;
+            }
+            if (pos == 0 || pos != v.size() || !std::isfinite(d)) return "'" + v + "' is not a number";
+            if ((lo_open ? !(d > lo) : !(d >= lo)) || !(d <= hi)) return v + " is not in " + desc;
+            return "";
+        },
+        desc);
+}
+
+int default_threads() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    const bool have_set = sched_getaffinity(0, sizeof set, &set) == 0;
+    std::set<std::pair<std::string, std::string>> cores;
+    int logical = 0;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+        if (have_set && !CPU_ISSET(c, &set)) continue;
+        const std::string base = "/sys/devices/system/cpu/cpu" + std::to_string(c) + "/topology/";
+        std::ifstream pk(base + "physical_package_id"), co(base + "core_id");
+        std::string p, k;
+        if (!(pk >> p) || !(co >> k)) {
+            if (have_set) ++logical;
+            continue;
+        }
+        ++logical;
+        cores.emplace(p, k);
+    }
+    int n = !cores.empty() ? int(cores.size()) : logical;
+    if (n <= 0) n = int(std::thread::hardware_concurrency());
+    return std::clamp(n, 1, 512);
+}
+
+Status process_escapes(const std::string & flag, std::string * s) {
+    std::string r;
+    r.reserve(s->size());
+    for (size_t i = 0; i < s->size(); ++i) {
+        const char c = (*s)[i];
+        if (c != '\\' || i + 1 == s->size()) {
+            r += c;
+            continue;
+        }
+        const char e = (*s)[++i];
+        switch (e) {
+            case 'n': r += '\n'; break;
+            case 't': r += '\t'; break;
+            case 'r': r += '\r'; break;
+            case 'a': r += '\a'; break;
+            case 'f': r += '\f'; break;
+            case 'v': r += '\v'; break;
+            case '\\': r += '\\'; break;
+            case '\'': r += '\''; break;
+            case '"': r += '"'; break;
+            case '?': r += '?'; break;
+            case 'x': {
+                int v = 0, n = 0;
+                while (n < 2 && i + 1 < s->size() && std::isxdigit((unsigned char)(*s)[i + 1])) {
+                    const char h = (*s)[++i];
+                    v = v * 16 + (std::isdigit((unsigned char)h) ? h - '0' : (std::tolower(h) - 'a' + 10));
+                    ++n;
+                }
+                if (n == 0)
+                    return Status::Usage(flag + ": '\\x' without hex digits (or add --no-escape)");
+                r += char(v);
+                break;
+            }
+            default:
+                r += '\\';
+                r += e;
+        }
+    }
+    *s = std::move(r);
+    return Status::Ok();
+}
+
+Status check_output_path(const std::string & flag, const std::string & path) {
+    namespace fs = std::filesystem;
+    if (path.empty()) return Status::Ok();
+    std::error_code ec;
+    if (fs::is_directory(path, ec))
+        return Status::BadInput(flag + " " + path + ": is a directory, not a file");
+    const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
+    if (!fs::is_directory(parent, ec))
+        return Status::BadInput(flag + " " + path + ": the directory " + parent.string() +
+                                " does not exist");
+    if (::access(parent.c_str(), W_OK | X_OK) != 0)
+        return Status::BadInput(flag + " " + path + ": cannot write in " + parent.string() + ": " +
+                                std::strerror(errno));
+    if (fs::exists(path, ec) && ::access(path.c_str(), W_OK) != 0)
+        return Status::BadInput(flag + " " + path + ": cannot write: " + std::strerror(errno));
+    return Status::Ok();
+}
+
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>> & outs) {
+    std::set<std::string> seen;
+    for (const auto & [flag, path] : outs) {
+        if (path.empty()) continue;
+        Status st = check_output_path(flag, path);
+        if (!st.ok()) return st;
+        if (!seen.insert(std::filesystem::weakly_canonical(path).string()).second)
+            return Status::Usage(flag + " " + path + ": the same file is named by two output flags");
+    }
+    return Status::Ok();
+}
+
+Status write_output_file(const std::string & flag, const std::string & path, const std::string & data) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    if (!f) return Status::BadInput(flag + " " + path + ": cannot open for writing: " + std::strerror(errno));
+    f.write(data.data(), std::streamsize(data.size()));
+    f.close();
+    if (!f) return Status::BadInput(flag + " " + path + ": write failed");
+    return Status::Ok();
+}
+
+int report(const Status & st) {
+    std::fprintf(stderr, "moestream: error: %s\n", st.message().c_str());
+    return st.exit_code();
+}
+
+int refuse_given(CLI::App * sub, const std::vector<std::string> & flags, const std::string & why) {
+    for (const std::string & fl : flags) {
+        const CLI::Option * o = sub->get_option_no_throw(fl);
+        if (o && o->count() > 0) return usage_error(sub->get_name(), fl + " " + why);
+    }
+    return 0;
+}
+
+}  // namespace moestream::cli
