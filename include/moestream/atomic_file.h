@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "status.h"
+#include "moestream/status.h"
 
 namespace moestream {
 

@@ -242,19 +242,6 @@ struct ChatMessage {
     std::string role;
     std::string content;
 };
-const char * finish_reason_name(FinishReason r);  // "length", "eos", "stop", "cancelled"
-
-struct GenerateResult {
-    // Generated token ids: every token sampled, including those that carried a stop string
-    // (the end-of-generation token is not included).
-    std::vector<int32_t> tokens;
-    // Their detokenized text, without a matched stop string and what followed it in its
-    // token: exactly what on_piece received.
-    std::string text;
-    std::vector<float> final_logits;  // logits of the last decode
-    FinishReason finish = FinishReason::kLength;
-    std::string stop_string;  // the stop string that ended it (finish kStop)
-};
 
 // Loads ggml's CPU backend the way Engine::open does (GGML_BACKEND_PATH if set, else the best
 // variant for this CPU among the prefix's backends) and gives the file it was loaded from (""

@@ -1057,7 +1057,9 @@ private:
 
 Status cpu_backend_file(std::string * path) {
     path->clear();
-    Status st = init_backend();
+    EnvKnobs knobs;
+    Status st = read_env_knobs(&knobs);
+    if (st.ok()) st = init_backend(knobs);
     if (!st.ok()) return st;
     // The file is where a function of the loaded CPU backend lives (dladdr).
     ggml_backend_reg_t reg = ggml_backend_reg_by_name("CPU");

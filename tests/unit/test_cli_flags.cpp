@@ -149,7 +149,7 @@ TEST(CliFlags, PromptFromStdinEscapesAndEcho) {
     // Empty stdin is a bad input (3), named.
     CmdResult e = run_cmd("printf '' | " + sh_quote(cli_bin()) + " run -m " + model() + " -f -");
     EXPECT_EQ(e.exit_code, 3);
-    EXPECT_NE(e.err.find("-f -: stdin: the prompt is empty"), std::string::npos) << e.err;
+    EXPECT_NE(e.err.find("standard input: the prompt file is empty"), std::string::npos) << e.err;
 
     // -e (the default) turns \n into a newline; --no-escape keeps the backslash.
     json esc = run_stats("-p 'a\\nb' -n 1");

@@ -200,13 +200,14 @@ TEST(Writers, RefuseSpecialFilesAndNeverRenameOverThem) {
         EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
     }
 
-    // Controls: a regular file is replaced; a link to a file is written through.
+    // Controls: a regular file is replaced (synth: with --force); a link to a file is written
+    // through.
     const std::string reg = tmp_path("out.gguf");
     {
         std::ofstream o(reg);
         o << "old";
     }
-    CmdResult r = run_cmd(limited(bin + " synth --preset tiny -o " + sh_quote(reg)));
+    CmdResult r = run_cmd(limited(bin + " synth --preset tiny --force -o " + sh_quote(reg)));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_GT(std::filesystem::file_size(reg), 1000000u);
     const std::string link = tmp_path("link.trace"), target = tmp_path("target.trace");

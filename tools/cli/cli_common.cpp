@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "cli.h"
+#include "moestream/atomic_file.h"
 
 namespace moestream::cli {
 namespace {
@@ -265,8 +266,9 @@ Status check_output_path(const std::string & flag, const std::string & path) {
     namespace fs = std::filesystem;
     if (path.empty()) return Status::Ok();
     std::error_code ec;
-    if (fs::is_directory(path, ec))
-        return Status::BadInput(flag + " " + path + ": is a directory, not a file");
+    // An existing device, FIFO, socket or directory: the library's rule and words (kUsage).
+    Status st = moestream::check_output_path(path, flag);
+    if (!st.ok()) return st;
     const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
     if (!fs::is_directory(parent, ec))
         return Status::BadInput(flag + " " + path + ": the directory " + parent.string() +

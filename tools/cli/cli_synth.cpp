@@ -124,7 +124,7 @@ void add_synth_command(CLI::App & app, Action * action) {
             } else {
                 if (opt->out_path.empty())
                     return usage_error("synth", "-o FILE is required (or --dry-run to plan only)");
-                Status ck = check_output_paths({{"-o", opt->out_path}});
+                Status ck = check_output_paths({{"synth: -o", opt->out_path}});
                 if (!ck.ok()) return report(ck);
                 std::error_code ec;
                 if (std::filesystem::exists(opt->out_path, ec) && !*force)
