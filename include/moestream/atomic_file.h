@@ -18,7 +18,8 @@
 
 namespace moestream {
 
-// Ok when `path` may be replaced by a regular file; kUsage naming what it is otherwise.
+// Ok when `path` may be replaced by a regular file; kBadInput (an output that cannot be
+// written: exit 3) naming what it is otherwise.
 // `what` names the option in messages ("--route-trace", "-o").
 Status check_output_path(const std::string & path, const std::string & what);
 

@@ -30,7 +30,7 @@ Status resolve(const std::string & path, const std::string & what, std::string *
             *target = path;
             return Status::Ok();
         }
-        return Status::Usage(what + ": cannot use '" + path + "': " + std::strerror(errno));
+        return Status::BadInput(what + ": cannot use '" + path + "': " + std::strerror(errno));
     }
     if (S_ISLNK(st.st_mode)) {
         char buf[PATH_MAX];
@@ -39,25 +39,25 @@ Status resolve(const std::string & path, const std::string & what, std::string *
             const int rerr = errno;
             const ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
             if (n <= 0 || rerr != ENOENT)
-                return Status::Usage(what + ": cannot resolve the symbolic link '" + path + "'");
+                return Status::BadInput(what + ": cannot resolve the symbolic link '" + path + "'");
             std::string t(buf, size_t(n));
             const size_t slash = path.rfind('/');
             if (t[0] != '/' && slash != std::string::npos) t = path.substr(0, slash + 1) + t;
             if (::lstat(t.c_str(), &st) == 0 || errno != ENOENT)
-                return Status::Usage(what + ": cannot resolve the symbolic link '" + path + "'");
+                return Status::BadInput(what + ": cannot resolve the symbolic link '" + path + "'");
             *target = t;
             return Status::Ok();
         }
         if (::stat(buf, &st) != 0)
-            return Status::Usage(what + ": cannot use '" + path + "': " + std::strerror(errno));
+            return Status::BadInput(what + ": cannot use '" + path + "': " + std::strerror(errno));
         if (!S_ISREG(st.st_mode))
-            return Status::Usage(what + ": '" + path + "' links to " + kind(st.st_mode) +
+            return Status::BadInput(what + ": '" + path + "' links to " + kind(st.st_mode) +
                                  ", not a regular file; refusing to replace it");
         *target = buf;
         return Status::Ok();
     }
     if (!S_ISREG(st.st_mode))
-        return Status::Usage(what + ": '" + path + "' exists and is " + kind(st.st_mode) +
+        return Status::BadInput(what + ": '" + path + "' exists and is " + kind(st.st_mode) +
                              ", not a regular file; refusing to replace it");
     *target = path;
     return Status::Ok();

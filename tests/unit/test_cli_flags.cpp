@@ -327,7 +327,7 @@ TEST(CliOutputs, UnwritableOutputsStopEverySubcommandBeforeWork) {
     const std::vector<Case> cases = {
         {"run -m " + m + " -p Hi --stats-json /nonexistent/x.json",
          "--stats-json /nonexistent/x.json: the directory /nonexistent does not exist"},
-        {"run -m " + m + " -p Hi --stats-csv /tmp", "--stats-csv /tmp: is a directory"},
+        {"run -m " + m + " -p Hi --stats-csv /tmp", "--stats-csv: '/tmp' exists and is a directory"},
         {"run -m " + m + " -p Hi --dump-logits /nonexistent/l.bin", "--dump-logits /nonexistent/l.bin"},
         {"eval -m " + m + " -f " + text + " --save-ref /nonexistent/r.ref", "--save-ref /nonexistent/r.ref"},
         {"synth --preset tiny -o /nonexistent/m.gguf", "-o /nonexistent/m.gguf"},

@@ -178,7 +178,7 @@ TEST(Writers, RefuseSpecialFilesAndNeverRenameOverThem) {
         for (const auto & w : writers) {
             SCOPED_TRACE(w.cmd);
             CmdResult r = run_cmd(limited(w.cmd));
-            EXPECT_EQ(r.exit_code, 64) << r.err;
+            EXPECT_EQ(r.exit_code, 3) << r.err;
             EXPECT_NE(r.err.find(w.opt + ": '" + path + "' exists and is " + kind +
                                  ", not a regular file; refusing to replace it"),
                       std::string::npos)

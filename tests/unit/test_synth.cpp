@@ -280,7 +280,7 @@ TEST(synth, UnwritableOutputIsAClearError) {
     // The output path is an existing directory: refused before writing (never renamed over).
     fs::create_directory(d.path("adir"));
     r = synth("--preset tiny -o " + sh_quote(d.path("adir")));
-    EXPECT_EQ(r.exit_code, 64);
+    EXPECT_EQ(r.exit_code, 3);
     EXPECT_NE(r.err.find(d.path("adir") + "' exists and is a directory"), std::string::npos)
         << r.err;
     EXPECT_TRUE(fs::is_directory(d.path("adir")));
