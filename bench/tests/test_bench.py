@@ -26,6 +26,17 @@ def load_toml(text: str) -> config.Experiment:
         os.unlink(f.name)
 
 
+# Two cells that differ only in the commit moestream is built at.
+BEFORE_AFTER_TOML = """
+    [[cell]]
+    name = "before"
+    commit = "HEAD"
+    [[cell]]
+    name = "after"
+    baseline = "before"
+"""
+
+
 class MatrixRules(unittest.TestCase):
     def test_every_shipped_experiment_is_valid(self):
         for name in os.listdir(EXP_DIR):
@@ -119,14 +130,7 @@ class MatrixRules(unittest.TestCase):
                         .endswith("/mid-qwen3moe-q4_k-g0.65.gguf"))
 
     def test_a_commit_is_one_variable_of_a_comparison(self):
-        e = load_toml("""
-            [[cell]]
-            name = "before"
-            commit = "HEAD"
-            [[cell]]
-            name = "after"
-            baseline = "before"
-        """)
+        e = load_toml(BEFORE_AFTER_TOML)
         self.assertIn("commit", config.describe_change(e.cell("after"), e.cell("before")))
         with self.assertRaisesRegex(config.ConfigError, "a git revision"):
             load_toml("""
@@ -136,14 +140,7 @@ class MatrixRules(unittest.TestCase):
             """)
 
     def test_cells_that_name_a_commit_run_the_binary_built_at_it(self):
-        e = load_toml("""
-            [[cell]]
-            name = "before"
-            commit = "HEAD"
-            [[cell]]
-            name = "after"
-            baseline = "before"
-        """)
+        e = load_toml(BEFORE_AFTER_TOML)
         repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         h = harness.Harness(e, repo, "/nonexistent/moestream", tempfile.mkdtemp(), tempfile.mkdtemp(),
                             dry_run=True)
