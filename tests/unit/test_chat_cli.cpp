@@ -223,6 +223,28 @@ TEST(ChatCli, PipedStdinIsOneTurnPerLine) {
     EXPECT_GE(f[1].reused, f[0].prefilled) << r.err;
     EXPECT_NE(r.err.find("moestream chat: 2 replies"), std::string::npos) << r.err;
     EXPECT_EQ(r.out.find("> "), std::string::npos) << "no prompt without a terminal: " << r.out;
+    // A line ending in '\' continues on the next: one turn, the same prompt as the escape \n
+    // (escapes are processed by default) and not the same as --no-escape's literal "\n".
+    auto one_turn = [&](const std::string & input, const std::string & extra) {
+        CmdResult c = run_cmd("printf '%s' " + sh_quote(input) + " | " + sh_quote(cli_bin()) +
+                              " chat -m " + sh_quote(m) + " -t 1 -n 2 " + extra);
+        EXPECT_EQ(c.exit_code, 0) << c.err;
+        const std::vector<Footer> v = footers(c.err);
+        EXPECT_EQ(v.size(), 1u) << input << "\n" << c.err;
+        return v.empty() ? -1 : v[0].prefilled;
+    };
+    const int continued = one_turn("Hello \\\nthere\n", "");
+    EXPECT_EQ(continued, one_turn("Hello \\nthere\n", ""));
+    EXPECT_NE(continued, one_turn("Hello \\nthere\n", "--no-escape"));
+    // A turn that cannot be answered ends a piped chat with the error's exit code, named.
+    r = run_cmd("printf 'Hello there\\n' | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) +
+                " -t 1 -n 4 -c 32");
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("more than the context (32 tokens)"), std::string::npos) << r.err;
+    // A lossy knob is named in the footer (the first test's default footer says lossless).
+    r = run_cmd("echo Hi | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 2 --n-expert-used 1");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("| LOSSY (--n-expert-used 1)]"), std::string::npos) << r.err;
     // End of input ends it too (exit 0).
     r = run_cmd("printf 'Hello there' | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 4");
     EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -179,13 +179,16 @@ std::string footer(const ChatFlags & f, const Engine & e, const GenerateResult &
 void print_summary(const Session & t, const ChatFlags & f, const Engine & e) {
     char b[768];
     int n = std::snprintf(b, sizeof b, "moestream chat: %d replies | load %.2f s", t.replies, t.load_s);
-    if (t.replies > 0)
+    if (t.replies > 0) {
         n += std::snprintf(b + n, sizeof b - size_t(n),
-                           " | prefill %lld tok (%lld reused) | decode %lld tok %.2f tok/s | "
-                           "flash read %.1f MiB | peak RSS %.1f MiB",
+                           " | prefill %lld tok (%lld reused) | decode %lld tok %.2f tok/s",
                            t.prefilled, t.reused, t.generated,
-                           t.decode_s > 0 ? double(t.decode_steps) / t.decode_s : 0.0,
-                           mib(double(t.flash_bytes)), mib(double(t.peak_rss)));
+                           t.decode_s > 0 ? double(t.decode_steps) / t.decode_s : 0.0);
+        if (f.opt.stream)
+            n += std::snprintf(b + n, sizeof b - size_t(n), " | flash read %.1f MiB",
+                               mib(double(t.flash_bytes)));
+        n += std::snprintf(b + n, sizeof b - size_t(n), " | peak RSS %.1f MiB", mib(double(t.peak_rss)));
+    }
     std::fprintf(stderr, "%s | %s\n", b, quality_label(f.opt, e.lossy(), t.lossy).c_str());
 }
 
@@ -275,7 +278,9 @@ int do_chat(ChatFlags & f) {
             Status es = process_escapes("input", &turn);
             if (!es.ok()) {
                 std::fprintf(stderr, "moestream chat: %s\n", es.message().c_str());
-                continue;
+                if (tty) continue;
+                print_summary(t, f, *engine);
+                return es.exit_code();
             }
         }
 
@@ -291,16 +296,18 @@ int do_chat(ChatFlags & f) {
         st = engine->apply_chat_template(messages, true, &req.prompt);
         int n_prompt = 0;
         if (st.ok()) st = engine->check_request(req, &n_prompt);
-        if (!st.ok()) {  // this turn is not taken; the conversation goes on without it
+        if (!st.ok()) {  // this turn is not taken
             messages.pop_back();
             if (n_prompt >= engine->n_ctx())
                 std::fprintf(stderr,
                              "moestream chat: the conversation with this turn is %d tokens, more "
-                             "than the context (%d tokens): /exit and start again, with a larger -c\n",
+                             "than the context (%d tokens): start again, with a larger -c\n",
                              n_prompt, engine->n_ctx());
             else
                 std::fprintf(stderr, "moestream chat: %s\n", st.message().c_str());
-            continue;
+            if (tty) continue;  // in a terminal the conversation goes on without it
+            print_summary(t, f, *engine);
+            return st.exit_code();  // a script sees that a turn went unanswered
         }
         GenerateResult g;
         st = engine->generate(req,
