@@ -358,7 +358,7 @@ int do_chat(ChatFlags & f) {
 void add_chat_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<ChatFlags>();
     auto * sub = app.add_subcommand(
-        "chat", "chat in the terminal with the model's chat template (one line per turn from a pipe)");
+        "chat", "a conversation with the model's chat template (/exit ends; from a pipe: a turn per line)");
     f->sub = sub;
     sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
     auto * sys = sub->add_option("--system-prompt", f->system_prompt,

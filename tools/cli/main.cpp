@@ -34,12 +34,12 @@ int main(int argc, char ** argv) {
     });
     Action action;
     add_run_command(app, &action);
+    add_chat_command(app, &action);
     add_inspect_command(app, &action);
     add_synth_command(app, &action);
     add_replay_command(app, &action);
     add_eval_command(app, &action);
     add_serve_command(app, &action);
-    add_chat_command(app, &action);
     std::vector<std::string> args(argv + 1, argv + argc);
     if (int rc = preprocess_args(app, &args); rc != 0) return rc;
     const std::string cmd = !args.empty() && !args[0].empty() && args[0][0] != '-' ? args[0] : "";
