@@ -532,6 +532,29 @@ TEST(GgufIndex, Alignment4096AndVersion2) {
     cross_check_with_gguf(path, m);
 }
 
+// Gate-less experts (up/down only, e.g. nemotron_h_moe): each expert is its up then its down
+// slice; a layer with a gate and no up is still refused (the bad-file list below).
+TEST(GgufIndex, GateLessUpDownExperts) {
+    TempDir tmp;
+    Builder b = moe_builder();
+    b.remove_tensor("blk.1.ffn_gate_exps.weight");
+    const std::string path = tmp.path("gateless.gguf");
+    write_file(path, b.build());
+    ModelIndex m;
+    Status st = load_model_index(path, &m);
+    ASSERT_TRUE(st.ok()) << st.message();
+    expect_invariants(m);
+    ASSERT_EQ(m.moe_layers[0].layer, 1u);
+    ASSERT_EQ(m.moe_layers[0].tensors.size(), 2u);
+    EXPECT_EQ(m.moe_layers[0].tensors[0].proj, Projection::kUp);
+    EXPECT_EQ(m.moe_layers[0].tensors[1].proj, Projection::kDown);
+    EXPECT_EQ(m.moe_layers[0].expert_bytes,
+              m.moe_layers[0].tensors[0].slice_bytes + m.moe_layers[0].tensors[1].slice_bytes);
+    EXPECT_EQ(m.moe_layers[1].tensors.size(), 3u);  // layer 2 keeps its gate
+    EXPECT_FALSE(m.is_expert_tensor("blk.1.ffn_gate_exps.weight"));
+    cross_check_with_gguf(path, m);
+}
+
 TEST(GgufIndex, FusedGateUpAndPerLayerFfArray) {
     TempDir tmp;
     Builder b = moe_builder();
@@ -939,8 +962,6 @@ std::vector<Case> corruption_cases() {
     // The expert map.
     add("missing down_exps", "layer 1: missing blk.1.ffn_down_exps.weight",
         [=](Builder & b) { b.remove_tensor(d1); });
-    add("missing gate_exps", "layer 1: missing blk.1.ffn_gate_exps.weight",
-        [=](Builder & b) { b.remove_tensor(g1); });
     add("missing up_exps", "layer 1: missing blk.1.ffn_up_exps.weight",
         [=](Builder & b) { b.remove_tensor(u1); });
     add("fused and separate gate", "both fused", [=](Builder & b) {
