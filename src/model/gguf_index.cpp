@@ -801,8 +801,8 @@ private:
             }
         }
         // llama_expert_gating_func_type: 0 (the arch's default), softmax, sigmoid,
-        // softmax_weight; anything else reaches a fatal default in llama.cpp's MoE graph.
-        if (find_kv(p + "expert_gating_func")) int_key(p + "expert_gating_func", false, 0, 3);
+        // softmax_weight, sqrt_softplus (deepseek4); anything else llama.cpp refuses.
+        if (find_kv(p + "expert_gating_func")) int_key(p + "expert_gating_func", false, 0, 4);
         const std::string nk = p + "nextn_predict_layers";
         if (find_kv(nk)) {
             const int64_t nn = int_key(nk, false, 0, INT32_MAX);

@@ -847,8 +847,8 @@ std::vector<Case> corruption_cases() {
         [](Builder & b) { b.u32("qwen3moe.attention.head_count_kv", 3); });
     add("head_count > n_embd", "exceeds embedding_length",
         [](Builder & b) { b.u32("qwen3moe.attention.head_count", 128); });
-    add("expert_gating_func 4", "'qwen3moe.expert_gating_func' = 4 is out of range [0, 3]",
-        [](Builder & b) { b.u32("qwen3moe.expert_gating_func", 4); });
+    add("expert_gating_func 5", "'qwen3moe.expert_gating_func' = 5 is out of range [0, 4]",
+        [](Builder & b) { b.u32("qwen3moe.expert_gating_func", 5); });
     add("nextn_predict_layers = block_count",
         "nextn_predict_layers' = 3 must be less than block_count 3",
         [](Builder & b) { b.u32("qwen3moe.nextn_predict_layers", 3); });
