@@ -62,7 +62,7 @@ struct ExpertTensor {
 
 struct MoeLayer {
     uint32_t layer = 0;
-    std::vector<ExpertTensor> tensors;  // gate, up, down (or gate_up, down), in that order
+    std::vector<ExpertTensor> tensors;  // gate, up, down (or gate_up, down; or up, down), in that order
     uint64_t expert_bytes = 0;          // bytes of ONE expert over all its projections
 };
 

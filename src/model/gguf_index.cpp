@@ -801,8 +801,8 @@ private:
             }
         }
         // llama_expert_gating_func_type: 0 (the arch's default), softmax, sigmoid,
-        // softmax_weight; anything else reaches a fatal default in llama.cpp's MoE graph.
-        if (find_kv(p + "expert_gating_func")) int_key(p + "expert_gating_func", false, 0, 3);
+        // softmax_weight, sqrt_softplus (deepseek4); anything else llama.cpp refuses.
+        if (find_kv(p + "expert_gating_func")) int_key(p + "expert_gating_func", false, 0, 4);
         const std::string nk = p + "nextn_predict_layers";
         if (find_kv(nk)) {
             const int64_t nn = int_key(nk, false, 0, INT32_MAX);
@@ -1029,8 +1029,8 @@ private:
             fail(at, "layer " + std::to_string(il) +
                          ": has both fused ffn_gate_up_exps and separate gate/up experts");
         }
-        if (!fused && !gate)
-            fail(at, "layer " + std::to_string(il) + ": missing " + blk + "ffn_gate_exps.weight");
+        // Gate-less experts (up/down only, e.g. nemotron_h_moe) are a layout of their own; a
+        // gate without an up is not.
         if (!fused && !up)
             fail(at, "layer " + std::to_string(il) + ": missing " + blk + "ffn_up_exps.weight");
 
@@ -1055,6 +1055,8 @@ private:
         std::vector<Projection> order;
         if (fused)
             order = {Projection::kGateUp, Projection::kDown};
+        else if (!gate)
+            order = {Projection::kUp, Projection::kDown};
         else
             order = {Projection::kGate, Projection::kUp, Projection::kDown};
         for (Projection pj : order) {

@@ -532,6 +532,29 @@ TEST(GgufIndex, Alignment4096AndVersion2) {
     cross_check_with_gguf(path, m);
 }
 
+// Gate-less experts (up/down only, e.g. nemotron_h_moe): each expert is its up then its down
+// slice; a layer with a gate and no up is still refused (the bad-file list below).
+TEST(GgufIndex, GateLessUpDownExperts) {
+    TempDir tmp;
+    Builder b = moe_builder();
+    b.remove_tensor("blk.1.ffn_gate_exps.weight");
+    const std::string path = tmp.path("gateless.gguf");
+    write_file(path, b.build());
+    ModelIndex m;
+    Status st = load_model_index(path, &m);
+    ASSERT_TRUE(st.ok()) << st.message();
+    expect_invariants(m);
+    ASSERT_EQ(m.moe_layers[0].layer, 1u);
+    ASSERT_EQ(m.moe_layers[0].tensors.size(), 2u);
+    EXPECT_EQ(m.moe_layers[0].tensors[0].proj, Projection::kUp);
+    EXPECT_EQ(m.moe_layers[0].tensors[1].proj, Projection::kDown);
+    EXPECT_EQ(m.moe_layers[0].expert_bytes,
+              m.moe_layers[0].tensors[0].slice_bytes + m.moe_layers[0].tensors[1].slice_bytes);
+    EXPECT_EQ(m.moe_layers[1].tensors.size(), 3u);  // layer 2 keeps its gate
+    EXPECT_FALSE(m.is_expert_tensor("blk.1.ffn_gate_exps.weight"));
+    cross_check_with_gguf(path, m);
+}
+
 TEST(GgufIndex, FusedGateUpAndPerLayerFfArray) {
     TempDir tmp;
     Builder b = moe_builder();
@@ -824,8 +847,8 @@ std::vector<Case> corruption_cases() {
         [](Builder & b) { b.u32("qwen3moe.attention.head_count_kv", 3); });
     add("head_count > n_embd", "exceeds embedding_length",
         [](Builder & b) { b.u32("qwen3moe.attention.head_count", 128); });
-    add("expert_gating_func 4", "'qwen3moe.expert_gating_func' = 4 is out of range [0, 3]",
-        [](Builder & b) { b.u32("qwen3moe.expert_gating_func", 4); });
+    add("expert_gating_func 5", "'qwen3moe.expert_gating_func' = 5 is out of range [0, 4]",
+        [](Builder & b) { b.u32("qwen3moe.expert_gating_func", 5); });
     add("nextn_predict_layers = block_count",
         "nextn_predict_layers' = 3 must be less than block_count 3",
         [](Builder & b) { b.u32("qwen3moe.nextn_predict_layers", 3); });
@@ -939,8 +962,6 @@ std::vector<Case> corruption_cases() {
     // The expert map.
     add("missing down_exps", "layer 1: missing blk.1.ffn_down_exps.weight",
         [=](Builder & b) { b.remove_tensor(d1); });
-    add("missing gate_exps", "layer 1: missing blk.1.ffn_gate_exps.weight",
-        [=](Builder & b) { b.remove_tensor(g1); });
     add("missing up_exps", "layer 1: missing blk.1.ffn_up_exps.weight",
         [=](Builder & b) { b.remove_tensor(u1); });
     add("fused and separate gate", "both fused", [=](Builder & b) {

@@ -244,6 +244,8 @@ TEST(Inspect, JsonMatchesGgufH) {
     const uint64_t one = 272 * 64 * 2 + 68 * 256;
     EXPECT_EQ(j.at("n_layer"), 3);
     EXPECT_EQ(j.at("n_moe_layer"), 2);
+    EXPECT_EQ(j.at("streams"), true);
+    EXPECT_EQ(j.at("expert_layouts"), "gate+up+down");
     EXPECT_EQ(j.at("n_ff_exp"), 64);
     EXPECT_EQ(j.at("n_vocab"), 320);
     EXPECT_EQ(j.at("expert_bytes"), one);
@@ -286,7 +288,8 @@ TEST(Inspect, HumanOutput) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.err, "");
     for (const char * want :
-         {"architecture  olmoe", "layers        3 (2 MoE)", "8 per MoE layer, top-k 3", "q8_0",
+         {"architecture  olmoe", "layers        3 (2 MoE)",
+          "streams       yes by the index: experts gate+up+down", "8 per MoE layer, top-k 3", "q8_0",
           "17.00 KiB", "expert bytes", "% of file", "dense bytes",
           "working set   306.00 KiB per token = 2 MoE layers x 3 experts x 51.00 KiB",
           "general.alignment 32", "O_DIRECT", "--cache-mb 0", "holds every expert"}) {

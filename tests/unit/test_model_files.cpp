@@ -250,7 +250,8 @@ std::vector<MatrixCase> matrix_cases() {
         {"q8", {"set qwen3moe.expert_used_count=0"}, R, "expert_used_count"},
         {"q8", {"set qwen3moe.expert_used_count=99"}, R, "expert_used_count"},
         {"q8", {"set qwen3moe.expert_count=1"}, R, "expert_count"},
-        {"glm", {"set glm4moe.expert_gating_func=4"}, R, "glm4moe.expert_gating_func"},
+        {"glm", {"set glm4moe.expert_gating_func=5"}, R, "glm4moe.expert_gating_func"},
+        {"glm", {"set glm4moe.expert_gating_func=4"}, OK, ""},  // sqrt_softplus (deepseek4)
         {"glm", {"set glm4moe.expert_gating_func=4294967295"}, R, "glm4moe.expert_gating_func"},
         {"glm", {"set glm4moe.expert_gating_func=0"}, OK, ""},  // llama.cpp's default (sigmoid)
         {"glm", {"set glm4moe.nextn_predict_layers=4"}, R, "glm4moe.nextn_predict_layers"},

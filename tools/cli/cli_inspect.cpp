@@ -68,10 +68,19 @@ struct Report {
     uint64_t cache_all_mib = 0;  // every expert resident
     uint64_t auto_mib = 0;       // what --cache-mb auto would choose now (0 = off)
     std::string auto_text;
+    std::string layouts;  // the MoE layers' expert layouts, e.g. "gate+up+down" or "up+down"
 };
 
 Report make_report(const ModelIndex & m) {
     Report r;
+    std::vector<std::string> layouts;
+    for (const MoeLayer & l : m.moe_layers) {
+        std::string lay;
+        for (const ExpertTensor & e : l.tensors)
+            lay += (lay.empty() ? "" : "+") + std::string(projection_name(e.proj));
+        if (std::find(layouts.begin(), layouts.end(), lay) == layouts.end()) layouts.push_back(lay);
+    }
+    for (const std::string & lay : layouts) r.layouts += (r.layouts.empty() ? "" : ", ") + lay;
     std::map<std::tuple<int, int32_t, uint64_t>, size_t> seen;
     uint64_t or_offsets = 0;
     r.expert_bytes_min = UINT64_MAX;
@@ -139,6 +148,8 @@ nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     j["name"] = m.name;
     j["n_layer"] = m.n_layer;
     j["n_moe_layer"] = m.moe_layers.size();
+    j["streams"] = true;  // a file the index refuses exits 2 with the reason instead
+    j["expert_layouts"] = r.layouts;
     j["n_expert"] = m.n_expert;
     j["n_expert_used"] = m.n_expert_used;
     j["n_embd"] = m.n_embd;
@@ -199,6 +210,9 @@ void print_human(const ModelIndex & m, const Report & r) {
     line("architecture", m.arch + (m.name.empty() ? "" : "  \"" + m.name + "\""));
     line("layers",
          std::to_string(m.n_layer) + " (" + std::to_string(m.moe_layers.size()) + " MoE)");
+    line("streams", "yes by the index: experts " + r.layouts +
+                        " (first projection read first, down overlapped with it); run checks "
+                        "on its first graph that llama.cpp computes with them");
     line("experts", std::to_string(m.n_expert) + " per MoE layer, top-k " +
                         std::to_string(m.n_expert_used) + "  (n_embd " + std::to_string(m.n_embd) +
                         ", n_ff_exp " +
