@@ -56,6 +56,17 @@ try {
 
   // 2. a streamed reply, watched mid-generation.
   const updatesBefore = Number(await page.getAttribute("#stats", "data-updates"));
+  // Meanwhile the server's own /stats is polled: "prefill" (with the prompt's size) before
+  // the first token, then "decode".
+  const phases = [];
+  let polling = true;
+  const poller = (async () => {
+    while (polling) {
+      const s = await (await fetch(url + "stats")).json();
+      phases.push([s.phase, s.n_prompt, s.n_generated]);
+      await new Promise((r) => setTimeout(r, 15));
+    }
+  })();
   await page.fill("#prompt", "Hello <b>there</b>");
   await page.click("#send");
   const userText = await page.textContent(".msg.user .body");
@@ -87,6 +98,16 @@ try {
   assert.match(await page.textContent("#stat-mem"), /MiB$/);
   assert.match(await page.textContent("#last-settings"), /LOSSY|lossless/);
   assert.equal(await page.textContent("#error"), "");
+  polling = false;
+  await poller;
+  const nPrompt = Number((await page.textContent("#last-settings")).match(/of (\d+) prompt tokens/)[1]);
+  const firstDecode = phases.findIndex((p) => p[0] === "decode");
+  const prefills = phases.filter((p) => p[0] === "prefill");
+  assert.ok(prefills.length > 0 && firstDecode > phases.findIndex((p) => p[0] === "prefill"),
+            "/stats said prefill, then decode: " + JSON.stringify(phases.slice(0, 12)));
+  assert.ok(prefills.every((p) => p[1] === nPrompt && p[2] === 0), `prefill: n_prompt ${nPrompt}, no token yet`);
+  assert.ok(phases.slice(firstDecode).every((p) => p[0] !== "prefill"), "no prefill after decoding began");
+  log(`/stats phases: ${prefills.length} polls in prefill (n_prompt ${nPrompt}), then decode`);
   log(`streamed ${endTokens} tokens; seen mid-generation at ${midTokens}; ${updatesAfter - updatesBefore} stats updates`);
 
   // 3. HTML in model output stays text.
@@ -263,6 +284,7 @@ try {
   }
   await thinks.nth(1).locator("summary").click();
   assert.ok(await thinks.nth(1).locator(".think-text").isVisible(), "a click unfolds it");
+  await page.screenshot({ path: path.join(artDir, "browser-chat-markdown.png"), fullPage: true });
   log("thinking (<think> and reasoning_content) folded");
 
   // 11. System prompt (the real server answers), 12. Regenerate and Copy.
@@ -340,6 +362,21 @@ try {
   assert.equal(await page.locator("#chat-list option").count(), nChats, "and the other conversations");
   assert.equal(await page.textContent(".msg.assistant .note >> nth=1"), "cut at max_tokens");
   assert.ok(await page.isHidden("#notice"));
+  // Over the size cap: the conversation is not stored, and the page says so.
+  await page.click("#clear");
+  await page.evaluate(() => {
+    const s = document.getElementById("system");
+    s.value = "x".repeat(2100000);
+    s.dispatchEvent(new Event("input"));
+    s.dispatchEvent(new Event("change"));
+  });
+  assert.match(await page.textContent("#notice"), /too long to keep/);
+  const storedSystems = await page.evaluate(() => JSON.parse(localStorage.getItem("moestream.chats.v1")).map((c) => c.system.length));
+  assert.ok(storedSystems.every((n) => n < 100), "the over-cap conversation was not stored, the others were");
+  assert.equal(storedSystems.length, nChats, "the other conversations are still stored");
+  await page.click("#notice-close");
+  assert.ok(await page.isHidden("#notice"));
+  await page.click("#delete-chat");
   await page.evaluate(() => localStorage.setItem("moestream.chats.v1", '[{"id": 1, "messages": "no"'));
   await page.reload();
   await page.waitForFunction(() => document.getElementById("model").textContent.length > 0);

@@ -32,7 +32,7 @@ trap cleanup EXIT
 # start NAME [flags...]: a server (tokens slowed to 60 ms); prints its URL.
 start() {
   local name="$1"; shift
-  MOESTREAM_DEBUG_TOKEN_DELAY_MS=60 "$bin" serve -m "$model" --port 0 -n 40 -v "$@" \
+  MOESTREAM_DEBUG_TOKEN_DELAY_MS=60 "$bin" serve -m "$model" --port 0 -v -n 40 "$@" \
     >"$work/$name.out" 2>"$work/$name.err" &
   local pid=$!
   pids+=("$pid")
@@ -46,7 +46,7 @@ start() {
   cat "$work/$name.err" >&2; echo "server $name did not start" >&2; return 1
 }
 url="$(start open --temp 0.7)"
-key_url="$(start keyed --api-key browser-test-key)"
+key_url="$(start keyed --api-key browser-test-key -n 8)"
 
 cd "$src/tests/browser"
 status=0

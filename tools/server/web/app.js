@@ -32,7 +32,7 @@ function showError(text) { $("error").textContent = text || ""; }
 let noticeKind = "";
 function showNotice(text, kind) {
   noticeKind = text ? kind || "" : "";
-  $("notice").textContent = text || "";
+  $("notice-text").textContent = text || "";
   $("notice").hidden = !text;
 }
 function storageGet(k) { try { return localStorage.getItem(k); } catch (e) { return null; } }
@@ -127,18 +127,17 @@ function saveChats() {
   let list = chats.filter((c) => c.messages.length > 0 || c.system);
   list.sort((a, b) => b.updated - a.updated);
   list = list.filter((c, i) => i < MAX_CHATS || c === current);
+  let note = "";
+  if (list.includes(current) && JSON.stringify(current).length > STORE_CAP_CHARS) {
+    list = list.filter((c) => c !== current);
+    note = "This conversation is too long to keep in the browser (over " +
+           STORE_CAP_CHARS / 1e6 + " million characters): it will not survive a reload.";
+  }
   let text = JSON.stringify(list);
   while (text.length > STORE_CAP_CHARS && list.some((c) => c !== current)) {
     const oldest = list.filter((c) => c !== current).pop();
     list = list.filter((c) => c !== oldest);
     text = JSON.stringify(list);
-  }
-  let note = "";
-  if (text.length > STORE_CAP_CHARS) {
-    list = list.filter((c) => c !== current);
-    text = JSON.stringify(list);
-    note = "This conversation is too long to keep in the browser (over " +
-           STORE_CAP_CHARS / 1e6 + " million characters): it will not survive a reload.";
   }
   if (!storageSet(STORE_KEY, text))
     note = "The browser refused to store the conversations (storage full or disabled): " +
@@ -586,6 +585,7 @@ $("delete-chat").addEventListener("click", () => {
   renderChat();
   renderChatList();
 });
+$("notice-close").addEventListener("click", () => showNotice(""));
 $("system").addEventListener("input", () => {
   current.system = $("system").value;
   updateSystemLabel();
