@@ -231,6 +231,7 @@ try {
      '<div class="md-table"><table><thead><tr><th>a</th><th style="text-align: right;">b</th></tr></thead>' +
      '<tbody><tr><td>1</td><td style="text-align: right;">2</td></tr></tbody></table></div>'],
     ["~~old~~ __new__ ---\n\n***", "<p><del>old</del> <strong>new</strong> ---</p><hr>"],
+    ["\\*not em\\* 2 \\< 3 `a\\b`", "<p>*not em* 2 &lt; 3 <code>a\\b</code></p>"],
   ];
   const mdOut = await page.evaluate((cases) => cases.map(([src]) => {
     const d = document.createElement("div");

@@ -233,7 +233,8 @@ function updateView(v, streaming) {
   const think = (msg.reasoning || "") + parts.think;
   const thinking = streaming && (parts.open || (think && !parts.answer.trim()));
   v.think.hidden = !think.trim() && !(streaming && parts.open);
-  v.thinkSummary.textContent = thinking ? "thinking…" : "thinking (" + think.trim().split(/\s+/).filter(Boolean).length + " words)";
+  const words = think.trim().split(/\s+/).filter(Boolean).length;
+  v.thinkSummary.textContent = (thinking ? "thinking… (" : "thinking (") + words + (words === 1 ? " word)" : " words)");
   v.thinkText.textContent = think.replace(/^\s+/, "");
   v.body.replaceChildren(MoeMarkdown.render(parts.answer.replace(/^\s+/, ""), copyText));
   v.note.textContent = finishNote(msg);

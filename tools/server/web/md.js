@@ -1,7 +1,7 @@
 // md.js — the page's markdown renderer (window.MoeMarkdown). Turns model output into DOM
 // nodes: headings, paragraphs, emphasis (**bold**, *italic*, ~~strike~~), `inline code`,
 // fenced code blocks (with a Copy button), bullet and numbered lists, block quotes, tables,
-// horizontal rules and links.
+// horizontal rules and links; a backslash makes the punctuation after it literal (\*).
 // Safety invariant: no text from the input ever reaches innerHTML or an attribute other than
 // a link's href; every piece of text is a text node. A link is made only for an http(s) URL
 // (anything else, javascript: included, stays text) and opens with rel="noopener noreferrer".
@@ -27,6 +27,7 @@
     "~~(?=\\S)([\\s\\S]*?\\S)~~",                              // 8: ~~strike~~
     "\\*(?=[^\\s*])([\\s\\S]*?[^\\s*])\\*(?!\\*)",             // 9: *italic*
     "(?<![\\w])_(?=[^\\s_])([\\s\\S]*?[^\\s_])_(?![\\w])",     // 10: _italic_
+    "\\\\([!-/:-@\\[-`{-~])",                                 // 11: \* and other escapes
   ].join("|"), "g");
 
   function safeHref(url) {
@@ -79,7 +80,8 @@
         continue;
       }
       plain(text.slice(pos, m.index));
-      if (m[2] !== undefined) link(doc, parent, m[2], m[3]);
+      if (m[11] !== undefined) plain(m[11]);
+      else if (m[2] !== undefined) link(doc, parent, m[2], m[3]);
       else if (m[4] !== undefined) link(doc, parent, m[4], m[4]);
       else if (m[5] !== undefined) link(doc, parent, m[5], m[5]);
       else {
