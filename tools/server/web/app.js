@@ -436,6 +436,7 @@ async function streamReply(chat, undo) {
   chat.messages.push(msg);
   const view = messageView(msg);
   view.div.classList.add("streaming");
+  view.div.setAttribute("aria-busy", "true");  // screen readers: announce the reply when done
   view.status.textContent = "waiting for the server";
   $("messages").appendChild(view.div);
   toBottom();
@@ -500,6 +501,7 @@ async function streamReply(chat, undo) {
   } finally {
     if (frame) cancelAnimationFrame(frame);
     view.div.classList.remove("streaming");
+    view.div.removeAttribute("aria-busy");
     view.status.textContent = "";
     if (chat.messages.includes(msg)) {
       const follow = atBottom();
