@@ -15,7 +15,8 @@
 //   8. a long reply on the phone: the composer stays on screen, the box follows the reply;
 //   9. markdown: the renderer's cases (md.js, exact DOM) and a planted reply mixing markdown
 //      with <script>, <img onerror> and javascript: links (text only, no element from markup);
-//      a code block's Copy;
+//      a code block's Copy; a 400-character code line and a 30-column table scroll inside the
+//      bubble (no page overflow at 390 px);
 //  10. <think> and reasoning_content fold into a closed "thinking" section;
 //  11. the system prompt is the first message of the request (the real server answers);
 //  12. Regenerate replaces the last reply; Copy puts a message's text on the clipboard;
@@ -24,7 +25,7 @@
 //  15. reload keeps the conversations (and the system prompt); corrupt storage gives a notice;
 // and at a desktop viewport against KEY_URL:
 //  16. the API key prompt appears on 401; with the key entered the message goes, as Bearer, and
-//      the key is kept across a reload.
+//      the key is kept across a reload; markdown and a folded <think> at this size too.
 // Exits non-zero with a message on the first failed check.
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
@@ -260,6 +261,18 @@ try {
   assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "<img src=x onerror=alert(1)>", "the code block's Copy");
   assert.ok(await page.isHidden(".msg.assistant .note"), "a reply that ended by itself has no cut sign");
   log("markdown in a reply rendered; <script>, <img onerror> and javascript: links stayed text");
+  // Wide markdown (a long code line, a wide table) scrolls inside the bubble, not the page.
+  const wide = "```\n" + "x".repeat(400) + "\n```\n\n| " + Array.from({ length: 30 }, (_, i) => "column" + i).join(" | ") +
+               " |\n|" + "---|".repeat(30) + "\n| " + "1 | ".repeat(30);
+  await plant(wide);
+  await page.fill("#prompt", "wide output");
+  await page.click("#send");
+  await nDone(2);
+  await unplant();
+  assert.equal(await page.locator(".msg.assistant >> nth=1 >> table th").count(), 30);
+  const wideOverflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(wideOverflow <= 0, `wide markdown: no page overflow at 390 px (${wideOverflow} px)`);
+  log("wide code and tables scroll within the bubble");
 
   // 10. Thinking folds.
   await plant((body, n) => n === 1
@@ -267,14 +280,14 @@ try {
     : fakeReply("Plain answer", [{ reasoning_content: "step one" }]));
   await page.fill("#prompt", "think first");
   await page.click("#send");
-  await nDone(2);
+  await nDone(3);
   await page.fill("#prompt", "reasoning field");
   await page.click("#send");
-  await nDone(3);
+  await nDone(4);
   await unplant();
   const thinks = page.locator(".msg.assistant .think");
   assert.ok(await thinks.nth(0).isHidden(), "no thinking section for a reply without thinking");
-  for (const [i, secret, answer] of [[1, "secret reasoning", "The answer is 42."], [2, "step one", "Plain answer"]]) {
+  for (const [i, secret, answer] of [[2, "secret reasoning", "The answer is 42."], [3, "step one", "Plain answer"]]) {
     const t = thinks.nth(i);
     assert.ok(await t.isVisible(), "a thinking section");
     assert.equal(await t.getAttribute("open"), null, "folded");
@@ -283,8 +296,8 @@ try {
     assert.equal(await t.locator(".think-text").textContent(), secret);
     assert.equal(await page.locator(".msg.assistant .body").nth(i).textContent(), answer, "the answer without the thinking");
   }
-  await thinks.nth(1).locator("summary").click();
-  assert.ok(await thinks.nth(1).locator(".think-text").isVisible(), "a click unfolds it");
+  await thinks.nth(2).locator("summary").click();
+  assert.ok(await thinks.nth(2).locator(".think-text").isVisible(), "a click unfolds it");
   await page.screenshot({ path: path.join(artDir, "browser-chat-markdown.png"), fullPage: true });
   log("thinking (<think> and reasoning_content) folded");
 
@@ -423,6 +436,20 @@ try {
   await desk.waitForFunction(() => document.getElementById("model").textContent.length > 0, null, { timeout: 10000 });
   assert.ok(await desk.isHidden("#key-form"), "after a reload the stored key is used");
   assert.equal(await desk.locator(".msg.assistant").count(), 1, "the conversation survived the reload");
+  // Markdown and thinking at this size too.
+  await desk.route("**/v1/chat/completions", (route) => route.fulfill({
+    status: 200, contentType: "text/event-stream",
+    body: fakeReply("## Plan\n\n1. **one**\n2. `two`\n\n```sh\necho <b>\n```", [{ content: "<think>hidden</think>" }]) }));
+  await desk.fill("#prompt", "markdown on a desktop");
+  await desk.click("#send");
+  await desk.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 2);
+  await desk.unroute("**/v1/chat/completions");
+  const deskLast = desk.locator(".msg.assistant").nth(1);
+  assert.equal(await deskLast.locator(".body h4").textContent(), "Plan");
+  assert.deepEqual(await deskLast.locator(".body ol li").allTextContents(), ["one", "two"]);
+  assert.equal(await deskLast.locator(".body pre code").textContent(), "echo <b>");
+  assert.equal(await deskLast.locator(".body b").count(), 0);
+  assert.ok(await deskLast.locator(".think-text").isHidden(), "thinking folded");
   const deskOverflow = await desk.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   assert.ok(deskOverflow <= 0, `no horizontal overflow at 1280 px (${deskOverflow} px)`);
   await desk.screenshot({ path: path.join(artDir, "browser-chat-desktop.png") });
