@@ -65,13 +65,15 @@ try {
     while (polling) {
       const s = await (await fetch(url + "stats")).json();
       phases.push([s.phase, s.n_prompt, s.n_generated]);
-      await new Promise((r) => setTimeout(r, 15));
+      await new Promise((r) => setTimeout(r, 5));
     }
   })();
-  await page.fill("#prompt", "Hello <b>there</b>");
+  // (A longer prompt keeps the prefill in view of the poller.)
+  const hello = "Hello <b>there</b> " + "tell me more about it. ".repeat(14);
+  await page.fill("#prompt", hello);
   await page.click("#send");
   const userText = await page.textContent(".msg.user .body");
-  assert.equal(userText, "Hello <b>there</b>", "the user's message is shown as text");
+  assert.equal(userText, hello, "the user's message is shown as text");
   // Text appears while the bubble is still streaming ...
   await page.waitForFunction(() => {
     const m = document.querySelector(".msg.assistant.streaming .body");
