@@ -1,6 +1,8 @@
-// browser_chat.mjs URL ARTIFACT_DIR — drives the moestream app page in Debian's chromium
-// (playwright-core, no browser download) at a phone-sized viewport:
-//   1. load the page; the stats panel shows the server's settings;
+// browser_chat.mjs URL KEY_URL KEY ARTIFACT_DIR — drives the moestream app page in Debian's
+// chromium (playwright-core, no browser download). URL: a server without an API key (default
+// temperature 0.7); KEY_URL: one that needs KEY. At a phone-sized viewport:
+//   1. load the page; the stats panel shows the server's settings (0.7, not float noise, also
+//      in /props);
 //   2. send a message; the assistant's text grows while the reply streams, and the live stats
 //      panel updates during generation (state "generating", tokens counting up);
 //   3. model output that looks like HTML is shown as text: the SSE reply of one request is
@@ -10,14 +12,28 @@
 //   5. New chat during a reply: the next request carries only the new conversation;
 //   6. Stop: the live panel comes back to "idle";
 //   7. a failed send leaves no empty bubble (and gives the text back);
-//   8. a long reply on the phone: the composer stays on screen, the box follows the reply.
+//   8. a long reply on the phone: the composer stays on screen, the box follows the reply;
+//   9. markdown: the renderer's cases (md.js, exact DOM) and a planted reply mixing markdown
+//      with <script>, <img onerror> and javascript: links (text only, no element from markup);
+//      a code block's Copy; a 400-character code line and a 30-column table scroll inside the
+//      bubble (no page overflow at 390 px);
+//  10. <think> and reasoning_content fold into a closed "thinking" section;
+//  11. the system prompt is the first message of the request (the real server answers);
+//  12. Regenerate replaces the last reply; Copy puts a message's text on the clipboard;
+//  13. finish_reason "length" (max tokens 3 on the real server) shows "cut at max_tokens";
+//  14. prefill: while /stats says phase "prefill", the page says "processing prompt (N tokens)";
+//  15. reload keeps the conversations (and the system prompt); corrupt storage gives a notice;
+// and at a desktop viewport against KEY_URL:
+//  16. the API key prompt appears on 401; with the key entered the message goes, as Bearer, and
+//      the key is kept across a reload; markdown and a folded <think> at this size too.
 // Exits non-zero with a message on the first failed check.
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
 import path from "node:path";
 
-const [url, artDir] = process.argv.slice(2);
-const log = (...a) => console.log("browser_chat:", ...a);
+const [url, keyUrl, theKey, artDir] = process.argv.slice(2);
+const t0 = Date.now();
+const log = (...a) => console.log("browser_chat:", ((Date.now() - t0) / 1000).toFixed(1) + "s", ...a);
 
 const browser = await chromium.launch({
   executablePath: "/usr/bin/chromium",
@@ -26,26 +42,44 @@ const browser = await chromium.launch({
          "--disable-background-networking", "--disable-component-update", "--disable-sync"],
 });
 let failed = false;
-const page = await browser.newPage({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+const phone = await browser.newContext({ viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true });
+await phone.grantPermissions(["clipboard-read", "clipboard-write"], { origin: new URL(url).origin });
+const page = await phone.newPage();
 page.on("pageerror", (e) => { failed = true; console.error("page error:", e.message); });
 try {
   await page.goto(url);
   await page.waitForFunction(() => document.getElementById("model").textContent.length > 0);
   assert.match(await page.textContent("#lossy"), /LOSSY|lossless/);
+  assert.equal(await page.getAttribute("#set-temperature", "placeholder"), "0.7", "the default temperature as given");
+  const props = await (await fetch(url + "props")).json();
+  assert.equal(props.default_generation_settings.temperature, 0.7, "/props: temperature 0.7, not its float32 noise");
   log("page loaded, model", await page.textContent("#model"));
 
   // 2. a streamed reply, watched mid-generation.
   const updatesBefore = Number(await page.getAttribute("#stats", "data-updates"));
-  await page.fill("#prompt", "Hello <b>there</b>");
+  // Meanwhile the server's own /stats is polled: "prefill" (with the prompt's size) before
+  // the first token, then "decode".
+  const phases = [];
+  let polling = true;
+  const poller = (async () => {
+    while (polling) {
+      const s = await (await fetch(url + "stats")).json();
+      phases.push([s.phase, s.n_prompt, s.n_generated]);
+      await new Promise((r) => setTimeout(r, 5));
+    }
+  })();
+  // (A longer prompt keeps the prefill in view of the poller.)
+  const hello = "Hello <b>there</b> " + "tell me more about it. ".repeat(14);
+  await page.fill("#prompt", hello);
   await page.click("#send");
-  const userText = await page.textContent(".msg.user");
-  assert.equal(userText, "Hello <b>there</b>", "the user's message is shown as text");
+  const userText = await page.textContent(".msg.user .body");
+  assert.equal(userText, hello, "the user's message is shown as text");
   // Text appears while the bubble is still streaming ...
   await page.waitForFunction(() => {
-    const m = document.querySelector(".msg.assistant.streaming");
+    const m = document.querySelector(".msg.assistant.streaming .body");
     return m && m.textContent.length > 0;
   }, null, { timeout: 60000 });
-  const early = await page.textContent(".msg.assistant");
+  const early = await page.textContent(".msg.assistant .body");
   // ... and the stats panel says "generating" with a token count, before the reply is done.
   await page.waitForFunction(() =>
     document.querySelector(".msg.assistant.streaming") &&
@@ -54,7 +88,7 @@ try {
   const midTokens = Number(await page.textContent("#stat-tokens"));
   await page.screenshot({ path: path.join(artDir, "browser-chat-streaming.png") });
   await page.waitForSelector(".msg.assistant:not(.streaming)", { timeout: 120000 });
-  const full = await page.textContent(".msg.assistant");
+  const full = await page.textContent(".msg.assistant .body");
   assert.ok(full.length > early.length, `the reply grew while streaming (${early.length} -> ${full.length} chars)`);
   const updatesAfter = Number(await page.getAttribute("#stats", "data-updates"));
   assert.ok(updatesAfter - updatesBefore >= 3, `stats panel updated during generation (${updatesAfter - updatesBefore} updates)`);
@@ -67,6 +101,16 @@ try {
   assert.match(await page.textContent("#stat-mem"), /MiB$/);
   assert.match(await page.textContent("#last-settings"), /LOSSY|lossless/);
   assert.equal(await page.textContent("#error"), "");
+  polling = false;
+  await poller;
+  const nPrompt = Number((await page.textContent("#last-settings")).match(/of (\d+) prompt tokens/)[1]);
+  const firstDecode = phases.findIndex((p) => p[0] === "decode");
+  const prefills = phases.filter((p) => p[0] === "prefill");
+  assert.ok(prefills.length > 0 && firstDecode > phases.findIndex((p) => p[0] === "prefill"),
+            "/stats said prefill, then decode: " + JSON.stringify(phases.slice(0, 12)));
+  assert.ok(prefills.every((p) => p[1] === nPrompt && p[2] === 0), `prefill: n_prompt ${nPrompt}, no token yet`);
+  assert.ok(phases.slice(firstDecode).every((p) => p[0] !== "prefill"), "no prefill after decoding began");
+  log(`/stats phases: ${prefills.length} polls in prefill (n_prompt ${nPrompt}), then decode`);
   log(`streamed ${endTokens} tokens; seen mid-generation at ${midTokens}; ${updatesAfter - updatesBefore} stats updates`);
 
   // 3. HTML in model output stays text.
@@ -80,19 +124,34 @@ try {
   await page.fill("#prompt", "show me markup");
   await page.click("#send");
   await page.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 2);
-  const last = page.locator(".msg.assistant").nth(1);
+  const last = page.locator(".msg.assistant .body").nth(1);
   assert.equal(await last.textContent(), evil, "markup in model output is shown literally");
   assert.equal(await page.locator("#messages img, #messages b").count(), 0, "no element was created from output");
   assert.equal(await page.evaluate(() => window.__pwned), undefined);
   await page.unroute("**/v1/chat/completions");
 
-  const fakeReply = (text) => {
+  const fakeReply = (text, deltas = []) => {
     const chunk = (delta, finish) => "data: " + JSON.stringify({ choices: [{ index: 0, delta, finish_reason: finish }] }) + "\n\n";
-    return chunk({ role: "assistant", content: "" }, null) + chunk({ content: text }, null) +
-           chunk({}, "stop") + "data: [DONE]\n\n";
+    return chunk({ role: "assistant", content: "" }, null) + deltas.map((d) => chunk(d, null)).join("") +
+           chunk({ content: text }, null) + chunk({}, "stop") + "data: [DONE]\n\n";
   };
+  // Answers the next chat requests with `reply` (a string or a function of the request body and
+  // its number); returns the list of request bodies seen.
+  const plant = async (reply) => {
+    const seen = [];
+    await page.route("**/v1/chat/completions", (route) => {
+      const body = JSON.parse(route.request().postData());
+      seen.push(body);
+      const r = typeof reply === "function" ? reply(body, seen.length) : reply;
+      route.fulfill({ status: 200, contentType: "text/event-stream", body: r.startsWith("data: ") ? r : fakeReply(r) });
+    });
+    return seen;
+  };
+  const unplant = () => page.unroute("**/v1/chat/completions");
+  const nDone = (n) => page.waitForFunction((k) => document.querySelectorAll(".msg.assistant:not(.streaming)").length === k &&
+                                             !document.getElementById("send").disabled, n, { timeout: 60000 });
   const waitStreaming = () => page.waitForFunction(() => {
-    const m = document.querySelector(".msg.assistant.streaming");
+    const m = document.querySelector(".msg.assistant.streaming .body");
     return m && m.textContent.length > 0;
   }, null, { timeout: 60000 });
   const waitIdleButtons = () => page.waitForFunction(() => !document.getElementById("send").disabled, null, { timeout: 60000 });
@@ -156,12 +215,250 @@ try {
   log("long reply: composer on screen, box at the end");
   await page.click("#clear");
 
+  // 9. Markdown: the renderer's cases (exact DOM), then a planted reply mixing markdown and markup.
+  const mdCases = [
+    ["# Title\n\nSome *em* and **strong** and `a<b>` code.",
+     '<h3 class="md-h1">Title</h3><p>Some <em>em</em> and <strong>strong</strong> and <code>a&lt;b&gt;</code> code.</p>'],
+    ["- a\n- b\n\n1. x\n2. y", "<ul><li>a</li><li>b</li></ul><ol><li>x</li><li>y</li></ol>"],
+    ["- a\n  - b\n- c", "<ul><li>a<ul><li>b</li></ul></li><li>c</li></ul>"],
+    ["```js\nlet a = 1 < 2;\n```\nafter",
+     '<div class="codeblock"><div class="codehead"><span>js</span><button type="button" class="copy-code">Copy</button></div>' +
+     "<pre><code>let a = 1 &lt; 2;</code></pre></div><p>after</p>"],
+    ["```\nstill streaming", '<div class="codeblock"><div class="codehead"><span>code</span><button type="button" class="copy-code">Copy</button></div><pre><code>still streaming</code></pre></div>'],
+    ["[site](https://example.com/a?b=1) [x](javascript:void0) [y](data:text/html,hi)",
+     '<p><a href="https://example.com/a?b=1" rel="noopener noreferrer" target="_blank">site</a> [x](javascript:void0) [y](data:text/html,hi)</p>'],
+    ["see https://x.org/p.", '<p>see <a href="https://x.org/p" rel="noopener noreferrer" target="_blank">https://x.org/p</a>.</p>'],
+    ["a <b>c</b> snake_case_name\nnext line", "<p>a &lt;b&gt;c&lt;/b&gt; snake_case_name<br>next line</p>"],
+    ["> quoted *text*", "<blockquote><p>quoted <em>text</em></p></blockquote>"],
+    ["| a | b |\n|---|--:|\n| 1 | 2 |",
+     '<div class="md-table"><table><thead><tr><th>a</th><th style="text-align: right;">b</th></tr></thead>' +
+     '<tbody><tr><td>1</td><td style="text-align: right;">2</td></tr></tbody></table></div>'],
+    ["~~old~~ __new__ ---\n\n***", "<p><del>old</del> <strong>new</strong> ---</p><hr>"],
+    ["\\*not em\\* 2 \\< 3 `a\\b`", "<p>*not em* 2 &lt; 3 <code>a\\b</code></p>"],
+  ];
+  const mdOut = await page.evaluate((cases) => cases.map(([src]) => {
+    const d = document.createElement("div");
+    d.appendChild(MoeMarkdown.render(src));
+    return d.innerHTML;
+  }), mdCases);
+  mdCases.forEach(([src, want], i) => assert.equal(mdOut[i], want, "markdown of " + JSON.stringify(src)));
+  log(`markdown: ${mdCases.length} renderer cases`);
+
+  await page.click("#clear");
+  const evil2 = "**bold** then <script>window.__pwned2=1</script> and <img src=x onerror=\"window.__pwned2=1\">\n\n" +
+                "```html\n<img src=x onerror=alert(1)>\n```\n[click](javascript:window.__pwned2=1) <a href=\"javascript:x\">a</a>";
+  await plant(evil2);
+  await page.fill("#prompt", "markdown and markup");
+  await page.click("#send");
+  await nDone(1);
+  await unplant();
+  const evilBody = page.locator(".msg.assistant .body");
+  assert.equal(await evilBody.locator("strong").textContent(), "bold", "markdown is rendered");
+  assert.equal(await evilBody.locator("pre code").textContent(), "<img src=x onerror=alert(1)>");
+  assert.ok((await evilBody.textContent()).includes("<script>window.__pwned2=1</script>"), "the script tag is shown as text");
+  assert.equal(await page.locator("#messages script, #messages img, #messages a").count(), 0,
+               "no element was created from markup in the output");
+  assert.equal(await page.evaluate(() => window.__pwned2), undefined);
+  await page.click(".msg.assistant .copy-code");
+  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "<img src=x onerror=alert(1)>", "the code block's Copy");
+  assert.ok(await page.isHidden(".msg.assistant .note"), "a reply that ended by itself has no cut sign");
+  log("markdown in a reply rendered; <script>, <img onerror> and javascript: links stayed text");
+  // Wide markdown (a long code line, a wide table) scrolls inside the bubble, not the page.
+  const wide = "```\n" + "x".repeat(400) + "\n```\n\n| " + Array.from({ length: 30 }, (_, i) => "column" + i).join(" | ") +
+               " |\n|" + "---|".repeat(30) + "\n| " + "1 | ".repeat(30);
+  await plant(wide);
+  await page.fill("#prompt", "wide output");
+  await page.click("#send");
+  await nDone(2);
+  await unplant();
+  assert.equal(await page.locator(".msg.assistant >> nth=1 >> table th").count(), 30);
+  const wideOverflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(wideOverflow <= 0, `wide markdown: no page overflow at 390 px (${wideOverflow} px)`);
+  log("wide code and tables scroll within the bubble");
+
+  // 10. Thinking folds.
+  await plant((body, n) => n === 1
+    ? fakeReply("The answer is **42**.", [{ content: "<think>" }, { content: "secret reasoning" }, { content: "</think>\n\n" }])
+    : fakeReply("Plain answer", [{ reasoning_content: "step one" }]));
+  await page.fill("#prompt", "think first");
+  await page.click("#send");
+  await nDone(3);
+  await page.fill("#prompt", "reasoning field");
+  await page.click("#send");
+  await nDone(4);
+  await unplant();
+  const thinks = page.locator(".msg.assistant .think");
+  assert.ok(await thinks.nth(0).isHidden(), "no thinking section for a reply without thinking");
+  for (const [i, secret, answer] of [[2, "secret reasoning", "The answer is 42."], [3, "step one", "Plain answer"]]) {
+    const t = thinks.nth(i);
+    assert.ok(await t.isVisible(), "a thinking section");
+    assert.equal(await t.getAttribute("open"), null, "folded");
+    assert.match(await t.locator("summary").textContent(), /^thinking/);
+    assert.ok(await t.locator(".think-text").isHidden(), "its text is not shown while folded");
+    assert.equal(await t.locator(".think-text").textContent(), secret);
+    assert.equal(await page.locator(".msg.assistant .body").nth(i).textContent(), answer, "the answer without the thinking");
+  }
+  await thinks.nth(2).locator("summary").click();
+  assert.ok(await thinks.nth(2).locator(".think-text").isVisible(), "a click unfolds it");
+  await page.screenshot({ path: path.join(artDir, "browser-chat-markdown.png"), fullPage: true });
+  log("thinking (<think> and reasoning_content) folded");
+
+  // 11. System prompt (the real server answers), 12. Regenerate and Copy.
+  await page.click("#clear");
+  await page.click("#system-label");
+  await page.fill("#system", "You are terse.");
+  const sysReq = page.waitForRequest("**/v1/chat/completions");
+  await page.fill("#prompt", "hi");
+  await page.click("#send");
+  const sysBody = JSON.parse((await sysReq).postData());
+  assert.deepEqual(sysBody.messages, [{ role: "system", content: "You are terse." }, { role: "user", content: "hi" }],
+                   "the system prompt is sent first");
+  await nDone(1);
+  log("system prompt: reply done");
+  assert.match(await page.textContent("#last-settings"), /of \d+ prompt tokens/);
+  const realReply = await page.textContent(".msg.assistant .body");
+  assert.ok(realReply.length > 0);
+  assert.equal(await page.locator(".regen").count(), 1, "Regenerate on the last reply");
+  const regenSeen = await plant("second take");
+  await page.click(".regen");
+  await nDone(1);
+  await unplant();
+  assert.deepEqual(regenSeen[0].messages, sysBody.messages, "Regenerate sends the conversation without the old reply");
+  assert.equal(await page.locator(".msg").count(), 2);
+  assert.equal(await page.textContent(".msg.assistant .body"), "second take", "the reply was replaced");
+  log("regenerated");
+  await page.click(".msg.assistant .copy-msg");
+  assert.equal(await page.evaluate(() => navigator.clipboard.readText()), "second take", "Copy puts the reply's text on the clipboard");
+  log("system prompt sent first; Regenerate replaced the reply; Copy copied it");
+
+  // 13. A reply cut by max_tokens (the real server, max tokens 3).
+  await page.fill("#set-max-tokens", "3");
+  await page.fill("#prompt", "a long story please");
+  await page.click("#send");
+  await nDone(2);
+  await page.fill("#set-max-tokens", "");
+  const cutNote = page.locator(".msg.assistant .note").nth(1);
+  assert.equal(await cutNote.textContent(), "cut at max_tokens");
+  assert.ok(await cutNote.isVisible());
+  log("finish_reason length: 'cut at max_tokens' shown");
+
+  // 14. Prefill: while /stats says "prefill", the page says the prompt is being processed.
+  await page.route("**/stats", async (route) => {
+    try {
+      const real = await (await route.fetch()).json();
+      await route.fulfill({ json: Object.assign(real, { generating: true, phase: "prefill", n_prompt: 1234, n_generated: 0 }) });
+    } catch (e) { /* unrouted meanwhile */ }
+  });
+  await page.route("**/v1/chat/completions", async (route) => {
+    await new Promise((r) => setTimeout(r, 1500));
+    route.fulfill({ status: 200, contentType: "text/event-stream", body: fakeReply("after the prefill") });
+  });
+  await page.fill("#prompt", "a long prompt");
+  await page.click("#send");
+  await page.waitForFunction(() => {
+    const st = document.querySelector(".msg.assistant.streaming .status");
+    return st && st.textContent === "processing prompt (1234 tokens)" &&
+           document.getElementById("stat-state").textContent === "processing prompt (1234 tokens)";
+  }, null, { timeout: 5000 });
+  await nDone(3);
+  await page.unroute("**/stats");
+  await unplant();
+  const realStats = await (await fetch(url + "stats")).json();
+  assert.equal(realStats.phase, "idle");
+  assert.ok(realStats.n_prompt > 0, "the server reports the last prompt's size");
+  log("prefill: 'processing prompt (N tokens)' shown while the server is in its prefill");
+
+  // 15. Reload keeps the conversation; corrupt storage is a notice, not a crash.
+  const before = await page.locator("#messages .body").allTextContents();
+  const nChats = await page.locator("#chat-list option").count();
+  await page.reload();
+  await page.waitForFunction(() => document.getElementById("model").textContent.length > 0);
+  assert.deepEqual(await page.locator("#messages .body").allTextContents(), before, "the conversation is back");
+  assert.equal(await page.inputValue("#system"), "You are terse.", "with its system prompt");
+  assert.equal(await page.locator("#chat-list option").count(), nChats, "and the other conversations");
+  assert.equal(await page.textContent(".msg.assistant .note >> nth=1"), "cut at max_tokens");
+  assert.ok(await page.isHidden("#notice"));
+  // Over the size cap: the conversation is not stored, and the page says so.
+  await page.click("#clear");
+  await page.evaluate(() => {
+    const s = document.getElementById("system");
+    s.value = "x".repeat(2100000);
+    s.dispatchEvent(new Event("input"));
+    s.dispatchEvent(new Event("change"));
+  });
+  assert.match(await page.textContent("#notice"), /too long to keep/);
+  const storedSystems = await page.evaluate(() => JSON.parse(localStorage.getItem("moestream.chats.v1")).map((c) => c.system.length));
+  assert.ok(storedSystems.every((n) => n < 100), "the over-cap conversation was not stored, the others were");
+  assert.equal(storedSystems.length, nChats, "the other conversations are still stored");
+  await page.click("#notice-close");
+  assert.ok(await page.isHidden("#notice"));
+  await page.click("#delete-chat");
+  await page.evaluate(() => localStorage.setItem("moestream.chats.v1", '[{"id": 1, "messages": "no"'));
+  await page.reload();
+  await page.waitForFunction(() => document.getElementById("model").textContent.length > 0);
+  assert.match(await page.textContent("#notice"), /could not be read/);
+  assert.equal(await page.locator(".msg").count(), 0);
+  await plant("fresh start");
+  await page.fill("#prompt", "after corruption");
+  await page.click("#send");
+  await nDone(1);
+  await unplant();
+  assert.equal(await page.evaluate(() => JSON.parse(localStorage.getItem("moestream.chats.v1")).length), 1,
+               "storage works again");
+  log("reload kept the conversation; corrupt storage gave a notice");
+
   // 4. phone-sized layout: nothing wider than the screen.
   const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
   assert.ok(overflow <= 0, `no horizontal overflow at 390 px (${overflow} px)`);
   await page.screenshot({ path: path.join(artDir, "browser-chat.png"), fullPage: true });
   assert.ok(!failed, "no JavaScript error on the page");
+
+  // 16. Desktop, a server with an API key: the page asks for it on 401, then the send works.
+  const desk = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  desk.on("pageerror", (e) => { failed = true; console.error("page error (desktop):", e.message); });
+  const deskSeen = [];
+  desk.on("request", (r) => { if (r.url().endsWith("/v1/chat/completions")) deskSeen.push(r.headers()["authorization"] || ""); });
+  await desk.goto(keyUrl);
+  await desk.waitForSelector("#key-form:not([hidden])", { timeout: 10000 });
+  assert.match(await desk.textContent("#key-why"), /API key/);
+  await desk.fill("#prompt", "hello with a key");
+  await desk.click("#send");
+  await desk.waitForFunction(() => document.getElementById("error").textContent.includes("401"), null, { timeout: 10000 });
+  assert.equal(await desk.locator(".msg").count(), 0, "the refused turn leaves no bubble");
+  assert.equal(await desk.inputValue("#prompt"), "hello with a key");
+  await desk.fill("#key-input", theKey);
+  await desk.click("#key-form button");
+  await desk.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 1 &&
+                             document.querySelector(".msg.assistant .body").textContent.length > 0, null, { timeout: 60000 });
+  assert.ok(await desk.isHidden("#key-form"), "the key prompt is gone once the key works");
+  assert.deepEqual(deskSeen, ["", "Bearer " + theKey], "first without a key (401), then with it");
+  assert.equal(await desk.evaluate(() => localStorage.getItem("moestream.apiKey")), theKey, "the key is kept");
+  await desk.waitForFunction(() => !document.getElementById("send").disabled);
+  await desk.reload();
+  await desk.waitForFunction(() => document.getElementById("model").textContent.length > 0, null, { timeout: 10000 });
+  assert.ok(await desk.isHidden("#key-form"), "after a reload the stored key is used");
+  assert.equal(await desk.locator(".msg.assistant").count(), 1, "the conversation survived the reload");
+  // Markdown and thinking at this size too.
+  await desk.route("**/v1/chat/completions", (route) => route.fulfill({
+    status: 200, contentType: "text/event-stream",
+    body: fakeReply("## Plan\n\n1. **one**\n2. `two`\n\n```sh\necho <b>\n```", [{ content: "<think>hidden</think>" }]) }));
+  await desk.fill("#prompt", "markdown on a desktop");
+  await desk.click("#send");
+  await desk.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 2);
+  await desk.unroute("**/v1/chat/completions");
+  const deskLast = desk.locator(".msg.assistant").nth(1);
+  assert.equal(await deskLast.locator(".body h4").textContent(), "Plan");
+  assert.deepEqual(await deskLast.locator(".body ol li").allTextContents(), ["one", "two"]);
+  assert.equal(await deskLast.locator(".body pre code").textContent(), "echo <b>");
+  assert.equal(await deskLast.locator(".body b").count(), 0);
+  assert.ok(await deskLast.locator(".think-text").isHidden(), "thinking folded");
+  const deskOverflow = await desk.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(deskOverflow <= 0, `no horizontal overflow at 1280 px (${deskOverflow} px)`);
+  await desk.screenshot({ path: path.join(artDir, "browser-chat-desktop.png") });
+  log("desktop: API key asked on 401, stored, sent as Bearer; the reply came");
+  assert.ok(!failed, "no JavaScript error on the pages");
   log("ok; screenshots in", artDir);
+
 } catch (e) {
   failed = true;
   console.error("browser_chat: FAILED:", e.message);

@@ -136,6 +136,8 @@ struct Job {
 // The worker's view for /stats, published under Server::stats_m_.
 struct Snapshot {
     bool generating = false;
+    bool prefilling = false;  // generating, and no token out yet: the prompt is being processed
+    int n_prompt = 0;         // the running (or last) request's prompt tokens
     uint64_t job_id = 0;
     int n_generated = 0;
     double tok_s = 0, cache_hit_pct = 0, mib_per_token = 0;
@@ -763,9 +765,13 @@ private:
             return finish(job, st);
         }
         const GenerateRequest r = engine_request(p);
+        int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
+        if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
         {
             std::lock_guard<std::mutex> sl(stats_m_);
             snap_.generating = true;
+            snap_.prefilling = true;
+            snap_.n_prompt = n_prompt;
             snap_.job_id = job.id;
             snap_.n_generated = 0;
             snap_.tok_s = snap_.cache_hit_pct = snap_.mib_per_token = 0;
@@ -814,6 +820,7 @@ private:
         {
             std::lock_guard<std::mutex> sl(stats_m_);
             snap_.generating = false;
+            snap_.prefilling = false;
             if (!st.ok()) snap_.errors++;
             if (cancelled) snap_.cancelled++;
         }
@@ -828,6 +835,7 @@ private:
         const RunStats & s = engine_->stats();
         const DecodeFigures f = decode_figures(s);
         std::lock_guard<std::mutex> sl(stats_m_);
+        snap_.prefilling = false;
         snap_.n_generated = s.n_generated;
         snap_.tok_s = f.tok_s;
         snap_.cache_hit_pct = f.cache_hit_pct;
@@ -1054,6 +1062,8 @@ private:
                       {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
                       {"drop_cold_available", cache_on_}};
         return json{{"generating", s.generating},
+                    {"phase", !s.generating ? "idle" : s.prefilling ? "prefill" : "decode"},
+                    {"n_prompt", s.n_prompt},
                     {"request_id", s.job_id},
                     {"n_generated", s.n_generated},
                     {"tok_s", s.tok_s},
