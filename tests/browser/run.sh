@@ -14,34 +14,17 @@ mkdir -p "$models" "$art"
 
 "$src/scripts/setup-browser.sh"
 
-model="$models/tiny-qwen3moe-q4_k-browser.gguf"
-if [ ! -f "$model" ]; then
-  "$bin" synth --preset tiny --type q4_k -o "$model.tmp.$$" >/dev/null
-  mv "$model.tmp.$$" "$model"
-fi
-
 work="$(mktemp -d /tmp/moestream-browser-XXXXXX)"
-server_pid=""
-cleanup() {
-  if [ -n "$server_pid" ]; then kill "$server_pid" 2>/dev/null || true; wait "$server_pid" 2>/dev/null || true; fi
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$src/tests/lib/serve.sh"
+trap 'serve_stop_all; rm -rf "$work"' EXIT
+model="$models/tiny-qwen3moe-q4_k-browser.gguf"
+synth_once "$model"
 
-MOESTREAM_DEBUG_TOKEN_DELAY_MS=60 "$bin" serve -m "$model" --port 0 -n 40 -v \
-  >"$work/out" 2>"$work/err" &
-server_pid=$!
-url=""
-for _ in $(seq 1 300); do
-  url="$(grep -o 'http://127\.0\.0\.1:[0-9]*/' "$work/out" || true)"
-  [ -n "$url" ] && break
-  kill -0 "$server_pid" 2>/dev/null || { cat "$work/err" >&2; echo "server exited" >&2; exit 1; }
-  sleep 0.1
-done
-[ -n "$url" ] || { cat "$work/err" >&2; echo "server did not start" >&2; exit 1; }
+serve_start server 60 -m "$model" -n 40
+url="$(serve_url server)"
 
 cd "$src/tests/browser"
 status=0
 node browser_chat.mjs "$url" "$art" || status=$?
-if [ "$status" -ne 0 ]; then echo "--- server log" >&2; tail -50 "$work/err" >&2; fi
+if [ "$status" -ne 0 ]; then echo "--- server log" >&2; tail -50 "$work/server.err" >&2; fi
 exit "$status"
