@@ -254,7 +254,9 @@ public:
     virtual ~Engine() = default;
 
     // Validates the model file, loads it (streaming: without reading the experts) and
-    // binds the expert tensors. Errors: kBadModel (file), kUsage (options), kRuntime.
+    // binds the expert tensors. Errors: kBadModel (file), kUsage (options: the message names
+    // each field as `RunOptions::<field>`, a boolean turned off as `RunOptions::<field> = false`),
+    // kRuntime.
     static Status open(const RunOptions & opt, std::unique_ptr<Engine> * out);
 
     // Tokenizes `prompt`, prefills, then decodes up to n_predict tokens (stops at

@@ -29,8 +29,8 @@ struct EnvKnobs {
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;
-    // Tests only. MOESTREAM_DEBUG_NO_BUDGET_CLAMP=1: an explicit --cache-mb is not clamped to
-    // the memory limit (the negative control of the clamp).
+    // Tests only. MOESTREAM_DEBUG_NO_BUDGET_CLAMP=1: an explicit RunOptions::cache_mb is not
+    // clamped to the memory limit (the negative control of the clamp).
     bool no_budget_clamp = false;
     // Tests only. MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert>|<layer>:*: the gates'
     // negative control (streamer.h, StreamTestHooks).

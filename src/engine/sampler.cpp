@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <iterator>
 #include <string>
 
 namespace moestream {
@@ -162,17 +163,9 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
 namespace moestream {
 
 const char * finish_reason_name(FinishReason r) {
-    switch (r) {
-        case FinishReason::kLength:
-            return "length";
-        case FinishReason::kEos:
-            return "eos";
-        case FinishReason::kStop:
-            return "stop";
-        case FinishReason::kCancelled:
-            return "cancelled";
-    }
-    return "length";
+    static constexpr const char * kNames[] = {"length", "eos", "stop", "cancelled"};  // by value
+    const auto i = size_t(r);
+    return i < std::size(kNames) ? kNames[i] : "length";
 }
 
 }  // namespace moestream

@@ -68,34 +68,28 @@ enum : uint32_t {
     kTypeCount = 13,
 };
 
-const char * gguf_type_str(uint32_t t) {
-    static const char * const names[] = {"u8",   "i8",  "u16", "i16", "u32", "i32", "f32",
-                                         "bool", "str", "arr", "u64", "i64", "f64"};
-    return t < kTypeCount ? names[t] : "invalid";
-}
+// Each gguf_type, by id: its name in messages, its size in bytes (0: string, array) and, for
+// the integer types, whether it is signed.
+struct GgufType {
+    const char * name;
+    uint8_t size;
+    bool integer;
+    bool is_signed;
+};
+constexpr GgufType kTypes[kTypeCount] = {
+    {"u8", 1, true, false},   {"i8", 1, true, true},    {"u16", 2, true, false},
+    {"i16", 2, true, true},   {"u32", 4, true, false},  {"i32", 4, true, true},
+    {"f32", 4, false, false}, {"bool", 1, false, false}, {"str", 0, false, false},
+    {"arr", 0, false, false}, {"u64", 8, true, false},  {"i64", 8, true, true},
+    {"f64", 8, false, false},
+};
+
+const char * gguf_type_str(uint32_t t) { return t < kTypeCount ? kTypes[t].name : "invalid"; }
 
 // Size in bytes of a fixed-size gguf scalar, 0 for string/array/invalid.
-uint64_t gguf_scalar_size(uint32_t t) {
-    switch (t) {
-        case kU8:
-        case kI8:
-        case kBool:
-            return 1;
-        case kU16:
-        case kI16:
-            return 2;
-        case kU32:
-        case kI32:
-        case kF32:
-            return 4;
-        case kU64:
-        case kI64:
-        case kF64:
-            return 8;
-        default:
-            return 0;
-    }
-}
+uint64_t gguf_scalar_size(uint32_t t) { return t < kTypeCount ? kTypes[t].size : 0; }
+
+bool gguf_is_int(uint32_t t) { return t < kTypeCount && kTypes[t].integer; }
 
 struct ParseError {
     uint64_t offset;
@@ -268,28 +262,17 @@ private:
         return s;
     }
 
-    // An integer of gguf type t (u64 saturates at INT64_MAX).
+    // An integer of gguf integer type t, little-endian like the whole file (u64 saturates at
+    // INT64_MAX; signed types are sign-extended from their width).
     int64_t read_int(uint32_t t) {
-        switch (t) {
-            case kU8:
-                return r_.get<uint8_t>();
-            case kI8:
-                return r_.get<int8_t>();
-            case kU16:
-                return r_.get<uint16_t>();
-            case kI16:
-                return r_.get<int16_t>();
-            case kU32:
-                return r_.get<uint32_t>();
-            case kI32:
-                return r_.get<int32_t>();
-            case kI64:
-                return r_.get<int64_t>();
-            default: {
-                uint64_t u = r_.get<uint64_t>();
-                return u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(u);
-            }
+        const GgufType & ty = kTypes[t];
+        uint64_t u = 0;
+        r_.read(&u, ty.size);
+        if (ty.is_signed) {
+            const unsigned shift = 64 - 8 * unsigned(ty.size);
+            return int64_t(u << shift) >> shift;
         }
+        return u > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(u);
     }
 
     void skip_string() { r_.skip(string_len(kMaxStringLen, "string")); }
@@ -439,8 +422,7 @@ private:
                 v.arr_len = r_.get<uint64_t>();
                 check_array_len(key, v.arr_len, lat);
                 const uint64_t esize = gguf_scalar_size(v.arr_type);
-                const bool integer =
-                    esize != 0 && v.arr_type != kBool && v.arr_type != kF32 && v.arr_type != kF64;
+                const bool integer = gguf_is_int(v.arr_type);
                 if (integer && v.arr_len <= kMaxStoredIntArray &&
                     stored_ + v.arr_len * 8 <= kMaxStoredBytes) {
                     r_.need(v.arr_len * esize);
@@ -620,20 +602,9 @@ private:
             fail(kv_end_, "missing metadata key " + quoted(key) + missing_hint);
         }
         const uint64_t at = kv_offset(key);
-        switch (v->type) {
-            case kU8:
-            case kI8:
-            case kU16:
-            case kI16:
-            case kU32:
-            case kI32:
-            case kU64:
-            case kI64:
-                break;
-            default:
-                fail(at, "metadata key " + quoted(key) + " must be an integer, is " +
-                             gguf_type_str(v->type));
-        }
+        if (!gguf_is_int(v->type))
+            fail(at, "metadata key " + quoted(key) + " must be an integer, is " +
+                         gguf_type_str(v->type));
         bool huge = std::find(huge_u64_.begin(), huge_u64_.end(), key) != huge_u64_.end();
         if (huge || v->i < lo || v->i > hi) {
             fail(at, "metadata key " + quoted(key) + " = " +
@@ -1138,17 +1109,9 @@ private:
 }  // namespace
 
 const char * projection_name(Projection p) {
-    switch (p) {
-        case Projection::kGate:
-            return "gate";
-        case Projection::kUp:
-            return "up";
-        case Projection::kDown:
-            return "down";
-        case Projection::kGateUp:
-            return "gate_up";
-    }
-    return "?";
+    static constexpr const char * kNames[] = {"gate", "up", "down", "gate_up"};  // by value
+    const auto i = size_t(p);
+    return i < std::size(kNames) ? kNames[i] : "?";
 }
 
 const TensorInfo * ModelIndex::find_tensor(const std::string & n) const {

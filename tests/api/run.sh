@@ -13,45 +13,16 @@ mkdir -p "$models"
 
 "$src/scripts/setup-api-tests.sh"
 
-model="$models/tiny-qwen3moe-q4_k-api.gguf"
-if [ ! -f "$model" ]; then
-  "$bin" synth --preset tiny --type q4_k -o "$model.tmp.$$" >/dev/null
-  mv "$model.tmp.$$" "$model"
-fi
-
 work="$(mktemp -d /tmp/moestream-api-XXXXXX)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$src/tests/lib/serve.sh"
+trap 'serve_stop_all; rm -rf "$work"' EXIT
+model="$models/tiny-qwen3moe-q4_k-api.gguf"
+synth_once "$model"
 
-# start NAME DELAY_MS [flags...]: a server with tokens delayed by DELAY_MS; its output in
-# $work/NAME.out, its pid in $work/NAME.pid.
-start() {
-  local name="$1" delay="$2"; shift 2
-  MOESTREAM_DEBUG_TOKEN_DELAY_MS="$delay" "$bin" serve -m "$model" --port 0 --lossless -v "$@" \
-    >"$work/$name.out" 2>"$work/$name.err" &
-  local pid=$!
-  pids+=("$pid")
-  echo "$pid" >"$work/$name.pid"
-}
-start fast 0
-start slow 20 --queue 16
-wait_url() {
-  local name="$1" url=""
-  for _ in $(seq 1 600); do
-    url="$(grep -o 'http://127\.0\.0\.1:[0-9]*/' "$work/$name.out" || true)"
-    [ -n "$url" ] && { echo "$url"; return 0; }
-    kill -0 "$(cat "$work/$name.pid")" 2>/dev/null || { cat "$work/$name.err" >&2; echo "server $name exited" >&2; return 1; }
-    sleep 0.1
-  done
-  echo "server $name did not start" >&2
-  return 1
-}
-fast_url="$(wait_url fast)"
-slow_url="$(wait_url slow)"
+serve_start fast 0 -m "$model" --lossless
+serve_start slow 20 -m "$model" --lossless --queue 16
+fast_url="$(serve_url fast)"
+slow_url="$(serve_url slow)"
 
 cd "$src/tests/api"
 status=0

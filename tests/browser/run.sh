@@ -15,38 +15,17 @@ mkdir -p "$models" "$art"
 
 "$src/scripts/setup-browser.sh"
 
-model="$models/tiny-qwen3moe-q4_k-browser.gguf"
-if [ ! -f "$model" ]; then
-  "$bin" synth --preset tiny --type q4_k -o "$model.tmp.$$" >/dev/null
-  mv "$model.tmp.$$" "$model"
-fi
-
 work="$(mktemp -d /tmp/moestream-browser-XXXXXX)"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
+source "$src/tests/lib/serve.sh"
+trap 'serve_stop_all; rm -rf "$work"' EXIT
+model="$models/tiny-qwen3moe-q4_k-browser.gguf"
+synth_once "$model"
 
-# start NAME [flags...]: a server (tokens slowed to 60 ms); prints its URL.
-start() {
-  local name="$1"; shift
-  MOESTREAM_DEBUG_TOKEN_DELAY_MS=60 "$bin" serve -m "$model" --port 0 -v -n 40 "$@" \
-    >"$work/$name.out" 2>"$work/$name.err" &
-  local pid=$!
-  pids+=("$pid")
-  local url=""
-  for _ in $(seq 1 300); do
-    url="$(grep -o 'http://127\.0\.0\.1:[0-9]*/' "$work/$name.out" || true)"
-    [ -n "$url" ] && { echo "$url"; return 0; }
-    kill -0 "$pid" 2>/dev/null || { cat "$work/$name.err" >&2; echo "server $name exited" >&2; return 1; }
-    sleep 0.1
-  done
-  cat "$work/$name.err" >&2; echo "server $name did not start" >&2; return 1
-}
-url="$(start open --temp 0.7)"
-key_url="$(start keyed --api-key browser-test-key -n 8)"
+# Two servers (tokens slowed to 60 ms): an open one and one that needs an API key.
+serve_start open 60 -m "$model" -n 40 --temp 0.7
+serve_start keyed 60 -m "$model" -n 8 --api-key browser-test-key
+url="$(serve_url open)"
+key_url="$(serve_url keyed)"
 
 cd "$src/tests/browser"
 status=0

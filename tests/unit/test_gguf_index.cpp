@@ -43,17 +43,6 @@ using moestream::Status;
 
 namespace {
 
-// tests/CMakeLists.txt hands gtest_discover_tests a list-valued ENVIRONMENT of which ctest
-// keeps only the first variable; until that is fixed, derive the defaults from this file's
-// location and the test binary's (values already in the environment win).
-void default_test_env() {
-    const fs::path src = fs::path(__FILE__).parent_path().parent_path().parent_path();
-    const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
-    setenv("LLAMA_TOOL", (src / "scripts" / "llama-tool").c_str(), 0);
-    setenv("MOESTREAM_BIN", (bin / "moestream").c_str(), 0);
-    setenv("MOESTREAM_TEST_MODELS", (bin.parent_path() / "test-models").c_str(), 0);
-}
-
 // ---- a byte-level GGUF builder --------------------------------------------------------------
 
 enum : uint32_t {
@@ -289,7 +278,6 @@ Builder moe_builder() {
 }
 
 // ---- temp files ------------------------------------------------------------------------------
-
 
 void write_file(const std::string & path, const std::vector<uint8_t> & b, size_t len = SIZE_MAX) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -1282,7 +1270,6 @@ TEST(GgufIndex, CrossCheckFilesWrittenByGgufH) {
 // Debian's test-llama-archs writes tiny random models of real architectures (experts in f32,
 // fused and unfused, latent MoE, per-layer n_ff). Skipped when the tool is not available.
 TEST(GgufIndex, CrossCheckTestLlamaArchsModels) {
-    default_test_env();
     const char * tool = std::getenv("LLAMA_TOOL");
     if (!tool || !fs::exists(tool)) GTEST_SKIP() << "LLAMA_TOOL not set";
     const std::string dir = moestream::test::models_dir() + "/llama-archs-s1";

@@ -22,29 +22,12 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
-using moestream::test::TempDir;
-using moestream::test::cli_bin;
-using moestream::test::CmdResult;
-using moestream::test::run_cmd;
-using moestream::test::sh_quote;
+using namespace moestream::test;
 using json = nlohmann::json;
 
 namespace {
 
-// tests/CMakeLists.txt hands gtest_discover_tests a list-valued ENVIRONMENT of which ctest
-// keeps only the first variable; until that is fixed, derive the defaults from this file's
-// location and the test binary's (values already in the environment win).
-void default_test_env() {
-    const fs::path src = fs::path(__FILE__).parent_path().parent_path().parent_path();
-    const fs::path bin = fs::read_symlink("/proc/self/exe").parent_path();
-    setenv("LLAMA_TOOL", (src / "scripts" / "llama-tool").c_str(), 0);
-    setenv("MOESTREAM_BIN", (bin / "moestream").c_str(), 0);
-    setenv("MOESTREAM_TEST_MODELS", (bin.parent_path() / "test-models").c_str(), 0);
-}
-
-
 CmdResult inspect(const std::string & args) {
-    default_test_env();
     return run_cmd(sh_quote(cli_bin()) + " inspect " + args);
 }
 
@@ -299,7 +282,6 @@ TEST(Inspect, HumanOutput) {
 
 // A model from `moestream synth` (skipped while synth is unavailable).
 TEST(Inspect, SynthModel) {
-    default_test_env();
     std::string path;
     try {
         path = moestream::test::synth_model("tiny", "qwen3moe", "q4_k");
@@ -314,7 +296,6 @@ TEST(Inspect, SynthModel) {
 
 // Debian's test-llama-archs qwen3moe model (skipped when the tool is not available).
 TEST(Inspect, TestLlamaArchsModel) {
-    default_test_env();
     const char * tool = std::getenv("LLAMA_TOOL");
     if (!tool || !fs::exists(tool)) GTEST_SKIP() << "LLAMA_TOOL not set";
     TempDir tmp;

@@ -17,11 +17,7 @@
 #include "test_util.h"
 
 namespace fs = std::filesystem;
-using moestream::test::cli_bin;
-using moestream::test::CmdResult;
-using moestream::test::run_cmd;
-using moestream::test::sh_quote;
-using moestream::test::synth_model;
+using namespace moestream::test;
 
 namespace {
 
@@ -29,24 +25,6 @@ std::string src_dir() {
     const char * e = std::getenv("MOESTREAM_SRC");
     return e && *e ? e : MOESTREAM_TEST_SRC;
 }
-
-void backend_env() {
-    setenv("GGML_BACKEND_PATH", MOESTREAM_TEST_BACKEND, 0);
-}
-
-class TempDir {
-public:
-    TempDir() {
-        char tmpl[] = "/tmp/moestream-model-files-XXXXXX";
-        if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-        dir_ = tmpl;
-    }
-    ~TempDir() { fs::remove_all(dir_); }
-    std::string path(const std::string & n) const { return dir_ + "/" + n; }
-
-private:
-    std::string dir_;
-};
 
 // Copies `in` to `out` with the mutator's operations applied (each op is "VERB ARG").
 void mutate(const std::string & in, const std::string & out, const std::vector<std::string> & ops) {
@@ -91,7 +69,7 @@ int count_lines(const std::string & s) {
 // The mutator changes nothing when asked to change nothing (so every case below differs
 // from a model that runs by exactly the field it names).
 TEST(ModelFiles, MutatorRoundTripIsByteIdentical) {
-    TempDir tmp;
+    TempDir tmp("model-files");
     for (const char * type : {"q8_0", "f32"}) {
         const std::string base = synth_model("tiny", "qwen3moe", type);
         mutate(base, tmp.path("same.gguf"), {});
@@ -107,8 +85,7 @@ TEST(ModelFiles, MutatorRoundTripIsByteIdentical) {
 // (here: a tokenizer it does not know, and a head count that contradicts the tensor shapes;
 // both pass moestream's index).
 TEST(ModelFiles, LlamaLoadErrorsCarryLlamaCppsReason) {
-    backend_env();
-    TempDir tmp;
+    TempDir tmp("model-files");
     const std::string base = synth_model("tiny", "qwen3moe", "q8_0");
     struct C {
         const char * op;
@@ -138,8 +115,7 @@ TEST(ModelFiles, LlamaLoadErrorsCarryLlamaCppsReason) {
 // NaN and generation stops with kRuntime before emitting a token; scoring stops likewise.
 // Control: the same model without the NaN generates and scores.
 TEST(ModelFiles, NonFiniteLogitsStopGenerationWithoutEmittingTokens) {
-    backend_env();
-    TempDir tmp;
+    TempDir tmp("model-files");
     const std::string base = synth_model("tiny", "qwen3moe", "f32");
     const std::string nan_model = tmp.path("nan.gguf");
     mutate(base, nan_model, {"nan-data output_norm.weight"});
@@ -295,8 +271,7 @@ std::string base_model(const std::string & b) {
 
 // Runs every case whose index is `shard` mod 2 (two tests, so ctest -j runs them side by side).
 void run_matrix(int shard) {
-    backend_env();
-    TempDir tmp;
+    TempDir tmp("model-files");
     int n = 0, refused = 0, runs = 0, stops = 0, crashes = 0, i = -1;
     // Controls: each base model runs as it is.
     for (const char * b : {"q8", "f32", "glm"}) {

@@ -42,43 +42,9 @@ const uint64_t kSysPage = uint64_t(sysconf(_SC_PAGESIZE));
 // 4, 16 and 64 KiB pages on any host.
 uint64_t kPage = kSysPage;
 
-// A model index with one MoE layer per entry of `layers`, each with three projections of
-// the given slice sizes, `n_expert` experts each.
 ModelIndex make_index(const std::vector<std::vector<uint64_t>> & layers, uint32_t n_expert,
                       uint64_t first_offset = 4096) {
-    ModelIndex idx;
-    idx.path = "hand-made";
-    idx.n_expert = n_expert;
-    idx.n_expert_used = 1;
-    idx.n_layer = uint32_t(layers.size());
-    uint64_t off = first_offset;
-    const Projection projs[3] = {Projection::kGate, Projection::kUp, Projection::kDown};
-    for (size_t l = 0; l < layers.size(); ++l) {
-        MoeLayer L;
-        L.layer = uint32_t(l);
-        for (size_t t = 0; t < layers[l].size(); ++t) {
-            ExpertTensor et;
-            et.name = "blk." + std::to_string(l) + ".ffn_" + projection_name(projs[t % 3]) +
-                      "_exps.weight";
-            et.layer = uint32_t(l);
-            et.proj = projs[t % 3];
-            et.type = 24;  // i8: one byte per element, any slice size is a valid shape
-            et.ne[0] = int64_t(layers[l][t]);
-            et.ne[1] = 1;
-            et.ne[2] = n_expert;
-            et.row_bytes = layers[l][t];
-            et.slice_bytes = layers[l][t];
-            et.file_offset = off;
-            et.tensor_bytes = uint64_t(n_expert) * et.slice_bytes;
-            off += et.tensor_bytes;
-            L.expert_bytes += et.slice_bytes;
-            L.tensors.push_back(et);
-        }
-        idx.expert_bytes_total += uint64_t(n_expert) * L.expert_bytes;
-        idx.moe_layers.push_back(L);
-    }
-    idx.file_size = off;
-    return idx;
+    return moestream::test::hand_made_index(layers, n_expert, 1, first_offset);
 }
 
 uint8_t pattern_byte(uint64_t file_offset) {

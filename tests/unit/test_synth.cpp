@@ -25,16 +25,12 @@
 #include "ggml-backend.h"
 #include "ggml.h"
 #include "gguf.h"
-#include "llama.h"
+#include "llama-cpp.h"
 #include "moestream/synth.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
-using moestream::test::TempDir;
-using moestream::test::cli_bin;
-using moestream::test::CmdResult;
-using moestream::test::run_cmd;
-using moestream::test::sh_quote;
+using namespace moestream::test;
 
 namespace {
 
@@ -421,8 +417,9 @@ TEST_P(SynthRealism, ActivationsLogitsRouting) {
         GTEST_SKIP() << "no ggml backend (GGML_BACKEND_PATH / MOESTREAM_SRC unset)";
     const std::string model_path = moestream::test::synth_model("tiny", GetParam(), "q8_0");
     llama_model_params mp = llama_model_default_params();
-    llama_model * model = llama_model_load_from_file(model_path.c_str(), mp);
-    ASSERT_NE(model, nullptr);
+    llama_model_ptr model_ptr(llama_model_load_from_file(model_path.c_str(), mp));
+    ASSERT_NE(model_ptr, nullptr);
+    llama_model * model = model_ptr.get();
     Probe probe;
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = 256;
@@ -430,8 +427,9 @@ TEST_P(SynthRealism, ActivationsLogitsRouting) {
     cp.n_threads = cp.n_threads_batch = 1;  // robust on a loaded machine (no spin-waits)
     cp.cb_eval = probe_cb;
     cp.cb_eval_user_data = &probe;
-    llama_context * ctx = llama_init_from_model(model, cp);
-    ASSERT_NE(ctx, nullptr);
+    llama_context_ptr ctx_ptr(llama_init_from_model(model, cp));  // freed before the model
+    ASSERT_NE(ctx_ptr, nullptr);
+    llama_context * ctx = ctx_ptr.get();
     const llama_vocab * vocab = llama_model_get_vocab(model);
     const int n_vocab = llama_vocab_n_tokens(vocab);
     const char * prompts[] = {
@@ -487,8 +485,6 @@ TEST_P(SynthRealism, ActivationsLogitsRouting) {
         EXPECT_GE(experts.size(), 30u) << "layer " << il << ": routing does not spread";
         EXPECT_LT(*experts.rbegin(), 32);
     }
-    llama_free(ctx);
-    llama_model_free(model);
 }
 
 INSTANTIATE_TEST_SUITE_P(synth, SynthRealism, ::testing::Values("qwen3moe", "olmoe", "glm4moe"),

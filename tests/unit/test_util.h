@@ -6,6 +6,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "moestream/gguf_index.h"
 
 namespace moestream::test {
 
@@ -29,6 +32,12 @@ std::string synth_model(const std::string & preset, const std::string & arch,
 
 // Compares llama-completion's printed generation with moestream's (see test_util.cpp).
 ::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out);
+
+// A hand-made model index (no file): one MoE layer per entry of `layers`, each with a gate, up
+// and down projection (cycling) of the given slice sizes in bytes (type i8: any size is a valid
+// shape), n_expert experts each, laid out from first_offset on; n_expert_used is the top-k.
+ModelIndex hand_made_index(const std::vector<std::vector<uint64_t>> & layers, uint32_t n_expert,
+                           uint32_t n_expert_used, uint64_t first_offset = 4096);
 
 // Shell-quotes a string.
 std::string sh_quote(const std::string & s);

@@ -32,6 +32,11 @@ void add_chat_command(CLI::App & app, Action * action);
 // the app.
 void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 
+// The library names RunOptions fields in its messages (`RunOptions::n_ctx`, a boolean turned
+// off as `RunOptions::stream = false`); this rewrites them as the flags of add_engine_flags
+// (-c, --no-stream), for messages the CLI prints.
+std::string flag_words(const std::string & msg);
+
 // After parsing: engine flags that the other flags make ineffective are refused by name
 // (streaming-only flags with --no-stream). Returns 0 or the exit code (64).
 int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);

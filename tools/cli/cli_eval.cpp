@@ -37,7 +37,7 @@ struct EvalFlags {
 };
 
 int fail(const Status & st) {
-    std::fprintf(stderr, "moestream: error: %s\n", st.message().c_str());
+    std::fprintf(stderr, "moestream: error: %s\n", flag_words(st.message()).c_str());
     return st.exit_code();
 }
 

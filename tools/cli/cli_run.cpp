@@ -1,8 +1,10 @@
 // `moestream run` — generate text, streaming the routed experts from the model file.
 // Text goes to stdout as produced; the summary goes to stderr; --stats-json / --stats-csv
 // write the same figures to files (docs/metrics.md defines every field).
+#include <cctype>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -107,7 +109,7 @@ void on_sigint(int) {
 }
 
 int fail(const Status & st) {
-    MS_LOG_ERROR("%s", st.message().c_str());
+    MS_LOG_ERROR("%s", flag_words(st.message()).c_str());
     return st.exit_code();
 }
 
@@ -369,6 +371,70 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, "also drop during prefill (LOSSY)");
     sub->add_flag("--drop-renorm", opt->drop_renorm,
                   "renormalize the remaining weights after a drop (LOSSY)");
+}
+
+namespace {
+
+// RunOptions' fields as the library names them -> the flags that set them.
+constexpr std::pair<const char *, const char *> kFieldFlags[] = {
+    {"model_path", "-m"},
+    {"n_threads", "-t"},
+    {"n_threads_batch", "--threads-batch"},
+    {"n_ctx", "-c"},
+    {"n_batch", "--batch"},
+    {"n_ubatch", "--ubatch-size"},
+    {"temp", "--temp"},
+    {"seed", "--seed"},
+    {"stream = false", "--no-stream"},
+    {"resident_mmap = false", "--no-mmap"},
+    {"io_threads", "--io-threads"},
+    {"odirect = false", "--no-odirect"},
+    {"io_overlap = false", "--no-io-overlap"},
+    {"io_in_place = false", "--io-copy"},
+    {"cache_mb", "--cache-mb"},
+    {"force_cache", "--force-cache"},
+    {"cache_debug", "--cache-debug"},
+    {"cache_recycle = false", "--cache-no-recycle"},
+    {"cache_move = false", "--cache-no-move"},
+    {"prefetch", "--prefetch"},
+    {"n_expert_used", "--n-expert-used"},
+    {"drop_cold", "--drop-cold-experts"},
+    {"drop_in_prefill", "--drop-in-prefill"},
+    {"drop_renorm", "--drop-renorm"},
+    {"route_trace", "--route-trace"},
+};
+
+bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
+
+}  // namespace
+
+std::string flag_words(const std::string & msg) {
+    static const std::string kPrefix = "RunOptions::";
+    std::string out;
+    size_t i = 0;
+    for (size_t at; (at = msg.find(kPrefix, i)) != std::string::npos;) {
+        out.append(msg, i, at - i);
+        const size_t name = at + kPrefix.size();
+        const char * flag = nullptr;
+        size_t len = 0;
+        for (const auto & [field, fl] : kFieldFlags) {  // the longest field that ends here
+            const size_t n = std::strlen(field);
+            if (n > len && msg.compare(name, n, field) == 0 &&
+                (name + n == msg.size() || !ident_char(msg[name + n]))) {
+                flag = fl;
+                len = n;
+            }
+        }
+        if (flag) {
+            out += flag;
+            i = name + len;
+        } else {  // a field without a flag keeps the library's name
+            out += kPrefix;
+            i = name;
+        }
+    }
+    out.append(msg, i, std::string::npos);
+    return out;
 }
 
 int check_engine_flags(CLI::App * sub, const RunOptions & opt) {

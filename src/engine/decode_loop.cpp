@@ -1,0 +1,268 @@
+// decode_loop.cpp — the loops that drive llama_decode (engine_impl.h): generate (prefill, then
+// one token per decode: sample, emit through the stop strings, feed back) and score (one
+// token per decode over a given text). Both report through RunStatsAssembly (run_stats.h).
+#include <algorithm>
+#include <cmath>
+
+#include "engine_impl.h"
+#include "moestream/sysinfo.h"
+#include "stop_strings.h"
+
+namespace moestream {
+namespace {
+
+// A NaN or inf logit means the model's arithmetic broke down (bad weights or hyperparameters):
+// stop instead of sampling from it.
+Status check_logits_finite(const float * logits, int n_vocab, size_t step) {
+    for (int v = 0; v < n_vocab; ++v) {
+        if (!std::isfinite(logits[v]))
+            return Status::Runtime("the model produced a non-finite logit (" +
+                                   std::string(std::isnan(logits[v]) ? "NaN" : "inf") +
+                                   ") for token id " + std::to_string(v) + " at step " +
+                                   std::to_string(step) + "; generation stopped");
+    }
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status EngineImpl::decode(llama_batch batch, bool decode_phase) {
+    if (streamer_) streamer_->begin_step();
+    if (hook_)
+        hook_->begin_graph(GraphInfo{decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens)});
+    trace_pos_ += batch.n_tokens;
+    int rc = llama_decode(ctx_.get(), batch);
+    if (hook_) hook_->end_graph();  // no read may stay in flight past the graph
+    if (hook_ && hook_->failed()) {
+        Status e = hook_->error();
+        hook_->clear_error();
+        return Status::Runtime("generation stopped: " + e.message());
+    }
+    if (rc != 0) return Status::Runtime("llama_decode failed with code " + std::to_string(rc));
+    if (binder_ && !bind_checked_) {
+        // The first graph ran every MoE layer: every expert tensor must be bound by now.
+        Status st = binder_->finish();
+        if (!st.ok()) return st;
+        bind_checked_ = true;
+    }
+    return Status::Ok();
+}
+
+// The run's sampling: RunOptions' temp and seed, no penalties.
+Status EngineImpl::generate(const std::string & prompt, int n_predict,
+                            const std::function<bool(const std::string &)> & on_piece,
+                            GenerateResult * result) {
+    GenerateRequest req;
+    req.prompt = prompt;
+    req.n_predict = n_predict;
+    req.sampling.temp = opt_.temp;
+    req.sampling.seed = opt_.seed;
+    req.sampling.repeat_last_n = 0;
+    return generate(req, on_piece, result);
+}
+
+Status EngineImpl::check_request(const GenerateRequest & req, int * n_prompt) const {
+    std::unique_ptr<Sampler> smp;
+    Status st = check_settings(req, &smp);
+    std::vector<llama_token> toks;
+    int n_predict = req.n_predict;
+    Status pst = prompt_fits(req.prompt, req, &toks, &n_predict);
+    if (n_prompt) *n_prompt = int(toks.size());
+    return pst.ok() ? st : pst;
+}
+
+Status EngineImpl::check_settings(const GenerateRequest & req,
+                                  std::unique_ptr<Sampler> * smp) const {
+    if (req.n_predict < -1)
+        return Status::Usage("n_predict must be >= -1 (-1 = until the context is full)");
+    for (size_t i = 0; i < req.stop.size(); ++i)
+        if (req.stop[i].empty())
+            return Status::Usage("stop[" + std::to_string(i) + "] must not be empty");
+    return Sampler::create(req.sampling, vocab(), opt_.n_ctx, smp);
+}
+
+Status EngineImpl::prompt_fits(const std::string & prompt, const GenerateRequest & req,
+                               std::vector<llama_token> * toks, int * n_predict) const {
+    if (prompt.size() > size_t(INT32_MAX) / 2)
+        return Status::BadInput("the prompt is too long to tokenize");
+    toks->clear();
+    Status st = tokenize_text(vocab(), prompt, true, toks);
+    if (!st.ok() || toks->empty()) {
+        toks->clear();
+        return Status::BadInput("the prompt tokenizes to no tokens");
+    }
+    const int n = int(toks->size());
+    if (n >= opt_.n_ctx)
+        return Status::BadInput("the prompt (" + std::to_string(n) +
+                                " tokens) does not fit the context (" +
+                                std::to_string(opt_.n_ctx) + " tokens)");
+    if (*n_predict < 0 || (req.clamp_to_context && n + *n_predict > opt_.n_ctx))
+        *n_predict = opt_.n_ctx - n;  // until the context is full
+    if (n + *n_predict > opt_.n_ctx)
+        return Status::Usage("the prompt (" + std::to_string(n) + " tokens) + n_predict " +
+                             std::to_string(*n_predict) + " exceed the context (" +
+                             std::to_string(opt_.n_ctx) + " tokens)");
+    return Status::Ok();
+}
+
+// The generation loop. kv_tokens_ tracks which tokens' KV the context holds, in order.
+Status EngineImpl::generate(const GenerateRequest & req,
+                            const std::function<bool(const std::string &)> & on_piece,
+                            GenerateResult * result) {
+    std::unique_ptr<Sampler> smp;
+    Status cst = check_settings(req, &smp);
+    if (!cst.ok()) return cst;
+    Sampler & sampler = *smp;
+    int n_predict = req.n_predict;
+    if (streamer_) {
+        Status st = check_file_unchanged(index_);
+        if (!st.ok()) return st;
+    }
+    const llama_vocab * vcb = vocab();
+    std::vector<llama_token> toks;
+    Status pst = prompt_fits(req.prompt, req, &toks, &n_predict);
+    if (!pst.ok()) return pst;
+    const int n = int(toks.size());
+
+    llama_memory_t mem = llama_get_memory(ctx_.get());
+    int reused = 0;
+    if (req.reuse_prefix) {
+        size_t p = 0;
+        while (p < kv_tokens_.size() && p < toks.size() && kv_tokens_[p] == toks[p]) ++p;
+        if (p >= toks.size()) p = toks.size() - 1;  // the last prompt token gives the logits
+        if (p > 0 && llama_memory_seq_rm(mem, 0, llama_pos(p), -1)) reused = int(p);
+    }
+    if (reused == 0) llama_memory_clear(mem, true);
+    kv_tokens_.clear();  // refilled as decodes succeed; an error leaves it empty
+    kv_lossy_ = (reused > 0 && kv_lossy_) || lossy();
+    RunStatsAssembly stats(stats_sources(), &stats_);
+    trace_pos_ = reused;
+    {   // the penalties' window reaches back into the prompt
+        const size_t tail = std::min<size_t>(toks.size(), size_t(opt_.n_ctx));
+        sampler.accept_prompt(toks.data() + (toks.size() - tail), tail);
+    }
+    StopMatcher stops(req.stop);
+    RunStats & s = stats_;
+    s.n_prompt = n;
+    s.n_prompt_reused = reused;
+    const int n_vocab = llama_vocab_n_tokens(vcb);
+    *result = GenerateResult{};
+    result->lossy = kv_lossy_;
+
+    // Prefill.
+    double t0 = now_s();
+    for (int i = reused; i < n; i += opt_.n_batch) {
+        int m = std::min(opt_.n_batch, n - i);
+        Status st = decode(llama_batch_get_one(toks.data() + i, m), false);
+        stats.prefill_step();
+        if (!st.ok()) return st;  // kv_tokens_ is empty: the next generate clears
+    }
+    s.prefill_s = now_s() - t0;
+    s.prefill_tok_s = s.prefill_s > 0 ? (n - reused) / s.prefill_s : 0;
+    kv_tokens_.assign(toks.begin(), toks.end());
+    stats.decode_begins();
+
+    // Decode: sample from the last logits, emit, feed back one token at a time.
+    for (int i = 0; i < n_predict; ++i) {
+        const float * logits = llama_get_logits_ith(ctx_.get(), -1);
+        if (Status fin = check_logits_finite(logits, n_vocab, size_t(i)); !fin.ok()) return fin;
+        stats.hash_logits(logits, n_vocab);
+        llama_token tok = 0;
+        Status sst = sampler.sample(ctx_.get(), -1, &tok);
+        if (!sst.ok()) return sst;
+        if (i == n_predict - 1 || llama_vocab_is_eog(vcb, tok))
+            result->final_logits.assign(logits, logits + n_vocab);
+        if (llama_vocab_is_eog(vcb, tok)) {
+            result->finish = FinishReason::kEos;
+            break;
+        }
+        if (i == 0) s.ttft_s = now_s() - t_open_;
+        result->tokens.push_back(tok);
+        s.n_generated++;
+        char buf[256];
+        int pn = llama_token_to_piece(vcb, tok, buf, sizeof buf, 0, false);
+        const std::string piece = stops.push(pn > 0 ? std::string(buf, size_t(pn)) : "");
+        result->text += piece;
+        if (on_piece && !on_piece(piece)) {
+            result->finish = FinishReason::kCancelled;
+            break;
+        }
+        if (stops.stopped()) {
+            result->finish = FinishReason::kStop;
+            result->stop_string = stops.matched();
+            break;
+        }
+        if (i == n_predict - 1) break;
+        if (streamer_) {
+            // One stat per token: a file truncated, rewritten or replaced mid-generation
+            // stops it here, before the next reads (docs/reliability.md).
+            Status st = check_file_unchanged(index_);
+            if (!st.ok()) return st;
+        }
+
+        double ts = now_s();
+        Status st = decode(llama_batch_get_one(&tok, 1), true);
+        TokenStats t = stats.step(tok, now_s() - ts);
+        if (!st.ok()) {
+            kv_tokens_.clear();
+            return st;
+        }
+        kv_tokens_.push_back(tok);
+        stats.decode_step(t);
+    }
+    if (result->finish != FinishReason::kStop && result->finish != FinishReason::kCancelled) {
+        const std::string held = stops.flush();  // no stop string completed: release it
+        if (!held.empty()) {
+            result->text += held;
+            if (on_piece) on_piece(held);
+        }
+    }
+    stats.finish();
+    if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
+    return Status::Ok();
+}
+
+Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,
+                         const std::function<Status(size_t, const float *)> & on_logits) {
+    if (tokens.size() < 2) return Status::BadInput("scoring needs at least two tokens");
+    const size_t held = window ? std::min<size_t>(window, tokens.size()) : tokens.size();
+    if (held > size_t(opt_.n_ctx))
+        return Status::Usage(std::to_string(held) + (window ? " tokens per window" : " tokens") +
+                             " exceed the context (RunOptions::n_ctx " +
+                             std::to_string(opt_.n_ctx) + ")");
+    const int nv = n_vocab();
+    for (int32_t t : tokens)
+        if (t < 0 || t >= nv)
+            return Status::BadInput("token id " + std::to_string(t) + " outside the vocabulary");
+    if (streamer_) {
+        Status st = check_file_unchanged(index_);
+        if (!st.ok()) return st;
+    }
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    kv_tokens_.clear();  // the context no longer holds a generation's prompt
+    trace_pos_ = 0;
+    RunStatsAssembly stats(stats_sources(), &stats_);
+    for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+        if (window && i > 0 && i % window == 0) {
+            llama_memory_clear(llama_get_memory(ctx_.get()), true);  // the cache stays warm
+            trace_pos_ = 0;
+        }
+        llama_token tok = tokens[i];
+        const double ts = now_s();
+        Status st = decode(llama_batch_get_one(&tok, 1), true);
+        if (!st.ok()) return st;
+        stats.decode_step(stats.step(tokens[i + 1], now_s() - ts));
+        stats_.n_generated++;
+        const float * logits = llama_get_logits_ith(ctx_.get(), -1);
+        st = check_logits_finite(logits, nv, i);
+        if (!st.ok()) return st;
+        stats.hash_logits(logits, nv);
+        st = on_logits(i, logits);
+        if (!st.ok()) return st;
+    }
+    stats.finish();
+    if (tracer_) tracer_->finish();  // one trace per engine, as for generate()
+    return Status::Ok();
+}
+
+}  // namespace moestream

@@ -1,0 +1,140 @@
+// engine_impl.h — the Engine behind include/moestream/moestream.h, split by what each part does:
+//   engine.cpp       open: validate (run_config.h), load, wire the stages, settings, vocabulary
+//   decode_loop.cpp  the loops that drive llama_decode: generate (prefill, decode, sampling,
+//                    stop strings, prefix reuse) and score
+//   run_stats.cpp    RunStats filled from the components, alike for generate and score
+// Every llama.cpp handle is owned by a llama-cpp.h pointer (llama_model_ptr, llama_context_ptr,
+// llama_sampler_ptr inside Sampler).
+// Thread-safety: as Engine (one thread at a time; the const vocabulary and chat methods read
+// only what open() loaded).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "chat_template.h"
+#include "env_knobs.h"
+#include "io_faults.h"
+#include "io_lanes.h"
+#include "llama-cpp.h"
+#include "model_loader.h"
+#include "moestream/gguf_index.h"
+#include "moestream/moestream.h"
+#include "overlap_waiter.h"
+#include "policy_drop_cold.h"
+#include "prefetch.h"
+#include "residency.h"
+#include "route_tracer.h"
+#include "router_hook.h"
+#include "run_stats.h"
+#include "sampler.h"
+#include "streamer.h"
+#include "trace_observer.h"
+#include "uring_tail.h"
+#include "weight_binder.h"
+
+namespace moestream {
+
+// Ok while the model file is the one validated at open (size, mtime, ctime, device and inode),
+// else kRuntime naming what changed.
+Status check_file_unchanged(const ModelIndex & index);
+
+// The model's tokens for `text` (llama_tokenize with the model's start token; parse_special:
+// control tokens written in the text are read as such). kBadInput when llama.cpp refuses.
+Status tokenize_text(const llama_vocab * vocab, const std::string & text, bool parse_special,
+                     std::vector<llama_token> * out);
+
+class EngineImpl final : public Engine {
+public:
+    Status init(const RunOptions & opt);  // engine.cpp
+
+    // decode_loop.cpp
+    Status generate(const std::string & prompt, int n_predict,
+                    const std::function<bool(const std::string &)> & on_piece,
+                    GenerateResult * result) override;
+    Status generate(const GenerateRequest & req,
+                    const std::function<bool(const std::string &)> & on_piece,
+                    GenerateResult * result) override;
+    Status check_request(const GenerateRequest & req, int * n_prompt) const override;
+    Status score(const std::vector<int32_t> & tokens, uint32_t window,
+                 const std::function<Status(size_t, const float *)> & on_logits) override;
+
+    // engine.cpp
+    Status set_drop_cold(double frac) override;
+    Status model_file_status() const override { return check_file_unchanged(index_); }
+    std::string chat_template() const override;
+    Status apply_chat_template(const std::vector<ChatMessage> & messages, bool add_assistant,
+                               std::string * out) const override;
+    std::string chat_template_name() const override { return chat_.usable ? chat_.name : ""; }
+    int n_ctx() const override { return opt_.n_ctx; }
+    const RunStats & stats() const override { return stats_; }
+    bool lossy() const override { return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0; }
+    std::string settings_json() const override;
+    Status tokenize(const std::string & text, std::vector<int32_t> * out) const override;
+    Status detokenize(const std::vector<int32_t> & tokens, std::string * out) const override;
+    int n_vocab() const override;
+
+private:
+    // engine.cpp: wiring.
+    Status make_store();  // the residency store, the streamer and the router hook's observers
+    void open_trace();    // RunOptions::route_trace
+    bool prefetch_on() const { return predictor_ != nullptr && opt_.drop_cold == 0; }
+    // RunOptions::prefetch asked for, a worker lane to read the tail and no route trace
+    // (make_store: it also needs the cache). The budget's estimate and the predictor follow
+    // the same rule.
+    bool prefetch_possible() const {
+        return opt_.prefetch && lanes_.n_lanes() > 1 && opt_.route_trace.empty();
+    }
+    const llama_vocab * vocab() const { return llama_model_get_vocab(model_.get()); }
+    StatsSources stats_sources() const;  // run_stats.h: what RunStats is read from
+
+    // decode_loop.cpp.
+    // One llama_decode with the router hook around it (decode_phase: one token per graph).
+    Status decode(llama_batch batch, bool decode_phase);
+    // Everything of req but the prompt; *smp: its sampler.
+    Status check_settings(const GenerateRequest & req, std::unique_ptr<Sampler> * smp) const;
+    // The prompt's tokens (special tokens parsed, as generate decodes them), checked against
+    // the context; *n_predict resolved (-1 or, with clamp_to_context, too many: what the
+    // context has left).
+    Status prompt_fits(const std::string & prompt, const GenerateRequest & req,
+                       std::vector<llama_token> * toks, int * n_predict) const;
+
+    RunOptions opt_;
+    ModelIndex index_;
+    std::unique_ptr<ResidencyStore> store_;
+    EnvKnobs knobs_;          // the environment knobs, read at open (env_knobs.h)
+    IoFaultPlan fault_plan_;  // before lanes_: the lanes' threads may use it until joined
+    IoLanes lanes_;
+    std::unique_ptr<WeightBinder> binder_;
+    bool bind_checked_ = false;
+    std::unique_ptr<Streamer> streamer_;
+    bool overlap_ = false;  // down reads overlapped with gate/up (streamer.h)
+    std::unique_ptr<RoutePredictor> predictor_;  // prefetch (null: off for this engine)
+    uint64_t file_mapped_after_load_bytes_ = 0;  // stream = false: model file mapped after load
+    std::unique_ptr<UringTail> uring_;           // prefetch tails through io_uring (or null)
+    std::string uring_fallback_;                 // why io_uring was wanted and not available
+    std::unique_ptr<OverlapWaiter> overlap_waiter_;  // the hook's observers (streaming only)
+    std::unique_ptr<DropColdObserver> drop_cold_;
+    std::unique_ptr<RouteTracer> tracer_;  // RunOptions::route_trace
+    std::unique_ptr<TraceObserver> trace_observer_;
+    HookSlot hook_slot_;  // the context's callbacks: outlives ctx_ (declared after, freed first)
+    std::unique_ptr<RouterHook> hook_;  // built complete once its observers exist (make_store)
+    int64_t trace_pos_ = 0;               // position of the next token fed to llama_decode
+    std::vector<llama_token> kv_tokens_;  // tokens whose KV the context holds (prefix reuse)
+    ChatTemplate chat_;                   // apply_chat_template
+    std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen
+    bool kv_lossy_ = false;     // the KV cache holds state computed with lossy settings
+    RunStats stats_;
+    double t_open_ = 0;
+    uint32_t k_eff_ = 0;  // effective top-k
+    // The llama.cpp handles, declared last so they are freed first: the context, then the
+    // model, before the stages whose memory the model's tensors point into.
+    LoadedModel lm_;  // the mapping of a streaming load (lm_.model is handed to model_)
+    llama_model_ptr model_;
+    llama_context_ptr ctx_;
+};
+
+}  // namespace moestream

@@ -1,0 +1,171 @@
+// run_config.cpp — see run_config.h.
+#include "run_config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "llama.h"
+#include "moestream/atomic_file.h"
+#include "moestream/sysinfo.h"
+
+namespace moestream {
+namespace {
+
+// An integer metadata value (the first element of a per-layer array), or `dflt`.
+uint64_t kv_uint(const ModelIndex & m, const std::string & key, uint64_t dflt) {
+    auto it = m.kv.find(key);
+    if (it == m.kv.end()) return dflt;
+    const KvValue & v = it->second;
+    if (!v.arr_i.empty()) return v.arr_i[0] > 0 ? uint64_t(v.arr_i[0]) : dflt;
+    return v.i > 0 ? uint64_t(v.i) : dflt;
+}
+
+std::string mib_str(unsigned __int128 b) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.0f MiB", double(b) / (1 << 20));
+    return buf;
+}
+
+Status usage(const std::string & msg) { return Status::Usage(msg); }
+
+// The rules for RunOptions::prefetch: each combination below would leave it silently off.
+Status check_prefetch(const RunOptions & opt) {
+    if (!opt.stream)
+        return usage("RunOptions::prefetch needs streaming, not RunOptions::stream = false");
+    if (opt.cache_mb == 0)
+        return usage("RunOptions::prefetch reads ahead into the expert cache, and "
+                     "RunOptions::cache_mb 0 turns the cache off");
+    if (opt.io_threads < 2)
+        return usage("RunOptions::prefetch needs a worker lane to read ahead with: "
+                     "RunOptions::io_threads 2 or more");
+    if (!opt.route_trace.empty())
+        return usage("RunOptions::prefetch and RunOptions::route_trace exclude each other (a "
+                     "trace records the cache without read-ahead, so that replay reproduces it)");
+    if (opt.drop_cold > 0)
+        return usage("RunOptions::prefetch and RunOptions::drop_cold exclude each other (the "
+                     "policy drops cache misses; a read-ahead expert is none)");
+    return Status::Ok();
+}
+
+}  // namespace
+
+Status check_run_options(const RunOptions & opt) {
+    if (opt.n_threads < 1 || opt.n_threads > 512)
+        return usage("RunOptions::n_threads must be in 1..512");
+    if (opt.n_ctx != 0 && opt.n_ctx < 16)
+        return usage("RunOptions::n_ctx must be >= 16 (or 0: the model's context)");
+    if (opt.n_batch < 1) return usage("RunOptions::n_batch must be >= 1");
+    if (opt.n_ubatch < 0)
+        return usage("RunOptions::n_ubatch must be >= 0 (0: as RunOptions::n_batch)");
+    if (opt.n_threads_batch < 0 || opt.n_threads_batch > 512)
+        return usage("RunOptions::n_threads_batch must be in 0..512 (0: as RunOptions::n_threads)");
+    if (opt.io_threads < 1 || opt.io_threads > 64)
+        return usage("RunOptions::io_threads must be in 1..64");
+    if (!(opt.temp >= 0.0f) || !std::isfinite(opt.temp))
+        return usage("RunOptions::temp must be finite and >= 0");
+    if (opt.drop_cold != 0 && !(opt.drop_cold > 0 && opt.drop_cold <= 1))
+        return usage("RunOptions::drop_cold must be in (0, 1] (or 0: off)");
+    if (opt.drop_cold > 0 && !opt.stream)
+        return usage("RunOptions::drop_cold needs streaming (it drops cache misses), not "
+                     "RunOptions::stream = false");
+    if (!opt.resident_mmap && opt.stream)
+        return usage("RunOptions::resident_mmap = false applies to RunOptions::stream = false "
+                     "(streaming maps the file itself)");
+    if (!opt.route_trace.empty() && !opt.stream)
+        return usage("RunOptions::route_trace needs streaming (the streamer observes the "
+                     "routing), not RunOptions::stream = false");
+    if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
+        return usage("RunOptions::drop_in_prefill and RunOptions::drop_renorm need "
+                     "RunOptions::drop_cold > 0");
+    if (!opt.route_trace.empty()) {  // a device or FIFO is refused, never replaced
+        Status ts = check_output_path(opt.route_trace, "RunOptions::route_trace");
+        if (!ts.ok()) return ts;
+    }
+    if (!opt.stream && (opt.cache_mb >= 0 || opt.force_cache || opt.cache_debug))
+        return usage(std::string(opt.cache_mb >= 0   ? "RunOptions::cache_mb"
+                                 : opt.force_cache ? "RunOptions::force_cache"
+                                                   : "RunOptions::cache_debug") +
+                     " applies to the expert cache of streaming, not RunOptions::stream = false");
+    return opt.prefetch ? check_prefetch(opt) : Status::Ok();
+}
+
+Status check_n_expert_used(const RunOptions & opt, const ModelIndex & m) {
+    if (opt.n_expert_used < 0 || uint32_t(opt.n_expert_used) > m.n_expert_used)
+        return usage("RunOptions::n_expert_used must be in 1.." + std::to_string(m.n_expert_used) +
+                     " (the model's top-k)");
+    return Status::Ok();
+}
+
+// The estimate counts f16 K and V for every layer and the f16 mask of n_ctx x n_ubatch; MLA
+// models cache the compressed latent; a mapped file is not counted.
+Status check_context_fits(const RunOptions & opt, const ModelIndex & m) {
+    const MemoryAvailability mem = memory_availability();
+    if (mem.available_bytes == 0) return Status::Ok();
+    const std::string p = m.arch + ".";
+    const uint64_t n_head = kv_uint(m, p + "attention.head_count", 0);
+    unsigned __int128 per_token = 0;  // KV bytes per context position, all layers
+    // Sliding-window layers keep a smaller cache: no KV term for such models (a lower bound).
+    const bool swa = m.kv.count(p + "attention.sliding_window") != 0;
+    if (n_head > 0 && !swa) {
+        const uint64_t n_head_kv = kv_uint(m, p + "attention.head_count_kv", n_head);
+        const uint64_t head_k = kv_uint(m, p + "attention.key_length", m.n_embd / n_head);
+        const uint64_t head_v = kv_uint(m, p + "attention.value_length", head_k);
+        const uint64_t lora = kv_uint(m, p + "attention.kv_lora_rank", 0);
+        const uint64_t nextn = kv_uint(m, p + "nextn_predict_layers", 0);
+        const uint64_t layers = m.n_layer > nextn ? m.n_layer - nextn : 1;
+        const uint64_t row = lora ? lora + kv_uint(m, p + "rope.dimension_count", 0)
+                                  : n_head_kv * (head_k + head_v);
+        per_token = (unsigned __int128)layers * row * 2;
+    }
+    const uint64_t n_ctx = uint64_t(opt.n_ctx);
+    const uint64_t n_ubatch = std::min<uint64_t>(uint64_t(opt.n_batch), n_ctx);
+    const unsigned __int128 kv = per_token * n_ctx;
+    const unsigned __int128 mask = (unsigned __int128)n_ctx * n_ubatch * 2;
+    // Weights held in anonymous memory: the dense ones when streaming, every tensor when
+    // resident without mapping; a mapped file (resident) is page cache the kernel can reclaim.
+    const unsigned __int128 weights =
+        opt.stream ? m.dense_bytes_total
+                   : (opt.resident_mmap ? 0 : m.dense_bytes_total + m.expert_bytes_total);
+    const unsigned __int128 total = kv + mask + weights;
+    if (total <= mem.available_bytes) return Status::Ok();
+    return usage("RunOptions::n_ctx " + std::to_string(opt.n_ctx) + " with RunOptions::n_batch " +
+                 std::to_string(opt.n_batch) + " cannot fit: the KV cache (" + mib_str(kv) +
+                 ") and one batch's attention mask (" + mib_str(mask) + ") with " +
+                 mib_str(weights) + " of weights need at least " + mib_str(total) + ", but " +
+                 mib_str(mem.available_bytes) + " is available (" + mem.source +
+                 "); lower RunOptions::n_ctx or RunOptions::n_batch");
+}
+
+int model_context(const llama_model * model, std::string * reason) {
+    const int train = std::max(16, llama_model_n_ctx_train(model));
+    char arch[128] = {0}, buf[64];
+    llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
+    auto meta_int = [&](const char * key, int fallback) {
+        const std::string k = std::string(arch) + "." + key;
+        return llama_model_meta_val_str(model, k.c_str(), buf, sizeof buf) > 0 ? std::atoi(buf)
+                                                                              : fallback;
+    };
+    const int n_head = std::max(1, llama_model_n_head(model));
+    const int head_k = meta_int("attention.key_length", llama_model_n_embd(model) / n_head);
+    const int head_v = meta_int("attention.value_length", head_k);
+    const uint64_t kv_per_token = uint64_t(std::max(1, llama_model_n_layer(model))) *
+                                  uint64_t(std::max(1, llama_model_n_head_kv(model))) *
+                                  uint64_t(head_k + head_v) * 2;
+    const MemoryAvailability mem = memory_availability();
+    const uint64_t cap_tokens = mem.available_bytes / 4 / std::max<uint64_t>(1, kv_per_token);
+    int n = train;
+    if (mem.available_bytes > 0 && cap_tokens < uint64_t(train))
+        n = int(std::max<uint64_t>(512, cap_tokens) / 256 * 256);
+    n = std::min(n, train);
+    *reason = "the model's context " + std::to_string(train) +
+              (n < train ? ", capped to " + std::to_string(n) + " so the KV cache (" +
+                               std::to_string(kv_per_token >> 10) + " KiB per token) takes <= 1/4 of " +
+                               std::to_string(mem.available_bytes >> 20) + " MiB available (" +
+                               mem.source + ")"
+                         : std::string());
+    return n;
+}
+
+}  // namespace moestream

@@ -1,0 +1,37 @@
+// run_config.h — RunOptions checked before anything is loaded, and the context length chosen.
+//
+// Errors are kUsage in the library's own words: they name the RunOptions field as
+// `RunOptions::<field>` (a boolean turned off as `RunOptions::<field> = false`) and say what
+// is wrong. Front ends that expose the fields under other names rewrite these names where they
+// print the message (the CLI maps them to its flags: tools/cli, flag_words).
+// Thread-safety: pure functions of their arguments (check_run_options_for_model and
+// model_context also read the memory available now).
+#pragma once
+
+#include <string>
+
+#include "moestream/gguf_index.h"
+#include "moestream/moestream.h"
+
+struct llama_model;
+
+namespace moestream {
+
+// Every rule that needs no model: ranges, options that need streaming or exclude each other,
+// the route trace's path. Ok or the first problem.
+Status check_run_options(const RunOptions & opt);
+
+// The rules that need the model's shapes: n_expert_used against the model's top-k, and the
+// context's KV cache, one batch's attention mask and the weights the run keeps in memory
+// against the memory available (before llama.cpp allocates them; otherwise the kernel would
+// OOM-kill the process). The memory figure is a lower bound of what llama.cpp allocates, so
+// only what cannot fit is refused. opt.n_ctx must be resolved (not 0) for the memory check.
+Status check_n_expert_used(const RunOptions & opt, const ModelIndex & m);
+Status check_context_fits(const RunOptions & opt, const ModelIndex & m);
+
+// RunOptions::n_ctx 0: the model's training context, capped so that the KV cache (f16 K and
+// V for every layer and KV head) takes at most a quarter of the memory available now.
+// *reason says how it was chosen.
+int model_context(const llama_model * model, std::string * reason);
+
+}  // namespace moestream

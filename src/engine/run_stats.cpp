@@ -1,0 +1,160 @@
+// run_stats.cpp — see run_stats.h.
+#include "run_stats.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "moestream/sysinfo.h"
+#include "policy_drop_cold.h"
+#include "prefetch.h"
+#include "residency.h"
+#include "router_hook.h"
+#include "streamer.h"
+#include "weight_binder.h"
+
+namespace moestream {
+namespace {
+
+uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
+    const uint8_t * p = static_cast<const uint8_t *>(data);
+    for (size_t i = 0; i < n; ++i) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+std::string hex64(uint64_t v) {
+    char b[17];
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    return b;
+}
+
+double per(double total, uint64_t n) { return n ? total / double(n) : 0; }
+
+}  // namespace
+
+RunStatsAssembly::RunStatsAssembly(const StatsSources & src, RunStats * s) : src_(src), s_(s) {
+    RunStats fresh;  // what open() set stays
+    fresh.load_s = s->load_s;
+    fresh.dense_read_s = s->dense_read_s;
+    fresh.expert_buffer_bytes = s->expert_buffer_bytes;
+    fresh.cache_budget_bytes = s->cache_budget_bytes;
+    fresh.cache_budget_reason = s->cache_budget_reason;
+    *s = std::move(fresh);
+    majflt0_ = major_faults();
+    if (src_.drop_cold) {  // the policy counts since it was enabled: this run reports its share
+        const DropCounters & dc = src_.drop_cold->counters();
+        routed0_ = dc.routed;
+        dropped0_ = dc.dropped;
+        weight_total0_ = dc.weight_total;
+        weight_dropped0_ = dc.weight_dropped;
+        bytes_avoided0_ = dc.bytes_avoided;
+        deferred0_ = src_.drop_cold->deferred();
+        fallbacks0_ = src_.drop_cold->fallbacks();
+    }
+}
+
+void RunStatsAssembly::prefill_step() {
+    if (!src_.streamer) return;
+    const StepCounters & c = src_.streamer->step();
+    prefill_bytes_ += c.bytes_read;
+    prefill_reads_ += c.reads;
+    prefill_io_ += c.io_s;
+}
+
+void RunStatsAssembly::decode_begins() { majflt0_ = major_faults(); }
+
+TokenStats RunStatsAssembly::step(int32_t token, double decode_s) const {
+    TokenStats t;
+    t.token = token;
+    t.decode_s = decode_s;
+    if (src_.streamer) {
+        const StepCounters & c = src_.streamer->step();
+        t.io_s = c.io_s;
+        t.flash_bytes_read = c.bytes_read;
+        t.flash_reads = c.reads;
+        t.token_demand_bytes = c.demand_bytes;
+        t.layer_demand_bytes = c.layer_demand_bytes;
+        t.prefetch_bytes = c.prefetch_bytes;
+        t.stage_s = c.stage_s;
+        t.cache_hits = c.hits;
+        t.cache_misses = c.misses;
+    }
+    return t;
+}
+
+void RunStatsAssembly::decode_step(const TokenStats & t) {
+    decode_s_ += t.decode_s;
+    dec_bytes_ += t.flash_bytes_read;
+    dec_reads_ += t.flash_reads;
+    dec_io_ += t.io_s;
+    demand_sum_ += t.token_demand_bytes;
+    layer_demand_max_ = std::max(layer_demand_max_, t.layer_demand_bytes);
+    s_->tokens.push_back(t);
+}
+
+void RunStatsAssembly::hash_logits(const float * logits, int n_vocab) {
+    logit_hash_ = fnv1a(logit_hash_, logits, sizeof(float) * size_t(n_vocab));
+}
+
+void RunStatsAssembly::finish() {
+    RunStats & s = *s_;
+    const uint64_t steps = s.tokens.size();
+    s.decode_s = decode_s_;
+    s.decode_tok_s = decode_s_ > 0 ? double(steps) / decode_s_ : 0;
+    s.majflt_per_token = per(double(major_faults() - majflt0_), steps);
+    s.flash_bytes_read = prefill_bytes_ + dec_bytes_;
+    s.flash_reads = prefill_reads_ + dec_reads_;
+    s.io_s = prefill_io_ + dec_io_;
+    s.bytes_per_token = per(double(dec_bytes_), steps);
+    s.token_demand_bytes = steps ? demand_sum_ / steps : 0;
+    s.layer_demand_bytes = layer_demand_max_;
+    s.peak_rss_bytes = peak_rss_bytes();
+    s.logits_sha = hex64(logit_hash_);
+    s.prefetch = src_.prefetch_on;
+    if (src_.streamer && src_.store) {  // the cache, over the whole run so far
+        const StepCounters & tot = src_.streamer->total();
+        s.cache_lookups = tot.lookups;
+        s.cache_hits = tot.hits;
+        s.cache_misses = tot.misses;
+        s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
+        const CacheStats cs = src_.store->cache_stats();
+        s.evictions = cs.evictions;
+        s.rereads = cs.rereads;
+        s.cache_commit_failures = cs.commit_failures;
+        s.cache_budget_now_bytes = cs.budget_bytes;
+        s.resident_expert_bytes = src_.store->resident_bytes();
+        s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
+        s.cache_recycle_pages = cs.recycle_pages;
+        s.cache_recycled_commits = cs.recycled_commits;
+        s.cache_moved_commits = cs.moved_commits;
+        s.cache_pool_bytes = cs.pool_bytes;
+        if (src_.predictor) {  // prefetch, over the whole run so far
+            const PredictCounters & pc = src_.predictor->counters();
+            s.prefetch_predictions = pc.predictions;
+            s.prefetch_accuracy_pct =
+                pc.scored ? 100.0 * double(pc.right) / double(pc.scored) : 0;
+            s.prefetch_experts = cs.prefetched;
+            s.prefetch_used = cs.prefetch_used;
+            s.prefetch_unused = cs.prefetch_unused;
+            s.prefetch_bytes = tot.prefetch_bytes;
+            s.prefetch_wait_s = tot.prefetch_wait_s;
+        }
+    }
+    if (src_.binder) s.dense_bytes = src_.binder->dense_bytes();
+    if (src_.drop_cold) {  // this run's share
+        const DropCounters & dc = src_.drop_cold->counters();
+        s.experts_routed = dc.routed - routed0_;
+        s.experts_dropped = dc.dropped - dropped0_;
+        const double wt = dc.weight_total - weight_total0_;
+        s.weight_mass_dropped = wt > 0 ? (dc.weight_dropped - weight_dropped0_) / wt : 0;
+        s.drop_bytes_avoided = dc.bytes_avoided - bytes_avoided0_;
+        s.drop_deferred = src_.drop_cold->deferred() - deferred0_;
+        s.drop_fallbacks = src_.drop_cold->fallbacks() - fallbacks0_;
+        if (src_.hook && src_.first_moe_layer >= 0)
+            s.drop_terminal = src_.hook->nodes().terminal_kind(uint32_t(src_.first_moe_layer));
+    }
+}
+
+}  // namespace moestream
