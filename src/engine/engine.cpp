@@ -28,6 +28,7 @@
 #include "residency.h"
 #include "route_tracer.h"
 #include "router_hook.h"
+#include "logprobs.h"
 #include "sampler.h"
 #include "stop_strings.h"
 #include "streamer.h"
@@ -567,6 +568,8 @@ public:
         for (size_t i = 0; i < req.stop.size(); ++i)
             if (req.stop[i].empty())
                 return Status::Usage("stop[" + std::to_string(i) + "] must not be empty");
+        const int nv = llama_vocab_n_tokens(llama_model_get_vocab(lm_.model));
+        if (Status st = check_logprobs(req.logprobs, nv); !st.ok()) return st;
         return Sampler::create(req.sampling, llama_model_get_vocab(lm_.model), opt_.n_ctx, smp);
     }
 
@@ -725,6 +728,8 @@ private:
             }
             if (i == 0) s.ttft_s = now_s() - t_open_;
             result->tokens.push_back(tok);
+            if (req.logprobs >= 0)
+                result->logprobs.push_back(token_logprobs(vocab, logits, n_vocab, tok, req.logprobs));
             s.n_generated++;
             char buf[256];
             int pn = llama_token_to_piece(vocab, tok, buf, sizeof buf, 0, false);
