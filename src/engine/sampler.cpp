@@ -17,6 +17,33 @@ Status out_of_range(const char * field, const std::string & range, double got) {
     return Status::Usage(std::string(field) + " must be " + range + ", got " + buf);
 }
 
+// How far `s` is valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above
+// U+10FFFF): -1 if it is not, else where its unfinished last sequence starts (s.size() if none).
+long utf8_valid_upto(const std::string & s) {
+    size_t i = 0;
+    while (i < s.size()) {
+        const unsigned char c = static_cast<unsigned char>(s[i]);
+        int len = 1;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c < 0x80) len = 1;
+        else if (c >= 0xC2 && c <= 0xDF) len = 2;
+        else if (c == 0xE0) len = 3, lo = 0xA0;
+        else if (c == 0xED) len = 3, hi = 0x9F;
+        else if (c >= 0xE1 && c <= 0xEF) len = 3;
+        else if (c == 0xF0) len = 4, lo = 0x90;
+        else if (c == 0xF4) len = 4, hi = 0x8F;
+        else if (c >= 0xF1 && c <= 0xF3) len = 4;
+        else return -1;
+        for (int k = 1; k < len; ++k) {
+            if (i + size_t(k) >= s.size()) return long(i);
+            const unsigned char b = static_cast<unsigned char>(s[i + size_t(k)]);
+            if (b < (k == 1 ? lo : 0x80u) || b > (k == 1 ? hi : 0xBFu)) return -1;
+        }
+        i += size_t(len);
+    }
+    return long(s.size());
+}
+
 }  // namespace
 
 bool is_greedy(const SamplingParams & sp) {
@@ -97,6 +124,13 @@ Status Sampler::create(const SamplingParams & sp, const llama_vocab * vocab, int
                 "grammar: llama.cpp cannot parse it as GBNF with a `root` rule (its parser's "
                 "message is in the log)");
         llama_sampler_chain_add(chain, g);
+        s->pieces_.resize(size_t(n_vocab));
+        for (llama_token t = 0; t < n_vocab; ++t) {
+            char buf[256];
+            const int n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, false);
+            // Longer than 256 bytes: the engine emits nothing for it either.
+            if (n > 0) s->pieces_[size_t(t)].assign(buf, size_t(n));
+        }
     }
     const bool penalties = sp.repeat_last_n != 0 &&
                            (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f ||
@@ -125,6 +159,7 @@ Status Sampler::create(const SamplingParams & sp, const llama_vocab * vocab, int
 
 void Sampler::reset() {
     llama_sampler_reset(chain_.get());
+    utf8_tail_.clear();
 }
 
 void Sampler::accept_prompt(const llama_token * tokens, size_t n) {
@@ -139,6 +174,10 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
     if (!logits) return Status::Runtime("llama.cpp returned no logits to sample from");
     cur_.resize(size_t(n_vocab_));
     for (int t = 0; t < n_vocab_; ++t) cur_[size_t(t)] = llama_token_data{t, logits[t], 0.0f};
+    if (!pieces_.empty())  // a grammar: only tokens that keep the output valid UTF-8
+        for (int t = 0; t < n_vocab_; ++t)
+            if (!pieces_[size_t(t)].empty() && utf8_valid_upto(utf8_tail_ + pieces_[size_t(t)]) < 0)
+                cur_[size_t(t)].logit = -INFINITY;
     llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
     try {
         llama_sampler_apply(chain_.get(), &arr);
@@ -151,6 +190,10 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
                 "token)");
         *out = arr.data[arr.selected].id;
         llama_sampler_accept(chain_.get(), *out);
+        if (!pieces_.empty()) {
+            utf8_tail_ += pieces_[size_t(*out)];
+            utf8_tail_.erase(0, size_t(utf8_valid_upto(utf8_tail_)));
+        }
     } catch (const std::exception & e) {
         return Status::Runtime(std::string("sampling: llama.cpp refused: ") + e.what());
     }

@@ -132,8 +132,8 @@ std::string walk(const std::string & gbnf, std::mt19937 * rng, int max_tokens = 
             const int pn = llama_token_to_piece(v, t, buf, sizeof buf, 0, false);
             const std::string piece = pn > 0 ? std::string(buf, size_t(pn)) : "";
             // llama.cpp's grammar decodes UTF-8 without refusing overlong forms or lead bytes
-            // above F4 (docs/server.md says what the server does with such bytes): the walk keeps
-            // to valid UTF-8.
+            // above F4: the engine's sampler excludes such tokens with any grammar
+            // (test_sampling GrammarOutputIsValidUtf8), and so does the walk.
             if (!utf8_prefix(out + piece)) continue;
             double weight = 1.0;
             if (t == eos)

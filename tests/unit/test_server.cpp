@@ -882,8 +882,12 @@ bool is_person(const json & v) {
     if (!v.is_object() || v.size() != 3 || !v.contains("name") || !v.contains("age") ||
         !v.contains("kind"))
         return false;
-    return v["name"].is_string() && v["age"].is_number_integer() &&
-           (v["kind"] == "a" || v["kind"] == "b");
+    if (!v["name"].is_string() || !v["age"].is_number_integer() ||
+        (v["kind"] != "a" && v["kind"] != "b"))
+        return false;
+    size_t chars = 0;
+    for (unsigned char c : v["name"].get<std::string>()) chars += (c & 0xC0) != 0x80;
+    return chars <= 3;
 }
 
 // response_format json_schema (and llama-server's json_schema field): replies that end by

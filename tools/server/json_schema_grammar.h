@@ -10,9 +10,9 @@
 // `oneOf` is generated like `anyOf` (an output matches at least one branch; branches that
 // overlap can both match). Any keyword outside the subset is refused, never ignored: the
 // error names the keyword and its JSON pointer. Strings: llama.cpp's grammar decodes UTF-8
-// without refusing overlong forms or lead bytes above F4, so a model with byte tokens can write
-// an invalid sequence inside a string (the server then sends U+FFFD per invalid byte, which
-// keeps the JSON valid but can lengthen that string past maxLength).
+// without refusing overlong forms or lead bytes above F4; the engine's sampler excludes the
+// tokens that would make a grammar's output invalid UTF-8 (src/engine/sampler.h), so lengths
+// hold for what the model writes.
 // Thread-safety: pure function.
 #pragma once
 
