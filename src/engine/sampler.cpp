@@ -8,6 +8,8 @@
 #include <exception>
 #include <string>
 
+#include "moestream/utf8.h"
+
 namespace moestream {
 namespace {
 
@@ -15,33 +17,6 @@ Status out_of_range(const char * field, const std::string & range, double got) {
     char buf[64];
     std::snprintf(buf, sizeof buf, "%g", got);
     return Status::Usage(std::string(field) + " must be " + range + ", got " + buf);
-}
-
-// How far `s` is valid UTF-8 (RFC 3629: no overlong forms, no surrogates, nothing above
-// U+10FFFF): -1 if it is not, else where its unfinished last sequence starts (s.size() if none).
-long utf8_valid_upto(const std::string & s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        int len = 1;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) len = 1;
-        else if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c == 0xE0) len = 3, lo = 0xA0;
-        else if (c == 0xED) len = 3, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) len = 3;
-        else if (c == 0xF0) len = 4, lo = 0x90;
-        else if (c == 0xF4) len = 4, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) len = 4;
-        else return -1;
-        for (int k = 1; k < len; ++k) {
-            if (i + size_t(k) >= s.size()) return long(i);
-            const unsigned char b = static_cast<unsigned char>(s[i + size_t(k)]);
-            if (b < (k == 1 ? lo : 0x80u) || b > (k == 1 ? hi : 0xBFu)) return -1;
-        }
-        i += size_t(len);
-    }
-    return long(s.size());
 }
 
 }  // namespace
@@ -175,9 +150,11 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
     cur_.resize(size_t(n_vocab_));
     for (int t = 0; t < n_vocab_; ++t) cur_[size_t(t)] = llama_token_data{t, logits[t], 0.0f};
     if (!pieces_.empty())  // a grammar: only tokens that keep the output valid UTF-8
-        for (int t = 0; t < n_vocab_; ++t)
-            if (!pieces_[size_t(t)].empty() && utf8_valid_upto(utf8_tail_ + pieces_[size_t(t)]) < 0)
+        for (int t = 0; t < n_vocab_; ++t) {
+            const std::string & piece = pieces_[size_t(t)];
+            if (!piece.empty() && utf8_valid_upto(utf8_tail_ + piece) < 0)
                 cur_[size_t(t)].logit = -INFINITY;
+        }
     llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
     try {
         llama_sampler_apply(chain_.get(), &arr);

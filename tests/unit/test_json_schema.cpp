@@ -20,6 +20,7 @@
 
 #include "json_schema_grammar.h"
 #include "llama.h"
+#include "moestream/utf8.h"
 #include "test_util.h"
 
 namespace moestream::test {
@@ -81,33 +82,6 @@ bool accepts(const std::string & gbnf, const std::string & text) {
     return allows(g.get(), llama_vocab_eos(vocab()));
 }
 
-// Whether s is valid UTF-8 up to an unfinished last sequence (RFC 3629: no overlong forms, no
-// surrogates, nothing above U+10FFFF).
-bool utf8_prefix(const std::string & s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        int len;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) len = 1;
-        else if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c == 0xE0) len = 3, lo = 0xA0;
-        else if (c == 0xED) len = 3, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) len = 3;
-        else if (c == 0xF0) len = 4, lo = 0x90;
-        else if (c == 0xF4) len = 4, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) len = 4;
-        else return false;
-        for (int k = 1; k < len; ++k) {
-            if (i + size_t(k) >= s.size()) return true;  // unfinished
-            const unsigned char b = static_cast<unsigned char>(s[i + size_t(k)]);
-            if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF)) return false;
-        }
-        i += size_t(len);
-    }
-    return true;
-}
-
 // A random output of the grammar: tokens drawn among those it allows, structural characters
 // and the end weighted up so that walks end. "" when it did not end within max_tokens.
 std::string walk(const std::string & gbnf, std::mt19937 * rng, int max_tokens = 4000) {
@@ -134,7 +108,7 @@ std::string walk(const std::string & gbnf, std::mt19937 * rng, int max_tokens = 
             // llama.cpp's grammar decodes UTF-8 without refusing overlong forms or lead bytes
             // above F4: the engine's sampler excludes such tokens with any grammar
             // (test_sampling GrammarOutputIsValidUtf8), and so does the walk.
-            if (!utf8_prefix(out + piece)) continue;
+            if (utf8_valid_upto(out + piece) < 0) continue;
             double weight = 1.0;
             if (t == eos)
                 weight = 1000.0;

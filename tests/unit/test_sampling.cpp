@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "moestream/moestream.h"
+#include "moestream/utf8.h"
 #include "stop_strings.h"
 #include "test_util.h"
 
@@ -314,28 +315,7 @@ namespace moestream::test {
 namespace {
 
 bool valid_utf8(const std::string & s) {
-    size_t i = 0;
-    while (i < s.size()) {
-        const unsigned char c = static_cast<unsigned char>(s[i]);
-        int len = 1;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) len = 1;
-        else if (c >= 0xC2 && c <= 0xDF) len = 2;
-        else if (c == 0xE0) len = 3, lo = 0xA0;
-        else if (c == 0xED) len = 3, hi = 0x9F;
-        else if (c >= 0xE1 && c <= 0xEF) len = 3;
-        else if (c == 0xF0) len = 4, lo = 0x90;
-        else if (c == 0xF4) len = 4, hi = 0x8F;
-        else if (c >= 0xF1 && c <= 0xF3) len = 4;
-        else return false;
-        if (i + size_t(len) > s.size()) return false;
-        for (int k = 1; k < len; ++k) {
-            const unsigned char b = static_cast<unsigned char>(s[i + size_t(k)]);
-            if (b < (k == 1 ? lo : 0x80u) || b > (k == 1 ? hi : 0xBFu)) return false;
-        }
-        i += size_t(len);
-    }
-    return true;
+    return utf8_valid_upto(s) == long(s.size());
 }
 
 // With a grammar the output is valid UTF-8 even where the grammar's character class would
