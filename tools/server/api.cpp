@@ -342,6 +342,7 @@ std::optional<ApiError> parse_structured_output(const std::string & body, const 
         p->response_format = "json_schema";
     }
     if (p->response_format == "text") return std::nullopt;
+    p->format_param = param;
     if (!p->sampling.grammar.empty())
         return bad(param, "'" + param + "' " + p->response_format +
                               " and 'grammar' both constrain the output: give one");

@@ -38,6 +38,7 @@ struct GenParams {
     std::vector<std::string> stop;
     // "text" | "json_object" | "json_schema" (the last two: sampling.grammar set)
     std::string response_format = "text";
+    std::string format_param;  // the field that set that grammar ("response_format", ...)
     int logprobs = -1;  // -1 = off; N: each token's log probability and its N alternatives
     double drop_cold = 0.0;      // 0 = off
     bool cache_prompt = true;    // reuse the KV prefix of the previous request

@@ -559,6 +559,13 @@ private:
                 msg = "the prompt is " + std::to_string(n_prompt) +
                       " tokens, longer than the context (" + std::to_string(engine_->n_ctx()) +
                       " tokens): shorten it";
+            if (field == "grammar" && !p.format_param.empty()) {  // the server's grammar
+                field = p.format_param;
+                msg = "'" + field + "': llama.cpp refuses the grammar made from it (" + msg +
+                      "); a schema that comes back to itself before writing any JSON text, "
+                      "such as a $ref to an enclosing schema first in an anyOf, cannot be "
+                      "generated";
+            }
             return api_error_param(400, msg, field);
         }
         return std::nullopt;
