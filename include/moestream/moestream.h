@@ -210,6 +210,9 @@ struct GenerateRequest {
     // Not bit-exact: the reused KV was computed in other batch shapes, so logits differ from a
     // fresh prefill by float rounding. false clears the cache first, like generate(prompt, ...).
     bool reuse_prefix = false;
+    // Log probabilities of the generated tokens (GenerateResult::logprobs): -1 = off; N in
+    // [0, n_vocab]: each token's and its N most likely alternatives'.
+    int logprobs = -1;
 };
 
 // Why a generation ended.
@@ -221,6 +224,19 @@ enum class FinishReason {
 };
 const char * finish_reason_name(FinishReason r);  // "length", "eos", "stop", "cancelled"
 
+// A token's log probability (natural log) under the model's distribution: the log softmax of
+// the raw logits it was sampled from, before logit_bias, penalties, grammar, temperature and
+// truncation. piece: its text, special tokens by name (may be part of a UTF-8 sequence).
+struct TokenProb {
+    int32_t token = 0;
+    float logprob = 0.0f;
+    std::string piece;
+};
+struct TokenLogprob {
+    TokenProb chosen;            // the generated token
+    std::vector<TokenProb> top;  // the most likely tokens, most likely first (ties: lower id)
+};
+
 struct GenerateResult {
     // Generated token ids: every token sampled, including those that carried a stop string
     // (the end-of-generation token is not included).
@@ -228,6 +244,9 @@ struct GenerateResult {
     // Their detokenized text, without a matched stop string and what followed it in its
     // token: exactly what on_piece received.
     std::string text;
+    // With GenerateRequest::logprobs >= 0: one per tokens[i], added before on_piece gets
+    // that token's text.
+    std::vector<TokenLogprob> logprobs;
     std::vector<float> final_logits;  // logits of the last decode
     FinishReason finish = FinishReason::kLength;
     std::string stop_string;  // the stop string that ended it (finish kStop)

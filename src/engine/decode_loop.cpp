@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "engine_impl.h"
+#include "logprobs.h"
 #include "moestream/sysinfo.h"
 #include "stop_strings.h"
 
@@ -78,6 +79,8 @@ Status EngineImpl::check_settings(const GenerateRequest & req,
     for (size_t i = 0; i < req.stop.size(); ++i)
         if (req.stop[i].empty())
             return Status::Usage("stop[" + std::to_string(i) + "] must not be empty");
+    if (Status st = check_logprobs(req.logprobs, llama_vocab_n_tokens(vocab())); !st.ok())
+        return st;
     return Sampler::create(req.sampling, vocab(), opt_.n_ctx, smp);
 }
 
@@ -178,6 +181,8 @@ Status EngineImpl::generate(const GenerateRequest & req,
         }
         if (i == 0) s.ttft_s = now_s() - t_open_;
         result->tokens.push_back(tok);
+        if (req.logprobs >= 0)
+            result->logprobs.push_back(token_logprobs(vcb, logits, n_vocab, tok, req.logprobs));
         s.n_generated++;
         char buf[256];
         int pn = llama_token_to_piece(vcb, tok, buf, sizeof buf, 0, false);

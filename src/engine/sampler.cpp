@@ -9,6 +9,8 @@
 #include <iterator>
 #include <string>
 
+#include "moestream/utf8.h"
+
 namespace moestream {
 namespace {
 
@@ -98,6 +100,13 @@ Status Sampler::create(const SamplingParams & sp, const llama_vocab * vocab, int
                 "grammar: llama.cpp cannot parse it as GBNF with a `root` rule (its parser's "
                 "message is in the log)");
         llama_sampler_chain_add(chain, g);
+        s->pieces_.resize(size_t(n_vocab));
+        for (llama_token t = 0; t < n_vocab; ++t) {
+            char buf[256];
+            const int n = llama_token_to_piece(vocab, t, buf, sizeof buf, 0, false);
+            // Longer than 256 bytes: the engine emits nothing for it either.
+            if (n > 0) s->pieces_[size_t(t)].assign(buf, size_t(n));
+        }
     }
     const bool penalties = sp.repeat_last_n != 0 &&
                            (sp.repeat_penalty != 1.0f || sp.presence_penalty != 0.0f ||
@@ -126,6 +135,7 @@ Status Sampler::create(const SamplingParams & sp, const llama_vocab * vocab, int
 
 void Sampler::reset() {
     llama_sampler_reset(chain_.get());
+    utf8_tail_.clear();
 }
 
 void Sampler::accept_prompt(const llama_token * tokens, size_t n) {
@@ -140,6 +150,12 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
     if (!logits) return Status::Runtime("llama.cpp returned no logits to sample from");
     cur_.resize(size_t(n_vocab_));
     for (int t = 0; t < n_vocab_; ++t) cur_[size_t(t)] = llama_token_data{t, logits[t], 0.0f};
+    if (!pieces_.empty())  // a grammar: only tokens that keep the output valid UTF-8
+        for (int t = 0; t < n_vocab_; ++t) {
+            const std::string & piece = pieces_[size_t(t)];
+            if (!piece.empty() && utf8_valid_upto(utf8_tail_ + piece) < 0)
+                cur_[size_t(t)].logit = -INFINITY;
+        }
     llama_token_data_array arr{cur_.data(), cur_.size(), -1, false};
     try {
         llama_sampler_apply(chain_.get(), &arr);
@@ -152,6 +168,10 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
                 "token)");
         *out = arr.data[arr.selected].id;
         llama_sampler_accept(chain_.get(), *out);
+        if (!pieces_.empty()) {
+            utf8_tail_ += pieces_[size_t(*out)];
+            utf8_tail_.erase(0, size_t(utf8_valid_upto(utf8_tail_)));
+        }
     } catch (const std::exception & e) {
         return Status::Runtime(std::string("sampling: llama.cpp refused: ") + e.what());
     }

@@ -3,12 +3,13 @@
 // top-k / top-p / min-p / temperature / draw), and a sample step that cannot abort the process.
 //
 // Invariants: a Sampler exists only for parameters that passed check_sampling and a grammar
-// llama.cpp parsed; sample() never hands back a token every sampler had excluded (it returns
+// llama.cpp parsed; with a grammar, the output is valid UTF-8; sample() never hands back a token every sampler had excluded (it returns
 // an error instead, without accepting anything, so llama.cpp's grammar never sees it).
 // Thread-safety: one thread at a time per Sampler (like the llama_context it samples from).
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "llama-cpp.h"
@@ -46,6 +47,11 @@ private:
     llama_sampler * penalties_ = nullptr;  // in chain_ (owned by it), or null
     int n_vocab_ = 0;
     std::vector<llama_token_data> cur_;  // candidates, reused between steps
+    // With a grammar: every token's text, and the unfinished UTF-8 sequence the output ends
+    // with. llama.cpp's grammar decodes UTF-8 leniently (overlong forms, lead bytes above F4),
+    // so tokens that would make the output invalid UTF-8 are excluded before the draw.
+    std::vector<std::string> pieces_;
+    std::string utf8_tail_;
 };
 
 }  // namespace moestream

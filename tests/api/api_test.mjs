@@ -91,13 +91,77 @@ await check("unsupported fields are refused by name", async () => {
   assert.equal(ok.choices.length, 1, "control: the plain request is served");
   assert.match(ok.moestream.settings.request.chat_template, /chatml/);
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
-    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }), "response_format");
+    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a" } } } }), "response_format");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
     tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }), "tools");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, n: 2 }), "n");
-  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, logprobs: true }), "logprobs");
+  await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, logprobs: true, top_logprobs: 21 }), "top_logprobs");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, mirostat: 2 }), "mirostat");
-  await refusedWith(fast.completions.create({ model: "m", prompt: "x", max_tokens: 2, logprobs: 2 }), "logprobs");
+  await refusedWith(fast.completions.create({ model: "m", prompt: "x", max_tokens: 2, logprobs: 21 }), "logprobs");
+});
+
+await check("parse() with a json_schema returns an object of the schema", async () => {
+  const schema = {
+    type: "object",
+    properties: { name: { type: "string", maxLength: 3 }, age: { type: "integer" }, kind: { enum: ["a", "b"] } },
+    required: ["name", "age", "kind"], additionalProperties: false,
+  };
+  const isPerson = (v) => v !== null && typeof v === "object" && !Array.isArray(v) &&
+    Object.keys(v).join() === "name,age,kind" && typeof v.name === "string" &&
+    Number.isInteger(v.age) && (v.kind === "a" || v.kind === "b");
+  let parsed = 0;
+  for (const seed of [1, 2, 3, 4, 5]) {
+    const req = { model: "m", messages: [{ role: "user", content: "a person" }], max_tokens: 80, temperature: 1, seed };
+    try {
+      const r = await fast.chat.completions.parse({ ...req,
+        response_format: { type: "json_schema", json_schema: { name: "person", strict: true, schema } } });
+      assert.ok(isPerson(r.choices[0].message.parsed), JSON.stringify(r.choices[0].message));
+      parsed++;
+    } catch (e) {
+      if (e.constructor.name !== "LengthFinishReasonError") throw e;  // cut at max_tokens
+    }
+    const plain = await fast.chat.completions.create({ ...req, max_tokens: 30 });
+    let v = null;
+    try { v = JSON.parse(plain.choices[0].message.content); } catch { /* not JSON */ }
+    assert.ok(!isPerson(v), "control: without the schema the model writes no such object");
+  }
+  assert.ok(parsed > 0, "some replies end by themselves and parse");
+});
+
+await check("logprobs: the OpenAI shapes, sane values, streaming too", async () => {
+  const req = { model: "m", messages: [{ role: "user", content: "Count" }], max_tokens: 10, ignore_eos: true,
+    logprobs: true, top_logprobs: 4, cache_prompt: false };
+  const r = await fast.chat.completions.create(req);
+  const content = r.choices[0].logprobs.content;
+  assert.equal(content.length, 10);
+  let bytes = [];
+  for (const e of content) {
+    assert.equal(typeof e.token, "string");
+    assert.ok(e.logprob <= 0);
+    assert.equal(e.top_logprobs.length, 4);
+    const lps = e.top_logprobs.map((t) => t.logprob);
+    assert.deepEqual(lps, [...lps].sort((a, b) => b - a), "most likely first");
+    assert.ok(lps.reduce((a, l) => a + Math.exp(l), 0) <= 1 + 1e-5);
+    assert.equal(e.top_logprobs[0].logprob, e.logprob, "greedy: the most likely token");
+    bytes = bytes.concat(e.bytes);
+  }
+  assert.equal(content.length, r.usage.completion_tokens);
+  const text = r.choices[0].message.content;  // (Node and the server replace broken UTF-8 differently)
+  if (!text.includes("\ufffd")) assert.equal(Buffer.from(bytes).toString("utf8"), text);
+  const off = await fast.chat.completions.create({ ...req, logprobs: false, top_logprobs: undefined });
+  assert.equal(off.choices[0].logprobs, null, "control: none when not asked");
+  const stream = await fast.chat.completions.create({ ...req, stream: true });
+  const streamed = [];
+  for await (const c of stream) streamed.push(...(c.choices[0]?.logprobs?.content ?? []));
+  assert.deepEqual(streamed, content);
+  const c = await fast.completions.create({ model: "m", prompt: "Count", max_tokens: 6, ignore_eos: true, logprobs: 2, cache_prompt: false });
+  const l = c.choices[0].logprobs;
+  assert.equal(l.tokens.length, 6);
+  assert.equal(l.token_logprobs.length, 6);
+  assert.equal(l.top_logprobs.length, 6);
+  assert.equal(l.text_offset[0], 0);
+  for (let i = 1; i < 6; i++) assert.ok(l.text_offset[i] > l.text_offset[i - 1], "byte offsets grow");
+  for (const [i, t] of l.tokens.entries()) assert.ok(t in l.top_logprobs[i] && Object.keys(l.top_logprobs[i]).length <= 3);
 });
 
 await check("response_format json_object gives a JSON object", async () => {

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "moestream/moestream.h"
+#include "moestream/utf8.h"
 #include "stop_strings.h"
 #include "test_util.h"
 
@@ -304,6 +305,77 @@ TEST_F(Sampling, EveryFieldIsValidatedByName) {
         EXPECT_EQ(st.code(), ErrorCode::kUsage) << c.field;
         EXPECT_NE(st.message().find(c.field), std::string::npos)
             << c.field << ": " << st.message();
+    }
+}
+
+}  // namespace
+}  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+bool valid_utf8(const std::string & s) {
+    return utf8_valid_upto(s) == long(s.size());
+}
+
+// With a grammar the output is valid UTF-8 even where the grammar's character class would
+// let byte tokens form an invalid sequence; the control: the same draws without the grammar's
+// UTF-8 rule (free text) are not.
+TEST_F(Sampling, GrammarOutputIsValidUtf8) {
+    int free_invalid = 0;
+    for (uint32_t seed = 1; seed <= 3; ++seed) {
+        GenerateRequest r = req(32);
+        r.sampling.temp = 1.0f;
+        r.sampling.seed = seed;
+        free_invalid += !valid_utf8(run(r).text);
+        r.sampling.grammar = "root ::= [^\\x00-\\x1F]{8}";  // at most 32 bytes, then the end
+        r.n_predict = 40;
+        const GenerateResult g = run(r);
+        EXPECT_EQ(g.finish, FinishReason::kEos);
+        EXPECT_TRUE(valid_utf8(g.text)) << "seed " << seed;
+    }
+    EXPECT_GT(free_invalid, 0) << "control: the model's byte tokens write invalid UTF-8";
+}
+
+// logprobs: one entry per token, the log softmax of the raw logits (all of them sum to 1),
+// greedy picks the most likely one; with logit_bias the choice moves but the probability
+// reported is still the model's (the control); out-of-range counts are refused.
+TEST_F(Sampling, LogprobsAreTheModelsDistribution) {
+    const int n_vocab = engine_->n_vocab();
+    GenerateRequest r = req(6);
+    r.logprobs = n_vocab;
+    const GenerateResult g = run(r);
+    ASSERT_EQ(g.logprobs.size(), g.tokens.size());
+    for (size_t i = 0; i < g.logprobs.size(); ++i) {
+        const TokenLogprob & l = g.logprobs[i];
+        EXPECT_EQ(l.chosen.token, g.tokens[i]);
+        ASSERT_EQ(l.top.size(), size_t(n_vocab));
+        double mass = 0;
+        for (size_t k = 0; k < l.top.size(); ++k) {
+            mass += std::exp(double(l.top[k].logprob));
+            if (k) EXPECT_LE(l.top[k].logprob, l.top[k - 1].logprob);
+        }
+        EXPECT_NEAR(mass, 1.0, 1e-4);
+        EXPECT_EQ(l.top[0].token, l.chosen.token) << "greedy";
+        EXPECT_EQ(l.top[0].logprob, l.chosen.logprob);
+        EXPECT_LE(l.chosen.logprob, 0.0f);
+    }
+    EXPECT_TRUE(run(req(6)).logprobs.empty()) << "off by default";
+    GenerateRequest b = req(6);
+    b.logprobs = 2;
+    b.sampling.logit_bias = {{'Q', 100.0f}};
+    const GenerateResult q = run(b);
+    int below = 0;
+    for (const TokenLogprob & l : q.logprobs) {
+        EXPECT_EQ(l.chosen.token, 'Q');
+        EXPECT_EQ(l.top.size(), 2u);
+        below += l.chosen.logprob < l.top[0].logprob;
+    }
+    EXPECT_GT(below, 0) << "the reported probability is before logit_bias";
+    for (int bad : {-2, n_vocab + 1}) {
+        GenerateRequest x = req(2);
+        x.logprobs = bad;
+        EXPECT_EQ(status_of(x).code(), ErrorCode::kUsage) << bad;
     }
 }
 

@@ -434,12 +434,29 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
         {"/v1/chat/completions", "{" + msgs + R"(,"tools":[{"type":"function"}]})", "tools"},
         {"/v1/chat/completions", "{" + msgs + R"(,"tool_choice":"auto"})", "tool_choice"},
         {"/v1/chat/completions", "{" + msgs + R"(,"response_format":{"type":"json_schema"}})",
+         "response_format.json_schema"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"response_format":{"type":"xml"}})",
+         "response_format.type"},
+        {"/v1/chat/completions",
+         "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)" +
+             R"("schema":{"type":"string","pattern":"a"}}}})",
          "response_format"},
-        {"/v1/chat/completions", "{" + msgs + R"(,"logprobs":true})", "logprobs"},
+        {"/v1/chat/completions",
+         "{" + msgs + R"(,"response_format":{"type":"json_object"},"json_schema":{}})",
+         "json_schema"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"json_schema":{"type":"integer"},"grammar":"root ::= \"1\""})",
+         "json_schema"},
+        {"/v1/chat/completions",
+         "{" + msgs + R"(,"json_schema":{"anyOf":[{"$ref":"#"},{"type":"null"}]}})",
+         "json_schema"},  // left-recursive: llama.cpp refuses the grammar
+        {"/v1/chat/completions", "{" + msgs + R"(,"logprobs":"yes"})", "logprobs"},
         {"/v1/chat/completions", "{" + msgs + R"(,"top_logprobs":2})", "top_logprobs"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"logprobs":true,"top_logprobs":21})",
+         "top_logprobs"},
         {"/v1/chat/completions", R"({"messages":[{"role":"tool","content":"x"}]})",
          "messages[0].role"},
-        {"/v1/completions", R"({"prompt":"x","logprobs":2})", "logprobs"},
+        {"/v1/completions", R"({"prompt":"x","logprobs":21})", "logprobs"},
+        {"/v1/completions", R"({"prompt":"x","logprobs":true})", "logprobs"},
         {"/v1/completions", R"({"prompt":"x","suffix":"y"})", "suffix"},
         {"/v1/completions", R"({"prompt":"x","best_of":2})", "best_of"},
         {"/v1/completions", R"({"prompt":["a","b"]})", "prompt"},
@@ -850,6 +867,201 @@ TEST(Server, JsonObjectResponseFormatGivesJsonObjects) {
     ASSERT_TRUE(b);
     EXPECT_EQ(b->status, 400);
     EXPECT_EQ(body_json(b)["error"]["param"], "response_format");
+}
+
+}  // namespace
+}  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// The schema of the json_schema tests and a check of it written here: an object with "name"
+// (a string; at most 3 characters keeps the random model's strings short), "age" (an integer)
+// and "kind" ("a" or "b"), nothing else.
+const char kPersonSchema[] =
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":3},"age":{"type":"integer"},)"
+    R"("kind":{"enum":["a","b"]}},"required":["name","age","kind"],"additionalProperties":false})";
+bool is_person(const json & v) {
+    if (!v.is_object() || v.size() != 3 || !v.contains("name") || !v.contains("age") ||
+        !v.contains("kind"))
+        return false;
+    if (!v["name"].is_string() || !v["age"].is_number_integer() ||
+        (v["kind"] != "a" && v["kind"] != "b"))
+        return false;
+    size_t chars = 0;
+    for (unsigned char c : v["name"].get<std::string>()) chars += (c & 0xC0) != 0x80;
+    return chars <= 3;
+}
+
+// response_format json_schema (and llama-server's json_schema field): replies that end by
+// themselves are instances of the schema, property order as the schema gives it; the same
+// draws without it are not (the control).
+TEST(Server, JsonSchemaResponseFormatFollowsTheSchema) {
+    ServerProc s({"--lossless"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    json req{{"messages", json::array({{{"role", "user"}, {"content", "a person"}}})},
+             {"max_tokens", 80},
+             {"temperature", 1.0}};
+    int complete = 0, plain_ok = 0;
+    for (int seed = 1; seed <= 4; ++seed) {
+        req["seed"] = seed;
+        // The body as text: nlohmann::json would sort the schema's keys.
+        std::string text_body = req.dump();
+        text_body.pop_back();
+        if (seed % 2)
+            text_body += R"(,"response_format":{"type":"json_schema","json_schema":{"name":"person",)"
+                    R"("strict":true,"schema":)" + std::string(kPersonSchema) + "}}}";
+        else
+            text_body += R"(,"json_schema":)" + std::string(kPersonSchema) + "}";
+        auto r = s.client().Post("/v1/chat/completions", text_body, "application/json");
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        const json body = body_json(r);
+        EXPECT_EQ(body["moestream"]["settings"]["request"]["response_format"], "json_schema");
+        const json c = body["choices"][0];
+        if (c["finish_reason"] == "stop") {
+            ++complete;
+            const std::string text = c["message"]["content"];
+            EXPECT_TRUE(is_person(json::parse(text, nullptr, false))) << text;
+            EXPECT_LT(text.find("\"name\""), text.find("\"age\"")) << "schema order: " << text;
+            EXPECT_LT(text.find("\"age\""), text.find("\"kind\"")) << "schema order: " << text;
+        }
+        json plain = req;
+        plain["max_tokens"] = 30;
+        auto p = post(s, "/v1/chat/completions", plain);
+        ASSERT_TRUE(p);
+        if (is_person(json::parse(body_json(p)["choices"][0]["message"]["content"].get<std::string>(),
+                                  nullptr, false)))
+            ++plain_ok;
+    }
+    EXPECT_GT(complete, 0) << "some replies end by themselves";
+    EXPECT_EQ(plain_ok, 0) << "control: without the schema the model writes no such object";
+    // An unsupported keyword: 400 naming it and where it is.
+    json bad = req;
+    bad["response_format"] = {
+        {"type", "json_schema"},
+        {"json_schema",
+         {{"name", "x"},
+          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"email"}}})")}}}};
+    auto b = post(s, "/v1/chat/completions", bad);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(b->status, 400);
+    EXPECT_EQ(body_json(b)["error"]["param"], "response_format");
+    const std::string msg = body_json(b)["error"]["message"];
+    EXPECT_NE(msg.find("'format' at #/properties/e/format"), std::string::npos) << msg;
+}
+
+json chat_lp(const ServerProc & s, json extra) {
+    json req{{"messages", json::array({{{"role", "user"}, {"content", "Count"}}})},
+             {"max_tokens", 12},
+             {"ignore_eos", true},
+             {"logprobs", true},
+             {"top_logprobs", 5},
+             {"cache_prompt", false}};  // reused KV is not bit-exact: the logprobs would differ
+    for (auto it = extra.begin(); it != extra.end(); ++it) req[it.key()] = it.value();
+    auto r = post(s, "/v1/chat/completions", req);
+    EXPECT_TRUE(r);
+    if (!r) return json();
+    EXPECT_EQ(r->status, 200) << r->body;
+    return body_json(r);
+}
+
+// logprobs: the OpenAI shapes (chat and completions, streamed and not) and their sanity: every
+// log probability <= 0, top_logprobs sorted and their probabilities summing to at most 1, the
+// greedy token the most likely one, its bytes the reply's text. Controls: sampled at a high
+// temperature the chosen token is not always the most likely; logit_bias changes the choice
+// but not the reported (raw) probability.
+TEST(Server, LogprobsHaveOpenAiShapesAndAreSane) {
+    ServerProc s({"--lossless"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json g = chat_lp(s, json::object());
+    const json & lp = g["choices"][0]["logprobs"]["content"];
+    ASSERT_EQ(lp.size(), 12u) << g.dump();
+    std::string bytes;
+    for (const json & e : lp) {
+        ASSERT_TRUE(e["token"].is_string() && e["logprob"].is_number() && e["bytes"].is_array());
+        EXPECT_LE(e["logprob"].get<double>(), 0.0);
+        ASSERT_EQ(e["top_logprobs"].size(), 5u);
+        double mass = 0, prev = 0;
+        for (size_t i = 0; i < 5; ++i) {
+            const double l = e["top_logprobs"][i]["logprob"];
+            EXPECT_LE(l, 0.0);
+            if (i) {
+                EXPECT_LE(l, prev) << "sorted, most likely first";
+            }
+            prev = l;
+            mass += std::exp(l);
+        }
+        EXPECT_LE(mass, 1.0 + 1e-5);
+        EXPECT_EQ(e["top_logprobs"][0]["bytes"], e["bytes"]) << "greedy: the most likely token";
+        EXPECT_EQ(e["top_logprobs"][0]["logprob"], e["logprob"]);
+        for (int b : e["bytes"]) bytes += char(b);
+    }
+    EXPECT_EQ(server::sanitize_utf8(bytes), g["choices"][0]["message"]["content"]);
+    const json off = chat_lp(s, {{"logprobs", false}, {"top_logprobs", nullptr}});
+    EXPECT_TRUE(off["choices"][0]["logprobs"].is_null()) << "control: off when not asked";
+
+    // Control: sampled hot, some chosen tokens are not the most likely one.
+    const json hot = chat_lp(s, {{"temperature", 5.0}, {"seed", 3}, {"max_tokens", 30}});
+    int not_top = 0;
+    for (const json & e : hot["choices"][0]["logprobs"]["content"])
+        not_top += e["logprob"].get<double>() < e["top_logprobs"][0]["logprob"].get<double>();
+    EXPECT_GT(not_top, 0) << "the greedy check above can fail";
+    // logit_bias forces 'Q' (byte token 81): chosen every time, its probability the model's.
+    const json q = chat_lp(s, {{"logit_bias", {{"81", 100}}}});
+    int below = 0;
+    for (const json & e : q["choices"][0]["logprobs"]["content"]) {
+        EXPECT_EQ(e["token"], "Q");
+        below += e["logprob"].get<double>() < e["top_logprobs"][0]["logprob"].get<double>();
+    }
+    EXPECT_GT(below, 0) << "the reported probability is before the bias";
+
+    // Streamed: the chunks' entries are the same as the whole reply's.
+    json sreq{{"messages", json::array({{{"role", "user"}, {"content", "Count"}}})},
+              {"max_tokens", 12}, {"ignore_eos", true}, {"logprobs", true}, {"top_logprobs", 5},
+              {"stream", true}, {"cache_prompt", false}};
+    auto st = post(s, "/v1/chat/completions", sreq);
+    ASSERT_TRUE(st);
+    json streamed = json::array();
+    for (const std::string & d : sse_data(st->body)) {
+        if (d == "[DONE]") continue;
+        const json c = json::parse(d)["choices"][0];
+        if (c.contains("logprobs") && c["logprobs"].is_object())
+            for (const json & e : c["logprobs"]["content"]) streamed.push_back(e);
+    }
+    EXPECT_EQ(streamed, lp);
+
+    // Completions: integer logprobs, parallel arrays, top_logprobs with the chosen token.
+    json creq{{"prompt", "Count"}, {"max_tokens", 8}, {"ignore_eos", true}, {"logprobs", 3},
+              {"cache_prompt", false}};
+    auto cr = post(s, "/v1/completions", creq);
+    ASSERT_TRUE(cr);
+    ASSERT_EQ(cr->status, 200) << cr->body;
+    const json cl = body_json(cr)["choices"][0]["logprobs"];
+    ASSERT_EQ(cl["tokens"].size(), 8u) << cl.dump();
+    ASSERT_EQ(cl["token_logprobs"].size(), 8u);
+    ASSERT_EQ(cl["top_logprobs"].size(), 8u);
+    ASSERT_EQ(cl["text_offset"].size(), 8u);
+    for (size_t i = 0; i < 8; ++i) {
+        EXPECT_LE(cl["top_logprobs"][i].size(), 4u);
+        EXPECT_TRUE(cl["top_logprobs"][i].contains(cl["tokens"][i].get<std::string>()));
+        if (i) {
+            EXPECT_GT(cl["text_offset"][i].get<int>(), cl["text_offset"][i - 1].get<int>());
+        }
+    }
+    creq["stream"] = true;
+    auto cs = post(s, "/v1/completions", creq);
+    ASSERT_TRUE(cs);
+    json offsets = json::array(), toks = json::array();
+    for (const std::string & d : sse_data(cs->body)) {
+        if (d == "[DONE]") continue;
+        const json c = json::parse(d)["choices"][0];
+        if (!c["logprobs"].is_object()) continue;
+        for (const json & o : c["logprobs"]["text_offset"]) offsets.push_back(o);
+        for (const json & t : c["logprobs"]["tokens"]) toks.push_back(t);
+    }
+    EXPECT_EQ(offsets, cl["text_offset"]);
+    EXPECT_EQ(toks, cl["tokens"]);
 }
 
 }  // namespace

@@ -2,9 +2,14 @@
 // `moestream serve` (see api.h; field reference in docs/server.md).
 #include "api.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <limits>
+
+#include "json_schema_grammar.h"
+#include "moestream/utf8.h"
 
 namespace moestream::server {
 namespace {
@@ -82,40 +87,6 @@ std::optional<ApiError> get_content(const json & c, size_t i, std::string * out)
     return std::nullopt;
 }
 
-// Length of the valid UTF-8 sequence starting at s[i] (1..4), 0 if invalid, -1 if it is a
-// valid start that the string ends before completing.
-int utf8_seq(const std::string & s, size_t i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    int len;
-    unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-    if (c < 0x80) return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        len = 2;
-    else if (c == 0xE0)
-        len = 3, lo = 0xA0;
-    else if (c >= 0xE1 && c <= 0xEC)
-        len = 3;
-    else if (c == 0xED)
-        len = 3, hi = 0x9F;
-    else if (c >= 0xEE && c <= 0xEF)
-        len = 3;
-    else if (c == 0xF0)
-        len = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3)
-        len = 4;
-    else if (c == 0xF4)
-        len = 4, hi = 0x8F;
-    else
-        return 0;
-    for (int k = 1; k < len; ++k) {
-        if (i + size_t(k) >= s.size()) return -1;
-        const unsigned char b = static_cast<unsigned char>(s[i + size_t(k)]);
-        const unsigned l = k == 1 ? lo : 0x80, h = k == 1 ? hi : 0xBF;
-        if (b < l || b > h) return 0;
-    }
-    return len;
-}
-
 const char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD
 
 }  // namespace
@@ -129,7 +100,7 @@ const char * const kCommonFields[] = {
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
     "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop", "grammar",
     "ignore_eos", "n", "drop_cold_experts", "cache_prompt", "return_tokens", "user",
-    "response_format", "logprobs"};
+    "response_format", "json_schema", "logprobs"};
 const char * const kChatFields[] = {"messages", "top_logprobs", "tools", "tool_choice",
                                     "parallel_tool_calls", "functions", "function_call"};
 const char * const kCompletionFields[] = {"prompt", "echo", "suffix", "best_of"};
@@ -307,29 +278,116 @@ number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
 ws     ::= ( " " | "\n" )?
 )gbnf";
 
+// response_format ({"type": "text" | "json_object" | "json_schema"}, json_object with
+// llama-server's "schema") and llama-server's top-level json_schema: a grammar the server
+// supplies in p->sampling.grammar. The schema is read again from the body with its key order
+// kept (properties are generated in the order the schema gives them).
+std::optional<ApiError> parse_structured_output(const std::string & body, const json & j,
+                                                GenParams * p) {
+    const bool has_rf = present(j, "response_format"), has_js = present(j, "json_schema");
+    if (!has_rf && !has_js) return std::nullopt;
+    const nlohmann::ordered_json oj = nlohmann::ordered_json::parse(body, nullptr, false);
+    const nlohmann::ordered_json * schema = nullptr;
+    std::string param, where;  // the field named in errors; the schema's place in the body
+    if (has_rf) {
+        const json & rf = j["response_format"];
+        param = "response_format";
+        if (!rf.is_object() || !rf.contains("type") || !rf["type"].is_string())
+            return bad(param, "'response_format' must be an object with a 'type'");
+        const std::string type = rf["type"].get<std::string>();
+        auto only = [&](std::initializer_list<const char *> keys, const json & o,
+                        const std::string & at) -> std::optional<ApiError> {
+            for (auto it = o.begin(); it != o.end(); ++it)
+                if (std::find_if(keys.begin(), keys.end(), [&](const char * k) {
+                        return it.key() == k;
+                    }) == keys.end())
+                    return bad(at + "." + it.key(), "'" + at + "." + it.key() +
+                                                        "' is not a field of " + at +
+                                                        " with type " + type);
+            return std::nullopt;
+        };
+        if (type == "text") {
+            if (auto e = only({"type"}, rf, param)) return e;
+        } else if (type == "json_object") {
+            if (auto e = only({"type", "schema"}, rf, param)) return e;
+            if (rf.contains("schema"))
+                schema = &oj["response_format"]["schema"], where = "response_format.schema";
+        } else if (type == "json_schema") {
+            if (auto e = only({"type", "json_schema"}, rf, param)) return e;
+            const std::string at = "response_format.json_schema";
+            if (!rf.contains("json_schema") || !rf["json_schema"].is_object())
+                return bad(at, "'" + at + "' must be an object {\"name\", \"schema\", \"strict\"}");
+            const json & js = rf["json_schema"];
+            if (auto e = only({"name", "description", "schema", "strict"}, js, at)) return e;
+            for (const char * k : {"name", "description"})
+                if (js.contains(k) && !js[k].is_string())
+                    return bad(at + "." + k, "'" + at + "." + k + "' must be a string");
+            if (js.contains("strict") && !js["strict"].is_boolean())
+                return bad(at + ".strict", "'" + at + ".strict' must be true or false");
+            if (!js.contains("schema") || js["schema"].is_null())
+                return bad(at + ".schema", "'" + at + ".schema' is missing");
+            schema = &oj["response_format"]["json_schema"]["schema"];
+            where = at + ".schema";
+        } else {
+            return bad("response_format.type",
+                       "'response_format.type' must be text, json_object or json_schema");
+        }
+        p->response_format = type;
+    }
+    if (has_js) {
+        if (p->response_format != "text")
+            return bad("json_schema", "'json_schema' and 'response_format' both constrain the "
+                                      "output: give one");
+        schema = &oj["json_schema"], param = where = "json_schema";
+        p->response_format = "json_schema";
+    }
+    if (p->response_format == "text") return std::nullopt;
+    p->format_param = param;
+    if (!p->sampling.grammar.empty())
+        return bad(param, "'" + param + "' " + p->response_format +
+                              " and 'grammar' both constrain the output: give one");
+    if (!schema) {
+        p->sampling.grammar = kJsonObjectGrammar;
+        return std::nullopt;
+    }
+    SchemaError err;
+    if (!json_schema_to_gbnf(*schema, &p->sampling.grammar, &err))
+        return bad(param, "'" + where + "': " + err.message +
+                              " (docs/server.md lists the JSON Schema keywords this server takes)");
+    return std::nullopt;
+}
+
+// chat: logprobs (true/false) and top_logprobs (0..20, with logprobs true); completions:
+// logprobs as the number of alternatives (0..20; null or false = off).
+std::optional<ApiError> parse_logprobs(const json & j, bool chat, GenParams * p) {
+    int64_t n = 0;
+    if (chat) {
+        bool on = false;
+        if (auto e = get_bool(j, "logprobs", &on)) return e;
+        if (present(j, "top_logprobs")) {
+            if (!on) return bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            if (auto e = get_int(j, "top_logprobs", 0, kMaxTopLogprobs, &n)) return e;
+        }
+        if (on) p->logprobs = int(n);
+        return std::nullopt;
+    }
+    auto it = j.find("logprobs");
+    if (it == j.end() || it->is_null() || (it->is_boolean() && !it->get<bool>()))
+        return std::nullopt;
+    if (it->is_boolean())
+        return bad("logprobs", "'logprobs' of completions is the number of alternatives per "
+                               "token (0.." + std::to_string(kMaxTopLogprobs) + ")");
+    if (auto e = get_int(j, "logprobs", 0, kMaxTopLogprobs, &n)) return e;
+    p->logprobs = int(n);
+    return std::nullopt;
+}
+
 // Fields that are accepted only at their no-op value, refused by name otherwise.
 std::optional<ApiError> refuse_unimplemented(const json & j, bool chat) {
     int64_t one = 1;
     if (auto e = get_int(j, "n", 1, 1 << 20, &one)) return e;
     if (one != 1) return unsupported("n", "one choice per request (n = 1)");
-    if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {
-        const bool plain = it->is_object() && it->size() == 1 &&
-                           (it->value("type", json()) == "text" ||
-                            it->value("type", json()) == "json_object");
-        if (!plain)
-            return unsupported("response_format",
-                               "only {\"type\": \"text\"} and {\"type\": \"json_object\"} "
-                               "(json_schema is not implemented; constrain the output with "
-                               "'grammar', GBNF)");
-    }
-    if (auto it = j.find("logprobs"); it != j.end() && !it->is_null()) {
-        const bool off = (it->is_boolean() && !it->get<bool>()) ||
-                         (!chat && it->is_number_integer() && it->get<int64_t>() == 0);
-        if (!off) return unsupported("logprobs", "log probabilities are not returned");
-    }
     if (chat) {
-        if (present(j, "top_logprobs"))
-            return unsupported("top_logprobs", "log probabilities are not returned");
         if (auto it = j.find("tools");
             it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
             return unsupported("tools", "tool calls are not implemented");
@@ -427,14 +485,8 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
         if (!it->is_string()) return bad("grammar", "'grammar' must be a string (GBNF)");
         sp.grammar = it->get<std::string>();
     }
-    if (auto it = j.find("response_format");
-        it != j.end() && it->is_object() && it->value("type", json()) == "json_object") {
-        if (!sp.grammar.empty())
-            return bad("response_format", "'response_format' json_object and 'grammar' both "
-                                          "constrain the output: give one");
-        sp.grammar = kJsonObjectGrammar;
-        p.response_format = "json_object";
-    }
+    if (auto e = parse_structured_output(body, j, &p)) return e;
+    if (auto e = parse_logprobs(j, chat, &p)) return e;
     if (auto e = get_bool(j, "ignore_eos", &sp.ignore_eos)) return e;
     if (sp.ignore_eos && !sp.grammar.empty())
         return bad("ignore_eos", "'ignore_eos' cannot be combined with 'grammar': a grammar "
@@ -447,6 +499,16 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
     if (auto e = get_bool(j, "return_tokens", &p.return_tokens)) return e;
     *out = std::move(p);
     return std::nullopt;
+}
+
+nlohmann::json float_json(float f) {
+    if (!std::isfinite(f)) return json(nullptr);
+    char buf[32];
+    for (int prec = 1; prec <= 9; ++prec) {
+        std::snprintf(buf, sizeof buf, "%.*g", prec, double(f));
+        if (std::strtof(buf, nullptr) == f) break;
+    }
+    return json(std::strtod(buf, nullptr));
 }
 
 nlohmann::json error_json(const ApiError & e) {
@@ -463,7 +525,7 @@ std::string Utf8Stream::push(const std::string & piece) {
     std::string out;
     size_t i = 0;
     while (i < pending_.size()) {
-        int n = utf8_seq(pending_, i);
+        int n = utf8_sequence(pending_, i);
         if (n < 0) break;  // unfinished: keep for the next piece
         if (n == 0) {
             out += kReplacement;

@@ -36,7 +36,10 @@ struct GenParams {
     int max_tokens = -1;  // -1 = until end-of-generation or the context is full
     SamplingParams sampling;
     std::vector<std::string> stop;
-    std::string response_format = "text";  // "text" | "json_object" (sampling.grammar set)
+    // "text" | "json_object" | "json_schema" (the last two: sampling.grammar set)
+    std::string response_format = "text";
+    std::string format_param;  // the field that set that grammar ("response_format", ...)
+    int logprobs = -1;  // -1 = off; N: each token's log probability and its N alternatives
     double drop_cold = 0.0;      // 0 = off
     bool cache_prompt = true;    // reuse the KV prefix of the previous request
     bool return_tokens = false;  // add the token ids to the moestream object
@@ -55,6 +58,13 @@ struct ApiError {
 // for malformed JSON, wrong field types, out-of-range values and unsupported features.
 std::optional<ApiError> parse_request(const std::string & body, bool chat,
                                       const RequestDefaults & defaults, GenParams * out);
+
+// The most alternatives per token that logprobs / top_logprobs may ask for.
+constexpr int kMaxTopLogprobs = 20;
+
+// A float as the shortest decimal that reads back as the same float (0.7f is 0.7, not
+// 0.699999988079071 as its double would print); null when not finite.
+nlohmann::json float_json(float f);
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_json(const ApiError & e);

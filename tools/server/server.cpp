@@ -26,6 +26,7 @@
 
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
+#include "logprobs_json.h"
 #include "web_assets.h"
 
 namespace moestream::server {
@@ -43,18 +44,6 @@ double mib(double bytes) {
 
 std::string dump(const json & j) {
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// A float as the shortest decimal that reads back as the same float (0.7f is 0.7, not
-// 0.699999988079071 as its double would print).
-json float_json(float f) {
-    if (!std::isfinite(f)) return json(nullptr);
-    char buf[32];
-    for (int prec = 1; prec <= 9; ++prec) {
-        std::snprintf(buf, sizeof buf, "%.*g", prec, double(f));
-        if (std::strtof(buf, nullptr) == f) break;
-    }
-    return json(std::strtod(buf, nullptr));
 }
 
 // The field a library refusal names: its message starts with it ("top_p must be ...",
@@ -129,6 +118,9 @@ struct Job {
     std::vector<int32_t> tokens;
     std::string finish_reason;
     std::string stop_string;  // finish "stop" on a stop string: which
+    std::vector<TokenLogprob> logprobs;         // params.logprobs >= 0: every token's
+    std::vector<TokenLogprob> unsent_logprobs;  // streamed: not yet written
+    size_t logprobs_offset = 0;  // streamed completions: text_offset of the next token
     json moestream;  // settings, lossy, per-request stats
     int n_prompt = 0, n_generated = 0;
 };
@@ -569,6 +561,13 @@ private:
                 msg = "the prompt is " + std::to_string(n_prompt) +
                       " tokens, longer than the context (" + std::to_string(engine_->n_ctx()) +
                       " tokens): shorten it";
+            if (field == "grammar" && !p.format_param.empty()) {  // the server's grammar
+                field = p.format_param;
+                msg = "'" + field + "': llama.cpp refuses the grammar made from it (" + msg +
+                      "); a schema that comes back to itself before writing any JSON text, "
+                      "such as a $ref to an enclosing schema first in an anyOf, cannot be "
+                      "generated";
+            }
             return api_error_param(400, msg, field);
         }
         return std::nullopt;
@@ -588,6 +587,7 @@ private:
         r.sampling = p.sampling;
         r.stop = p.stop;
         r.reuse_prefix = p.cache_prompt;
+        r.logprobs = p.logprobs;
         return r;
     }
 
@@ -623,14 +623,22 @@ private:
             return write_str(sink, sse(chunk_json(job, first, nullptr))) ? true : fail();
         }
         std::unique_lock<std::mutex> lk(job.m);
-        job.cv.wait_for(lk, std::chrono::milliseconds(500),
-                        [&] { return !job.unsent.empty() || job.done; });
-        if (!job.unsent.empty()) {
+        job.cv.wait_for(lk, std::chrono::milliseconds(500), [&] {
+            return !job.unsent.empty() || !job.unsent_logprobs.empty() || job.done;
+        });
+        if (!job.unsent.empty() || !job.unsent_logprobs.empty()) {
             std::string t;
             t.swap(job.unsent);
+            std::vector<TokenLogprob> lp;
+            lp.swap(job.unsent_logprobs);
             lk.unlock();
             json d = job.params.chat ? json{{"content", t}} : json(t);
-            return write_str(sink, sse(chunk_json(job, d, nullptr))) ? true : fail();
+            json chunk = chunk_json(job, d, nullptr);
+            if (job.params.logprobs >= 0)
+                chunk["choices"][0]["logprobs"] =
+                    job.params.chat ? chat_logprobs_json(lp)
+                                    : completion_logprobs_json(lp, &job.logprobs_offset);
+            return write_str(sink, sse(chunk)) ? true : fail();
         }
         if (job.done) {
             std::string out;
@@ -673,6 +681,11 @@ private:
         else
             c["text"] = job.text, c["logprobs"] = nullptr;
         c["finish_reason"] = job.finish_reason;
+        if (job.params.chat) c["logprobs"] = nullptr;
+        size_t offset = 0;
+        if (job.params.logprobs >= 0)
+            c["logprobs"] = job.params.chat ? chat_logprobs_json(job.logprobs)
+                                            : completion_logprobs_json(job.logprobs, &offset);
         return json{{"id", job_name(job)},
                     {"object", job.params.chat ? "chat.completion" : "text_completion"},
                     {"created", job.created},
@@ -780,17 +793,20 @@ private:
         std::string all;
         const double t0 = now_s();
         GenerateResult g;
+        size_t logprobs_taken = 0;  // of g.logprobs, passed on to the job
         st = engine_->generate(
             r,
             [&](const std::string & piece) {
                 if (cfg_.token_delay_ms > 0)
                     std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.token_delay_ms));
                 std::string t = utf8.push(piece);
-                if (!t.empty()) {
+                if (!t.empty() || g.logprobs.size() > logprobs_taken) {
                     {
                         std::lock_guard<std::mutex> lk(job.m);
                         job.unsent += t;
                         job.text += t;
+                        while (logprobs_taken < g.logprobs.size())
+                            job.unsent_logprobs.push_back(g.logprobs[logprobs_taken++]);
                     }
                     job.cv.notify_all();
                 }
@@ -807,6 +823,7 @@ private:
             job.unsent += tail;
             job.text += tail;
             job.tokens = g.tokens;
+            job.logprobs = g.logprobs;
             job.n_prompt = s.n_prompt;
             job.n_generated = s.n_generated;
             job.finish_reason = cancelled                           ? "cancelled"
@@ -883,6 +900,7 @@ private:
                                     ? json(nullptr)
                                     : json(sp.grammar)},
                     {"response_format", p.response_format},
+                    {"logprobs", p.logprobs < 0 ? json(nullptr) : json(p.logprobs)},
                     {"ignore_eos", sp.ignore_eos},
                     {"stop", p.stop},
                     {"seed", sp.seed},

@@ -1,0 +1,397 @@
+// test_json_schema.cpp — the server's JSON Schema to GBNF converter (tools/server/
+// json_schema_grammar.h) against llama.cpp's own grammar sampler with a real vocabulary (the
+// tiny synth model's: one token per byte, so any text is a token sequence):
+//   - every schema of the set gives a grammar llama.cpp parses;
+//   - hand-written valid instances pass the grammar and invalid ones (wrong type, missing
+//     required property, extra property, bounds, enum misses, broken JSON) do not;
+//   - random walks through the grammar (a token drawn among those the grammar allows) end in
+//     JSON that a schema validator written here accepts;
+//   - unsupported keywords are refused with their JSON pointer.
+// Negative controls: a broken GBNF is refused by llama.cpp; the validator refuses the invalid
+// instances; the grammar refuses them.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "json_schema_grammar.h"
+#include "llama.h"
+#include "moestream/utf8.h"
+#include "test_util.h"
+
+namespace moestream::test {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using server::json_schema_to_gbnf;
+using server::SchemaError;
+
+struct ModelFree {
+    void operator()(llama_model * m) const { llama_model_free(m); }
+};
+struct SamplerFree {
+    void operator()(llama_sampler * s) const { llama_sampler_free(s); }
+};
+using SamplerPtr = std::unique_ptr<llama_sampler, SamplerFree>;
+
+const llama_vocab * vocab() {
+    static std::unique_ptr<llama_model, ModelFree> model = [] {
+        llama_model_params mp = llama_model_default_params();
+        mp.vocab_only = true;
+        return std::unique_ptr<llama_model, ModelFree>(llama_model_load_from_file(
+            synth_model("tiny", "qwen3moe", "q4_k").c_str(), mp));
+    }();
+    return model ? llama_model_get_vocab(model.get()) : nullptr;
+}
+
+std::string gbnf_of(const ojson & schema) {
+    std::string g;
+    SchemaError err;
+    EXPECT_TRUE(json_schema_to_gbnf(schema, &g, &err)) << schema.dump() << ": " << err.message;
+    return g;
+}
+
+SamplerPtr grammar_sampler(const std::string & gbnf) {
+    return SamplerPtr(llama_sampler_init_grammar(vocab(), gbnf.c_str(), "root"));
+}
+
+// Whether the grammar lets token t come next.
+bool allows(llama_sampler * g, llama_token t) {
+    llama_token_data d{t, 0.0f, 0.0f};
+    llama_token_data_array a{&d, 1, -1, false};
+    llama_sampler_apply(g, &a);
+    return d.logit != -INFINITY;
+}
+
+// Whether the grammar accepts `text` as a whole output (then the end-of-generation token).
+bool accepts(const std::string & gbnf, const std::string & text) {
+    SamplerPtr g = grammar_sampler(gbnf);
+    if (!g) return false;
+    std::vector<llama_token> toks(text.size() + 8);
+    int n = llama_tokenize(vocab(), text.data(), int32_t(text.size()), toks.data(),
+                           int32_t(toks.size()), false, false);
+    if (n < 0) return false;
+    for (int i = 0; i < n; ++i) {
+        if (!allows(g.get(), toks[size_t(i)])) return false;
+        llama_sampler_accept(g.get(), toks[size_t(i)]);
+    }
+    return allows(g.get(), llama_vocab_eos(vocab()));
+}
+
+// A random output of the grammar: tokens drawn among those it allows, structural characters
+// and the end weighted up so that walks end. "" when it did not end within max_tokens.
+std::string walk(const std::string & gbnf, std::mt19937 * rng, int max_tokens = 4000) {
+    SamplerPtr g = grammar_sampler(gbnf);
+    if (!g) return "";
+    const llama_vocab * v = vocab();
+    const int n_vocab = llama_vocab_n_tokens(v);
+    const llama_token eos = llama_vocab_eos(v);
+    std::string out;
+    std::vector<llama_token_data> cur(static_cast<size_t>(n_vocab));
+    for (int step = 0; step < max_tokens; ++step) {
+        for (int t = 0; t < n_vocab; ++t) cur[size_t(t)] = {t, 0.0f, 0.0f};
+        llama_token_data_array a{cur.data(), cur.size(), -1, false};
+        llama_sampler_apply(g.get(), &a);
+        std::vector<llama_token> ok;
+        std::vector<double> w;
+        for (size_t i = 0; i < a.size; ++i) {
+            if (a.data[i].logit == -INFINITY) continue;
+            const llama_token t = a.data[i].id;
+            if (llama_vocab_is_control(v, t) && t != eos) continue;
+            char buf[16];
+            const int pn = llama_token_to_piece(v, t, buf, sizeof buf, 0, false);
+            const std::string piece = pn > 0 ? std::string(buf, size_t(pn)) : "";
+            // llama.cpp's grammar decodes UTF-8 without refusing overlong forms or lead bytes
+            // above F4: the engine's sampler excludes such tokens with any grammar
+            // (test_sampling GrammarOutputIsValidUtf8), and so does the walk.
+            if (utf8_valid_upto(out + piece) < 0) continue;
+            double weight = 1.0;
+            if (t == eos)
+                weight = 1000.0;
+            else if (piece == "\"" || piece == "}" || piece == "]" || piece == ",")
+                weight = 30.0;
+            ok.push_back(t);
+            w.push_back(weight);
+        }
+        if (ok.empty()) return "";
+        std::discrete_distribution<size_t> pick(w.begin(), w.end());
+        const llama_token t = ok[pick(*rng)];
+        if (t == eos) return out;
+        char buf[16];
+        const int pn = llama_token_to_piece(v, t, buf, sizeof buf, 0, false);
+        if (pn > 0) out.append(buf, size_t(pn));
+        llama_sampler_accept(g.get(), t);
+    }
+    return "";
+}
+
+// ---- a validator of the same JSON Schema subset, written independently of the converter ----
+
+size_t code_points(const std::string & s) {
+    size_t n = 0;
+    for (unsigned char c : s) n += (c & 0xC0) != 0x80;
+    return n;
+}
+
+bool is_type(const ojson & v, const std::string & t) {
+    if (t == "null") return v.is_null();
+    if (t == "boolean") return v.is_boolean();
+    if (t == "string") return v.is_string();
+    if (t == "array") return v.is_array();
+    if (t == "object") return v.is_object();
+    if (t == "number") return v.is_number();
+    if (t == "integer")
+        return v.is_number_integer() ||
+               (v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>())));
+    return false;
+}
+
+bool validate(const ojson & root, const ojson & s, const ojson & v, std::string * why);
+
+bool validate_all(const ojson & root, const ojson & s, const ojson & v, std::string * why) {
+    auto no = [&](const std::string & w) {
+        *why = w + " (value " + v.dump() + ", schema " + s.dump() + ")";
+        return false;
+    };
+    if (s.contains("$ref")) {
+        const std::string r = s["$ref"].get<std::string>();
+        const ojson & target = r == "#" ? root : root.at(ojson::json_pointer(r.substr(1)));
+        return validate(root, target, v, why);
+    }
+    if (s.contains("type")) {
+        bool ok = false;
+        if (s["type"].is_string())
+            ok = is_type(v, s["type"].get<std::string>());
+        else
+            for (const auto & t : s["type"]) ok = ok || is_type(v, t.get<std::string>());
+        if (!ok) return no("wrong type");
+    }
+    if (s.contains("const") && s["const"] != v) return no("not the const");
+    if (s.contains("enum")) {
+        bool ok = false;
+        for (const auto & e : s["enum"]) ok = ok || e == v;
+        if (!ok) return no("not in the enum");
+    }
+    if (s.contains("anyOf")) {
+        bool ok = false;
+        std::string w;
+        for (const auto & b : s["anyOf"]) ok = ok || validate(root, b, v, &w);
+        if (!ok) return no("no anyOf branch");
+    }
+    if (s.contains("oneOf")) {
+        int n = 0;
+        std::string w;
+        for (const auto & b : s["oneOf"]) n += validate(root, b, v, &w);
+        if (n != 1) return no(std::to_string(n) + " oneOf branches");
+    }
+    if (v.is_string()) {
+        const size_t n = code_points(v.get<std::string>());
+        if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return no("too short");
+        if (s.contains("maxLength") && n > s["maxLength"].get<size_t>()) return no("too long");
+    }
+    if (v.is_array()) {
+        if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return no("too few items");
+        if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return no("too many items");
+        if (s.contains("items"))
+            for (const auto & e : v)
+                if (!validate(root, s["items"], e, why)) return false;
+    }
+    if (v.is_object()) {
+        if (s.contains("required"))
+            for (const auto & r : s["required"])
+                if (!v.contains(r.get<std::string>())) return no("missing " + r.get<std::string>());
+        for (auto it = v.begin(); it != v.end(); ++it) {
+            if (s.contains("properties") && s["properties"].contains(it.key())) {
+                if (!validate(root, s["properties"][it.key()], it.value(), why)) return false;
+            } else if (s.value("additionalProperties", true) == false) {
+                return no("extra property " + it.key());
+            }
+        }
+    }
+    return true;
+}
+
+bool validate(const ojson & root, const ojson & s, const ojson & v, std::string * why) {
+    if (s.is_boolean()) return s.get<bool>();
+    return validate_all(root, s, v, why);
+}
+
+struct Case {
+    const char * name;
+    ojson schema;
+    std::vector<std::string> valid;    // instances the grammar must take
+    std::vector<std::string> invalid;  // instances the grammar and the validator must refuse
+};
+
+std::vector<Case> cases() {
+    return {
+        {"string", R"({"type":"string"})"_json, {R"("hi")", R"("a\"b\\ \u00e9 é")", R"("")"},
+         {"hi", "1", R"("a)", "\"\x01\""}},
+        {"bounded string", ojson::parse(R"({"type":"string","minLength":2,"maxLength":4})"),
+         {R"("ab")", R"("abcd")", R"("éé")", R"("a\nb")"},
+         {R"("a")", R"("abcde")"}},
+        {"number", R"({"type":"number"})"_json, {"0", "-1.5", "3e10", "12.25E-3"},
+         {"01", "1.", "+1", "\"1\"", "- 1"}},
+        {"integer", R"({"type":"integer"})"_json, {"0", "-42", "7"}, {"1.5", "true", "\"7\""}},
+        {"boolean", R"({"type":"boolean"})"_json, {"true", "false"}, {"null", "1", "True"}},
+        {"null", R"({"type":"null"})"_json, {"null"}, {"0", "\"null\""}},
+        {"nullable string", ojson::parse(R"({"type":["string","null"],"maxLength":3})"),
+         {"null", R"("abc")"}, {"1", R"("abcd")"}},
+        {"enum", ojson::parse(R"({"enum":["red","green",3,null,{"a":[1]}]})"),
+         {R"("red")", "3", "null", R"({"a":[1]})"}, {R"("blue")", "4", R"("Red")"}},
+        {"typed enum", ojson::parse(R"({"type":"string","enum":["a","b"]})"), {R"("a")"}, {R"("c")"}},
+        {"const", ojson::parse(R"({"const":"fixed"})"), {R"("fixed")"}, {R"("fixe")", R"("fixed!")"}},
+        {"array", ojson::parse(R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":3})"),
+         {"[1]", "[1, 2,3]", "[ 1 ]"},
+         {"[]", "[1,2,3,4]", R"(["a"])", "[1,]"}},
+        {"any array", ojson::parse(R"({"type":"array"})"), {"[]", R"([1,"a",{"b":null}])"}, {"{}", "[1"}},
+        {"object", ojson::parse(R"({"type":"object","properties":{"name":{"type":"string"},
+            "age":{"type":"integer"},"email":{"type":"string"}},"required":["name","age"],
+            "additionalProperties":false})"),
+         {R"({"name":"Ann","age":3})", R"({"name": "Ann", "age": 3, "email": "a@b"})",
+          R"({"name":"Ann","age":3,"email":"x"})"},
+         {R"({"name":"Ann"})", R"({"age":3,"name":"Ann","x":1})", R"({"name":"Ann","age":"3"})",
+          R"({"name":"Ann","age":3,"x":1})", R"({"name":"Ann","age":3,})", "[]"}},
+        {"all optional", ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
+            "b":{"type":"boolean"}},"additionalProperties":false})"),
+         {"{}", R"({"b":true})", R"({"a":1,"b":false})", R"({"a":1})"},
+         {R"({"c":1})", R"({,"b":true})", R"({"a":"1"})"}},
+        {"any object", ojson::parse(R"({"type":"object"})"), {"{}", R"({"x":[1,{"y":null}]})"},
+         {"[]", R"({"x"})", "{1:2}"}},
+        {"nested", ojson::parse(R"({"type":"object","properties":{"user":{"type":"object",
+            "properties":{"tags":{"type":"array","items":{"type":"string","maxLength":5},
+            "maxItems":2}},"required":["tags"],"additionalProperties":false}},"required":["user"],
+            "additionalProperties":false})"),
+         {R"({"user":{"tags":[]}})", R"({"user":{"tags":["ab","cde"]}})"},
+         {R"({"user":{}})", R"({"user":{"tags":["toolong"]}})", R"({"user":{"tags":["a","b","c"]}})"}},
+        {"anyOf", ojson::parse(R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":2}]})"),
+         {"5", R"("ab")"}, {"true", R"("abc")", "1.5"}},
+        {"oneOf", ojson::parse(R"({"oneOf":[{"type":"object","properties":{"kind":{"const":"a"},
+            "n":{"type":"integer"}},"required":["kind","n"],"additionalProperties":false},
+            {"type":"object","properties":{"kind":{"const":"b"},"s":{"type":"string"}},
+            "required":["kind","s"],"additionalProperties":false}]})"),
+         {R"({"kind":"a","n":1})", R"({"kind":"b","s":"x"})"},
+         {R"({"kind":"a","s":"x"})", R"({"kind":"c","n":1})"}},
+        {"$defs and recursion", ojson::parse(R"({"$defs":{"node":{"type":"object","properties":{
+            "v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"},
+            "maxItems":2}},"required":["v"],"additionalProperties":false}},"$ref":"#/$defs/node"})"),
+         {R"({"v":1})", R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]})"},
+         {R"({"kids":[]})", R"({"v":1,"kids":[{}]})"}},
+        {"definitions", ojson::parse(R"({"type":"object","definitions":{"color":{"enum":["r","g"]}},
+            "properties":{"c":{"$ref":"#/definitions/color"}},"required":["c"],
+            "additionalProperties":false})"),
+         {R"({"c":"r"})"}, {R"({"c":"b"})", "{}"}},
+        {"untyped with annotations", ojson::parse(R"({"title":"anything","description":"d"})"),
+         {"1", R"("s")", "[]", "{}", "null"}, {"[1", "nul"}},
+        {"key escaping", ojson::parse(R"({"type":"object","properties":{"a\"b\\c/é":{"type":"boolean"}},
+            "required":["a\"b\\c/é"],"additionalProperties":false})"),
+         {R"({"a\"b\\c/é":true})"}, {R"({"ab":true})", R"({"a\"b\\c/é":null})"}},
+    };
+}
+
+TEST(JsonSchemaGrammar, EverySchemaGivesAGrammarLlamaParses) {
+    ASSERT_NE(vocab(), nullptr) << "the synth model's vocabulary loads";
+    for (const Case & c : cases()) {
+        const std::string g = gbnf_of(c.schema);
+        EXPECT_TRUE(grammar_sampler(g)) << c.name << ":\n" << g;
+    }
+    // Negative control: the same check refuses a grammar that does not parse.
+    EXPECT_FALSE(grammar_sampler("root ::= (\"a\""));
+    EXPECT_FALSE(grammar_sampler("root ::= value\n"));  // undefined rule
+}
+
+TEST(JsonSchemaGrammar, ValidInstancesPassInvalidOnesDoNot) {
+    ASSERT_NE(vocab(), nullptr);
+    for (const Case & c : cases()) {
+        const std::string g = gbnf_of(c.schema);
+        for (const std::string & v : c.valid) {
+            EXPECT_TRUE(accepts(g, v)) << c.name << ": the grammar refuses " << v << "\n" << g;
+            std::string why;
+            EXPECT_TRUE(validate(c.schema, c.schema, ojson::parse(v), &why)) << c.name << ": " << why;
+        }
+        for (const std::string & v : c.invalid) {
+            EXPECT_FALSE(accepts(g, v)) << c.name << ": the grammar takes " << v << "\n" << g;
+            // The validator agrees (or the text is not JSON at all).
+            const ojson parsed = ojson::parse(v, nullptr, false);
+            std::string why;
+            if (!parsed.is_discarded()) {
+                EXPECT_FALSE(validate(c.schema, c.schema, parsed, &why)) << c.name << ": " << v;
+            }
+        }
+    }
+}
+
+TEST(JsonSchemaGrammar, RandomOutputsOfTheGrammarValidate) {
+    ASSERT_NE(vocab(), nullptr);
+    std::mt19937 rng(7);
+    for (const Case & c : cases()) {
+        const std::string g = gbnf_of(c.schema);
+        std::set<std::string> distinct;
+        for (int i = 0; i < 25; ++i) {
+            const std::string out = walk(g, &rng);
+            ASSERT_FALSE(out.empty()) << c.name << ": a walk did not end\n" << g;
+            const ojson v = ojson::parse(out, nullptr, false);
+            ASSERT_FALSE(v.is_discarded()) << c.name << ": not JSON: " << out;
+            std::string why;
+            EXPECT_TRUE(validate(c.schema, c.schema, v, &why)) << c.name << ": " << out << ": " << why;
+            distinct.insert(v.dump());
+        }
+        // The walks explore (a schema with one value aside).
+        if (!c.schema.contains("const") && c.schema.value("type", ojson()) != "null") {
+            EXPECT_GT(distinct.size(), 1u) << c.name;
+        }
+    }
+}
+
+TEST(JsonSchemaGrammar, UnsupportedKeywordsAreRefusedWithTheirPointer) {
+    struct Bad {
+        const char * schema;
+        const char * pointer;
+        const char * word;
+    };
+    const Bad bad[] = {
+        {R"({"type":"object","properties":{"email":{"type":"string","pattern":"^a"}}})",
+         "#/properties/email/pattern", "pattern"},
+        {R"({"type":"string","format":"email"})", "#/format", "format"},
+        {R"({"type":"integer","minimum":0})", "#/minimum", "minimum"},
+        {R"({"if":{"type":"string"},"then":{"maxLength":2}})", "#/if", "if"},
+        {R"({"type":"array","prefixItems":[{"type":"string"}]})", "#/prefixItems", "prefixItems"},
+        {R"({"type":"array","items":[{"type":"string"}]})", "#/items", "items"},
+        {R"({"type":"object","additionalProperties":{"type":"string"}})", "#/additionalProperties",
+         "additionalProperties"},
+        {R"({"$ref":"https://example.com/s.json"})", "#/$ref", "$ref"},
+        {R"({"$ref":"#/$defs/missing"})", "#/$ref", "does not resolve"},
+        {R"({"$defs":{"a":{"$ref":"#/$defs/a"}},"$ref":"#/$defs/a"})", "#/$ref", "itself"},
+        {R"({"type":"strin"})", "#/type", "strin"},
+        {R"({"type":"string","maxLength":100000})", "#/maxLength", "maxLength"},
+        {R"({"type":"array","minItems":3,"maxItems":2})", "#/minItems", "minItems"},
+        {R"({"type":"object","properties":{"a":{}},"required":["b"]})", "#/required", "'b'"},
+        {R"({"anyOf":[{"type":"string"}],"type":"string"})", "#/type", "anyOf"},
+        {R"({"type":"object","properties":{"a":{"items":{"not":{}}}}})", "#/properties/a/items/not",
+         "not"},
+        {"false", "#", "false"},
+    };
+    for (const Bad & b : bad) {
+        std::string g;
+        SchemaError err;
+        EXPECT_FALSE(json_schema_to_gbnf(ojson::parse(b.schema), &g, &err)) << b.schema;
+        EXPECT_EQ(err.pointer, b.pointer) << b.schema << ": " << err.message;
+        EXPECT_NE(err.message.find(b.word), std::string::npos) << b.schema << ": " << err.message;
+        EXPECT_NE(err.message.find(b.pointer), std::string::npos) << err.message;
+    }
+    // Control: the supported neighbours of those schemas convert.
+    for (const char * ok : {R"({"type":"string"})", R"({"type":"integer"})",
+                            R"({"type":"array","items":{"type":"string"}})",
+                            R"({"type":"object","additionalProperties":false})"}) {
+        std::string g;
+        SchemaError err;
+        EXPECT_TRUE(json_schema_to_gbnf(ojson::parse(ok), &g, &err)) << ok << ": " << err.message;
+    }
+}
+
+}  // namespace
+}  // namespace moestream::test

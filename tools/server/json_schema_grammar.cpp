@@ -1,0 +1,518 @@
+// json_schema_grammar.cpp — see json_schema_grammar.h. A recursive walk over the schema that
+// emits one GBNF rule per composite schema; $ref targets become named rules (converted once,
+// so recursive schemas give recursive rules).
+#include "json_schema_grammar.h"
+
+#include <cctype>
+#include <map>
+#include <set>
+#include <vector>
+
+namespace moestream::server {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// Keywords that describe but do not constrain: accepted anywhere and without effect.
+const std::set<std::string> kAnnotations = {
+    "title",    "description", "default",   "examples",  "$schema",    "$id",
+    "$comment", "deprecated",  "readOnly",  "writeOnly", "$defs",      "definitions"};
+// Keywords the converter enforces.
+const std::set<std::string> kSupported = {
+    "type",  "properties", "required", "additionalProperties", "items",     "enum",
+    "const", "anyOf",      "oneOf",    "$ref",                 "minItems",  "maxItems",
+    "minLength", "maxLength"};
+const std::set<std::string> kTypes = {"object", "array",   "string", "number",
+                                      "integer", "boolean", "null"};
+
+constexpr int kMaxDepth = 64;  // nesting of schemas inside schemas
+
+// A GBNF string literal for raw bytes.
+std::string literal(const std::string & s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += char(c);
+        } else if (c < 0x20 || c == 0x7F) {
+            static const char hex[] = "0123456789ABCDEF";
+            out += "\\x";
+            out += hex[c >> 4];
+            out += hex[c & 15];
+        } else {
+            out += char(c);
+        }
+    }
+    return out + "\"";
+}
+
+// `term{min,max}` (max < 0: unbounded), `term` a single GBNF term.
+std::string repeat(const std::string & term, int min, int max) {
+    if (max == 0) return "";
+    if (min == 0 && max < 0) return term + "*";
+    if (min == 1 && max < 0) return term + "+";
+    if (min == 0 && max == 1) return term + "?";
+    if (max < 0) return term + "{" + std::to_string(min) + ",}";
+    if (min == max) return term + "{" + std::to_string(min) + "}";
+    return term + "{" + std::to_string(min) + "," + std::to_string(max) + "}";
+}
+
+std::string pointer_escape(const std::string & key) {
+    std::string out;
+    for (char c : key) {
+        if (c == '~')
+            out += "~0";
+        else if (c == '/')
+            out += "~1";
+        else
+            out += c;
+    }
+    return out;
+}
+
+const char * json_type_of(const ojson & v) {
+    if (v.is_null()) return "null";
+    if (v.is_boolean()) return "boolean";
+    if (v.is_number_integer()) return "integer";
+    if (v.is_number()) return "number";
+    if (v.is_string()) return "string";
+    if (v.is_array()) return "array";
+    return "object";
+}
+
+bool value_has_type(const ojson & v, const std::string & t) {
+    const std::string vt = json_type_of(v);
+    if (vt == t) return true;
+    if (t == "number" && vt == "integer") return true;
+    // 1.0 is an integer to JSON Schema.
+    return t == "integer" && v.is_number_float() && v.get<double>() == double(int64_t(v.get<double>()));
+}
+
+class Converter {
+public:
+    explicit Converter(const ojson & root) : root_(root) {}
+
+    bool run(std::string * gbnf, SchemaError * err) {
+        std::string root_expr;
+        if (!visit(root_, "#", "root-value", 0, &root_expr)) {
+            *err = err_;
+            return false;
+        }
+        builtin("ws");
+        std::string out = "root ::= " + root_expr + " ws\n";
+        for (const auto & [name, body] : rules_) out += name + " ::= " + body + "\n";
+        *gbnf = out;
+        return true;
+    }
+
+private:
+    const ojson & root_;
+    std::vector<std::pair<std::string, std::string>> rules_;  // in definition order
+    std::set<std::string> names_;
+    std::map<std::string, std::string> ref_rules_;  // pointer -> rule
+    SchemaError err_;
+
+    bool fail(const std::string & pointer, const std::string & message) {
+        err_.pointer = pointer;
+        err_.message = message;
+        return false;
+    }
+    bool unsupported(const std::string & pointer, const std::string & keyword,
+                     const std::string & why = "") {
+        return fail(pointer, "keyword '" + keyword + "' at " + pointer +
+                                 " is not supported" + (why.empty() ? "" : ": " + why));
+    }
+
+    std::string unique_name(const std::string & hint) {
+        std::string base;
+        for (char c : hint)
+            base += (std::isalnum(static_cast<unsigned char>(c)) || c == '-') ? c : '-';
+        if (base.empty()) base = "r";
+        std::string name = base;
+        static const std::set<std::string> reserved = {"root",    "ws",     "hex",  "char",
+                                                       "string",  "number", "integer", "boolean",
+                                                       "null",    "value",  "object",  "array"};
+        for (int i = 2; names_.count(name) || reserved.count(name); ++i)
+            name = base + "-" + std::to_string(i);
+        names_.insert(name);
+        return name;
+    }
+    std::string add_rule(const std::string & hint, const std::string & body) {
+        const std::string name = unique_name(hint);
+        rules_.emplace_back(name, body);
+        return name;
+    }
+    // The shared rules (string, number, any value...), defined once on first use.
+    std::string builtin(const std::string & name) {
+        if (names_.count(name)) return name;
+        static const std::map<std::string, std::vector<std::string>> deps = {
+            {"ws", {}},
+            {"hex", {}},
+            {"char", {"hex"}},
+            {"string", {"char"}},
+            {"integer", {}},
+            {"number", {}},
+            {"boolean", {}},
+            {"null", {}},
+            {"value", {"object", "array", "string", "number", "boolean", "null"}},
+            {"object", {"ws", "string", "value"}},
+            {"array", {"ws", "value"}},
+        };
+        static const std::map<std::string, std::string> bodies = {
+            {"ws", "( \" \" | \"\\n\" [ \\t]{0,20} )?"},
+            {"hex", "[0-9a-fA-F]"},
+            // No \u escape of a UTF-16 surrogate: a lone one is not a character.
+            {"char",
+             "[^\"\\\\\\x00-\\x1F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-C] hex{3} | "
+             "[dD] [0-7] hex{2} | [e-fE-F] hex{3} ) )"},
+            {"string", "\"\\\"\" char* \"\\\"\""},
+            {"integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )"},
+            {"number",
+             "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]{1,16} )? ( [eE] [-+]? "
+             "[0-9]{1,3} )?"},
+            {"boolean", "\"true\" | \"false\""},
+            {"null", "\"null\""},
+            {"value", "object | array | string | number | boolean | null"},
+            {"object",
+             "\"{\" ws ( string ws \":\" ws value ws ( \",\" ws string ws \":\" ws value ws )* )? "
+             "\"}\""},
+            {"array", "\"[\" ws ( value ws ( \",\" ws value ws )* )? \"]\""},
+        };
+        names_.insert(name);
+        rules_.emplace_back(name, bodies.at(name));
+        for (const auto & d : deps.at(name)) builtin(d);
+        return name;
+    }
+
+    bool count_of(const ojson & s, const char * key, const std::string & ptr, int * out) {
+        auto it = s.find(key);
+        if (it == s.end()) return true;
+        const std::string p = ptr + "/" + key;
+        if (!it->is_number_integer() || it->get<int64_t>() < 0)
+            return fail(p, "'" + std::string(key) + "' at " + p + " must be a non-negative integer");
+        if (it->get<int64_t>() > kMaxSchemaCount)
+            return fail(p, "'" + std::string(key) + "' at " + p + " is larger than " +
+                               std::to_string(kMaxSchemaCount) +
+                               ", the largest count this server expands into a grammar");
+        *out = int(it->get<int64_t>());
+        return true;
+    }
+
+    // The expression for schema s at pointer ptr.
+    bool visit(const ojson & s, const std::string & ptr, const std::string & hint, int depth,
+               std::string * out) {
+        if (depth > kMaxDepth)
+            return fail(ptr, "the schema nests deeper than " + std::to_string(kMaxDepth) +
+                                 " levels at " + ptr);
+        if (s.is_boolean()) {
+            if (!s.get<bool>()) return fail(ptr, "the schema at " + ptr + " is false: no value matches it");
+            *out = builtin("value");
+            return true;
+        }
+        if (!s.is_object()) return fail(ptr, "the schema at " + ptr + " must be an object or a boolean");
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            const std::string & k = it.key();
+            if (!kSupported.count(k) && !kAnnotations.count(k))
+                return unsupported(ptr + "/" + pointer_escape(k), k);
+        }
+        auto has = [&](const char * k) { return s.contains(k); };
+        // Keywords other than annotations, for the combinators that stand alone.
+        auto others = [&](const std::set<std::string> & allowed) -> std::string {
+            for (auto it = s.begin(); it != s.end(); ++it)
+                if (!kAnnotations.count(it.key()) && !allowed.count(it.key())) return it.key();
+            return "";
+        };
+
+        if (has("$ref")) {
+            if (const std::string o = others({"$ref"}); !o.empty())
+                return unsupported(ptr + "/" + pointer_escape(o), o, "next to '$ref' (put it in the referenced schema)");
+            return visit_ref(s["$ref"], ptr + "/$ref", depth, out);
+        }
+        for (const char * comb : {"anyOf", "oneOf"}) {
+            if (!has(comb)) continue;
+            if (const std::string o = others({comb}); !o.empty())
+                return unsupported(ptr + "/" + pointer_escape(o), o,
+                                   std::string("next to '") + comb + "' (put it in each branch)");
+            const ojson & branches = s[comb];
+            const std::string p = ptr + "/" + comb;
+            if (!branches.is_array() || branches.empty())
+                return fail(p, "'" + std::string(comb) + "' at " + p + " must be a non-empty array of schemas");
+            std::string alt;
+            for (size_t i = 0; i < branches.size(); ++i) {
+                std::string e;
+                if (!visit(branches[i], p + "/" + std::to_string(i), hint, depth + 1, &e)) return false;
+                alt += (i ? " | " : "") + e;
+            }
+            *out = add_rule(hint, alt);
+            return true;
+        }
+
+        // The types this schema allows.
+        std::vector<std::string> types;
+        if (has("type")) {
+            const ojson & t = s["type"];
+            const std::string p = ptr + "/type";
+            std::vector<ojson> names;
+            if (t.is_string())
+                names.push_back(t);
+            else if (t.is_array() && !t.empty())
+                names.assign(t.begin(), t.end());
+            else
+                return fail(p, "'type' at " + p + " must be a type name or a non-empty array of them");
+            for (const ojson & n : names) {
+                if (!n.is_string() || !kTypes.count(n.get<std::string>()))
+                    return fail(p, "'type' at " + p + ": " + n.dump() +
+                                       " is not one of object, array, string, number, integer, "
+                                       "boolean, null");
+                types.push_back(n.get<std::string>());
+            }
+        }
+
+        if (has("const") || has("enum")) {
+            if (has("const") && has("enum"))
+                return unsupported(ptr + "/const", "const", "together with 'enum'");
+            std::vector<ojson> values;
+            if (has("const")) {
+                values.push_back(s["const"]);
+            } else {
+                const ojson & e = s["enum"];
+                if (!e.is_array() || e.empty())
+                    return fail(ptr + "/enum", "'enum' at " + ptr + "/enum must be a non-empty array");
+                values.assign(e.begin(), e.end());
+            }
+            std::string alt;
+            for (const ojson & v : values) {
+                bool ok = types.empty();
+                for (const auto & t : types) ok = ok || value_has_type(v, t);
+                if (ok) alt += (alt.empty() ? "" : " | ") + literal(v.dump());
+            }
+            if (alt.empty())
+                return fail(ptr, "the schema at " + ptr + ": no value of '" +
+                                     std::string(has("const") ? "const" : "enum") +
+                                     "' has the schema's 'type'");
+            *out = add_rule(hint, alt);
+            return true;
+        }
+
+        if (types.empty()) {  // untyped: the types its keywords describe, else any value
+            if (has("properties") || has("required") || has("additionalProperties"))
+                types.push_back("object");
+            if (has("items") || has("minItems") || has("maxItems")) types.push_back("array");
+            if (has("minLength") || has("maxLength")) types.push_back("string");
+            if (types.empty()) {
+                *out = builtin("value");
+                return true;
+            }
+        }
+        if (types.size() == 1) return visit_typed(s, types[0], ptr, hint, depth, out);
+        std::string alt;
+        for (size_t i = 0; i < types.size(); ++i) {
+            std::string e;
+            if (!visit_typed(s, types[i], ptr, hint + "-" + types[i], depth, &e)) return false;
+            alt += (i ? " | " : "") + e;
+        }
+        *out = add_rule(hint, alt);
+        return true;
+    }
+
+    bool visit_typed(const ojson & s, const std::string & type, const std::string & ptr,
+                     const std::string & hint, int depth, std::string * out) {
+        if (type == "string") {
+            int lo = 0, hi = -1;
+            if (!count_of(s, "minLength", ptr, &lo) || !count_of(s, "maxLength", ptr, &hi)) return false;
+            if (hi >= 0 && lo > hi)
+                return fail(ptr + "/minLength", "'minLength' at " + ptr + "/minLength is larger than 'maxLength': no string matches");
+            if (lo == 0 && hi < 0) {
+                *out = builtin("string");
+                return true;
+            }
+            builtin("char");
+            *out = add_rule(hint, "\"\\\"\" " + repeat("char", lo, hi) + " \"\\\"\"");
+            return true;
+        }
+        if (type == "number" || type == "integer" || type == "boolean" || type == "null") {
+            *out = builtin(type);
+            return true;
+        }
+        if (type == "array") return visit_array(s, ptr, hint, depth, out);
+        return visit_object(s, ptr, hint, depth, out);
+    }
+
+    bool visit_array(const ojson & s, const std::string & ptr, const std::string & hint, int depth,
+                     std::string * out) {
+        int lo = 0, hi = -1;
+        if (!count_of(s, "minItems", ptr, &lo) || !count_of(s, "maxItems", ptr, &hi)) return false;
+        if (hi >= 0 && lo > hi)
+            return fail(ptr + "/minItems", "'minItems' at " + ptr + "/minItems is larger than 'maxItems': no array matches");
+        std::string item;
+        if (s.contains("items")) {
+            if (s["items"].is_array())
+                return unsupported(ptr + "/items", "items", "an array of schemas (tuples); give one schema");
+            if (!visit(s["items"], ptr + "/items", hint + "-item", depth + 1, &item)) return false;
+        } else {
+            item = builtin("value");
+        }
+        const std::string ws = builtin("ws");
+        std::string body;
+        if (hi == 0) {
+            body = "\"[\" ws \"]\"";
+        } else {
+            const std::string more = "( \",\" ws " + item + " ws )";
+            const std::string rest = repeat(more, lo > 0 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
+            const std::string seq = item + " ws " + rest;
+            body = "\"[\" ws " + (lo == 0 ? "( " + seq + " )?" : seq) + " \"]\"";
+        }
+        *out = add_rule(hint, body);
+        return true;
+    }
+
+    bool visit_object(const ojson & s, const std::string & ptr, const std::string & hint, int depth,
+                      std::string * out) {
+        const bool has_props = s.contains("properties");
+        if (s.contains("additionalProperties")) {
+            const ojson & ap = s["additionalProperties"];
+            const std::string p = ptr + "/additionalProperties";
+            if (!ap.is_boolean())
+                return unsupported(p, "additionalProperties", "only false (or absent) is supported, not a schema");
+            if (ap.get<bool>() && (has_props || s.contains("required")))
+                return unsupported(p, "additionalProperties",
+                                   "true next to 'properties' or 'required' (only false or absent)");
+        }
+        const bool closed = s.contains("additionalProperties") && !s["additionalProperties"].get<bool>();
+        if (!has_props && !s.contains("required") && !closed) {
+            *out = builtin("object");
+            return true;
+        }
+        const ojson empty = ojson::object();
+        const ojson & props = has_props ? s["properties"] : empty;
+        if (!props.is_object())
+            return fail(ptr + "/properties", "'properties' at " + ptr + "/properties must be an object");
+        std::set<std::string> required;
+        if (s.contains("required")) {
+            const ojson & r = s["required"];
+            const std::string p = ptr + "/required";
+            if (!r.is_array()) return fail(p, "'required' at " + p + " must be an array of property names");
+            for (const ojson & n : r) {
+                if (!n.is_string()) return fail(p, "'required' at " + p + " must hold strings");
+                if (!props.contains(n.get<std::string>()))
+                    return unsupported(p, "required", "it names '" + n.get<std::string>() +
+                                                          "', which is not in 'properties'");
+                required.insert(n.get<std::string>());
+            }
+        }
+        // kv[i]: `"name" : value`, each followed by ws.
+        std::vector<std::string> kv;
+        std::vector<bool> req;
+        builtin("ws");
+        for (auto it = props.begin(); it != props.end(); ++it) {
+            std::string v;
+            const std::string p = ptr + "/properties/" + pointer_escape(it.key());
+            if (!visit(it.value(), p, hint + "-" + it.key(), depth + 1, &v)) return false;
+            kv.push_back(add_rule(hint + "-" + it.key() + "-kv",
+                                  literal(ojson(it.key()).dump()) + " ws \":\" ws " + v + " ws"));
+            req.push_back(required.count(it.key()) > 0);
+        }
+        const size_t n = kv.size();
+        // tail(i): properties i.. after at least one was written, each with its comma; the
+        // optional ones may be left out.
+        auto tail = [&](size_t i) {
+            std::string t;
+            for (size_t j = i; j < n; ++j)
+                t += req[j] ? " \",\" ws " + kv[j] : " ( \",\" ws " + kv[j] + " )?";
+            return t;
+        };
+        // The first property written is some k with every property before it optional.
+        std::string alt;
+        bool all_optional = true;
+        for (size_t k = 0; k < n; ++k) {
+            alt += (alt.empty() ? "" : " | ") + kv[k] + tail(k + 1);
+            if (req[k]) {
+                all_optional = false;
+                break;
+            }
+        }
+        std::string body;
+        if (n == 0)
+            body = "\"{\" ws \"}\"";
+        else
+            body = "\"{\" ws ( " + alt + " )" + (all_optional ? "?" : "") + " \"}\"";
+        *out = add_rule(hint, body);
+        return true;
+    }
+
+    bool visit_ref(const ojson & ref, const std::string & ptr, int depth, std::string * out) {
+        if (!ref.is_string() || ref.get<std::string>().rfind('#', 0) != 0)
+            return unsupported(ptr, "$ref", "only references into this schema (\"#/$defs/...\", \"#/definitions/...\", \"#\")");
+        const std::string target = ref.get<std::string>();
+        if (auto it = ref_rules_.find(target); it != ref_rules_.end()) {
+            *out = it->second;
+            return true;
+        }
+        // Resolve the JSON pointer after '#'.
+        const ojson * node = &root_;
+        std::string rest = target.substr(1), last = "root";
+        if (!rest.empty() && rest[0] != '/')
+            return unsupported(ptr, "$ref", "'" + target + "' is not a JSON pointer (anchors are not supported)");
+        size_t pos = 0;
+        while (pos < rest.size()) {
+            size_t next = rest.find('/', pos + 1);
+            std::string tok = rest.substr(pos + 1, next == std::string::npos ? std::string::npos : next - pos - 1);
+            pos = next == std::string::npos ? rest.size() : next;
+            std::string key;
+            for (size_t i = 0; i < tok.size(); ++i) {
+                if (tok[i] == '~' && i + 1 < tok.size() && (tok[i + 1] == '0' || tok[i + 1] == '1')) {
+                    key += tok[i + 1] == '0' ? '~' : '/';
+                    ++i;
+                } else {
+                    key += tok[i];
+                }
+            }
+            if (node->is_object() && node->contains(key)) {
+                node = &(*node)[key];
+            } else if (node->is_array() && !key.empty() &&
+                       key.find_first_not_of("0123456789") == std::string::npos &&
+                       std::stoull(key) < node->size()) {
+                node = &(*node)[size_t(std::stoull(key))];
+            } else {
+                return fail(ptr, "'$ref' at " + ptr + ": '" + target + "' does not resolve in this schema");
+            }
+            last = key;
+        }
+        // A chain of bare references that comes back to itself describes nothing.
+        std::set<const ojson *> seen{node};
+        for (const ojson * n = node; n->is_object() && n->contains("$ref") && (*n)["$ref"].is_string();) {
+            const std::string r = (*n)["$ref"].get<std::string>();
+            if (r == target || seen.size() > 64)
+                return fail(ptr, "'$ref' at " + ptr + ": '" + target + "' refers to itself without describing a value");
+            if (r.rfind("#/", 0) != 0) break;
+            const ojson * m = nullptr;
+            try {
+                m = &root_.at(ojson::json_pointer(r.substr(1)));
+            } catch (const std::exception &) {
+                break;  // reported when that reference is converted
+            }
+            if (!seen.insert(m).second)
+                return fail(ptr, "'$ref' at " + ptr + ": '" + target + "' is a cycle of references");
+            n = m;
+        }
+        const std::string name = unique_name("ref-" + last);
+        ref_rules_[target] = name;
+        const size_t slot = rules_.size();
+        rules_.emplace_back(name, "");  // filled below; recursion finds the name
+        std::string body;
+        if (!visit(*node, target, name + "-body", depth + 1, &body)) return false;
+        rules_[slot].second = body;
+        *out = name;
+        return true;
+    }
+};
+
+}  // namespace
+
+bool json_schema_to_gbnf(const nlohmann::ordered_json & schema, std::string * gbnf,
+                         SchemaError * err) {
+    Converter c(schema);
+    return c.run(gbnf, err);
+}
+
+}  // namespace moestream::server
