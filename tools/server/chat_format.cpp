@@ -1,0 +1,255 @@
+// chat_format.cpp — family detection, the shared JSON printing and the grammar helpers of
+// chat_format.h; each family's renderer and reply syntax is in chat_format_<family>.cpp.
+#include "chat_format.h"
+
+#include <cctype>
+#include <cstdio>
+
+#include "chat_format_families.h"
+
+namespace moestream::server {
+
+std::string template_json(const ojson & j) {
+    if (j.is_object()) {
+        std::string s = "{";
+        bool first = true;
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            if (!first) s += ", ";
+            first = false;
+            s += ojson(it.key()).dump() + ": " + template_json(it.value());
+        }
+        return s + "}";
+    }
+    if (j.is_array()) {
+        std::string s = "[";
+        for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + template_json(j[i]);
+        return s + "]";
+    }
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+ChatFormat detect_chat_format(const std::string & src) {
+    ChatFormat f;
+    if (hermes::matches(src)) f = hermes::format(src);
+    return f;
+}
+
+bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
+                        std::string * err) {
+    switch (f.family) {
+        case ChatFamily::kHermes:
+            return hermes::render(f, in, out, err);
+        case ChatFamily::kNone:
+            break;
+    }
+    *err = "the chat template has no renderer in moestream";
+    return false;
+}
+
+namespace gbnf {
+
+std::string literal(const std::string & s) {
+    std::string o = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\')
+            o += '\\', o += char(c);
+        else if (c == '\n')
+            o += "\\n";
+        else if (c == '\r')
+            o += "\\r";
+        else if (c == '\t')
+            o += "\\t";
+        else if (c < 0x20) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02X", c);
+            o += b;
+        } else
+            o += char(c);
+    }
+    return o + "\"";
+}
+
+const char kJsonRules[] = R"gbnf(
+json-value  ::= json-object | json-array | json-string | json-number | "true" | "false" | "null"
+json-object ::= "{" ( json-string ": " json-value ( ", " json-string ": " json-value )* )? "}"
+json-array  ::= "[" ( json-value ( ", " json-value )* )? "]"
+json-string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+json-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+json-int    ::= "-"? ( "0" | [1-9] [0-9]* )
+)gbnf";
+
+// The grammar of one tool's arguments object (rule text), from its "parameters": a flat
+// object schema gets its required properties in order with typed values; anything else is
+// any JSON object.
+std::string arguments_rule(const ojson & params) {
+    if (!params.is_object() || params.value("type", "") != "object" ||
+        !params.contains("properties") || !params["properties"].is_object())
+        return "json-object";
+    const ojson & props = params["properties"];
+    std::vector<std::string> keys;
+    if (params.contains("required") && params["required"].is_array()) {
+        for (const auto & k : params["required"])
+            if (k.is_string() && props.contains(k.get<std::string>()))
+                keys.push_back(k.get<std::string>());
+    }
+    if (keys.empty() && !props.empty()) return "json-object";
+    std::string rule = "\"{\"";
+    bool first = true;
+    for (const std::string & k : keys) {
+        const ojson & p = props[k];
+        std::string v;
+        if (p.contains("enum") && p["enum"].is_array() && !p["enum"].empty()) {
+            for (const auto & e : p["enum"]) v += (v.empty() ? "" : " | ") + literal(e.dump());
+            v = "( " + v + " )";
+        } else {
+            const std::string t = p.is_object() ? p.value("type", "") : "";
+            v = t == "string"    ? "json-string"
+                : t == "integer" ? "json-int"
+                : t == "number"  ? "json-number"
+                : t == "boolean" ? "( \"true\" | \"false\" )"
+                                 : "json-value";
+        }
+        rule += std::string(first ? " " : " \", \" ") + literal(ojson(k).dump()) + " \": \" " + v;
+        first = false;
+    }
+    return rule + " \"}\"";
+}
+
+}  // namespace gbnf
+
+std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
+                              const std::string & forced_name, bool one_call) {
+    std::string alts, rules;
+    int n = 0;
+    for (const auto & t : tools) {
+        const ojson & fn = t["function"];
+        const std::string name = fn["name"].get<std::string>();
+        if (!forced_name.empty() && name != forced_name) continue;
+        const std::string r = "call" + std::to_string(n++);
+        const ojson params = fn.contains("parameters") ? fn["parameters"] : ojson();
+        rules += r + " ::= " + call_rule(f, name, gbnf::arguments_rule(params)) + "\n";
+        alts += (alts.empty() ? "" : " | ") + r;
+    }
+    std::string g = "root ::= call" + std::string(one_call ? "" : " ( " + call_separator(f) + " call )*") +
+                    "\ncall ::= " + alts + "\n" + rules + gbnf::kJsonRules;
+    return g;
+}
+
+ReplyParser::ReplyParser(const ChatFormat & f, bool tools, bool thinking)
+    : f_(f), tools_(tools && f.tools), state_(thinking && f.thinking ? State::kStart
+                                                                      : State::kContent) {}
+
+ReplyDelta ReplyParser::push(const std::string & text) {
+    buf_ += text;
+    return step(false);
+}
+
+ReplyDelta ReplyParser::finish() {
+    return step(true);
+}
+
+namespace {
+
+// Length of the longest suffix of s that is a proper prefix of marker.
+size_t partial_suffix(const std::string & s, const std::string & marker) {
+    for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
+        if (s.compare(s.size() - n, n, marker, 0, n) == 0) return n;
+    return 0;
+}
+
+bool all_space(const std::string & s) {
+    return s.find_first_not_of(" \t\r\n") == std::string::npos;
+}
+
+}  // namespace
+
+ReplyDelta ReplyParser::step(bool final) {
+    const ReplyMarkers m = reply_markers(f_);
+    ReplyDelta d;
+    for (;;) {
+        if (state_ == State::kStart) {
+            const size_t ws = buf_.find_first_not_of(" \t\r\n");
+            if (ws == std::string::npos) {
+                if (final) buf_.clear();
+                return d;
+            }
+            const std::string rest = buf_.substr(ws);
+            if (rest.compare(0, m.think_open.size(), m.think_open) == 0) {
+                buf_ = rest.substr(m.think_open.size());
+                if (!buf_.empty() && buf_[0] == '\n') buf_.erase(0, 1);
+                state_ = State::kThink;
+                continue;
+            }
+            if (!final && m.think_open.compare(0, rest.size(), rest) == 0) return d;
+            buf_ = rest;
+            state_ = State::kContent;
+            continue;
+        }
+        if (state_ == State::kThink) {
+            const size_t e = buf_.find(m.think_close);
+            if (e == std::string::npos) {
+                const size_t keep = final ? 0 : partial_suffix(buf_, m.think_close);
+                d.reasoning += buf_.substr(0, buf_.size() - keep);
+                buf_.erase(0, buf_.size() - keep);
+                return d;
+            }
+            std::string r = buf_.substr(0, e);
+            while (!r.empty() && r.back() == '\n') r.pop_back();
+            d.reasoning += r;
+            buf_.erase(0, e + m.think_close.size());
+            state_ = State::kContent;
+            content_started_ = false;
+            continue;
+        }
+        if (state_ == State::kContent) {
+            if (!content_started_) {  // blank before the content or between calls: dropped
+                const size_t ws = buf_.find_first_not_of(" \t\r\n");
+                buf_.erase(0, ws == std::string::npos ? buf_.size() : ws);
+                if (buf_.empty()) return d;
+            }
+            const size_t s = tools_ ? buf_.find(m.call_open) : std::string::npos;
+            if (s == std::string::npos) {
+                const size_t keep = tools_ && !final ? partial_suffix(buf_, m.call_open) : 0;
+                std::string out = buf_.substr(0, buf_.size() - keep);
+                // Blank text waits until text follows it (blank before a call or at the end
+                // is not content).
+                if (all_space(out)) {
+                    if (final) buf_.clear();
+                    return d;
+                }
+                d.content += out;
+                content_started_ = true;
+                buf_.erase(0, buf_.size() - keep);
+                return d;
+            }
+            std::string before = buf_.substr(0, s);
+            while (!before.empty() && std::isspace(static_cast<unsigned char>(before.back())))
+                before.pop_back();
+            d.content += before;
+            buf_.erase(0, s + m.call_open.size());
+            state_ = State::kCall;
+            continue;
+        }
+        // kCall
+        const size_t e = buf_.find(m.call_close);
+        if (e == std::string::npos) {
+            if (!final) return d;
+            d.content += m.call_open + buf_;  // unfinished: what was generated
+            buf_.clear();
+            return d;
+        }
+        ToolCall c;
+        const std::string body = buf_.substr(0, e);
+        if (parse_call_body(f_, body, &c)) {
+            c.id = "call_" + std::to_string(n_calls_++);
+            d.calls.push_back(std::move(c));
+        } else {
+            d.content += m.call_open + body + m.call_close;
+        }
+        buf_.erase(0, e + m.call_close.size());
+        state_ = State::kContent;
+        content_started_ = false;
+    }
+}
+
+}  // namespace moestream::server

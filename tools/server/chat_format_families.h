@@ -1,0 +1,35 @@
+// chat_format_families.h — what chat_format.cpp asks of each family (internal to the server):
+// its fingerprint, renderer and reply syntax. One chat_format_<family>.cpp per family.
+#pragma once
+
+#include <string>
+
+#include "chat_format.h"
+
+namespace moestream::server {
+
+// The markers of a family's replies ("" = the family has none).
+struct ReplyMarkers {
+    std::string think_open, think_close;  // the thinking block
+    std::string call_open, call_close;    // one tool call
+};
+ReplyMarkers reply_markers(const ChatFormat & f);
+// The text between call_open and call_close -> name and arguments (compact JSON); false when
+// it is not a call.
+bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out);
+// GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule, and of
+// what separates two calls.
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args_rule);
+std::string call_separator(const ChatFormat & f);
+
+namespace gbnf {
+std::string literal(const std::string & s);  // a GBNF string literal for s
+}
+
+namespace hermes {  // Qwen3 / Qwen2.5 / Hermes 2 Pro: <tool_call> JSON </tool_call>, <think>
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+}  // namespace hermes
+
+}  // namespace moestream::server
