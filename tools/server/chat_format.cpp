@@ -186,16 +186,23 @@ ReplyDelta ReplyParser::step(bool final) {
             continue;
         }
         if (state_ == State::kThink) {
+            if (!reasoning_started_) {  // blank at the start of the block: dropped
+                const size_t ws = buf_.find_first_not_of(" \t\r\n");
+                buf_.erase(0, ws == std::string::npos ? buf_.size() : ws);
+                if (buf_.empty()) return d;
+            }
             const size_t e = buf_.find(m.think_close);
+            // Blank at the end of the block is dropped too: it waits until text follows it.
+            size_t end = e != std::string::npos ? e
+                         : final                ? buf_.size()
+                                                : buf_.size() - partial_suffix(buf_, m.think_close);
+            while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
+            d.reasoning += buf_.substr(0, end);
+            reasoning_started_ = reasoning_started_ || end > 0;
             if (e == std::string::npos) {
-                const size_t keep = final ? 0 : partial_suffix(buf_, m.think_close);
-                d.reasoning += buf_.substr(0, buf_.size() - keep);
-                buf_.erase(0, buf_.size() - keep);
+                buf_.erase(0, final ? buf_.size() : end);
                 return d;
             }
-            std::string r = buf_.substr(0, e);
-            while (!r.empty() && r.back() == '\n') r.pop_back();
-            d.reasoning += r;
             buf_.erase(0, e + m.think_close.size());
             state_ = State::kContent;
             content_started_ = false;

@@ -91,6 +91,7 @@ private:
     enum class State { kStart, kThink, kContent, kCall } state_;
     std::string buf_;
     bool content_started_ = false;
+    bool reasoning_started_ = false;
     int n_calls_ = 0;
 };
 
