@@ -157,10 +157,6 @@ size_t partial_suffix(const std::string & s, const std::string & marker) {
     return 0;
 }
 
-bool all_space(const std::string & s) {
-    return s.find_first_not_of(" \t\r\n") == std::string::npos;
-}
-
 }  // namespace
 
 ReplyDelta ReplyParser::step(bool final) {
@@ -216,17 +212,13 @@ ReplyDelta ReplyParser::step(bool final) {
             }
             const size_t s = tools_ ? buf_.find(m.call_open) : std::string::npos;
             if (s == std::string::npos) {
-                const size_t keep = tools_ && !final ? partial_suffix(buf_, m.call_open) : 0;
-                std::string out = buf_.substr(0, buf_.size() - keep);
-                // Blank text waits until text follows it (blank before a call or at the end
-                // is not content).
-                if (all_space(out)) {
-                    if (final) buf_.clear();
-                    return d;
-                }
-                d.content += out;
-                content_started_ = true;
-                buf_.erase(0, buf_.size() - keep);
+                size_t end = buf_.size() - (tools_ && !final ? partial_suffix(buf_, m.call_open) : 0);
+                // Trailing blank waits until text follows it (blank before a call or at the
+                // end is not content).
+                while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
+                d.content += buf_.substr(0, end);
+                content_started_ = content_started_ || end > 0;
+                buf_.erase(0, final ? buf_.size() : end);
                 return d;
             }
             std::string before = buf_.substr(0, s);
