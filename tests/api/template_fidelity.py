@@ -85,6 +85,10 @@ def conversations():
 FAMILIES = {
     "hermes-qwen3": ("hermes-qwen3.jinja", "hermes-qwen3", set(),
                      ("'\\n<tool_response>\\n'", "'\\n<tool_response>'")),
+    # One call per assistant turn, and no thinking to enable: those are refused (400);
+    # enable_thinking false is accepted (there is no thinking).
+    "llama3": ("llama3.jinja", "llama3.x", {"parallel-calls", "thinking-on"},
+               ('"Environment: ipython\\n"', '"Environment: ipython"')),
 }
 
 
@@ -187,7 +191,11 @@ def main():
                     continue
                 differ = 0
                 for cname, body in conversations().items():
-                    if cname in skip:
+                    if cname in skip:  # the family cannot express it: refused, not bent
+                        sa, a = post(srv.ms_url, body)
+                        if sa != 400:
+                            failures.append("%s/%s/%s: expected a 400, got %d: %s" %
+                                            (fam, variant, cname, sa, a))
                         continue
                     sa, a = post(srv.ms_url, body)
                     sb, b = post(srv.ls_url, body)

@@ -13,13 +13,15 @@
 namespace moestream::server {
 namespace {
 
-std::string hermes_template() {
+std::string read_template(const std::string & name) {
     const char * e = std::getenv("MOESTREAM_SRC");
-    std::ifstream f(std::string(e && *e ? e : MOESTREAM_TEST_SRC) +
-                    "/tests/api/templates/hermes-qwen3.jinja");
+    std::ifstream f(std::string(e && *e ? e : MOESTREAM_TEST_SRC) + "/tests/api/templates/" + name);
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+std::string hermes_template() {
+    return read_template("hermes-qwen3.jinja");
 }
 
 TEST(ChatFormat, HermesRecognisedOnlyWithEveryFingerprintPiece) {
@@ -55,8 +57,9 @@ struct Split {
     std::vector<ToolCall> calls;
 };
 
-Split parse(const std::string & reply, size_t piece, bool tools, bool thinking) {
-    ReplyParser p(detect_chat_format(hermes_template()), tools, thinking);
+Split parse(const std::string & reply, size_t piece, bool tools, bool thinking,
+            const std::string & tmpl = hermes_template()) {
+    ReplyParser p(detect_chat_format(tmpl), tools, thinking);
     Split s;
     auto add = [&](const ReplyDelta & d) {
         s.content += d.content;
@@ -105,6 +108,32 @@ TEST(ChatFormat, ReplyParserSplitsAlikeForEveryPieceSize) {
     const Split off = parse(call, 3, false, false);
     EXPECT_TRUE(off.calls.empty());
     EXPECT_EQ(off.content, call);
+}
+
+TEST(ChatFormat, Llama3ReplyIsOneJsonCallOrText) {
+    const std::string t = read_template("llama3.jinja");
+    const ChatFormat f = detect_chat_format(t);
+    ASSERT_EQ(f.family, ChatFamily::kLlama3) << f.name;
+    EXPECT_FALSE(f.thinking);
+    EXPECT_EQ(detect_chat_format(hermes_template()).family, ChatFamily::kHermes) << "not llama3";
+    const std::string call = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
+    for (size_t piece : {size_t(1), size_t(5), call.size()}) {
+        Split s = parse(call, piece, true, false, t);
+        ASSERT_EQ(s.calls.size(), 1u) << piece;
+        EXPECT_EQ(s.calls[0].name, "add");
+        EXPECT_EQ(s.calls[0].arguments, "{\"a\":1,\"b\":2}");
+        EXPECT_EQ(s.content, "");
+        s = parse("<|python_tag|>" + call, piece, true, false, t);
+        EXPECT_EQ(s.calls.size(), 1u) << "with the python tag, piece " << piece;
+        s = parse("{not a call}", piece, true, false, t);
+        EXPECT_TRUE(s.calls.empty());
+        EXPECT_EQ(s.content, "{not a call}");
+        s = parse("It is 3. " + call, piece, true, false, t);
+        EXPECT_TRUE(s.calls.empty()) << "a call is the whole reply";
+        s = parse(call, piece, false, false, t);  // control: no tools offered
+        EXPECT_TRUE(s.calls.empty());
+        EXPECT_EQ(s.content, call);
+    }
 }
 
 }  // namespace

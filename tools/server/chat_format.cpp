@@ -30,7 +30,10 @@ std::string template_json(const ojson & j) {
 
 ChatFormat detect_chat_format(const std::string & src) {
     ChatFormat f;
-    if (hermes::matches(src)) f = hermes::format(src);
+    if (hermes::matches(src))
+        f = hermes::format(src);
+    else if (llama3::matches(src))
+        f = llama3::format(src);
     return f;
 }
 
@@ -39,11 +42,41 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
     switch (f.family) {
         case ChatFamily::kHermes:
             return hermes::render(f, in, out, err);
+        case ChatFamily::kLlama3:
+            return llama3::render(f, in, out, err);
         case ChatFamily::kNone:
             break;
     }
     *err = "the chat template has no renderer in moestream";
     return false;
+}
+
+ReplyMarkers reply_markers(const ChatFormat & f) {
+    ReplyMarkers m;
+    if (f.family == ChatFamily::kHermes) {
+        m.think_open = "<think>", m.think_close = "</think>";
+        m.call_open = "<tool_call>", m.call_close = "</tool_call>";
+    } else if (f.family == ChatFamily::kLlama3) {
+        m.call_open = "<|python_tag|>";
+        m.json_reply = true;
+        m.parallel = false;
+    }
+    return m;
+}
+
+bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
+    if (f.family == ChatFamily::kHermes) return hermes::parse_call(body, out);
+    if (f.family == ChatFamily::kLlama3) return llama3::parse_call(body, out);
+    return false;
+}
+
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args) {
+    return f.family == ChatFamily::kLlama3 ? llama3::call_rule(name, args)
+                                           : hermes::call_rule(name, args);
+}
+
+std::string call_separator(const ChatFormat &) {
+    return gbnf::literal("\n");
 }
 
 namespace gbnf {
@@ -130,6 +163,7 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
         rules += r + " ::= " + call_rule(f, name, gbnf::arguments_rule(params)) + "\n";
         alts += (alts.empty() ? "" : " | ") + r;
     }
+    if (!reply_markers(f).parallel) one_call = true;  // the family has one call per reply
     std::string g = "root ::= call" + std::string(one_call ? "" : " ( " + call_separator(f) + " call )*") +
                     "\ncall ::= " + alts + "\n" + rules + gbnf::kJsonRules;
     return g;
@@ -209,10 +243,23 @@ ReplyDelta ReplyParser::step(bool final) {
                 const size_t ws = buf_.find_first_not_of(" \t\r\n");
                 buf_.erase(0, ws == std::string::npos ? buf_.size() : ws);
                 if (buf_.empty()) return d;
+                if (tools_ && m.json_reply) {  // a reply that is one JSON call
+                    if (buf_.compare(0, m.call_open.size(), m.call_open) == 0) {
+                        buf_.erase(0, m.call_open.size());
+                        state_ = State::kJson;
+                        continue;
+                    }
+                    if (buf_[0] == '{') {
+                        state_ = State::kJson;
+                        continue;
+                    }
+                    if (!final && m.call_open.compare(0, buf_.size(), buf_) == 0) return d;
+                }
             }
-            const size_t s = tools_ ? buf_.find(m.call_open) : std::string::npos;
+            const bool marked = tools_ && !m.json_reply;  // calls marked inside the text
+            const size_t s = marked ? buf_.find(m.call_open) : std::string::npos;
             if (s == std::string::npos) {
-                size_t end = buf_.size() - (tools_ && !final ? partial_suffix(buf_, m.call_open) : 0);
+                size_t end = buf_.size() - (marked && !final ? partial_suffix(buf_, m.call_open) : 0);
                 // Trailing blank waits until text follows it (blank before a call or at the
                 // end is not content).
                 while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
@@ -228,6 +275,20 @@ ReplyDelta ReplyParser::step(bool final) {
             buf_.erase(0, s + m.call_open.size());
             state_ = State::kCall;
             continue;
+        }
+        if (state_ == State::kJson) {  // held to the end: a call, or text as generated
+            if (!final) return d;
+            ToolCall c;
+            if (parse_call_body(f_, buf_, &c)) {
+                c.id = "call_" + std::to_string(n_calls_++);
+                d.calls.push_back(std::move(c));
+            } else {
+                size_t end = buf_.size();
+                while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
+                d.content += buf_.substr(0, end);
+            }
+            buf_.clear();
+            return d;
         }
         // kCall
         const size_t e = buf_.find(m.call_close);

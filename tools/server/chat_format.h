@@ -19,13 +19,15 @@ namespace moestream::server {
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
-enum class ChatFamily { kNone, kHermes };
+enum class ChatFamily { kNone, kHermes, kLlama3 };
 
 struct ChatFormat {
     ChatFamily family = ChatFamily::kNone;
     std::string name;       // "qwen3 (hermes tool calls, <think>)", ... ; "" for kNone
     bool tools = false;     // the family has tool-call syntax
     bool thinking = false;  // the template has a thinking block (reasoning_content)
+    std::string bos_token;  // the model's start token text (templates may write it)
+    bool bos_added = false; // the engine puts the start token before a prompt itself
 };
 
 // The family of a model template (its source text); kNone when no family's fingerprint matches.
@@ -88,7 +90,7 @@ private:
     ReplyDelta step(bool final);
     ChatFormat f_;
     bool tools_;
-    enum class State { kStart, kThink, kContent, kCall } state_;
+    enum class State { kStart, kThink, kContent, kCall, kJson } state_;
     std::string buf_;
     bool content_started_ = false;
     bool reasoning_started_ = false;

@@ -12,6 +12,8 @@ namespace moestream::server {
 struct ReplyMarkers {
     std::string think_open, think_close;  // the thinking block
     std::string call_open, call_close;    // one tool call
+    bool json_reply = false;  // a reply that starts with '{' (or call_open) is one call
+    bool parallel = true;     // several calls per reply
 };
 ReplyMarkers reply_markers(const ChatFormat & f);
 // The text between call_open and call_close -> name and arguments (compact JSON); false when
@@ -30,6 +32,16 @@ namespace hermes {  // Qwen3 / Qwen2.5 / Hermes 2 Pro: <tool_call> JSON </tool_c
 bool matches(const std::string & src);
 ChatFormat format(const std::string & src);
 bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace hermes
+
+namespace llama3 {  // Llama 3.1 / 3.2 / 3.3: {"name", "parameters"} turns, ipython results
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace llama3
 
 }  // namespace moestream::server

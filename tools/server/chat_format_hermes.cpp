@@ -113,14 +113,7 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
     return true;
 }
 
-}  // namespace hermes
-
-ReplyMarkers reply_markers(const ChatFormat & f) {
-    (void)f;
-    return ReplyMarkers{"<think>", "</think>", "<tool_call>", "</tool_call>"};
-}
-
-bool parse_call_body(const ChatFormat &, const std::string & body, ToolCall * out) {
+bool parse_call(const std::string & body, ToolCall * out) {
     ojson j = ojson::parse(body, nullptr, false);
     if (!j.is_object() || !j.contains("name") || !j["name"].is_string() ||
         !j.contains("arguments"))
@@ -133,13 +126,10 @@ bool parse_call_body(const ChatFormat &, const std::string & body, ToolCall * ou
     return true;
 }
 
-std::string call_rule(const ChatFormat &, const std::string & name, const std::string & args) {
+std::string call_rule(const std::string & name, const std::string & args) {
     return gbnf::literal("<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": ") + " " +
            args + " " + gbnf::literal("}\n</tool_call>");
 }
 
-std::string call_separator(const ChatFormat &) {
-    return gbnf::literal("\n");
-}
-
+}  // namespace hermes
 }  // namespace moestream::server

@@ -38,7 +38,10 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     in.tools = x.tools;
     in.enable_thinking = x.enable_thinking.value_or(true);
     std::string err;
-    if (!render_chat_format(f, in, &p->prompt, &err)) return refuse("messages", err);
+    if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
+    p->prompt = plan->shown;
+    if (f.bos_added && !f.bos_token.empty() && p->prompt.rfind(f.bos_token, 0) == 0)
+        p->prompt.erase(0, f.bos_token.size());
     plan->rendered = true;
     plan->parse = true;
     plan->tools = !x.tools.empty() && x.tool_choice != "none";

@@ -18,6 +18,8 @@ struct ChatPlan {
     bool parse = false;     // split the reply with a ReplyParser
     bool tools = false;     // ... looking for tool calls
     bool thinking = false;  // ... starting in the thinking block
+    std::string shown;      // the rendered prompt as /apply-template shows it (with the
+                            // start token's text, which the engine adds as a token instead)
 };
 
 // f: the model's chat format (kNone: the template is llama.cpp's business, and tools,

@@ -206,6 +206,7 @@ public:
         tmpl_ = engine_->chat_template_name();
         fmt_ = detect_chat_format(engine_->chat_template());
         if (fmt_.family != ChatFamily::kNone) tmpl_ = fmt_.name;
+        fmt_.bos_token = engine_->bos_text(&fmt_.bos_added);
         if (tmpl_.empty())
             MS_LOG_WARN(
                 "the model's chat template is not one llama.cpp renders: chat completions are "
@@ -1039,7 +1040,7 @@ private:
                                                    "messages"));
         ChatPlan plan;
         if (auto e = plan_chat(fmt_, tmpl_, &p, &plan)) return send_error(res, *e);
-        std::string prompt = p.prompt;
+        std::string prompt = plan.shown;
         Status st = plan.rendered ? Status::Ok()
                                   : engine_->apply_chat_template(p.messages, true, &prompt);
         if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "messages"));
