@@ -601,12 +601,15 @@ public:
         return render_chat(chat_, messages, add_assistant, out);
     }
     std::string chat_template_name() const override { return chat_.usable ? chat_.name : ""; }
-    std::string bos_text(bool * added) const override {
+    void special_texts(std::string * bos, std::string * eos, bool * bos_added) const override {
         const llama_vocab * v = llama_model_get_vocab(lm_.model);
-        const llama_token b = llama_vocab_bos(v);
-        *added = b != LLAMA_TOKEN_NULL && llama_vocab_get_add_bos(v);
-        const char * t = b == LLAMA_TOKEN_NULL ? nullptr : llama_vocab_get_text(v, b);
-        return t ? std::string(t) : std::string();
+        auto text = [v](llama_token t) {
+            const char * s = t == LLAMA_TOKEN_NULL ? nullptr : llama_vocab_get_text(v, t);
+            return s ? std::string(s) : std::string();
+        };
+        *bos = text(llama_vocab_bos(v));
+        *eos = text(llama_vocab_eos(v));
+        *bos_added = llama_vocab_bos(v) != LLAMA_TOKEN_NULL && llama_vocab_get_add_bos(v);
     }
     int n_ctx() const override { return opt_.n_ctx; }
 

@@ -44,8 +44,8 @@ def conversations():
     u = {"role": "user", "content": "Weather in Paris? Ünïcode ✓"}
     s = {"role": "system", "content": "You are terse."}
     tc = {"role": "assistant", "content": None,
-          "tool_calls": [call("c1", "get_weather", "{\"city\":\"Paris\",\"days\": 2}")]}
-    tr = {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 21}"}
+          "tool_calls": [call("call00001", "get_weather", "{\"city\":\"Paris\",\"days\": 2}")]}
+    tr = {"role": "tool", "tool_call_id": "call00001", "content": "{\"temp\": 21}"}
     return {
         "user": {"messages": [u]},
         "system-user": {"messages": [s, u]},
@@ -61,12 +61,12 @@ def conversations():
             "messages": [s, u, tc, tr, {"role": "assistant", "content": "21 °C."},
                          {"role": "user", "content": "Thanks"}], "tools": TOOLS},
         "parallel-calls": {"messages": [u, {"role": "assistant", "content": "Checking.",
-                                            "tool_calls": [call("a", "get_weather",
+                                            "tool_calls": [call("call0000a", "get_weather",
                                                                 "{\"city\": \"Rome\"}"),
-                                                           call("b", "add",
+                                                           call("call0000b", "add",
                                                                 "{\"b\": 2, \"a\": 1.25}")]},
-                                        {"role": "tool", "tool_call_id": "a", "content": "sun"},
-                                        {"role": "tool", "tool_call_id": "b", "content": "3.25"}],
+                                        {"role": "tool", "tool_call_id": "call0000a", "content": "sun"},
+                                        {"role": "tool", "tool_call_id": "call0000b", "content": "3.25"}],
                            "tools": TOOLS},
         "reasoning-in-loop": {"messages": [u, dict(tc, reasoning_content="Need the tool."), tr],
                               "tools": TOOLS},
@@ -89,6 +89,9 @@ FAMILIES = {
     # enable_thinking false is accepted (there is no thinking).
     "llama3": ("llama3.jinja", "llama3.x", {"parallel-calls", "thinking-on"},
                ('"Environment: ipython\\n"', '"Environment: ipython"')),
+    # A system message after the first breaks the alternation; no thinking to enable.
+    "mistral": ("mistral.jinja", "mistral", {"late-system", "thinking-on"},
+                ("system_message + '\\n\\n'", "system_message + '\\n'")),
 }
 
 

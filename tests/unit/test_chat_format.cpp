@@ -136,5 +136,24 @@ TEST(ChatFormat, Llama3ReplyIsOneJsonCallOrText) {
     }
 }
 
+TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
+    const std::string t = read_template("mistral.jinja");
+    ASSERT_EQ(detect_chat_format(t).family, ChatFamily::kMistral);
+    const std::string calls = "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": 1}}, "
+                              "{\"name\": \"get_weather\", \"arguments\": {}}]";
+    for (size_t piece : {size_t(1), size_t(4), calls.size()}) {
+        Split s = parse(calls, piece, true, false, t);
+        ASSERT_EQ(s.calls.size(), 2u) << piece;
+        EXPECT_EQ(s.calls[0].name, "add");
+        EXPECT_EQ(s.calls[1].arguments, "{}");
+        EXPECT_EQ(s.content, "");
+        s = parse("{\"name\": \"add\", \"arguments\": {}}", piece, true, false, t);
+        EXPECT_TRUE(s.calls.empty()) << "no [TOOL_CALLS] marker: text";
+        s = parse("[TOOL_CALLS] [oops", piece, true, false, t);
+        EXPECT_TRUE(s.calls.empty());
+        EXPECT_EQ(s.content, "[TOOL_CALLS] [oops") << "not calls: as generated";
+    }
+}
+
 }  // namespace
 }  // namespace moestream::server

@@ -34,6 +34,8 @@ ChatFormat detect_chat_format(const std::string & src) {
         f = hermes::format(src);
     else if (llama3::matches(src))
         f = llama3::format(src);
+    else if (mistral::matches(src))
+        f = mistral::format(src);
     return f;
 }
 
@@ -44,6 +46,8 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
             return hermes::render(f, in, out, err);
         case ChatFamily::kLlama3:
             return llama3::render(f, in, out, err);
+        case ChatFamily::kMistral:
+            return mistral::render(f, in, out, err);
         case ChatFamily::kNone:
             break;
     }
@@ -56,27 +60,42 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
     if (f.family == ChatFamily::kHermes) {
         m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = "<tool_call>", m.call_close = "</tool_call>";
+        m.grammar_separator = gbnf::literal("\n");
     } else if (f.family == ChatFamily::kLlama3) {
         m.call_open = "<|python_tag|>";
         m.json_reply = true;
         m.parallel = false;
+    } else if (f.family == ChatFamily::kMistral) {
+        m.call_open = "[TOOL_CALLS]";
+        m.json_reply = m.marker_required = true;
+        m.grammar_open = gbnf::literal("[TOOL_CALLS] [");
+        m.grammar_separator = gbnf::literal(", ");
+        m.grammar_close = gbnf::literal("]");
     }
     return m;
 }
 
 bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
-    if (f.family == ChatFamily::kHermes) return hermes::parse_call(body, out);
-    if (f.family == ChatFamily::kLlama3) return llama3::parse_call(body, out);
-    return false;
+    return f.family == ChatFamily::kHermes && hermes::parse_call(body, out);
+}
+
+bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
+    if (f.family == ChatFamily::kMistral) return mistral::parse_calls(body, out);
+    ToolCall c;
+    if (f.family != ChatFamily::kLlama3 || !llama3::parse_call(body, &c)) return false;
+    out->assign(1, c);
+    return true;
 }
 
 std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args) {
-    return f.family == ChatFamily::kLlama3 ? llama3::call_rule(name, args)
-                                           : hermes::call_rule(name, args);
-}
-
-std::string call_separator(const ChatFormat &) {
-    return gbnf::literal("\n");
+    switch (f.family) {
+        case ChatFamily::kLlama3:
+            return llama3::call_rule(name, args);
+        case ChatFamily::kMistral:
+            return mistral::call_rule(name, args);
+        default:
+            return hermes::call_rule(name, args);
+    }
 }
 
 namespace gbnf {
@@ -163,8 +182,11 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
         rules += r + " ::= " + call_rule(f, name, gbnf::arguments_rule(params)) + "\n";
         alts += (alts.empty() ? "" : " | ") + r;
     }
-    if (!reply_markers(f).parallel) one_call = true;  // the family has one call per reply
-    std::string g = "root ::= call" + std::string(one_call ? "" : " ( " + call_separator(f) + " call )*") +
+    const ReplyMarkers m = reply_markers(f);
+    if (!m.parallel) one_call = true;  // the family has one call per reply
+    std::string g = "root ::= " + m.grammar_open + " call" +
+                    (one_call ? "" : " ( " + m.grammar_separator + " call )*") + " " +
+                    m.grammar_close +
                     "\ncall ::= " + alts + "\n" + rules + gbnf::kJsonRules;
     return g;
 }
@@ -189,6 +211,19 @@ size_t partial_suffix(const std::string & s, const std::string & marker) {
     for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
         if (s.compare(s.size() - n, n, marker, 0, n) == 0) return n;
     return 0;
+}
+
+// Erases the blank text at the start of *s; true when nothing else is left.
+bool drop_leading_blank(std::string * s) {
+    const size_t ws = s->find_first_not_of(" \t\r\n");
+    s->erase(0, ws == std::string::npos ? s->size() : ws);
+    return s->empty();
+}
+
+// Where the blank text that ends s[0, end) starts.
+size_t blank_tail(const std::string & s, size_t end) {
+    while (end > 0 && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
+    return end;
 }
 
 }  // namespace
@@ -216,17 +251,13 @@ ReplyDelta ReplyParser::step(bool final) {
             continue;
         }
         if (state_ == State::kThink) {
-            if (!reasoning_started_) {  // blank at the start of the block: dropped
-                const size_t ws = buf_.find_first_not_of(" \t\r\n");
-                buf_.erase(0, ws == std::string::npos ? buf_.size() : ws);
-                if (buf_.empty()) return d;
-            }
+            if (!reasoning_started_ && drop_leading_blank(&buf_)) return d;  // start of the block
             const size_t e = buf_.find(m.think_close);
             // Blank at the end of the block is dropped too: it waits until text follows it.
             size_t end = e != std::string::npos ? e
                          : final                ? buf_.size()
                                                 : buf_.size() - partial_suffix(buf_, m.think_close);
-            while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
+            end = blank_tail(buf_, end);
             d.reasoning += buf_.substr(0, end);
             reasoning_started_ = reasoning_started_ || end > 0;
             if (e == std::string::npos) {
@@ -240,16 +271,15 @@ ReplyDelta ReplyParser::step(bool final) {
         }
         if (state_ == State::kContent) {
             if (!content_started_) {  // blank before the content or between calls: dropped
-                const size_t ws = buf_.find_first_not_of(" \t\r\n");
-                buf_.erase(0, ws == std::string::npos ? buf_.size() : ws);
-                if (buf_.empty()) return d;
+                if (drop_leading_blank(&buf_)) return d;
                 if (tools_ && m.json_reply) {  // a reply that is one JSON call
                     if (buf_.compare(0, m.call_open.size(), m.call_open) == 0) {
                         buf_.erase(0, m.call_open.size());
+                        json_marker_ = true;
                         state_ = State::kJson;
                         continue;
                     }
-                    if (buf_[0] == '{') {
+                    if (buf_[0] == '{' && !m.marker_required) {
                         state_ = State::kJson;
                         continue;
                     }
@@ -262,30 +292,28 @@ ReplyDelta ReplyParser::step(bool final) {
                 size_t end = buf_.size() - (marked && !final ? partial_suffix(buf_, m.call_open) : 0);
                 // Trailing blank waits until text follows it (blank before a call or at the
                 // end is not content).
-                while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
+                end = blank_tail(buf_, end);
                 d.content += buf_.substr(0, end);
                 content_started_ = content_started_ || end > 0;
                 buf_.erase(0, final ? buf_.size() : end);
                 return d;
             }
-            std::string before = buf_.substr(0, s);
-            while (!before.empty() && std::isspace(static_cast<unsigned char>(before.back())))
-                before.pop_back();
-            d.content += before;
+            d.content += buf_.substr(0, blank_tail(buf_, s));
             buf_.erase(0, s + m.call_open.size());
             state_ = State::kCall;
             continue;
         }
         if (state_ == State::kJson) {  // held to the end: a call, or text as generated
             if (!final) return d;
-            ToolCall c;
-            if (parse_call_body(f_, buf_, &c)) {
-                c.id = "call_" + std::to_string(n_calls_++);
-                d.calls.push_back(std::move(c));
+            std::vector<ToolCall> calls;
+            if (parse_json_reply(f_, buf_, &calls)) {
+                for (ToolCall & c : calls) {
+                    c.id = "call_" + std::to_string(n_calls_++);
+                    d.calls.push_back(std::move(c));
+                }
             } else {
-                size_t end = buf_.size();
-                while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) --end;
-                d.content += buf_.substr(0, end);
+                d.content += (json_marker_ ? m.call_open : "") +
+                             buf_.substr(0, blank_tail(buf_, buf_.size()));
             }
             buf_.clear();
             return d;

@@ -19,14 +19,15 @@ namespace moestream::server {
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
-enum class ChatFamily { kNone, kHermes, kLlama3 };
+enum class ChatFamily { kNone, kHermes, kLlama3, kMistral };
 
 struct ChatFormat {
     ChatFamily family = ChatFamily::kNone;
     std::string name;       // "qwen3 (hermes tool calls, <think>)", ... ; "" for kNone
     bool tools = false;     // the family has tool-call syntax
     bool thinking = false;  // the template has a thinking block (reasoning_content)
-    std::string bos_token;  // the model's start token text (templates may write it)
+    std::string bos_token;  // the model's start and end token texts (templates write them)
+    std::string eos_token;
     bool bos_added = false; // the engine puts the start token before a prompt itself
 };
 
@@ -94,6 +95,7 @@ private:
     std::string buf_;
     bool content_started_ = false;
     bool reasoning_started_ = false;
+    bool json_marker_ = false;  // kJson: the reply began with call_open
     int n_calls_ = 0;
 };
 

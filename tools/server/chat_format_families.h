@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "chat_format.h"
 
@@ -12,17 +13,20 @@ namespace moestream::server {
 struct ReplyMarkers {
     std::string think_open, think_close;  // the thinking block
     std::string call_open, call_close;    // one tool call
-    bool json_reply = false;  // a reply that starts with '{' (or call_open) is one call
+    bool json_reply = false;  // a reply that starts with '{' (or call_open) is its calls
+    bool marker_required = false;  // ... only when it starts with call_open
     bool parallel = true;     // several calls per reply
+    // A forced reply's grammar: open, calls joined by separator, close (GBNF literals).
+    std::string grammar_open, grammar_separator, grammar_close;
 };
 ReplyMarkers reply_markers(const ChatFormat & f);
 // The text between call_open and call_close -> name and arguments (compact JSON); false when
 // it is not a call.
 bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out);
-// GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule, and of
-// what separates two calls.
+// A whole reply of a json_reply family -> its calls; false when it is not calls.
+bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
+// GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule.
 std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args_rule);
-std::string call_separator(const ChatFormat & f);
 
 namespace gbnf {
 std::string literal(const std::string & s);  // a GBNF string literal for s
@@ -43,5 +47,13 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
 bool parse_call(const std::string & body, ToolCall * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace llama3
+
+namespace mistral {  // [INST] turns, [AVAILABLE_TOOLS], [TOOL_CALLS] [...], [TOOL_RESULTS]
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace mistral
 
 }  // namespace moestream::server

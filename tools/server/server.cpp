@@ -206,7 +206,7 @@ public:
         tmpl_ = engine_->chat_template_name();
         fmt_ = detect_chat_format(engine_->chat_template());
         if (fmt_.family != ChatFamily::kNone) tmpl_ = fmt_.name;
-        fmt_.bos_token = engine_->bos_text(&fmt_.bos_added);
+        engine_->special_texts(&fmt_.bos_token, &fmt_.eos_token, &fmt_.bos_added);
         if (tmpl_.empty())
             MS_LOG_WARN(
                 "the model's chat template is not one llama.cpp renders: chat completions are "
@@ -822,7 +822,7 @@ private:
                 job.unsent_reasoning += d.reasoning;
                 job.reasoning += d.reasoning;
                 for (ToolCall & c : d.calls) {
-                    c.id = "call_" + std::to_string(job.id) + "_" + std::to_string(job.calls.size());
+                    c.id = next_call_id();
                     job.calls.push_back(std::move(c));
                 }
             }
@@ -930,6 +930,16 @@ private:
                     {"stream", p.stream},
                     {"chat_template", p.chat ? json(tmpl_) : json(nullptr)},
                     {"chat_format", p.chat ? chat_format_json(p) : json(nullptr)}};
+    }
+
+    // A tool call's id: 9 letters and digits (the form Mistral templates require), unique
+    // within this server's run and unlikely to repeat across runs. Worker thread only.
+    std::string next_call_id() {
+        static const char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+        uint64_t n = uint64_t(started_unix_) * 1000 + ++calls_made_;
+        std::string id(9, '0');
+        for (int i = 8; i >= 0 && n; --i, n /= 36) id[size_t(i)] = kDigits[n % 36];
+        return id;
     }
 
     // How a chat request's prompt was made and its reply read.
@@ -1157,6 +1167,7 @@ private:
     int listen_fd_ = -1;  // the listening socket (set_socket_options)
     std::atomic<int> open_streams_{0};  // SSE responses not yet finished
     bool cache_on_ = false;
+    uint64_t calls_made_ = 0;  // tool calls parsed (next_call_id)
     int64_t started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
