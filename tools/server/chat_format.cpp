@@ -9,6 +9,12 @@
 
 namespace moestream::server {
 
+std::string trim_blank(const std::string & s) {
+    const char * ws = " \t\n\r\v\f";
+    const size_t a = s.find_first_not_of(ws);
+    return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
+}
+
 std::string template_json(const ojson & j) {
     if (j.is_object()) {
         std::string s = "{";

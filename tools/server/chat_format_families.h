@@ -2,6 +2,7 @@
 // its fingerprint, renderer and reply syntax. One chat_format_<family>.cpp per family.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,16 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
 namespace gbnf {
 std::string literal(const std::string & s);  // a GBNF string literal for s
 }
+
+// Whether src holds every piece (a family's fingerprint).
+template <size_t N>
+bool holds_all(const std::string & src, const char * const (&pieces)[N]) {
+    for (const char * p : pieces)
+        if (src.find(p) == std::string::npos) return false;
+    return true;
+}
+// s without blank text at either end (what Jinja's trim removes).
+std::string trim_blank(const std::string & s);
 
 namespace hermes {  // Qwen3 / Qwen2.5 / Hermes 2 Pro: <tool_call> JSON </tool_call>, <think>
 bool matches(const std::string & src);

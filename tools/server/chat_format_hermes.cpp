@@ -28,26 +28,20 @@ const char * const kFingerprint[] = {
 const char * const kThinkingFingerprint[] = {"<think>", "</think>", "enable_thinking",
                                              "reasoning_content"};
 
-bool has(const std::string & src, const char * piece) {
-    return src.find(piece) != std::string::npos;
-}
 
 }  // namespace
 
 namespace hermes {
 
 bool matches(const std::string & src) {
-    for (const char * p : kFingerprint)
-        if (!has(src, p)) return false;
-    return true;
+    return holds_all(src, kFingerprint);
 }
 
 ChatFormat format(const std::string & src) {
     ChatFormat f;
     f.family = ChatFamily::kHermes;
     f.tools = true;
-    f.thinking = true;
-    for (const char * p : kThinkingFingerprint) f.thinking = f.thinking && has(src, p);
+    f.thinking = holds_all(src, kThinkingFingerprint);
     f.name = f.thinking ? "hermes-qwen3 (ChatML, <tool_call> JSON, <think>; moestream's renderer)"
                         : "hermes (ChatML, <tool_call> JSON; moestream's renderer)";
     return f;

@@ -26,12 +26,6 @@ const char * const kFingerprint[] = {
     "dictionary of argument name and its value}.", "Do not use variables.", "ipython",
     "tojson(indent=4)"};
 
-std::string trim(const std::string & s) {
-    const char * ws = " \t\n\r\v\f";
-    const size_t a = s.find_first_not_of(ws);
-    if (a == std::string::npos) return "";
-    return s.substr(a, s.find_last_not_of(ws) - a + 1);
-}
 
 // JSON as `tojson(indent=4)` prints it (Python's json.dumps with indent 4).
 std::string indented_json(const ojson & j, int depth) {
@@ -74,9 +68,7 @@ std::string today() {
 namespace llama3 {
 
 bool matches(const std::string & src) {
-    for (const char * p : kFingerprint)
-        if (src.find(p) == std::string::npos) return false;
-    return true;
+    return holds_all(src, kFingerprint);
 }
 
 ChatFormat format(const std::string &) {
@@ -93,7 +85,7 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
     size_t i = 0;
     const auto & ms = in.messages;
     std::string system;
-    if (!ms.empty() && ms[0].role == "system") system = trim(ms[i++].content);
+    if (!ms.empty() && ms[0].role == "system") system = trim_blank(ms[i++].content);
     o += header("system");
     if (!in.tools.empty()) o += "Environment: ipython\n";
     o += "Cutting Knowledge Date: December 2023\nToday Date: " + today() + "\n\n";
@@ -105,7 +97,7 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
         }
         o += header("user") + kGiven + kRespond;
         for (const auto & t : in.tools) o += indented_json(t, 0) + "\n\n";
-        o += trim(ms[i++].content) + "<|eot_id|>";
+        o += trim_blank(ms[i++].content) + "<|eot_id|>";
     }
     for (; i < ms.size(); ++i) {
         const ChatTurn & m = ms[i];
@@ -122,7 +114,7 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
             o += header("assistant") + "{\"name\": \"" + c.name +
                  "\", \"parameters\": " + template_json(args) + "}<|eot_id|>";
         } else {
-            o += header(m.role) + trim(m.content) + "<|eot_id|>";
+            o += header(m.role) + trim_blank(m.content) + "<|eot_id|>";
         }
     }
     if (in.add_generation_prompt) o += header("assistant");

@@ -22,11 +22,6 @@ bool valid_id(const std::string & id) {
     return true;
 }
 
-std::string trim(const std::string & s) {
-    const char * ws = " \t\n\r\v\f";
-    const size_t a = s.find_first_not_of(ws);
-    return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
-}
 
 // The tools as the template lists them: each function's fields in order, strings inserted
 // as they are (the template does not escape them), other values as JSON.
@@ -52,9 +47,7 @@ std::string tools_block(const ojson & tools) {
 namespace mistral {
 
 bool matches(const std::string & src) {
-    for (const char * p : kFingerprint)
-        if (src.find(p) == std::string::npos) return false;
-    return true;
+    return holds_all(src, kFingerprint);
 }
 
 ChatFormat format(const std::string &) {
@@ -111,7 +104,7 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
             }
             o += f.eos_token;
         } else if (m.role == "assistant") {
-            o += " " + trim(m.content) + f.eos_token;
+            o += " " + trim_blank(m.content) + f.eos_token;
         } else if (m.role == "tool") {
             if (!valid_id(m.tool_call_id)) {
                 *err = where + ".tool_call_id: this template needs ids of 9 letters and digits";
