@@ -316,6 +316,9 @@ public:
     // Which template apply_chat_template uses ("chatml (the model carries no chat template)",
     // "llama3 (recognised from the model's template)", ...); "" when it refuses them all.
     virtual std::string chat_template_name() const = 0;
+    // The text of the model's start (BOS) and end (EOS) tokens as a chat template writes them
+    // ("" if none); *bos_added: whether tokenize() and generate() put BOS before a prompt.
+    virtual void special_texts(std::string * bos, std::string * eos, bool * bos_added) const = 0;
     // The context length in use (RunOptions::n_ctx, or what 0 resolved to) and why.
     virtual int n_ctx() const = 0;
     // Whether the model file is still the one validated at open: Ok, or kRuntime naming what

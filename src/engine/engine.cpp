@@ -471,4 +471,15 @@ Status Engine::open(const RunOptions & opt, std::unique_ptr<Engine> * out) {
     return Status::Ok();
 }
 
+void EngineImpl::special_texts(std::string * bos, std::string * eos, bool * bos_added) const {
+    const llama_vocab * v = vocab();
+    auto text = [v](llama_token t) {
+        const char * s = t == LLAMA_TOKEN_NULL ? nullptr : llama_vocab_get_text(v, t);
+        return s ? std::string(s) : std::string();
+    };
+    *bos = text(llama_vocab_bos(v));
+    *eos = text(llama_vocab_eos(v));
+    *bos_added = llama_vocab_bos(v) != LLAMA_TOKEN_NULL && llama_vocab_get_add_bos(v);
+}
+
 }  // namespace moestream

@@ -69,6 +69,7 @@ public:
     Status apply_chat_template(const std::vector<ChatMessage> & messages, bool add_assistant,
                                std::string * out) const override;
     std::string chat_template_name() const override { return chat_.usable ? chat_.name : ""; }
+    void special_texts(std::string * bos, std::string * eos, bool * bos_added) const override;
     int n_ctx() const override { return opt_.n_ctx; }
     const RunStats & stats() const override { return stats_; }
     bool lossy() const override { return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0; }

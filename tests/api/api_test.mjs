@@ -2,15 +2,19 @@
 // stop strings, penalties, context clamping, refusal by name, cancellation by disconnect,
 // slow-header connections against /health, and SIGTERM ending a stream. Every check has a
 // control: the same request without the feature behaves as the baseline.
-// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID
+// Tools and reasoning run on TOOLS_URL, a server whose model carries a Hermes/Qwen3-style
+// template: a synth model never chooses a tool by itself, so the calls are forced
+// (tool_choice named, enforced by a grammar) and replies with thinking are fixed by a grammar.
+// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID TOOLS_URL
 import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
 import OpenAI from "openai";
 
-const [fastUrl, slowUrl, slowPid] = process.argv.slice(2);
+const [fastUrl, slowUrl, slowPid, toolsUrl] = process.argv.slice(2);
 const fast = new OpenAI({ baseURL: fastUrl + "v1", apiKey: "none", maxRetries: 0 });
 const slow = new OpenAI({ baseURL: slowUrl + "v1", apiKey: "none", maxRetries: 0 });
+const tooled = new OpenAI({ baseURL: toolsUrl + "v1", apiKey: "none", maxRetries: 0 });
 
 let failed = 0;
 async function check(name, fn) {
@@ -162,6 +166,94 @@ await check("logprobs: the OpenAI shapes, sane values, streaming too", async () 
   assert.equal(l.text_offset[0], 0);
   for (let i = 1; i < 6; i++) assert.ok(l.text_offset[i] > l.text_offset[i - 1], "byte offsets grow");
   for (const [i, t] of l.tokens.entries()) assert.ok(t in l.top_logprobs[i] && Object.keys(l.top_logprobs[i]).length <= 3);
+});
+
+const weather = {
+  name: "get_weather", description: "Current weather in a city",
+  parameters: { type: "object", properties: { city: { type: "string", enum: ["Paris", "Rome"] } },
+                required: ["city"] },
+};
+const forceWeather = { type: "function", function: { name: "get_weather" } };
+
+async function applyTemplate(url, body) {
+  const r = await fetch(url + "apply-template", { method: "POST",
+    headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) });
+  assert.equal(r.status, 200, await r.clone().text());
+  return r.json();
+}
+
+await check("runTools: a forced call runs the tool, its result goes back, a final answer arrives", async () => {
+  let calledWith = null;
+  const runner = tooled.chat.completions.runTools({
+    model: "m", max_tokens: 200, parallel_tool_calls: false, tool_choice: forceWeather,
+    messages: [{ role: "user", content: "Weather in Paris?" }],
+    tools: [{ type: "function", function: { ...weather, parse: JSON.parse,
+      function: async (args) => { calledWith = args; return { temp_c: 21 }; } } }],
+  });
+  const first = await runner.finalChatCompletion();
+  const c = first.choices[0];
+  assert.equal(c.finish_reason, "tool_calls");
+  assert.equal(c.message.content, null);
+  assert.equal(c.message.tool_calls.length, 1);
+  assert.equal(c.message.tool_calls[0].function.name, "get_weather");
+  assert.ok(["Paris", "Rome"].includes(calledWith?.city), `the tool ran with ${JSON.stringify(calledWith)}`);
+  assert.match(first.moestream.settings.request.chat_template, /^hermes-qwen3/);
+  const msgs = runner.messages.map(({ parsed, ...m }) => m);
+  assert.deepEqual(msgs.map((m) => m.role), ["user", "assistant", "tool"]);
+  assert.equal(msgs[2].tool_call_id, c.message.tool_calls[0].id);
+  // The tool's result, in the model's syntax, is in the next prompt.
+  const tools = [{ type: "function", function: weather }];
+  const t = await applyTemplate(toolsUrl, { messages: msgs, tools });
+  assert.ok(t.prompt.includes('<tool_response>\n{"temp_c":21}\n</tool_response>'), t.prompt.slice(-300));
+  assert.ok(t.prompt.includes('<tool_call>\n{"name": "get_weather", "arguments": {"city": "'), "the call as the template prints it");
+  const final = await tooled.chat.completions.create({ model: "m", messages: msgs, tools,
+    tool_choice: "none", max_tokens: 40, ...fixed });
+  assert.equal(final.choices[0].message.content, SENTENCE);
+  assert.equal(final.choices[0].finish_reason, "stop");
+  assert.equal(final.choices[0].message.tool_calls, undefined, "control: no call without a forced one");
+  assert.ok(final.usage.prompt_tokens > first.usage.prompt_tokens, "the round trip is in the prompt");
+});
+
+await check("a forced call streams as delta.tool_calls", async () => {
+  const s = tooled.chat.completions.stream({ model: "m", max_tokens: 200, parallel_tool_calls: false,
+    tool_choice: forceWeather, messages: [{ role: "user", content: "Rome?" }],
+    tools: [{ type: "function", function: weather }] });
+  let deltas = 0;
+  for await (const chunk of s) if (chunk.choices[0]?.delta?.tool_calls) deltas++;
+  const done = await s.finalChatCompletion();
+  assert.ok(deltas >= 1, "tool_calls deltas");
+  assert.equal(done.choices[0].finish_reason, "tool_calls");
+  const call = done.choices[0].message.tool_calls[0];
+  assert.equal(call.function.name, "get_weather");
+  assert.ok(["Paris", "Rome"].includes(JSON.parse(call.function.arguments).city));
+});
+
+await check("tools on a template without tool syntax are refused naming it", async () => {
+  const e = await refusedWith(fast.chat.completions.create({ model: "m", max_tokens: 2,
+    messages: [{ role: "user", content: "hi" }], tools: [{ type: "function", function: weather }] }), "tools");
+  assert.match(e.message, /tools are not supported by this model's chat template \(chatml/);
+});
+
+await check("thinking goes to reasoning_content; enable_thinking false turns it off", async () => {
+  const think = { grammar: `root ::= "<think>\\nI should greet.\\n</think>\\n\\n${SENTENCE}"` };
+  const msgs = [{ role: "user", content: "hi" }];
+  const on = await tooled.chat.completions.create({ model: "m", messages: msgs, max_tokens: 80, ...think });
+  assert.equal(on.choices[0].message.reasoning_content, "I should greet.");
+  assert.equal(on.choices[0].message.content, SENTENCE);
+  const s = await tooled.chat.completions.create({ model: "m", messages: msgs, max_tokens: 80, stream: true, ...think });
+  let r = "", txt = "";
+  for await (const chunk of s) {
+    r += chunk.choices[0]?.delta?.reasoning_content ?? "";
+    txt += chunk.choices[0]?.delta?.content ?? "";
+  }
+  assert.equal(r, "I should greet.");
+  assert.equal(txt, SENTENCE);
+  const off = await tooled.chat.completions.create({ model: "m", messages: msgs, max_tokens: 80,
+    chat_template_kwargs: { enable_thinking: false }, ...think });
+  assert.equal(off.choices[0].message.reasoning_content, undefined, "control: no thinking block expected");
+  assert.match(off.choices[0].message.content, /^<think>/);
+  assert.ok((await applyTemplate(toolsUrl, { messages: msgs, chat_template_kwargs: { enable_thinking: false } }))
+    .prompt.endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
 });
 
 await check("response_format json_object gives a JSON object", async () => {

@@ -8,6 +8,7 @@ file's alignment, so relative tensor offsets keep their meaning). Standard libra
 
 Operations (VALUE keeps the key's existing GGUF type unless TYPE: is given, e.g. f32:nan):
   set KEY=VALUE          change (or add, with TYPE:) a scalar key; VALUE may be nan/inf/-inf
+  set-file KEY=PATH      set (or add) the string key KEY to the bytes of file PATH, verbatim
   del KEY                remove a key
   rename-key OLD=NEW     rename a key (NEW may contain \\xNN escapes, e.g. \\x00)
   type SELECTOR=TYPE     set the ggml type of the tensors SELECTOR picks (name, or role:
@@ -154,7 +155,7 @@ def select(tensors, sel, kvs):
 
 def apply(op, arg, st):
     ver, kvs, tensors, data = st
-    if op in ("set", "rename-key", "type", "rename", "token", "dup-token") and "=" not in arg:
+    if op in ("set", "set-file", "rename-key", "type", "rename", "token", "dup-token") and "=" not in arg:
         raise Bad("%s needs X=Y, got '%s'" % (op, arg))
     if op == "set":
         k, val = arg.split("=", 1)
@@ -173,6 +174,20 @@ def apply(op, arg, st):
             kv[1], kv[2] = t, v
         else:
             kvs.append([k.encode(), t, v])
+    elif op == "set-file":
+        k, path = arg.split("=", 1)
+        try:
+            with open(path, "rb") as f:
+                v = f.read()
+        except OSError as e:
+            raise Bad("set-file %s: cannot read %s: %s" % (k, path, e.strerror))
+        kv = find_kv(kvs, k.encode())
+        if kv and kv[1] != T_STR:
+            raise Bad("key '%s' is not a string" % k)
+        if kv:
+            kv[2] = v
+        else:
+            kvs.append([k.encode(), T_STR, v])
     elif op == "del":
         kv = find_kv(kvs, arg.encode())
         if not kv:

@@ -102,7 +102,8 @@ const char * const kCommonFields[] = {
     "ignore_eos", "n", "drop_cold_experts", "cache_prompt", "return_tokens", "user",
     "response_format", "json_schema", "logprobs"};
 const char * const kChatFields[] = {"messages", "top_logprobs", "tools", "tool_choice",
-                                    "parallel_tool_calls", "functions", "function_call"};
+                                    "parallel_tool_calls", "functions", "function_call",
+                                    "chat_template_kwargs", "reasoning_effort"};
 const char * const kCompletionFields[] = {"prompt", "echo", "suffix", "best_of"};
 
 bool listed(const std::string & key, bool chat) {
@@ -147,9 +148,10 @@ std::optional<ApiError> parse_messages(const json & j, std::vector<ChatMessage> 
         if (!m.is_object()) return bad(pm, "'" + pm + "' must be an object");
         for (auto f = m.begin(); f != m.end(); ++f) {
             const std::string k = f.key();
-            if (k == "tool_calls" || k == "tool_call_id" || k == "function_call")
-                return unsupported(pm + "." + k, "tool calls are not implemented");
-            if (k != "role" && k != "content" && k != "name")
+            if (k == "function_call")
+                return unsupported(pm + "." + k, "the legacy function call (use tool_calls)");
+            if (k != "role" && k != "content" && k != "name" && k != "tool_calls" &&
+                k != "tool_call_id" && k != "reasoning_content")
                 return bad(pm + "." + k, "'" + pm + "." + k + "' is not a field of a message");
         }
         if (present(m, "name"))
@@ -159,16 +161,16 @@ std::optional<ApiError> parse_messages(const json & j, std::vector<ChatMessage> 
         ChatMessage msg;
         msg.role = m["role"].get<std::string>();
         if (msg.role == "developer") msg.role = "system";  // OpenAI's newer name for it
-        if (msg.role == "tool" || msg.role == "function")
-            return unsupported(pm + ".role", "'" + msg.role +
-                                                 "' messages need tools, which are not "
-                                                 "implemented");
-        if (msg.role != "system" && msg.role != "user" && msg.role != "assistant")
+        if (msg.role == "function")
+            return unsupported(pm + ".role", "the legacy 'function' role (use 'tool')");
+        if (msg.role != "system" && msg.role != "user" && msg.role != "assistant" &&
+            msg.role != "tool")
             return bad(pm + ".role",
-                       "'" + pm + ".role' must be system, developer, user or assistant");
-        if (!m.contains("content"))
+                       "'" + pm + ".role' must be system, developer, user, assistant or tool");
+        const bool calls = msg.role == "assistant" && m.contains("tool_calls");
+        if (!m.contains("content") && !calls)
             return bad(pm + ".content", "'" + pm + ".content' is missing");
-        if (!(m["content"].is_null() && msg.role == "assistant"))  // null: an empty turn
+        if (m.contains("content") && !(m["content"].is_null() && msg.role == "assistant"))
             if (auto e = get_content(m["content"], i, &msg.content)) return e;
         if (msg.content.find('\0') != std::string::npos)
             return bad(pm + ".content", "'" + pm + ".content' contains a NUL character");
@@ -388,14 +390,8 @@ std::optional<ApiError> refuse_unimplemented(const json & j, bool chat) {
     if (auto e = get_int(j, "n", 1, 1 << 20, &one)) return e;
     if (one != 1) return unsupported("n", "one choice per request (n = 1)");
     if (chat) {
-        if (auto it = j.find("tools");
-            it != j.end() && !it->is_null() && !(it->is_array() && it->empty()))
-            return unsupported("tools", "tool calls are not implemented");
-        if (auto it = j.find("tool_choice");
-            it != j.end() && !it->is_null() && *it != "none")
-            return unsupported("tool_choice", "tool calls are not implemented");
-        for (const char * k : {"parallel_tool_calls", "functions", "function_call"})
-            if (present(j, k)) return unsupported(k, "tool calls are not implemented");
+        for (const char * k : {"functions", "function_call"})
+            if (present(j, k)) return unsupported(k, "the legacy functions (use tools)");
     } else {
         bool echo = false;
         if (auto e = get_bool(j, "echo", &echo)) return e;
@@ -439,6 +435,7 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
         return bad("user", "'user' must be a string");
     if (chat) {
         if (auto e = parse_messages(j, &p.messages)) return e;
+        if (auto e = parse_chat_extras(body, &p.extras)) return e;
     } else {
         if (auto e = parse_prompt(j, &p)) return e;
     }

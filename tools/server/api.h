@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "chat_format.h"
 #include "moestream/moestream.h"
 
 namespace moestream::server {
@@ -24,6 +25,19 @@ struct RequestDefaults {
     float temperature = 0.0f;  // --temp
     uint32_t seed = 1;         // --seed
     double drop_cold = 0.0;    // the server's --drop-cold-experts (0.75 unless --lossless)
+};
+
+// The tool and reasoning fields of a chat request (api_tools.cpp).
+struct ChatExtras {
+    std::vector<ChatTurn> turns;    // the messages with their tool fields
+    ojson tools = ojson::array();   // as sent
+    std::string tool_choice = "auto";  // auto | none | required | function (tool_name)
+    std::string tool_name;
+    bool parallel_tool_calls = true;
+    std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
+    std::string reasoning_effort;         // "" = not given
+    bool uses_tools() const;   // tools offered, or tool calls/results in the messages
+    bool forces_call() const;  // tool_choice required or named
 };
 
 // One validated generation request.
@@ -44,6 +58,7 @@ struct GenParams {
     bool cache_prompt = true;    // reuse the KV prefix of the previous request
     bool return_tokens = false;  // add the token ids to the moestream object
     std::string model;           // as sent (any name is accepted; /v1/models lists one)
+    ChatExtras extras;           // chat: tools and reasoning
 };
 
 // A request error: the HTTP status and the OpenAI-style error body.
@@ -65,6 +80,9 @@ constexpr int kMaxTopLogprobs = 20;
 // A float as the shortest decimal that reads back as the same float (0.7f is 0.7, not
 // 0.699999988079071 as its double would print); null when not finite.
 nlohmann::json float_json(float f);
+
+// The tool and reasoning fields of a chat body that parse_request accepted (api_tools.cpp).
+std::optional<ApiError> parse_chat_extras(const std::string & body, ChatExtras * out);
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_json(const ApiError & e);

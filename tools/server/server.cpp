@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "chat_request.h"
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
 #include "logprobs_json.h"
@@ -106,12 +107,17 @@ bool peer_gone(int fd) {
 struct Job {
     uint64_t id = 0;
     GenParams params;
+    ChatPlan plan;  // chat: how the reply is split (chat_request.h)
     int64_t created = 0;  // unix seconds (the OpenAI "created" field)
     std::atomic<bool> cancelled{false};
 
     std::mutex m;  // guards everything below
     std::condition_variable cv;
     std::string unsent;  // streamed text (valid UTF-8) not yet written to the client
+    std::string unsent_reasoning;  // the same for reasoning_content
+    std::string reasoning;         // the whole reasoning_content
+    std::vector<ToolCall> calls;   // parsed tool calls; calls_sent of them streamed
+    size_t calls_sent = 0;
     bool done = false;
     Status status;     // when done
     std::string text;  // the whole completion (valid UTF-8)
@@ -192,6 +198,9 @@ public:
         : cfg_(cfg), engine_(std::move(engine)) {
         model_name_ = basename_of(cfg.run.model_path);
         tmpl_ = engine_->chat_template_name();
+        fmt_ = detect_chat_format(engine_->chat_template());
+        if (fmt_.family != ChatFamily::kNone) tmpl_ = fmt_.name;
+        engine_->special_texts(&fmt_.bos_token, &fmt_.eos_token, &fmt_.bos_added);
         if (tmpl_.empty())
             MS_LOG_WARN(
                 "the model's chat template is not one llama.cpp renders: chat completions are "
@@ -440,7 +449,7 @@ private:
             e.param = "drop_cold_experts";
             return send_error(res, e);
         }
-        if (auto e = prepare_prompt(p)) return send_error(res, *e);
+        if (auto e = prepare_prompt(p, &job->plan)) return send_error(res, *e);
         job->created = std::chrono::duration_cast<std::chrono::seconds>(
                            std::chrono::system_clock::now().time_since_epoch())
                            .count();
@@ -527,7 +536,7 @@ private:
     // context and the engine's own rules before it is queued, so that a refusal is a 400
     // even for a streaming request. Runs on the HTTP thread: the engine methods used read
     // only the loaded vocabulary and template.
-    std::optional<ApiError> prepare_prompt(GenParams & p) const {
+    std::optional<ApiError> prepare_prompt(GenParams & p, ChatPlan * plan) const {
         const char * param = p.chat ? "messages" : "prompt";
         if (p.chat) {
             if (tmpl_.empty())
@@ -536,7 +545,9 @@ private:
                                        "template is not one llama.cpp renders; format the "
                                        "prompt yourself and use /v1/completions",
                                        "messages");
-            Status st = engine_->apply_chat_template(p.messages, true, &p.prompt);
+            if (auto e = plan_chat(fmt_, tmpl_, &p, plan)) return e;
+            Status st = plan->rendered ? Status::Ok()
+                                       : engine_->apply_chat_template(p.messages, true, &p.prompt);
             if (!st.ok()) return api_error_param(400, st.message(), "messages");
         } else if (!p.prompt_tokens.empty()) {
             // Token ids are passed as their text: accepted when the text gives the same ids.
@@ -624,21 +635,37 @@ private:
         }
         std::unique_lock<std::mutex> lk(job.m);
         job.cv.wait_for(lk, std::chrono::milliseconds(500), [&] {
-            return !job.unsent.empty() || !job.unsent_logprobs.empty() || job.done;
+            return !job.unsent.empty() || !job.unsent_reasoning.empty() ||
+                   !job.unsent_logprobs.empty() || job.calls_sent < job.calls.size() ||
+                   job.done;
         });
-        if (!job.unsent.empty() || !job.unsent_logprobs.empty()) {
-            std::string t;
-            t.swap(job.unsent);
-            std::vector<TokenLogprob> lp;
-            lp.swap(job.unsent_logprobs);
+        if (!job.unsent.empty() || !job.unsent_reasoning.empty() ||
+            !job.unsent_logprobs.empty() || job.calls_sent < job.calls.size()) {
+            std::string out;
+            if (!job.unsent_reasoning.empty())
+                out += sse(chunk_json(job, json{{"reasoning_content", job.unsent_reasoning}}, nullptr));
+            if (!job.unsent.empty() || !job.unsent_logprobs.empty()) {
+                json chunk = chunk_json(job, job.params.chat ? json{{"content", job.unsent}}
+                                                             : json(job.unsent),
+                                        nullptr);
+                if (job.params.logprobs >= 0)
+                    chunk["choices"][0]["logprobs"] =
+                        job.params.chat ? chat_logprobs_json(job.unsent_logprobs)
+                                        : completion_logprobs_json(job.unsent_logprobs,
+                                                                   &job.logprobs_offset);
+                out += sse(chunk);
+            }
+            for (; job.calls_sent < job.calls.size(); ++job.calls_sent)
+                out += sse(chunk_json(
+                    job,
+                    json{{"tool_calls",
+                          json::array({tool_call_delta(job.calls[job.calls_sent], job.calls_sent)})}},
+                    nullptr));
+            job.unsent.clear();
+            job.unsent_reasoning.clear();
+            job.unsent_logprobs.clear();
             lk.unlock();
-            json d = job.params.chat ? json{{"content", t}} : json(t);
-            json chunk = chunk_json(job, d, nullptr);
-            if (job.params.logprobs >= 0)
-                chunk["choices"][0]["logprobs"] =
-                    job.params.chat ? chat_logprobs_json(lp)
-                                    : completion_logprobs_json(lp, &job.logprobs_offset);
-            return write_str(sink, sse(chunk)) ? true : fail();
+            return write_str(sink, out) ? true : fail();
         }
         if (job.done) {
             std::string out;
@@ -677,7 +704,7 @@ private:
         json c;
         c["index"] = 0;
         if (job.params.chat)
-            c["message"] = json{{"role", "assistant"}, {"content", job.text}};
+            c["message"] = reply_message(job.text, job.reasoning, job.calls);
         else
             c["text"] = job.text, c["logprobs"] = nullptr;
         c["finish_reason"] = job.finish_reason;
@@ -790,44 +817,66 @@ private:
             snap_.tok_s = snap_.cache_hit_pct = snap_.mib_per_token = 0;
         }
         Utf8Stream utf8;
-        std::string all;
-        const double t0 = now_s();
+        std::unique_ptr<ReplyParser> parser;
+        if (job.plan.parse)
+            parser = std::make_unique<ReplyParser>(fmt_, job.plan.tools, job.plan.thinking);
         GenerateResult g;
         size_t logprobs_taken = 0;  // of g.logprobs, passed on to the job
+        // Text -> the job: through the reply parser when the chat format splits replies; the
+        // new tokens' log probabilities go with it.
+        auto deliver = [&](const std::string & t, bool last) {
+            ReplyDelta d;
+            if (parser) {
+                d = parser->push(t);
+                if (last) {
+                    ReplyDelta e = parser->finish();
+                    d.content += e.content;
+                    d.reasoning += e.reasoning;
+                    for (auto & c : e.calls) d.calls.push_back(std::move(c));
+                }
+            } else {
+                d.content = t;
+            }
+            if (d.empty() && g.logprobs.size() == logprobs_taken) return;
+            {
+                std::lock_guard<std::mutex> lk(job.m);
+                while (logprobs_taken < g.logprobs.size())
+                    job.unsent_logprobs.push_back(g.logprobs[logprobs_taken++]);
+                job.unsent += d.content;
+                job.text += d.content;
+                job.unsent_reasoning += d.reasoning;
+                job.reasoning += d.reasoning;
+                for (ToolCall & c : d.calls) {
+                    c.id = next_call_id();
+                    job.calls.push_back(std::move(c));
+                }
+            }
+            job.cv.notify_all();
+        };
+        const double t0 = now_s();
         st = engine_->generate(
             r,
             [&](const std::string & piece) {
                 if (cfg_.token_delay_ms > 0)
                     std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.token_delay_ms));
-                std::string t = utf8.push(piece);
-                if (!t.empty() || g.logprobs.size() > logprobs_taken) {
-                    {
-                        std::lock_guard<std::mutex> lk(job.m);
-                        job.unsent += t;
-                        job.text += t;
-                        while (logprobs_taken < g.logprobs.size())
-                            job.unsent_logprobs.push_back(g.logprobs[logprobs_taken++]);
-                    }
-                    job.cv.notify_all();
-                }
+                deliver(utf8.push(piece), false);
                 publish_live();
                 return !job.cancelled.load();
             },
             &g);
         const double dt = now_s() - t0;
-        std::string tail = utf8.finish();
+        deliver(utf8.finish(), true);
         const RunStats & s = engine_->stats();
         const bool cancelled = job.cancelled.load();
         {
             std::lock_guard<std::mutex> lk(job.m);
-            job.unsent += tail;
-            job.text += tail;
             job.tokens = g.tokens;
             job.logprobs = g.logprobs;
             job.n_prompt = s.n_prompt;
             job.n_generated = s.n_generated;
             job.finish_reason = cancelled                           ? "cancelled"
                                 : g.finish == FinishReason::kLength ? "length"
+                                : !job.calls.empty()                ? "tool_calls"
                                                                     : "stop";
             job.stop_string = g.stop_string;
             job.moestream = request_report(job, g, cancelled);
@@ -907,7 +956,30 @@ private:
                     {"drop_cold_experts", p.drop_cold},
                     {"cache_prompt", p.cache_prompt},
                     {"stream", p.stream},
-                    {"chat_template", p.chat ? json(tmpl_) : json(nullptr)}};
+                    {"chat_template", p.chat ? json(tmpl_) : json(nullptr)},
+                    {"chat_format", p.chat ? chat_format_json(p) : json(nullptr)}};
+    }
+
+    // A tool call's id: 9 letters and digits (the form Mistral templates require), unique
+    // within this server's run and unlikely to repeat across runs. Worker thread only.
+    std::string next_call_id() {
+        static const char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+        uint64_t n = uint64_t(started_unix_) * 1000 + ++calls_made_;
+        std::string id(9, '0');
+        for (int i = 8; i >= 0 && n; --i, n /= 36) id[size_t(i)] = kDigits[n % 36];
+        return id;
+    }
+
+    // How a chat request's prompt was made and its reply read.
+    json chat_format_json(const GenParams & p) const {
+        const ChatExtras & x = p.extras;
+        return json{{"renderer", fmt_.family != ChatFamily::kNone ? "moestream" : "llama.cpp"},
+                    {"tools", x.tools.size()},
+                    {"tool_choice", x.tools.empty() ? json(nullptr)
+                                    : x.tool_choice == "function" ? json(x.tool_name)
+                                                                  : json(x.tool_choice)},
+                    {"thinking", fmt_.thinking ? json(x.enable_thinking.value_or(true))
+                                               : json(nullptr)}};
     }
 
     // The moestream object of a response: what produced it and how it went.
@@ -985,8 +1057,17 @@ private:
     // POST /apply-template {"messages": [...]} -> {"prompt": text, "chat_template": name}
     void apply_template_route(const httplib::Request & req, httplib::Response & res) const {
         json j = json::parse(req.body, nullptr, false);
-        if (!j.is_object() || j.size() != 1 || !j.contains("messages"))
-            return send_error(res, api_error_param(400, "the body must be {\"messages\": [...]}",
+        bool fields_ok = j.is_object() && j.contains("messages");
+        for (auto it = j.begin(); fields_ok && it != j.end(); ++it)
+            fields_ok = it.key() == "messages" || it.key() == "tools" ||
+                        it.key() == "tool_choice" || it.key() == "parallel_tool_calls" ||
+                        it.key() == "chat_template_kwargs" || it.key() == "reasoning_effort";
+        if (!fields_ok)
+            return send_error(res, api_error_param(400,
+                                                   "the body must be {\"messages\": [...]} with "
+                                                   "optional tools, tool_choice, "
+                                                   "parallel_tool_calls, chat_template_kwargs, "
+                                                   "reasoning_effort",
                                                    "messages"));
         GenParams p;
         if (auto e = parse_request(req.body, true, cfg_.defaults, &p)) return send_error(res, *e);
@@ -995,8 +1076,11 @@ private:
                                                    "the model's chat template is not one "
                                                    "llama.cpp renders",
                                                    "messages"));
-        std::string prompt;
-        Status st = engine_->apply_chat_template(p.messages, true, &prompt);
+        ChatPlan plan;
+        if (auto e = plan_chat(fmt_, tmpl_, &p, &plan)) return send_error(res, *e);
+        std::string prompt = plan.shown;
+        Status st = plan.rendered ? Status::Ok()
+                                  : engine_->apply_chat_template(p.messages, true, &prompt);
         if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "messages"));
         send_json(res, 200, json{{"prompt", sanitize_utf8(prompt)}, {"chat_template", tmpl_}});
     }
@@ -1107,11 +1191,13 @@ private:
     ServeConfig cfg_;
     std::unique_ptr<Engine> engine_;  // worker thread only (and the constructor)
     std::string model_name_;
-    std::string tmpl_;  // the engine's chat template name; "" = chat refused
+    std::string tmpl_;  // the chat template's name; "" = chat refused
+    ChatFormat fmt_;    // the model template's family when moestream renders it
     static constexpr int kHttpThreads = 128;
     int listen_fd_ = -1;  // the listening socket (set_socket_options)
     std::atomic<int> open_streams_{0};  // SSE responses not yet finished
     bool cache_on_ = false;
+    uint64_t calls_made_ = 0;  // tool calls parsed (next_call_id)
     int64_t started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();

@@ -1,0 +1,349 @@
+// chat_format.cpp — family detection, the shared JSON printing and the grammar helpers of
+// chat_format.h; each family's renderer and reply syntax is in chat_format_<family>.cpp.
+#include "chat_format.h"
+
+#include <cctype>
+#include <cstdio>
+
+#include "chat_format_families.h"
+
+namespace moestream::server {
+
+std::string trim_blank(const std::string & s) {
+    const char * ws = " \t\n\r\v\f";
+    const size_t a = s.find_first_not_of(ws);
+    return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
+}
+
+std::string template_json(const ojson & j) {
+    if (j.is_object()) {
+        std::string s = "{";
+        bool first = true;
+        for (auto it = j.begin(); it != j.end(); ++it) {
+            if (!first) s += ", ";
+            first = false;
+            s += ojson(it.key()).dump() + ": " + template_json(it.value());
+        }
+        return s + "}";
+    }
+    if (j.is_array()) {
+        std::string s = "[";
+        for (size_t i = 0; i < j.size(); ++i) s += (i ? ", " : "") + template_json(j[i]);
+        return s + "]";
+    }
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+ChatFormat detect_chat_format(const std::string & src) {
+    ChatFormat f;
+    if (hermes::matches(src))
+        f = hermes::format(src);
+    else if (llama3::matches(src))
+        f = llama3::format(src);
+    else if (mistral::matches(src))
+        f = mistral::format(src);
+    return f;
+}
+
+bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
+                        std::string * err) {
+    switch (f.family) {
+        case ChatFamily::kHermes:
+            return hermes::render(f, in, out, err);
+        case ChatFamily::kLlama3:
+            return llama3::render(f, in, out, err);
+        case ChatFamily::kMistral:
+            return mistral::render(f, in, out, err);
+        case ChatFamily::kNone:
+            break;
+    }
+    *err = "the chat template has no renderer in moestream";
+    return false;
+}
+
+ReplyMarkers reply_markers(const ChatFormat & f) {
+    ReplyMarkers m;
+    if (f.family == ChatFamily::kHermes) {
+        m.think_open = "<think>", m.think_close = "</think>";
+        m.call_open = "<tool_call>", m.call_close = "</tool_call>";
+        m.grammar_separator = gbnf::literal("\n");
+    } else if (f.family == ChatFamily::kLlama3) {
+        m.call_open = "<|python_tag|>";
+        m.json_reply = true;
+        m.parallel = false;
+    } else if (f.family == ChatFamily::kMistral) {
+        m.call_open = "[TOOL_CALLS]";
+        m.json_reply = m.marker_required = true;
+        m.grammar_open = gbnf::literal("[TOOL_CALLS] [");
+        m.grammar_separator = gbnf::literal(", ");
+        m.grammar_close = gbnf::literal("]");
+    }
+    return m;
+}
+
+bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
+    return f.family == ChatFamily::kHermes && hermes::parse_call(body, out);
+}
+
+bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
+    if (f.family == ChatFamily::kMistral) return mistral::parse_calls(body, out);
+    ToolCall c;
+    if (f.family != ChatFamily::kLlama3 || !llama3::parse_call(body, &c)) return false;
+    out->assign(1, c);
+    return true;
+}
+
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args) {
+    switch (f.family) {
+        case ChatFamily::kLlama3:
+            return llama3::call_rule(name, args);
+        case ChatFamily::kMistral:
+            return mistral::call_rule(name, args);
+        default:
+            return hermes::call_rule(name, args);
+    }
+}
+
+namespace gbnf {
+
+std::string literal(const std::string & s) {
+    std::string o = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\')
+            o += '\\', o += char(c);
+        else if (c == '\n')
+            o += "\\n";
+        else if (c == '\r')
+            o += "\\r";
+        else if (c == '\t')
+            o += "\\t";
+        else if (c < 0x20) {
+            char b[8];
+            std::snprintf(b, sizeof b, "\\x%02X", c);
+            o += b;
+        } else
+            o += char(c);
+    }
+    return o + "\"";
+}
+
+const char kJsonRules[] = R"gbnf(
+json-value  ::= json-object | json-array | json-string | json-number | "true" | "false" | "null"
+json-object ::= "{" ( json-string ": " json-value ( ", " json-string ": " json-value )* )? "}"
+json-array  ::= "[" ( json-value ( ", " json-value )* )? "]"
+json-string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4} ) )* "\""
+json-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
+json-int    ::= "-"? ( "0" | [1-9] [0-9]* )
+)gbnf";
+
+// The grammar of one tool's arguments object (rule text), from its "parameters": a flat
+// object schema gets its required properties in order with typed values; anything else is
+// any JSON object.
+std::string arguments_rule(const ojson & params) {
+    if (!params.is_object() || params.value("type", "") != "object" ||
+        !params.contains("properties") || !params["properties"].is_object())
+        return "json-object";
+    const ojson & props = params["properties"];
+    std::vector<std::string> keys;
+    if (params.contains("required") && params["required"].is_array()) {
+        for (const auto & k : params["required"])
+            if (k.is_string() && props.contains(k.get<std::string>()))
+                keys.push_back(k.get<std::string>());
+    }
+    if (keys.empty() && !props.empty()) return "json-object";
+    std::string rule = "\"{\"";
+    bool first = true;
+    for (const std::string & k : keys) {
+        const ojson & p = props[k];
+        std::string v;
+        if (p.contains("enum") && p["enum"].is_array() && !p["enum"].empty()) {
+            for (const auto & e : p["enum"]) v += (v.empty() ? "" : " | ") + literal(e.dump());
+            v = "( " + v + " )";
+        } else {
+            const std::string t = p.is_object() ? p.value("type", "") : "";
+            v = t == "string"    ? "json-string"
+                : t == "integer" ? "json-int"
+                : t == "number"  ? "json-number"
+                : t == "boolean" ? "( \"true\" | \"false\" )"
+                                 : "json-value";
+        }
+        rule += std::string(first ? " " : " \", \" ") + literal(ojson(k).dump()) + " \": \" " + v;
+        first = false;
+    }
+    return rule + " \"}\"";
+}
+
+}  // namespace gbnf
+
+std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
+                              const std::string & forced_name, bool one_call) {
+    std::string alts, rules;
+    int n = 0;
+    for (const auto & t : tools) {
+        const ojson & fn = t["function"];
+        const std::string name = fn["name"].get<std::string>();
+        if (!forced_name.empty() && name != forced_name) continue;
+        const std::string r = "call" + std::to_string(n++);
+        const ojson params = fn.contains("parameters") ? fn["parameters"] : ojson();
+        rules += r + " ::= " + call_rule(f, name, gbnf::arguments_rule(params)) + "\n";
+        alts += (alts.empty() ? "" : " | ") + r;
+    }
+    const ReplyMarkers m = reply_markers(f);
+    if (!m.parallel) one_call = true;  // the family has one call per reply
+    std::string g = "root ::= " + m.grammar_open + " call" +
+                    (one_call ? "" : " ( " + m.grammar_separator + " call )*") + " " +
+                    m.grammar_close +
+                    "\ncall ::= " + alts + "\n" + rules + gbnf::kJsonRules;
+    return g;
+}
+
+ReplyParser::ReplyParser(const ChatFormat & f, bool tools, bool thinking)
+    : f_(f), tools_(tools && f.tools), state_(thinking && f.thinking ? State::kStart
+                                                                      : State::kContent) {}
+
+ReplyDelta ReplyParser::push(const std::string & text) {
+    buf_ += text;
+    return step(false);
+}
+
+ReplyDelta ReplyParser::finish() {
+    return step(true);
+}
+
+namespace {
+
+// Length of the longest suffix of s that is a proper prefix of marker.
+size_t partial_suffix(const std::string & s, const std::string & marker) {
+    for (size_t n = std::min(s.size(), marker.size() - 1); n > 0; --n)
+        if (s.compare(s.size() - n, n, marker, 0, n) == 0) return n;
+    return 0;
+}
+
+// Erases the blank text at the start of *s; true when nothing else is left.
+bool drop_leading_blank(std::string * s) {
+    const size_t ws = s->find_first_not_of(" \t\r\n");
+    s->erase(0, ws == std::string::npos ? s->size() : ws);
+    return s->empty();
+}
+
+// Where the blank text that ends s[0, end) starts.
+size_t blank_tail(const std::string & s, size_t end) {
+    while (end > 0 && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
+    return end;
+}
+
+}  // namespace
+
+ReplyDelta ReplyParser::step(bool final) {
+    const ReplyMarkers m = reply_markers(f_);
+    ReplyDelta d;
+    for (;;) {
+        if (state_ == State::kStart) {
+            const size_t ws = buf_.find_first_not_of(" \t\r\n");
+            if (ws == std::string::npos) {
+                if (final) buf_.clear();
+                return d;
+            }
+            const std::string rest = buf_.substr(ws);
+            if (rest.compare(0, m.think_open.size(), m.think_open) == 0) {
+                buf_ = rest.substr(m.think_open.size());
+                if (!buf_.empty() && buf_[0] == '\n') buf_.erase(0, 1);
+                state_ = State::kThink;
+                continue;
+            }
+            if (!final && m.think_open.compare(0, rest.size(), rest) == 0) return d;
+            buf_ = rest;
+            state_ = State::kContent;
+            continue;
+        }
+        if (state_ == State::kThink) {
+            if (!reasoning_started_ && drop_leading_blank(&buf_)) return d;  // start of the block
+            const size_t e = buf_.find(m.think_close);
+            // Blank at the end of the block is dropped too: it waits until text follows it.
+            size_t end = e != std::string::npos ? e
+                         : final                ? buf_.size()
+                                                : buf_.size() - partial_suffix(buf_, m.think_close);
+            end = blank_tail(buf_, end);
+            d.reasoning += buf_.substr(0, end);
+            reasoning_started_ = reasoning_started_ || end > 0;
+            if (e == std::string::npos) {
+                buf_.erase(0, final ? buf_.size() : end);
+                return d;
+            }
+            buf_.erase(0, e + m.think_close.size());
+            state_ = State::kContent;
+            content_started_ = false;
+            continue;
+        }
+        if (state_ == State::kContent) {
+            if (!content_started_) {  // blank before the content or between calls: dropped
+                if (drop_leading_blank(&buf_)) return d;
+                if (tools_ && m.json_reply) {  // a reply that is one JSON call
+                    if (buf_.compare(0, m.call_open.size(), m.call_open) == 0) {
+                        buf_.erase(0, m.call_open.size());
+                        json_marker_ = true;
+                        state_ = State::kJson;
+                        continue;
+                    }
+                    if (buf_[0] == '{' && !m.marker_required) {
+                        state_ = State::kJson;
+                        continue;
+                    }
+                    if (!final && m.call_open.compare(0, buf_.size(), buf_) == 0) return d;
+                }
+            }
+            const bool marked = tools_ && !m.json_reply;  // calls marked inside the text
+            const size_t s = marked ? buf_.find(m.call_open) : std::string::npos;
+            if (s == std::string::npos) {
+                size_t end = buf_.size() - (marked && !final ? partial_suffix(buf_, m.call_open) : 0);
+                // Trailing blank waits until text follows it (blank before a call or at the
+                // end is not content).
+                end = blank_tail(buf_, end);
+                d.content += buf_.substr(0, end);
+                content_started_ = content_started_ || end > 0;
+                buf_.erase(0, final ? buf_.size() : end);
+                return d;
+            }
+            d.content += buf_.substr(0, blank_tail(buf_, s));
+            buf_.erase(0, s + m.call_open.size());
+            state_ = State::kCall;
+            continue;
+        }
+        if (state_ == State::kJson) {  // held to the end: a call, or text as generated
+            if (!final) return d;
+            std::vector<ToolCall> calls;
+            if (parse_json_reply(f_, buf_, &calls)) {
+                for (ToolCall & c : calls) {
+                    c.id = "call_" + std::to_string(n_calls_++);
+                    d.calls.push_back(std::move(c));
+                }
+            } else {
+                d.content += (json_marker_ ? m.call_open : "") +
+                             buf_.substr(0, blank_tail(buf_, buf_.size()));
+            }
+            buf_.clear();
+            return d;
+        }
+        // kCall
+        const size_t e = buf_.find(m.call_close);
+        if (e == std::string::npos) {
+            if (!final) return d;
+            d.content += m.call_open + buf_;  // unfinished: what was generated
+            buf_.clear();
+            return d;
+        }
+        ToolCall c;
+        const std::string body = buf_.substr(0, e);
+        if (parse_call_body(f_, body, &c)) {
+            c.id = "call_" + std::to_string(n_calls_++);
+            d.calls.push_back(std::move(c));
+        } else {
+            d.content += m.call_open + body + m.call_close;
+        }
+        buf_.erase(0, e + m.call_close.size());
+        state_ = State::kContent;
+        content_started_ = false;
+    }
+}
+
+}  // namespace moestream::server

@@ -1,0 +1,106 @@
+// chat_format.h — chat template families that have tool-call and thinking syntax, rendered
+// and parsed by project code (docs/server.md, "Tools and reasoning"). A family is recognised
+// from the model's own tokenizer.chat_template source: every literal piece the family's
+// renderer emits must appear in it (its fingerprint), so a template that words its tool
+// prompt differently is not taken for the family. Rendering is checked byte for byte against
+// llama-server's Jinja rendering (/apply-template) of templates of each family
+// (tests/api/template_fidelity.py).
+//
+// Invariants: render() output depends only on its inputs; a reply parsed by ReplyParser is
+// split into content, reasoning and tool calls without losing or duplicating text.
+// Thread-safety: pure functions; a ReplyParser is used by one thread at a time.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace moestream::server {
+
+using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
+
+enum class ChatFamily { kNone, kHermes, kLlama3, kMistral };
+
+struct ChatFormat {
+    ChatFamily family = ChatFamily::kNone;
+    std::string name;       // "qwen3 (hermes tool calls, <think>)", ... ; "" for kNone
+    bool tools = false;     // the family has tool-call syntax
+    bool thinking = false;  // the template has a thinking block (reasoning_content)
+    std::string bos_token;  // the model's start and end token texts (templates write them)
+    std::string eos_token;
+    bool bos_added = false; // the engine puts the start token before a prompt itself
+};
+
+// The family of a model template (its source text); kNone when no family's fingerprint matches.
+ChatFormat detect_chat_format(const std::string & template_source);
+
+struct ToolCall {
+    std::string id;
+    std::string name;
+    std::string arguments;  // JSON text of an object
+};
+
+// One chat message with the fields tool use needs.
+struct ChatTurn {
+    std::string role;  // system | user | assistant | tool
+    std::string content;
+    std::string reasoning;  // assistant: reasoning_content
+    std::vector<ToolCall> tool_calls;
+    std::string tool_call_id;  // tool
+};
+
+struct RenderInput {
+    std::vector<ChatTurn> messages;
+    ojson tools = ojson::array();  // the request's tools, as sent
+    bool add_generation_prompt = true;
+    bool enable_thinking = true;
+};
+
+// Renders a conversation in the family's syntax. False with *err naming the message when the
+// family cannot express it (e.g. a system message after the first).
+bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
+                        std::string * err);
+
+// A GBNF grammar that makes the reply one or more tool calls (forced_name: only that
+// function; one_call: exactly one). Argument objects follow each tool's "parameters" where it
+// is a flat object of string/number/integer/boolean/enum properties, else any JSON object.
+std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
+                              const std::string & forced_name, bool one_call);
+
+// What one piece of a reply adds.
+struct ReplyDelta {
+    std::string content;
+    std::string reasoning;
+    std::vector<ToolCall> calls;  // completed calls (ids assigned in order: call_0, call_1...)
+    bool empty() const { return content.empty() && reasoning.empty() && calls.empty(); }
+};
+
+// Splits a reply as it streams: text inside the thinking block goes to reasoning, tool calls
+// (when tools were offered) are cut out and parsed, the rest is content. Text that could be
+// the start of a marker is held back until it is decided.
+class ReplyParser {
+public:
+    ReplyParser(const ChatFormat & f, bool tools, bool thinking);
+    ReplyDelta push(const std::string & text);
+    // The end of the reply: held-back text is released (an unfinished tool call becomes
+    // content, as generated).
+    ReplyDelta finish();
+    int n_calls() const { return n_calls_; }
+
+private:
+    ReplyDelta step(bool final);
+    ChatFormat f_;
+    bool tools_;
+    enum class State { kStart, kThink, kContent, kCall, kJson } state_;
+    std::string buf_;
+    bool content_started_ = false;
+    bool reasoning_started_ = false;
+    bool json_marker_ = false;  // kJson: the reply began with call_open
+    int n_calls_ = 0;
+};
+
+// Python-style JSON as chat templates print it (`tojson`): ", " and ": " separators, key order
+// kept, UTF-8 unescaped.
+std::string template_json(const ojson & j);
+
+}  // namespace moestream::server

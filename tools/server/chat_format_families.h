@@ -1,0 +1,70 @@
+// chat_format_families.h — what chat_format.cpp asks of each family (internal to the server):
+// its fingerprint, renderer and reply syntax. One chat_format_<family>.cpp per family.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "chat_format.h"
+
+namespace moestream::server {
+
+// The markers of a family's replies ("" = the family has none).
+struct ReplyMarkers {
+    std::string think_open, think_close;  // the thinking block
+    std::string call_open, call_close;    // one tool call
+    bool json_reply = false;  // a reply that starts with '{' (or call_open) is its calls
+    bool marker_required = false;  // ... only when it starts with call_open
+    bool parallel = true;     // several calls per reply
+    // A forced reply's grammar: open, calls joined by separator, close (GBNF literals).
+    std::string grammar_open, grammar_separator, grammar_close;
+};
+ReplyMarkers reply_markers(const ChatFormat & f);
+// The text between call_open and call_close -> name and arguments (compact JSON); false when
+// it is not a call.
+bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out);
+// A whole reply of a json_reply family -> its calls; false when it is not calls.
+bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
+// GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule.
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args_rule);
+
+namespace gbnf {
+std::string literal(const std::string & s);  // a GBNF string literal for s
+}
+
+// Whether src holds every piece (a family's fingerprint).
+template <size_t N>
+bool holds_all(const std::string & src, const char * const (&pieces)[N]) {
+    for (const char * p : pieces)
+        if (src.find(p) == std::string::npos) return false;
+    return true;
+}
+// s without blank text at either end (what Jinja's trim removes).
+std::string trim_blank(const std::string & s);
+
+namespace hermes {  // Qwen3 / Qwen2.5 / Hermes 2 Pro: <tool_call> JSON </tool_call>, <think>
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace hermes
+
+namespace llama3 {  // Llama 3.1 / 3.2 / 3.3: {"name", "parameters"} turns, ipython results
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace llama3
+
+namespace mistral {  // [INST] turns, [AVAILABLE_TOOLS], [TOOL_CALLS] [...], [TOOL_RESULTS]
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace mistral
+
+}  // namespace moestream::server

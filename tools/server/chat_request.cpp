@@ -1,0 +1,78 @@
+// chat_request.cpp — see chat_request.h.
+#include "chat_request.h"
+
+namespace moestream::server {
+namespace {
+
+ApiError refuse(const std::string & param, const std::string & message) {
+    ApiError e;
+    e.param = param;
+    e.message = message;
+    return e;
+}
+
+}  // namespace
+
+std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl_name,
+                                  GenParams * p, ChatPlan * plan) {
+    ChatExtras & x = p->extras;
+    const std::string name = tmpl_name.empty() ? "none" : tmpl_name;
+    if (x.uses_tools() && !f.tools)
+        return refuse(x.tools.empty() ? "messages" : "tools",
+                      "tools are not supported by this model's chat template (" + name + ")");
+    if (x.enable_thinking && *x.enable_thinking && !f.thinking)
+        return refuse("chat_template_kwargs.enable_thinking",
+                      "this model's chat template has no thinking to enable (" + name + ")");
+    if (!x.reasoning_effort.empty())
+        return refuse("reasoning_effort",
+                      "this model's chat template has no reasoning effort (" + name +
+                          "); templates with thinking take chat_template_kwargs.enable_thinking");
+    if (x.forces_call() && !p->sampling.grammar.empty())
+        return refuse("tool_choice", "tool_choice '" + x.tool_choice +
+                                         "' constrains the output with a grammar; 'grammar' and "
+                                         "'response_format' cannot be combined with it");
+    if (f.family == ChatFamily::kNone) return std::nullopt;
+
+    RenderInput in;
+    in.messages = x.turns;
+    in.tools = x.tools;
+    in.enable_thinking = x.enable_thinking.value_or(true);
+    std::string err;
+    if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
+    p->prompt = plan->shown;
+    if (f.bos_added && !f.bos_token.empty() && p->prompt.rfind(f.bos_token, 0) == 0)
+        p->prompt.erase(0, f.bos_token.size());
+    plan->rendered = true;
+    plan->parse = true;
+    plan->tools = !x.tools.empty() && x.tool_choice != "none";
+    plan->thinking = f.thinking && in.enable_thinking && !x.forces_call();
+    // The grammar holds from the reply's first token: a forced call skips the thinking block.
+    if (x.forces_call())
+        p->sampling.grammar = tool_call_grammar(f, x.tools, x.tool_name, !x.parallel_tool_calls);
+    return std::nullopt;
+}
+
+nlohmann::json reply_message(const std::string & content, const std::string & reasoning,
+                             const std::vector<ToolCall> & calls) {
+    nlohmann::json m{{"role", "assistant"}};
+    m["content"] = calls.empty() || !content.empty() ? nlohmann::json(content) : nlohmann::json();
+    if (!reasoning.empty()) m["reasoning_content"] = reasoning;
+    if (!calls.empty()) {
+        nlohmann::json a = nlohmann::json::array();
+        for (const ToolCall & c : calls)
+            a.push_back({{"id", c.id},
+                         {"type", "function"},
+                         {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+        m["tool_calls"] = a;
+    }
+    return m;
+}
+
+nlohmann::json tool_call_delta(const ToolCall & c, size_t index) {
+    return {{"index", index},
+            {"id", c.id},
+            {"type", "function"},
+            {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+}
+
+}  // namespace moestream::server
