@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +16,7 @@
 #include "gguf.h"
 #include "llama.h"
 #include "moestream/log.h"
+#include "moestream/sysinfo.h"
 #include "mmap_guard.h"
 
 namespace moestream {
@@ -33,29 +33,6 @@ Status load_failed(const ModelIndex & index) {
         return Status::BadModel(index.path + ": llama.cpp could not load the model (run with -vv "
                                 "for llama.cpp's log)");
     return Status::BadModel(index.path + ": llama.cpp could not load the model: " + why);
-}
-
-// Rss of every mapping of the file (dev, ino) in this process (/proc/self/smaps), bytes.
-uint64_t resident_mapped_bytes(uint64_t dev, uint64_t ino) {
-    std::FILE * f = std::fopen("/proc/self/smaps", "re");
-    if (!f) return 0;
-    char line[4096];
-    bool ours = false;
-    uint64_t total = 0;
-    while (std::fgets(line, sizeof line, f)) {
-        unsigned long long lo, hi, off, inode;
-        unsigned maj, min;
-        char perms[8];
-        if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &off, &maj, &min,
-                        &inode) == 7) {
-            ours = inode == ino && makedev(maj, min) == dev;
-            continue;
-        }
-        unsigned long long kb;
-        if (ours && std::sscanf(line, "Rss: %llu kB", &kb) == 1) total += kb * 1024;
-    }
-    std::fclose(f);
-    return total;
 }
 
 }  // namespace
@@ -115,7 +92,7 @@ Status load_model_streaming(const ModelIndex & index, const llama_model_params &
     out->maps.assign(index.shards.size(), FileMapping{});
     out->resident_after_load.clear();
     for (const ShardFile & sh : index.shards)
-        out->resident_after_load.push_back(resident_mapped_bytes(sh.dev, sh.ino));
+        out->resident_after_load.push_back(resident_mapped_bytes_of_file(sh.dev, sh.ino));
     bool populate_removed = false;
     int advice_dropped = 0;
     for (size_t i = 0; i < index.shards.size(); ++i) {
