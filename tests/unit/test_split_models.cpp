@@ -29,6 +29,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "moestream/gguf_index.h"
 #include "moestream/sysinfo.h"
 #include "test_util.h"
 
@@ -193,6 +194,50 @@ TEST(SplitModels, SplitSetStreamsLikeTheMergedFile) {
     const RunOut bad = run(shard(by_count, 1, 3), "--cache-mb 0", "MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
     ASSERT_FALSE(bad.stats.is_null());
     EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
+}
+
+// The index over a set: every tensor of the merged file, in its shard, at an offset whose bytes
+// are the merged file's bytes of that tensor.
+TEST(SplitModels, IndexOfASetPointsAtTheSameBytes) {
+    TempDir dir("splitidx");
+    const std::string model = synth_model("tiny", "glm4moe", "q8_0");
+    const std::string pre = dir.path("g");
+    split(model, "--split-max-tensors 17", pre);
+    int n = 0;
+    for (int c = 2; c <= 9 && n == 0; ++c)
+        if (fs::exists(shard(pre, 1, c))) n = c;
+    ASSERT_GE(n, 3);
+    moestream::ModelIndex merged, set;
+    ASSERT_TRUE(moestream::load_model_index(model, &merged).ok());
+    moestream::Status st = moestream::load_model_index(shard(pre, n, n), &set);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(set.path, shard(pre, 1, n));
+    ASSERT_EQ(set.shards.size(), size_t(n));
+    ASSERT_EQ(set.tensors.size(), merged.tensors.size());
+    EXPECT_EQ(set.expert_bytes_total, merged.expert_bytes_total);
+    EXPECT_EQ(set.dense_bytes_total, merged.dense_bytes_total);
+    EXPECT_EQ(set.token_working_set_bytes, merged.token_working_set_bytes);
+    uint64_t sum = 0;
+    for (const moestream::ShardFile & f : set.shards) sum += f.file_size;
+    EXPECT_EQ(set.set_bytes, sum);
+    const std::string whole = slurp(model);
+    std::vector<std::string> files;
+    for (int k = 1; k <= n; ++k) files.push_back(slurp(shard(pre, k, n)));
+    std::vector<int> per_shard(n, 0);
+    for (const moestream::TensorInfo & t : set.tensors) {
+        const moestream::TensorInfo * m = merged.find_tensor(t.name);
+        ASSERT_NE(m, nullptr) << t.name;
+        ASSERT_LT(t.shard, uint32_t(n));
+        ++per_shard[t.shard];
+        ASSERT_EQ(t.nbytes, m->nbytes) << t.name;
+        ASSERT_LE(t.file_offset + t.nbytes, files[t.shard].size()) << t.name;
+        EXPECT_TRUE(files[t.shard].compare(t.file_offset, t.nbytes, whole, m->file_offset, m->nbytes) == 0)
+            << t.name << " in shard " << t.shard + 1;
+    }
+    for (int k = 0; k < n; ++k) EXPECT_EQ(per_shard[k], int(set.shards[k].n_tensors));
+    for (const moestream::MoeLayer & l : set.moe_layers)
+        for (const moestream::ExpertTensor & e : l.tensors)
+            EXPECT_EQ(e.shard, set.find_tensor(e.name)->shard) << e.name;
 }
 
 // The measurement behind "no shard read whole" sees a prefaulted mapping (its control).

@@ -289,7 +289,7 @@ void add_inspect_command(CLI::App & app, Action * action) {
         bool json = false;
     };
     auto opts = std::make_shared<Opts>();
-    sub->add_option("-m,--model", opts->model, "GGUF model file")->required();
+    sub->add_option("-m,--model", opts->model, "GGUF model file (or any shard of a split set)")->required();
     sub->add_flag("--json", opts->json, "machine-readable output (exact byte counts)");
     sub->callback([action, opts] {
         *action = [opts] {
