@@ -285,8 +285,6 @@ public:
         }
     }
 
-    const ModelIndex & model() const { return m_; }
-
 private:
     // Raises a ParseError in the file of the tensor last looked up with tensor_at() (the file
     // being read until then).
@@ -1006,34 +1004,7 @@ private:
     }
 
     // ---- expert map ----------------------------------------------------------------------
-    // "blk.<N>.<suffix>" with a canonical decimal N; returns false otherwise.
-    static bool parse_expert_name(const std::string & name, uint32_t * layer, Projection * proj) {
-        static const char kPrefix[] = "blk.";
-        if (name.compare(0, 4, kPrefix) != 0) return false;
-        size_t i = 4, start = 4;
-        uint64_t n = 0;
-        while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) {
-            n = n * 10 + uint64_t(name[i] - '0');
-            ++i;
-        }
-        if (i == start || i >= name.size() || name[i] != '.') return false;
-        if (name[start] == '0' && i - start > 1) return false;  // no leading zeros
-        const std::string rest = name.substr(i + 1);
-        if (rest == "ffn_gate_exps.weight")
-            *proj = Projection::kGate;
-        else if (rest == "ffn_up_exps.weight")
-            *proj = Projection::kUp;
-        else if (rest == "ffn_down_exps.weight")
-            *proj = Projection::kDown;
-        else if (rest == "ffn_gate_up_exps.weight")
-            *proj = Projection::kGateUp;
-        else
-            return false;
-        *layer = static_cast<uint32_t>(n);
-        return true;
-    }
-
-    // "blk.<N>." with a canonical decimal N: the layer index; false otherwise.
+    // "blk.<N>." with a canonical decimal N (no leading zeros): the layer index; false otherwise.
     static bool parse_layer(const std::string & name, uint32_t * layer) {
         if (name.compare(0, 4, "blk.") != 0) return false;
         size_t i = 4;
@@ -1045,6 +1016,25 @@ private:
         if (i == 4 || i >= name.size() || name[i] != '.') return false;
         if (name[4] == '0' && i - 4 > 1) return false;
         *layer = uint32_t(n);
+        return true;
+    }
+
+    // "blk.<N>.ffn_{gate,up,down,gate_up}_exps.weight"; false otherwise.
+    static bool parse_expert_name(const std::string & name, uint32_t * layer, Projection * proj) {
+        uint32_t il;
+        if (!parse_layer(name, &il)) return false;
+        const std::string rest = name.substr(name.find('.', 4) + 1);
+        if (rest == "ffn_gate_exps.weight")
+            *proj = Projection::kGate;
+        else if (rest == "ffn_up_exps.weight")
+            *proj = Projection::kUp;
+        else if (rest == "ffn_down_exps.weight")
+            *proj = Projection::kDown;
+        else if (rest == "ffn_gate_up_exps.weight")
+            *proj = Projection::kGateUp;
+        else
+            return false;
+        *layer = il;
         return true;
     }
 
