@@ -4,7 +4,8 @@
 # the library, the CLI (the tests make their models with `moestream synth`) and the unit tests
 # that exercise moestream's own code:
 #   asan  build-asan  ASan + UBSan: GGUF index / corruption matrices (index and model files
-#                     through llama.cpp), residency cache, I/O lanes,
+#                     through llama.cpp), split sets / NextN layers / large alignment and the
+#                     weight binder, residency cache, I/O lanes,
 #                     I/O faults (end to end through llama.cpp), route traces, replay, policies
 #   tsan  build-tsan  TSan: the I/O lanes and the cache (RealModelBytesThroughIoLanes)
 # plus tests/sanitizer/canary.cpp: planted bugs the sanitizer must report (negative controls).
@@ -19,7 +20,7 @@ case "$kind" in
   asan)
     dir="${ASAN_BUILD_DIR:-build-asan}"
     san="address,undefined"
-    tests="test_gguf_index;test_model_files;test_input_files;test_residency_cache;test_io_lanes;test_io_lanes_concurrency;test_io_faults;test_dense_read;test_route_trace;test_replay;test_policy_drop_cold;test_page_layout;test_page_pool;test_route_stats;test_eval_metrics"
+    tests="test_gguf_index;test_model_files;test_split_models;test_weight_binder;test_input_files;test_residency_cache;test_io_lanes;test_io_lanes_concurrency;test_io_faults;test_dense_read;test_route_trace;test_replay;test_policy_drop_cold;test_page_layout;test_page_pool;test_route_stats;test_eval_metrics"
     targets="all"  # = the library, the CLI, the canary and the tests above
     # LeakSanitizer on: every test and every CLI run they spawn must free what it allocated.
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"

@@ -43,6 +43,9 @@ VARIABLES: dict[str, Any] = {
     # moestream as committed at this revision (bench/build-at.sh: a clean export), so one run
     # can compare two commits side by side; absent = the run's binary (--commit / --bin).
     "commit": None,
+    # the model split into this many shards with Debian's llama-gguf-split (--split-max-tensors,
+    # the first shard given to the loader; models.ensure_split), or None: the one file
+    "split": None,
 }
 
 MOESTREAM_LOADERS = {"stream", "resident"}
@@ -50,7 +53,8 @@ LLAMA_COMPLETION_LOADERS = {"llama-mmap", "llama-dio"}
 LLAMA_BENCH_LOADERS = {"bench-mmap", "bench-dio"}
 LOADERS = MOESTREAM_LOADERS | LLAMA_COMPLETION_LOADERS | LLAMA_BENCH_LOADERS
 
-_COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args"}
+_COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args",
+           "split"}
 APPLIES: dict[str, set[str]] = {
     "stream": _COMMON | {"io_threads", "odirect", "prefetch", "cache_mb", "force_cache", "drop_cold",
                          "route_trace", "commit"},
@@ -66,7 +70,7 @@ APPLIES: dict[str, set[str]] = {
 # is a comparison of loaders, whatever the lanes.
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
            "prefetch": False,
-           "route_trace": False, "commit": None}
+           "route_trace": False, "commit": None, "split": None}
 
 EXPERIMENT_KEYS = {
     "name", "title", "description", "model", "arch", "type", "seed", "attn_gain", "prompt", "tokens",
@@ -167,6 +171,8 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad('"cold" or "warm"')
     if var == "extra_args" and not (isinstance(v, list) and all(isinstance(a, str) for a in v)):
         raise bad("a list of strings")
+    if var == "split" and not (v is None or (isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 99)):
+        raise bad("a shard count in [2, 99] or absent")
     if var == "commit" and not (v is None or (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z._/~^-]+", v))):
         raise bad("a git revision (commit hash, tag or branch) or absent")
 

@@ -232,6 +232,16 @@ class Harness:
         else:
             p = cell.params
             cap = config.parse_bytes(p["mem_cap"])
+        # A split cell runs on the model's n-shard set (the first shard; every shard cold).
+        shards = [model]
+        if cell is not None and p.get("split"):
+            if self.dry_run:
+                shards = models.split_paths(models.split_prefix(model, p["split"]), p["split"])
+            else:
+                shards = models.ensure_split(self.tools.llama_tool, model, p["split"],
+                                             int(ins.get("n_tensors", 0)), self.log)
+            model = shards[0]
+            rec["model_shards"] = shards
         # the command first: a cell the CLI cannot express is skipped before touching anything
         env = None
         if cell is None:
@@ -267,6 +277,8 @@ class Harness:
         rec["readahead_device"] = ra.dev.get("name")
         if p["start"] == "cold":
             rec["evict"] = system.evict(model)
+            for other in shards[1:]:
+                rec.setdefault("evict_other_shards", []).append(system.evict(other, drop_all=False))
         rec["model_page_cache_bytes_before"] = system.page_cache_resident(model)
         rec["mem_available_before"] = system.meminfo().get("MemAvailable")
         cg = None

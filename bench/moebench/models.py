@@ -101,3 +101,39 @@ def summary(ins: dict[str, Any]) -> dict[str, Any]:
     out = {k: ins[k] for k in keep if k in ins}
     out["projections"] = ins.get("projections")
     return out
+
+
+def split_prefix(path: str, n: int) -> str:
+    """Where the n-shard split of model `path` lives: PREFIX-0000K-of-0000N.gguf."""
+    base = path[:-5] if path.endswith(".gguf") else path
+    return f"{base}-split{n}"
+
+
+def split_paths(prefix: str, n: int) -> list[str]:
+    """The shards of an n-shard set, llama.cpp's naming (llama_split_path)."""
+    return [f"{prefix}-{k:05d}-of-{n:05d}.gguf" for k in range(1, n + 1)]
+
+
+def split_tensor_count(n_tensors: int, n: int) -> int:
+    """--split-max-tensors that gives exactly n shards of n_tensors, or 0 when none does."""
+    per = -(-n_tensors // n)
+    return per if -(-n_tensors // per) == n else 0
+
+
+def ensure_split(llama_tool: str, path: str, n: int, n_tensors: int, log) -> list[str]:
+    """The shards of `path` split into n (made once with llama-gguf-split, next to the model)."""
+    prefix = split_prefix(path, n)
+    shards = split_paths(prefix, n)
+    if all(os.path.exists(p) for p in shards):
+        return shards
+    per = split_tensor_count(n_tensors, n)
+    if per == 0:
+        raise SystemExit(f"{path}: {n_tensors} tensors cannot be split into exactly {n} shards by count")
+    for p in glob.glob(prefix + "-*-of-*.gguf"):
+        os.remove(p)  # a partial set from an interrupted split
+    cmd = [llama_tool, "llama-gguf-split", "--split", "--split-max-tensors", str(per), path, prefix]
+    log(f"splitting {path} into {n} shards: {' '.join(cmd)}")
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0 or not all(os.path.exists(p) for p in shards):
+        raise SystemExit(f"llama-gguf-split failed ({r.returncode}): {r.stderr[-500:]}")
+    return shards

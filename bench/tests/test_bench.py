@@ -150,6 +150,32 @@ class MatrixRules(unittest.TestCase):
         with self.assertRaises(SystemExit):
             harness.resolve_commit(repo, "no-such-revision-xyz")
 
+    def test_a_split_cell_runs_on_the_first_shard_of_its_set(self):
+        e = load_toml("""
+            [[cell]]
+            name = "merged"
+            [[cell]]
+            name = "split"
+            split = 3
+            baseline = "merged"
+        """)
+        self.assertIn("split: None → 3", config.describe_change(e.cell("split"), e.cell("merged")))
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        h = harness.Harness(e, repo, "/bin/true", tempfile.mkdtemp(), tempfile.mkdtemp(), dry_run=True)
+        h.tools._run_help = "--io-threads N\n--cache-mb MIB\n--force-cache\n"  # the flags the cell needs
+        rec = h.run_one(0, 0, e.cell("split"), None, "/m/x.gguf", {"n_tensors": 579},
+                        None, None)
+        self.assertEqual(rec["model_shards"], [f"/m/x-split3-0000{k}-of-00003.gguf" for k in (1, 2, 3)])
+        self.assertEqual(rec["command"][rec["command"].index("-m") + 1], "/m/x-split3-00001-of-00003.gguf")
+        self.assertEqual(models.split_tensor_count(579, 3), 193)
+        self.assertEqual(models.split_tensor_count(4, 3), 0)  # 2 per shard gives 2 shards
+        with self.assertRaisesRegex(config.ConfigError, "shard count"):
+            load_toml("""
+                [[cell]]
+                name = "a"
+                split = 1
+            """)
+
     def test_parse_bytes(self):
         self.assertEqual(config.parse_bytes("8GiB"), 8 << 30)
         self.assertEqual(config.parse_bytes("512MiB"), 512 << 20)

@@ -37,9 +37,13 @@ struct TensorInfo {
     uint32_t n_dims = 0;
     int64_t ne[4] = {1, 1, 1, 1};   // elements per dimension
     uint64_t nb[4] = {0, 0, 0, 0};  // byte strides as ggml computes them (nb[0] = type size)
-    uint64_t file_offset = 0;       // absolute byte offset of the data in the file
+    uint64_t file_offset = 0;       // absolute byte offset of the data in its file (shard)
     uint64_t nbytes = 0;            // bytes of data
     uint64_t info_offset = 0;       // offset of its record in the tensor-info table
+    uint32_t shard = 0;             // which ModelIndex::shards file holds it (0: single file)
+    // In a layer llama.cpp does not build (a NextN/MTP layer): never read, bound or counted
+    // in dense_bytes_total; its expert tensors are not in the expert map.
+    bool unused = false;
 };
 
 enum class Projection : int { kGate = 0, kUp = 1, kDown = 2, kGateUp = 3 };
@@ -56,6 +60,7 @@ struct ExpertTensor {
     uint64_t slice_bytes = 0;     // nb[2] = ne[1] * nb[1]: bytes of one expert
     uint64_t file_offset = 0;     // absolute file offset of expert 0's slice
     uint64_t tensor_bytes = 0;    // n_expert * slice_bytes
+    uint32_t shard = 0;           // the file (ModelIndex::shards) holding the tensor
     // Expert e's slice in the file: [file_offset + e * slice_bytes, ... + slice_bytes).
     uint64_t slice_offset(uint32_t e) const { return file_offset + uint64_t(e) * slice_bytes; }
 };
@@ -80,7 +85,23 @@ struct KvValue {
     std::vector<int64_t> arr_i;
 };
 
+// One file of the model: the file itself, or one shard of a split set (llama.cpp's gguf-split
+// layout: NAME-00001-of-0000N.gguf ..., keys split.no / split.count / split.tensors.count; the
+// first shard holds the model's metadata, every shard a part of the tensors).
+struct ShardFile {
+    std::string path;
+    uint64_t file_size = 0;
+    int64_t mtime_ns = 0;
+    int64_t ctime_ns = 0;
+    uint64_t dev = 0, ino = 0;
+    uint64_t data_offset = 0;      // start of its tensor data section
+    uint32_t n_tensors = 0;        // tensors whose data it holds
+    uint64_t tensor_bytes = 0;     // their bytes
+};
+
 struct ModelIndex {
+    // The file llama.cpp opens: the model file, or the first shard of a split set (whichever
+    // shard load_model_index was given). path .. data_offset describe that file.
     std::string path;
     uint64_t file_size = 0;
     int64_t mtime_ns = 0;
@@ -105,8 +126,17 @@ struct ModelIndex {
     std::vector<TensorInfo> tensors;     // in file order
     std::vector<MoeLayer> moe_layers;    // ascending layer index
 
-    uint64_t expert_bytes_total = 0;     // all expert tensors
-    uint64_t dense_bytes_total = 0;      // every other tensor
+    // Every file of the model, shard order (one entry for a single file); shards[0] is `path`.
+    std::vector<ShardFile> shards;
+    uint64_t set_bytes = 0;              // sum of the shards' file sizes
+
+    // Layers llama.cpp does not build: the last <arch>.nextn_predict_layers layers (NextN /
+    // MTP prediction heads kept by the converter). Their tensors are flagged `unused`.
+    uint32_t n_nextn_layers = 0;
+    uint64_t unused_bytes_total = 0;     // bytes of the unused tensors
+
+    uint64_t expert_bytes_total = 0;     // all expert tensors (of the expert map)
+    uint64_t dense_bytes_total = 0;      // every other tensor that llama.cpp uses
     // One token's routed working set: sum over MoE layers of n_expert_used * expert_bytes.
     uint64_t token_working_set_bytes = 0;
 
@@ -120,7 +150,15 @@ struct ModelIndex {
 
 // Reads and validates `path`. On error the Status (ErrorCode::kBadModel) names the file,
 // what is wrong and the byte offset where it was found.
+// A shard of a split set (split.count > 1; any shard may be given) loads the whole set: every
+// shard's metadata is read and validated (nothing of the tensor data), and the index covers all
+// of them. Refused, naming the shard file: a missing shard, a shard whose split.no, split.count
+// or split.tensors.count disagree with the set, a tensor in two shards, a total tensor count
+// other than split.tensors.count, a name that is not llama.cpp's NAME-0000K-of-0000N.gguf.
 Status load_model_index(const std::string & path, ModelIndex * out);
+
+// The paths of the model's files, shard order (one for a single file).
+std::vector<std::string> shard_paths(const ModelIndex & m);
 
 // Checks a validated index against the ggml CPU backend loaded in this process (call after
 // loading the backends, before llama.cpp sees the file): general.alignment against the CPU

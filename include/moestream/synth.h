@@ -33,6 +33,10 @@ struct SynthOptions {
     // greedy output repeats and routing repeats with it (a cache gets many hits). Range
     // (0, 4]; the same weights otherwise.
     float attn_out_gain = 0.3f;
+    // glm4moe only: NextN (multi-token prediction) layers appended after the preset's layers
+    // (block_count grows by this, <arch>.nextn_predict_layers says it), as GLM-4.5's converter
+    // keeps them; llama.cpp loads them without running them. 0..4.
+    uint32_t nextn_layers = 0;
 };
 
 struct SynthResult {

@@ -11,6 +11,10 @@ namespace moestream {
 // Bytes of this process's address space that map the file at `path` now (the sum of the
 // /proc/self/maps ranges with the file's device and inode); 0 when none or unreadable.
 uint64_t mapped_bytes_of_file(const std::string & path);
+// Bytes of this process's mappings of the file (device, inode) that are resident now: the sum
+// of their Rss in /proc/self/smaps (pages faulted in or prefaulted, e.g. by MAP_POPULATE);
+// 0 when none or unreadable.
+uint64_t resident_mapped_bytes_of_file(uint64_t dev, uint64_t ino);
 // The system page size (sysconf), 4096 if it cannot be read: the expert cache's commit
 // granularity.
 uint64_t system_page_bytes();

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_impl.h"
+#include "model_files.h"
 #include "ggml-backend.h"
 #include "moestream/cache_budget.h"
 #include "moestream/log.h"
@@ -51,24 +52,26 @@ Status init_backend(const EnvKnobs & knobs) {
 }  // namespace
 
 Status check_file_unchanged(const ModelIndex & index) {
-    struct stat st;
-    if (::stat(index.path.c_str(), &st) != 0)
-        return Status::Runtime(index.path +
-                               ": the model file disappeared: " + std::strerror(errno));
-    int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    // ctime: the kernel sets it on every write, truncate, rename and attribute change, and no
-    // call can set it back (an in-place rewrite followed by `touch -r` restores only mtime).
-    int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-    const bool replaced = uint64_t(st.st_dev) != index.dev || uint64_t(st.st_ino) != index.ino;
-    if (uint64_t(st.st_size) != index.file_size || mtime_ns != index.mtime_ns ||
-        ctime_ns != index.ctime_ns || replaced)
-        return Status::Runtime(
-            index.path + ": the model file changed since it was validated (size " +
-            std::to_string(index.file_size) + " -> " + std::to_string(st.st_size) +
-            ", mtime changed: " + (mtime_ns != index.mtime_ns ? "yes" : "no") +
-            ", ctime changed: " + (ctime_ns != index.ctime_ns ? "yes" : "no") +
-            ", replaced by another file: " + (replaced ? "yes" : "no") +
-            "); restart to use the new file");
+    for (const ShardFile & file : index.shards) {  // every file of a split set
+        struct stat st;
+        if (::stat(file.path.c_str(), &st) != 0)
+            return Status::Runtime(file.path +
+                                   ": the model file disappeared: " + std::strerror(errno));
+        int64_t mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+        // ctime: the kernel sets it on every write, truncate, rename and attribute change, and no
+        // call can set it back (an in-place rewrite followed by `touch -r` restores only mtime).
+        int64_t ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+        const bool replaced = uint64_t(st.st_dev) != file.dev || uint64_t(st.st_ino) != file.ino;
+        if (uint64_t(st.st_size) != file.file_size || mtime_ns != file.mtime_ns ||
+            ctime_ns != file.ctime_ns || replaced)
+            return Status::Runtime(
+                file.path + ": the model file changed since it was validated (size " +
+                std::to_string(file.file_size) + " -> " + std::to_string(st.st_size) +
+                ", mtime changed: " + (mtime_ns != file.mtime_ns ? "yes" : "no") +
+                ", ctime changed: " + (ctime_ns != file.ctime_ns ? "yes" : "no") +
+                ", replaced by another file: " + (replaced ? "yes" : "no") +
+                "); restart to use the new file");
+    }
     return Status::Ok();
 }
 
@@ -125,7 +128,7 @@ Status EngineImpl::init(const RunOptions & opt) {
         uint64_t max_slice = 0;
         for (const auto & L : index_.moe_layers)
             for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
-        st = lanes_.open(index_.path, opt.io_threads, opt.odirect, max_slice);
+        st = lanes_.open(shard_paths(index_), opt.io_threads, opt.odirect, max_slice);
         lanes_.set_in_place(opt.io_in_place);
         if (!st.ok()) return st;
         // Planted I/O faults (tests only; env_knobs.h): checked against the lanes now, so
@@ -149,7 +152,8 @@ Status EngineImpl::init(const RunOptions & opt) {
         if (!st.ok()) return st;
         // What the load left mapped of the file (0 unmapped): the settings report
         // the observed loading, not just the option.
-        file_mapped_after_load_bytes_ = mapped_bytes_of_file(index_.path);
+        for (const ShardFile & f : index_.shards)
+            file_mapped_after_load_bytes_ += mapped_bytes_of_file(f.path);
     }
 
     if (opt_.n_ctx == 0) opt_.n_ctx = model_context(model_.get(), &n_ctx_reason_);
@@ -270,7 +274,7 @@ Status EngineImpl::make_store() {
         if (lanes_.direct() && fault_plan_.kind == IoFaultPlan::Kind::kNone &&
             !knobs_.prefetch_no_uring) {
             std::string why;
-            uring_ = UringTail::create(index_.path, lanes_.dio_alignment(), &why);
+            uring_ = UringTail::create(shard_paths(index_), lanes_.dio_alignment(), &why);
             if (uring_)
                 streamer_->set_uring(uring_.get());
             else
@@ -378,6 +382,7 @@ std::string EngineImpl::settings_json() const {
     j["stream"] = opt_.stream;
     j["mmap"] = opt_.stream || opt_.resident_mmap;
     if (!opt_.stream) j["model_file_mapped_bytes"] = file_mapped_after_load_bytes_;
+    if (opt_.stream) model_files_json(index_, lm_, binder_.get(), &j);
     j["n_threads"] = opt_.n_threads;
     j["n_ctx"] = opt_.n_ctx;
     j["n_ctx_reason"] = n_ctx_reason_.empty() ? "-c" : n_ctx_reason_;

@@ -19,7 +19,7 @@
 namespace moestream {
 
 WeightBinder::WeightBinder(const ModelIndex & index, ResidencyStore * store, const LoadedModel & lm)
-    : index_(index), store_(store), map_addr_(lm.map_addr), map_len_(lm.map_len) {
+    : index_(index), store_(store), maps_(lm.maps) {
     expert_bound_.resize(index.moe_layers.size());
     for (size_t sl = 0; sl < index.moe_layers.size(); ++sl) {
         expert_bound_[sl].assign(index.moe_layers[sl].tensors.size(), false);
@@ -39,7 +39,7 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     const uint64_t chunk = std::max<uint64_t>(chunk_bytes / a * a, a);
     std::vector<ReadRequest> reqs;
     uint64_t batch_bytes = 0;
-    int fadvise_fd = -1;
+    std::vector<int> fadvise_fds(index_.shards.size(), -1);
     // Reads the requests gathered so far. Buffered lanes (O_DIRECT refused or off) leave the
     // bytes in the page cache too: drop each batch's range once its copies hold it, so the
     // page cache never holds more than one batch of dense weights.
@@ -47,14 +47,18 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
         if (reqs.empty()) return Status::Ok();
         Status st = lanes->read_batch(reqs, &dense_stats_);  // adds to dense_stats_
         if (st.ok() && !lanes->direct()) {
-            uint64_t first = UINT64_MAX, end = 0;
-            for (const ReadRequest & r : reqs) {
-                first = std::min(first, r.file_offset);
-                end = std::max(end, r.file_offset + r.len);
+            for (size_t f = 0; f < fadvise_fds.size(); ++f) {
+                uint64_t first = UINT64_MAX, end = 0;
+                for (const ReadRequest & r : reqs) {
+                    if (r.file != f) continue;
+                    first = std::min(first, r.file_offset);
+                    end = std::max(end, r.file_offset + r.len);
+                }
+                if (end == 0) continue;
+                int & fd = fadvise_fds[f];
+                if (fd < 0) fd = ::open(index_.shards[f].path.c_str(), O_RDONLY | O_CLOEXEC);
+                if (fd >= 0) posix_fadvise(fd, off_t(first), off_t(end - first), POSIX_FADV_DONTNEED);
             }
-            if (fadvise_fd < 0) fadvise_fd = ::open(index_.path.c_str(), O_RDONLY | O_CLOEXEC);
-            if (fadvise_fd >= 0)
-                posix_fadvise(fadvise_fd, off_t(first), off_t(end - first), POSIX_FADV_DONTNEED);
         }
         reqs.clear();
         batch_bytes = 0;
@@ -63,8 +67,8 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     Status st = Status::Ok();
     for (const TensorInfo & ti : index_.tensors) {
         if (!st.ok()) break;
-        if (index_.expert_tensor_names.count(ti.name) || ti.nbytes == 0) continue;
-        if (dense_.count(ti.file_offset)) continue;  // read once
+        if (index_.expert_tensor_names.count(ti.name) || ti.nbytes == 0 || ti.unused) continue;
+        if (dense_.count(dense_key(ti))) continue;  // read once
         const uint64_t phase = ti.file_offset % a;
         uint64_t alloc_bytes = 0;
         if (__builtin_add_overflow(ti.nbytes, phase, &alloc_bytes))
@@ -75,7 +79,7 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
                                    " bytes for weight '" + ti.name + "'");
         c.data = static_cast<uint8_t *>(c.alloc) + phase;
         c.nbytes = ti.nbytes;
-        dense_.emplace(ti.file_offset, c);
+        dense_.emplace(dense_key(ti), c);
         // Split at multiples of `chunk` in the file: every request but a tensor's first starts
         // aligned, so each is read in place (io_lanes.h) and the lanes share the big ones.
         const uint64_t end = ti.file_offset + ti.nbytes;  // validated by the index: no overflow
@@ -85,6 +89,7 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
             r.file_offset = at;
             r.len = next - at;
             r.dest = c.data + (at - ti.file_offset);
+            r.file = ti.shard;
             reqs.push_back(r);
             batch_bytes += r.len;
             at = next;
@@ -95,7 +100,8 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
         }
     }
     if (st.ok()) st = flush();
-    if (fadvise_fd >= 0) ::close(fadvise_fd);
+    for (int fd : fadvise_fds)
+        if (fd >= 0) ::close(fd);
     if (!st.ok()) return st;
     dense_read_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     MS_LOG_INFO("read %zu dense weights (%.1f MiB) in %.2f s with %d lane(s)%s", dense_.size(),
@@ -107,23 +113,29 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
 const void * WeightBinder::dense_copy(const std::string & name) const {
     const TensorInfo * ti = index_.find_tensor(name);
     if (ti == nullptr) return nullptr;
-    auto it = dense_.find(ti->file_offset);
+    auto it = dense_.find(dense_key(*ti));
     return it == dense_.end() ? nullptr : it->second.data;
 }
 
 bool WeightBinder::in_map(const void * p) const {
     auto a = static_cast<const uint8_t *>(p);
-    return map_addr_ && a >= map_addr_ && a < map_addr_ + map_len_;
+    for (const FileMapping & m : maps_)
+        if (m.addr && a >= m.addr && a < m.addr + m.len) return true;
+    return false;
 }
 
 Status WeightBinder::bind(ggml_tensor * t) {
     if (t == nullptr) return Status::Ok();
     ggml_tensor * root = t->view_src ? t->view_src : t;
-    if (root->data != nullptr && in_map(root->data)) {
-        Status st = bind_root(root);
+    if (!bound_.count(root)) {
+        bool file_weight = false;
+        Status st = bind_root(root, &file_weight);
         if (!st.ok()) return st;
+        if (!file_weight) return Status::Ok();
+        bound_.insert(root);
     }
-    if (t != root && t->data != nullptr && in_map(t->data)) t->data = static_cast<uint8_t *>(root->data) + t->view_offs;
+    // A view made before its weight was rebound still points where the weight was.
+    if (t != root) t->data = static_cast<uint8_t *>(root->data) + t->view_offs;
     return Status::Ok();
 }
 
@@ -139,19 +151,44 @@ bool WeightBinder::on_ask(ggml_tensor * t, RouterHook & hook) {
     return false;
 }
 
-Status WeightBinder::bind_root(ggml_tensor * g) {
-    const uint64_t off = uint64_t(static_cast<uint8_t *>(g->data) - map_addr_);
-    const size_t nbytes = ggml_nbytes(g);
-    if (off + nbytes > map_len_)
-        return Status::Runtime(std::string("weight '") + g->name + "' extends past the file mapping");
+// A weight of the file is recognised by its name and by where it sits: exactly at its file
+// offset in its shard's mapping (never by the address range alone: llama.cpp unmaps unused
+// fragments of the mapping after load, and later allocations — the KV cache, a heap copy this
+// binder made — can land in those holes). Each weight is bound once (bind() remembers it).
+Status WeightBinder::bind_root(ggml_tensor * g, bool * file_weight) {
+    *file_weight = false;
+    if (g->data == nullptr) return Status::Ok();
     const TensorInfo * ti = index_.find_tensor(g->name);
-    // Not a weight of the file: its memory merely lies in the mapping's address range (llama.cpp
-    // unmaps unused fragments of the mapping after load, and later allocations — the KV cache
-    // with a small context, for one — can land in those holes).
-    if (ti == nullptr) return Status::Ok();
-    if (ti->file_offset != off || ti->nbytes != nbytes || ti->type != int32_t(g->type))
+    if (ti == nullptr) return Status::Ok();  // not a weight of the file
+    const FileMapping m = ti->shard < maps_.size() ? maps_[ti->shard] : FileMapping{};
+    const uint8_t * at = static_cast<const uint8_t *>(g->data);
+    if (m.addr == nullptr || at != m.addr + ti->file_offset) {
+        // Elsewhere: not llama.cpp's file-backed tensor (already moved, or memory of its own),
+        // unless it points into a mapping of the model, at the wrong place.
+        if (!in_map(at)) return Status::Ok();
+        const bool same = m.addr && at >= m.addr && at < m.addr + m.len;
+        return Status::Runtime(std::string("weight '") + g->name + "' at " +
+                               (same ? "file offset " + std::to_string(at - m.addr)
+                                     : std::string("an address in another file's mapping")) +
+                               " does not match the validated index (file offset " +
+                               std::to_string(ti->file_offset) + " in " +
+                               index_.shards[ti->shard].path + "; the seam changed? docs/seam.md)");
+    }
+    *file_weight = true;
+    const uint64_t off = ti->file_offset;
+    const size_t nbytes = ggml_nbytes(g);
+    if (off + nbytes > m.len)
+        return Status::Runtime(std::string("weight '") + g->name + "' extends past the mapping of " +
+                               index_.shards[ti->shard].path);
+    if (ti->nbytes != nbytes || ti->type != int32_t(g->type))
         return Status::Runtime(std::string("weight '") + g->name + "' at file offset " + std::to_string(off) +
                                " does not match the validated index (the seam changed? docs/seam.md)");
+    if (ti->unused)
+        return Status::Runtime(std::string("weight '") + g->name +
+                               "' of a NextN layer (" + index_.arch +
+                               ".nextn_predict_layers) is used by llama.cpp's graph: this "
+                               "architecture builds its NextN layers, which streaming does not "
+                               "support");
     auto it = std::lower_bound(experts_.begin(), experts_.end(),
                                std::make_pair(std::string(g->name), std::make_pair(size_t(0), size_t(0))));
     if (it != experts_.end() && it->first == g->name) {
@@ -173,7 +210,7 @@ Status WeightBinder::bind_root(ggml_tensor * g) {
         g->data = empty_weight;
         return Status::Ok();
     }
-    auto d = dense_.find(off);
+    auto d = dense_.find(dense_key(*ti));
     if (d == dense_.end())
         return Status::Runtime(std::string("weight '") + g->name +
                                "' was not read at load (read_dense not called?)");
@@ -198,8 +235,8 @@ Status WeightBinder::finish() {
             ++it;
             continue;
         }
-        MS_LOG_DEBUG("dense weight at file offset %llu unused by the graph: freed",
-                     (unsigned long long)it->first);
+        MS_LOG_DEBUG("dense weight at file offset %llu of shard %u unused by the graph: freed",
+                     (unsigned long long)it->first.second, it->first.first);
         std::free(it->second.alloc);
         it = dense_.erase(it);
     }

@@ -11,13 +11,18 @@
 // residency store (never read here), any other weight to its heap copy. Views of a rebound
 // weight are re-pointed. After the first graph nothing points
 // into the mapping: finish() checks that every expert tensor of the index was bound. (Weights
-// are recognised by name and file offset, not by address alone: llama.cpp unmaps unused
-// fragments of the mapping after load, and other allocations can land in those holes.)
+// are recognised by name and by sitting exactly at their file offset in their shard's mapping,
+// never by address range alone: llama.cpp unmaps unused fragments of the mapping after load,
+// and other allocations, this binder's heap copies among them, can land in those holes. Each
+// weight is bound once: a weight feeding several nodes, such as token_embd, is not looked at
+// again.) Tensors of unused (NextN) layers are neither read nor bound.
 // Thread-safety: used from the llama_decode thread only (read_dense: from the thread that
 // drives the lanes, before the first graph).
 #pragma once
 
 #include <map>
+#include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -72,13 +77,16 @@ public:
     uint64_t dense_bytes() const { return dense_bytes_; }    // heap copies of dense weights
 
 private:
-    bool in_map(const void * p) const;
-    Status bind_root(ggml_tensor * t);
+    bool in_map(const void * p) const;  // inside any of the model's mappings
+    // Binds g if it is a weight of the file still in its mapping (*file_weight then true).
+    Status bind_root(ggml_tensor * g, bool * file_weight);
+    using DenseKey = std::pair<uint32_t, uint64_t>;  // (shard, file offset)
+    static DenseKey dense_key(const TensorInfo & t) { return {t.shard, t.file_offset}; }
 
     const ModelIndex & index_;
     ResidencyStore * store_;
-    uint8_t * map_addr_;
-    size_t map_len_;
+    std::vector<FileMapping> maps_;  // llama.cpp's mapping of each shard
+    std::set<const ggml_tensor *> bound_;  // weights rebound (each once)
     std::vector<std::pair<std::string, std::pair<size_t, size_t>>> experts_;  // sorted by name
     std::vector<std::vector<bool>> expert_bound_;                             // [slot][t]
     struct DenseCopy {
@@ -87,7 +95,7 @@ private:
         uint64_t nbytes = 0;
         bool bound = false;  // a graph tensor points at it
     };
-    std::map<uint64_t, DenseCopy> dense_;  // by file offset
+    std::map<DenseKey, DenseCopy> dense_;  // by shard and file offset
     uint64_t dense_bytes_ = 0;             // bytes of bound copies
     double dense_read_s_ = 0;
     IoBatchStats dense_stats_;

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -49,41 +50,64 @@ IoLanes::~IoLanes() {
     cv_work_.notify_all();
     for (auto & t : threads_) t.join();
     for (auto & l : lanes_) {
-        if (l.fd >= 0) ::close(l.fd);
+        for (int fd : l.fds)
+            if (fd >= 0) ::close(fd);
         std::free(l.bounce);
     }
 }
 
 Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
                      uint64_t max_request_bytes) {
+    return open(std::vector<std::string>{path}, n_lanes, odirect, max_request_bytes);
+}
+
+Status IoLanes::open(const std::vector<std::string> & paths, int n_lanes, bool odirect,
+                     uint64_t max_request_bytes) {
     if (n_lanes < 1) return Status::Usage("--io-threads must be >= 1");
-    path_ = path;
+    if (paths.empty()) return Status::Usage("io: no file to read");
+    paths_ = paths;
     direct_ = odirect;
     lanes_.resize(static_cast<size_t>(n_lanes));
     for (int i = 0; i < n_lanes; ++i) {
         Lane & l = lanes_[i];
-        if (direct_) {
-            l.fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-            if (l.fd < 0 && errno == EINVAL) {
-                MS_LOG_WARN("%s: the file system refuses O_DIRECT; using buffered reads",
-                            path.c_str());
-                direct_ = false;
-                for (int j = 0; j < i; ++j) {
-                    ::close(lanes_[j].fd);
-                    lanes_[j].fd = -1;
-                }
-                i = -1;  // reopen every lane buffered
-                continue;
+        l.fds.assign(paths.size(), -1);
+        for (size_t f = 0; f < paths.size(); ++f) {
+            const std::string & path = paths[f];
+            if (direct_) {
+                l.fds[f] = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+                if (l.fds[f] < 0 && errno == EINVAL) break;  // handled below
+            } else {
+                l.fds[f] = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
             }
-        } else {
-            l.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+            if (l.fds[f] < 0)
+                return Status::Runtime(path + ": cannot open for reading: " + errno_text(errno));
         }
-        if (l.fd < 0)
-            return Status::Runtime(path + ": cannot open for reading: " + errno_text(errno));
+        if (direct_ && !l.fds.empty() && l.fds.back() < 0) {
+            MS_LOG_WARN("%s: the file system refuses O_DIRECT; using buffered reads",
+                        paths.front().c_str());
+            direct_ = false;
+            for (int j = 0; j <= i; ++j) {
+                for (int & fd : lanes_[j].fds) {
+                    if (fd >= 0) ::close(fd);
+                    fd = -1;
+                }
+            }
+            i = -1;  // reopen every lane buffered
+        }
     }
     if (direct_) {
-        uint64_t a = statx_dio_alignment(lanes_[0].fd);
-        align_ = (a >= 512 && (a & (a - 1)) == 0) ? a : 4096;
+        // The largest alignment any of the files asks for serves them all (powers of two).
+        align_ = 4096;
+        uint64_t most = 0;
+        bool known = true;
+        for (int fd : lanes_[0].fds) {
+            const uint64_t a = statx_dio_alignment(fd);
+            if (a >= 512 && (a & (a - 1)) == 0)
+                most = std::max(most, a);
+            else
+                known = false;
+        }
+        if (known && most > 0) align_ = most;
     } else {
         align_ = 64;  // memory alignment of the bounce buffer only
     }
@@ -109,14 +133,16 @@ Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
     return Status::Ok();
 }
 
-long IoLanes::do_preadv(int lane, const struct iovec * iov, int iovcnt, uint64_t off) {
-    if (hook_) return hook_(lanes_[lane].fd, iov, iovcnt, off, lane, hook_ud_);
-    return ::preadv(lanes_[lane].fd, iov, iovcnt, static_cast<off_t>(off));
+long IoLanes::do_preadv(int lane, uint32_t file, const struct iovec * iov, int iovcnt,
+                        uint64_t off) {
+    const int fd = lanes_[lane].fds[file];
+    if (hook_) return hook_(fd, iov, iovcnt, off, lane, hook_ud_);
+    return ::preadv(fd, iov, iovcnt, static_cast<off_t>(off));
 }
 
-long IoLanes::do_pread(int lane, void * buf, size_t len, uint64_t off) {
+long IoLanes::do_pread(int lane, uint32_t file, void * buf, size_t len, uint64_t off) {
     struct iovec v = {buf, len};
-    return do_preadv(lane, &v, 1, off);
+    return do_preadv(lane, file, &v, 1, off);
 }
 
 bool InPlaceRead::plan(const ReadRequest & r, uint64_t a, InPlaceRead * out) {
@@ -156,12 +182,12 @@ int IoLanes::read_direct(int lane, const ReadRequest & r, uint64_t * transferred
     struct iovec iov[3];
     const int n = p.iov(r, l.bounce, align_, iov);
     long got;
-    do got = do_preadv(lane, iov, n, p.io_off);
+    do got = do_preadv(lane, r.file, iov, n, p.io_off);
     while (got < 0 && errno == EINTR);
     if (got < 0) {
         const int e = errno;
         std::memset(r.dest, 0, r.len);
-        *err = Status::Runtime(path_ + ": read failed at offset " + std::to_string(p.io_off) +
+        *err = Status::Runtime(paths_[r.file] + ": read failed at offset " + std::to_string(p.io_off) +
                                " length " + std::to_string(p.io_len) + " (slice at offset " +
                                std::to_string(r.file_offset) + ", " + std::to_string(r.len) +
                                " bytes): " + errno_text(e));
@@ -174,6 +200,11 @@ int IoLanes::read_direct(int lane, const ReadRequest & r, uint64_t * transferred
 }
 
 Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred) {
+    if (r.file >= paths_.size()) {
+        std::memset(r.dest, 0, r.len);
+        return Status::Runtime("io: request for file #" + std::to_string(r.file) + " of " +
+                               std::to_string(paths_.size()));
+    }
     Status derr;
     const int direct = read_direct(lane, r, transferred, &derr);
     if (direct == 1) {
@@ -206,12 +237,12 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
         uint64_t got = 0;
         uint64_t unaligned_end = 0;
         while (got < io_len) {
-            long n = do_pread(lane, l.bounce + got, io_len - got, io_off + got);
+            long n = do_pread(lane, r.file, l.bounce + got, io_len - got, io_off + got);
             if (n < 0) {
                 if (errno == EINTR) continue;
                 int e = errno;
                 std::memset(dest, 0, r.len);
-                return Status::Runtime(path_ + ": read failed at offset " +
+                return Status::Runtime(paths_[r.file] + ": read failed at offset " +
                                        std::to_string(io_off + got) + " length " +
                                        std::to_string(io_len - got) + " (slice at offset " +
                                        std::to_string(r.file_offset) + ", " +
@@ -233,7 +264,7 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
         *transferred += got;
         if (got <= skip) {
             std::memset(dest, 0, r.len);
-            return Status::Runtime(path_ + ": unexpected end of file at offset " +
+            return Status::Runtime(paths_[r.file] + ": unexpected end of file at offset " +
                                    std::to_string(io_off + got) + " reading the slice at offset " +
                                    std::to_string(r.file_offset) + " (" + std::to_string(r.len) +
                                    " bytes): the file is shorter than the model says (truncated?)");
@@ -244,7 +275,7 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
         done += useful;
         if (got < io_len && done < r.len) {
             std::memset(dest, 0, r.len);
-            return Status::Runtime(path_ + ": unexpected end of file at offset " +
+            return Status::Runtime(paths_[r.file] + ": unexpected end of file at offset " +
                                    std::to_string(io_off + got) + " reading the slice at offset " +
                                    std::to_string(r.file_offset) + " (" + std::to_string(r.len) +
                                    " bytes): the file is shorter than the model says (truncated?)");

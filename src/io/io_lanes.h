@@ -1,8 +1,9 @@
 // io_lanes.h — parallel, checked reads from the model file: expert slices (the streamer) and,
 // at load, the dense weights (WeightBinder::read_dense).
 //
-// IoLanes owns N lanes. Each lane has a private file descriptor (O_DIRECT unless refused or
-// disabled) and a private aligned bounce buffer; lane 0 is the calling thread, lanes 1..N-1
+// IoLanes owns N lanes. Each lane has a private file descriptor per file (O_DIRECT unless
+// refused or disabled; a split model has one file per shard and every request names its file)
+// and a private aligned bounce buffer; lane 0 is the calling thread, lanes 1..N-1
 // are persistent worker threads. read_batch() spreads a list of slice reads over the lanes
 // (work stealing over the list) and returns when all are done.
 //
@@ -55,12 +56,15 @@ struct iovec;
 namespace moestream {
 
 struct ReadRequest {
-    uint64_t file_offset = 0;  // absolute offset in the model file
+    uint64_t file_offset = 0;  // absolute offset in the file
     uint64_t len = 0;          // bytes wanted
     void * dest = nullptr;     // where the bytes go (len bytes, writable)
     // Needed only by a later matmul of the layer (the down projection): may still be in
     // flight while the first matmuls (gate, up) compute (streamer.h, "Overlap").
     bool late = false;
+    // Which of the files given to IoLanes::open holds the bytes (a split model's shard:
+    // TensorInfo::shard).
+    uint32_t file = 0;
 };
 
 // How one request is read in place with O_DIRECT (above, "Reads straight into the
@@ -103,6 +107,10 @@ public:
     // Opens `path` once per lane. n_lanes >= 1. odirect=false forces buffered reads.
     // max_request_bytes sizes each lane's bounce buffer (plus two alignment units).
     Status open(const std::string & path, int n_lanes, bool odirect, uint64_t max_request_bytes);
+    // The same for several files (a split model's shards): every lane opens each of them,
+    // and a request reads from paths[request.file].
+    Status open(const std::vector<std::string> & paths, int n_lanes, bool odirect,
+                uint64_t max_request_bytes);
 
     Status read_batch(const std::vector<ReadRequest> & reqs, IoBatchStats * stats);
 
@@ -132,7 +140,7 @@ public:
 
 private:
     struct Lane {
-        int fd = -1;
+        std::vector<int> fds;  // one per file, as given to open()
         uint8_t * bounce = nullptr;
         uint64_t bounce_bytes = 0;
     };
@@ -146,10 +154,10 @@ private:
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
     // failed with *err set.
     int read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err);
-    long do_preadv(int lane, const struct iovec * iov, int iovcnt, uint64_t off);
-    long do_pread(int lane, void * buf, size_t len, uint64_t off);
+    long do_preadv(int lane, uint32_t file, const struct iovec * iov, int iovcnt, uint64_t off);
+    long do_pread(int lane, uint32_t file, void * buf, size_t len, uint64_t off);
 
-    std::string path_;
+    std::vector<std::string> paths_;
     bool direct_ = false;
     uint64_t align_ = 4096;
     std::vector<Lane> lanes_;

@@ -23,14 +23,22 @@ struct UringTail::Impl {
 
 std::unique_ptr<UringTail> UringTail::create(const std::string & path, uint64_t align,
                                              std::string * why) {
+    return create(std::vector<std::string>{path}, align, why);
+}
+
+std::unique_ptr<UringTail> UringTail::create(const std::vector<std::string> & paths,
+                                             uint64_t align, std::string * why) {
     std::unique_ptr<UringTail> u(new UringTail());
     u->impl_ = std::make_unique<Impl>();
-    u->path_ = path;
+    u->paths_ = paths;
     u->align_ = align >= 512 && (align & (align - 1)) == 0 ? align : 4096;
-    u->fd_ = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (u->fd_ < 0) {
-        *why = std::string("O_DIRECT open: ") + std::strerror(errno);
-        return nullptr;
+    for (const std::string & path : paths) {
+        const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+        if (fd < 0) {
+            *why = path + ": O_DIRECT open: " + std::strerror(errno);
+            return nullptr;
+        }
+        u->fds_.push_back(fd);
     }
     void * p = nullptr;
     if (posix_memalign(&p, 4096, kMaxRequests * 2 * u->align_) != 0) {
@@ -73,7 +81,7 @@ UringTail::~UringTail() {
         reap(&ignored);  // the kernel must not write into freed memory
     }
     if (impl_ && impl_->ok) io_uring_queue_exit(&impl_->ring);
-    if (fd_ >= 0) ::close(fd_);
+    for (int fd : fds_) ::close(fd);
     std::free(bounce_);
 }
 
@@ -85,7 +93,7 @@ bool UringTail::submit(const std::vector<ReadRequest> & reqs, size_t first) {
     for (size_t i = first; i < reqs.size(); ++i) {
         Pending p;
         p.r = reqs[i];
-        if (!InPlaceRead::plan(p.r, a, &p.span)) return false;
+        if (p.r.file >= fds_.size() || !InPlaceRead::plan(p.r, a, &p.span)) return false;
         pending_.push_back(p);
     }
     if (impl_->owner != std::this_thread::get_id() && !setup_ring()) return false;
@@ -97,7 +105,7 @@ bool UringTail::submit(const std::vector<ReadRequest> & reqs, size_t first) {
         iov_.insert(iov_.end(), parts, parts + n);
         io_uring_sqe * sqe = io_uring_get_sqe(&impl_->ring);
         if (sqe == nullptr) return false;  // (cannot happen: entries >= kMaxRequests)
-        io_uring_prep_readv(sqe, fd_, &iov_[at], unsigned(n), p.span.io_off);
+        io_uring_prep_readv(sqe, fds_[p.r.file], &iov_[at], unsigned(n), p.span.io_off);
         io_uring_sqe_set_data64(sqe, k);
     }
     const int rc = io_uring_submit(&impl_->ring);
@@ -128,7 +136,7 @@ Status UringTail::reap(IoBatchStats * stats) {
         if (rc < 0) {
             // The ring itself failed: nothing more can be known; drop it (io_uring_queue_exit
             // waits for what is in flight) and fail every request not reaped.
-            err = Status::Runtime(path_ + ": io_uring_wait_cqe: " + std::strerror(-rc));
+            err = Status::Runtime(paths_.front() + ": io_uring_wait_cqe: " + std::strerror(-rc));
             for (size_t k = 0; k < pending_.size(); ++k) failed[k] = 1;
             setup_ring();
             break;
@@ -144,7 +152,7 @@ Status UringTail::reap(IoBatchStats * stats) {
         if (res < 0 || uint64_t(res) < need) {
             failed[k] = 1;
             if (err.ok())
-                err = Status::Runtime(path_ + ": read of the slice at offset " +
+                err = Status::Runtime(paths_[p.r.file] + ": read of the slice at offset " +
                                       std::to_string(p.r.file_offset) + " (" +
                                       std::to_string(p.r.len) + " bytes) " +
                                       (res < 0 ? std::string("failed: ") + std::strerror(-res)

@@ -40,6 +40,9 @@ public:
     // Null (with the reason in *why) when io_uring or O_DIRECT is not available for `path`.
     static std::unique_ptr<UringTail> create(const std::string & path, uint64_t align,
                                              std::string * why);
+    // The same for several files (a split model's shards): a request reads paths[r.file].
+    static std::unique_ptr<UringTail> create(const std::vector<std::string> & paths,
+                                             uint64_t align, std::string * why);
     ~UringTail();
     UringTail(const UringTail &) = delete;
     UringTail & operator=(const UringTail &) = delete;
@@ -59,8 +62,8 @@ private:
 
     struct Impl;
     std::unique_ptr<Impl> impl_;
-    std::string path_;
-    int fd_ = -1;
+    std::vector<std::string> paths_;
+    std::vector<int> fds_;  // one O_DIRECT descriptor per file
     uint64_t align_ = 4096;
     uint8_t * bounce_ = nullptr;  // kMaxRequests x 2 blocks: each request's head and tail
     size_t n_ = 0;                // reads in flight

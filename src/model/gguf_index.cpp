@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "ggml-backend.h"
 #include "ggml-cpu.h"
 #include "ggml.h"
+#include "llama.h"
 
 namespace moestream {
 
@@ -91,9 +93,14 @@ uint64_t gguf_scalar_size(uint32_t t) { return t < kTypeCount ? kTypes[t].size :
 
 bool gguf_is_int(uint32_t t) { return t < kTypeCount && kTypes[t].integer; }
 
+// The file a ParseError is in: the one being read, or (after the shards of a split set were
+// merged) shard `shard` of the set.
+constexpr uint32_t kThisFile = UINT32_MAX;
+
 struct ParseError {
     uint64_t offset;
     std::string what;
+    uint32_t shard = kThisFile;
 };
 
 [[noreturn]] void fail(uint64_t offset, std::string what) {
@@ -228,20 +235,62 @@ public:
     Parser(Reader & r, ModelIndex & m) : r_(r), m_(m) {}
 
     void parse() {
+        parse_file();
+        parse_model();
+    }
+
+    // The file's own structure: header, metadata, tensor infos, data section.
+    void parse_file() {
         header();
         for (int64_t i = 0; i < n_kv_; ++i) kv_pair(i);
         kv_end_ = r_.pos();
         alignment();
         for (int64_t i = 0; i < n_tensors_; ++i) tensor_info(i);
         data_section();
+        shard_at_.assign(m_.tensors.size(), 0);
+    }
+
+    // The model over every tensor gathered so far (this file's, and other shards' added).
+    void parse_model() {
         model_params();
         hparams();
         tokenizer();
+        mark_unused();
         expert_map();
         totals();
     }
 
+    // Adds the tensors of shard `shard` (parsed with parse_file by `other`).
+    void add_shard(const Parser & other, uint32_t shard) {
+        for (size_t i = 0; i < other.m_.tensors.size(); ++i) {
+            TensorInfo t = other.m_.tensors[i];
+            auto dup = m_.tensor_ids.find(t.name);
+            if (dup != m_.tensor_ids.end()) {
+                loc_shard_ = shard;
+                fail(other.offset_at_[i], "tensor " + quoted(t.name) + " is also in " +
+                                              m_.shards[shard_at_[dup->second]].path +
+                                              " (a tensor in two shards: shards of different sets?)");
+            }
+            t.shard = shard;
+            m_.tensor_ids.emplace(t.name, m_.tensors.size());
+            m_.tensors.push_back(std::move(t));
+            offset_at_.push_back(other.offset_at_[i]);
+            shard_at_.push_back(shard);
+        }
+    }
+
 private:
+    // Raises a ParseError in the file of the tensor last looked up with tensor_at() (the file
+    // being read until then).
+    [[noreturn]] void fail(uint64_t offset, std::string what) const {
+        throw ParseError{offset, std::move(what), loc_shard_};
+    }
+    // The offset of tensor i's info record; errors raised next name its shard.
+    uint64_t tensor_at(size_t i) {
+        if (i < shard_at_.size()) loc_shard_ = shard_at_[i];
+        return offset_at_[i];
+    }
+
     // ---- primitives ----------------------------------------------------------------------
     // Reads a string's length and validates it; the caller reads or skips the bytes.
     uint64_t string_len(uint64_t max, const char * what) {
@@ -549,14 +598,14 @@ private:
             const uint64_t rel = t.file_offset;
             const std::string tn = "tensor " + quoted(t.name);
             if (rel % m_.alignment != 0) {
-                fail(offset_at_[i], tn + " offset " + std::to_string(rel) +
+                fail(tensor_at(i), tn + " offset " + std::to_string(rel) +
                                         " is not a multiple of the alignment " +
                                         std::to_string(m_.alignment));
             }
             uint64_t abs, end;
             if (__builtin_add_overflow(data, rel, &abs) ||
                 __builtin_add_overflow(abs, t.nbytes, &end) || end > r_.size()) {
-                fail(offset_at_[i], tn + " data [" + std::to_string(data) + "+" +
+                fail(tensor_at(i), tn + " data [" + std::to_string(data) + "+" +
                                         std::to_string(rel) + ", +" + std::to_string(t.nbytes) +
                                         " bytes) lies outside the file (size " +
                                         std::to_string(r_.size()) + ")");
@@ -573,7 +622,7 @@ private:
             const TensorInfo & prev = m_.tensors[order[k - 1]];
             const TensorInfo & cur = m_.tensors[order[k]];
             if (cur.file_offset < prev.file_offset + prev.nbytes) {
-                fail(offset_at_[order[k]],
+                fail(tensor_at(order[k]),
                      "tensor " + quoted(cur.name) + " data at offset " +
                          std::to_string(cur.file_offset) + " overlaps tensor " + quoted(prev.name) +
                          " [" + std::to_string(prev.file_offset) + ", " +
@@ -926,19 +975,26 @@ private:
     }
 
     // ---- expert map ----------------------------------------------------------------------
-    // "blk.<N>.<suffix>" with a canonical decimal N; returns false otherwise.
-    static bool parse_expert_name(const std::string & name, uint32_t * layer, Projection * proj) {
-        static const char kPrefix[] = "blk.";
-        if (name.compare(0, 4, kPrefix) != 0) return false;
-        size_t i = 4, start = 4;
+    // "blk.<N>." with a canonical decimal N (no leading zeros): the layer index; false otherwise.
+    static bool parse_layer(const std::string & name, uint32_t * layer) {
+        if (name.compare(0, 4, "blk.") != 0) return false;
+        size_t i = 4;
         uint64_t n = 0;
-        while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - start < 9) {
+        while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - 4 < 9) {
             n = n * 10 + uint64_t(name[i] - '0');
             ++i;
         }
-        if (i == start || i >= name.size() || name[i] != '.') return false;
-        if (name[start] == '0' && i - start > 1) return false;  // no leading zeros
-        const std::string rest = name.substr(i + 1);
+        if (i == 4 || i >= name.size() || name[i] != '.') return false;
+        if (name[4] == '0' && i - 4 > 1) return false;
+        *layer = uint32_t(n);
+        return true;
+    }
+
+    // "blk.<N>.ffn_{gate,up,down,gate_up}_exps.weight"; false otherwise.
+    static bool parse_expert_name(const std::string & name, uint32_t * layer, Projection * proj) {
+        uint32_t il;
+        if (!parse_layer(name, &il)) return false;
+        const std::string rest = name.substr(name.find('.', 4) + 1);
         if (rest == "ffn_gate_exps.weight")
             *proj = Projection::kGate;
         else if (rest == "ffn_up_exps.weight")
@@ -949,8 +1005,25 @@ private:
             *proj = Projection::kGateUp;
         else
             return false;
-        *layer = static_cast<uint32_t>(n);
+        *layer = il;
         return true;
+    }
+
+    // NextN/MTP layers: the last <arch>.nextn_predict_layers layers, which llama.cpp loads
+    // without building them into the graph (hparams() checked the value < block_count).
+    void mark_unused() {
+        const std::string nk = m_.arch + ".nextn_predict_layers";
+        if (!find_kv(nk)) return;
+        m_.n_nextn_layers = int_key(nk, false, 0, INT32_MAX);
+        if (m_.n_nextn_layers == 0) return;
+        const uint32_t first = m_.n_layer - m_.n_nextn_layers;
+        for (TensorInfo & t : m_.tensors) {
+            uint32_t il;
+            if (parse_layer(t.name, &il) && il >= first && il < m_.n_layer) {
+                t.unused = true;
+                m_.unused_bytes_total += t.nbytes;  // cannot overflow: tensors do not overlap
+            }
+        }
     }
 
     void expert_map() {
@@ -959,8 +1032,9 @@ private:
         for (size_t i = 0; i < m_.tensors.size(); ++i) {
             uint32_t il;
             Projection pj;
+            if (m_.tensors[i].unused) continue;
             if (!parse_expert_name(m_.tensors[i].name, &il, &pj)) continue;
-            const uint64_t at = offset_at_[i];
+            const uint64_t at = tensor_at(i);
             if (il >= m_.n_layer) {
                 fail(at, "expert tensor " + quoted(m_.tensors[i].name) + " is in layer " +
                              std::to_string(il) + " but the model has " +
@@ -970,6 +1044,7 @@ private:
                 layers.try_emplace(il, std::array<int64_t, 4>{-1, -1, -1, -1}).first->second;
             slot[int(pj)] = int64_t(i);
         }
+        loc_shard_ = kThisFile;
         if (layers.empty()) {
             fail(r_.pos(), "not a MoE model: no blk.N.ffn_{gate,up,down}_exps.weight tensors");
         }
@@ -993,7 +1068,7 @@ private:
         const bool up = slot[int(Projection::kUp)] >= 0;
         const bool down = slot[int(Projection::kDown)] >= 0;
         const bool fused = slot[int(Projection::kGateUp)] >= 0;
-        const uint64_t at = offset_at_[size_t(*std::max_element(slot.begin(), slot.end()))];
+        const uint64_t at = tensor_at(size_t(*std::max_element(slot.begin(), slot.end())));
         if (!down)
             fail(at, "layer " + std::to_string(il) + ": missing " + blk + "ffn_down_exps.weight");
         if (fused && (gate || up)) {
@@ -1011,7 +1086,7 @@ private:
         const int64_t n_ff = dt.ne[0];
         const uint32_t want_ff = n_ff_layer_[il];
         if (want_ff != 0 && n_ff != int64_t(want_ff)) {
-            fail(offset_at_[size_t(slot[int(Projection::kDown)])],
+            fail(tensor_at(size_t(slot[int(Projection::kDown)])),
                  "tensor " + quoted(dt.name) + " has n_ff " + std::to_string(n_ff) + " but " +
                      m_.arch + ".expert_feed_forward_length is " + std::to_string(want_ff));
         }
@@ -1046,7 +1121,7 @@ private:
                     got += (d ? ", " : "") + std::to_string(t.ne[d]);
                 }
                 got += "]";
-                fail(offset_at_[ti],
+                fail(tensor_at(ti),
                      "tensor " + quoted(t.name) + " has shape " + got + ", expected [" +
                          std::to_string(want[0]) + ", " + std::to_string(want[1]) + ", " +
                          std::to_string(want[2]) + "] (n_in " + std::to_string(n_in) + ", n_ff " +
@@ -1062,6 +1137,7 @@ private:
             e.slice_bytes = t.nb[2];
             e.file_offset = t.file_offset;
             e.tensor_bytes = t.nbytes;
+            e.shard = t.shard;
             layer.expert_bytes += e.slice_bytes;  // cannot overflow: each is < file size
             layer.tensors.push_back(std::move(e));
         }
@@ -1081,7 +1157,8 @@ private:
         m_.token_working_set_bytes = ws;
         // Tensors do not overlap and lie inside the file, so these sums cannot overflow.
         uint64_t all = 0;
-        for (const TensorInfo & t : m_.tensors) all += t.nbytes;
+        for (const TensorInfo & t : m_.tensors)
+            if (!t.unused) all += t.nbytes;
         m_.dense_bytes_total = all - m_.expert_bytes_total;
     }
 
@@ -1093,6 +1170,8 @@ private:
     uint64_t kv_end_ = 0;                    // offset just past the metadata section
     std::map<std::string, uint64_t> kv_at_;  // key -> offset of its record
     std::vector<uint64_t> offset_at_;        // tensor i -> offset of its info record field
+    std::vector<uint32_t> shard_at_;         // tensor i -> its shard (0: this file)
+    uint32_t loc_shard_ = kThisFile;         // the file the next error is in (tensor_at)
     std::vector<std::string> huge_u64_;      // u64 keys whose value exceeds INT64_MAX
     std::vector<uint32_t> n_ff_layer_;       // expert FFN width per layer from the KV (0 = any)
     std::vector<int64_t> latent_widths_;     // allowed expert input widths besides n_embd
@@ -1121,6 +1200,13 @@ const TensorInfo * ModelIndex::find_tensor(const std::string & n) const {
 
 bool ModelIndex::is_expert_tensor(const std::string & n) const {
     return expert_tensor_names.count(n) != 0;
+}
+
+std::vector<std::string> shard_paths(const ModelIndex & m) {
+    std::vector<std::string> p;
+    for (const ShardFile & f : m.shards) p.push_back(f.path);
+    if (p.empty()) p.push_back(m.path);
+    return p;
 }
 
 namespace {
@@ -1228,6 +1314,7 @@ Status check_cpu_computable(const ModelIndex & m) {
     }
     const bool tied = m.find_tensor("output.weight") == nullptr;
     for (const TensorInfo & t : m.tensors) {
+        if (t.unused) continue;  // llama.cpp does not compute it
         std::vector<Role> roles;
         if (t.name == "token_embd.weight") {
             roles.push_back(Role::kRows);
@@ -1251,32 +1338,187 @@ Status check_cpu_computable(const ModelIndex & m) {
     return Status::Ok();
 }
 
-Status load_model_index(const std::string & path, ModelIndex * out) {
+namespace {
+
+// One file of the model, opened and parsed (parse_file) or fully parsed (parse).
+struct OpenFile {
+    std::string path;
+    int fd = -1;
+    ShardFile info;
     ModelIndex m;
-    m.path = path;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::BadModel(path + ": cannot open: " + std::strerror(errno));
-    Fd guard(fd);
+    std::unique_ptr<Reader> reader;
+    std::unique_ptr<Parser> parser;
+    ~OpenFile() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+Status open_file(const std::string & path, std::unique_ptr<OpenFile> * out) {
+    auto f = std::make_unique<OpenFile>();
+    f->path = path;
+    f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) return Status::BadModel(path + ": cannot open: " + std::strerror(errno));
     struct stat st;
-    if (::fstat(fd, &st) != 0) {
+    if (::fstat(f->fd, &st) != 0) {
         return Status::BadModel(path + ": cannot stat: " + std::strerror(errno));
     }
     if (!S_ISREG(st.st_mode)) return Status::BadModel(path + ": not a regular file");
-    m.file_size = static_cast<uint64_t>(st.st_size);
-    m.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-    m.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
-    m.dev = uint64_t(st.st_dev);
-    m.ino = uint64_t(st.st_ino);
+    ShardFile & i = f->info;
+    i.path = path;
+    i.file_size = static_cast<uint64_t>(st.st_size);
+    i.mtime_ns = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    i.ctime_ns = int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+    i.dev = uint64_t(st.st_dev);
+    i.ino = uint64_t(st.st_ino);
+    f->m.path = path;
+    f->m.file_size = i.file_size;
+    f->m.mtime_ns = i.mtime_ns;
+    f->m.ctime_ns = i.ctime_ns;
+    f->m.dev = i.dev;
+    f->m.ino = i.ino;
+    f->reader = std::make_unique<Reader>(f->fd, i.file_size);
+    f->parser = std::make_unique<Parser>(*f->reader, f->m);
+    *out = std::move(f);
+    return Status::Ok();
+}
+
+// Runs fn, turning a ParseError into one Status naming the file it is in.
+template <typename Fn>
+Status guarded(const std::vector<std::string> & shard_paths, const std::string & path, Fn fn) {
     try {
-        Reader r(fd, m.file_size);
-        Parser(r, m).parse();
+        fn();
     } catch (const ParseError & e) {
-        return Status::BadModel(path + ": " + e.what + " at byte offset " +
+        const std::string & where =
+            e.shard != kThisFile && e.shard < shard_paths.size() ? shard_paths[e.shard] : path;
+        return Status::BadModel(where + ": " + e.what + " at byte offset " +
                                 std::to_string(e.offset));
     } catch (const std::bad_alloc &) {
         return Status::BadModel(path + ": out of memory while reading the metadata");
     }
-    *out = std::move(m);
+    return Status::Ok();
+}
+
+// A split key (split.no / split.count / split.tensors.count) of a parsed file: -1 when absent.
+Status split_key(const OpenFile & f, const char * key, int64_t hi, int64_t * out) {
+    *out = -1;
+    auto it = f.m.kv.find(key);
+    if (it == f.m.kv.end()) return Status::Ok();
+    const KvValue & v = it->second;
+    const bool integer = gguf_scalar_size(v.type) != 0 && v.type != kBool && v.type != kF32 &&
+                         v.type != kF64;
+    if (!integer || v.i < 0 || v.i > hi)
+        return Status::BadModel(f.path + ": metadata key '" + key + "' must be an integer in [0, " +
+                                std::to_string(hi) + "] at byte offset " +
+                                std::to_string(f.m.kv_offsets.at(key)));
+    *out = v.i;
+    return Status::Ok();
+}
+
+struct SplitKeys {
+    int64_t no = -1, count = -1, tensors = -1;
+};
+
+Status split_keys(const OpenFile & f, SplitKeys * k) {
+    Status st = split_key(f, "split.no", 65535, &k->no);
+    if (st.ok()) st = split_key(f, "split.count", 65535, &k->count);
+    if (st.ok()) st = split_key(f, "split.tensors.count", kMaxTensors * 65535ll, &k->tensors);
+    return st;
+}
+
+}  // namespace
+
+Status load_model_index(const std::string & path, ModelIndex * out) {
+    std::unique_ptr<OpenFile> given;
+    Status st = open_file(path, &given);
+    if (!st.ok()) return st;
+    st = guarded({}, path, [&] { given->parser->parse_file(); });
+    if (!st.ok()) return st;
+    SplitKeys k;
+    st = split_keys(*given, &k);
+    if (!st.ok()) return st;
+    if (k.count <= 1 && k.no <= 0) {
+        // A single file (or a "set" of one).
+        st = guarded({}, path, [&] { given->parser->parse_model(); });
+        if (!st.ok()) return st;
+        ModelIndex m = std::move(given->m);
+        ShardFile info = given->info;
+        info.data_offset = m.data_offset;
+        info.n_tensors = uint32_t(m.tensors.size());
+        for (const TensorInfo & t : m.tensors) info.tensor_bytes += t.nbytes;
+        m.shards = {info};
+        m.set_bytes = info.file_size;
+        *out = std::move(m);
+        return Status::Ok();
+    }
+    // A shard of a split set: llama.cpp's naming gives the other files.
+    if (k.count < 1 || k.no < 0 || k.no >= k.count)
+        return Status::BadModel(path + ": split.no " + std::to_string(k.no) + " is not below split.count " +
+                                std::to_string(k.count) + " (split.no counts from 0)");
+    char prefix[4096];
+    const int n = llama_split_prefix(prefix, sizeof prefix, path.c_str(), int(k.no), int(k.count));
+    if (n <= 0) {
+        char want[64];
+        std::snprintf(want, sizeof want, "-%05d-of-%05d.gguf", int(k.no) + 1, int(k.count));
+        return Status::BadModel(path + ": shard " + std::to_string(k.no + 1) + " of a " +
+                                std::to_string(k.count) + "-shard split set, but its name does not end in '" +
+                                want + "' (llama.cpp finds the other shards by that name)");
+    }
+    std::vector<std::string> paths;
+    for (int64_t i = 0; i < k.count; ++i) {
+        char p[4096 + 64];
+        llama_split_path(p, sizeof p, prefix, int(i), int(k.count));
+        paths.push_back(p);
+    }
+    std::vector<std::unique_ptr<OpenFile>> files(paths.size());
+    const std::string set_name = "the " + std::to_string(k.count) + "-shard set of " + paths[0];
+    for (size_t i = 0; i < paths.size(); ++i) {
+        if (int64_t(i) == k.no) {
+            files[i] = std::move(given);
+        } else {
+            struct stat st_probe;
+            if (::stat(paths[i].c_str(), &st_probe) != 0 && errno == ENOENT)
+                return Status::BadModel(paths[i] + ": missing shard " + std::to_string(i + 1) +
+                                        " of " + set_name);
+            st = open_file(paths[i], &files[i]);
+            if (!st.ok()) return st;
+            st = guarded({}, paths[i], [&] { files[i]->parser->parse_file(); });
+            if (!st.ok()) return st;
+        }
+        SplitKeys ki;
+        st = split_keys(*files[i], &ki);
+        if (!st.ok()) return st;
+        if (ki.count != k.count || ki.no != int64_t(i) || ki.tensors != k.tensors) {
+            auto shown = [](int64_t v) { return v < 0 ? std::string("absent") : std::to_string(v); };
+            return Status::BadModel(
+                paths[i] + ": not shard " + std::to_string(i + 1) + " of " + set_name +
+                " (its split.no " + shown(ki.no) + ", split.count " + shown(ki.count) +
+                ", split.tensors.count " + shown(ki.tensors) + "; the set has split.no " +
+                std::to_string(i) + ", split.count " + std::to_string(k.count) +
+                ", split.tensors.count " + shown(k.tensors) + "): a shard of another model or set?");
+        }
+    }
+    // Shard 0 holds the model's metadata; the other shards' tensors join its index.
+    OpenFile & first = *files[0];
+    for (size_t i = 0; i < files.size(); ++i) {
+        ShardFile info = files[i]->info;
+        info.data_offset = files[i]->m.data_offset;
+        info.n_tensors = uint32_t(files[i]->m.tensors.size());
+        for (const TensorInfo & t : files[i]->m.tensors) info.tensor_bytes += t.nbytes;
+        first.m.shards.push_back(info);
+        first.m.set_bytes += info.file_size;
+    }
+    for (size_t i = 1; i < files.size(); ++i) {
+        st = guarded(paths, paths[i], [&] { first.parser->add_shard(*files[i]->parser, uint32_t(i)); });
+        if (!st.ok()) return st;
+    }
+    if (k.tensors >= 0 && uint64_t(k.tensors) != first.m.tensors.size())
+        return Status::BadModel(paths.back() + ": the " + std::to_string(k.count) +
+                                " shards hold " + std::to_string(first.m.tensors.size()) +
+                                " tensors, but split.tensors.count is " +
+                                std::to_string(k.tensors) + " (a shard of another set?)");
+    st = guarded(paths, paths[0], [&] { first.parser->parse_model(); });
+    if (!st.ok()) return st;
+    *out = std::move(first.m);
     return Status::Ok();
 }
 

@@ -10,26 +10,37 @@
 
 #include <atomic>
 #include <cerrno>
+#include <vector>
 
 namespace moestream {
 namespace {
 
+// Fixed-size tables (no allocation inside the interposers), written only while disarmed.
 std::atomic<bool> g_armed{false};
-dev_t g_dev = 0;
-ino_t g_ino = 0;
-GuardedMapping g_seen;
+size_t g_n = 0;
+dev_t g_dev[kMaxGuardedFiles];
+ino_t g_ino[kMaxGuardedFiles];
+GuardedMapping g_seen[kMaxGuardedFiles];
+std::atomic<int> g_advice_dropped{0};  // not attributable to one file (fadvise by fd is)
 
-bool fd_is_model(int fd) {
-    if (!g_armed.load(std::memory_order_acquire) || fd < 0) return false;
+// The armed file `fd` is, or -1.
+int model_file(int fd) {
+    if (!g_armed.load(std::memory_order_acquire) || fd < 0) return -1;
     struct stat st;
-    if (::fstat(fd, &st) != 0) return false;
-    return st.st_dev == g_dev && st.st_ino == g_ino;
+    if (::fstat(fd, &st) != 0) return -1;
+    for (size_t i = 0; i < g_n; ++i)
+        if (st.st_dev == g_dev[i] && st.st_ino == g_ino[i]) return int(i);
+    return -1;
 }
 
-bool in_mapping(const void * addr, size_t len) {
-    if (!g_armed.load(std::memory_order_acquire) || g_seen.addr == nullptr) return false;
+// The armed file whose recorded mapping holds [addr, addr + len), or -1.
+int in_mapping(const void * addr, size_t len) {
+    if (!g_armed.load(std::memory_order_acquire)) return -1;
     auto a = static_cast<const uint8_t *>(addr);
-    return a >= g_seen.addr && a + len <= g_seen.addr + g_seen.len;
+    for (size_t i = 0; i < g_n; ++i)
+        if (g_seen[i].addr && a >= g_seen[i].addr && a + len <= g_seen[i].addr + g_seen[i].len)
+            return int(i);
+    return -1;
 }
 
 void * raw_mmap(void * addr, size_t len, int prot, int flags, int fd, off_t off) {
@@ -43,19 +54,26 @@ void * raw_mmap(void * addr, size_t len, int prot, int flags, int fd, off_t off)
 
 }  // namespace
 
-bool mmap_guard_arm(int fd) {
-    struct stat st;
-    if (::fstat(fd, &st) != 0) return false;
-    g_dev = st.st_dev;
-    g_ino = st.st_ino;
-    g_seen = GuardedMapping{};
+bool mmap_guard_arm(const std::vector<int> & fds) {
+    if (fds.size() > kMaxGuardedFiles) return false;
+    for (size_t i = 0; i < fds.size(); ++i) {
+        struct stat st;
+        if (::fstat(fds[i], &st) != 0) return false;
+        g_dev[i] = st.st_dev;
+        g_ino[i] = st.st_ino;
+        g_seen[i] = GuardedMapping{};
+    }
+    g_n = fds.size();
     g_armed.store(true, std::memory_order_release);
     return true;
 }
 
-GuardedMapping mmap_guard_disarm() {
+std::vector<GuardedMapping> mmap_guard_disarm() {
     g_armed.store(false, std::memory_order_release);
-    return g_seen;
+    std::vector<GuardedMapping> out(g_seen, g_seen + g_n);
+    if (!out.empty()) out[0].advice_dropped += g_advice_dropped.exchange(0);
+    g_n = 0;
+    return out;
 }
 
 bool mmap_guard_active() {
@@ -67,20 +85,21 @@ bool mmap_guard_active() {
 }  // namespace moestream
 
 // ---- libc interposers (resolved before libc for calls from libllama / libggml) ----------
-using moestream::fd_is_model;
+using moestream::g_advice_dropped;
 using moestream::g_seen;
 using moestream::in_mapping;
+using moestream::model_file;
 
 extern "C" void * mmap(void * addr, size_t len, int prot, int flags, int fd, off_t off) {
-    const bool model = fd_is_model(fd);
-    if (model && (flags & MAP_POPULATE)) {
+    const int file = model_file(fd);
+    if (file >= 0 && (flags & MAP_POPULATE)) {
         flags &= ~MAP_POPULATE;
-        g_seen.populate_removed = true;
+        g_seen[file].populate_removed = true;
     }
     void * p = moestream::raw_mmap(addr, len, prot, flags, fd, off);
-    if (model && p != MAP_FAILED && off == 0) {
-        g_seen.addr = static_cast<uint8_t *>(p);
-        g_seen.len = len;
+    if (file >= 0 && p != MAP_FAILED && off == 0) {
+        g_seen[file].addr = static_cast<uint8_t *>(p);
+        g_seen[file].len = len;
     }
     return p;
 }
@@ -90,8 +109,8 @@ extern "C" void * mmap64(void * addr, size_t len, int prot, int flags, int fd, o
 }
 
 extern "C" int madvise(void * addr, size_t len, int advice) {
-    if ((advice == MADV_WILLNEED || advice == MADV_SEQUENTIAL) && in_mapping(addr, len)) {
-        ++g_seen.advice_dropped;
+    if ((advice == MADV_WILLNEED || advice == MADV_SEQUENTIAL) && in_mapping(addr, len) >= 0) {
+        g_advice_dropped.fetch_add(1);
         return 0;
     }
     long r = syscall(SYS_madvise, addr, len, advice);
@@ -103,8 +122,9 @@ extern "C" int madvise(void * addr, size_t len, int advice) {
 }
 
 extern "C" int posix_madvise(void * addr, size_t len, int advice) {
-    if ((advice == POSIX_MADV_WILLNEED || advice == POSIX_MADV_SEQUENTIAL) && in_mapping(addr, len)) {
-        ++g_seen.advice_dropped;
+    if ((advice == POSIX_MADV_WILLNEED || advice == POSIX_MADV_SEQUENTIAL) &&
+        in_mapping(addr, len) >= 0) {
+        g_advice_dropped.fetch_add(1);
         return 0;
     }
     long r = syscall(SYS_madvise, addr, len, advice);
@@ -112,8 +132,8 @@ extern "C" int posix_madvise(void * addr, size_t len, int advice) {
 }
 
 extern "C" int posix_fadvise(int fd, off_t off, off_t len, int advice) {
-    if ((advice == POSIX_FADV_WILLNEED || advice == POSIX_FADV_SEQUENTIAL) && fd_is_model(fd)) {
-        ++g_seen.advice_dropped;
+    if ((advice == POSIX_FADV_WILLNEED || advice == POSIX_FADV_SEQUENTIAL) && model_file(fd) >= 0) {
+        g_advice_dropped.fetch_add(1);
         return 0;
     }
     long r = syscall(SYS_fadvise64, fd, off, len, advice);

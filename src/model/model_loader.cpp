@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -15,6 +16,7 @@
 #include "gguf.h"
 #include "llama.h"
 #include "moestream/log.h"
+#include "moestream/sysinfo.h"
 #include "mmap_guard.h"
 
 namespace moestream {
@@ -54,9 +56,28 @@ Status load_model_streaming(const ModelIndex & index, const llama_model_params &
         return Status::Runtime("the mmap guard is not interposed in this executable (link "
                                "moestream_core into the executable, not a shared library): loading "
                                "would read the whole model file");
-    int fd = ::open(index.path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return Status::BadModel(index.path + ": cannot open: " + std::strerror(errno));
-    mmap_guard_arm(fd);
+    // Every file of the model (a split set: every shard; llama.cpp opens them all from the
+    // first) is guarded.
+    std::vector<int> fds;
+    auto close_all = [&] {
+        for (int fd : fds) ::close(fd);
+        fds.clear();
+    };
+    for (const ShardFile & sh : index.shards) {
+        int fd = ::open(sh.path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            const int e = errno;
+            close_all();
+            return Status::BadModel(sh.path + ": cannot open: " + std::strerror(e));
+        }
+        fds.push_back(fd);
+    }
+    if (!mmap_guard_arm(fds)) {
+        close_all();
+        return Status::Runtime(index.path + ": cannot guard the model's " +
+                               std::to_string(index.shards.size()) + " file(s) (more than " +
+                               std::to_string(kMaxGuardedFiles) + "?)");
+    }
     llama_model_params mp = params;
     mp.load_mode = LLAMA_LOAD_MODE_MMAP;
     mp.use_extra_bufts = false;
@@ -64,22 +85,37 @@ Status load_model_streaming(const ModelIndex & index, const llama_model_params &
     mp.check_tensors = false;  // validating rows would read every expert
     llama_errors_begin();
     out->model = llama_model_load_from_file(index.path.c_str(), mp);
-    GuardedMapping seen = mmap_guard_disarm();
-    ::close(fd);
+    std::vector<GuardedMapping> seen = mmap_guard_disarm();
+    close_all();
     if (!out->model) return load_failed(index);
     llama_errors_end();
-    if (seen.addr == nullptr) {
-        llama_model_free(out->model);
-        out->model = nullptr;
-        return Status::Runtime(index.path + ": llama.cpp did not map the file as expected (the "
-                               "seam changed? see docs/seam.md)");
+    out->maps.assign(index.shards.size(), FileMapping{});
+    out->resident_after_load.clear();
+    for (const ShardFile & sh : index.shards)
+        out->resident_after_load.push_back(resident_mapped_bytes_of_file(sh.dev, sh.ino));
+    bool populate_removed = false;
+    int advice_dropped = 0;
+    for (size_t i = 0; i < index.shards.size(); ++i) {
+        const GuardedMapping & g = seen[i];
+        if (g.addr == nullptr && index.shards[i].n_tensors > 0) {
+            llama_model_free(out->model);
+            out->model = nullptr;
+            return Status::Runtime(index.shards[i].path +
+                                   ": llama.cpp did not map the file as expected (the seam "
+                                   "changed? see docs/seam.md)");
+        }
+        out->maps[i] = FileMapping{g.addr, g.len};
+        populate_removed = populate_removed || g.populate_removed;
+        advice_dropped += g.advice_dropped;
+        // No readahead around the few faults that may still hit the mapping.
+        if (g.addr) ::madvise(g.addr, g.len, MADV_RANDOM);
     }
-    out->map_addr = seen.addr;
-    out->map_len = seen.len;
-    // No readahead around the few faults that may still hit the mapping.
-    ::madvise(seen.addr, seen.len, MADV_RANDOM);
-    MS_LOG_INFO("mapped %s without prefaulting (MAP_POPULATE removed: %s, %d advice calls dropped)",
-                index.path.c_str(), seen.populate_removed ? "yes" : "no", seen.advice_dropped);
+    MS_LOG_INFO("mapped %s%s without prefaulting (MAP_POPULATE removed: %s, %d advice calls dropped)",
+                index.path.c_str(),
+                index.shards.size() > 1
+                    ? (" and its " + std::to_string(index.shards.size() - 1) + " other shard(s)").c_str()
+                    : "",
+                populate_removed ? "yes" : "no", advice_dropped);
     return Status::Ok();
 }
 

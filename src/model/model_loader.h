@@ -5,7 +5,8 @@
 //
 // Streaming: the same llama_model_load_from_file with load_mode MMAP — llama.cpp's own loader,
 // so the model is exactly the file's — but with the mmap guard armed (mmap_guard.h): the
-// file is mapped without MAP_POPULATE / WILLNEED, so loading reads only metadata. All
+// file (every shard of a split set) is mapped without MAP_POPULATE / WILLNEED, so loading reads
+// only metadata. All
 // tensors then point into the file mapping and nothing has been read.
 //
 // After a streaming load every tensor points into the file mapping; WeightBinder
@@ -28,10 +29,18 @@ struct llama_model_params;
 
 namespace moestream {
 
+// llama.cpp's mapping of one file of the model (streaming).
+struct FileMapping {
+    uint8_t * addr = nullptr;  // null: the file was not mapped (a shard without tensor data)
+    size_t len = 0;
+};
+
 struct LoadedModel {
     llama_model * model = nullptr;
-    uint8_t * map_addr = nullptr;  // streaming: llama.cpp's mapping of the file
-    size_t map_len = 0;
+    std::vector<FileMapping> maps;  // streaming: one per ModelIndex::shards entry
+    // Streaming: bytes of each file's mappings resident in this process right after
+    // llama.cpp's load (smaps Rss; a prefaulted file shows its whole size).
+    std::vector<uint64_t> resident_after_load;
 };
 
 // map_file: llama.cpp load_mode MMAP (prefaults the whole file); false: NONE (every tensor

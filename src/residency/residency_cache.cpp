@@ -711,7 +711,7 @@ void LruCache::push_reads(size_t moe_idx, const std::vector<uint32_t> & experts,
             const ExpertTensor & et = ML.tensors[t];
             reads->push_back({et.slice_offset(e), et.slice_bytes,
                               tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
-                              et.proj == Projection::kDown});
+                              et.proj == Projection::kDown, et.shard});
         }
 }
 

@@ -48,7 +48,7 @@ public:
                 const ExpertTensor & et = L.tensors[t];
                 reads->push_back({et.slice_offset(e), et.slice_bytes,
                                   tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
-                                  et.proj == Projection::kDown});
+                                  et.proj == Projection::kDown, et.shard});
             }
         }
         return Status::Ok();

@@ -196,6 +196,7 @@ struct Model {
     const char * arch_name = nullptr;
     const TypeInfo * type = nullptr;
     float attn_out_gain = 0;  // SynthOptions::attn_out_gain (synth_model sets it)
+    uint32_t nextn_layers = 0;  // SynthOptions::nextn_layers (glm4moe)
     std::vector<TensorSpec> tensors;
 };
 
@@ -247,7 +248,17 @@ void build_tensors(Model & m) {
     out.zero_row_end = kFirstPadToken;
     T.push_back(out);
 
-    for (uint32_t il = 0; il < p.n_layer; ++il) {
+    for (uint32_t il = 0; il < p.n_layer + m.nextn_layers; ++il) {
+        if (il >= p.n_layer) {
+            // A NextN (multi-token prediction) layer, as llama.cpp's glm4moe loader names its
+            // tensors: a whole MoE block (below) plus the projection of [embedding, hidden] and
+            // its norms. llama.cpp loads it but does not build it into the graph.
+            T.push_back(make(blk(il, "nextn.eh_proj.weight"), dt, {2 * E, E}, Init::kWeight,
+                             1.0f / std::sqrt(float(2 * E))));
+            T.push_back(make(blk(il, "nextn.enorm.weight"), f32, {E}, Init::kNorm, 0));
+            T.push_back(make(blk(il, "nextn.hnorm.weight"), f32, {E}, Init::kNorm, 0));
+            T.push_back(make(blk(il, "nextn.shared_head_norm.weight"), f32, {E}, Init::kNorm, 0));
+        }
         T.push_back(make(blk(il, "attn_norm.weight"), f32, {E}, Init::kNorm, 0));
         T.push_back(make(blk(il, "attn_q.weight"), dt, {E, Q}, Init::kWeight, inv_e));
         T.push_back(make(blk(il, "attn_k.weight"), dt, {E, KV}, Init::kWeight, inv_e));
@@ -349,7 +360,7 @@ void set_metadata(const Model & m, uint32_t alignment, gguf_context * g) {
     gguf_set_val_u32(g, "general.quantization_version", GGML_QNT_VERSION);
 
     gguf_set_val_u32(g, key(m, "context_length").c_str(), p.n_ctx);
-    gguf_set_val_u32(g, key(m, "block_count").c_str(), p.n_layer);
+    gguf_set_val_u32(g, key(m, "block_count").c_str(), p.n_layer + m.nextn_layers);
     gguf_set_val_u32(g, key(m, "embedding_length").c_str(), p.n_embd);
     // OLMoE sizes its experts with feed_forward_length (it has no dense FFN).
     gguf_set_val_u32(g, key(m, "feed_forward_length").c_str(),
@@ -374,7 +385,7 @@ void set_metadata(const Model & m, uint32_t alignment, gguf_context * g) {
         gguf_set_val_f32(g, key(m, "expert_weights_scale").c_str(), 1.0f);
         gguf_set_val_bool(g, key(m, "expert_weights_norm").c_str(), true);
         gguf_set_val_u32(g, key(m, "expert_gating_func").c_str(), 2);  // sigmoid
-        gguf_set_val_u32(g, key(m, "nextn_predict_layers").c_str(), 0);
+        gguf_set_val_u32(g, key(m, "nextn_predict_layers").c_str(), m.nextn_layers);
     }
 
     // Tokenizer: GPT-2 byte-level BPE without merges, three control tokens, padding.
@@ -726,7 +737,13 @@ Status synth_model(const SynthOptions & opt, SynthResult * result) {
                              " is not in (0, 4]");
     }
 
+    if (opt.nextn_layers > 0 && m.arch != Arch::kGlm4Moe)
+        return Status::Usage("synth: --nextn-layers: only --arch glm4moe has NextN layers");
+    if (opt.nextn_layers > 4)
+        return Status::Usage("synth: --nextn-layers: " + std::to_string(opt.nextn_layers) +
+                             " is not in [0, 4]");
     m.attn_out_gain = opt.attn_out_gain;
+    m.nextn_layers = opt.nextn_layers;
     build_tensors(m);
     GgufPtr g;
     Status st = build_gguf(m, align, &g);

@@ -52,6 +52,27 @@ uint64_t mapped_bytes_of_file(const std::string & path) {
     return total;
 }
 
+uint64_t resident_mapped_bytes_of_file(uint64_t dev, uint64_t ino) {
+    std::FILE * f = std::fopen("/proc/self/smaps", "re");
+    if (!f) return 0;
+    char line[4096];
+    bool ours = false;
+    uint64_t total = 0;
+    while (std::fgets(line, sizeof line, f)) {
+        unsigned long long lo, hi, off, inode, kb;
+        unsigned maj, min;
+        char perms[8];
+        if (std::sscanf(line, "%llx-%llx %7s %llx %x:%x %llu", &lo, &hi, perms, &off, &maj, &min,
+                        &inode) == 7) {
+            ours = inode == ino && makedev(maj, min) == dev;  // a mapping's header line
+        } else if (ours && std::sscanf(line, "Rss: %llu kB", &kb) == 1) {
+            total += kb * 1024;
+        }
+    }
+    std::fclose(f);
+    return total;
+}
+
 uint64_t system_page_bytes() {
     const long ps = sysconf(_SC_PAGESIZE);
     return ps > 0 ? uint64_t(ps) : 4096;

@@ -76,7 +76,7 @@ int do_eval(EvalFlags & f) {
         ModelIndex idx;  // validates the file before llama.cpp sees it, and gives its size
         st = load_model_index(f.opt.model_path, &idx);
         if (!st.ok()) return fail(st);
-        model_bytes = idx.file_size;
+        model_bytes = idx.set_bytes;  // every shard of a split set
     }
 
     RunOptions ref_opt = f.opt;  // the same model and residency, lossy knobs off
@@ -234,7 +234,7 @@ void add_eval_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
+    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file (or any shard of a split set)")->required();
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
         ->check(int_range(2, 1 << 20));

@@ -143,6 +143,16 @@ nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     nlohmann::ordered_json j;
     j["path"] = m.path;
     j["file_size"] = m.file_size;
+    j["set_bytes"] = m.set_bytes;  // all files of the model (a split set: every shard)
+    auto shards = nlohmann::ordered_json::array();
+    for (const ShardFile & f : m.shards)
+        shards.push_back({{"path", f.path},
+                          {"file_bytes", f.file_size},
+                          {"tensors", f.n_tensors},
+                          {"tensor_bytes", f.tensor_bytes}});
+    j["shards"] = shards;
+    j["nextn_layers_unused"] = m.n_nextn_layers;
+    j["unused_bytes_total"] = m.unused_bytes_total;
     j["gguf_version"] = m.version;
     j["arch"] = m.arch;
     j["name"] = m.name;
@@ -158,8 +168,8 @@ nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     j["n_tensors"] = m.tensors.size();
     j["expert_bytes_total"] = m.expert_bytes_total;
     j["dense_bytes_total"] = m.dense_bytes_total;
-    j["expert_pct_of_file"] = pct(m.expert_bytes_total, m.file_size);
-    j["dense_pct_of_file"] = pct(m.dense_bytes_total, m.file_size);
+    j["expert_pct_of_file"] = pct(m.expert_bytes_total, m.set_bytes);
+    j["dense_pct_of_file"] = pct(m.dense_bytes_total, m.set_bytes);
     j["expert_bytes"] = r.expert_bytes_max;
     j["expert_bytes_min"] = r.expert_bytes_min;
     j["expert_bytes_per_layer"] = r.expert_bytes_per_layer;
@@ -207,12 +217,23 @@ void print_human(const ModelIndex & m, const Report & r) {
     };
     line("model",
          m.path + " (" + human_bytes(m.file_size) + ", GGUF v" + std::to_string(m.version) + ")");
+    if (m.shards.size() > 1) {
+        line("split set", std::to_string(m.shards.size()) + " shards, " + human_bytes(m.set_bytes) +
+                              " in all (llama.cpp's gguf-split layout; every shard is read)");
+        for (size_t i = 0; i < m.shards.size(); ++i)
+            std::printf("  %zu  %s  %s, %u tensors\n", i + 1, m.shards[i].path.c_str(),
+                        human_bytes(m.shards[i].file_size).c_str(), m.shards[i].n_tensors);
+    }
     line("architecture", m.arch + (m.name.empty() ? "" : "  \"" + m.name + "\""));
     line("layers",
          std::to_string(m.n_layer) + " (" + std::to_string(m.moe_layers.size()) + " MoE)");
     line("streams", "yes by the index: experts " + r.layouts +
                         " (first projection read first, down overlapped with it); run checks "
                         "on its first graph that llama.cpp computes with them");
+    if (m.n_nextn_layers > 0)
+        line("NextN", std::to_string(m.n_nextn_layers) + " NextN layer(s) in the file, not used (" +
+                          human_bytes(m.unused_bytes_total) +
+                          " never read: llama.cpp does not build them)");
     line("experts", std::to_string(m.n_expert) + " per MoE layer, top-k " +
                         std::to_string(m.n_expert_used) + "  (n_embd " + std::to_string(m.n_embd) +
                         ", n_ff_exp " +
@@ -230,11 +251,11 @@ void print_human(const ModelIndex & m, const Report & r) {
     std::printf("  one expert, all projections: %s\n", one.c_str());
     char buf[512];
     std::snprintf(buf, sizeof buf, "%s (%.1f%% of file), %s per MoE layer",
-                  human_bytes(m.expert_bytes_total).c_str(), pct(m.expert_bytes_total, m.file_size),
+                  human_bytes(m.expert_bytes_total).c_str(), pct(m.expert_bytes_total, m.set_bytes),
                   human_bytes(r.expert_bytes_per_layer).c_str());
     line("expert bytes", buf);
     std::snprintf(buf, sizeof buf, "%s (%.1f%% of file; stays resident)",
-                  human_bytes(m.dense_bytes_total).c_str(), pct(m.dense_bytes_total, m.file_size));
+                  human_bytes(m.dense_bytes_total).c_str(), pct(m.dense_bytes_total, m.set_bytes));
     line("dense bytes", buf);
     std::snprintf(buf, sizeof buf, "%s per token = %zu MoE layers x %u experts x %s",
                   human_bytes(m.token_working_set_bytes).c_str(), m.moe_layers.size(),
@@ -282,7 +303,7 @@ void add_inspect_command(CLI::App & app, Action * action) {
         bool json = false;
     };
     auto opts = std::make_shared<Opts>();
-    sub->add_option("-m,--model", opts->model, "GGUF model file")->required();
+    sub->add_option("-m,--model", opts->model, "GGUF model file (or any shard of a split set)")->required();
     sub->add_flag("--json", opts->json, "machine-readable output (exact byte counts)");
     sub->callback([action, opts] {
         *action = [opts] {

@@ -500,7 +500,7 @@ void add_run_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<RunFlags>();
     auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
+    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file (or any shard of a split set)")->required();
     auto * p = sub->add_option("-p,--prompt", f->prompt,
                                "prompt text, completed as is (no chat template)");
     sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file; - = stdin")

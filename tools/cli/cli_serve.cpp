@@ -27,7 +27,7 @@ void add_serve_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<ServeFlags>();
     auto * sub = app.add_subcommand(
         "serve", "OpenAI-compatible server and web page (app defaults: drop-cold 0.75, LOSSY)");
-    sub->add_option("-m,--model", f->cfg.run.model_path, "GGUF model file")->required();
+    sub->add_option("-m,--model", f->cfg.run.model_path, "GGUF model file (or any shard of a split set)")->required();
     sub->add_option("--host", f->cfg.host,
                     "address to listen on (default 127.0.0.1: this machine only)");
     sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")

@@ -1,5 +1,5 @@
 // `moestream synth` — writes a GGUF MoE model with deterministic random weights.
-//   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N] [--attn-gain G]
+//   moestream synth --preset NAME [--arch A] [--type T] [--seed S] [--alignment N] [--attn-gain G] [--nextn-layers N]
 //                   [--progress] -o FILE
 // Bad flags exit 64; an output that cannot be written exits 3 with one line naming the file.
 #include <unistd.h>
@@ -103,6 +103,10 @@ void add_synth_command(CLI::App & app, Action * action) {
                     "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as "
                     "chance; 1.0 (plain init) makes greedy output and routing repeat")
         ->check(real_range(0.001, 4.0))
+        ->capture_default_str();
+    sub->add_option("--nextn-layers", opt->nextn_layers,
+                    "glm4moe: NextN layers after the last layer (kept in the file, not run)")
+        ->check(int_range(0, 4))
         ->capture_default_str();
     sub->add_option("-o,--output", opt->out_path,
                     "output file (written via temp + rename; required unless --dry-run)");
