@@ -158,7 +158,7 @@ def apply(op, arg, st):
         raise Bad("%s needs X=Y, got '%s'" % (op, arg))
     if op == "set":
         k, val = arg.split("=", 1)
-        m = re.match(r"^(u8|i8|u16|i16|u32|i32|f32|bool|str|u64|i64|f64):(.*)$", val)
+        m = re.match(r"^(u8|i8|u16|i16|u32|i32|f32|bool|str|u64|i64|f64):(.*)$", val, re.S)  # a value may hold newlines
         kv = find_kv(kvs, k.encode())
         if m:
             t, val = TYPE_NAMES[m.group(1)], m.group(2)

@@ -52,7 +52,7 @@ void expect_refused(const std::string & args, const std::string & msg) {
 TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
     const std::string m = " -m " + model();
     expect_refused("run" + m + " -ngl 99", "not supported by moestream: -ngl (CPU only)");
-    expect_refused("run" + m + " -cnv", "-cnv: chat is not available");
+    expect_refused("run" + m + " -cnv", "-cnv: for a chat use `moestream chat -m MODEL`");
     expect_refused("run" + m + " -no-cnv", "-no-cnv is not needed");
     expect_refused("run" + m + " -fa on", "not supported by moestream: -fa");
     expect_refused("run" + m + " -dev none", "not supported by moestream: -dev (CPU only)");

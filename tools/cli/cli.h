@@ -25,6 +25,7 @@ void add_synth_command(CLI::App & app, Action * action);
 void add_replay_command(CLI::App & app, Action * action);
 void add_eval_command(CLI::App & app, Action * action);
 void add_serve_command(CLI::App & app, Action * action);
+void add_chat_command(CLI::App & app, Action * action);
 
 // The engine's flags (-t -c -b --temp --seed --no-stream --io-threads --no-odirect --cache-mb
 // --force-cache --cache-debug and the lossy knobs), shared by run and serve; *opt must outlive
@@ -40,11 +41,21 @@ std::string flag_words(const std::string & msg);
 // (streaming-only flags with --no-stream). Returns 0 or the exit code (64).
 int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);
 
+// The sampling flags of a generation (--top-k --top-p --min-p, the penalties, --ignore-eos,
+// -r), shared by run and chat; *sampling and *stop must outlive the app.
+void add_sampling_flags(CLI::App * sub, moestream::SamplingParams * sampling,
+                        std::vector<std::string> * stop);
+// After parsing: --top-k / --top-p / --min-p under greedy are refused, --seed under greedy
+// warned about. Returns 0 or the exit code (64).
+int check_sampling_flags(CLI::App * sub, const moestream::RunOptions & opt);
+// -r values: escapes processed (when escape), an empty one refused (kUsage).
+Status process_reverse_prompts(bool escape, std::vector<std::string> * stop);
+
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);
 
 // --- Shared by the subcommands (cli_common.cpp; docs/cli.md) ---
-extern const char * const kSubcommands[6];
+extern const char * const kSubcommands[7];
 // Prints "moestream CMD: MSG" and "see `moestream CMD --help`" on stderr; returns 64.
 int usage_error(const std::string & cmd, const std::string & msg);
 // Before CLI11 parses args (argv without argv[0]): an unknown subcommand, llama.cpp flags

@@ -34,7 +34,7 @@ struct Refusal {
 
 constexpr const char * kCpuOnly = "not supported by moestream: %s (CPU only)";
 constexpr const char * kNoChat =
-    "%s: chat is not available in moestream: `run` completes the raw prompt (no chat template)";
+    "%s: for a chat use `moestream chat -m MODEL` (`run` completes the raw prompt, no chat template)";
 constexpr const char * kNotYet = "not supported yet by moestream: %s";
 
 const Refusal kRefused[] = {
@@ -83,10 +83,41 @@ const Refusal kRefused[] = {
     {"-l", kNotYet}, {"--logit-bias", kNotYet}, {"--mirostat", kNotYet}, {"--typical", kNotYet},
 };
 
+// `moestream chat`: llama-cli's flags that mean nothing in a chat, or that chat does anyway
+// (looked up before kRefused, whose chat entries speak for `run`).
+constexpr const char * kChatTurns =
+    "%s: chat reads each user turn from stdin (the terminal, or one line per turn from a pipe); "
+    "the system prompt is -sys";
+constexpr const char * kChatIsConversation =
+    "%s is not needed: `moestream chat` is always a conversation";
+constexpr const char * kChatRunOnly = "%s: not available in chat; `moestream run` has it";
+constexpr const char * kChatTemplate =
+    "not supported by moestream: %s (chat renders the model's own template through "
+    "llama.cpp's recogniser)";
+const Refusal kChatRefused[] = {
+    {"-p", kChatTurns}, {"--prompt", kChatTurns}, {"-f", kChatTurns}, {"--file", kChatTurns},
+    {"-cnv", kChatIsConversation}, {"--conversation", kChatIsConversation},
+    {"-i", kChatIsConversation}, {"--interactive", kChatIsConversation},
+    {"-if", kChatIsConversation}, {"--interactive-first", kChatIsConversation},
+    {"-no-cnv", "%s: for a plain completion use `moestream run`"},
+    {"--no-conversation", "%s: for a plain completion use `moestream run`"},
+    {"-st", "%s: not supported by `moestream chat`; for one turn from a script: "
+            "echo TEXT | moestream chat -m MODEL"},
+    {"--single-turn", "%s: not supported by `moestream chat`; for one turn from a script: "
+                      "echo TEXT | moestream chat -m MODEL"},
+    {"--chat-template", kChatTemplate}, {"--chat-template-file", kChatTemplate},
+    {"--jinja", kChatTemplate},
+    {"--display-prompt", kChatRunOnly}, {"--no-display-prompt", kChatRunOnly},
+    {"--stats-json", kChatRunOnly}, {"--stats-csv", kChatRunOnly},
+    {"--dump-logits", kChatRunOnly}, {"--route-trace", kChatRunOnly},
+};
+
 // llama.cpp's multi-letter single-dash spellings of options moestream has.
 const std::pair<const char *, const char *> kAliases[] = {
     {"-tb", "--threads-batch"},
     {"-ub", "--ubatch-size"},
+    {"-sys", "--system-prompt"},
+    {"-sysf", "--system-prompt-file"},
 };
 
 std::string fmt1(const char * f, const std::string & a) {
@@ -103,7 +134,7 @@ std::string fmt_num(double v) {
     return b;
 }
 
-const char * const kSubcommands[] = {"run", "inspect", "synth", "replay", "eval", "serve"};
+const char * const kSubcommands[] = {"run", "chat", "inspect", "synth", "replay", "eval", "serve"};
 
 int usage_error(const std::string & cmd, const std::string & msg) {
     std::fprintf(stderr, "moestream%s%s: %s\nsee `moestream%s%s --help`\n",
@@ -142,9 +173,13 @@ int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
                 a = al.second + a.substr(name.size());
         const std::string n2 = a.substr(0, a.find('='));
         if (const CLI::Option * o = sub->get_option_no_throw(n2)) {
-            value_next = o->get_type_size() != 0 && a.find('=') == std::string::npos;
+            // A flag (CLI11: expected(0)) takes no value; an option takes the next word.
+            value_next = o->get_items_expected_min() > 0 && a.find('=') == std::string::npos;
             continue;
         }
+        if (cmd == "chat")
+            for (const Refusal & r : kChatRefused)
+                if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
         for (const Refusal & r : kRefused)
             if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
         // Any other multi-letter single-dash word would be read by CLI11 as a bundle of short

@@ -120,14 +120,7 @@ int do_run(RunFlags & f) {
         if (int rc = refuse_given(f.sub, {"--no-escape", "--escape"},
                                   "applies to -p, and the prompt comes from -f (read as is)"))
             return rc;
-    const bool greedy = f.opt.temp < SamplingParams::kGreedyBelow;
-    if (greedy)
-        if (int rc = refuse_given(f.sub, {"--top-k", "--top-p", "--min-p"},
-                                  "shapes sampling, and --temp 0 (the default) is greedy: add "
-                                  "--temp T"))
-            return rc;
-    if (greedy && f.sub->get_option("--seed")->count() > 0)
-        std::fprintf(stderr, "moestream: warning: --seed has no effect with --temp 0 (greedy)\n");
+    if (int rc = check_sampling_flags(f.sub, f.opt)) return rc;
     Status st = check_output_paths({{"--stats-json", f.stats_json},
                                     {"--stats-csv", f.stats_csv},
                                     {"--dump-logits", f.dump_logits},
@@ -142,11 +135,8 @@ int do_run(RunFlags & f) {
         st = process_escapes("-p", &f.prompt);
         if (!st.ok()) return fail(st);
     }
-    for (std::string & r : f.stop) {
-        if (f.escape) st = process_escapes("-r", &r);
-        if (st.ok() && r.empty()) st = Status::Usage("-r: an empty reverse prompt");
-        if (!st.ok()) return fail(st);
-    }
+    st = process_reverse_prompts(f.escape, &f.stop);
+    if (!st.ok()) return fail(st);
     std::unique_ptr<Engine> engine;
     st = Engine::open(f.opt, &engine);
     if (!st.ok()) return fail(st);
@@ -457,6 +447,55 @@ int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
     return 0;
 }
 
+void add_sampling_flags(CLI::App * sub, SamplingParams * sampling, std::vector<std::string> * stop) {
+    SamplingParams & sp = *sampling;
+    sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
+        ->check(int_range(0, 1 << 20));
+    sub->add_option("--top-p", sp.top_p, "with --temp > 0: nucleus sampling; 1 = off")
+        ->check(real_range(0.0, 1.0, true));
+    sub->add_option("--min-p", sp.min_p,
+                    "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off")
+        ->check(real_range(0.0, 1.0));
+    sub->add_option("--repeat-penalty", sp.repeat_penalty,
+                    "divide the logits of recent tokens by this (greedy too); 1 = off")
+        ->check(real_range(0.0, 100.0, true));
+    sub->add_option("--repeat-last-n", sp.repeat_last_n,
+                    "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context")
+        ->check(int_range(-1, 1 << 22));
+    sub->add_option("--presence-penalty", sp.presence_penalty,
+                    "subtract this once from every recent token's logit; 0 = off")
+        ->check(real_range(-2.0, 2.0));
+    sub->add_option("--frequency-penalty", sp.frequency_penalty,
+                    "subtract this x its count from every recent token's logit; 0 = off")
+        ->check(real_range(-2.0, 2.0));
+    sub->add_flag("--ignore-eos", sp.ignore_eos, "never stop at an end-of-generation token");
+    sub->add_option("-r,--reverse-prompt", *stop,
+                    "stop when the text contains this (not printed); repeatable")
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+        ->default_str("");
+}
+
+int check_sampling_flags(CLI::App * sub, const RunOptions & opt) {
+    const bool greedy = opt.temp < SamplingParams::kGreedyBelow;
+    if (greedy)
+        if (int rc = refuse_given(sub, {"--top-k", "--top-p", "--min-p"},
+                                  "shapes sampling, and --temp 0 (the default) is greedy: add "
+                                  "--temp T"))
+            return rc;
+    if (greedy && sub->get_option("--seed")->count() > 0)
+        std::fprintf(stderr, "moestream: warning: --seed has no effect with --temp 0 (greedy)\n");
+    return 0;
+}
+
+Status process_reverse_prompts(bool escape, std::vector<std::string> * stop) {
+    for (std::string & r : *stop) {
+        Status st = escape ? process_escapes("-r", &r) : Status::Ok();
+        if (st.ok() && r.empty()) st = Status::Usage("-r: an empty reverse prompt");
+        if (!st.ok()) return st;
+    }
+    return Status::Ok();
+}
+
 void add_run_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<RunFlags>();
     auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
@@ -480,31 +519,7 @@ void add_run_command(CLI::App & app, Action * action) {
                   "print only the generated text (the default)")
         ->excludes(dp);
     add_engine_flags(sub, &f->opt);
-    SamplingParams & sp = f->sampling;
-    sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
-        ->check(int_range(0, 1 << 20));
-    sub->add_option("--top-p", sp.top_p, "with --temp > 0: nucleus sampling; 1 = off")
-        ->check(real_range(0.0, 1.0, true));
-    sub->add_option("--min-p", sp.min_p,
-                    "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off")
-        ->check(real_range(0.0, 1.0));
-    sub->add_option("--repeat-penalty", sp.repeat_penalty,
-                    "divide the logits of recent tokens by this (greedy too); 1 = off")
-        ->check(real_range(0.0, 100.0, true));
-    sub->add_option("--repeat-last-n", sp.repeat_last_n,
-                    "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context")
-        ->check(int_range(-1, 1 << 22));
-    sub->add_option("--presence-penalty", sp.presence_penalty,
-                    "subtract this once from every recent token's logit; 0 = off")
-        ->check(real_range(-2.0, 2.0));
-    sub->add_option("--frequency-penalty", sp.frequency_penalty,
-                    "subtract this x its count from every recent token's logit; 0 = off")
-        ->check(real_range(-2.0, 2.0));
-    sub->add_flag("--ignore-eos", sp.ignore_eos, "never stop at an end-of-generation token");
-    sub->add_option("-r,--reverse-prompt", f->stop,
-                    "stop when the text contains this (not printed); repeatable")
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->default_str("");
+    add_sampling_flags(sub, &f->sampling, &f->stop);
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");

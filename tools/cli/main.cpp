@@ -34,6 +34,7 @@ int main(int argc, char ** argv) {
     });
     Action action;
     add_run_command(app, &action);
+    add_chat_command(app, &action);
     add_inspect_command(app, &action);
     add_synth_command(app, &action);
     add_replay_command(app, &action);
@@ -53,7 +54,7 @@ int main(int argc, char ** argv) {
         return app.exit(e);
     } catch (const CLI::ParseError & e) {
         if (cmd.empty() && args.empty())
-            return usage_error("", "give a subcommand (run, inspect, synth, replay, eval, serve)");
+            return usage_error("", "give a subcommand (run, chat, inspect, synth, replay, eval, serve)");
         return usage_error(cmd, e.what());
     }
     if (!action) return 64;

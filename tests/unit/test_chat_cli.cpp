@@ -1,0 +1,293 @@
+// test_chat_cli.cpp — `moestream chat` end to end (docs/cli.md, "Chat"): the real binary in a
+// pseudo-terminal (forkpty: the terminal's own echo, line discipline and Ctrl-C), with a
+// synth model that carries a chat template (llama3's shape, added with gguf_mutate.py).
+// Two turns where the second reuses the first's KV, with --no-cache-prompt as the negative
+// control (the whole conversation prefilled); Ctrl-C during a reply stops it and the chat
+// answers the next turn; Ctrl-C at the prompt exits 130 with the summary; /exit and Ctrl-D
+// exit 0; a pipe is read one turn per line; bad input exits 2 / 3 / 64 with one line.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <pty.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+using namespace moestream::test;
+
+namespace {
+
+std::string src_dir() {
+    const char * e = std::getenv("MOESTREAM_SRC");
+    return e && *e ? e : MOESTREAM_TEST_SRC;
+}
+
+// The shape of Llama 3's template: llama.cpp recognises it (not chatml, the fallback for a
+// model without a template).
+const char * kLlama3Template =
+    "{% for message in messages %}<|start_header_id|>{{ message['role'] }}<|end_header_id|>"
+    "\n\n{{ message['content'] | trim }}<|eot_id|>{% endfor %}";
+
+// The tiny synth model with tokenizer.chat_template set to `tmpl`, in dir.
+std::string model_with_template(const TempDir & dir, const std::string & tmpl, const std::string & name) {
+    const std::string out = dir.path(name);
+    CmdResult r = run_cmd("python3 " + sh_quote(src_dir() + "/tests/tools/gguf_mutate.py") + " " +
+                          sh_quote(synth_model("tiny", "qwen3moe", "q8_0")) + " " + sh_quote(out) +
+                          " set " + sh_quote("tokenizer.chat_template=str:" + tmpl));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return out;
+}
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The CLI on the slave side of a pseudo-terminal (stdin, stdout and stderr all the terminal,
+// as in a shell). out holds everything it wrote, with the terminal's echo of what was sent.
+class PtyChat {
+public:
+    explicit PtyChat(const std::string & args) {
+        const std::string cmd = "exec " + sh_quote(cli_bin()) + " chat " + args;
+        struct winsize ws = {40, 200, 0, 0};
+        pid_ = forkpty(&fd_, nullptr, nullptr, &ws);
+        if (pid_ == 0) {
+            execl("/bin/sh", "sh", "-c", cmd.c_str(), (char *)nullptr);
+            _exit(127);
+        }
+        EXPECT_GT(pid_, 0) << "forkpty failed";
+    }
+    ~PtyChat() {
+        if (pid_ > 0 && status_ < 0) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+        if (fd_ >= 0) close(fd_);
+    }
+    void send(const std::string & s) { ASSERT_EQ(write(fd_, s.data(), s.size()), ssize_t(s.size())); }
+    // Reads until out has at least `n` matches of `re` after offset `from` (true), the
+    // terminal closes or `timeout_s` passes (false).
+    bool wait_for(const std::string & re, int n = 1, size_t from = 0, double timeout_s = 30) {
+        const std::regex rx(re);
+        const double end = now_s() + timeout_s;
+        for (;;) {
+            const std::string tail = out.substr(std::min(from, out.size()));
+            const auto b = std::sregex_iterator(tail.begin(), tail.end(), rx);
+            if (std::distance(b, std::sregex_iterator()) >= n) return true;
+            if (now_s() > end || !pump(0.1)) return false;
+        }
+    }
+    // Reads until out has grown by `bytes` since `from`.
+    bool wait_growth(size_t from, size_t bytes, double timeout_s = 30) {
+        const double end = now_s() + timeout_s;
+        while (out.size() < from + bytes)
+            if (now_s() > end || !pump(0.1)) return false;
+        return true;
+    }
+    // Reads what is left and reaps the process: its exit code (128 + signal), -1 on timeout.
+    int wait_exit(double timeout_s = 30) {
+        const double end = now_s() + timeout_s;
+        while (now_s() < end && pump(0.1)) {
+        }
+        for (;;) {
+            int st = 0;
+            const pid_t r = waitpid(pid_, &st, WNOHANG);
+            if (r == pid_) {
+                status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+                return status_;
+            }
+            if (now_s() > end) return -1;
+            usleep(20000);
+        }
+    }
+    std::string out;
+
+private:
+    // One poll of the master: false once the slave side is closed (the process ended).
+    bool pump(double timeout_s) {
+        pollfd p{fd_, POLLIN, 0};
+        const int r = poll(&p, 1, int(timeout_s * 1000));
+        if (r <= 0) return true;
+        char b[4096];
+        const ssize_t n = read(fd_, b, sizeof b);
+        if (n <= 0) return false;  // EIO: the slave is closed
+        out.append(b, size_t(n));
+        return true;
+    }
+    int fd_ = -1;
+    pid_t pid_ = -1;
+    int status_ = -1;
+};
+
+const char * kFooter = R"(\[(\d+) tok, [0-9.]+ tok/s \| prefill (\d+) tok \((\d+) reused\)[^\]]*\])";
+// A footer (and -v's second line), then the prompt for the next turn.
+const std::string kFooterThenPrompt = std::string(kFooter) + R"(\r?\n(moestream chat: [^\r\n]*\r?\n)?> )";
+
+struct Footer {
+    int generated = 0, prefilled = 0, reused = 0;
+    std::string text;
+};
+
+std::vector<Footer> footers(const std::string & out) {
+    std::vector<Footer> v;
+    const std::regex rx(kFooter);
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), rx); it != std::sregex_iterator(); ++it)
+        v.push_back({std::stoi((*it)[1]), std::stoi((*it)[2]), std::stoi((*it)[3]), (*it)[0]});
+    return v;
+}
+
+// Two greedy turns in a terminal; the footers of both. extra: more flags; end: how the chat
+// is ended (then exit 0 and the summary).
+std::vector<Footer> two_turns(const std::string & model, const std::string & extra,
+                              const std::string & end, std::string * out_all) {
+    PtyChat c("-m " + sh_quote(model) + " -t 1 -c 1024 -n 8 " + extra + " -sys 'Be terse.'");
+    EXPECT_TRUE(c.wait_for("> ")) << c.out;
+    c.send("Hello there\r");
+    EXPECT_TRUE(c.wait_for(kFooterThenPrompt, 1)) << c.out;
+    c.send("How are you\r");
+    EXPECT_TRUE(c.wait_for(kFooterThenPrompt, 2)) << c.out;
+    c.send(end);
+    EXPECT_EQ(c.wait_exit(), 0) << c.out;
+    EXPECT_NE(c.out.find("moestream chat: 2 replies"), std::string::npos) << c.out;
+    *out_all = c.out;
+    return footers(c.out);
+}
+
+TEST(ChatCli, SecondTurnReusesTheFirstTurnsKv) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    std::string out;
+    // -v before -sys: a flag's position must not swallow the next option.
+    const std::vector<Footer> f = two_turns(m, "-v", "/exit\r", &out);
+    ASSERT_EQ(f.size(), 2u) << out;
+    // The model's own template, recognised by llama.cpp (not the chatml fallback).
+    EXPECT_NE(out.find("template llama3 (recognised from the model's template)"), std::string::npos) << out;
+    EXPECT_NE(out.find("KV reuse on"), std::string::npos) << out;
+    EXPECT_EQ(f[0].reused, 0);
+    EXPECT_GT(f[0].generated, 0);
+    // Turn 2 reuses at least turn 1's whole prompt and prefills only what follows.
+    EXPECT_GE(f[1].reused, f[0].prefilled) << f[1].text;
+    EXPECT_NE(out.find("lossless]"), std::string::npos) << out;
+
+    // Negative control: --no-cache-prompt prefills the whole conversation in turn 2: the same
+    // prompt (turn 1 is computed identically), none of it reused. Ended with Ctrl-D.
+    std::string out_c;
+    const std::vector<Footer> c = two_turns(m, "--no-cache-prompt", "\x04", &out_c);
+    ASSERT_EQ(c.size(), 2u) << out_c;
+    EXPECT_EQ(c[0].prefilled, f[0].prefilled);
+    EXPECT_EQ(c[1].reused, 0);
+    EXPECT_EQ(c[1].prefilled, f[1].prefilled + f[1].reused) << c[1].text << " vs " << f[1].text;
+    EXPECT_LT(f[1].prefilled, c[1].prefilled);
+}
+
+TEST(ChatCli, CtrlCStopsTheReplyNotTheChat) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    // Replies until the context is full (thousands of tokens, seconds): Ctrl-C stops them.
+    PtyChat c("-m " + sh_quote(m) + " -t 1 -c 8192 -n -1 --ignore-eos");
+    ASSERT_TRUE(c.wait_for("> ")) << c.out;
+    for (const char * turn : {"Tell me everything\r", "And again\r"}) {
+        const size_t at = c.out.size();
+        c.send(turn);
+        ASSERT_TRUE(c.wait_growth(at, 200)) << c.out;  // the echo, then the reply streaming
+        c.send("\x03");
+        ASSERT_TRUE(c.wait_for(R"(stopped \(Ctrl-C\)\]\r?\n> )", 1, at)) << c.out;
+    }
+    const std::vector<Footer> f = footers(c.out);
+    ASSERT_EQ(f.size(), 2u) << c.out;
+    for (const Footer & r : f) {
+        EXPECT_GT(r.generated, 0) << r.text;                        // it answered
+        EXPECT_LT(r.generated + r.prefilled + r.reused, 4000) << r.text;  // and was cut short
+    }
+    // Ctrl-C at the prompt: the summary of the session, exit 130.
+    c.send("\x03");
+    EXPECT_EQ(c.wait_exit(), 130) << c.out;
+    EXPECT_NE(c.out.find("moestream chat: interrupted (Ctrl-C)"), std::string::npos) << c.out;
+    EXPECT_NE(c.out.find("moestream chat: 2 replies"), std::string::npos) << c.out;
+}
+
+TEST(ChatCli, PipedStdinIsOneTurnPerLine) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    CmdResult r = run_cmd("printf 'Hello there\\nHow are you\\n/exit\\nnot read\\n' | " +
+                          sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 4");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    const std::vector<Footer> f = footers(r.err);
+    ASSERT_EQ(f.size(), 2u) << r.err;  // /exit ended it: the fourth line was not read
+    EXPECT_GE(f[1].reused, f[0].prefilled) << r.err;
+    EXPECT_NE(r.err.find("moestream chat: 2 replies"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("> "), std::string::npos) << "no prompt without a terminal: " << r.out;
+    // A line ending in '\' continues on the next: one turn, the same prompt as the escape \n
+    // (escapes are processed by default) and not the same as --no-escape's literal "\n".
+    auto one_turn = [&](const std::string & input, const std::string & extra) {
+        CmdResult c = run_cmd("printf '%s' " + sh_quote(input) + " | " + sh_quote(cli_bin()) +
+                              " chat -m " + sh_quote(m) + " -t 1 -n 2 " + extra);
+        EXPECT_EQ(c.exit_code, 0) << c.err;
+        const std::vector<Footer> v = footers(c.err);
+        EXPECT_EQ(v.size(), 1u) << input << "\n" << c.err;
+        return v.empty() ? -1 : v[0].prefilled;
+    };
+    const int continued = one_turn("Hello \\\nthere\n", "");
+    EXPECT_EQ(continued, one_turn("Hello \\nthere\n", ""));
+    EXPECT_NE(continued, one_turn("Hello \\nthere\n", "--no-escape"));
+    // A turn that cannot be answered ends a piped chat with the error's exit code, named.
+    r = run_cmd("printf 'Hello there\\n' | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) +
+                " -t 1 -n 4 -c 32");
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("more than the context (32 tokens)"), std::string::npos) << r.err;
+    // A lossy knob is named in the footer (the first test's default footer says lossless).
+    r = run_cmd("echo Hi | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 2 --n-expert-used 1");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("| LOSSY (--n-expert-used 1)]"), std::string::npos) << r.err;
+    // End of input ends it too (exit 0).
+    r = run_cmd("printf 'Hello there' | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 4");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(footers(r.err).size(), 1u) << r.err;
+}
+
+TEST(ChatCli, BadInputIsOneLineAndItsExitCode) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    const std::string chat = sh_quote(cli_bin()) + " chat ";
+    auto expect = [&](const std::string & args, int code, const std::string & msg) {
+        SCOPED_TRACE(args);
+        CmdResult r = run_cmd(chat + args + " </dev/null");
+        EXPECT_EQ(r.exit_code, code) << r.err;
+        EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");
+    };
+    expect("-m " + dir.path("missing.gguf"), 2, "missing.gguf");
+    expect("-n 4", 64, "--model is required");
+    expect("-m " + sh_quote(m) + " --bogus", 64, "--bogus");
+    expect("-m " + sh_quote(m) + " -p hi", 64, "-p: chat reads each user turn from stdin");
+    expect("-m " + sh_quote(m) + " -cnv", 64, "-cnv is not needed");
+    expect("-m " + sh_quote(m) + " --stats-json x.json", 64, "--stats-json: not available in chat");
+    expect("-m " + sh_quote(m) + " --jinja", 64, "not supported by moestream: --jinja");
+    expect("-m " + sh_quote(m) + " -ngl 99", 64, "not supported by moestream: -ngl (CPU only)");
+    expect("-m " + sh_quote(m) + " --top-k 4", 64, "--top-k shapes sampling");
+    expect("-m " + sh_quote(m) + " -sysf " + dir.path("none.txt"), 3, "none.txt");
+    // A template llama.cpp does not recognise: refused as a model that cannot chat.
+    const std::string odd = model_with_template(dir, "{{ nothing llama.cpp knows }}", "odd.gguf");
+    expect("-m " + sh_quote(odd), 2, "chat needs a chat template llama.cpp renders");
+    // `run` points llama.cpp's conversation flag at chat.
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(m) + " -cnv");
+    EXPECT_EQ(r.exit_code, 64);
+    EXPECT_NE(r.err.find("-cnv: for a chat use `moestream chat -m MODEL`"), std::string::npos) << r.err;
+    // Controls: the same model and the accepted spellings run (exit 0), -sys / -sysf included.
+    r = run_cmd("echo hi | " + chat + "-m " + sh_quote(m) + " -t 1 -n 2 -sys 'Be terse.' --temp 0.5 --top-k 4");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    r = run_cmd("echo 'Be terse.' > " + dir.path("sys.txt") + " && echo hi | " + chat + "-m " +
+                sh_quote(m) + " -t 1 -n 2 -sysf " + dir.path("sys.txt"));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    // A flag before a llama.cpp multi-letter spelling does not swallow it (run too).
+    r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(m) + " -t 1 -n 1 --ignore-eos -tb 1");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+}  // namespace

@@ -1,0 +1,390 @@
+// `moestream chat` — a conversation in the terminal (docs/cli.md, "Chat"): each user turn is
+// rendered with the model's chat template (Engine::apply_chat_template), the reply streams to
+// stdout as it is generated, and a one-line footer per reply goes to stderr. The engine keeps
+// the previous turn's KV cache (GenerateRequest::reuse_prefix, as the server does), so a turn
+// prefills only what follows the longest common token prefix of the conversation.
+// Input: a terminal (prompt "> ") or any other stdin, one user turn per line; a line ending
+// in '\' continues on the next. /exit or end of input ends (exit 0). Ctrl-C during a reply
+// stops it and returns to the prompt; Ctrl-C at the prompt prints the session summary and
+// exits 130; a second Ctrl-C before a reply has stopped exits 130 at once.
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "moestream/moestream.h"
+#include "moestream/text_file.h"
+
+namespace moestream::cli {
+namespace {
+
+struct ChatFlags {
+    RunOptions opt;
+    SamplingParams sampling;  // temp and seed come from opt (the engine flags)
+    std::vector<std::string> stop;  // -r
+    std::string system_prompt;
+    std::string system_prompt_file;
+    int n_predict = -1;
+    bool escape = true;
+    bool cache_prompt = true;
+    int verbose = 0;
+    CLI::App * sub = nullptr;
+};
+
+double mib(double b) { return b / (1024.0 * 1024.0); }
+
+// SIGINT: the first sets the flag (a reply stops at its next token; the prompt reader
+// returns); a second one while the first is still pending ends the process at once.
+volatile std::sig_atomic_t g_sigint = 0;
+
+void on_sigint(int) {
+    if (g_sigint) {
+        static const char msg[] = "\nmoestream chat: interrupted twice: exiting\n";
+        ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+        (void)w;
+        ::_exit(130);
+    }
+    g_sigint = 1;
+}
+
+void install_sigint() {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // the engine's threads see no EINTR; poll() below always does
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+// Lines from stdin through poll + read, so that Ctrl-C at the prompt is seen at once (poll is
+// never restarted after a signal) and at the latest within the poll timeout (when the signal
+// went to another thread).
+class LineReader {
+public:
+    enum Result { kLine, kEof, kInterrupted, kError };
+
+    Result next(std::string * line) {
+        for (;;) {
+            const size_t nl = buf_.find('\n');
+            if (nl != std::string::npos) {
+                *line = buf_.substr(0, nl);
+                buf_.erase(0, nl + 1);
+                return kLine;
+            }
+            if (eof_) {
+                if (buf_.empty()) return kEof;
+                *line = std::move(buf_);
+                buf_.clear();
+                return kLine;
+            }
+            if (g_sigint) return kInterrupted;
+            pollfd p{STDIN_FILENO, POLLIN, 0};
+            const int r = ::poll(&p, 1, 200);
+            if (r < 0 && errno != EINTR) return fail("poll");
+            if (r <= 0) continue;
+            char b[4096];
+            const ssize_t n = ::read(STDIN_FILENO, b, sizeof b);
+            if (n < 0) {
+                if (errno == EINTR || errno == EAGAIN) continue;
+                return fail("read");
+            }
+            if (n == 0) eof_ = true;
+            else buf_.append(b, size_t(n));
+        }
+    }
+    const std::string & error() const { return error_; }
+
+private:
+    Result fail(const char * what) {
+        error_ = std::string("stdin: ") + what + " failed: " + std::strerror(errno);
+        return kError;
+    }
+    std::string buf_;
+    bool eof_ = false;
+    std::string error_;
+};
+
+// What the session did, for the summary at the end.
+struct Session {
+    double load_s = 0;
+    int replies = 0;
+    long long prefilled = 0, reused = 0, generated = 0, decode_steps = 0;
+    double decode_s = 0;
+    uint64_t flash_bytes = 0;
+    uint64_t peak_rss = 0;
+    bool lossy = false;
+};
+
+// The opt-in lossy knobs in effect, by name ("" when none is).
+std::string lossy_knobs(const RunOptions & o, bool engine_lossy) {
+    std::string k;
+    auto add = [&k](const std::string & s) { k += (k.empty() ? "" : " ") + s; };
+    if (o.n_expert_used > 0 && engine_lossy) add("--n-expert-used " + std::to_string(o.n_expert_used));
+    if (o.drop_cold > 0) {
+        add("--drop-cold-experts " + fmt_num(o.drop_cold));
+        if (o.drop_in_prefill) add("--drop-in-prefill");
+        if (o.drop_renorm) add("--drop-renorm");
+    }
+    return k;
+}
+
+std::string quality_label(const RunOptions & o, bool engine_lossy, bool reply_lossy) {
+    if (!engine_lossy && !reply_lossy) return "lossless";
+    const std::string k = lossy_knobs(o, engine_lossy);
+    return k.empty() ? "LOSSY" : "LOSSY (" + k + ")";
+}
+
+// The footer of one reply: tokens, decode speed, what was prefilled and reused, cache hits and
+// flash reads per token while decoding, lossless or LOSSY.
+std::string footer(const ChatFlags & f, const Engine & e, const GenerateResult & g,
+                   bool interrupted) {
+    const RunStats & s = e.stats();
+    char b[512];
+    std::snprintf(b, sizeof b, "[%d tok, %.1f tok/s | prefill %d tok (%d reused)", s.n_generated,
+                  s.decode_tok_s, s.n_prompt - s.n_prompt_reused, s.n_prompt_reused);
+    std::string out = b;
+    if (!f.opt.stream) {
+        out += " | resident (--no-stream)";
+    } else {
+        if (s.cache_budget_bytes > 0) {
+            uint64_t hits = 0, lookups = 0;
+            for (const TokenStats & t : s.tokens) {
+                hits += t.cache_hits;
+                lookups += t.cache_hits + t.cache_misses;
+            }
+            if (lookups > 0) std::snprintf(b, sizeof b, " | hit %.1f%%", 100.0 * double(hits) / double(lookups));
+            else std::snprintf(b, sizeof b, " | hit -");
+            out += b;
+        } else {
+            out += " | cache off";
+        }
+        std::snprintf(b, sizeof b, " | %.2f MiB/token", mib(s.bytes_per_token));
+        out += b;
+    }
+    out += " | " + quality_label(f.opt, e.lossy(), g.lossy);
+    if (interrupted) out += " | stopped (Ctrl-C)";
+    else if (g.finish == FinishReason::kLength && s.n_prompt + s.n_generated >= e.n_ctx())
+        out += " | context full";
+    return out + "]";
+}
+
+void print_summary(const Session & t, const ChatFlags & f, const Engine & e) {
+    char b[768];
+    int n = std::snprintf(b, sizeof b, "moestream chat: %d replies | load %.2f s", t.replies, t.load_s);
+    if (t.replies > 0) {
+        n += std::snprintf(b + n, sizeof b - size_t(n),
+                           " | prefill %lld tok (%lld reused) | decode %lld tok %.2f tok/s",
+                           t.prefilled, t.reused, t.generated,
+                           t.decode_s > 0 ? double(t.decode_steps) / t.decode_s : 0.0);
+        if (f.opt.stream)
+            n += std::snprintf(b + n, sizeof b - size_t(n), " | flash read %.1f MiB",
+                               mib(double(t.flash_bytes)));
+        n += std::snprintf(b + n, sizeof b - size_t(n), " | peak RSS %.1f MiB", mib(double(t.peak_rss)));
+    }
+    std::fprintf(stderr, "%s | %s\n", b, quality_label(f.opt, e.lossy(), t.lossy).c_str());
+}
+
+// Reads one user turn: a line, joined with the next while it ends in '\'.
+LineReader::Result read_turn(LineReader & in, std::string * turn) {
+    turn->clear();
+    for (;;) {
+        std::string line;
+        const LineReader::Result r = in.next(&line);
+        if (r != LineReader::kLine) return turn->empty() || r != LineReader::kEof ? r : LineReader::kLine;
+        if (!line.empty() && line.back() == '\r') line.pop_back();
+        if (!line.empty() && line.back() == '\\') {
+            line.pop_back();
+            *turn += line + "\n";
+            continue;
+        }
+        *turn += line;
+        return LineReader::kLine;
+    }
+}
+
+int do_chat(ChatFlags & f) {
+    apply_verbosity(f.verbose);
+    if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
+    if (int rc = check_sampling_flags(f.sub, f.opt)) return rc;
+    Status st = process_reverse_prompts(f.escape, &f.stop);
+    if (!st.ok()) return report(st);
+    if (!f.system_prompt_file.empty()) {
+        st = read_text_file(f.system_prompt_file, "system prompt", &f.system_prompt);
+        if (!st.ok()) return report(st);
+    }
+
+    std::unique_ptr<Engine> engine;
+    st = Engine::open(f.opt, &engine);
+    if (!st.ok()) return report(st);
+    const std::string tmpl = engine->chat_template_name();
+    if (tmpl.empty()) {
+        std::string probe;
+        Status why = engine->apply_chat_template({{"user", "hi"}}, true, &probe);
+        std::fprintf(stderr,
+                     "moestream: error: %s: chat needs a chat template llama.cpp renders (%s); "
+                     "`moestream run` completes raw text\n",
+                     f.opt.model_path.c_str(),
+                     why.ok() ? "none found" : why.message().c_str());
+        return 2;
+    }
+    if (tmpl.find("no chat template") != std::string::npos)
+        std::fprintf(stderr, "moestream chat: warning: using %s\n",
+                     tmpl.c_str());
+    const bool tty = ::isatty(STDIN_FILENO) != 0;
+    Session t;
+    t.load_s = engine->stats().load_s;
+    if (f.verbose > 0)
+        std::fprintf(stderr, "moestream chat: template %s | context %d tokens | KV reuse %s\n",
+                     tmpl.c_str(), engine->n_ctx(), f.cache_prompt ? "on" : "off (--no-cache-prompt)");
+    if (tty)
+        std::fprintf(stderr, "moestream chat: /exit or Ctrl-D ends; Ctrl-C stops a reply\n");
+
+    std::vector<ChatMessage> messages;
+    if (!f.system_prompt.empty()) messages.push_back({"system", f.system_prompt});
+    LineReader in;
+    g_sigint = 0;
+    install_sigint();
+    for (;;) {
+        if (tty) {
+            std::fputs("> ", stdout);
+            std::fflush(stdout);
+        }
+        std::string turn;
+        const LineReader::Result r = read_turn(in, &turn);
+        if (r == LineReader::kInterrupted) {
+            std::fprintf(stderr, "\nmoestream chat: interrupted (Ctrl-C)\n");
+            print_summary(t, f, *engine);
+            return 130;
+        }
+        if (r == LineReader::kError) {
+            print_summary(t, f, *engine);
+            return report(Status::BadInput(in.error()));
+        }
+        if (r == LineReader::kEof) {
+            if (tty) std::fputc('\n', stdout);
+            break;
+        }
+        if (turn == "/exit") break;
+        if (turn.find_first_not_of(" \t\n") == std::string::npos) continue;
+        if (f.escape) {
+            Status es = process_escapes("input", &turn);
+            if (!es.ok()) {
+                std::fprintf(stderr, "moestream chat: %s\n", es.message().c_str());
+                if (tty) continue;
+                print_summary(t, f, *engine);
+                return es.exit_code();
+            }
+        }
+
+        messages.push_back({"user", turn});
+        GenerateRequest req;
+        req.n_predict = f.n_predict;
+        req.clamp_to_context = true;
+        req.sampling = f.sampling;
+        req.sampling.temp = f.opt.temp;
+        req.sampling.seed = f.opt.seed;
+        req.stop = f.stop;
+        req.reuse_prefix = f.cache_prompt;
+        st = engine->apply_chat_template(messages, true, &req.prompt);
+        int n_prompt = 0;
+        if (st.ok()) st = engine->check_request(req, &n_prompt);
+        if (!st.ok()) {  // this turn is not taken
+            messages.pop_back();
+            if (n_prompt >= engine->n_ctx())
+                std::fprintf(stderr,
+                             "moestream chat: the conversation with this turn is %d tokens, more "
+                             "than the context (%d tokens): start again, with a larger -c\n",
+                             n_prompt, engine->n_ctx());
+            else
+                std::fprintf(stderr, "moestream chat: %s\n", st.message().c_str());
+            if (tty) continue;  // in a terminal the conversation goes on without it
+            print_summary(t, f, *engine);
+            return st.exit_code();  // a script sees that a turn went unanswered
+        }
+        GenerateResult g;
+        st = engine->generate(req,
+                              [](const std::string & piece) {
+                                  std::fwrite(piece.data(), 1, piece.size(), stdout);
+                                  std::fflush(stdout);
+                                  return g_sigint == 0;
+                              },
+                              &g);
+        const bool interrupted = g.finish == FinishReason::kCancelled;
+        g_sigint = 0;
+        std::fputc('\n', stdout);
+        std::fflush(stdout);
+        if (!st.ok()) {
+            print_summary(t, f, *engine);
+            return report(st);
+        }
+        // The reply as shown (also when stopped) joins the conversation; a NUL byte, which a
+        // chat template cannot carry (a model may emit one), is left out of it.
+        std::string reply = g.text;
+        reply.erase(std::remove(reply.begin(), reply.end(), '\0'), reply.end());
+        messages.push_back({"assistant", reply});
+        const RunStats & s = engine->stats();
+        t.replies++;
+        t.prefilled += s.n_prompt - s.n_prompt_reused;
+        t.reused += s.n_prompt_reused;
+        t.generated += s.n_generated;
+        t.decode_steps += (long long)s.tokens.size();
+        t.decode_s += s.decode_s;
+        t.flash_bytes += s.flash_bytes_read;
+        t.peak_rss = std::max(t.peak_rss, s.peak_rss_bytes);
+        t.lossy = t.lossy || g.lossy;
+        std::fprintf(stderr, "%s\n", footer(f, *engine, g, interrupted).c_str());
+        if (f.verbose > 0)
+            std::fprintf(stderr,
+                         "moestream chat: prefill %.3f s (%.1f tok/s) | flash read %.2f MiB in %llu "
+                         "reads (io %.3f s) | finish %s | context %d of %d tokens\n",
+                         s.prefill_s, s.prefill_tok_s, mib(double(s.flash_bytes_read)),
+                         (unsigned long long)s.flash_reads, s.io_s, finish_reason_name(g.finish),
+                         s.n_prompt + s.n_generated, engine->n_ctx());
+    }
+    print_summary(t, f, *engine);
+    return 0;
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App & app, Action * action) {
+    auto f = std::make_shared<ChatFlags>();
+    auto * sub = app.add_subcommand(
+        "chat", "a conversation with the model's chat template (/exit ends; from a pipe: a turn per line)");
+    f->sub = sub;
+    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file")->required();
+    auto * sys = sub->add_option("--system-prompt", f->system_prompt,
+                                 "system prompt (-sys), taken as is")
+                     ->default_str("");
+    sub->add_option("--system-prompt-file", f->system_prompt_file,
+                    "read the system prompt from a file (-sysf)")
+        ->excludes(sys)
+        ->default_str("");
+    sub->add_option("-n,--n-predict", f->n_predict,
+                    "tokens per reply at most; -1 = until end-of-generation or the context is full")
+        ->check(int_range(-1, 1 << 24));
+    auto * esc = sub->add_flag("-e,--escape", f->escape,
+                               "process escapes in each turn and -r (\\n \\t \\\\ \\xHH ...; the default)");
+    sub->add_flag("--no-escape", [f](int64_t) { f->escape = false; }, "take turns and -r literally")
+        ->excludes(esc);
+    auto * cp = sub->add_flag("--cache-prompt", f->cache_prompt,
+                              "reuse the previous turn's KV cache: prefill only the new tokens (the default)");
+    sub->add_flag("--no-cache-prompt", [f](int64_t) { f->cache_prompt = false; },
+                  "prefill the whole conversation every turn")
+        ->excludes(cp);
+    add_engine_flags(sub, &f->opt);
+    add_sampling_flags(sub, &f->sampling, &f->stop);
+    sub->add_flag("-v,--verbose", f->verbose,
+                  "more detail: the template, a second line per reply (-vv: debug, llama.cpp's log too)");
+    sub->callback([f, action] { *action = [f] { return do_chat(*f); }; });
+}
+
+}  // namespace moestream::cli
