@@ -140,3 +140,28 @@ TEST(SubstituteGate, RefusedWithoutTheCacheOrOutOfRange) {
     EXPECT_EQ(r.rc, 64);
     EXPECT_NE(r.err.find("needs streaming"), std::string::npos) << r.err;
 }
+
+// Every output names the knob: chat's footer and eval's text (run's summary: above).
+TEST(SubstituteGate, ChatAndEvalLabelIt) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string base = " -m " + sh_quote(model) + " -t 1 --cache-mb 4 --force-cache";
+    const std::string chat = "echo hello | " + sh_quote(cli_bin()) + " chat -n 8" + base;
+    CmdResult on = run_cmd(chat + " --substitute-experts 0.1");
+    EXPECT_EQ(on.exit_code, 0) << on.err;
+    EXPECT_NE((on.out + on.err).find("LOSSY (--substitute-experts 0.1)"), std::string::npos)
+        << on.out << on.err;
+    CmdResult off = run_cmd(chat);  // control: the same chat without the knob
+    EXPECT_EQ(off.exit_code, 0) << off.err;
+    EXPECT_EQ((off.out + off.err).find("LOSSY"), std::string::npos) << off.out << off.err;
+    const std::string text = models_dir() + "/subst-eval-" + std::to_string(getpid()) + ".txt";
+    { std::ofstream(text) << "The expert streaming engine reads only what the router selects. "
+                             "It keeps hot experts in a cache and reads the rest from flash.\n"; }
+    const std::string eval =
+        sh_quote(cli_bin()) + " eval -f " + sh_quote(text) + " -c 64 --max-tokens 32" + base;
+    CmdResult ev = run_cmd(eval + " --substitute-experts 0.1");
+    EXPECT_EQ(ev.exit_code, 0) << ev.err;
+    EXPECT_NE(ev.out.find("LOSSY: --substitute-experts 0.1"), std::string::npos) << ev.out;
+    CmdResult ev0 = run_cmd(eval);
+    EXPECT_NE(ev0.out.find("lossless settings"), std::string::npos) << ev0.out;
+    std::remove(text.c_str());
+}
