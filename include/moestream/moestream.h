@@ -83,6 +83,7 @@ struct RunOptions {
     double drop_cold = 0;          // --drop-cold-experts F in (0, 1]; 0 = off
     bool drop_in_prefill = false;  // --drop-in-prefill
     bool drop_renorm = false;      // --drop-renorm
+    double substitute = 0;         // --substitute-experts M > 0 (router-score margin); 0 = off
     // --route-trace FILE (docs/route-trace.md): record every routing (streaming only). A trace
     // that cannot be written is turned off with a warning; generation is not affected.
     std::string route_trace;
@@ -155,6 +156,9 @@ struct RunStats {
     uint64_t drop_deferred = 0;       // routings loaded at their terminal node
     uint64_t drop_fallbacks = 0;      // learned terminal did not arrive: loaded at the matmul
     std::string drop_terminal;        // the learned terminal node of the first MoE layer
+    // --substitute-experts (docs/lossy-knobs.md); zero when off.
+    uint64_t experts_substituted = 0;  // routed misses replaced by a resident expert
+    uint64_t subst_bytes_avoided = 0;  // expert bytes not read because of substitutions
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
     int n_prompt_reused = 0;          // prompt tokens whose KV came from the previous generation
     std::vector<TokenStats> tokens;   // decode steps, in order

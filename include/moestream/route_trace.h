@@ -25,7 +25,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 3;  // this build writes 3, reads 1 to 3
+constexpr uint32_t kRouteTraceVersion = 4;  // this build writes 4, reads 1 to 4
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // What a trace's shape may be (a real model's, with room): read_route_trace and
@@ -39,8 +39,11 @@ constexpr uint64_t kTraceMaxFileBytes = 1ull << 30;      // read_route_trace rea
 enum : uint8_t {
     kSlotResident = 1,  // the expert was resident when the layer was staged (a hit)
     kSlotDropped = 2,   // --drop-cold-experts dropped it (never looked up, never read)
+    // --substitute-experts replaced the routed expert by the resident one whose id the slot
+    // holds (version 4; always with kSlotResident: a substitute was resident when chosen).
+    kSlotSubstituted = 4,
 };
-constexpr uint8_t kSlotKnownFlags = kSlotResident | kSlotDropped;
+constexpr uint8_t kSlotKnownFlags = kSlotResident | kSlotDropped | kSlotSubstituted;
 
 struct TraceLayerShape {
     uint32_t layer = 0;                 // graph layer index il
@@ -87,7 +90,8 @@ struct RouteTrace {
     TraceHeader header;
     std::vector<TraceRouting> routings;
     // Slots, row-major within a routing, rank order within a row.
-    std::vector<int32_t> expert;  // the ROUTED expert id (before any drop repointing)
+    std::vector<int32_t> expert;  // the ROUTED expert id (before any drop repointing; a
+                                  // kSlotSubstituted slot holds the substitute, as read)
     std::vector<float> weight;    // final router weight, NaN when it was not observed
     std::vector<uint8_t> flags;   // kSlot*
     uint64_t file_bytes = 0;

@@ -245,6 +245,11 @@ Status EngineImpl::make_store() {
         dc.renorm = opt_.drop_renorm;
     }
     drop_cold_ = std::make_unique<DropColdObserver>(dc);
+    if (opt_.substitute > 0 && d.budget_bytes == 0)
+        return Status::Usage("RunOptions::substitute needs the LRU cache: with the cache off "
+                             "no expert is resident to substitute (" + d.reason + ")");
+    substitute_ = std::make_unique<SubstituteObserver>(opt_.substitute, knobs_.substitute_unrouted);
+    if (opt_.cache_debug && d.budget_bytes > 0) use_check_ = std::make_unique<ExpertUseCheck>();
     binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
     // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
     st = binder_->read_dense(&lanes_);
@@ -289,8 +294,10 @@ Status EngineImpl::make_store() {
     std::vector<NodeObserver *> observers = {binder_.get()};
     if (predictor_) observers.push_back(predictor_.get());
     observers.push_back(overlap_waiter_.get());
+    observers.push_back(substitute_.get());  // rewrites the routing before anyone records it
     if (trace_observer_) observers.push_back(trace_observer_.get());
     observers.push_back(drop_cold_.get());
+    if (use_check_) observers.push_back(use_check_.get());  // last: after any deferred load
     uint32_t n_layer = index_.n_layer;
     for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
     hook_ = std::make_unique<RouterHook>(index_.n_expert, n_layer, *streamer_,
@@ -371,6 +378,7 @@ StatsSources EngineImpl::stats_sources() const {
     // Drop-cold's figures while the policy is on (set_drop_cold(0) may have turned it off
     // after a lossy generation: then they are zero).
     src.drop_cold = hook_ && opt_.drop_cold > 0 ? drop_cold_.get() : nullptr;
+    src.substitute = hook_ && opt_.substitute > 0 ? substitute_.get() : nullptr;
     src.hook = hook_.get();
     src.first_moe_layer = index_.moe_layers.empty() ? -1 : int(index_.moe_layers[0].layer);
     return src;
@@ -424,6 +432,7 @@ std::string EngineImpl::settings_json() const {
     j["drop_cold_experts"] = opt_.drop_cold;
     j["drop_in_prefill"] = opt_.drop_in_prefill;
     j["drop_renorm"] = opt_.drop_renorm;
+    j["substitute_experts"] = opt_.substitute;
     j["arch"] = index_.arch;
     j["n_expert"] = index_.n_expert;
     j["use_extra_bufts"] = false;

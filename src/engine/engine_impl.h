@@ -25,6 +25,7 @@
 #include "moestream/moestream.h"
 #include "overlap_waiter.h"
 #include "policy_drop_cold.h"
+#include "policy_substitute.h"
 #include "prefetch.h"
 #include "residency.h"
 #include "route_tracer.h"
@@ -72,7 +73,9 @@ public:
     void special_texts(std::string * bos, std::string * eos, bool * bos_added) const override;
     int n_ctx() const override { return opt_.n_ctx; }
     const RunStats & stats() const override { return stats_; }
-    bool lossy() const override { return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0; }
+    bool lossy() const override {
+        return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0 || opt_.substitute > 0;
+    }
     std::string settings_json() const override;
     Status tokenize(const std::string & text, std::vector<int32_t> * out) const override;
     Status detokenize(const std::vector<int32_t> & tokens, std::string * out) const override;
@@ -119,6 +122,8 @@ private:
     std::string uring_fallback_;                 // why io_uring was wanted and not available
     std::unique_ptr<OverlapWaiter> overlap_waiter_;  // the hook's observers (streaming only)
     std::unique_ptr<DropColdObserver> drop_cold_;
+    std::unique_ptr<SubstituteObserver> substitute_;
+    std::unique_ptr<ExpertUseCheck> use_check_;  // --cache-debug with the cache on
     std::unique_ptr<RouteTracer> tracer_;  // RunOptions::route_trace
     std::unique_ptr<TraceObserver> trace_observer_;
     HookSlot hook_slot_;  // the context's callbacks: outlives ctx_ (declared after, freed first)

@@ -45,6 +45,14 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");
     k->no_budget_clamp = no_clamp == "1";
+    const std::string unrouted = env("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED");
+    if (!unrouted.empty() && unrouted != "0" && unrouted != "1")
+        return Status::Usage("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=" + unrouted +
+                             ": must be 0 or 1 (tests only)");
+    k->substitute_unrouted = unrouted == "1";
+    if (k->substitute_unrouted)
+        MS_LOG_WARN("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=1: substituting unloaded experts on "
+                    "purpose (test negative control)");
     k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
     if (!k->io_fault.empty()) {
         IoFaultPlan plan;

@@ -35,6 +35,10 @@ struct EnvKnobs {
     // Tests only. MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert>|<layer>:*: the gates'
     // negative control (streamer.h, StreamTestHooks).
     StreamTestHooks stream_hooks;
+    // Tests only. MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=1: --substitute-experts plants a bug (a
+    // non-resident substitute the streamer is not told about): the negative control of the
+    // --cache-debug check of the experts each matmul reads (policy_substitute.h).
+    bool substitute_unrouted = false;
 };
 
 // Reads every knob now: Ok, or the first variable whose value is malformed (kUsage).

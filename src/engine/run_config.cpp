@@ -70,6 +70,11 @@ Status check_run_options(const RunOptions & opt) {
     if (opt.drop_cold > 0 && !opt.stream)
         return usage("RunOptions::drop_cold needs streaming (it drops cache misses), not "
                      "RunOptions::stream = false");
+    if (!(opt.substitute >= 0 && opt.substitute <= 1))
+        return usage("RunOptions::substitute must be in [0, 1] (a router-score margin; 0: off)");
+    if (opt.substitute > 0 && !opt.stream)
+        return usage("RunOptions::substitute needs streaming (it replaces cache misses), not "
+                     "RunOptions::stream = false");
     if (!opt.resident_mmap && opt.stream)
         return usage("RunOptions::resident_mmap = false applies to RunOptions::stream = false "
                      "(streaming maps the file itself)");

@@ -6,6 +6,7 @@
 
 #include "moestream/sysinfo.h"
 #include "policy_drop_cold.h"
+#include "policy_substitute.h"
 #include "prefetch.h"
 #include "residency.h"
 #include "router_hook.h"
@@ -52,6 +53,10 @@ RunStatsAssembly::RunStatsAssembly(const StatsSources & src, RunStats * s) : src
         bytes_avoided0_ = dc.bytes_avoided;
         deferred0_ = src_.drop_cold->deferred();
         fallbacks0_ = src_.drop_cold->fallbacks();
+    }
+    if (src_.substitute) {
+        substituted0_ = src_.substitute->counters().substituted;
+        subst_bytes0_ = src_.substitute->counters().bytes_avoided;
     }
 }
 
@@ -154,6 +159,10 @@ void RunStatsAssembly::finish() {
         s.drop_fallbacks = src_.drop_cold->fallbacks() - fallbacks0_;
         if (src_.hook && src_.first_moe_layer >= 0)
             s.drop_terminal = src_.hook->nodes().terminal_kind(uint32_t(src_.first_moe_layer));
+    }
+    if (src_.substitute) {  // this run's share
+        s.experts_substituted = src_.substitute->counters().substituted - substituted0_;
+        s.subst_bytes_avoided = src_.substitute->counters().bytes_avoided - subst_bytes0_;
     }
 }
 

@@ -22,6 +22,7 @@ class ResidencyStore;
 class RoutePredictor;
 class WeightBinder;
 class DropColdObserver;
+class SubstituteObserver;
 class RouterHook;
 
 // What the figures are read from; null where the run has no such component (resident runs:
@@ -33,6 +34,7 @@ struct StatsSources {
     bool prefetch_on = false;                    // reading ahead in this run
     const WeightBinder * binder = nullptr;
     const DropColdObserver * drop_cold = nullptr;
+    const SubstituteObserver * substitute = nullptr;  // null while the policy is off
     const RouterHook * hook = nullptr;
     int first_moe_layer = -1;  // whose learned terminal node is reported (-1: none)
 };
@@ -61,6 +63,7 @@ private:
     RunStats * s_;
     uint64_t majflt0_ = 0;
     uint64_t dropped0_ = 0, routed0_ = 0, bytes_avoided0_ = 0, deferred0_ = 0, fallbacks0_ = 0;
+    uint64_t substituted0_ = 0, subst_bytes0_ = 0;
     double weight_total0_ = 0, weight_dropped0_ = 0;
     uint64_t logit_hash_ = 0xcbf29ce484222325ull;  // FNV-1a-64 offset basis
     uint64_t prefill_bytes_ = 0, prefill_reads_ = 0;

@@ -8,7 +8,9 @@
 //                for), until one observer returns true (the node is then delivered);
 //   on_node      every delivered node, routing nodes included, before the hook reads a
 //                routing (so waits and deferred loads of the previous layer come first);
-//   on_routing   a layer's routing, just read at its topk node;
+//   on_select    a layer's routing, just read at its topk node, that the observer may rewrite
+//                (ids and, in the graph, the selected experts) before any later node reads it;
+//   on_routing   that routing, as rewritten;
 //   on_load /    around each hand-over of a routing to the sink (RouteSink::on_routing), made
 //   on_loaded    by the hook after on_routing or by the observer that deferred it;
 //   end_graph    after each llama_decode, once the sink has drained.
@@ -51,6 +53,12 @@ public:
     virtual bool on_ask(ggml_tensor * /*t*/, RouterHook & /*hook*/) { return false; }
     // A delivered node, computed, before any later node runs.
     virtual Status on_node(ggml_tensor * /*t*/, RouterHook & /*hook*/) { return Status::Ok(); }
+    // The routing of one layer, read from its topk node, before on_routing: an observer may
+    // rewrite r.ids (and the graph's selected experts in topk the same way; it then marks
+    // r.substituted) before any later node of the layer computes.
+    virtual Status on_select(Routing & /*r*/, ggml_tensor * /*topk*/, RouterHook & /*hook*/) {
+        return Status::Ok();
+    }
     // The routing of one layer, read from its topk node. Setting *defer takes over its load:
     // the observer then calls hook.load() itself later in the layer.
     virtual Status on_routing(const Routing & /*r*/, ggml_tensor * /*topk*/,

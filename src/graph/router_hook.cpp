@@ -51,6 +51,10 @@ bool RouterHook::on_node(ggml_tensor * t) {
     uint32_t il = 0;
     if (st.ok() && parse_topk_name(t->name, &il)) {
         st = read_routing(t, il, n_expert_, &routing_);
+        for (NodeObserver * o : observers_) {
+            if (!st.ok()) break;
+            st = o->on_select(routing_, t, *this);
+        }
         bool defer = false;
         for (NodeObserver * o : observers_) {
             if (!st.ok()) break;

@@ -25,6 +25,9 @@ struct Routing {
     int k = 0;                 // experts per row
     int n_rows = 0;            // tokens routed (outputs only, on the last layer)
     std::vector<int32_t> ids;  // [n_rows][k], row-major, in the router's rank order
+    // Empty, or [n_rows][k]: 1 where --substitute-experts replaced the routed expert by the
+    // resident one now in ids (NodeObserver::on_select).
+    std::vector<uint8_t> substituted;
 };
 
 // The prefix every routing node's name starts with (the hot-path check of ask mode).

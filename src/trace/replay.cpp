@@ -212,7 +212,8 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             for (uint32_t row = 0; row < r.n_rows; ++row)
                 for (uint32_t j = 0; j < K; ++j) {
                     const uint64_t src = r.first_slot + uint64_t(row) * kk + j;
-                    const uint8_t rec = t_.flags[src];
+                    // A substitute is replayed as the resident expert it was.
+                    const uint8_t rec = uint8_t(t_.flags[src] & ~kSlotSubstituted);
                     const bool d = dropped[size_t(row) * K + j];
                     const uint8_t got =
                         d ? kSlotDropped

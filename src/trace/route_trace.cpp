@@ -400,7 +400,10 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
             if (id >= h.n_expert)
                 return c.err(so, "expert id " + std::to_string(id) + " >= n_expert " +
                                      std::to_string(h.n_expert));
-            if ((fl & ~kSlotKnownFlags) || ((fl & kSlotDropped) && (fl & kSlotResident)))
+            const uint8_t known =
+                h.version >= 4 ? kSlotKnownFlags : uint8_t(kSlotResident | kSlotDropped);
+            if ((fl & ~known) || ((fl & kSlotDropped) && (fl & kSlotResident)) ||
+                ((fl & kSlotSubstituted) && (fl & kSlotDropped)))
                 return c.err(so, "invalid slot flags " + std::to_string(fl));
             out->expert.push_back(int32_t(id));
             out->weight.push_back(w);

@@ -47,6 +47,9 @@ public:
         weight_[size_t(row) * cur_.k + size_t(slot)] = w;
     }
     void done_weights() { have_weights_ = true; }
+    void mark_substituted(int row, int slot) {
+        flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotSubstituted;
+    }
     void mark_dropped(int row, int slot) {
         flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotDropped;
     }

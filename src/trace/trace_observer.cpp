@@ -35,6 +35,8 @@ Status TraceObserver::on_routing(const Routing & r, ggml_tensor * /*topk*/, Rout
     k_ = r.k;
     n_rows_ = r.n_rows;
     routed_ = r.ids;
+    for (size_t s = 0; s < r.substituted.size(); ++s)
+        if (r.substituted[s]) tracer_.mark_substituted(int(s / size_t(k_)), int(s % size_t(k_)));
     return Status::Ok();
 }
 

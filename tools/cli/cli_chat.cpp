@@ -133,6 +133,7 @@ std::string lossy_knobs(const RunOptions & o, bool engine_lossy) {
         if (o.drop_in_prefill) add("--drop-in-prefill");
         if (o.drop_renorm) add("--drop-renorm");
     }
+    if (o.substitute > 0) add("--substitute-experts " + fmt_num(o.substitute));
     return k;
 }
 

@@ -83,6 +83,7 @@ int do_eval(EvalFlags & f) {
     ref_opt.n_expert_used = 0;
     ref_opt.drop_cold = 0;
     ref_opt.drop_in_prefill = ref_opt.drop_renorm = false;
+    ref_opt.substitute = 0;
     ref_opt.route_trace.clear();
 
     // One engine at a time (a model that barely fits must not be loaded twice).
@@ -202,6 +203,8 @@ int do_eval(EvalFlags & f) {
             if (set.value("drop_in_prefill", false)) knobs += " --drop-in-prefill";
             if (set.value("drop_renorm", false)) knobs += " --drop-renorm";
         }
+        if (set.value("substitute_experts", 0.0) > 0)
+            knobs += " --substitute-experts " + fmt_num(set.value("substitute_experts", 0.0));
         std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
                     toks.size(), (unsigned long long)sum.positions, win.c_str(),
                     run->lossy() ? ("LOSSY:" + knobs).c_str() : "lossless settings");

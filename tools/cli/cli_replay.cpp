@@ -34,6 +34,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct ReplayFlags {
     std::string trace;
     std::string budgets, policies = "lru", drops, ks;
+    std::string substitute;  // refused: a trace does not hold the scores it needs
     bool drop_in_prefill = false;
     bool json = false;
     std::string plot;
@@ -276,6 +277,14 @@ int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
     const std::vector<std::string> sweep = {"--budgets", "--policy", "--drop-cold",
                                             "--n-expert-used", "--drop-in-prefill", "--plot"};
+    if (!f.substitute.empty())
+        return usage_error(
+            "replay",
+            "--substitute-experts cannot be estimated from a route trace: a trace records the "
+            "routed experts and their final weights, not the router's scores of the unselected "
+            "experts a substitute is chosen from. Measure it with `moestream eval "
+            "--substitute-experts M` (reads avoided and quality), or record a run with it: "
+            "replay then reproduces the substitutions it made");
     if (f.validate && f.routing_stats)
         return usage_error("replay", "--validate and --routing-stats exclude each other");
     if (f.validate)
@@ -490,6 +499,8 @@ void add_replay_command(CLI::App & app, Action * action) {
                   "apply the drop policy in prefill too (default: as recorded)");
     sub->add_option("--n-expert-used", f->ks,
                     "experts per token K <= the trace's k, comma-separated");
+    sub->add_option("--substitute-experts", f->substitute,
+                    "refused: a trace lacks the router scores substitution needs (use eval)");
     sub->add_flag("--json", f->json, "print the results as one JSON object");
     sub->add_option("--plot", f->plot,
                     "write a PNG: hit rate vs budget; reads avoided vs weight discarded");

@@ -94,6 +94,8 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["drop_deferred"] = s.drop_deferred;
     j["drop_fallbacks"] = s.drop_fallbacks;
     j["drop_terminal"] = s.drop_terminal;
+    j["experts_substituted"] = s.experts_substituted;
+    j["subst_bytes_avoided"] = s.subst_bytes_avoided;
     j["settings"] = nlohmann::json::parse(e.settings_json());
     return j;
 }
@@ -231,6 +233,12 @@ int do_run(RunFlags & f) {
                      f.opt.drop_cold, (unsigned long long)s.experts_dropped,
                      (unsigned long long)s.experts_routed, 100.0 * s.weight_mass_dropped,
                      mib(double(s.drop_bytes_avoided)), s.drop_terminal.empty() ? "?" : s.drop_terminal.c_str());
+    if (f.opt.substitute > 0)
+        std::fprintf(stderr,
+                     "moestream: --substitute-experts %g (LOSSY): %llu routed misses computed with a "
+                     "resident expert instead, %.1f MiB of reads avoided\n",
+                     f.opt.substitute, (unsigned long long)s.experts_substituted,
+                     mib(double(s.subst_bytes_avoided)));
     if (f.opt.n_expert_used > 0 && engine->lossy())
         std::fprintf(stderr, "moestream: --n-expert-used %d: fewer experts per token than the model's "
                              "top-k: output differs from the model's\n", f.opt.n_expert_used);
@@ -371,6 +379,11 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, "also drop during prefill (LOSSY)");
     sub->add_flag("--drop-renorm", opt->drop_renorm,
                   "renormalize the remaining weights after a drop (LOSSY)");
+    sub->add_option("--substitute-experts", opt->substitute,
+                    "LOSSY: compute a routed cache miss (never the top expert) with the best "
+                    "resident unselected expert whose router probability is less than M below "
+                    "it (M in [0, 1]; 0 = off)")
+        ->check(real_range(0.0, 1.0, false));
 }
 
 namespace {
@@ -401,6 +414,7 @@ constexpr std::pair<const char *, const char *> kFieldFlags[] = {
     {"drop_cold", "--drop-cold-experts"},
     {"drop_in_prefill", "--drop-in-prefill"},
     {"drop_renorm", "--drop-renorm"},
+    {"substitute", "--substitute-experts"},
     {"route_trace", "--route-trace"},
 };
 

@@ -70,6 +70,8 @@ void add_serve_command(CLI::App & app, Action * action) {
             if (cfg.drop_cold_explicit && f->lossless) {
                 return usage_error("serve", "--lossless and --drop-cold-experts contradict");
             }
+            if (cfg.run.substitute > 0 && f->lossless)
+                return usage_error("serve", "--lossless and --substitute-experts contradict");
             cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
                                      : f->lossless          ? 0.0
                                                             : kAppDropCold;

@@ -996,6 +996,7 @@ private:
                 {"flash_mib_per_token", f.mib_per_token},
                 {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
                 {"experts_dropped", s.experts_dropped},
+                {"experts_substituted", s.experts_substituted},
                 {"finish", finish_reason_name(g.finish)}};
         json r{{"lossy", g.lossy},
                {"settings", json{{"engine", json::parse(engine_->settings_json(), nullptr, false)},

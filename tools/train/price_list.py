@@ -6,6 +6,8 @@ vs read savings; needs python3-matplotlib).
 
   price_list.py --bin build/bin/moestream -m MODEL -f TEXT -o docs/quality-trained [--max-tokens N]
                 [--window W]   (eval --window: each W tokens scored from an empty context; 0 = one context)
+                [--only TEXT]  (only the settings whose label contains TEXT; the rows of OUT.json
+                                with other labels are kept, so the tables hold every setting)
 """
 import argparse, json, subprocess, sys
 
@@ -22,6 +24,10 @@ for mb in (2, 4, 8):
                      ["--cache-mb", str(mb), "--force-cache", "--drop-cold-experts", str(f)]))
 GRID.append(("k=3 + drop-cold 0.75, cache 4 MiB",
              ["--cache-mb", "4", "--force-cache", "--n-expert-used", "3", "--drop-cold-experts", "0.75"]))
+for mb in (2, 4, 8):
+    for m in (0.05, 0.1, 0.2):
+        GRID.append((f"substitute {m}, cache {mb} MiB",
+                     ["--cache-mb", str(mb), "--force-cache", "--substitute-experts", str(m)]))
 
 
 def main():
@@ -32,9 +38,20 @@ def main():
     ap.add_argument("-o", "--out", required=True)
     ap.add_argument("--max-tokens", type=int, default=2000)
     ap.add_argument("--window", type=int, default=256)
+    ap.add_argument("--only", default="")
     a = ap.parse_args()
     rows = []
+    kept = {}
+    if a.only:
+        try:
+            kept = {r["setting"]: r for r in json.load(open(a.out + ".json"))}
+        except FileNotFoundError:
+            pass
     for label, extra in GRID:
+        if a.only and a.only not in label:
+            if label in kept:
+                rows.append(kept[label])
+            continue
         ctx = a.window if a.window else a.max_tokens
         cmd = [a.bin, "eval", "-m", a.model, "-f", a.file, "-t", "2", "-c", str(max(16, ctx)),
                "--max-tokens", str(a.max_tokens), "--window", str(a.window), "--json"] + extra
@@ -72,7 +89,9 @@ def main():
             for r in rows:
                 knob, cache = r["setting"].rsplit(", ", 1)
                 marker = "*" if "+" in knob else ("s" if knob.startswith("k=") else "o")
-                short = knob.replace("drop-cold ", "F=").replace(" + ", "+")
+                if knob.startswith("substitute"):
+                    marker = "^"
+                short = knob.replace("drop-cold ", "F=").replace("substitute ", "M=").replace(" + ", "+")
                 lab = cache if cache not in seen else None
                 seen.add(cache)
                 ax.scatter(100 * r["read_savings"], r[key]["value"], marker=marker, s=60 if marker == "*" else 36,
@@ -82,7 +101,7 @@ def main():
             ax.set_xlabel("flash reads avoided vs lossless at the same cache budget (%)")
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-        axes[0].legend(title="circle: drop-cold, square: fewer experts, star: both", fontsize=7,
+        axes[0].legend(title="circle: drop-cold, square: fewer experts, star: both, triangle: substitute", fontsize=7,
                        title_fontsize=7)
         fig.suptitle("Trained model: quality vs read savings per lossy setting (moestream eval)")
         fig.tight_layout()
