@@ -7,6 +7,7 @@
 
 #include <cstring>
 #include <mutex>
+#include <unordered_set>
 #include <utility>
 #include <nlohmann/json.hpp>
 
@@ -249,7 +250,12 @@ Status EngineImpl::make_store() {
         return Status::Usage("RunOptions::substitute needs the LRU cache: with the cache off "
                              "no expert is resident to substitute (" + d.reason + ")");
     substitute_ = std::make_unique<SubstituteObserver>(opt_.substitute, knobs_.substitute_unrouted);
-    if (opt_.cache_debug && d.budget_bytes > 0) use_check_ = std::make_unique<ExpertUseCheck>();
+    if (opt_.cache_debug && d.budget_bytes > 0) {
+        std::unordered_set<std::string> streamed;
+        for (const MoeLayer & L : index_.moe_layers)
+            for (const ExpertTensor & t : L.tensors) streamed.insert(t.name);
+        use_check_ = std::make_unique<ExpertUseCheck>(std::move(streamed));
+    }
     binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
     // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
     st = binder_->read_dense(&lanes_);

@@ -772,7 +772,15 @@ private:
                                "final_logit_softcapping", "rope.scaling.attn_factor",
                                "rope.scaling.yarn_log_multiplier", "rope.freq_base_swa"})
             float_key(p + k, Sign::kAny);
-        float_key(p + "attention.layer_norm_rms_epsilon", Sign::kPositive);
+        // The RMS-norm epsilon divides by sqrt(mean(x^2) + eps): > 0, except in architectures
+        // whose llama.cpp graph normalises with attention.layer_norm_epsilon instead (the
+        // RMS key is then unused, and 0 in real files).
+        static const char * const kLayerNormOnly[] = {"dbrx"};
+        const bool rms_unused =
+            std::find_if(std::begin(kLayerNormOnly), std::end(kLayerNormOnly),
+                         [&](const char * a) { return m_.arch == a; }) != std::end(kLayerNormOnly);
+        float_key(p + "attention.layer_norm_rms_epsilon",
+                  rms_unused ? Sign::kNonNegative : Sign::kPositive);
         float_key(p + "attention.layer_norm_epsilon", Sign::kAny);  // 0 where unused
         float_key(p + "rope.freq_base", Sign::kPositive);
         float_key(p + "rope.scaling.factor", Sign::kNonNegative);
@@ -805,17 +813,18 @@ private:
                 const int64_t n_rot = int_key(rk, false, 0, INT32_MAX);
                 // These architectures rotate the whole head (llama.cpp refuses a mismatch
                 // for llama/deci/falcon and its graph assumes it for the MoE ones); the
-                // others may rotate a part of it (glm4moe: half).
+                // others may rotate a part of it (glm4moe: half) or none (0: no rotary
+                // embedding, which llama.cpp accepts).
                 static const char * const kFull[] = {"llama",    "deci",     "falcon",
                                                      "qwen2moe", "qwen3moe", "olmoe"};
                 const bool full = std::find_if(std::begin(kFull), std::end(kFull),
                                                [&](const char * a) { return m_.arch == a; }) !=
                                   std::end(kFull);
-                if (full ? n_rot != head_k : (n_rot < 2 || n_rot > head_k || n_rot % 2 != 0)) {
+                if (full ? n_rot != head_k : (n_rot > head_k || n_rot % 2 != 0)) {
                     fail(kv_offset(rk),
                          "metadata key " + quoted(rk) + " = " + std::to_string(n_rot) +
                              (full ? " must equal the head size " + std::to_string(head_k)
-                                   : " must be even and in [2, head size " +
+                                   : " must be even and in [0, head size " +
                                          std::to_string(head_k) + "]"));
                 }
             }

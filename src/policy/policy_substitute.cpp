@@ -118,7 +118,7 @@ bool ExpertUseCheck::on_ask(ggml_tensor * t, RouterHook & hook) {
     ggml_tensor * ids = t->src[2];
     uint32_t il = 0;
     if (!w || !ids || std::strncmp(w->name, "blk.", 4) != 0 || ids->type != GGML_TYPE_I32 ||
-        ids->data == nullptr || ids->nb[0] != 4)
+        ids->data == nullptr || ids->nb[0] != 4 || streamed_.count(w->name) == 0)
         return false;
     il = uint32_t(std::strtoul(w->name + 4, nullptr, 10));
     for (int64_t row = 0; row < ids->ne[1]; ++row) {
@@ -127,7 +127,8 @@ bool ExpertUseCheck::on_ask(ggml_tensor * t, RouterHook & hook) {
         for (int64_t j = 0; j < ids->ne[0]; ++j) {
             ++checked_;
             if (hook.sink().is_resident(il, p[j])) continue;
-            hook.fail(Status::Runtime("cache-debug: " + std::string(t->name) + " of layer " +
+            hook.fail(Status::Runtime("cache-debug: " + std::string(t->name) + " (" +
+                                      std::string(w->name) + ") of layer " +
                                       std::to_string(il) + " would read expert " +
                                       std::to_string(p[j]) + " (row " + std::to_string(row) +
                                       ", slot " + std::to_string(j) +

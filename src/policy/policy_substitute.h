@@ -29,6 +29,10 @@
 // llama_decode thread only.
 #pragma once
 
+#include <string>
+#include <unordered_set>
+#include <utility>
+
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -82,12 +86,17 @@ private:
 // ids operand must be resident in the streamer's store. A failure is one error naming the
 // matmul, layer and expert; the offending ids are repointed at the row's first (rank 0,
 // staged) expert so that the matmul that may still run before the abort reads loaded memory.
+// Only the matmuls of streamed expert tensors are checked (`streamed`: their names, e.g.
+// "blk.3.ffn_up_exps.weight"); other MUL_MAT_IDs (attention experts) compute from RAM.
 class ExpertUseCheck final : public NodeObserver {
 public:
+    explicit ExpertUseCheck(std::unordered_set<std::string> streamed)
+        : streamed_(std::move(streamed)) {}
     bool on_ask(ggml_tensor * t, RouterHook & hook) override;
     uint64_t checked() const { return checked_; }
 
 private:
+    std::unordered_set<std::string> streamed_;
     uint64_t checked_ = 0;
 };
 
