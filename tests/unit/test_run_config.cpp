@@ -74,4 +74,17 @@ TEST(RunConfig, TheCliPrintsItsFlags) {
         << r.err;
 }
 
+// `serve` opens the engine inside the server library and prints its refusals with the same
+// flags as `run`.
+TEST(RunConfig, TheServerPrintsTheCliFlags) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " serve -m " + sh_quote(model) +
+                          " --port 0 --no-mmap");
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find("--no-mmap applies to --no-stream (streaming maps the file itself)"),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("RunOptions::"), std::string::npos) << r.err;
+}
+
 }  // namespace

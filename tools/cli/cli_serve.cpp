@@ -77,6 +77,7 @@ void add_serve_command(CLI::App & app, Action * action) {
                                                             : kAppDropCold;
             cfg.defaults.temperature = cfg.run.temp;
             cfg.defaults.seed = cfg.run.seed;
+            cfg.option_words = flag_words;
             return server::run_server(cfg);
         };
     });

@@ -1234,7 +1234,7 @@ int run_server(const ServeConfig & cfg_in) {
     std::unique_ptr<Engine> engine;
     Status st = Engine::open(ro, &engine);
     if (!st.ok()) {
-        MS_LOG_ERROR("%s", st.message().c_str());
+        MS_LOG_ERROR("%s", (cfg.option_words ? cfg.option_words(st.message()) : st.message()).c_str());
         return st.exit_code();
     }
     if (!cfg.drop_cold_explicit && cfg.defaults.drop_cold > 0) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 #include "api.h"
@@ -33,6 +34,9 @@ struct ServeConfig {
     size_t body_limit_bytes = 1 << 20;
     int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
     std::string cors_origin;  // --cors ORIGIN: allow that web origin ("" = no CORS headers)
+    // How the caller words an error of Engine::open (the library names RunOptions fields; the
+    // CLI maps them to its flags); unset = the library's words.
+    std::function<std::string(const std::string &)> option_words;
 };
 
 // Opens the engine, binds, prints "moestream serve: listening on http://HOST:PORT/" on stdout
