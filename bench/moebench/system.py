@@ -147,11 +147,19 @@ def versions(repo: str, moestream_bin: str, llama_tool: str) -> dict[str, Any]:
         out["moestream_bin_mtime"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.st_mtime))
     lock = os.path.join(repo, "deps", "debian.lock")
     pk = {}
+    try:  # the lock's lines start with their architecture: take this machine's
+        host_arch = subprocess.run(["dpkg", "--print-architecture"], capture_output=True,
+                                   text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        host_arch = ""
     for line in (read(lock) or "").splitlines():
         if line.startswith("#") or not line.strip():
             continue
         parts = line.split()
-        if len(parts) >= 3 and re.match(r"(lib)?(llama|ggml)", parts[0]):
+        if len(parts) < 4 or parts[0] != host_arch:
+            continue
+        parts = parts[1:]
+        if re.match(r"(lib)?(llama|ggml)", parts[0]):
             pk[parts[0]] = {"version": parts[1], "sha256": parts[2]}
     out["debian_llama_packages"] = pk
     try:

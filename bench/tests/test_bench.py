@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from moebench import config, harness, models, runners, stats  # noqa: E402
+from moebench import config, harness, models, runners, stats, system  # noqa: E402
 
 EXP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments")
 
@@ -293,6 +293,24 @@ class Parsers(unittest.TestCase):
         self.assertAlmostEqual(m["decode_tok_s"], 82.08)
         self.assertAlmostEqual(m["bytes_per_token"], 1.71 * 2**20)
         self.assertEqual(m["flash_reads"], 534)
+
+
+class Versions(unittest.TestCase):
+    def test_lock_packages_are_this_machines_architecture(self):
+        import subprocess
+        host = subprocess.run(["dpkg", "--print-architecture"], capture_output=True,
+                              text=True).stdout.strip()
+        other = "arm64" if host != "arm64" else "amd64"
+        repo = tempfile.mkdtemp()
+        os.makedirs(os.path.join(repo, "deps"))
+        with open(os.path.join(repo, "deps", "debian.lock"), "w") as f:
+            f.write("# comment\n"
+                    f"{host} libllama0 1:0.7.0+dfsg-2 aaaa libllama0.deb\n"
+                    f"{other} libllama0 9.9 bbbb libllama0-other.deb\n"
+                    f"{host} libc6 2.43 cccc libc6.deb\n")
+        v = system.versions(repo, "/nonexistent/moestream", "/bin/false")
+        self.assertEqual(v["debian_llama_packages"],
+                         {"libllama0": {"version": "1:0.7.0+dfsg-2", "sha256": "aaaa"}})
 
 
 class Order(unittest.TestCase):
