@@ -5,7 +5,9 @@
       1. `llama-tool test-llama-archs -s 1 -d 0.5 -o DIR/raw` writes llama.cpp's tiny test
          models (fixed seed, weights' standard deviation 0.5);
       2. moe_rewrite.py turns every MoE one into DIR/models/<arch>.gguf with 8 experts top-2,
-         plus a gate-less (up/down experts) nemotron_h_moe made from its dense file;
+         plus a gate-less (up/down experts) nemotron_h_moe made from its dense file, the
+         qwen3moe one split into shards (llama-gguf-split) and a synth glm4moe with a NextN
+         layer;
       3. per architecture: `moestream inspect` (does the index accept it, and why not), then
          - `run --no-stream` (llama.cpp's own loading, everything resident) is the reference;
          - streaming with the cache off, with a small forced cache (evicting), and with the
@@ -117,7 +119,31 @@ def make_models(out, env, only):
             rc, o, e = sh([env["LLAMA_TOOL"], "llama-quantize", c["model"], dst, qname], env)
             quantized.append({"name": c["name"] + "@" + qname, "model": dst,
                               "rewrite_error": ("llama-quantize: " + last_line(e)) if rc else ""})
-    return cases + quantized
+    return cases + quantized + hand_made(models, cases, env, only)
+
+
+def hand_made(models, cases, env, only):
+    """The layouts test-llama-archs does not write: a split set (the qwen3moe model in shards
+    by llama-gguf-split; -m names the first shard) and a glm4moe file that keeps a NextN layer
+    (moestream synth --nextn-layers 1)."""
+    out = []
+    src = next((c["model"] for c in cases if c["name"] == "qwen3moe" and not c["rewrite_error"]), None)
+    if src and (not only or re.search(only, "qwen3moe-split")):
+        prefix = os.path.join(models, "qwen3moe-split")
+        rc, o, e = sh([env["LLAMA_TOOL"], "llama-gguf-split", "--split", "--split-max-tensors",
+                       "12", src, prefix], env)
+        shards = sorted(f for f in os.listdir(models) if f.startswith("qwen3moe-split-"))
+        err = ("llama-gguf-split: " + last_line(e)) if rc else (
+            "" if len(shards) >= 2 else "llama-gguf-split wrote %d shard(s), not a set" % len(shards))
+        out.append({"name": "qwen3moe-split", "model": prefix + "-00001-of-%05d.gguf" % len(shards),
+                    "rewrite_error": err})
+    if not only or re.search(only, "glm4moe-nextn"):
+        dst = os.path.join(models, "glm4moe-nextn.gguf")
+        rc, o, e = sh([env["MOESTREAM_BIN"], "synth", "--preset", "tiny", "--arch", "glm4moe",
+                       "--type", "f32", "--nextn-layers", "1", "-o", dst], env)
+        out.append({"name": "glm4moe-nextn", "model": dst,
+                    "rewrite_error": ("synth: " + last_line(e)) if rc else ""})
+    return out
 
 
 def moestream_run(env, model, flags, tag, extra_env=None):
@@ -220,22 +246,30 @@ def check_case(c, env):
         res["seconds"] = round(time.monotonic() - t0, 2)
         return res
     # llama-completion, greedy, same backend: its printed pieces are our text. Its log is
-    # written by a worker thread that the process does not always drain at exit, so a run
-    # whose log lacks the final perf line ("graph reallocs") lost its tail and is run again.
+    # written by a worker thread that the process does not always drain at exit (more often
+    # under load), so a run that printed less than our text and whose log lacks the final perf
+    # line ("graph reallocs") lost its tail and is run again. A run with its whole log must
+    # match exactly; if every run lost its tail, the longest must be a non-empty prefix of our
+    # text (any token it did print agrees), noted in the results.
     want = ref["text"].rstrip("\n")
-    got = None
+    longest, whole, rc = None, False, 0
     for _ in range(10):
         rc, o, e = llama_completion(env, model)
         if rc != 0:
             fail("llama-completion: exit %d: %s" % (rc, last_line(e)))
             break
-        if b"graph reallocs" in e:
-            got = o.decode("utf-8", "replace").rstrip("\n")
+        got = o.decode("utf-8", "replace").rstrip("\n")
+        if got == want or b"graph reallocs" in e:
+            longest, whole = got, True
             break
-    if rc == 0 and got is None:
-        fail("llama-completion: no run of 10 printed its whole log")
-    elif got is not None and got != want:
-        fail("llama-completion printed %r, moestream %r" % (got[-80:], want[-80:]))
+        if longest is None or len(got) > len(longest):
+            longest = got
+    if rc == 0 and longest is not None and longest != want:
+        if whole or not longest or not want.startswith(longest):
+            fail("llama-completion printed %r, moestream %r" % (longest[-80:], want[-80:]))
+        else:
+            res["note"] = ("llama-completion's log lost its tail in 10 runs; its longest output "
+                           "(%d of %d characters) agrees" % (len(longest), len(want)))
     # Negative control: corrupting the first MoE layer's routed slices must change the output.
     layer = info["moe_layers"][0]["layer"] if info.get("moe_layers") else 0
     bad = moestream_run(env, model, ["--cache-mb", "0"], "corrupt",
@@ -288,6 +322,8 @@ def cmd_run(argv):
         print("%-22s %-60s %s" % (r["name"], state[:60], "FAIL" if r["failures"] else "ok"))
         for x in r["failures"]:
             print("    " + x)
+        if r.get("note"):
+            print("    note: " + r["note"])
         bad += bool(r["failures"])
     n_stream = sum(r["streams"] for r in results)
     print("arch_matrix: %d architectures, %d stream, %d refused, %d failed; %.1f s"
@@ -321,7 +357,10 @@ def render(results):
          " token ids and logits as `--no-stream` and the same tokens as `llama-completion`,"
          " and corrupting one layer's expert slices changes the output (the negative control)."
          " `nemotron_h_moe-gateless` is made from llama.cpp's dense nemotron_h_moe test model"
-         " (its experts have no gate: up and down only). The reasons in the second table are"
+         " (its experts have no gate: up and down only); `qwen3moe-split` is the qwen3moe"
+         " model split into shards by Debian's `llama-gguf-split` (run from the first shard);"
+         " `glm4moe-nextn` is a `moestream synth` glm4moe file that keeps a NextN layer, which"
+         " llama.cpp does not build. The reasons in the second table are"
          " moestream's messages on those test files, whose metadata is llama.cpp's defaults.",
          "",
          "`moestream inspect -m FILE` says for any file whether it streams (docs/inspect.md).",
