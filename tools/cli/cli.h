@@ -43,6 +43,11 @@ int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);
 
 // The sampling flags of a generation (--top-k --top-p --min-p, the penalties, --ignore-eos,
 // -r), shared by run and chat; *sampling and *stop must outlive the app.
+// An on/off pair of flags for one bool (`--escape` / `--no-escape`): `on` sets it, `off`
+// clears it, and the two exclude each other. `on` may carry a short alias ("-e,--escape").
+void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & off, bool * value,
+                   const std::string & on_help, const std::string & off_help);
+
 void add_sampling_flags(CLI::App * sub, moestream::SamplingParams * sampling,
                         std::vector<std::string> * stop);
 // After parsing: --top-k / --top-p / --min-p under greedy are refused, --seed under greedy

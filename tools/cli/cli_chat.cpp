@@ -372,15 +372,12 @@ void add_chat_command(CLI::App & app, Action * action) {
     sub->add_option("-n,--n-predict", f->n_predict,
                     "tokens per reply at most; -1 = until end-of-generation or the context is full")
         ->check(int_range(-1, 1 << 24));
-    auto * esc = sub->add_flag("-e,--escape", f->escape,
-                               "process escapes in each turn and -r (\\n \\t \\\\ \\xHH ...; the default)");
-    sub->add_flag("--no-escape", [f](int64_t) { f->escape = false; }, "take turns and -r literally")
-        ->excludes(esc);
-    auto * cp = sub->add_flag("--cache-prompt", f->cache_prompt,
-                              "reuse the previous turn's KV cache: prefill only the new tokens (the default)");
-    sub->add_flag("--no-cache-prompt", [f](int64_t) { f->cache_prompt = false; },
-                  "prefill the whole conversation every turn")
-        ->excludes(cp);
+    add_flag_pair(sub, "-e,--escape", "--no-escape", &f->escape,
+                  "process escapes in each turn and -r (\\n \\t \\\\ \\xHH ...; the default)",
+                  "take turns and -r literally");
+    add_flag_pair(sub, "--cache-prompt", "--no-cache-prompt", &f->cache_prompt,
+                  "reuse the previous turn's KV cache: prefill only the new tokens (the default)",
+                  "prefill the whole conversation every turn");
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
     sub->add_flag("-v,--verbose", f->verbose,

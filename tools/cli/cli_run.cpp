@@ -461,6 +461,12 @@ int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
     return 0;
 }
 
+void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & off, bool * value,
+                   const std::string & on_help, const std::string & off_help) {
+    auto * yes = sub->add_flag(on, *value, on_help);
+    sub->add_flag(off, [value](int64_t) { *value = false; }, off_help)->excludes(yes);
+}
+
 void add_sampling_flags(CLI::App * sub, SamplingParams * sampling, std::vector<std::string> * stop) {
     SamplingParams & sp = *sampling;
     sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
@@ -523,15 +529,12 @@ void add_run_command(CLI::App & app, Action * action) {
     sub->add_option("-n,--n-predict", f->n_predict,
                     "tokens to generate; -1 = until the context is full")
         ->check(int_range(-1, 1 << 24));
-    auto * esc = sub->add_flag("-e,--escape", f->escape,
-                               "process escapes in -p (\\n \\t \\\\ \\xHH ...; the default)");
-    sub->add_flag("--no-escape", [f](int64_t) { f->escape = false; }, "take -p literally")
-        ->excludes(esc);
-    auto * dp = sub->add_flag("--display-prompt", f->display_prompt,
-                              "print the prompt before the generated text");
-    sub->add_flag("--no-display-prompt", [f](int64_t) { f->display_prompt = false; },
-                  "print only the generated text (the default)")
-        ->excludes(dp);
+    add_flag_pair(sub, "-e,--escape", "--no-escape", &f->escape,
+                  "process escapes in -p (\\n \\t \\\\ \\xHH ...; the default)",
+                  "take -p literally");
+    add_flag_pair(sub, "--display-prompt", "--no-display-prompt", &f->display_prompt,
+                  "print the prompt before the generated text",
+                  "print only the generated text (the default)");
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
     sub->add_option("--route-trace", f->opt.route_trace,
