@@ -399,7 +399,7 @@ std::string EngineImpl::settings_json() const {
     if (opt_.stream) model_files_json(index_, lm_, binder_.get(), &j);
     j["n_threads"] = opt_.n_threads;
     j["n_ctx"] = opt_.n_ctx;
-    j["n_ctx_reason"] = n_ctx_reason_.empty() ? "-c" : n_ctx_reason_;
+    j["n_ctx_reason"] = n_ctx_reason_.empty() ? "requested" : n_ctx_reason_;
     j["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
     j["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
     j["n_batch"] = opt_.n_batch;

@@ -77,7 +77,7 @@ TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {
     EXPECT_EQ(s["n_ubatch"], 8);
     EXPECT_EQ(s["n_batch"], 16);
     EXPECT_EQ(s["n_ctx"], 64);
-    EXPECT_EQ(s["n_ctx_reason"], "-c");
+    EXPECT_EQ(s["n_ctx_reason"], "requested");
     EXPECT_EQ(s["seed"], 5);
     // Control: -ub above -b is capped at -b, not taken as given.
     json c = run_stats("-p Hi -n 1 -b 16 -ub 64");

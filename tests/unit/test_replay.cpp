@@ -46,13 +46,6 @@ std::string tmp_path(const std::string & name) {
     return models_dir() + "/rp-" + std::to_string(getpid()) + "-" + name;
 }
 
-std::string slurp(const std::string & p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 // --- The simulator against the engine's cache ------------------------------------------
 
 ModelIndex make_index(const std::vector<std::vector<uint64_t>> & layers, uint32_t n_expert) {

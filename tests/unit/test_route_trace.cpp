@@ -30,13 +30,6 @@ namespace {
 
 const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 
-std::string slurp(const std::string & p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 void spit(const std::string & p, const std::string & data) {
     std::ofstream f(p, std::ios::binary | std::ios::trunc);
     f.write(data.data(), std::streamsize(data.size()));

@@ -46,13 +46,6 @@ struct RunOut {
     std::string logits;
 };
 
-std::string slurp(const std::string & p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 
 RunOut run(const std::string & model, const std::string & flags, const std::string & env = "",

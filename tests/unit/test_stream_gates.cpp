@@ -37,13 +37,6 @@ struct RunOut {
     std::string csv;
 };
 
-std::string slurp(const std::string & p) {
-    std::ifstream f(p, std::ios::binary);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
-
 const char * kPrompts[] = {
     "Once upon a time",
     "A",

@@ -45,11 +45,6 @@ CmdResult synth(const std::string & args) {
     return run_cmd(sh_quote(cli_bin()) + " synth " + args);
 }
 
-std::string slurp(const std::string & path) {
-    std::ifstream f(path, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 struct GgufCloser {
     void operator()(gguf_context * g) const { gguf_free(g); }
 };

@@ -61,7 +61,7 @@ std::string sh_quote(const std::string & s) {
     return r + "'";
 }
 
-static std::string slurp(const std::string & path) {
+std::string slurp(const std::string & path) {
     std::ifstream f(path, std::ios::binary);
     std::stringstream ss;
     ss << f.rdbuf();
