@@ -291,7 +291,9 @@ int do_chat(ChatFlags & f) {
         req.clamp_to_context = true;
         req.sampling = f.sampling;
         req.sampling.temp = f.opt.temp;
-        req.sampling.seed = f.opt.seed;
+        // One draw per reply, not the same draw again: reply i is seeded with seed + i, so a
+        // session replays exactly with the same --seed and inputs.
+        req.sampling.seed = f.opt.seed + uint32_t(t.replies);
         req.stop = f.stop;
         req.reuse_prefix = f.cache_prompt;
         st = engine->apply_chat_template(messages, true, &req.prompt);
