@@ -102,6 +102,32 @@ struct TokenStats {
     uint64_t layer_demand_bytes = 0;  // the widest layer's routed expert bytes
     uint64_t prefetch_bytes = 0;      // of flash_bytes_read: read ahead of a routing (prefetch)
     double stage_s = 0;  // in the residency store: commits, evictions, page mapping (not io_s)
+    // The token's time breakdown (docs/metrics.md, "Time breakdown"): step_s = sampling_s +
+    // compute_s + io_s + stage_s + hook_s + other_s, disjoint; decode_s is the part of step_s
+    // from the decode's start to its end.
+    double compute_s = 0;   // ggml running the graph, outside the router hook's callbacks
+    double hook_s = 0;      // in the router hook, neither waiting for reads nor in the store
+    double sampling_s = 0;  // sampling the token from the previous logits (logprobs included)
+    double other_s = 0;     // the remainder: graph set-up outside llama_decode, emitting, checks
+    double step_s = 0;      // the token's whole step: sampling, emitting, the decode
+};
+
+// Where steps' wall time went, summed over steps (docs/metrics.md, "Time breakdown"): the
+// buckets are disjoint and add up to step_s. Prefill steps have no sampling.
+struct TimeBreakdown {
+    uint64_t steps = 0;  // llama_decode calls
+    double step_s = 0;
+    double compute_s = 0, io_s = 0, stage_s = 0, hook_s = 0, sampling_s = 0, other_s = 0;
+    void add(const TokenStats & t) {  // one more step, from a token's figures
+        steps += 1;
+        step_s += t.step_s;
+        compute_s += t.compute_s;
+        io_s += t.io_s;
+        stage_s += t.stage_s;
+        hook_s += t.hook_s;
+        sampling_s += t.sampling_s;
+        other_s += t.other_s;
+    }
 };
 
 struct RunStats {
@@ -118,8 +144,10 @@ struct RunStats {
     double majflt_per_token = 0;    // major page faults during decode / generated tokens
     uint64_t flash_bytes_read = 0;  // all reads (prefill + decode)
     uint64_t flash_reads = 0;
-    double io_s = 0;
+    double io_s = 0;                   // time blocked on expert reads (prefill + decode)
     double bytes_per_token = 0;        // decode bytes read / generated tokens
+    TimeBreakdown prefill_time;        // the prompt's llama_decodes
+    TimeBreakdown decode_time;         // the decode steps (RunStats::tokens summed)
     uint64_t token_demand_bytes = 0;   // mean over decoded tokens
     uint64_t layer_demand_bytes = 0;   // max over decoded tokens
     uint64_t expert_buffer_bytes = 0;  // shared slots: their size; cache: address space reserved

@@ -28,12 +28,21 @@ Status check_logits_finite(const float * logits, int n_vocab, size_t step) {
 }  // namespace
 
 Status EngineImpl::decode(llama_batch batch, bool decode_phase) {
+    const double t0 = now_s();
     if (streamer_) streamer_->begin_step();
     if (hook_)
         hook_->begin_graph(GraphInfo{decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens)});
     trace_pos_ += batch.n_tokens;
+    const double cb0 = hook_slot_.callback_s();
+    const double t1 = now_s();
     int rc = llama_decode(ctx_.get(), batch);
+    const double t2 = now_s();
     if (hook_) hook_->end_graph();  // no read may stay in flight past the graph
+    const double t3 = now_s();
+    timing_.llama_s = t2 - t1;
+    timing_.callback_s = hook_slot_.callback_s() - cb0;
+    timing_.edges_s = hook_ ? (t1 - t0) + (t3 - t2) : 0;  // (no hook: a few ns of other)
+    timing_.wall_s = t3 - t0;
     if (hook_ && hook_->failed()) {
         Status e = hook_->error();
         hook_->clear_error();
@@ -167,6 +176,7 @@ Status EngineImpl::generate(const GenerateRequest & req,
 
     // Decode: sample from the last logits, emit, feed back one token at a time.
     for (int i = 0; i < n_predict; ++i) {
+        const double t_step = now_s();  // the step: sampling, emitting, the decode
         const float * logits = llama_get_logits_ith(ctx_.get(), -1);
         if (Status fin = check_logits_finite(logits, n_vocab, size_t(i)); !fin.ok()) return fin;
         stats.hash_logits(logits, n_vocab);
@@ -183,6 +193,7 @@ Status EngineImpl::generate(const GenerateRequest & req,
         result->tokens.push_back(tok);
         if (req.logprobs >= 0)
             result->logprobs.push_back(token_logprobs(vcb, logits, n_vocab, tok, req.logprobs));
+        const double sampling_s = now_s() - t_step;
         s.n_generated++;
         char buf[256];
         int pn = llama_token_to_piece(vcb, tok, buf, sizeof buf, 0, false);
@@ -207,7 +218,8 @@ Status EngineImpl::generate(const GenerateRequest & req,
 
         double ts = now_s();
         Status st = decode(llama_batch_get_one(&tok, 1), true);
-        TokenStats t = stats.step(tok, now_s() - ts);
+        const double te = now_s();
+        TokenStats t = stats.step(tok, te - ts, sampling_s, te - t_step);
         if (!st.ok()) {
             kv_tokens_.clear();
             return st;
@@ -256,7 +268,7 @@ Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,
         const double ts = now_s();
         Status st = decode(llama_batch_get_one(&tok, 1), true);
         if (!st.ok()) return st;
-        stats.decode_step(stats.step(tokens[i + 1], now_s() - ts));
+        const double td = now_s();
         stats_.n_generated++;
         const float * logits = llama_get_logits_ith(ctx_.get(), -1);
         st = check_logits_finite(logits, nv, i);
@@ -264,6 +276,9 @@ Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,
         stats.hash_logits(logits, nv);
         st = on_logits(i, logits);
         if (!st.ok()) return st;
+        // The step: the decode, then the logits' work (score's sampling_s).
+        const double te = now_s();
+        stats.decode_step(stats.step(tokens[i + 1], td - ts, te - td, te - ts));
     }
     stats.finish();
     if (tracer_) tracer_->finish();  // one trace per engine, as for generate()

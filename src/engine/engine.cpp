@@ -387,6 +387,7 @@ StatsSources EngineImpl::stats_sources() const {
     src.substitute = hook_ && opt_.substitute > 0 ? substitute_.get() : nullptr;
     src.hook = hook_.get();
     src.first_moe_layer = index_.moe_layers.empty() ? -1 : int(index_.moe_layers[0].layer);
+    src.timing = &timing_;
     return src;
 }
 

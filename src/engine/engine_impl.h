@@ -32,6 +32,7 @@
 #include "router_hook.h"
 #include "run_stats.h"
 #include "sampler.h"
+#include "step_timing.h"
 #include "streamer.h"
 #include "trace_observer.h"
 #include "uring_tail.h"
@@ -129,6 +130,7 @@ private:
     HookSlot hook_slot_;  // the context's callbacks: outlives ctx_ (declared after, freed first)
     std::unique_ptr<RouterHook> hook_;  // built complete once its observers exist (make_store)
     int64_t trace_pos_ = 0;               // position of the next token fed to llama_decode
+    StepTiming timing_;                   // the last decode()'s boundaries (time breakdown)
     std::vector<llama_token> kv_tokens_;  // tokens whose KV the context holds (prefix reuse)
     ChatTemplate chat_;                   // apply_chat_template
     std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen

@@ -10,6 +10,7 @@
 #include "prefetch.h"
 #include "residency.h"
 #include "router_hook.h"
+#include "step_timing.h"
 #include "streamer.h"
 #include "weight_binder.h"
 
@@ -32,6 +33,24 @@ std::string hex64(uint64_t v) {
 }
 
 double per(double total, uint64_t n) { return n ? total / double(n) : 0; }
+
+// Cuts a step at its measured boundaries (docs/metrics.md, "Time breakdown"): ggml computes
+// in llama_decode outside the callbacks; the hook's time (callbacks and the edges of the
+// graph) less the reads and store calls it contains; the remainder is other.
+TokenStats split_step(const StepTiming * t, double step_s, double sampling_s, double io_s,
+                      double stage_s) {
+    TokenStats b;
+    b.step_s = step_s;
+    b.sampling_s = sampling_s;
+    b.io_s = io_s;
+    b.stage_s = stage_s;
+    if (t) {
+        b.compute_s = t->llama_s - t->callback_s;
+        b.hook_s = t->callback_s + t->edges_s - io_s - stage_s;
+    }
+    b.other_s = step_s - sampling_s - b.compute_s - io_s - stage_s - b.hook_s;
+    return b;
+}
 
 }  // namespace
 
@@ -61,8 +80,11 @@ RunStatsAssembly::RunStatsAssembly(const StatsSources & src, RunStats * s) : src
 }
 
 void RunStatsAssembly::prefill_step() {
+    const StepCounters none;
+    const StepCounters & c = src_.streamer ? src_.streamer->step() : none;
+    if (src_.timing)
+        prefill_time_.add(split_step(src_.timing, src_.timing->wall_s, 0, c.io_s, c.stage_s));
     if (!src_.streamer) return;
-    const StepCounters & c = src_.streamer->step();
     prefill_bytes_ += c.bytes_read;
     prefill_reads_ += c.reads;
     prefill_io_ += c.io_s;
@@ -70,8 +92,12 @@ void RunStatsAssembly::prefill_step() {
 
 void RunStatsAssembly::decode_begins() { majflt0_ = major_faults(); }
 
-TokenStats RunStatsAssembly::step(int32_t token, double decode_s) const {
-    TokenStats t;
+TokenStats RunStatsAssembly::step(int32_t token, double decode_s, double sampling_s,
+                                  double step_s) const {
+    const StepCounters none;
+    const StepCounters & c0 = src_.streamer ? src_.streamer->step() : none;
+    TokenStats t = split_step(src_.timing, step_s > 0 ? step_s : decode_s + sampling_s,
+                              sampling_s, c0.io_s, c0.stage_s);
     t.token = token;
     t.decode_s = decode_s;
     if (src_.streamer) {
@@ -96,6 +122,7 @@ void RunStatsAssembly::decode_step(const TokenStats & t) {
     dec_io_ += t.io_s;
     demand_sum_ += t.token_demand_bytes;
     layer_demand_max_ = std::max(layer_demand_max_, t.layer_demand_bytes);
+    decode_time_.add(t);
     s_->tokens.push_back(t);
 }
 
@@ -112,6 +139,8 @@ void RunStatsAssembly::finish() {
     s.flash_bytes_read = prefill_bytes_ + dec_bytes_;
     s.flash_reads = prefill_reads_ + dec_reads_;
     s.io_s = prefill_io_ + dec_io_;
+    s.prefill_time = prefill_time_;
+    s.decode_time = decode_time_;
     s.bytes_per_token = per(double(dec_bytes_), steps);
     s.token_demand_bytes = steps ? demand_sum_ / steps : 0;
     s.layer_demand_bytes = layer_demand_max_;

@@ -24,6 +24,7 @@ class WeightBinder;
 class DropColdObserver;
 class SubstituteObserver;
 class RouterHook;
+struct StepTiming;
 
 // What the figures are read from; null where the run has no such component (resident runs:
 // all null; drop_cold null while the policy is off).
@@ -37,6 +38,7 @@ struct StatsSources {
     const SubstituteObserver * substitute = nullptr;  // null while the policy is off
     const RouterHook * hook = nullptr;
     int first_moe_layer = -1;  // whose learned terminal node is reported (-1: none)
+    const StepTiming * timing = nullptr;  // the last llama_decode's boundaries (time breakdown)
 };
 
 class RunStatsAssembly {
@@ -49,8 +51,11 @@ public:
     void prefill_step();
     // The prefill is over: RunStats::majflt_per_token counts the page faults from here.
     void decode_begins();
-    // The figures of the decode step that just ran, for `token` (not yet recorded).
-    TokenStats step(int32_t token, double decode_s) const;
+    // The figures of the decode step that just ran, for `token` (not yet recorded): decode_s is
+    // the decode's wall time, sampling_s the sampling that chose the token, step_s the whole
+    // step from the sampling's start to the decode's end (0: decode_s + sampling_s).
+    TokenStats step(int32_t token, double decode_s, double sampling_s = 0,
+                    double step_s = 0) const;
     // Records a decode step (RunStats::tokens and the run's totals).
     void decode_step(const TokenStats & t);
     // Folds one logits row into RunStats::logits_sha.
@@ -69,6 +74,7 @@ private:
     uint64_t prefill_bytes_ = 0, prefill_reads_ = 0;
     double prefill_io_ = 0;
     double decode_s_ = 0, dec_io_ = 0;
+    TimeBreakdown prefill_time_, decode_time_;
     uint64_t dec_bytes_ = 0, dec_reads_ = 0, demand_sum_ = 0, layer_demand_max_ = 0;
 };
 

@@ -1,6 +1,7 @@
 // router_hook.cpp — RouterHook and HookSlot (see router_hook.h).
 #include "router_hook.h"
 
+#include <chrono>
 #include <cstring>
 
 #include "ggml.h"
@@ -72,7 +73,13 @@ bool RouterHook::on_node(ggml_tensor * t) {
 
 bool HookSlot::eval_callback(ggml_tensor * t, bool ask, void * user_data) {
     auto * slot = static_cast<HookSlot *>(user_data);
-    if (slot->hook_ != nullptr) return ask ? slot->hook_->on_ask(t) : slot->hook_->on_node(t);
+    if (slot->hook_ != nullptr) {
+        const auto t0 = std::chrono::steady_clock::now();
+        const bool r = ask ? slot->hook_->on_ask(t) : slot->hook_->on_node(t);
+        slot->callback_s_ +=
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return r;
+    }
     uint32_t il = 0;
     if (!parse_topk_name(t->name, &il)) return false;
     if (!ask) slot->orphan_ = true;

@@ -109,9 +109,13 @@ public:
     void set(RouterHook * hook) { hook_ = hook; }  // not owned
     static bool eval_callback(ggml_tensor * t, bool ask, void * slot);
     static bool abort_callback(void * slot);
+    // Wall time spent inside the router hook's eval callbacks so far (steady clock; the
+    // engine's time breakdown: llama_decode minus this is ggml computing).
+    double callback_s() const { return callback_s_; }
 
 private:
     RouterHook * hook_ = nullptr;
+    double callback_s_ = 0;
     bool orphan_ = false;  // a routing node computed while the slot was empty
 };
 

@@ -16,7 +16,7 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
     auto bad = [&](const std::string & why) {
         return Status::Usage("MOESTREAM_DEBUG_IO_FAULT='" + all + "': " + why +
                              " (expected KIND[,lane=L][,p=P][,seed=S], KIND = short, eintr, "
-                             "eio, eio-once:N or eio-after:N; see io_faults.h)");
+                             "eio, eio-once:N, eio-after:N or delay:US; see io_faults.h)");
     };
     // A whole decimal number in [lo, hi], or false.
     auto number = [](const std::string & t, long lo, long hi, long * out) {
@@ -48,6 +48,10 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
         if (!number(kind.substr(once ? 9 : 10), 1, 1L << 40, &p->n))
             return bad("N must be a whole number >= 1");
         p->kind = once ? IoFaultPlan::Kind::kEioOnce : IoFaultPlan::Kind::kEioAfter;
+    } else if (kind.rfind("delay:", 0) == 0) {
+        if (!number(kind.substr(6), 1, 1000000, &p->n))
+            return bad("US must be a whole number of microseconds in 1..1000000");
+        p->kind = IoFaultPlan::Kind::kDelay;
     } else {
         return bad("unknown kind '" + kind + "'");
     }
@@ -78,7 +82,7 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
     }
     if (p->kind == IoFaultPlan::Kind::kEio && !have_p) return bad("eio needs p=");
     if (have_p && (p->kind == IoFaultPlan::Kind::kEioOnce || p->kind == IoFaultPlan::Kind::kEioAfter))
-        return bad("p= applies to short, eintr and eio");
+        return bad("p= applies to short, eintr, eio and delay");
     if (have_seed && !have_p) return bad("seed= needs p=");
     if (p->kind == IoFaultPlan::Kind::kEintr && p->p >= 1)
         return bad("eintr needs p < 1 (every retry would be interrupted again)");
@@ -136,6 +140,7 @@ long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off,
     } else {
         switch (p->kind) {
             case IoFaultPlan::Kind::kShort:
+            case IoFaultPlan::Kind::kDelay:
                 hit = true;
                 break;
             case IoFaultPlan::Kind::kEintr:
@@ -164,6 +169,9 @@ long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off,
         case IoFaultPlan::Kind::kEioAfter:
             errno = EIO;
             return -1;
+        case IoFaultPlan::Kind::kDelay:
+            ::usleep(useconds_t(p->n));
+            break;
         case IoFaultPlan::Kind::kNone:
             break;
     }

@@ -8,6 +8,8 @@
 //   eio            a read fails with EIO (needs p=)
 //   eio-once:N     the N-th read fails with EIO, later reads succeed
 //   eio-after:N    every read from the N-th on fails with EIO
+//   delay:US       every read sleeps US microseconds (1..1000000) first, then succeeds: slow
+//                  reads for the time breakdown's tests (docs/metrics.md)
 // lane=L   only reads on lane L (0 = the calling thread; L < --io-threads), and N counts that
 //          lane's reads only.
 // p=P      random: each read the fault applies to is hit with probability P (0 < P <= 1),
@@ -32,8 +34,8 @@ namespace moestream {
 constexpr int kIoFaultMaxLanes = 64;  // --io-threads' upper bound
 
 struct IoFaultPlan {
-    enum class Kind { kNone, kShort, kEintr, kEio, kEioOnce, kEioAfter } kind = Kind::kNone;
-    long n = 0;
+    enum class Kind { kNone, kShort, kEintr, kEio, kEioOnce, kEioAfter, kDelay } kind = Kind::kNone;
+    long n = 0;  // eio-once / eio-after: the read call; delay: microseconds
     int lane = -1;         // -1 = every lane
     double p = 0;          // 0 = not random
     uint64_t seed = 1;

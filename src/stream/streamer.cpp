@@ -1,12 +1,12 @@
 #include "streamer.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 
 #include "moestream/log.h"
+#include "moestream/sysinfo.h"
 #include "route_tracer.h"
 #include "uring_tail.h"
 
@@ -33,8 +33,17 @@ void Streamer::corrupt_for_test(int slot) {
 }
 
 void Streamer::flush_abandon() {
-    if (abandon_slot_ >= 0) store_->abandon_stage(size_t(abandon_slot_));
+    if (abandon_slot_ < 0) return;
+    const double t0 = now_s();
+    store_->abandon_stage(size_t(abandon_slot_));
+    add_stage_s(now_s() - t0);
     abandon_slot_ = -1;
+}
+
+void Streamer::end_prefetch(bool ok) {
+    const double t0 = now_s();
+    store_->end_prefetch(ok);
+    add_stage_s(now_s() - t0);
 }
 
 bool Streamer::is_resident(uint32_t il, int32_t e) const {
@@ -65,7 +74,7 @@ void Streamer::finish_tail() {
         c->prefetch_bytes += io.bytes_read;
         c->prefetch_wait_s += io.seconds;
     }
-    store_->end_prefetch(st.ok());
+    end_prefetch(st.ok());
     if (!st.ok())
         MS_LOG_WARN("a prefetch read failed (%s); those experts are read again when routed",
                     st.message().c_str());
@@ -109,7 +118,7 @@ Status Streamer::on_routing(const Routing & r) {
     }
     reads_.clear();
     pending_ss_ = StageStats{};
-    const auto t_stage0 = std::chrono::steady_clock::now();
+    const double t_stage0 = now_s();
     st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
     if (!st.ok()) return st;
     // Gate/up reads first: the early prefix the first matmuls need.
@@ -124,10 +133,7 @@ Status Streamer::on_routing(const Routing & r) {
         const int next = moe_slot(uint32_t(hint_layer));
         if (next >= 0 && next != slot) store_->prefetch(size_t(next), hint_, &reads_);
     }
-    const double stage_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t_stage0).count();
-    step_.stage_s += stage_s;
-    total_.stage_s += stage_s;
+    add_stage_s(now_s() - t_stage0);
     if (uring_ && reads_.size() > n_own) {  // the ring reads the tail, after the own reads
         pf_reads_.assign(reads_.begin() + std::ptrdiff_t(n_own), reads_.end());
         reads_.resize(n_own);
@@ -163,12 +169,12 @@ Status Streamer::finish_pending() {
     pending_err_ = Status::Ok();
     if (!st.ok() && tail_) {  // the batch has stopped, tail included: drop what it prefetched
         tail_ = false;
-        store_->end_prefetch(false);
+        end_prefetch(false);
     }
     if (!pf_reads_.empty() && !tail_ && !uring_tail_) {  // a tail for the ring, not started
         if (!st.ok()) {
             pf_reads_.clear();
-            store_->end_prefetch(false);
+            end_prefetch(false);
         } else if (uring_->submit(pf_reads_, 0)) {
             uring_tail_ = true;
         } else {

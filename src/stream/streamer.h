@@ -57,8 +57,9 @@ struct StepCounters {
     uint64_t routings = 0;        // layers routed
     uint64_t prefetch_bytes = 0;  // bytes the speculative tails transferred
     double prefetch_wait_s = 0;   // time blocked finishing a tail (part of io_s)
-    double stage_s = 0;           // time in the store's stage() and prefetch() (commits,
-                                  // evictions, page mapping; not part of io_s)
+    double stage_s = 0;           // time in the store's stage(), prefetch(), end_prefetch()
+                                  // and abandon_stage() (commits, evictions, page mapping;
+                                  // not part of io_s)
 };
 
 // Test-only behaviour, off by default; the engine fills it from its environment knobs
@@ -90,8 +91,8 @@ public:
     // Step accounting: begin_step() zeroes the current step's counters (and completes the
     // abandon of a failed stage: no graph is running between steps).
     void begin_step() {
-        flush_abandon();
         step_ = StepCounters{};
+        flush_abandon();  // (its store time counts for this step)
     }
     const StepCounters & step() const { return step_; }
     const StepCounters & total() const { return total_; }
@@ -107,6 +108,11 @@ public:
 private:
     void corrupt_for_test(int slot);
     void flush_abandon();
+    void end_prefetch(bool ok);  // store_->end_prefetch, timed as stage_s
+    void add_stage_s(double s) {
+        step_.stage_s += s;
+        total_.stage_s += s;
+    }
     void finish_tail();  // waits for the speculative tail, then the store keeps or drops it
 
     const ModelIndex & index_;

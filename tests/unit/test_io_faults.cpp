@@ -284,6 +284,7 @@ TEST(IoFaults, BadFaultSpecIsAUsageError) {
     const char * bad[] = {"eio-once:zero", "eio",          "short,p=0",   "short,p=1.5",
                           "eintr,p=1",     "short,lane=x", "short,seed=2", "eio-after:3,p=0.5",
                           "short,lane=1,lane=1", "short,bogus=1", "eio,p=0.1,seed=-1",
+                          "delay:0",       "delay:x",      "delay:2000000",
                           "short,lane=2"};  // 2 lanes open: lanes 0 and 1
     for (const char * spec : bad) {
         SCOPED_TRACE(spec);

@@ -197,7 +197,7 @@ TEST(Server, HealthModelsStats) {
     json sj = body_json(st);
     for (const char * k :
          {"tok_s", "cache_hit_pct", "mib_per_token", "resident_expert_mib", "rss_mib",
-          "queue_waiting", "settings", "defaults", "lossy", "generating"})
+          "queue_waiting", "settings", "defaults", "lossy", "generating", "time_per_token"})
         EXPECT_TRUE(sj.contains(k)) << k;
     EXPECT_EQ(sj["lossy"], false);
     EXPECT_EQ(sj["defaults"]["drop_cold_experts"], 0.0);
@@ -238,6 +238,17 @@ TEST(Server, CompletionEqualsRun) {
     EXPECT_EQ(j["usage"]["completion_tokens"], 12);
     EXPECT_EQ(j["moestream"]["lossy"], false);
     EXPECT_EQ(j["moestream"]["settings"]["request"]["temperature"], 0.0);
+    // /stats: the request's time per decoded token, its buckets adding up (docs/metrics.md).
+    auto st = s.client().Get("/stats");
+    ASSERT_TRUE(st);
+    const json tp = body_json(st)["time_per_token"];
+    double sum = 0;
+    for (const char * k : {"compute_s", "io_s", "stage_s", "hook_s", "sampling_s", "other_s"}) {
+        EXPECT_GE(tp[k].get<double>(), 0) << k;
+        sum += tp[k].get<double>();
+    }
+    EXPECT_GT(tp["compute_s"].get<double>(), 0);
+    EXPECT_NEAR(sum, tp["step_s"].get<double>(), 1e-9 + 1e-9 * sum);
 
     RunOut other = moestream_run("A different prompt entirely", 12);
     EXPECT_NE(j["moestream"]["tokens"].get<std::vector<int>>(), other.tokens)

@@ -15,6 +15,7 @@
 #include "moestream/log.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
+#include "time_json.h"
 
 namespace moestream::cli {
 namespace {
@@ -57,6 +58,9 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["flash_bytes_read"] = s.flash_bytes_read;
     j["flash_reads"] = s.flash_reads;
     j["io_s"] = s.io_s;
+    j["time_breakdown"] = {{"decode", server::time_breakdown_json(s.decode_time, false)},
+                           {"decode_per_token", server::time_breakdown_json(s.decode_time, true)},
+                           {"prefill", server::time_breakdown_json(s.prefill_time, false)}};
     j["bytes_per_token"] = s.bytes_per_token;
     j["token_demand_bytes"] = s.token_demand_bytes;
     j["layer_demand_bytes"] = s.layer_demand_bytes;
@@ -222,6 +226,8 @@ int do_run(RunFlags & f) {
                      set.value("cache_move_used", false) ? "on" : "off", pio.c_str(),
                      why.empty() ? "" : " (io_uring unavailable: ", why.empty() ? "" : (why + ")").c_str());
     }
+    if (const std::string tl = server::time_breakdown_line(s.decode_time); !tl.empty())
+        std::fprintf(stderr, "moestream: %s\n", tl.c_str());
     std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | %s\n",
                  mib(double(s.peak_rss_bytes)), s.majflt_per_token,
                  engine->lossy() ? "LOSSY output (opt-in knobs changed it; see settings)"
@@ -250,13 +256,15 @@ int do_run(RunFlags & f) {
     if (!f.stats_csv.empty()) {
         std::ostringstream o;
         o << "step,token,decode_s,io_s,flash_bytes_read,flash_reads,token_demand_bytes,"
-             "layer_demand_bytes,cache_hits,cache_misses,prefetch_bytes,stage_s\n";
+             "layer_demand_bytes,cache_hits,cache_misses,prefetch_bytes,stage_s,"
+             "compute_s,hook_s,sampling_s,other_s,step_s\n";
         for (size_t i = 0; i < s.tokens.size(); ++i) {
             const TokenStats & t = s.tokens[i];
             o << i << ',' << t.token << ',' << t.decode_s << ',' << t.io_s << ','
               << t.flash_bytes_read << ',' << t.flash_reads << ',' << t.token_demand_bytes << ','
               << t.layer_demand_bytes << ',' << t.cache_hits << ',' << t.cache_misses << ','
-              << t.prefetch_bytes << ',' << t.stage_s << '\n';
+              << t.prefetch_bytes << ',' << t.stage_s << ',' << t.compute_s << ','
+              << t.hook_s << ',' << t.sampling_s << ',' << t.other_s << ',' << t.step_s << '\n';
         }
         st = write_output_file("--stats-csv", f.stats_csv, o.str());
         if (!st.ok()) return fail(st);

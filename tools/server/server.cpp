@@ -28,6 +28,7 @@
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
 #include "logprobs_json.h"
+#include "time_json.h"
 #include "web_assets.h"
 
 namespace moestream::server {
@@ -139,6 +140,7 @@ struct Snapshot {
     uint64_t job_id = 0;
     int n_generated = 0;
     double tok_s = 0, cache_hit_pct = 0, mib_per_token = 0;
+    TimeBreakdown decode_time;  // the running (or last) request's decode steps
     uint64_t served = 0, cancelled = 0, errors = 0, rejected_busy = 0;
     double resident_expert_mib = 0, cache_budget_mib = 0, cache_hit_pct_total = 0;
     double avg_request_s = 0;
@@ -815,6 +817,7 @@ private:
             snap_.job_id = job.id;
             snap_.n_generated = 0;
             snap_.tok_s = snap_.cache_hit_pct = snap_.mib_per_token = 0;
+            snap_.decode_time = TimeBreakdown{};
         }
         Utf8Stream utf8;
         std::unique_ptr<ReplyParser> parser;
@@ -906,6 +909,7 @@ private:
         snap_.tok_s = f.tok_s;
         snap_.cache_hit_pct = f.cache_hit_pct;
         snap_.mib_per_token = f.mib_per_token;
+        snap_.decode_time = sum_token_times(s.tokens);
     }
 
     // After a job (and at start): settings, cache figures, the mean request time.
@@ -1172,6 +1176,7 @@ private:
                     {"tok_s", s.tok_s},
                     {"cache_hit_pct", s.cache_hit_pct},
                     {"mib_per_token", s.mib_per_token},
+                    {"time_per_token", time_breakdown_json(s.decode_time, true)},
                     {"cache_hit_pct_total", s.cache_hit_pct_total},
                     {"resident_expert_mib", s.resident_expert_mib},
                     {"cache_budget_mib", s.cache_budget_mib},
