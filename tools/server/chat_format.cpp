@@ -4,8 +4,10 @@
 
 #include <cctype>
 #include <cstdio>
+#include <ctime>
 
 #include "chat_format_families.h"
+#include "json_schema_grammar.h"
 
 namespace moestream::server {
 
@@ -13,6 +15,14 @@ std::string trim_blank(const std::string & s) {
     const char * ws = " \t\n\r\v\f";
     const size_t a = s.find_first_not_of(ws);
     return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
+}
+
+std::string local_date(const char * fmt) {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[64];
+    return std::strftime(buf, sizeof buf, fmt, &tm) ? buf : "";
 }
 
 std::string template_json(const ojson & j) {
@@ -42,6 +52,8 @@ ChatFormat detect_chat_format(const std::string & src) {
         f = llama3::format(src);
     else if (mistral::matches(src))
         f = mistral::format(src);
+    else if (harmony::matches(src))
+        f = harmony::format(src);
     return f;
 }
 
@@ -54,6 +66,8 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
             return llama3::render(f, in, out, err);
         case ChatFamily::kMistral:
             return mistral::render(f, in, out, err);
+        case ChatFamily::kHarmony:
+            return harmony::render(f, in, out, err);
         case ChatFamily::kNone:
             break;
     }
@@ -77,8 +91,14 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.grammar_open = gbnf::literal("[TOOL_CALLS] [");
         m.grammar_separator = gbnf::literal(", ");
         m.grammar_close = gbnf::literal("]");
+    } else if (f.family == ChatFamily::kHarmony) {
+        m.parallel = false;  // a call ends the reply (<|call|>)
     }
     return m;
+}
+
+bool one_call_per_reply(const ChatFormat & f) {
+    return !reply_markers(f).parallel;
 }
 
 bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
@@ -99,6 +119,8 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return llama3::call_rule(name, args);
         case ChatFamily::kMistral:
             return mistral::call_rule(name, args);
+        case ChatFamily::kHarmony:
+            return harmony::call_rule(name, args);
         default:
             return hermes::call_rule(name, args);
     }
@@ -135,6 +157,49 @@ json-string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4}
 json-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
 json-int    ::= "-"? ( "0" | [1-9] [0-9]* )
 )gbnf";
+
+// The rules of json_schema_to_gbnf's grammar for `params` with every rule name prefixed (so
+// several tools' grammars live in one), appended to *rules; returns the renamed root rule, or
+// "" when the schema is not an object schema in the converter's subset.
+std::string schema_rules(const ojson & params, const std::string & prefix, std::string * rules) {
+    if (!params.is_object() || params.value("type", "") != "object") return "";
+    std::string g;
+    SchemaError e;
+    if (!json_schema_to_gbnf(params, &g, &e)) return "";
+    std::vector<std::string> names;
+    for (size_t a = 0; a < g.size();) {  // "name ::= body" lines
+        const size_t sp = g.find(" ::= ", a);
+        names.push_back(g.substr(a, sp - a));
+        a = g.find('\n', a) + 1;
+    }
+    auto is_name = [&](const std::string & w) {
+        for (const auto & n : names)
+            if (n == w) return true;
+        return false;
+    };
+    std::string out;
+    for (size_t i = 0; i < g.size();) {
+        const char c = g[i];
+        if (c == '"' || c == '[') {  // a literal or a character class: copied as is
+            const char close = c == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < g.size() && g[j] != close) j += g[j] == '\\' ? 2 : 1;
+            out += g.substr(i, j + 1 - i);
+            i = j + 1;
+        } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-') {
+            size_t j = i;
+            while (j < g.size() && (std::isalnum(static_cast<unsigned char>(g[j])) || g[j] == '-')) ++j;
+            const std::string w = g.substr(i, j - i);
+            out += is_name(w) ? prefix + w : w;
+            i = j;
+        } else {
+            out += c;
+            ++i;
+        }
+    }
+    *rules += out;
+    return prefix + "root";
+}
 
 // The grammar of one tool's arguments object (rule text), from its "parameters": a flat
 // object schema gets its required properties in order with typed values; anything else is
@@ -176,7 +241,7 @@ std::string arguments_rule(const ojson & params) {
 }  // namespace gbnf
 
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
-                              const std::string & forced_name, bool one_call) {
+                              const std::string & forced_name, bool one_call, bool think_first) {
     std::string alts, rules;
     int n = 0;
     for (const auto & t : tools) {
@@ -185,15 +250,24 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
         if (!forced_name.empty() && name != forced_name) continue;
         const std::string r = "call" + std::to_string(n++);
         const ojson params = fn.contains("parameters") ? fn["parameters"] : ojson();
-        rules += r + " ::= " + call_rule(f, name, gbnf::arguments_rule(params)) + "\n";
+        std::string args = gbnf::schema_rules(params, "t" + std::to_string(n - 1) + "-", &rules);
+        if (args.empty()) args = gbnf::arguments_rule(params);
+        rules += r + " ::= " + call_rule(f, name, args) + "\n";
         alts += (alts.empty() ? "" : " | ") + r;
     }
     const ReplyMarkers m = reply_markers(f);
     if (!m.parallel) one_call = true;  // the family has one call per reply
-    std::string g = "root ::= " + m.grammar_open + " call" +
+    std::string think;  // an optional thinking block before the calls
+    if (think_first && f.thinking && f.family == ChatFamily::kHarmony)
+        think = harmony::think_rule();
+    else if (think_first && f.thinking && !m.think_open.empty())
+        think = gbnf::literal(m.think_open + "\n") + " ( [^<] | \"<\" [^/] )* " +
+                gbnf::literal(m.think_close + "\n\n");
+    std::string g = std::string("root ::= ") + (think.empty() ? "" : "think? ") + m.grammar_open + " call" +
                     (one_call ? "" : " ( " + m.grammar_separator + " call )*") + " " +
-                    m.grammar_close +
-                    "\ncall ::= " + alts + "\n" + rules + gbnf::kJsonRules;
+                    m.grammar_close + "\ncall ::= " + alts + "\n" +
+                    (think.empty() ? "" : "think ::= " + think + "\n") + rules +
+                    gbnf::kJsonRules;
     return g;
 }
 
@@ -235,6 +309,7 @@ size_t blank_tail(const std::string & s, size_t end) {
 }  // namespace
 
 ReplyDelta ReplyParser::step(bool final) {
+    if (f_.family == ChatFamily::kHarmony) return harmony_step(final);
     const ReplyMarkers m = reply_markers(f_);
     ReplyDelta d;
     for (;;) {

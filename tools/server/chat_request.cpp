@@ -23,10 +23,24 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     if (x.enable_thinking && *x.enable_thinking && !f.thinking)
         return refuse("chat_template_kwargs.enable_thinking",
                       "this model's chat template has no thinking to enable (" + name + ")");
-    if (!x.reasoning_effort.empty())
+    const bool harmony = f.family == ChatFamily::kHarmony;
+    if (!x.reasoning_effort.empty() && !harmony)
         return refuse("reasoning_effort",
                       "this model's chat template has no reasoning effort (" + name +
                           "); templates with thinking take chat_template_kwargs.enable_thinking");
+    if (harmony && x.enable_thinking && !*x.enable_thinking)
+        return refuse("chat_template_kwargs.enable_thinking",
+                      "this model's chat template cannot turn its thinking off (" + name +
+                          "); reasoning_effort \"low\" makes it short");
+    // parallel_tool_calls false: a forced call's grammar allows one; with auto, the generation
+    // ends after the first call where calls are marked as they come (hermes) or a call ends
+    // the reply anyway (llama3.x, harmony). A Mistral call list is read only when it is whole.
+    if (!x.parallel_tool_calls && !x.tools.empty() && !x.forces_call() &&
+        f.family == ChatFamily::kMistral && x.tool_choice != "none")
+        return refuse("parallel_tool_calls",
+                      "false is enforced for this model's chat template (" + name +
+                          ") only with tool_choice \"required\" or a named function (the "
+                          "grammar then allows one call)");
     if (x.forces_call() && !p->sampling.grammar.empty())
         return refuse("tool_choice", "tool_choice '" + x.tool_choice +
                                          "' constrains the output with a grammar; 'grammar' and "
@@ -37,6 +51,7 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     in.messages = x.turns;
     in.tools = x.tools;
     in.enable_thinking = x.enable_thinking.value_or(true);
+    in.reasoning_effort = x.reasoning_effort;
     std::string err;
     if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
     p->prompt = plan->shown;
@@ -45,10 +60,14 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     plan->rendered = true;
     plan->parse = true;
     plan->tools = !x.tools.empty() && x.tool_choice != "none";
-    plan->thinking = f.thinking && in.enable_thinking && !x.forces_call();
-    // The grammar holds from the reply's first token: a forced call skips the thinking block.
+    plan->thinking = f.thinking && in.enable_thinking;
+    plan->stop_after_call =
+        plan->tools && (!x.parallel_tool_calls || one_call_per_reply(f)) && !x.forces_call();
+    // The grammar holds from the reply's first token; with thinking on it starts with an
+    // optional thinking block, then the call.
     if (x.forces_call())
-        p->sampling.grammar = tool_call_grammar(f, x.tools, x.tool_name, !x.parallel_tool_calls);
+        p->sampling.grammar = tool_call_grammar(f, x.tools, x.tool_name, !x.parallel_tool_calls,
+                                                plan->thinking);
     return std::nullopt;
 }
 
