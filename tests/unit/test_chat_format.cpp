@@ -237,5 +237,53 @@ TEST(ChatFormat, HarmonyReplySplitsChannelsAlikeForEveryPieceSize) {
     EXPECT_EQ(off.content, call);
 }
 
+// A llama3.x or mistral call is sent as soon as its JSON object is complete (while the reply
+// still streams), not when the reply ends; text after the calls is content.
+TEST(ChatFormat, JsonCallsAreSentOnceComplete) {
+    struct Case {
+        const char * tmpl;
+        std::string reply;
+        size_t calls_before_end;  // calls push() gave before finish()
+        Split want;
+    };
+    const std::string l3 = "{\"name\": \"add\", \"parameters\": {\"a\": \"}{\\\"\"}}";
+    const std::string ms = "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": [1]}}, "
+                           "{\"name\": \"now\", \"arguments\": {}}]";
+    const std::vector<Case> cases = {
+        {"llama3.jinja", l3 + "\n", 1, {"", "", {{"call_0", "add", "{\"a\":\"}{\\\"\"}"}}}},
+        {"llama3.jinja", l3 + " and more", 1, {"and more", "", {{"call_0", "add", "{\"a\":\"}{\\\"\"}"}}}},
+        {"mistral.jinja", ms + " ", 2,
+         {"", "", {{"call_0", "add", "{\"a\":[1]}"}, {"call_1", "now", "{}"}}}},
+        // The second element is not a call: the first was sent, the rest is content.
+        {"mistral.jinja", "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {}}, {\"x\": 1}]", 1,
+         {"{\"x\": 1}]", "", {{"call_0", "add", "{}"}}}},
+        {"mistral.jinja", "[TOOL_CALLS]oops", 0, {"[TOOL_CALLS]oops", "", {}}},
+    };
+    for (const Case & c : cases) {
+        const std::string t = read_template(c.tmpl);
+        for (size_t piece : {size_t(1), size_t(3), c.reply.size()}) {
+            ReplyParser p(detect_chat_format(t), true, false);
+            Split s;
+            size_t before_end = 0;
+            for (size_t i = 0; i < c.reply.size(); i += piece) {
+                const ReplyDelta d = p.push(c.reply.substr(i, piece));
+                s.content += d.content;
+                for (const auto & k : d.calls) s.calls.push_back(k);
+            }
+            before_end = s.calls.size();
+            const ReplyDelta d = p.finish();
+            s.content += d.content;
+            for (const auto & k : d.calls) s.calls.push_back(k);
+            EXPECT_EQ(before_end, c.calls_before_end) << c.reply << " / piece " << piece;
+            EXPECT_EQ(s.content, c.want.content) << c.reply << " / piece " << piece;
+            ASSERT_EQ(s.calls.size(), c.want.calls.size()) << c.reply << " / piece " << piece;
+            for (size_t k = 0; k < s.calls.size(); ++k) {
+                EXPECT_EQ(s.calls[k].name, c.want.calls[k].name);
+                EXPECT_EQ(s.calls[k].arguments, c.want.calls[k].arguments);
+            }
+        }
+    }
+}
+
 }  // namespace
 }  // namespace moestream::server

@@ -293,6 +293,29 @@ size_t partial_suffix(const std::string & s, const std::string & marker) {
     return 0;
 }
 
+// Where the JSON object or array that starts at s[from] ends (one past its closing bracket);
+// npos when it is not complete yet.
+size_t json_value_end(const std::string & s, size_t from) {
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = from; i < s.size(); ++i) {
+        const char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            return i + 1;
+        }
+    }
+    return std::string::npos;
+}
+
 // Erases the blank text at the start of *s; true when nothing else is left.
 bool drop_leading_blank(std::string * s) {
     const size_t ws = s->find_first_not_of(" \t\r\n");
@@ -353,7 +376,7 @@ ReplyDelta ReplyParser::step(bool final) {
         if (state_ == State::kContent) {
             if (!content_started_) {  // blank before the content or between calls: dropped
                 if (drop_leading_blank(&buf_)) return d;
-                if (tools_ && m.json_reply) {  // a reply that is one JSON call
+                if (tools_ && m.json_reply && !json_done_) {  // a reply that is its JSON calls
                     if (buf_.compare(0, m.call_open.size(), m.call_open) == 0) {
                         buf_.erase(0, m.call_open.size());
                         json_marker_ = true;
@@ -384,20 +407,64 @@ ReplyDelta ReplyParser::step(bool final) {
             state_ = State::kCall;
             continue;
         }
-        if (state_ == State::kJson) {  // held to the end: a call, or text as generated
-            if (!final) return d;
-            std::vector<ToolCall> calls;
-            if (parse_json_reply(f_, buf_, &calls)) {
-                for (ToolCall & c : calls) {
-                    c.id = "call_" + std::to_string(n_calls_++);
-                    d.calls.push_back(std::move(c));
+        if (state_ == State::kJson) {
+            // A JSON call (llama3.x) or a list of them after the marker (mistral): each call
+            // is sent once its object is complete; text that is not a call ends the calls and
+            // is content as generated (with the marker when no call came before it).
+            auto not_calls = [&] {
+                if (json_marker_ && n_calls_ == 0) {
+                    d.content += m.call_open + json_eaten_;
+                    content_started_ = true;
                 }
-            } else {
-                d.content += (json_marker_ ? m.call_open : "") +
-                             buf_.substr(0, blank_tail(buf_, buf_.size()));
+                json_done_ = true;
+                state_ = State::kContent;
+            };
+            const size_t ws = buf_.find_first_not_of(" \t\r\n");
+            if (ws == std::string::npos) {
+                if (!final) return d;
+                not_calls();
+                continue;
             }
-            buf_.clear();
-            return d;
+            const char c = buf_[ws];
+            if (m.marker_required && !json_list_) {  // the list's '['
+                if (c != '[') {
+                    not_calls();
+                    continue;
+                }
+                json_list_ = true;
+                json_eaten_ = buf_.substr(0, ws + 1);
+                buf_.erase(0, ws + 1);
+                continue;
+            }
+            if (json_list_ && n_calls_ > 0 && (c == ']' || c == ',')) {  // between calls
+                buf_.erase(0, ws + 1);
+                if (c == ']') {
+                    json_done_ = true;
+                    state_ = State::kContent;
+                    content_started_ = false;
+                }
+                continue;
+            }
+            const size_t from = ws;
+            const size_t end = buf_[from] == '{' ? json_value_end(buf_, from) : std::string::npos;
+            if (end == std::string::npos && !final && buf_[from] == '{') return d;
+            std::vector<ToolCall> calls;
+            const std::string body = end == std::string::npos ? "" : buf_.substr(from, end - from);
+            if (body.empty() || !parse_json_reply(f_, json_list_ ? "[" + body + "]" : body, &calls)) {
+                not_calls();
+                continue;
+            }
+            for (ToolCall & call : calls) {
+                call.id = "call_" + std::to_string(n_calls_++);
+                d.calls.push_back(std::move(call));
+            }
+            buf_.erase(0, end);
+            if (!json_list_) {  // one call per reply: the rest is content
+                json_done_ = true;
+                state_ = State::kContent;
+                content_started_ = false;
+            }
+            continue;
         }
         // kCall
         const size_t e = buf_.find(m.call_close);

@@ -106,6 +106,9 @@ private:
     bool content_started_ = false;
     bool reasoning_started_ = false;
     bool json_marker_ = false;  // kJson: the reply began with call_open
+    bool json_list_ = false;    // kJson (a marked call list): its '[' was read
+    std::string json_eaten_;    // ... and the text up to it
+    bool json_done_ = false;    // the reply's calls are over: the rest is content
     int n_calls_ = 0;
     // Harmony: the message being read (its header, and the body of a tool call).
     bool h_body_ = false;       // in a message's body (else its header)

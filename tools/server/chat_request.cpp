@@ -33,14 +33,7 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
                       "this model's chat template cannot turn its thinking off (" + name +
                           "); reasoning_effort \"low\" makes it short");
     // parallel_tool_calls false: a forced call's grammar allows one; with auto, the generation
-    // ends after the first call where calls are marked as they come (hermes) or a call ends
-    // the reply anyway (llama3.x, harmony). A Mistral call list is read only when it is whole.
-    if (!x.parallel_tool_calls && !x.tools.empty() && !x.forces_call() &&
-        f.family == ChatFamily::kMistral && x.tool_choice != "none")
-        return refuse("parallel_tool_calls",
-                      "false is enforced for this model's chat template (" + name +
-                          ") only with tool_choice \"required\" or a named function (the "
-                          "grammar then allows one call)");
+    // ends once the first call is complete (the reply parser sends each call as it completes).
     if (x.forces_call() && !p->sampling.grammar.empty())
         return refuse("tool_choice", "tool_choice '" + x.tool_choice +
                                          "' constrains the output with a grammar; 'grammar' and "
