@@ -8,6 +8,8 @@ and off) go to `moestream serve` and to Debian's `llama-server` (Jinja) on the s
 real processes on loopback, through POST /apply-template; the prompts must be byte-identical.
 Negative control: a template of the family that differs from the renderer by one newline
 (still recognised as the family) must give different prompts, so the comparison can fail.
+Harmony replies (HARMONY_REPLIES) are also generated on both servers, fixed by a grammar, and
+their split into content and reasoning_content compared with llama-server's harmony parser.
 
 Usage: template_fidelity.py MOESTREAM_BIN SRC_DIR MODELS_DIR. Exit 0 when all match.
 """
@@ -100,6 +102,23 @@ TYPED_TOOLS = [
     {"type": "function", "function": {"name": "now", "description": "the time"}},
 ]
 HARMONY_ONLY = {"tools-typed"}
+
+# Harmony replies (fixed by a grammar, without tools: llama-server refuses a grammar with
+# tools) split into content and reasoning_content by moestream and by llama-server's own
+# harmony parser; compared without blank text at the ends (moestream drops it, llama-server
+# keeps it). Not compared: a reply without a header (llama-server answers 500) and a message
+# ended by the next <|start|> alone (llama-server keeps it in the message; moestream, whose
+# decoder does not print <|end|>, ends the message there).
+HARMONY_REPLIES = [
+    "<|channel|>analysis<|message|>Think <b>.<|end|><|start|>assistant<|channel|>final"
+    "<|message|>Hello, there",
+    "<|channel|>analysis<|message|> A b. <|end|><|start|>assistant<|channel|>final<|message|> C d ",
+    "<|channel|>commentary<|message|>Pre.<|end|><|start|>assistant<|channel|>final<|message|>Done",
+    "<|channel|>final<|message|>Hi there",
+    "<|channel|>analysis<|message|>cut here",
+]
+# Negative control: a reply the two split differently (see above) must compare unequal.
+HARMONY_REPLY_DIFFERS = "<|channel|>analysis<|message|>A<|start|>assistant<|channel|>final<|message|>B"
 EFFORT = {"effort-kwargs", "effort-field"}
 
 
@@ -127,8 +146,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def post(url, body):
-    req = urllib.request.Request(url + "apply-template", json.dumps(body).encode(),
+def post(url, body, path="apply-template"):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -244,6 +263,27 @@ def main():
                             failures.append("%s/%s: moestream and llama-server differ:\n"
                                             "  moestream:    %r\n  llama-server: %r" %
                                             (fam, cname, a["prompt"], b["prompt"]))
+                if fam == "harmony" and variant == "same":
+                    for reply in HARMONY_REPLIES + [HARMONY_REPLY_DIFFERS]:
+                        g = 'root ::= "%s"' % reply.replace("\\", "\\\\").replace('"', '\\"')
+                        body = {"messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 200, "grammar": g}
+                        got = []
+                        for url in (srv.ms_url, srv.ls_url):
+                            st, j = post(url, body, "v1/chat/completions")
+                            m = j["choices"][0]["message"] if st == 200 else {"status": st}
+                            got.append(((m.get("content") or "").strip(),
+                                        (m.get("reasoning_content") or "").strip()))
+                        if reply == HARMONY_REPLY_DIFFERS:
+                            if got[0] == got[1]:
+                                failures.append("harmony replies: negative control: %r split "
+                                                "alike (%r)" % (reply, got[0]))
+                            continue
+                        compared += 1
+                        if got[0] != got[1]:
+                            failures.append("harmony reply %r: moestream %r, llama-server %r" %
+                                            (reply, got[0], got[1]))
+                    print("harmony/replies: %d parsed replies compared" % len(HARMONY_REPLIES))
                 if variant == "wrong" and differ == 0:
                     failures.append("%s: negative control: a template one newline away "
                                     "rendered the same as moestream's renderer" % fam)
@@ -254,7 +294,7 @@ def main():
                 srv.close()
     for f in failures:
         print("FAIL " + f)
-    print("%d prompts compared, %d failures" % (compared, len(failures)))
+    print("%d prompts and replies compared, %d failures" % (compared, len(failures)))
     return 1 if failures or compared == 0 else 0
 
 
