@@ -405,7 +405,10 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
             "required": ["tags"], "additionalProperties": false}},
         "required": ["item"]}}},
       {"type": "function", "function": {"name": "flat", "parameters": {"type": "object",
-        "properties": {"x": {"type": "integer", "minimum": 1}}, "required": ["x"]}}}])");
+        "properties": {"x": {"type": "integer", "minimum": 1}}, "required": ["x"]}}},
+      {"type": "function", "function": {"name": "odd", "parameters": {"type": "object",
+        "properties": {"v": {"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"], "not": {}}}, "required": ["v"]}}}])");
     server::ChatFormat hermes;
     hermes.family = server::ChatFamily::kHermes;
     hermes.tools = hermes.thinking = true;
@@ -426,10 +429,23 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
     EXPECT_TRUE(accepts(gt, think + ok)) << gt;
     EXPECT_TRUE(accepts(gt, ok));
     EXPECT_FALSE(accepts(g, think + ok)) << "control: no thinking block without think_first";
-    // A schema outside the subset (minimum): the flat rule, its required property typed.
+    // Value bounds the converter does not enforce (minimum) are left out: the structure and
+    // types still hold, the bound is the model's (0 passes).
     const std::string gf = server::tool_call_grammar(hermes, tools, "flat", true, false);
-    EXPECT_TRUE(accepts(gf, "<tool_call>\n{\"name\": \"flat\", \"arguments\": {\"x\": 5}" + end));
-    EXPECT_FALSE(accepts(gf, "<tool_call>\n{\"name\": \"flat\", \"arguments\": {\"x\": \"5\"}" + end));
+    const std::string fc = "<tool_call>\n{\"name\": \"flat\", \"arguments\": ";
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\": 5}" + end));
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\": 0}" + end));
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\":5}" + end)) << "the converter's grammar (the flat rule "
+                                                        "writes \": \")";
+    EXPECT_FALSE(accepts(gf, fc + "{\"x\": \"5\"}" + end));
+    EXPECT_FALSE(accepts(gf, fc + "{\"x\": 5, \"y\": 1}" + end)) << "only declared properties";
+    // Another keyword outside the subset ("not"): the flat rule (the required property, its
+    // value any JSON value).
+    const std::string go = server::tool_call_grammar(hermes, tools, "odd", true, false);
+    const std::string oc = "<tool_call>\n{\"name\": \"odd\", \"arguments\": ";
+    EXPECT_TRUE(accepts(go, oc + "{\"v\": {\"n\": 1}}" + end));
+    EXPECT_TRUE(accepts(go, oc + "{\"v\": 7}" + end)) << "v's schema is not enforced";
+    EXPECT_FALSE(accepts(go, oc + "{\"w\": 1}" + end));
 
     server::ChatFormat harmony;
     harmony.family = server::ChatFamily::kHarmony;

@@ -158,6 +158,37 @@ json-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ 
 json-int    ::= "-"? ( "0" | [1-9] [0-9]* )
 )gbnf";
 
+// `s` without the value bounds the JSON Schema converter does not enforce (numeric bounds,
+// string patterns and formats, property counts, unique items): a tool's arguments keep their
+// structure enforced while those bounds are left to the model.
+ojson without_bounds(const ojson & s) {
+    static const char * const kBounds[] = {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
+        "format", "minProperties", "maxProperties", "uniqueItems"};
+    if (!s.is_object()) return s;
+    ojson o = ojson::object();
+    for (auto it = s.begin(); it != s.end(); ++it) {
+        const std::string & k = it.key();
+        bool bound = false;
+        for (const char * b : kBounds) bound = bound || k == b;
+        if (bound) continue;
+        if ((k == "properties" || k == "$defs" || k == "definitions") && it->is_object()) {
+            ojson m = ojson::object();
+            for (auto p = it->begin(); p != it->end(); ++p) m[p.key()] = without_bounds(*p);
+            o[k] = m;
+        } else if ((k == "anyOf" || k == "oneOf") && it->is_array()) {
+            ojson a = ojson::array();
+            for (const auto & b : *it) a.push_back(without_bounds(b));
+            o[k] = a;
+        } else if (k == "items") {
+            o[k] = without_bounds(*it);
+        } else {
+            o[k] = *it;
+        }
+    }
+    return o;
+}
+
 // The rules of json_schema_to_gbnf's grammar for `params` with every rule name prefixed (so
 // several tools' grammars live in one), appended to *rules; returns the renamed root rule, or
 // "" when the schema is not an object schema in the converter's subset.
@@ -165,7 +196,7 @@ std::string schema_rules(const ojson & params, const std::string & prefix, std::
     if (!params.is_object() || params.value("type", "") != "object") return "";
     std::string g;
     SchemaError e;
-    if (!json_schema_to_gbnf(params, &g, &e)) return "";
+    if (!json_schema_to_gbnf(without_bounds(params), &g, &e)) return "";
     std::vector<std::string> names;
     for (size_t a = 0; a < g.size();) {  // "name ::= body" lines
         const size_t sp = g.find(" ::= ", a);

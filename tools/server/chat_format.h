@@ -64,9 +64,10 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
 
 // A GBNF grammar that makes the reply one or more tool calls (forced_name: only that
 // function; one_call: exactly one), after an optional thinking block when think_first and the
-// family has one. Argument objects follow each tool's "parameters" exactly when the schema is
-// in the structured-output subset (json_schema_grammar.h); else, where it is a flat object,
-// its required string/number/integer/boolean/enum properties; else any JSON object.
+// family has one. Argument objects follow each tool's "parameters" when the schema is in the
+// structured-output subset (json_schema_grammar.h) once value bounds outside it (minimum,
+// pattern, format...) are left out; else, where it is a flat object, its required
+// string/number/integer/boolean/enum properties; else any JSON object.
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
                               const std::string & forced_name, bool one_call,
                               bool think_first = false);
