@@ -285,5 +285,40 @@ TEST(ChatFormat, JsonCallsAreSentOnceComplete) {
     }
 }
 
+// Random replies made of each family's markers and text split the same way whatever the piece
+// size (the streamed split equals the whole-reply split), for every family.
+TEST(ChatFormat, RandomRepliesSplitAlikeAtEveryPieceSize) {
+    const std::vector<std::string> bits = {
+        "<|channel|>", "analysis", "final", "commentary", " to=functions.add", " <|constrain|>json",
+        "<|message|>", "<|end|>", "<|start|>", "assistant", "<|call|>", "<|return|>", "<think>\n",
+        "</think>", "<tool_call>\n", "</tool_call>", "{\"name\": \"add\", \"arguments\": {\"a\": 1}}",
+        "{\"name\": \"add\", \"parameters\": {}}", "[TOOL_CALLS] [", "]", ", ", "{", "}", "\"",
+        "<|python_tag|>", "<", "|", " ", "\n", "text", "é"};
+    uint32_t seed = 12345;
+    auto next = [&] { return seed = seed * 1103515245u + 12345u; };
+    int compared = 0;
+    for (const char * tmpl : {"hermes-qwen3.jinja", "llama3.jinja", "mistral.jinja", "harmony.jinja"}) {
+        const std::string t = read_template(tmpl);
+        for (int n = 0; n < 300; ++n) {
+            std::string reply;
+            const size_t len = 1 + (next() >> 8) % 12;
+            for (size_t i = 0; i < len; ++i) reply += bits[(next() >> 8) % bits.size()];
+            for (bool tools : {false, true}) {
+                const Split whole = parse(reply, reply.size(), tools, true, t);
+                for (size_t piece : {size_t(1), size_t(2), size_t(5)}) {
+                    const Split s = parse(reply, piece, tools, true, t);
+                    ASSERT_EQ(s.content, whole.content) << tmpl << ": " << reply << " / " << piece;
+                    ASSERT_EQ(s.reasoning, whole.reasoning) << tmpl << ": " << reply << " / " << piece;
+                    ASSERT_EQ(s.calls.size(), whole.calls.size()) << tmpl << ": " << reply << " / " << piece;
+                    for (size_t k = 0; k < s.calls.size(); ++k)
+                        ASSERT_EQ(s.calls[k].arguments, whole.calls[k].arguments) << reply;
+                    ++compared;
+                }
+            }
+        }
+    }
+    EXPECT_EQ(compared, 4 * 300 * 2 * 3);
+}
+
 }  // namespace
 }  // namespace moestream::server

@@ -233,6 +233,11 @@ ReplyDelta ReplyParser::harmony_step(bool final) {
                     continue;
                 }
             }
+            // A message after the first opens with <|start|> (the role follows in the header).
+            while (!h_first_ && buf_.compare(0, 9, "<|start|>") == 0) buf_.erase(0, 9);
+            if (!h_first_ && !final && buf_.size() < 9 &&
+                std::string("<|start|>").compare(0, buf_.size(), buf_) == 0)
+                return d;
             const size_t e = buf_.find("<|message|>");
             if (e == std::string::npos) {
                 if (final) {  // an unfinished header: as generated
@@ -304,12 +309,8 @@ ReplyDelta ReplyParser::harmony_step(bool final) {
         held_reasoning_.clear();
         h_body_ = false;
         if (e == std::string::npos) return d;  // final
-        buf_.erase(0, elen);
-        if (!start_next) {  // <|end|> etc.: the next message opens with <|start|>
-            const size_t s = buf_.find("<|start|>");
-            if (s == 0) buf_.erase(0, 9);
-        }
-        // After <|start|>: the role (assistant) is part of the next header.
+        // <|start|> is left for the header (which drops it); <|end|> etc. are dropped here.
+        if (!start_next) buf_.erase(0, elen);
     }
 }
 
