@@ -2,19 +2,21 @@
 // stop strings, penalties, context clamping, refusal by name, cancellation by disconnect,
 // slow-header connections against /health, and SIGTERM ending a stream. Every check has a
 // control: the same request without the feature behaves as the baseline.
-// Tools and reasoning run on TOOLS_URL, a server whose model carries a Hermes/Qwen3-style
-// template: a synth model never chooses a tool by itself, so the calls are forced
-// (tool_choice named, enforced by a grammar) and replies with thinking are fixed by a grammar.
-// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID TOOLS_URL
+// Tools and reasoning run on TOOLS_URL and HARMONY_URL, servers whose models carry a
+// Hermes/Qwen3-style and a gpt-oss harmony-style template: a synth model never chooses a tool
+// by itself, so the calls are forced (tool_choice named, enforced by a grammar) and replies
+// with thinking are fixed by a grammar.
+// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID TOOLS_URL HARMONY_URL
 import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
 import OpenAI from "openai";
 
-const [fastUrl, slowUrl, slowPid, toolsUrl] = process.argv.slice(2);
+const [fastUrl, slowUrl, slowPid, toolsUrl, harmonyUrl] = process.argv.slice(2);
 const fast = new OpenAI({ baseURL: fastUrl + "v1", apiKey: "none", maxRetries: 0 });
 const slow = new OpenAI({ baseURL: slowUrl + "v1", apiKey: "none", maxRetries: 0 });
 const tooled = new OpenAI({ baseURL: toolsUrl + "v1", apiKey: "none", maxRetries: 0 });
+const harmony = new OpenAI({ baseURL: harmonyUrl + "v1", apiKey: "none", maxRetries: 0 });
 
 let failed = 0;
 async function check(name, fn) {
@@ -174,6 +176,9 @@ const weather = {
                 required: ["city"] },
 };
 const forceWeather = { type: "function", function: { name: "get_weather" } };
+// With thinking on, a forced call may follow a thinking block, which a synth model never
+// closes: the Hermes checks of the call turn thinking off.
+const noThink = { chat_template_kwargs: { enable_thinking: false } };
 
 async function applyTemplate(url, body) {
   const r = await fetch(url + "apply-template", { method: "POST",
@@ -182,11 +187,12 @@ async function applyTemplate(url, body) {
   return r.json();
 }
 
-await check("runTools: a forced call runs the tool, its result goes back, a final answer arrives", async () => {
+// runTools with a forced get_weather call: the first completion holds exactly that call, and
+// the SDK ran the tool with a city of the enum. Returns the completion and the messages after.
+async function forcedWeatherRound(client, template, extra, messages) {
   let calledWith = null;
-  const runner = tooled.chat.completions.runTools({
-    model: "m", max_tokens: 200, parallel_tool_calls: false, tool_choice: forceWeather,
-    messages: [{ role: "user", content: "Weather in Paris?" }],
+  const runner = client.chat.completions.runTools({
+    model: "m", max_tokens: 200, tool_choice: forceWeather, ...extra, messages,
     tools: [{ type: "function", function: { ...weather, parse: JSON.parse,
       function: async (args) => { calledWith = args; return { temp_c: 21 }; } } }],
   });
@@ -197,8 +203,13 @@ await check("runTools: a forced call runs the tool, its result goes back, a fina
   assert.equal(c.message.tool_calls.length, 1);
   assert.equal(c.message.tool_calls[0].function.name, "get_weather");
   assert.ok(["Paris", "Rome"].includes(calledWith?.city), `the tool ran with ${JSON.stringify(calledWith)}`);
-  assert.match(first.moestream.settings.request.chat_template, /^hermes-qwen3/);
-  const msgs = runner.messages.map(({ parsed, ...m }) => m);
+  assert.match(first.moestream.settings.request.chat_template, template);
+  return { first, c, msgs: runner.messages.map(({ parsed, ...m }) => m) };
+}
+
+await check("runTools: a forced call runs the tool, its result goes back, a final answer arrives", async () => {
+  const { first, c, msgs } = await forcedWeatherRound(tooled, /^hermes-qwen3/,
+    { parallel_tool_calls: false, ...noThink }, [{ role: "user", content: "Weather in Paris?" }]);
   assert.deepEqual(msgs.map((m) => m.role), ["user", "assistant", "tool"]);
   assert.equal(msgs[2].tool_call_id, c.message.tool_calls[0].id);
   // The tool's result, in the model's syntax, is in the next prompt.
@@ -216,7 +227,7 @@ await check("runTools: a forced call runs the tool, its result goes back, a fina
 
 await check("a forced call streams as delta.tool_calls", async () => {
   const s = tooled.chat.completions.stream({ model: "m", max_tokens: 200, parallel_tool_calls: false,
-    tool_choice: forceWeather, messages: [{ role: "user", content: "Rome?" }],
+    tool_choice: forceWeather, messages: [{ role: "user", content: "Rome?" }], ...noThink,
     tools: [{ type: "function", function: weather }] });
   let deltas = 0;
   for await (const chunk of s) if (chunk.choices[0]?.delta?.tool_calls) deltas++;
@@ -226,6 +237,23 @@ await check("a forced call streams as delta.tool_calls", async () => {
   const call = done.choices[0].message.tool_calls[0];
   assert.equal(call.function.name, "get_weather");
   assert.ok(["Paris", "Rome"].includes(JSON.parse(call.function.arguments).city));
+});
+
+await check("parallel_tool_calls false with tool_choice auto: the generation ends after the first call", async () => {
+  const one = '<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Rome\\"}}\\n</tool_call>';
+  const body = { model: "m", max_tokens: 200, messages: [{ role: "user", content: "Rome?" }], ...noThink,
+    tools: [{ type: "function", function: weather }], grammar: `root ::= "${one}\\n${one}"` };
+  const two = await tooled.chat.completions.create(body);
+  assert.equal(two.choices[0].message.tool_calls.length, 2, "control: both calls with parallel calls allowed");
+  const r = await tooled.chat.completions.create({ ...body, parallel_tool_calls: false });
+  assert.equal(r.choices[0].message.tool_calls.length, 1);
+  assert.equal(r.choices[0].finish_reason, "tool_calls");
+  assert.equal(r.moestream.stats.finish, "tool_call");
+  assert.ok(r.usage.completion_tokens < two.usage.completion_tokens, "the second call was not generated");
+  const s = await tooled.chat.completions.create({ ...body, parallel_tool_calls: false, stream: true });
+  let deltas = 0;
+  for await (const chunk of s) deltas += chunk.choices[0]?.delta?.tool_calls?.length ?? 0;
+  assert.equal(deltas, 1);
 });
 
 await check("tools on a template without tool syntax are refused naming it", async () => {
@@ -254,6 +282,97 @@ await check("thinking goes to reasoning_content; enable_thinking false turns it 
   assert.match(off.choices[0].message.content, /^<think>/);
   assert.ok((await applyTemplate(toolsUrl, { messages: msgs, chat_template_kwargs: { enable_thinking: false } }))
     .prompt.endsWith("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+});
+
+// gpt-oss harmony: the synth model writes bytes, so a forced call's first choice (an analysis
+// message or the call, "<|channel|>a..." or "<|channel|>c...") is steered to the call by a
+// bias against the byte "a" (where the grammar allows only "a", it is still taken).
+async function noAnalysis(url) {
+  const r = await fetch(url + "tokenize", { method: "POST", headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ content: "a" }) });
+  const ids = (await r.json()).tokens;
+  return { [ids[ids.length - 1]]: -100 };
+}
+
+await check("harmony: runTools round trip, the call and its result in the model's syntax", async () => {
+  const { msgs } = await forcedWeatherRound(harmony, /^harmony/, { logit_bias: await noAnalysis(harmonyUrl) },
+    [{ role: "system", content: "Be brief." }, { role: "user", content: "Weather in Paris?" }]);
+  assert.deepEqual(msgs.map((m) => m.role), ["system", "user", "assistant", "tool"]);
+  const tools = [{ type: "function", function: weather }];
+  const t = await applyTemplate(harmonyUrl, { messages: msgs, tools });
+  assert.ok(t.prompt.includes("type get_weather = (_: {\ncity: \"Paris\" | \"Rome\",\n}) => any;"), t.prompt);
+  assert.ok(t.prompt.includes("<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \""),
+            "the call as the template prints it");
+  assert.ok(t.prompt.endsWith('<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{"temp_c":21}<|end|><|start|>assistant'),
+            t.prompt.slice(-200));
+  // The answer: an analysis message, then the final channel (fixed by a grammar).
+  const answer = { grammar: `root ::= "<|channel|>analysis<|message|>It is 21.<|end|><|start|>assistant<|channel|>final<|message|>${SENTENCE}"` };
+  const final = await harmony.chat.completions.create({ model: "m", messages: msgs, tools,
+    tool_choice: "none", max_tokens: 120, ...answer });
+  assert.equal(final.choices[0].message.content, SENTENCE);
+  assert.equal(final.choices[0].message.reasoning_content, "It is 21.");
+  assert.equal(final.choices[0].finish_reason, "stop");
+  assert.equal(final.choices[0].message.tool_calls, undefined);
+  // Streamed: the analysis as reasoning_content deltas, the final channel as content.
+  const s = await harmony.chat.completions.create({ model: "m", messages: msgs, tools,
+    tool_choice: "none", max_tokens: 120, stream: true, ...answer });
+  let r = "", txt = "", pieces = 0;
+  for await (const chunk of s) {
+    const d = chunk.choices[0]?.delta ?? {};
+    if (d.reasoning_content) pieces++;
+    r += d.reasoning_content ?? "";
+    txt += d.content ?? "";
+  }
+  assert.equal(r, "It is 21.");
+  assert.equal(txt, SENTENCE);
+  // Control: the same reply read without the family's channels is not split.
+  const raw = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "x" }],
+    max_tokens: 120, ...answer });
+  assert.match(raw.choices[0].message.content, /^<\|channel\|>analysis/);
+});
+
+await check("harmony: a call the model writes (tool_choice auto) streams as delta.tool_calls after its reasoning", async () => {
+  const reply = `<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Rome\"}`;
+  const body = { model: "m", max_tokens: 200, messages: [{ role: "user", content: "Rome?" }],
+    tools: [{ type: "function", function: weather }], grammar: `root ::= "${reply.replace(/"/g, '\\"')}"` };
+  const s = await harmony.chat.completions.create({ ...body, stream: true });
+  let r = "", deltas = [], finish = null;
+  for await (const chunk of s) {
+    const d = chunk.choices[0]?.delta ?? {};
+    r += d.reasoning_content ?? "";
+    if (d.tool_calls) deltas.push(...d.tool_calls);
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(r, "Need the weather.");
+  assert.equal(deltas.length, 1);
+  assert.equal(deltas[0].function.name, "get_weather");
+  assert.deepEqual(JSON.parse(deltas[0].function.arguments), { city: "Rome" });
+  assert.equal(finish, "tool_calls");
+  // Control: with tool_choice none the same text is not a call.
+  const none = await harmony.chat.completions.create({ ...body, tool_choice: "none" });
+  assert.equal(none.choices[0].message.tool_calls, undefined);
+  assert.equal(none.choices[0].finish_reason, "stop");
+  assert.match(none.choices[0].message.content, /to=functions\.get_weather/);
+});
+
+await check("harmony: reasoning_effort goes where the template puts it; other templates refuse it", async () => {
+  const msgs = [{ role: "user", content: "hi" }];
+  const low = await applyTemplate(harmonyUrl, { messages: msgs, reasoning_effort: "low" });
+  assert.ok(low.prompt.includes("\n\nReasoning: low\n\n"), low.prompt);
+  const dflt = await applyTemplate(harmonyUrl, { messages: msgs });
+  assert.ok(dflt.prompt.includes("\n\nReasoning: medium\n\n"), "control: the default");
+  const kw = await applyTemplate(harmonyUrl, { messages: msgs, chat_template_kwargs: { reasoning_effort: "high" } });
+  assert.ok(kw.prompt.includes("\n\nReasoning: high\n\n"));
+  const a = await harmony.chat.completions.create({ model: "m", messages: msgs, max_tokens: 1, reasoning_effort: "low" });
+  const b = await harmony.chat.completions.create({ model: "m", messages: msgs, max_tokens: 1, reasoning_effort: "high" });
+  assert.equal(b.usage.prompt_tokens, a.usage.prompt_tokens + 1, "'high' is one byte longer than 'low'");
+  assert.equal(b.moestream.settings.request.chat_format.reasoning_effort, "high");
+  await refusedWith(harmony.chat.completions.create({ model: "m", messages: msgs, max_tokens: 1,
+    reasoning_effort: "low", chat_template_kwargs: { reasoning_effort: "high" } }), "reasoning_effort");
+  await refusedWith(harmony.chat.completions.create({ model: "m", messages: msgs, max_tokens: 1,
+    chat_template_kwargs: { enable_thinking: false } }), "chat_template_kwargs.enable_thinking");
+  await refusedWith(tooled.chat.completions.create({ model: "m", messages: msgs, max_tokens: 1,
+    reasoning_effort: "low" }), "reasoning_effort");
 });
 
 await check("response_format json_object gives a JSON object", async () => {

@@ -8,6 +8,8 @@ and off) go to `moestream serve` and to Debian's `llama-server` (Jinja) on the s
 real processes on loopback, through POST /apply-template; the prompts must be byte-identical.
 Negative control: a template of the family that differs from the renderer by one newline
 (still recognised as the family) must give different prompts, so the comparison can fail.
+Harmony replies (HARMONY_REPLIES) are also generated on both servers, fixed by a grammar, and
+their split into content and reasoning_content compared with llama-server's harmony parser.
 
 Usage: template_fidelity.py MOESTREAM_BIN SRC_DIR MODELS_DIR. Exit 0 when all match.
 """
@@ -77,21 +79,64 @@ def conversations():
         "thinking-on": {"messages": [u], "chat_template_kwargs": {"enable_thinking": True}},
         "tools-thinking-off": {"messages": [s, u, tc, tr], "tools": TOOLS,
                                "chat_template_kwargs": {"enable_thinking": False}},
+        # Reasoning effort: only a template with effort levels takes it (the others: 400).
+        "effort-kwargs": {"messages": [u], "chat_template_kwargs": {"reasoning_effort": "high"}},
+        "effort-field": {"messages": [s, u], "tools": TOOLS, "reasoning_effort": "low"},
+        # Harmony only: the TypeScript-like declaration of more property types.
+        "tools-typed": {"messages": [u], "tools": TOOLS + TYPED_TOOLS},
     }
+
+
+# Tools whose declaration only the harmony family turns into types (other families print
+# the JSON, which the conversations above already compare).
+TYPED_TOOLS = [
+    {"type": "function", "function": {
+        "name": "search", "parameters": {"type": "object", "properties": {
+            "q": {"type": "string", "description": "the query"},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["a", "b"]}},
+            "ids": {"type": "array", "items": {"type": "integer"}},
+            "exact": {"type": "boolean", "default": False},
+            "mode": {"enum": ["x", 2, None]},
+            "extra": {"type": "object"}, "anything": {}},
+            "required": ["q", "exact"]}}},
+    {"type": "function", "function": {"name": "now", "description": "the time"}},
+]
+HARMONY_ONLY = {"tools-typed"}
+
+# Harmony replies (fixed by a grammar, without tools: llama-server refuses a grammar with
+# tools) split into content and reasoning_content by moestream and by llama-server's own
+# harmony parser; compared without blank text at the ends (moestream drops it, llama-server
+# keeps it). Not compared: a reply without a header (llama-server answers 500) and a message
+# ended by the next <|start|> alone (llama-server keeps it in the message; moestream, whose
+# decoder does not print <|end|>, ends the message there).
+HARMONY_REPLIES = [
+    "<|channel|>analysis<|message|>Think <b>.<|end|><|start|>assistant<|channel|>final"
+    "<|message|>Hello, there",
+    "<|channel|>analysis<|message|> A b. <|end|><|start|>assistant<|channel|>final<|message|> C d ",
+    "<|channel|>commentary<|message|>Pre.<|end|><|start|>assistant<|channel|>final<|message|>Done",
+    "<|channel|>final<|message|>Hi there",
+    "<|channel|>analysis<|message|>cut here",
+]
+# Negative control: a reply the two split differently (see above) must compare unequal.
+HARMONY_REPLY_DIFFERS = "<|channel|>analysis<|message|>A<|start|>assistant<|channel|>final<|message|>B"
+EFFORT = {"effort-kwargs", "effort-field"}
 
 
 # family: (template file, the moestream format name starts with, conversations it cannot
 # express), and the one-newline change of the negative control.
 FAMILIES = {
-    "hermes-qwen3": ("hermes-qwen3.jinja", "hermes-qwen3", set(),
+    "hermes-qwen3": ("hermes-qwen3.jinja", "hermes-qwen3", EFFORT,
                      ("'\\n<tool_response>\\n'", "'\\n<tool_response>'")),
     # One call per assistant turn, and no thinking to enable: those are refused (400);
     # enable_thinking false is accepted (there is no thinking).
-    "llama3": ("llama3.jinja", "llama3.x", {"parallel-calls", "thinking-on"},
+    "llama3": ("llama3.jinja", "llama3.x", {"parallel-calls", "thinking-on"} | EFFORT,
                ('"Environment: ipython\\n"', '"Environment: ipython"')),
     # A system message after the first breaks the alternation; no thinking to enable.
-    "mistral": ("mistral.jinja", "mistral", {"late-system", "thinking-on"},
+    "mistral": ("mistral.jinja", "mistral", {"late-system", "thinking-on"} | EFFORT,
                 ("system_message + '\\n\\n'", "system_message + '\\n'")),
+    # Thinking cannot be turned off (reasoning_effort low shortens it).
+    "harmony": ("harmony.jinja", "harmony", {"thinking-off", "tools-thinking-off"},
+                ('"\\nCalls to these tools', '"Calls to these tools')),
 }
 
 
@@ -101,8 +146,8 @@ def free_port():
         return s.getsockname()[1]
 
 
-def post(url, body):
-    req = urllib.request.Request(url + "apply-template", json.dumps(body).encode(),
+def post(url, body, path="apply-template"):
+    req = urllib.request.Request(url + path, json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
@@ -194,6 +239,8 @@ def main():
                     continue
                 differ = 0
                 for cname, body in conversations().items():
+                    if cname in HARMONY_ONLY and fam != "harmony":
+                        continue
                     if cname in skip:  # the family cannot express it: refused, not bent
                         sa, a = post(srv.ms_url, body)
                         if sa != 400:
@@ -216,16 +263,38 @@ def main():
                             failures.append("%s/%s: moestream and llama-server differ:\n"
                                             "  moestream:    %r\n  llama-server: %r" %
                                             (fam, cname, a["prompt"], b["prompt"]))
+                if fam == "harmony" and variant == "same":
+                    for reply in HARMONY_REPLIES + [HARMONY_REPLY_DIFFERS]:
+                        g = 'root ::= "%s"' % reply.replace("\\", "\\\\").replace('"', '\\"')
+                        body = {"messages": [{"role": "user", "content": "hi"}],
+                                "max_tokens": 200, "grammar": g}
+                        got = []
+                        for url in (srv.ms_url, srv.ls_url):
+                            st, j = post(url, body, "v1/chat/completions")
+                            m = j["choices"][0]["message"] if st == 200 else {"status": st}
+                            got.append(((m.get("content") or "").strip(),
+                                        (m.get("reasoning_content") or "").strip()))
+                        if reply == HARMONY_REPLY_DIFFERS:
+                            if got[0] == got[1]:
+                                failures.append("harmony replies: negative control: %r split "
+                                                "alike (%r)" % (reply, got[0]))
+                            continue
+                        compared += 1
+                        if got[0] != got[1]:
+                            failures.append("harmony reply %r: moestream %r, llama-server %r" %
+                                            (reply, got[0], got[1]))
+                    print("harmony/replies: %d parsed replies compared" % len(HARMONY_REPLIES))
                 if variant == "wrong" and differ == 0:
                     failures.append("%s: negative control: a template one newline away "
                                     "rendered the same as moestream's renderer" % fam)
-                print("%s/%s: %d conversations, %d differ" %
-                      (fam, variant, len(conversations()) - len(skip), differ))
+                print("%s/%s: %d conversations compared, %d differ" %
+                      (fam, variant, len([c for c in conversations() if c not in skip and
+                                          (fam == "harmony" or c not in HARMONY_ONLY)]), differ))
             finally:
                 srv.close()
     for f in failures:
         print("FAIL " + f)
-    print("%d prompts compared, %d failures" % (compared, len(failures)))
+    print("%d prompts and replies compared, %d failures" % (compared, len(failures)))
     return 1 if failures or compared == 0 else 0
 
 

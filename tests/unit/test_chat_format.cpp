@@ -71,29 +71,16 @@ Split parse(const std::string & reply, size_t piece, bool tools, bool thinking,
     return s;
 }
 
-TEST(ChatFormat, ReplyParserSplitsAlikeForEveryPieceSize) {
-    const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
-                             "{\"city\": \"Paris\"}}\n</tool_call>";
-    struct Case {
-        std::string reply;
-        bool tools, thinking;
-        Split want;
-    };
-    const std::vector<Case> cases = {
-        {"<think>\nhm, <thi\n</think>\n\nHello <b>", false, true, {"Hello <b>", "hm, <thi", {}}},
-        {"<think>\nplan\n</think>\n\n" + call + "\n" + call, true, true,
-         {"", "plan", {{"call_0", "get_weather", "{\"city\":\"Paris\"}"},
-                       {"call_1", "get_weather", "{\"city\":\"Paris\"}"}}}},
-        {"Let me check.\n" + call + "\nDone.", true, false,
-         {"Let me check.Done.", "", {{"call_0", "get_weather", "{\"city\":\"Paris\"}"}}}},
-        {"x <tool_call>\n{\"name\": 3}\n</tool_call>", true, false,
-         {"x<tool_call>\n{\"name\": 3}\n</tool_call>", "", {}}},  // not a call: kept as text
-        {"a " + call.substr(0, 30), true, false, {"a" + call.substr(0, 30), "", {}}},  // cut
-        {"No thinking here", false, true, {"No thinking here", "", {}}},
-    };
-    for (const Case & c : cases) {
+// Every reply at several piece sizes splits into what is wanted.
+struct SplitCase {
+    std::string reply;
+    bool tools, thinking;
+    Split want;
+};
+void expect_splits(const std::vector<SplitCase> & cases, const std::string & tmpl) {
+    for (const SplitCase & c : cases) {
         for (size_t piece : {size_t(1), size_t(2), size_t(7), c.reply.size()}) {
-            const Split s = parse(c.reply, piece, c.tools, c.thinking);
+            const Split s = parse(c.reply, piece, c.tools, c.thinking, tmpl);
             EXPECT_EQ(s.content, c.want.content) << c.reply << " / piece " << piece;
             EXPECT_EQ(s.reasoning, c.want.reasoning) << c.reply << " / piece " << piece;
             ASSERT_EQ(s.calls.size(), c.want.calls.size()) << c.reply << " / piece " << piece;
@@ -104,6 +91,23 @@ TEST(ChatFormat, ReplyParserSplitsAlikeForEveryPieceSize) {
             }
         }
     }
+}
+
+TEST(ChatFormat, ReplyParserSplitsAlikeForEveryPieceSize) {
+    const std::string call = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+                             "{\"city\": \"Paris\"}}\n</tool_call>";
+    expect_splits({
+        {"<think>\nhm, <thi\n</think>\n\nHello <b>", false, true, {"Hello <b>", "hm, <thi", {}}},
+        {"<think>\nplan\n</think>\n\n" + call + "\n" + call, true, true,
+         {"", "plan", {{"call_0", "get_weather", "{\"city\":\"Paris\"}"},
+                       {"call_1", "get_weather", "{\"city\":\"Paris\"}"}}}},
+        {"Let me check.\n" + call + "\nDone.", true, false,
+         {"Let me check.Done.", "", {{"call_0", "get_weather", "{\"city\":\"Paris\"}"}}}},
+        {"x <tool_call>\n{\"name\": 3}\n</tool_call>", true, false,
+         {"x<tool_call>\n{\"name\": 3}\n</tool_call>", "", {}}},  // not a call: kept as text
+        {"a " + call.substr(0, 30), true, false, {"a" + call.substr(0, 30), "", {}}},  // cut
+        {"No thinking here", false, true, {"No thinking here", "", {}}},
+    }, hermes_template());
     // Negative control: without tools offered, a call is left in the content.
     const Split off = parse(call, 3, false, false);
     EXPECT_TRUE(off.calls.empty());
@@ -153,6 +157,167 @@ TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
         EXPECT_TRUE(s.calls.empty());
         EXPECT_EQ(s.content, "[TOOL_CALLS] [oops") << "not calls: as generated";
     }
+}
+
+TEST(ChatFormat, HarmonyRecognisedOnlyWithEveryFingerprintPiece) {
+    const std::string t = read_template("harmony.jinja");
+    ASSERT_FALSE(t.empty());
+    const ChatFormat f = detect_chat_format(t);
+    ASSERT_EQ(f.family, ChatFamily::kHarmony) << f.name;
+    EXPECT_TRUE(f.tools);
+    EXPECT_TRUE(f.thinking);
+    EXPECT_EQ(f.name.rfind("harmony", 0), 0u) << f.name;
+    EXPECT_TRUE(one_call_per_reply(f));
+    // Another way of declaring tools: not the family.
+    std::string other = t;
+    const std::string s = "namespace functions {";
+    other.replace(other.find(s), s.size(), "module functions {");
+    EXPECT_EQ(detect_chat_format(other).family, ChatFamily::kNone);
+    EXPECT_NE(detect_chat_format(hermes_template()).family, ChatFamily::kHarmony);
+}
+
+TEST(ChatFormat, HarmonyRendersChannelsEffortAndNamedResults) {
+    const ChatFormat f = detect_chat_format(read_template("harmony.jinja"));
+    RenderInput in;
+    in.messages = {{"system", "Be terse.", "", {}, ""},
+                   {"user", "Weather?", "", {}, ""},
+                   {"assistant", "", "Need it.", {{"abc", "get_weather", "{\"city\":\"Rome\"}"}}, ""},
+                   {"tool", "{\"t\": 3}", "", {}, "abc"}};
+    in.tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "description": "Weather", "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "n": {"type": "array",
+        "items": {"type": "integer"}, "default": [1]}}, "required": ["city"]}}}])");
+    in.reasoning_effort = "high";
+    std::string out, err;
+    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
+    for (const char * piece :
+         {"\n\nReasoning: high\n\n", "<|start|>developer<|message|># Instructions\n\nBe terse.\n\n"
+          "# Tools\n\n## functions\n\nnamespace functions {\n\n// Weather\ntype get_weather = (_: "
+          "{\ncity: \"Paris\" | \"Rome\",\nn?: number[], // default: [1]\n}) => any;\n\n} // "
+          "namespace functions<|end|>",
+          "<|start|>assistant<|channel|>analysis<|message|>Need it.<|end|>",
+          "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
+          "<|message|>{\"city\": \"Rome\"}<|call|>",
+          "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"t\": 3}"
+          "<|end|><|start|>assistant"})
+        EXPECT_NE(out.find(piece), std::string::npos) << piece << "\n--- in ---\n" << out;
+    in.reasoning_effort = "";
+    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
+    EXPECT_NE(out.find("Reasoning: medium"), std::string::npos) << "the default effort";
+    // A result that answers no call cannot be named: refused, naming the message.
+    in.messages[3].tool_call_id = "zzz";
+    EXPECT_FALSE(render_chat_format(f, in, &out, &err));
+    EXPECT_NE(err.find("messages[3].tool_call_id 'zzz'"), std::string::npos) << err;
+}
+
+TEST(ChatFormat, HarmonyReplySplitsChannelsAlikeForEveryPieceSize) {
+    const std::string t = read_template("harmony.jinja");
+    const std::string call = "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+                             "<|message|>{\"city\": \"Paris\"}";
+    expect_splits({
+        {"<|channel|>analysis<|message|>Think <b>.<|end|><|start|>assistant<|channel|>final"
+         "<|message|>Hello <| there\n<|return|>",
+         false, true, {"Hello <| there", "Think <b>.", {}}},
+        // A model whose end tokens are not printed: the next <|start|> ends a message.
+        {"<|channel|>analysis<|message|> Think. <|start|>assistant<|channel|>final<|message|>Hi",
+         false, true, {"Hi", "Think.", {}}},
+        {"<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant" + call + "<|call|>",
+         true, true, {"", "Need it.", {{"call_0", "get_weather", "{\"city\":\"Paris\"}"}}}},
+        {call, true, true, {"", "", {{"call_0", "get_weather", "{\"city\":\"Paris\"}"}}}},  // ends the reply
+        {" to=functions.add<|channel|>commentary json<|message|>{\"a\": 1}", true, true,
+         {"", "", {{"call_0", "add", "{\"a\":1}"}}}},
+        {"<|channel|>commentary to=functions.add <|constrain|>json<|message|>{oops<|call|>", true, true,
+         {"<|channel|>commentary to=functions.add <|constrain|>json<|message|>{oops", "", {}}},
+        {"Just text, no header", true, true, {"Just text, no header", "", {}}},
+        {"<|channel|>analysis<|message|>cut he", false, true, {"", "cut he", {}}},
+    }, t);
+    // Negative control: without tools offered, a call is left in the content as generated.
+    const Split off = parse(call + "<|call|>", 3, false, true, t);
+    EXPECT_TRUE(off.calls.empty());
+    EXPECT_EQ(off.content, call);
+}
+
+// A llama3.x or mistral call is sent as soon as its JSON object is complete (while the reply
+// still streams), not when the reply ends; text after the calls is content.
+TEST(ChatFormat, JsonCallsAreSentOnceComplete) {
+    struct Case {
+        const char * tmpl;
+        std::string reply;
+        size_t calls_before_end;  // calls push() gave before finish()
+        Split want;
+    };
+    const std::string l3 = "{\"name\": \"add\", \"parameters\": {\"a\": \"}{\\\"\"}}";
+    const std::string ms = "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": [1]}}, "
+                           "{\"name\": \"now\", \"arguments\": {}}]";
+    const std::vector<Case> cases = {
+        {"llama3.jinja", l3 + "\n", 1, {"", "", {{"call_0", "add", "{\"a\":\"}{\\\"\"}"}}}},
+        {"llama3.jinja", l3 + " and more", 1, {"and more", "", {{"call_0", "add", "{\"a\":\"}{\\\"\"}"}}}},
+        {"mistral.jinja", ms + " ", 2,
+         {"", "", {{"call_0", "add", "{\"a\":[1]}"}, {"call_1", "now", "{}"}}}},
+        // The second element is not a call: the first was sent, the rest is content.
+        {"mistral.jinja", "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {}}, {\"x\": 1}]", 1,
+         {"{\"x\": 1}]", "", {{"call_0", "add", "{}"}}}},
+        {"mistral.jinja", "[TOOL_CALLS]oops", 0, {"[TOOL_CALLS]oops", "", {}}},
+    };
+    for (const Case & c : cases) {
+        const std::string t = read_template(c.tmpl);
+        for (size_t piece : {size_t(1), size_t(3), c.reply.size()}) {
+            ReplyParser p(detect_chat_format(t), true, false);
+            Split s;
+            size_t before_end = 0;
+            for (size_t i = 0; i < c.reply.size(); i += piece) {
+                const ReplyDelta d = p.push(c.reply.substr(i, piece));
+                s.content += d.content;
+                for (const auto & k : d.calls) s.calls.push_back(k);
+            }
+            before_end = s.calls.size();
+            const ReplyDelta d = p.finish();
+            s.content += d.content;
+            for (const auto & k : d.calls) s.calls.push_back(k);
+            EXPECT_EQ(before_end, c.calls_before_end) << c.reply << " / piece " << piece;
+            EXPECT_EQ(s.content, c.want.content) << c.reply << " / piece " << piece;
+            ASSERT_EQ(s.calls.size(), c.want.calls.size()) << c.reply << " / piece " << piece;
+            for (size_t k = 0; k < s.calls.size(); ++k) {
+                EXPECT_EQ(s.calls[k].name, c.want.calls[k].name);
+                EXPECT_EQ(s.calls[k].arguments, c.want.calls[k].arguments);
+            }
+        }
+    }
+}
+
+// Random replies made of each family's markers and text split the same way whatever the piece
+// size (the streamed split equals the whole-reply split), for every family.
+TEST(ChatFormat, RandomRepliesSplitAlikeAtEveryPieceSize) {
+    const std::vector<std::string> bits = {
+        "<|channel|>", "analysis", "final", "commentary", " to=functions.add", " <|constrain|>json",
+        "<|message|>", "<|end|>", "<|start|>", "assistant", "<|call|>", "<|return|>", "<think>\n",
+        "</think>", "<tool_call>\n", "</tool_call>", "{\"name\": \"add\", \"arguments\": {\"a\": 1}}",
+        "{\"name\": \"add\", \"parameters\": {}}", "[TOOL_CALLS] [", "]", ", ", "{", "}", "\"",
+        "<|python_tag|>", "<", "|", " ", "\n", "text", "é"};
+    uint32_t seed = 12345;
+    auto next = [&] { return seed = seed * 1103515245u + 12345u; };
+    int compared = 0;
+    for (const char * tmpl : {"hermes-qwen3.jinja", "llama3.jinja", "mistral.jinja", "harmony.jinja"}) {
+        const std::string t = read_template(tmpl);
+        for (int n = 0; n < 300; ++n) {
+            std::string reply;
+            const size_t len = 1 + (next() >> 8) % 12;
+            for (size_t i = 0; i < len; ++i) reply += bits[(next() >> 8) % bits.size()];
+            for (bool tools : {false, true}) {
+                const Split whole = parse(reply, reply.size(), tools, true, t);
+                for (size_t piece : {size_t(1), size_t(2), size_t(5)}) {
+                    const Split s = parse(reply, piece, tools, true, t);
+                    ASSERT_EQ(s.content, whole.content) << tmpl << ": " << reply << " / " << piece;
+                    ASSERT_EQ(s.reasoning, whole.reasoning) << tmpl << ": " << reply << " / " << piece;
+                    ASSERT_EQ(s.calls.size(), whole.calls.size()) << tmpl << ": " << reply << " / " << piece;
+                    for (size_t k = 0; k < s.calls.size(); ++k)
+                        ASSERT_EQ(s.calls[k].arguments, whole.calls[k].arguments) << reply;
+                    ++compared;
+                }
+            }
+        }
+    }
+    EXPECT_EQ(compared, 4 * 300 * 2 * 3);
 }
 
 }  // namespace

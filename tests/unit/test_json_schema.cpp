@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "chat_format.h"
 #include "json_schema_grammar.h"
 #include "llama.h"
 #include "moestream/utf8.h"
@@ -391,6 +392,73 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreRefusedWithTheirPointer) {
         SchemaError err;
         EXPECT_TRUE(json_schema_to_gbnf(ojson::parse(ok), &g, &err)) << ok << ": " << err.message;
     }
+}
+
+// The grammar of a forced tool call (chat_format.h): arguments exact for nested schemas in the
+// subset, the flat rule for schemas outside it, and an optional thinking block first.
+TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
+    ASSERT_NE(vocab(), nullptr);
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "put",
+        "parameters": {"type": "object", "properties": {
+          "item": {"type": "object", "properties": {"tags": {"type": "array",
+            "items": {"type": "string", "enum": ["a", "b"]}}, "n": {"type": "integer"}},
+            "required": ["tags"], "additionalProperties": false}},
+        "required": ["item"]}}},
+      {"type": "function", "function": {"name": "flat", "parameters": {"type": "object",
+        "properties": {"x": {"type": "integer", "minimum": 1}}, "required": ["x"]}}},
+      {"type": "function", "function": {"name": "odd", "parameters": {"type": "object",
+        "properties": {"v": {"type": "object", "properties": {"n": {"type": "integer"}},
+        "required": ["n"], "not": {}}}, "required": ["v"]}}}])");
+    server::ChatFormat hermes;
+    hermes.family = server::ChatFamily::kHermes;
+    hermes.tools = hermes.thinking = true;
+    const std::string g = server::tool_call_grammar(hermes, tools, "put", true, false);
+    const std::string call = "<tool_call>\n{\"name\": \"put\", \"arguments\": ";
+    const std::string end = "}\n</tool_call>";
+    EXPECT_TRUE(accepts(g, call + R"({"item": {"tags": ["a", "b"], "n": 3}})" + end)) << g;
+    EXPECT_TRUE(accepts(g, call + R"({"item":{"tags":[]}})" + end)) << g;
+    // Nested violations: an enum miss, a missing nested property, an extra one, a wrong type.
+    for (const char * bad : {R"({"item": {"tags": ["c"]}})", R"({"item": {"n": 3}})",
+                             R"({"item": {"tags": [], "z": 1}})", R"({"item": {"tags": "a"}})",
+                             R"({})"})
+        EXPECT_FALSE(accepts(g, call + bad + end)) << bad;
+    // Thinking first: allowed only when asked for.
+    const std::string think = "<think>\nhm, a < b\n</think>\n\n";
+    const std::string ok = call + R"({"item": {"tags": []}})" + end;
+    const std::string gt = server::tool_call_grammar(hermes, tools, "put", true, true);
+    EXPECT_TRUE(accepts(gt, think + ok)) << gt;
+    EXPECT_TRUE(accepts(gt, ok));
+    EXPECT_FALSE(accepts(g, think + ok)) << "control: no thinking block without think_first";
+    // Value bounds the converter does not enforce (minimum) are left out: the structure and
+    // types still hold, the bound is the model's (0 passes).
+    const std::string gf = server::tool_call_grammar(hermes, tools, "flat", true, false);
+    const std::string fc = "<tool_call>\n{\"name\": \"flat\", \"arguments\": ";
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\": 5}" + end));
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\": 0}" + end));
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\":5}" + end)) << "the converter's grammar (the flat rule "
+                                                        "writes \": \")";
+    EXPECT_FALSE(accepts(gf, fc + "{\"x\": \"5\"}" + end));
+    EXPECT_FALSE(accepts(gf, fc + "{\"x\": 5, \"y\": 1}" + end)) << "only declared properties";
+    // Another keyword outside the subset ("not"): the flat rule (the required property, its
+    // value any JSON value).
+    const std::string go = server::tool_call_grammar(hermes, tools, "odd", true, false);
+    const std::string oc = "<tool_call>\n{\"name\": \"odd\", \"arguments\": ";
+    EXPECT_TRUE(accepts(go, oc + "{\"v\": {\"n\": 1}}" + end));
+    EXPECT_TRUE(accepts(go, oc + "{\"v\": 7}" + end)) << "v's schema is not enforced";
+    EXPECT_FALSE(accepts(go, oc + "{\"w\": 1}" + end));
+
+    server::ChatFormat harmony;
+    harmony.family = server::ChatFamily::kHarmony;
+    harmony.tools = harmony.thinking = true;
+    const std::string hc = "<|channel|>commentary to=functions.put <|constrain|>json<|message|>"
+                           R"({"item": {"tags": ["b"]}})";
+    const std::string ht = "<|channel|>analysis<|message|>Need <b>.<|end|><|start|>assistant";
+    const std::string hg = server::tool_call_grammar(harmony, tools, "", false, true);
+    EXPECT_TRUE(accepts(hg, hc)) << hg;
+    EXPECT_TRUE(accepts(hg, ht + hc));
+    EXPECT_FALSE(accepts(hg, hc + hc)) << "one call per reply";
+    EXPECT_FALSE(accepts(server::tool_call_grammar(harmony, tools, "", false, false), ht + hc))
+        << "control: thinking off";
 }
 
 }  // namespace

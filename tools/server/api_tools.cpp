@@ -88,12 +88,20 @@ std::optional<ApiError> parse_tool_choice(const ojson & j, ChatExtras * x) {
     }
     if (auto p = j.find("parallel_tool_calls"); p != j.end() && !p->is_null()) {
         if (!p->is_boolean()) return bad_field("parallel_tool_calls", "must be true or false");
-        x->parallel_tool_calls = p->get<bool>();
-        if (!x->parallel_tool_calls && x->tool_choice != "required" && x->tool_choice != "function")
-            return bad_field("parallel_tool_calls",
-                             "false is enforced only with tool_choice \"required\" or a named "
-                             "function (the grammar then allows one call)");
+        x->parallel_tool_calls = p->get<bool>();  // how the template honours it: plan_chat
     }
+    return std::nullopt;
+}
+
+std::optional<ApiError> parse_effort(const ojson & v, const std::string & param,
+                                     ChatExtras * x) {
+    if (v.is_null()) return std::nullopt;
+    if (!v.is_string() || (v != "low" && v != "medium" && v != "high"))
+        return bad_field(param, "must be \"low\", \"medium\" or \"high\"");
+    if (!x->reasoning_effort.empty() && x->reasoning_effort != v.get<std::string>())
+        return bad_field(param, "differs from chat_template_kwargs.reasoning_effort (\"" +
+                                    x->reasoning_effort + "\")");
+    x->reasoning_effort = v.get<std::string>();
     return std::nullopt;
 }
 
@@ -101,20 +109,21 @@ std::optional<ApiError> parse_reasoning(const ojson & j, ChatExtras * x) {
     if (auto it = j.find("chat_template_kwargs"); it != j.end() && !it->is_null()) {
         if (!it->is_object()) return bad_field("chat_template_kwargs", "must be an object");
         for (auto k = it->begin(); k != it->end(); ++k) {
+            if (k.key() == "reasoning_effort") {
+                if (auto e = parse_effort(*k, "chat_template_kwargs.reasoning_effort", x)) return e;
+                continue;
+            }
             if (k.key() != "enable_thinking")
                 return bad_field("chat_template_kwargs." + k.key(),
                                  "is not supported: this server renders templates with its own "
-                                 "code and takes only enable_thinking");
+                                 "code and takes only enable_thinking and reasoning_effort");
             if (!k->is_boolean())
                 return bad_field("chat_template_kwargs.enable_thinking", "must be true or false");
             x->enable_thinking = k->get<bool>();
         }
     }
-    if (auto it = j.find("reasoning_effort"); it != j.end() && !it->is_null()) {
-        if (!it->is_string() || (*it != "low" && *it != "medium" && *it != "high"))
-            return bad_field("reasoning_effort", "must be \"low\", \"medium\" or \"high\"");
-        x->reasoning_effort = it->get<std::string>();
-    }
+    if (auto it = j.find("reasoning_effort"); it != j.end())
+        if (auto e = parse_effort(*it, "reasoning_effort", x)) return e;
     return std::nullopt;
 }
 

@@ -4,8 +4,10 @@
 
 #include <cctype>
 #include <cstdio>
+#include <ctime>
 
 #include "chat_format_families.h"
+#include "json_schema_grammar.h"
 
 namespace moestream::server {
 
@@ -13,6 +15,14 @@ std::string trim_blank(const std::string & s) {
     const char * ws = " \t\n\r\v\f";
     const size_t a = s.find_first_not_of(ws);
     return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
+}
+
+std::string local_date(const char * fmt) {
+    const std::time_t t = std::time(nullptr);
+    std::tm tm{};
+    localtime_r(&t, &tm);
+    char buf[64];
+    return std::strftime(buf, sizeof buf, fmt, &tm) ? buf : "";
 }
 
 std::string template_json(const ojson & j) {
@@ -42,6 +52,8 @@ ChatFormat detect_chat_format(const std::string & src) {
         f = llama3::format(src);
     else if (mistral::matches(src))
         f = mistral::format(src);
+    else if (harmony::matches(src))
+        f = harmony::format(src);
     return f;
 }
 
@@ -54,6 +66,8 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
             return llama3::render(f, in, out, err);
         case ChatFamily::kMistral:
             return mistral::render(f, in, out, err);
+        case ChatFamily::kHarmony:
+            return harmony::render(f, in, out, err);
         case ChatFamily::kNone:
             break;
     }
@@ -77,8 +91,14 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.grammar_open = gbnf::literal("[TOOL_CALLS] [");
         m.grammar_separator = gbnf::literal(", ");
         m.grammar_close = gbnf::literal("]");
+    } else if (f.family == ChatFamily::kHarmony) {
+        m.parallel = false;  // a call ends the reply (<|call|>)
     }
     return m;
+}
+
+bool one_call_per_reply(const ChatFormat & f) {
+    return !reply_markers(f).parallel;
 }
 
 bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
@@ -99,6 +119,8 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return llama3::call_rule(name, args);
         case ChatFamily::kMistral:
             return mistral::call_rule(name, args);
+        case ChatFamily::kHarmony:
+            return harmony::call_rule(name, args);
         default:
             return hermes::call_rule(name, args);
     }
@@ -135,6 +157,80 @@ json-string ::= "\"" ( [^"\\\x00-\x1F] | "\\" ( ["\\/bfnrt] | "u" [0-9a-fA-F]{4}
 json-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ )?
 json-int    ::= "-"? ( "0" | [1-9] [0-9]* )
 )gbnf";
+
+// `s` without the value bounds the JSON Schema converter does not enforce (numeric bounds,
+// string patterns and formats, property counts, unique items): a tool's arguments keep their
+// structure enforced while those bounds are left to the model.
+ojson without_bounds(const ojson & s) {
+    static const char * const kBounds[] = {
+        "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
+        "format", "minProperties", "maxProperties", "uniqueItems"};
+    if (!s.is_object()) return s;
+    ojson o = ojson::object();
+    for (auto it = s.begin(); it != s.end(); ++it) {
+        const std::string & k = it.key();
+        bool bound = false;
+        for (const char * b : kBounds) bound = bound || k == b;
+        if (bound) continue;
+        if ((k == "properties" || k == "$defs" || k == "definitions") && it->is_object()) {
+            ojson m = ojson::object();
+            for (auto p = it->begin(); p != it->end(); ++p) m[p.key()] = without_bounds(*p);
+            o[k] = m;
+        } else if ((k == "anyOf" || k == "oneOf") && it->is_array()) {
+            ojson a = ojson::array();
+            for (const auto & b : *it) a.push_back(without_bounds(b));
+            o[k] = a;
+        } else if (k == "items") {
+            o[k] = without_bounds(*it);
+        } else {
+            o[k] = *it;
+        }
+    }
+    return o;
+}
+
+// The rules of json_schema_to_gbnf's grammar for `params` with every rule name prefixed (so
+// several tools' grammars live in one), appended to *rules; returns the renamed root rule, or
+// "" when the schema is not an object schema in the converter's subset.
+std::string schema_rules(const ojson & params, const std::string & prefix, std::string * rules) {
+    if (!params.is_object() || params.value("type", "") != "object") return "";
+    std::string g;
+    SchemaError e;
+    if (!json_schema_to_gbnf(without_bounds(params), &g, &e)) return "";
+    std::vector<std::string> names;
+    for (size_t a = 0; a < g.size();) {  // "name ::= body" lines
+        const size_t sp = g.find(" ::= ", a);
+        names.push_back(g.substr(a, sp - a));
+        a = g.find('\n', a) + 1;
+    }
+    auto is_name = [&](const std::string & w) {
+        for (const auto & n : names)
+            if (n == w) return true;
+        return false;
+    };
+    std::string out;
+    for (size_t i = 0; i < g.size();) {
+        const char c = g[i];
+        if (c == '"' || c == '[') {  // a literal or a character class: copied as is
+            const char close = c == '"' ? '"' : ']';
+            size_t j = i + 1;
+            while (j < g.size() && g[j] != close) j += g[j] == '\\' ? 2 : 1;
+            out += g.substr(i, j + 1 - i);
+            i = j + 1;
+        } else if (std::isalnum(static_cast<unsigned char>(c)) || c == '-') {
+            size_t j = i;
+            while (j < g.size() && (std::isalnum(static_cast<unsigned char>(g[j])) || g[j] == '-')) ++j;
+            const std::string w = g.substr(i, j - i);
+            out += is_name(w) ? prefix + w : w;
+            i = j;
+        } else {
+            out += c;
+            ++i;
+        }
+    }
+    *rules += out;
+    return prefix + "root";
+}
 
 // The grammar of one tool's arguments object (rule text), from its "parameters": a flat
 // object schema gets its required properties in order with typed values; anything else is
@@ -176,7 +272,7 @@ std::string arguments_rule(const ojson & params) {
 }  // namespace gbnf
 
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
-                              const std::string & forced_name, bool one_call) {
+                              const std::string & forced_name, bool one_call, bool think_first) {
     std::string alts, rules;
     int n = 0;
     for (const auto & t : tools) {
@@ -185,15 +281,24 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
         if (!forced_name.empty() && name != forced_name) continue;
         const std::string r = "call" + std::to_string(n++);
         const ojson params = fn.contains("parameters") ? fn["parameters"] : ojson();
-        rules += r + " ::= " + call_rule(f, name, gbnf::arguments_rule(params)) + "\n";
+        std::string args = gbnf::schema_rules(params, "t" + std::to_string(n - 1) + "-", &rules);
+        if (args.empty()) args = gbnf::arguments_rule(params);
+        rules += r + " ::= " + call_rule(f, name, args) + "\n";
         alts += (alts.empty() ? "" : " | ") + r;
     }
     const ReplyMarkers m = reply_markers(f);
     if (!m.parallel) one_call = true;  // the family has one call per reply
-    std::string g = "root ::= " + m.grammar_open + " call" +
+    std::string think;  // an optional thinking block before the calls
+    if (think_first && f.thinking && f.family == ChatFamily::kHarmony)
+        think = harmony::think_rule();
+    else if (think_first && f.thinking && !m.think_open.empty())
+        think = gbnf::literal(m.think_open + "\n") + " ( [^<] | \"<\" [^/] )* " +
+                gbnf::literal(m.think_close + "\n\n");
+    std::string g = std::string("root ::= ") + (think.empty() ? "" : "think? ") + m.grammar_open + " call" +
                     (one_call ? "" : " ( " + m.grammar_separator + " call )*") + " " +
-                    m.grammar_close +
-                    "\ncall ::= " + alts + "\n" + rules + gbnf::kJsonRules;
+                    m.grammar_close + "\ncall ::= " + alts + "\n" +
+                    (think.empty() ? "" : "think ::= " + think + "\n") + rules +
+                    gbnf::kJsonRules;
     return g;
 }
 
@@ -219,6 +324,29 @@ size_t partial_suffix(const std::string & s, const std::string & marker) {
     return 0;
 }
 
+// Where the JSON object or array that starts at s[from] ends (one past its closing bracket);
+// npos when it is not complete yet.
+size_t json_value_end(const std::string & s, size_t from) {
+    int depth = 0;
+    bool in_string = false;
+    for (size_t i = from; i < s.size(); ++i) {
+        const char c = s[i];
+        if (in_string) {
+            if (c == '\\')
+                ++i;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            ++depth;
+        } else if ((c == '}' || c == ']') && --depth == 0) {
+            return i + 1;
+        }
+    }
+    return std::string::npos;
+}
+
 // Erases the blank text at the start of *s; true when nothing else is left.
 bool drop_leading_blank(std::string * s) {
     const size_t ws = s->find_first_not_of(" \t\r\n");
@@ -235,6 +363,7 @@ size_t blank_tail(const std::string & s, size_t end) {
 }  // namespace
 
 ReplyDelta ReplyParser::step(bool final) {
+    if (f_.family == ChatFamily::kHarmony) return harmony_step(final);
     const ReplyMarkers m = reply_markers(f_);
     ReplyDelta d;
     for (;;) {
@@ -278,7 +407,7 @@ ReplyDelta ReplyParser::step(bool final) {
         if (state_ == State::kContent) {
             if (!content_started_) {  // blank before the content or between calls: dropped
                 if (drop_leading_blank(&buf_)) return d;
-                if (tools_ && m.json_reply) {  // a reply that is one JSON call
+                if (tools_ && m.json_reply && !json_done_) {  // a reply that is its JSON calls
                     if (buf_.compare(0, m.call_open.size(), m.call_open) == 0) {
                         buf_.erase(0, m.call_open.size());
                         json_marker_ = true;
@@ -309,20 +438,64 @@ ReplyDelta ReplyParser::step(bool final) {
             state_ = State::kCall;
             continue;
         }
-        if (state_ == State::kJson) {  // held to the end: a call, or text as generated
-            if (!final) return d;
-            std::vector<ToolCall> calls;
-            if (parse_json_reply(f_, buf_, &calls)) {
-                for (ToolCall & c : calls) {
-                    c.id = "call_" + std::to_string(n_calls_++);
-                    d.calls.push_back(std::move(c));
+        if (state_ == State::kJson) {
+            // A JSON call (llama3.x) or a list of them after the marker (mistral): each call
+            // is sent once its object is complete; text that is not a call ends the calls and
+            // is content as generated (with the marker when no call came before it).
+            auto not_calls = [&] {
+                if (json_marker_ && n_calls_ == 0) {
+                    d.content += m.call_open + json_eaten_;
+                    content_started_ = true;
                 }
-            } else {
-                d.content += (json_marker_ ? m.call_open : "") +
-                             buf_.substr(0, blank_tail(buf_, buf_.size()));
+                json_done_ = true;
+                state_ = State::kContent;
+            };
+            const size_t ws = buf_.find_first_not_of(" \t\r\n");
+            if (ws == std::string::npos) {
+                if (!final) return d;
+                not_calls();
+                continue;
             }
-            buf_.clear();
-            return d;
+            const char c = buf_[ws];
+            if (m.marker_required && !json_list_) {  // the list's '['
+                if (c != '[') {
+                    not_calls();
+                    continue;
+                }
+                json_list_ = true;
+                json_eaten_ = buf_.substr(0, ws + 1);
+                buf_.erase(0, ws + 1);
+                continue;
+            }
+            if (json_list_ && n_calls_ > 0 && (c == ']' || c == ',')) {  // between calls
+                buf_.erase(0, ws + 1);
+                if (c == ']') {
+                    json_done_ = true;
+                    state_ = State::kContent;
+                    content_started_ = false;
+                }
+                continue;
+            }
+            const size_t from = ws;
+            const size_t end = buf_[from] == '{' ? json_value_end(buf_, from) : std::string::npos;
+            if (end == std::string::npos && !final && buf_[from] == '{') return d;
+            std::vector<ToolCall> calls;
+            const std::string body = end == std::string::npos ? "" : buf_.substr(from, end - from);
+            if (body.empty() || !parse_json_reply(f_, json_list_ ? "[" + body + "]" : body, &calls)) {
+                not_calls();
+                continue;
+            }
+            for (ToolCall & call : calls) {
+                call.id = "call_" + std::to_string(n_calls_++);
+                d.calls.push_back(std::move(call));
+            }
+            buf_.erase(0, end);
+            if (!json_list_) {  // one call per reply: the rest is content
+                json_done_ = true;
+                state_ = State::kContent;
+                content_started_ = false;
+            }
+            continue;
         }
         // kCall
         const size_t e = buf_.find(m.call_close);

@@ -19,7 +19,7 @@ namespace moestream::server {
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
-enum class ChatFamily { kNone, kHermes, kLlama3, kMistral };
+enum class ChatFamily { kNone, kHermes, kLlama3, kMistral, kHarmony };
 
 struct ChatFormat {
     ChatFamily family = ChatFamily::kNone;
@@ -54,6 +54,7 @@ struct RenderInput {
     ojson tools = ojson::array();  // the request's tools, as sent
     bool add_generation_prompt = true;
     bool enable_thinking = true;
+    std::string reasoning_effort;  // "low" | "medium" | "high" ("": the template's default)
 };
 
 // Renders a conversation in the family's syntax. False with *err naming the message when the
@@ -62,10 +63,16 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
                         std::string * err);
 
 // A GBNF grammar that makes the reply one or more tool calls (forced_name: only that
-// function; one_call: exactly one). Argument objects follow each tool's "parameters" where it
-// is a flat object of string/number/integer/boolean/enum properties, else any JSON object.
+// function; one_call: exactly one), after an optional thinking block when think_first and the
+// family has one. Argument objects follow each tool's "parameters" when the schema is in the
+// structured-output subset (json_schema_grammar.h) once value bounds outside it (minimum,
+// pattern, format...) are left out; else, where it is a flat object, its required
+// string/number/integer/boolean/enum properties; else any JSON object.
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
-                              const std::string & forced_name, bool one_call);
+                              const std::string & forced_name, bool one_call,
+                              bool think_first = false);
+// Whether the family writes at most one call per reply (a reply ends with its call).
+bool one_call_per_reply(const ChatFormat & f);
 
 // What one piece of a reply adds.
 struct ReplyDelta {
@@ -89,6 +96,10 @@ public:
 
 private:
     ReplyDelta step(bool final);
+    ReplyDelta harmony_step(bool final);  // chat_format_harmony.cpp
+    // Text of one field (content or reasoning), with blank text at its start dropped and
+    // blank text at the end of a piece held until more text follows.
+    void add_text(std::string * dst, bool * started, std::string * held, const std::string & s);
     ChatFormat f_;
     bool tools_;
     enum class State { kStart, kThink, kContent, kCall, kJson } state_;
@@ -96,7 +107,15 @@ private:
     bool content_started_ = false;
     bool reasoning_started_ = false;
     bool json_marker_ = false;  // kJson: the reply began with call_open
+    bool json_list_ = false;    // kJson (a marked call list): its '[' was read
+    std::string json_eaten_;    // ... and the text up to it
+    bool json_done_ = false;    // the reply's calls are over: the rest is content
     int n_calls_ = 0;
+    // Harmony: the message being read (its header, and the body of a tool call).
+    bool h_body_ = false;       // in a message's body (else its header)
+    bool h_first_ = true;       // nothing read yet (a header is not required)
+    std::string h_header_, h_channel_, h_recipient_, h_call_;
+    std::string held_content_, held_reasoning_;  // blank text held by add_text
 };
 
 // Python-style JSON as chat templates print it (`tojson`): ", " and ": " separators, key order

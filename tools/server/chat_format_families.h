@@ -42,6 +42,8 @@ bool holds_all(const std::string & src, const char * const (&pieces)[N]) {
 }
 // s without blank text at either end (what Jinja's trim removes).
 std::string trim_blank(const std::string & s);
+// Today in local time, as strftime formats it (what llama.cpp gives templates).
+std::string local_date(const char * strftime_format);
 
 namespace hermes {  // Qwen3 / Qwen2.5 / Hermes 2 Pro: <tool_call> JSON </tool_call>, <think>
 bool matches(const std::string & src);
@@ -66,5 +68,13 @@ bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std
 bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace mistral
+
+namespace harmony {  // gpt-oss: <|start|>role<|message|>...<|end|>, channels, namespace functions
+bool matches(const std::string & src);
+ChatFormat format(const std::string & src);
+bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+std::string think_rule();  // an analysis message before the call
+}  // namespace harmony
 
 }  // namespace moestream::server

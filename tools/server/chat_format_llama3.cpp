@@ -3,8 +3,6 @@
 // (indented JSON) and their instructions in the first user turn, a call as the whole
 // assistant turn {"name": ..., "parameters": {...}} (one per turn), results in an `ipython`
 // turn as a JSON string.
-#include <ctime>
-
 #include "chat_format_families.h"
 
 namespace moestream::server {
@@ -55,12 +53,7 @@ std::string header(const std::string & role) {
 
 // Today as llama.cpp gives templates their date_string ("%d %b %Y", local time).
 std::string today() {
-    const std::time_t t = std::time(nullptr);
-    std::tm tm{};
-    localtime_r(&t, &tm);
-    char buf[32];
-    std::strftime(buf, sizeof buf, "%d %b %Y", &tm);
-    return buf;
+    return local_date("%d %b %Y");
 }
 
 }  // namespace

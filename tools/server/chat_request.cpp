@@ -23,10 +23,17 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     if (x.enable_thinking && *x.enable_thinking && !f.thinking)
         return refuse("chat_template_kwargs.enable_thinking",
                       "this model's chat template has no thinking to enable (" + name + ")");
-    if (!x.reasoning_effort.empty())
+    const bool harmony = f.family == ChatFamily::kHarmony;
+    if (!x.reasoning_effort.empty() && !harmony)
         return refuse("reasoning_effort",
                       "this model's chat template has no reasoning effort (" + name +
                           "); templates with thinking take chat_template_kwargs.enable_thinking");
+    if (harmony && x.enable_thinking && !*x.enable_thinking)
+        return refuse("chat_template_kwargs.enable_thinking",
+                      "this model's chat template cannot turn its thinking off (" + name +
+                          "); reasoning_effort \"low\" makes it short");
+    // parallel_tool_calls false: a forced call's grammar allows one; with auto, the generation
+    // ends once the first call is complete (the reply parser sends each call as it completes).
     if (x.forces_call() && !p->sampling.grammar.empty())
         return refuse("tool_choice", "tool_choice '" + x.tool_choice +
                                          "' constrains the output with a grammar; 'grammar' and "
@@ -37,6 +44,7 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     in.messages = x.turns;
     in.tools = x.tools;
     in.enable_thinking = x.enable_thinking.value_or(true);
+    in.reasoning_effort = x.reasoning_effort;
     std::string err;
     if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
     p->prompt = plan->shown;
@@ -45,10 +53,14 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     plan->rendered = true;
     plan->parse = true;
     plan->tools = !x.tools.empty() && x.tool_choice != "none";
-    plan->thinking = f.thinking && in.enable_thinking && !x.forces_call();
-    // The grammar holds from the reply's first token: a forced call skips the thinking block.
+    plan->thinking = f.thinking && in.enable_thinking;
+    plan->stop_after_call =
+        plan->tools && (!x.parallel_tool_calls || one_call_per_reply(f)) && !x.forces_call();
+    // The grammar holds from the reply's first token; with thinking on it starts with an
+    // optional thinking block, then the call.
     if (x.forces_call())
-        p->sampling.grammar = tool_call_grammar(f, x.tools, x.tool_name, !x.parallel_tool_calls);
+        p->sampling.grammar = tool_call_grammar(f, x.tools, x.tool_name, !x.parallel_tool_calls,
+                                                plan->thinking);
     return std::nullopt;
 }
 

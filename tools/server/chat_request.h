@@ -18,6 +18,7 @@ struct ChatPlan {
     bool parse = false;     // split the reply with a ReplyParser
     bool tools = false;     // ... looking for tool calls
     bool thinking = false;  // ... starting in the thinking block
+    bool stop_after_call = false;  // end the generation once the first call is complete
     std::string shown;      // the rendered prompt as /apply-template shows it (with the
                             // start token's text, which the engine adds as a token instead)
 };

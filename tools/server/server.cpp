@@ -864,6 +864,8 @@ private:
                     std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.token_delay_ms));
                 deliver(utf8.push(piece), false);
                 publish_live();
+                // A reply that may hold one call ends with it (ChatPlan::stop_after_call).
+                if (job.plan.stop_after_call && !job.calls.empty()) return false;
                 return !job.cancelled.load();
             },
             &g);
@@ -883,6 +885,8 @@ private:
                                                                     : "stop";
             job.stop_string = g.stop_string;
             job.moestream = request_report(job, g, cancelled);
+            if (!cancelled && g.finish == FinishReason::kCancelled && !job.calls.empty())
+                job.moestream["stats"]["finish"] = "tool_call";  // ended after its call
         }
         publish_live();
         publish_after_job(dt, st.ok() && !cancelled ? 1 : 0);
@@ -983,7 +987,11 @@ private:
                                     : x.tool_choice == "function" ? json(x.tool_name)
                                                                   : json(x.tool_choice)},
                     {"thinking", fmt_.thinking ? json(x.enable_thinking.value_or(true))
-                                               : json(nullptr)}};
+                                               : json(nullptr)},
+                    {"reasoning_effort", fmt_.family == ChatFamily::kHarmony
+                                             ? json(x.reasoning_effort.empty()
+                                                        ? "medium" : x.reasoning_effort)
+                                             : json(nullptr)}};
     }
 
     // The moestream object of a response: what produced it and how it went.
