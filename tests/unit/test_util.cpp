@@ -89,6 +89,13 @@ std::string cli_bin() {
     return e ? e : "build/bin/moestream";
 }
 
+std::string read_file_bytes(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
 std::string models_dir() {
     const char * e = std::getenv("MOESTREAM_TEST_MODELS");
     std::string d = e ? e : "build/test-models";

@@ -39,6 +39,9 @@ std::string synth_model(const std::string & preset, const std::string & arch,
 ModelIndex hand_made_index(const std::vector<std::vector<uint64_t>> & layers, uint32_t n_expert,
                            uint32_t n_expert_used, uint64_t first_offset = 4096);
 
+// The bytes of a file ("" when it cannot be read).
+std::string read_file_bytes(const std::string & path);
+
 // Shell-quotes a string.
 std::string sh_quote(const std::string & s);
 
