@@ -194,8 +194,10 @@ int choose_n_batch(const RunOptions & opt, const ModelIndex & m, const MemoryAva
     const int cap = opt.n_ctx > 0 ? std::min(kMax, opt.n_ctx) : kMax;
     int u = kBase;
     while (u * 2 <= cap && auto_needs_bytes(m, uint32_t(u * 2)) - base_needs <= avail / 8) u *= 2;
-    *reason = std::to_string(u) + " (the experts, " + mib(experts) +
-              ", do not fit in the cache, so a prompt reads each layer's experts once per batch: " +
+    *reason = std::to_string(u) + " (" +
+              (opt.cache_mb == 0 ? std::string("the cache is off")
+                                 : "the experts, " + mib(experts) + ", do not fit in the cache") +
+              ", so a prompt reads each layer's experts once per batch: " +
               "the largest batch up to " + std::to_string(cap) +
               " whose compute estimate exceeds 512's by at most 1/8 of the " + mib(avail) +
               " available, " + mem.source + ")";

@@ -154,7 +154,7 @@ TEST(PromptBatch, ChosenForTheMemory) {
     std::string why;
     o.cache_mb = 0;  // cache off: each ubatch reads the banks again
     EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 4096) << why;
-    EXPECT_NE(why.find("do not fit"), std::string::npos) << why;
+    EXPECT_NE(why.find("the cache is off"), std::string::npos) << why;
     o.n_ctx = 1024;  // never above the context
     EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 1024) << why;
     // Controls: the default where a larger batch saves nothing or does not fit.
@@ -166,6 +166,7 @@ TEST(PromptBatch, ChosenForTheMemory) {
     EXPECT_NE(why.find("can hold every expert"), std::string::npos) << why;
     o.cache_mb = 1;  // 1 MiB cannot hold the tiny's 13 MiB of experts
     EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 1024) << why;
+    EXPECT_NE(why.find("do not fit in the cache"), std::string::npos) << why;
     o.stream = false;
     o.cache_mb = -1;
     EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 512) << why;
@@ -192,7 +193,7 @@ TEST(PromptBatch, ALargerUbatchReadsTheBanksFewerTimesWithTheResidentLogitsOfThe
     Out a = run(model, "--cache-mb 0", "", "", 2);
     ASSERT_EQ(a.exit_code, 0) << a.err;
     EXPECT_GT(a.stats["settings"]["n_batch"].get<int>(), 512);
-    EXPECT_NE(a.stats["settings"]["n_batch_reason"].get<std::string>().find("do not fit"),
+    EXPECT_NE(a.stats["settings"]["n_batch_reason"].get<std::string>().find("the cache is off"),
               std::string::npos);
     Out g = run(model, "--cache-mb 0", "", "-b 64", 2);
     ASSERT_EQ(g.exit_code, 0) << g.err;
