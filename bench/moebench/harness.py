@@ -528,6 +528,16 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             vals = [v for v in vals if v is not None]
             if vals:
                 s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
+        # prefill figures (report.prefill_table): the prompt as tokenized, the whole run's
+        # bytes read, the dense read at load
+        for k, get in (("n_prompt", lambda m: m.get("n_prompt")),
+                       ("prefill_s", lambda m: m.get("prefill_s")),
+                       ("flash_bytes_read", lambda m: m.get("flash_bytes_read")),
+                       ("dense_read_s", lambda m: (m.get("stats_json") or {}).get("dense_read_s"))):
+            vals = [get(r.get("metrics", {})) for r in ok]
+            vals = [v for v in vals if isinstance(v, (int, float))]
+            if vals:
+                s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
         ch = [_kept(r, "cache_hits", trim) for r in ok]
         cm = [_kept(r, "cache_misses", trim) for r in ok]
         if ok and all(x is not None for x in ch + cm) and sum(map(sum, ch)) + sum(map(sum, cm)) > 0:
