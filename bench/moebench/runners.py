@@ -35,6 +35,10 @@ class Tools:
 
     def run_help(self) -> str:
         if self._run_help is None:
+            if not os.access(self.moestream, os.X_OK):
+                # a dry run's commit not built yet: its help is unknown
+                self._run_help = ""
+                return self._run_help
             r = subprocess.run([self.moestream, "run", "--help"], capture_output=True, text=True)
             self._run_help = r.stdout + r.stderr
         return self._run_help
