@@ -164,7 +164,8 @@ def main() -> int:
     publish(res, as_defined and in_repo and exp.publish and not res.get("interrupted") and not a.no_docs)
     if res["experiment"]["cells"]:
         print(report.table(res))
-    for extra in (report.fio_table(res), report.bound_table(res)):
+    for extra in (report.fio_table(res), report.bound_table(res), report.hidden_bound_table(res),
+                  report.prefill_table(res)):
         if extra:
             print()
             print(extra)

@@ -31,6 +31,7 @@ VARIABLES: dict[str, Any] = {
     "odirect": True,            # moestream O_DIRECT (False: --no-odirect)
     "prefetch": False,          # moestream next-layer read-ahead (--prefetch; on by default
                                 # with --no-prefetch at e50c94e only)
+    "prefill_readahead": False, # moestream --prefill-readahead (docs/prefetch.md)
     "cache_mb": "off",          # moestream LRU budget: "off" | MiB | "auto" | "all-experts"
     "force_cache": False,       # moestream --force-cache
     "drop_cold": None,          # moestream --drop-cold-experts F (lossy)
@@ -46,6 +47,10 @@ VARIABLES: dict[str, Any] = {
     # the model split into this many shards with Debian's llama-gguf-split (--split-max-tensors,
     # the first shard given to the loader; models.ensure_split), or None: the one file
     "split": None,
+    # the prompt: None = the experiment's `prompt`; N = a prompt of N characters, the
+    # experiment's prompt repeated (prompt_text()); on the synth models' byte-level vocabulary
+    # (no merges, no BOS) that is N tokens. The run records n_prompt as tokenized.
+    "prompt_tokens": None,
 }
 
 MOESTREAM_LOADERS = {"stream", "resident"}
@@ -54,23 +59,23 @@ LLAMA_BENCH_LOADERS = {"bench-mmap", "bench-dio"}
 LOADERS = MOESTREAM_LOADERS | LLAMA_COMPLETION_LOADERS | LLAMA_BENCH_LOADERS
 
 _COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args",
-           "split"}
+           "split", "prompt_tokens"}
 APPLIES: dict[str, set[str]] = {
-    "stream": _COMMON | {"io_threads", "odirect", "prefetch", "cache_mb", "force_cache", "drop_cold",
+    "stream": _COMMON | {"io_threads", "odirect", "prefetch", "prefill_readahead", "cache_mb", "force_cache", "drop_cold",
                          "route_trace", "commit"},
     "resident": _COMMON | {"commit"},
     "llama-mmap": set(_COMMON),
     "llama-dio": set(_COMMON),
-    "bench-mmap": set(_COMMON),
-    "bench-dio": set(_COMMON),
+    "bench-mmap": _COMMON - {"prompt_tokens"},   # llama-bench runs tg only: no prompt
+    "bench-dio": _COMMON - {"prompt_tokens"},
 }
 # A variable that applies to only one side of a comparison is ignored when it has its
 # neutral value there (cache off, lossless, O_DIRECT); any other value counts as a change.
 # io_threads has no neutral value: comparing a streaming cell with a non-streaming one
 # is a comparison of loaders, whatever the lanes.
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
-           "prefetch": False,
-           "route_trace": False, "commit": None, "split": None}
+           "prefetch": False, "prefill_readahead": False,
+           "route_trace": False, "commit": None, "split": None, "prompt_tokens": None}
 
 EXPERIMENT_KEYS = {
     "name", "title", "description", "model", "arch", "type", "seed", "attn_gain", "prompt", "tokens",
@@ -118,7 +123,7 @@ class Experiment:
     trim: int
     order: str                # interleaved | alternate | shuffled
     ctx: int
-    batch: int
+    batch: int                # -b (and llama.cpp's -ub); 0 = not passed: each binary's own choice
     timeout_s: int
     placeholder: bool
     cells: list[Cell]
@@ -155,7 +160,7 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad(f"one of {sorted(LOADERS)}")
     if var in ("threads", "io_threads") and not (isinstance(v, int) and v >= 1):
         raise bad("a positive integer")
-    if var in ("odirect", "prefetch", "force_cache", "route_trace") and not isinstance(v, bool):
+    if var in ("odirect", "prefetch", "prefill_readahead", "force_cache", "route_trace") and not isinstance(v, bool):
         raise bad("true or false")
     if var == "cache_mb" and not (v in ("off", "auto", "all-experts") or (isinstance(v, int) and v >= 0)):
         raise bad('"off", "auto", "all-experts" or MiB')
@@ -173,8 +178,21 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad("a list of strings")
     if var == "split" and not (v is None or (isinstance(v, int) and not isinstance(v, bool) and 2 <= v <= 99)):
         raise bad("a shard count in [2, 99] or absent")
+    if var == "prompt_tokens" and not (v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20)):
+        raise bad("a prompt length in [1, 1048576] or absent")
     if var == "commit" and not (v is None or (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z._/~^-]+", v))):
         raise bad("a git revision (commit hash, tag or branch) or absent")
+
+
+def prompt_text(exp: "Experiment", cell: Cell) -> str:
+    """The cell's prompt: the experiment's, or (prompt_tokens = N) that text repeated with
+    single spaces and cut to N characters."""
+    n = cell.params.get("prompt_tokens")
+    if n is None:
+        return exp.prompt
+    base = exp.prompt.strip() or "Once upon a time"
+    reps = n // (len(base) + 1) + 1
+    return " ".join([base] * reps)[:n]
 
 
 def _fmt_name(template: str, params: dict[str, Any]) -> str:
@@ -313,11 +331,18 @@ def validate(exp: Experiment) -> None:
         raise ConfigError(f"{exp.name}: no cells and no fio probe")
     if exp.order not in ("interleaved", "alternate", "shuffled"):
         raise ConfigError(f"{exp.name}: order = {exp.order!r}: interleaved | alternate | shuffled")
+    if exp.batch < 0:
+        raise ConfigError(f"{exp.name}: batch = {exp.batch}: prompt tokens per decode, or 0 "
+                          "for each binary's own choice (no -b)")
     if exp.reps < 1 or exp.tokens < 2:
         raise ConfigError(f"{exp.name}: reps >= 1 and tokens >= 2")
     if exp.trim < 0 or exp.trim >= exp.tokens - 1:
         raise ConfigError(f"{exp.name}: trim = {exp.trim} leaves no decoded token (tokens = {exp.tokens})")
     names = {c.name for c in exp.cells}
+    for c in exp.cells:
+        if c.params.get("prompt_tokens") is not None and not c.applies("prompt_tokens"):
+            raise ConfigError(f"{exp.name}: cell {c.name!r}: prompt_tokens does not apply to "
+                              f"loader {c.params['loader']!r} (llama-bench runs no prompt)")
     for c in exp.cells:
         if c.baseline is None:
             continue

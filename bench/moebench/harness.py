@@ -124,8 +124,11 @@ class Harness:
         for rev in sorted({c.params["commit"] for c in exp.cells if c.params.get("commit")}):
             full = resolve_commit(repo, rev)
             self.cell_commits[rev] = full
-            if dry_run:
-                self.cell_tools[rev] = runners.Tools(repo, f"<build-at {full[:12]}>/moestream")
+            if dry_run:   # the binary bench/build-at.sh made before, if any (nothing is built)
+                built = os.path.join(os.environ.get("MOESTREAM_BENCH_BUILD_DIR", "/var/tmp/moestream-bench-build"),
+                                     f"build-{full}", "bin", "moestream")
+                self.cell_tools[rev] = runners.Tools(
+                    repo, built if os.access(built, os.X_OK) else f"<build-at {full[:12]}>/moestream")
                 continue
             self.cell_tools[rev] = runners.Tools(repo, snapshot_binary(build_at(repo, full)))
         self.out_dir = out_dir
@@ -526,6 +529,16 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                   "proc_read_bytes_per_token_est"):
             vals = [r.get("metrics", {}).get(k, r.get(k)) for r in ok]
             vals = [v for v in vals if v is not None]
+            if vals:
+                s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
+        # prefill figures (report.prefill_table): the prompt as tokenized, the whole run's
+        # bytes read, the dense read at load
+        for k, get in (("n_prompt", lambda m: m.get("n_prompt")),
+                       ("prefill_s", lambda m: m.get("prefill_s")),
+                       ("flash_bytes_read", lambda m: m.get("flash_bytes_read")),
+                       ("dense_read_s", lambda m: (m.get("stats_json") or {}).get("dense_read_s"))):
+            vals = [get(r.get("metrics", {})) for r in ok]
+            vals = [v for v in vals if isinstance(v, (int, float))]
             if vals:
                 s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
         ch = [_kept(r, "cache_hits", trim) for r in ok]

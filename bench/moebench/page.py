@@ -264,6 +264,16 @@ def section(path: str, res: dict[str, Any], older: list[str], exp_def: config.Ex
         lines += ["Serial bound (reads not overlapped with compute): time/token ≥ t_compute + MiB "
                   "read per token / read bandwidth, t_compute from the resident cell, bandwidth "
                   "fio's at the same lanes or the engine's own:", "", bt, ""]
+    ht = report.hidden_bound_table(res)
+    if ht:
+        lines += ["Reads hidden behind compute: decode time/token against max(t_compute, MiB read "
+                  "per token / fio's rate at the same lanes), t_compute from the resident cell with "
+                  "the same prompt:", "", ht, ""]
+    pt = report.prefill_table(res)
+    if pt:
+        lines += ["Prefill against the resident cell with the same prompt (the resident prefill "
+                  "time = its prompt tokens / its prefill tok/s; the dense read is the cell's own, "
+                  "at load):", "", pt, ""]
     notes = _notes(res, exp_def)
     if notes:
         lines += ["Notes:", ""] + [f"- {n}" for n in notes] + [""]

@@ -106,26 +106,96 @@ def fio_table(res: dict[str, Any]) -> str | None:
     return "\n".join(rows)
 
 
-def bound_table(res: dict[str, Any]) -> str | None:
-    """The serial bound per streaming cell: time/token >= t_compute + bytes/bandwidth when
-    the reads are not overlapped with compute (docs/benchmark-method.md)."""
+def _resident_ref(exp: dict[str, Any], sm: dict[str, Any], c: dict[str, Any]) -> dict[str, Any] | None:
+    """The resident cell that is cell c's compute reference: same threads, same prompt."""
+    return next((r for r in exp["cells"] if r["params"]["loader"] == "resident"
+                 and r["params"]["threads"] == c["params"]["threads"]
+                 and r["params"].get("prompt_tokens") == c["params"].get("prompt_tokens")
+                 and sm[r["name"]].get("decode_tok_s")), None)
+
+
+def _bound_inputs(res: dict[str, Any]):
+    """Per streaming cell with decode figures and a resident reference: (cell, its summary,
+    the reference cell, t_compute s/token, MiB read per token, fio MiB/s at its lanes or None)."""
     exp = res["experiment"]
     sm = res["summary"]["cells"]
     fio = res["summary"].get("fio_mib_s") or {}
-    rows = []
     for c in exp["cells"]:
         s = sm[c["name"]]
         if c["params"]["loader"] != "stream" or not s.get("decode_tok_s") or not s.get("mib_read_per_token"):
             continue
-        ref = next((r for r in exp["cells"] if r["params"]["loader"] == "resident"
-                    and r["params"]["threads"] == c["params"]["threads"]
-                    and sm[r["name"]].get("decode_tok_s")), None)
+        ref = _resident_ref(exp, sm, c)
         if ref is None:
             continue
-        tc = 1.0 / sm[ref["name"]]["decode_tok_s"]["value"]
-        mib = s["mib_read_per_token"]["value"]
+        yield (c, s, ref, 1.0 / sm[ref["name"]]["decode_tok_s"]["value"],
+               s["mib_read_per_token"]["value"], fio.get(str(c["params"]["io_threads"]), {}).get("mean"))
+
+
+def _has_prompt_lengths(exp: dict[str, Any]) -> bool:
+    return any(c["params"].get("prompt_tokens") is not None for c in exp["cells"])
+
+
+def hidden_bound_table(res: dict[str, Any]) -> str | None:
+    """Reads hidden behind compute: decode time/token against max(t_compute, MiB read per
+    token / fio rate at the cell's lanes). Shown for experiments with prompt lengths."""
+    if not _has_prompt_lengths(res["experiment"]):
+        return None
+    rows = []
+    for c, s, _ref, tc, mib, f in _bound_inputs(res):
+        t_read = mib / f if f else None
+        bound = max(tc, t_read) if t_read is not None else None
+        meas = 1.0 / s["decode_tok_s"]["value"]
+        rows.append(f"| `{c['name']}` | {_f(c['params'].get('prompt_tokens'))} | {tc:.3f} | {mib:.1f} | "
+                    f"{_f(t_read, 3)} | {_f(bound, 3)} | {meas:.3f} | "
+                    f"{_f(meas / bound if bound else None)} |")
+    if not rows:
+        return None
+    return "\n".join([
+        "| cell | prompt tokens | t_compute s/token (resident) | MiB read/token | read s/token at fio rate | "
+        "max(t_compute, read) s/token | measured s/token | measured / bound |",
+        "|---|---|---|---|---|---|---|---|"] + rows)
+
+
+def prefill_table(res: dict[str, Any]) -> str | None:
+    """Prefill against the resident cell with the same prompt: prefill tok/s, time to first
+    token, and TTFT against the resident prefill time plus the cell's dense read. Shown for
+    experiments with prompt lengths."""
+    exp = res["experiment"]
+    if not _has_prompt_lengths(exp):
+        return None
+    sm = res["summary"]["cells"]
+    rows = []
+    for c in exp["cells"]:
+        s = sm[c["name"]]
+        if not s.get("prefill_tok_s"):
+            continue
+        ref = _resident_ref(exp, sm, c) if c["params"]["loader"] != "resident" else None
+        rs = sm[ref["name"]] if ref else {}
+        pt = s["prefill_tok_s"]["mean"]
+        n = (s.get("n_prompt") or {}).get("mean")
+        rpt = (rs.get("prefill_tok_s") or {}).get("mean")
+        rprefill = n / rpt if (n and rpt) else None
+        dense = (s.get("dense_read_s") or {}).get("mean")
+        ttft = (s.get("ttft_s") or {}).get("mean")
+        target = rprefill + (dense or 0.0) if rprefill is not None else None
+        rows.append(f"| `{c['name']}` | {_f(int(n) if n else None)} | {pt:.2f} | "
+                    f"{_f(pt / rpt if rpt else None)} | {_f(ttft)} | {_f(rprefill)} | {_f(dense)} | "
+                    f"{_f(ttft / target if (ttft and target) else None)} | "
+                    f"{_f((s.get('flash_bytes_read') or {}).get('mean', 0) / 2**30 if s.get('flash_bytes_read') else None)} |")
+    if not rows:
+        return None
+    return "\n".join([
+        "| cell | prompt tokens | prefill tok/s | × resident prefill | TTFT s | resident prefill s | "
+        "dense read s | TTFT / (resident prefill + dense read) | GiB read (run) |",
+        "|---|---|---|---|---|---|---|---|---|"] + rows)
+
+
+def bound_table(res: dict[str, Any]) -> str | None:
+    """The serial bound per streaming cell: time/token >= t_compute + bytes/bandwidth when
+    the reads are not overlapped with compute (docs/benchmark-method.md)."""
+    rows = []
+    for c, s, ref, tc, mib, f in _bound_inputs(res):
         eng = s.get("engine_read_mib_s", {}) or {}
-        f = fio.get(str(c["params"]["io_threads"]), {}).get("mean")
         t_eng = mib / eng["value"] if eng.get("value") else None
         t_fio = mib / f if f else None
         meas = s["decode_tok_s"]["value"]

@@ -35,6 +35,10 @@ class Tools:
 
     def run_help(self) -> str:
         if self._run_help is None:
+            if not os.access(self.moestream, os.X_OK):
+                # a dry run's commit not built yet: its help is unknown
+                self._run_help = ""
+                return self._run_help
             r = subprocess.run([self.moestream, "run", "--help"], capture_output=True, text=True)
             self._run_help = r.stdout + r.stderr
         return self._run_help
@@ -49,9 +53,10 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
                    inspect: dict[str, Any], out_prefix: str) -> tuple[list[str] | None, str | None]:
     """The moestream command, or (None, reason) when the CLI lacks a flag the cell needs."""
     p = cell.params
-    a = [tools.moestream, "run", "-m", model, "-p", exp.prompt, "-n", str(exp.tokens),
-         "-t", str(p["threads"]), "-c", str(exp.ctx), "-b", str(exp.batch),
-         "--stats-json", out_prefix + ".stats.json", "--stats-csv", out_prefix + ".tokens.csv"]
+    a = [tools.moestream, "run", "-m", model, "-p", config.prompt_text(exp, cell), "-n", str(exp.tokens),
+         "-t", str(p["threads"]), "-c", str(exp.ctx)] + \
+        (["-b", str(exp.batch)] if exp.batch > 0 else []) + \
+        ["--stats-json", out_prefix + ".stats.json", "--stats-csv", out_prefix + ".tokens.csv"]
     need: list[str] = []
     if p["loader"] == "resident":
         a.append("--no-stream")
@@ -67,6 +72,9 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
             need.append("--prefetch")
         elif not p["prefetch"] and tools.has_flag("--no-prefetch"):
             a.append("--no-prefetch")
+        if p["prefill_readahead"]:
+            a.append("--prefill-readahead")
+            need.append("--prefill-readahead")
         cm = p["cache_mb"]
         if cm == "off" and tools.has_flag("--cache-mb"):
             # since 9db6e53 the CLI's default is auto: "off" must be said (0 = off); before
@@ -103,10 +111,10 @@ def llama_completion_args(tools: Tools, exp: config.Experiment, cell: config.Cel
                           inspect: dict[str, Any]) -> list[str]:
     p = cell.params
     lm = {"llama-mmap": "mmap", "llama-dio": "dio"}[p["loader"]]
-    a = [tools.llama_tool, "llama-completion", "-m", model, "-p", exp.prompt, "-n", str(exp.tokens),
+    a = [tools.llama_tool, "llama-completion", "-m", model, "-p", config.prompt_text(exp, cell), "-n", str(exp.tokens),
          "--temp", "0", "-s", "1", "-no-cnv", "--no-warmup", "-lm", lm, "--no-repack",
          "-t", str(p["threads"]), "-tb", str(p["threads"]), "-fit", "off", "-c", str(exp.ctx),
-         "-b", str(exp.batch), "-ub", str(exp.batch), "-lv", "5", "--log-timestamps",
+         *(["-b", str(exp.batch), "-ub", str(exp.batch)] if exp.batch > 0 else []), "-lv", "5", "--log-timestamps",
          "--log-colors", "off"]
     if p["n_expert_used"] is not None:
         a += ["--override-kv", f"{inspect.get('arch', 'qwen3moe')}.expert_used_count=int:{p['n_expert_used']}"]

@@ -176,6 +176,113 @@ class MatrixRules(unittest.TestCase):
                 split = 1
             """)
 
+    def test_a_cell_prompt_of_n_tokens(self):
+        e = load_toml("""
+            prompt = "Once upon a time"
+            [[cell]]
+            name = "short"
+            [[cell]]
+            name = "long"
+            prompt_tokens = 1000
+            baseline = "short"
+        """)
+        self.assertEqual(config.prompt_text(e, e.cell("short")), "Once upon a time")
+        long = config.prompt_text(e, e.cell("long"))
+        self.assertEqual(len(long), 1000)
+        self.assertTrue(long.startswith("Once upon a time Once upon a time"))
+        self.assertEqual(config.describe_change(e.cell("long"), e.cell("short")),
+                         "prompt_tokens: None → 1000")
+        # The command carries the cell's prompt, for moestream and llama-completion alike.
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        tools = runners.Tools(repo, "/bin/true")
+        tools._run_help = "--io-threads N\n--cache-mb MIB\n"
+        a, why = runners.moestream_args(tools, e, e.cell("long"), "/m/x.gguf", {}, "/tmp/x")
+        self.assertIsNone(why)
+        self.assertEqual(a[a.index("-p") + 1], long)
+        lc = load_toml("""
+            [[cell]]
+            name = "l"
+            loader = "llama-mmap"
+            prompt_tokens = 73
+        """)
+        b = runners.llama_completion_args(tools, lc, lc.cell("l"), "/m/x.gguf", {})
+        self.assertEqual(len(b[b.index("-p") + 1]), 73)
+        # prefill_readahead: the flag, which the binary must list.
+        ra = load_toml("""
+            [[cell]]
+            name = "off"
+            [[cell]]
+            name = "on"
+            prefill_readahead = true
+            baseline = "off"
+        """)
+        self.assertEqual(config.describe_change(ra.cell("on"), ra.cell("off")),
+                         "prefill_readahead: False → True")
+        _, why = runners.moestream_args(tools, ra, ra.cell("on"), "/m/x.gguf", {}, "/tmp/x")
+        self.assertIn("--prefill-readahead", why)
+        tools._run_help += "--prefill-readahead\n"
+        r_on, _ = runners.moestream_args(tools, ra, ra.cell("on"), "/m/x.gguf", {}, "/tmp/x")
+        r_off, _ = runners.moestream_args(tools, ra, ra.cell("off"), "/m/x.gguf", {}, "/tmp/x")
+        self.assertIn("--prefill-readahead", r_on)
+        self.assertNotIn("--prefill-readahead", r_off)
+        # batch = 0: no -b, each binary chooses; the default passes -b 512.
+        self.assertEqual(a[a.index("-b") + 1], "512")
+        e.batch = 0
+        a0, _ = runners.moestream_args(tools, e, e.cell("long"), "/m/x.gguf", {}, "/tmp/x")
+        self.assertNotIn("-b", a0)
+        with self.assertRaisesRegex(config.ConfigError, "batch = -1"):
+            load_toml("""
+                batch = -1
+                [[cell]]
+                name = "a"
+            """)
+        # llama-bench runs no prompt: refused, not ignored; bad lengths refused.
+        with self.assertRaisesRegex(config.ConfigError, "prompt_tokens does not apply"):
+            load_toml("""
+                [[cell]]
+                name = "b"
+                loader = "bench-mmap"
+                prompt_tokens = 1000
+            """)
+        for bad in ("0", "true", '"long"'):
+            with self.assertRaisesRegex(config.ConfigError, "prompt length"):
+                load_toml(f"""
+                    [[cell]]
+                    name = "a"
+                    prompt_tokens = {bad}
+                """)
+
+    def test_hidden_bound_and_prefill_tables_match_the_resident_cell_of_the_same_prompt(self):
+        from moebench import report
+        cells = [
+            {"name": "res-73", "params": {"loader": "resident", "threads": 2, "prompt_tokens": 73}},
+            {"name": "res-1000", "params": {"loader": "resident", "threads": 2, "prompt_tokens": 1000}},
+            {"name": "s-1000", "params": {"loader": "stream", "threads": 2, "io_threads": 4,
+                                          "prompt_tokens": 1000}},
+        ]
+        sm = {
+            "res-73": {"decode_tok_s": {"value": 4.0}, "prefill_tok_s": {"mean": 30.0},
+                       "n_prompt": {"mean": 73}},
+            "res-1000": {"decode_tok_s": {"value": 5.0}, "prefill_tok_s": {"mean": 20.0},
+                         "n_prompt": {"mean": 1000}},
+            "s-1000": {"decode_tok_s": {"value": 2.0}, "mib_read_per_token": {"value": 300.0},
+                       "prefill_tok_s": {"mean": 10.0}, "n_prompt": {"mean": 1000},
+                       "ttft_s": {"mean": 110.0}, "dense_read_s": {"mean": 5.0},
+                       "flash_bytes_read": {"mean": 2.0 * 2**30}},
+        }
+        res = {"experiment": {"cells": cells}, "summary": {"cells": sm, "fio_mib_s": {"4": {"mean": 1000.0}}}}
+        hb = report.hidden_bound_table(res)
+        # t_compute from res-1000 (0.2 s), reads 0.3 s at 1000 MiB/s: bound 0.3, measured 0.5
+        self.assertIn("| `s-1000` | 1000 | 0.200 | 300.0 | 0.300 | 0.300 | 0.500 | 1.67 |", hb)
+        pt = report.prefill_table(res)
+        # resident prefill 1000 / 20 = 50 s; TTFT 110 / (50 + 5) = 2.0
+        self.assertIn("| `s-1000` | 1000 | 10.00 | 0.50 | 110.00 | 50.00 | 5.00 | 2.00 | 2.00 |", pt)
+        # Control: an experiment without prompt lengths shows neither (existing pages unchanged).
+        for c in cells:
+            c["params"].pop("prompt_tokens")
+        self.assertIsNone(report.hidden_bound_table(res))
+        self.assertIsNone(report.prefill_table(res))
+
     def test_parse_bytes(self):
         self.assertEqual(config.parse_bytes("8GiB"), 8 << 30)
         self.assertEqual(config.parse_bytes("512MiB"), 512 << 20)

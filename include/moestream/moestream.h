@@ -41,7 +41,10 @@ struct RunOptions {
     // Context length (-c). 0 = the model's training context, capped so that the KV cache
     // takes at most a quarter of the memory available at open (Engine::n_ctx() says which).
     int n_ctx = 4096;
-    int n_batch = 512;    // prompt tokens per llama_decode (-b)
+    // Prompt tokens per llama_decode (-b). 0 = chosen at open: 512, or larger when streaming
+    // and the cache cannot hold every expert, so that a long prompt reads each layer's
+    // experts fewer times (docs/prefetch.md, "Prompt batch"; the settings say why).
+    int n_batch = 0;
     int n_ubatch = 0;     // physical batch of llama.cpp (-ub); 0 = n_batch; capped at n_batch
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
@@ -78,6 +81,12 @@ struct RunOptions {
     // Opt-in (--prefetch): on this machine it reads ~40 % more bytes per token for a speed-up
     // within the noise (bench `prefetch`).
     bool prefetch = false;
+    // Prefill read-ahead (docs/prefetch.md, "Prefill read-ahead"; lossless): at each MoE
+    // layer's routing of a multi-token ubatch, read the next MoE layer's experts that are not
+    // resident while this layer computes. With the cache off it needs a second set of expert
+    // slots (one layer of expert memory), made only if memory allows (said at -v otherwise).
+    // Needs streaming and io_threads >= 2; excludes route_trace, drop_cold and substitute.
+    bool prefill_readahead = false;
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;         // experts per token; 0 = the model's top-k (--n-expert-used)
     double drop_cold = 0;          // --drop-cold-experts F in (0, 1]; 0 = off

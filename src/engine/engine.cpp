@@ -105,7 +105,13 @@ Status EngineImpl::init(const RunOptions & opt) {
     if (!st.ok()) return st;
     st = check_cpu_computable(index_);  // types llama.cpp would hand ggml unchecked
     if (!st.ok()) return st;
-    st = check_context_fits(opt, index_);  // before llama.cpp allocates (or the OOM killer)
+    if (opt_.n_batch == 0) {  // RunOptions::n_batch 0: chosen for the memory (run_config.h)
+        opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
+        MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
+    } else {
+        n_batch_reason_ = "set (RunOptions::n_batch)";
+    }
+    st = check_context_fits(opt_, index_);  // before llama.cpp allocates (or the OOM killer)
     if (!st.ok()) return st;
     st = check_n_expert_used(opt, index_);
     if (!st.ok()) return st;
@@ -160,8 +166,8 @@ Status EngineImpl::init(const RunOptions & opt) {
     if (opt_.n_ctx == 0) opt_.n_ctx = model_context(model_.get(), &n_ctx_reason_);
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = uint32_t(opt_.n_ctx);
-    cp.n_batch = uint32_t(opt.n_batch);
-    cp.n_ubatch = uint32_t(opt.n_ubatch > 0 ? std::min(opt.n_ubatch, opt.n_batch) : opt.n_batch);
+    cp.n_batch = uint32_t(opt_.n_batch);
+    cp.n_ubatch = uint32_t(opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch);
     cp.n_threads = opt.n_threads;
     cp.n_threads_batch = opt.n_threads_batch > 0 ? opt.n_threads_batch : opt.n_threads;
     cp.no_perf = true;
@@ -190,6 +196,35 @@ Status EngineImpl::init(const RunOptions & opt) {
     MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
                 opt.stream ? "streaming" : "resident");
     return Status::Ok();
+}
+
+// Prefill read-ahead with the cache off (docs/prefetch.md): a second set of shared slots,
+// one layer of expert memory more, when what is available holds it besides what the run
+// needs; otherwise read-ahead stays off and -v says why.
+bool EngineImpl::prefill_slots_fit(uint64_t needs, const MemoryAvailability & mem) {
+    prefill_two_sets_ = false;
+    if (!opt_.prefill_readahead) return false;
+    uint64_t set = 0;  // one set: per projection, the largest layer's tensor
+    std::vector<uint64_t> per_proj;
+    for (const MoeLayer & L : index_.moe_layers)
+        for (size_t t = 0; t < L.tensors.size(); ++t) {
+            if (per_proj.size() <= t) per_proj.resize(t + 1, 0);
+            per_proj[t] = std::max(per_proj[t], L.tensors[t].tensor_bytes + 4096);
+        }
+    for (uint64_t b : per_proj) set += b;
+    const uint64_t avail = mem.available_bytes;
+    if (avail > 0 && avail < needs + 2 * set) {
+        MS_LOG_INFO("prefill read-ahead: off (cache off, and a second set of expert slots, "
+                    "%.0f MiB, does not fit: %.0f MiB available (%s), the run needs %.0f MiB "
+                    "and the first set %.0f MiB)",
+                    double(set) / (1 << 20), double(avail) / (1 << 20), mem.source,
+                    double(needs) / (1 << 20), double(set) / (1 << 20));
+        return false;
+    }
+    MS_LOG_INFO("prefill read-ahead: cache off, a second set of expert slots (%.0f MiB)",
+                double(set) / (1 << 20));
+    prefill_two_sets_ = true;
+    return true;
 }
 
 // Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
@@ -222,7 +257,7 @@ Status EngineImpl::make_store() {
         dbg.poison = dbg.check_residency = opt_.cache_debug;
         store_ = make_lru_cache(index_, d.budget_bytes, copt, dbg, &st);
     } else {
-        store_ = make_shared_slots(index_, &st);
+        store_ = make_shared_slots(index_, &st, prefill_slots_fit(needs, mem));
     }
     if (!st.ok()) return st;
     stats_.cache_budget_bytes = int64_t(d.budget_bytes);
@@ -268,6 +303,8 @@ Status EngineImpl::make_store() {
     overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
     streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
     streamer_->set_test_hooks(knobs_.stream_hooks);
+    prefill_readahead_ = opt_.prefill_readahead && (d.budget_bytes > 0 || prefill_two_sets_);
+    streamer_->set_prefill_readahead(prefill_readahead_);
     overlap_waiter_ = std::make_unique<OverlapWaiter>();
     // Prefetch (docs/prefetch.md): a cache to read into and a worker lane to read with.
     // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
@@ -404,6 +441,7 @@ std::string EngineImpl::settings_json() const {
     j["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
     j["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
     j["n_batch"] = opt_.n_batch;
+    j["n_batch_reason"] = n_batch_reason_;
     j["temp"] = opt_.temp;
     j["seed"] = opt_.seed;
     j["io_threads"] = opt_.io_threads;
@@ -433,6 +471,8 @@ std::string EngineImpl::settings_json() const {
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();
     j["prefetch_requested"] = opt_.prefetch;
+    j["prefill_readahead"] = prefill_readahead_;
+    j["prefill_readahead_requested"] = opt_.prefill_readahead;
     j["n_expert_used"] = k_eff_;
     j["n_expert_used_model"] = index_.n_expert_used;
     j["lossy"] = lossy();

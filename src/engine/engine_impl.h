@@ -23,6 +23,7 @@
 #include "model_loader.h"
 #include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
+#include "moestream/sysinfo.h"
 #include "overlap_waiter.h"
 #include "policy_drop_cold.h"
 #include "policy_substitute.h"
@@ -86,6 +87,11 @@ private:
     // engine.cpp: wiring.
     Status make_store();  // the residency store, the streamer and the router hook's observers
     void open_trace();    // RunOptions::route_trace
+    // Prefill read-ahead (docs/prefetch.md): a second set of shared slots fits (make_store).
+    bool prefill_slots_fit(uint64_t needs, const MemoryAvailability & mem);
+    bool prefill_readahead_ = false;  // on for this run
+    std::string n_batch_reason_;      // how RunOptions::n_batch was chosen (settings)
+    bool prefill_two_sets_ = false;   // cache off: the shared slots have a second set
     bool prefetch_on() const { return predictor_ != nullptr && opt_.drop_cold == 0; }
     // RunOptions::prefetch asked for, a worker lane to read the tail and no route trace
     // (make_store: it also needs the cache). The budget's estimate and the predictor follow

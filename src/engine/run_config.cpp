@@ -8,6 +8,7 @@
 
 #include "llama.h"
 #include "moestream/atomic_file.h"
+#include "moestream/cache_budget.h"
 #include "moestream/sysinfo.h"
 
 namespace moestream {
@@ -49,6 +50,25 @@ Status check_prefetch(const RunOptions & opt) {
     return Status::Ok();
 }
 
+// The rules for RunOptions::prefill_readahead: each combination below would leave it off.
+Status check_prefill_readahead(const RunOptions & opt) {
+    const char * f = "RunOptions::prefill_readahead";
+    if (!opt.stream)
+        return usage(std::string(f) + " needs streaming, not RunOptions::stream = false");
+    if (opt.io_threads < 2)
+        return usage(std::string(f) + " needs a worker lane to read ahead with: "
+                     "RunOptions::io_threads 2 or more");
+    if (!opt.route_trace.empty())
+        return usage(std::string(f) + " and RunOptions::route_trace exclude each other (a "
+                     "trace records the cache without read-ahead, so that replay reproduces it)");
+    if (opt.drop_cold > 0 || opt.substitute > 0)
+        return usage(std::string(f) + " and " +
+                     (opt.drop_cold > 0 ? "RunOptions::drop_cold" : "RunOptions::substitute") +
+                     " exclude each other (the policy acts on cache misses; a read-ahead "
+                     "expert is none)");
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status check_run_options(const RunOptions & opt) {
@@ -56,7 +76,8 @@ Status check_run_options(const RunOptions & opt) {
         return usage("RunOptions::n_threads must be in 1..512");
     if (opt.n_ctx != 0 && opt.n_ctx < 16)
         return usage("RunOptions::n_ctx must be >= 16 (or 0: the model's context)");
-    if (opt.n_batch < 1) return usage("RunOptions::n_batch must be >= 1");
+    if (opt.n_batch < 0)
+        return usage("RunOptions::n_batch must be >= 0 (0: chosen at open for the memory)");
     if (opt.n_ubatch < 0)
         return usage("RunOptions::n_ubatch must be >= 0 (0: as RunOptions::n_batch)");
     if (opt.n_threads_batch < 0 || opt.n_threads_batch > 512)
@@ -93,6 +114,10 @@ Status check_run_options(const RunOptions & opt) {
                                  : opt.force_cache ? "RunOptions::force_cache"
                                                    : "RunOptions::cache_debug") +
                      " applies to the expert cache of streaming, not RunOptions::stream = false");
+    if (opt.prefill_readahead) {
+        Status ps = check_prefill_readahead(opt);
+        if (!ps.ok()) return ps;
+    }
     return opt.prefetch ? check_prefetch(opt) : Status::Ok();
 }
 
@@ -141,6 +166,42 @@ Status check_context_fits(const RunOptions & opt, const ModelIndex & m) {
                  mib_str(weights) + " of weights need at least " + mib_str(total) + ", but " +
                  mib_str(mem.available_bytes) + " is available (" + mem.source +
                  "); lower RunOptions::n_ctx or RunOptions::n_batch");
+}
+
+int choose_n_batch(const RunOptions & opt, const ModelIndex & m, const MemoryAvailability & mem,
+                   std::string * reason) {
+    constexpr int kBase = 512, kMax = 4096;
+    const auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+    if (!opt.stream) {
+        *reason = "512 (resident: the weights are read once, at load)";
+        return kBase;
+    }
+    const uint64_t avail = mem.available_bytes;
+    if (avail == 0) {
+        *reason = "512 (the memory available is unknown)";
+        return kBase;
+    }
+    const uint64_t base_needs = auto_needs_bytes(m, kBase);
+    const uint64_t experts = m.expert_bytes_total;
+    const bool fits = opt.cache_mb > 0 ? experts <= (uint64_t(opt.cache_mb) << 20)
+                      : opt.cache_mb < 0 ? experts + base_needs <= avail
+                                         : false;
+    if (fits) {
+        *reason = "512 (the cache can hold every expert, " + mib(experts) +
+                  ": a prompt reads each layer's experts once at any batch)";
+        return kBase;
+    }
+    const int cap = opt.n_ctx > 0 ? std::min(kMax, opt.n_ctx) : kMax;
+    int u = kBase;
+    while (u * 2 <= cap && auto_needs_bytes(m, uint32_t(u * 2)) - base_needs <= avail / 8) u *= 2;
+    *reason = std::to_string(u) + " (" +
+              (opt.cache_mb == 0 ? std::string("the cache is off")
+                                 : "the experts, " + mib(experts) + ", do not fit in the cache") +
+              ", so a prompt reads each layer's experts once per batch: " +
+              "the largest batch up to " + std::to_string(cap) +
+              " whose compute estimate exceeds 512's by at most 1/8 of the " + mib(avail) +
+              " available, " + mem.source + ")";
+    return u;
 }
 
 int model_context(const llama_model * model, std::string * reason) {

@@ -12,6 +12,7 @@
 
 #include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
+#include "moestream/sysinfo.h"
 
 struct llama_model;
 
@@ -28,6 +29,16 @@ Status check_run_options(const RunOptions & opt);
 // only what cannot fit is refused. opt.n_ctx must be resolved (not 0) for the memory check.
 Status check_n_expert_used(const RunOptions & opt, const ModelIndex & m);
 Status check_context_fits(const RunOptions & opt, const ModelIndex & m);
+
+// RunOptions::n_batch 0: the prompt batch (and so llama.cpp's ubatch, unless n_ubatch says
+// otherwise). A prompt of P tokens reads each layer's experts ceil(P / ubatch) times when
+// the cache cannot hold them all, and the compute buffers grow with the batch. So: 512 when
+// not streaming, when the memory available is unknown, or when every expert fits in the cache
+// (RunOptions::cache_mb N, or auto with the memory available); otherwise the largest power of
+// two up to min(4096, n_ctx) whose compute estimate (auto_needs_bytes) exceeds 512's by at
+// most an eighth of the memory available. *reason says which and why.
+int choose_n_batch(const RunOptions & opt, const ModelIndex & m, const MemoryAvailability & mem,
+                   std::string * reason);
 
 // RunOptions::n_ctx 0: the model's training context, capped so that the KV cache (f16 K and
 // V for every layer and KV head) takes at most a quarter of the memory available now.

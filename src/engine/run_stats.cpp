@@ -172,9 +172,10 @@ void RunStatsAssembly::finish() {
             s.prefetch_experts = cs.prefetched;
             s.prefetch_used = cs.prefetch_used;
             s.prefetch_unused = cs.prefetch_unused;
-            s.prefetch_bytes = tot.prefetch_bytes;
-            s.prefetch_wait_s = tot.prefetch_wait_s;
         }
+        // Read ahead by prefetch or prefill read-ahead (either may run alone).
+        s.prefetch_bytes = tot.prefetch_bytes;
+        s.prefetch_wait_s = tot.prefetch_wait_s;
     }
     if (src_.binder) s.dense_bytes = src_.binder->dense_bytes();
     if (src_.drop_cold) {  // this run's share

@@ -52,6 +52,9 @@ bool RouterHook::on_node(ggml_tensor * t) {
     uint32_t il = 0;
     if (st.ok() && parse_topk_name(t->name, &il)) {
         st = read_routing(t, il, n_expert_, &routing_);
+        // No rows: the last layer of a ubatch without output tokens (a prompt batch split
+        // into several ubatches computes only the output rows there). Nothing is routed.
+        if (st.ok() && routing_.n_rows == 0) return true;
         for (NodeObserver * o : observers_) {
             if (!st.ok()) break;
             st = o->on_select(routing_, t, *this);

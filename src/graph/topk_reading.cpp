@@ -27,7 +27,7 @@ Status read_routing(const ggml_tensor * t, uint32_t layer, uint32_t n_expert, Ro
     if (t->type != GGML_TYPE_I32)
         return Status::Runtime(where + ": expected i32 ids, got " + ggml_type_name(t->type));
     if (t->data == nullptr) return Status::Runtime(where + ": ids are not in host memory");
-    if (t->ne[0] <= 0 || t->ne[1] <= 0 || t->ne[2] != 1 || t->ne[3] != 1 ||
+    if (t->ne[0] <= 0 || t->ne[1] < 0 || t->ne[2] != 1 || t->ne[3] != 1 ||
         t->ne[0] > int64_t(n_expert))
         return Status::Runtime(where + ": unexpected shape [" + std::to_string(t->ne[0]) + ", " +
                                std::to_string(t->ne[1]) + ", " + std::to_string(t->ne[2]) + "]");

@@ -139,7 +139,8 @@ public:
     // prefetched now (never above the budget: a prediction is not worth it). Returns how many
     // experts it will read. Until end_prefetch() is_resident() reports them (their reads are
     // outstanding), none of them can be a victim, and stage() refuses to run. The default stores
-    // nothing ahead (the shared slots of cache-off hold one layer at a time).
+    // nothing ahead (the shared slots of cache-off hold one layer at a time, unless built with
+    // two sets).
     virtual size_t prefetch(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/,
                             std::vector<ReadRequest> * /*reads*/) {
         return 0;
@@ -158,8 +159,11 @@ public:
     }
 };
 
-// Cache off: shared per-projection slots, re-read on every routing.
-std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st);
+// Cache off: shared per-projection slots, re-read on every routing. two_sets: a second set
+// (one more layer of expert memory) for prefill read-ahead: MoE layer m is bound to set m % 2,
+// and prefetch() reads whole experts of a layer into its set ahead of its routing.
+std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
+                                                  bool two_sets = false);
 
 // LRU cache with a budget of `budget_bytes` of committed expert memory (> 0). Reserves
 // address space for every expert tensor (no RAM). `index` must outlive the store.

@@ -1,4 +1,5 @@
 // residency_slots.cpp — SharedSlots, the cache-off residency store (see residency.h).
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -7,9 +8,14 @@
 namespace moestream {
 namespace {
 
+// With two sets (prefill read-ahead, streamer.h): MoE layer m uses set m % 2, so the next
+// layer's bank can be read into the other set while layer m's matmuls read theirs. prefetch()
+// reads whole experts into the next layer's set; stage() of that layer then finds them (hits)
+// and reads only the rest.
 class SharedSlots final : public ResidencyStore {
 public:
-    explicit SharedSlots(const ModelIndex & index) : index_(index) {}
+    SharedSlots(const ModelIndex & index, bool two_sets)
+        : index_(index), n_sets_(two_sets ? 2 : 1), ahead_(index.n_expert, 0) {}
     ~SharedSlots() override {
         for (void * p : slots_) std::free(p);
     }
@@ -21,7 +27,8 @@ public:
         for (const auto & L : index_.moe_layers)
             for (size_t t = 0; t < L.tensors.size(); ++t)
                 sizes_[t] = std::max(sizes_[t], L.tensors[t].tensor_bytes + kPhaseBytes);
-        for (size_t t = 0; t < n_proj; ++t) {
+        for (size_t i = 0; i < n_proj * n_sets_; ++i) {
+            const uint64_t t = i % n_proj;
             void * p = nullptr;
             if (posix_memalign(&p, 4096, sizes_[t]) != 0)
                 return Status::Runtime("cannot allocate " + std::to_string(sizes_[t]) +
@@ -35,45 +42,93 @@ public:
     // slice's destination is congruent to its file offset and O_DIRECT reads land in place.
     uint8_t * tensor_base(size_t moe_idx, size_t t) override {
         const uint64_t phase = index_.moe_layers[moe_idx].tensors[t].file_offset % kPhaseBytes;
-        return static_cast<uint8_t *>(slots_[t]) + phase;
+        return static_cast<uint8_t *>(slots_[(moe_idx % n_sets_) * sizes_.size() + t]) + phase;
     }
 
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                  std::vector<ReadRequest> * reads, StageStats * stats) override {
+        if (open_) return Status::Runtime("shared slots: stage() while read-ahead is in flight");
         const MoeLayer & L = index_.moe_layers[moe_idx];
+        const bool ahead = ahead_moe_ == int64_t(moe_idx);
         for (uint32_t e : experts) {
             ++stats->lookups;
-            ++stats->misses;
-            for (size_t t = 0; t < L.tensors.size(); ++t) {
-                const ExpertTensor & et = L.tensors[t];
-                reads->push_back({et.slice_offset(e), et.slice_bytes,
-                                  tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
-                                  et.proj == Projection::kDown, et.shard});
+            if (ahead && ahead_[e]) {  // read ahead into this layer's set, complete
+                ++stats->hits;
+                continue;
             }
+            ++stats->misses;
+            push_reads(moe_idx, L, e, reads);
         }
+        clear_ahead();  // the set is this layer's now; the next stage of it reads again
         return Status::Ok();
     }
 
     void abandon_stage(size_t) override {}  // nothing is ever considered resident
 
+    bool is_resident(size_t moe_idx, uint32_t e) const override {
+        return ahead_moe_ == int64_t(moe_idx) && e < ahead_.size() && ahead_[e];
+    }
+
+    // Reads whole experts of moe_idx into its set (two sets only: with one, the set is the
+    // layer computing now).
+    size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
+                    std::vector<ReadRequest> * reads) override {
+        if (n_sets_ < 2 || open_ || moe_idx >= index_.moe_layers.size()) return 0;
+        clear_ahead();
+        const MoeLayer & L = index_.moe_layers[moe_idx];
+        size_t n = 0;
+        for (uint32_t e : experts) {
+            if (e >= ahead_.size() || ahead_[e]) continue;
+            ahead_[e] = 1;
+            push_reads(moe_idx, L, e, reads);
+            ++n;
+        }
+        ahead_moe_ = n > 0 ? int64_t(moe_idx) : -1;
+        open_ = n > 0;
+        return n;
+    }
+
+    void end_prefetch(bool ok) override {
+        open_ = false;
+        if (!ok) clear_ahead();
+    }
+
     uint64_t resident_bytes() const override { return reserved_bytes(); }
     uint64_t reserved_bytes() const override {
         uint64_t s = 0;
         for (uint64_t b : sizes_) s += b;
-        return s;
+        return s * n_sets_;
     }
 
 private:
+    void push_reads(size_t moe_idx, const MoeLayer & L, uint32_t e, std::vector<ReadRequest> * reads) {
+        for (size_t t = 0; t < L.tensors.size(); ++t) {
+            const ExpertTensor & et = L.tensors[t];
+            reads->push_back({et.slice_offset(e), et.slice_bytes,
+                              tensor_base(moe_idx, t) + uint64_t(e) * et.slice_bytes,
+                              et.proj == Projection::kDown, et.shard});
+        }
+    }
+    void clear_ahead() {
+        if (ahead_moe_ >= 0) std::fill(ahead_.begin(), ahead_.end(), 0);
+        ahead_moe_ = -1;
+    }
+
     static constexpr uint64_t kPhaseBytes = 4096;  // any direct-I/O alignment divides it
     const ModelIndex & index_;
     std::vector<uint64_t> sizes_;
-    std::vector<void *> slots_;
+    std::vector<void *> slots_;  // set-major: slots_[set * n_proj + t]
+    size_t n_sets_;
+    std::vector<uint8_t> ahead_;  // per expert: read ahead into layer ahead_moe_'s set
+    int64_t ahead_moe_ = -1;
+    bool open_ = false;           // the read-ahead's reads are in flight
 };
 
 }  // namespace
 
-std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st) {
-    auto s = std::make_unique<SharedSlots>(index);
+std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
+                                                  bool two_sets) {
+    auto s = std::make_unique<SharedSlots>(index, two_sets);
     *st = s->init();
     if (!st->ok()) return nullptr;
     return s;

@@ -132,6 +132,18 @@ Status Streamer::on_routing(const Routing & r) {
     if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
         const int next = moe_slot(uint32_t(hint_layer));
         if (next >= 0 && next != slot) store_->prefetch(size_t(next), hint_, &reads_);
+    } else if (prefill_ra_ && r.n_rows > 1 && lanes_->n_lanes() > 1 &&
+               size_t(slot) + 2 < index_.moe_layers.size()) {
+        // Prefill read-ahead: a ubatch routes (nearly) every expert, so the guess for the
+        // next MoE layer is its whole bank; the store reads only what it does not hold. Not
+        // into the last MoE layer: llama.cpp computes only the ubatch's output rows there
+        // (one token of a prompt batch), so its bank would be read for k experts.
+        const uint32_t n = index_.n_expert;
+        if (bank_.size() != n) {
+            bank_.resize(n);
+            for (uint32_t e = 0; e < n; ++e) bank_[e] = e;
+        }
+        store_->prefetch(size_t(slot) + 1, bank_, &reads_);
     }
     add_stage_s(now_s() - t_stage0);
     if (uring_ && reads_.size() > n_own) {  // the ring reads the tail, after the own reads

@@ -26,6 +26,13 @@
 // it through io_uring once the own reads are in, and the next routing reaps it; if the ring
 // refuses, the lanes read it as above.
 //
+// Prefill read-ahead (opt-in, set_prefill_readahead; docs/prefetch.md, "Prefill read-ahead"):
+// a multi-row routing (a prompt ubatch) routes nearly every expert of every layer, so at layer
+// L's routing the whole bank of the next MoE layer (never the last MoE layer, which computes
+// only the ubatch's output rows) is handed to the store's prefetch() as the guess; the store skips what is resident (or, for the shared slots, reads into the other of
+// its two slot sets) and the reads go as a tail exactly like a decode prefetch above, with the
+// same waits and the same invariants.
+//
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest
 // layer's routed bytes). See docs/metrics.md.
@@ -79,6 +86,9 @@ public:
              bool overlap = false);
     // Prefetch tails through io_uring (null: through the worker lanes). Not owned.
     void set_uring(UringTail * u) { uring_ = u; }
+    // Prefill read-ahead: at a multi-row routing, prefetch the next MoE layer's whole bank.
+    // Needs a worker lane (ignored with one) and a store that can hold it (prefetch() > 0).
+    void set_prefill_readahead(bool on) { prefill_ra_ = on; }
 
     Status on_routing(const Routing & r) override;
     bool has_pending() const override { return pending_slot_ >= 0; }
@@ -144,6 +154,8 @@ private:
     std::vector<ReadRequest> pf_reads_;  // the tail when it goes through the ring (or its
                                          // fallback batch on the lanes)
     StreamTestHooks hooks_;
+    bool prefill_ra_ = false;
+    std::vector<uint32_t> bank_;  // 0..n_expert-1: the prefill read-ahead guess
 };
 
 }  // namespace moestream

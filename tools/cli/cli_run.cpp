@@ -225,6 +225,10 @@ int do_run(RunFlags & f) {
                      (unsigned long long)(set.value("page_bytes", uint64_t(0)) >> 10),
                      set.value("cache_move_used", false) ? "on" : "off", pio.c_str(),
                      why.empty() ? "" : " (io_uring unavailable: ", why.empty() ? "" : (why + ")").c_str());
+        if (set.value("prefill_readahead_requested", false))
+            std::fprintf(stderr, "moestream: prefill read-ahead %s | %.1f MiB read ahead | %.2f s waiting for them\n",
+                         set.value("prefill_readahead", false) ? "on" : "off (-v says why)",
+                         mib(double(s.prefetch_bytes)), s.prefetch_wait_s);
     }
     if (const std::string tl = server::time_breakdown_line(s.decode_time); !tl.empty())
         std::fprintf(stderr, "moestream: %s\n", tl.c_str());
@@ -299,8 +303,10 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                 return v == "0" || e.empty() ? std::string() : e + " (or 0: the model's)";
             },
             "0|16..4194304"));
-    sub->add_option("-b,--batch-size,--batch", opt->n_batch, "prompt tokens per decode")
-        ->check(int_range(1, 1 << 16));
+    sub->add_option("-b,--batch-size,--batch", opt->n_batch,
+                    "prompt tokens per decode (0 = chosen for the memory: 512, or more when "
+                    "streaming and the cache cannot hold every expert; -v says why)")
+        ->check(int_range(0, 1 << 16));
     sub->add_option("--ubatch-size", opt->n_ubatch,
                     "llama.cpp's physical batch (-ub; 0 = as -b; at most -b)")
         ->check(int_range(0, 1 << 16));
@@ -375,6 +381,10 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--prefetch", opt->prefetch,
                   "read the experts predicted for the next layer while this layer computes "
                   "(lossless; needs the cache and 2+ io threads; reads more bytes; docs/prefetch.md)");
+    sub->add_flag("--prefill-readahead", opt->prefill_readahead,
+                  "in prefill, read the next layer's experts that are not resident while this "
+                  "layer computes (lossless; 2+ io threads; with --cache-mb 0 a second set of "
+                  "expert slots if memory allows; docs/prefetch.md)");
     sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", opt->n_expert_used,
@@ -418,6 +428,7 @@ constexpr std::pair<const char *, const char *> kFieldFlags[] = {
     {"cache_recycle = false", "--cache-no-recycle"},
     {"cache_move = false", "--cache-no-move"},
     {"prefetch", "--prefetch"},
+    {"prefill_readahead", "--prefill-readahead"},
     {"n_expert_used", "--n-expert-used"},
     {"drop_cold", "--drop-cold-experts"},
     {"drop_in_prefill", "--drop-in-prefill"},

@@ -1,0 +1,203 @@
+// test_prefill_gates.cpp — prefill read-ahead (docs/prefetch.md, "Prefill read-ahead") is
+// lossless.
+//
+// A prompt several ubatches long (-b 64 --ubatch-size 32 on a ~190-token prompt of the tiny synth's
+// byte vocabulary), 8 greedy tokens: token ids, every step's logits (hash) and the final
+// logits (raw bytes) identical to --no-stream with the same -b/--ubatch-size (a different ubatch may
+// change llama.cpp's float results), with --prefill-readahead and the cache off (the second
+// set of shared slots), with a cache that holds everything, with a small cache that evicts
+// (under --cache-debug: poison and residency checks), and together with --prefetch. Each run
+// must really have read ahead (prefetch bytes > 0, the settings say on).
+// Negative control: a corrupted routed slice under read-ahead breaks the comparison.
+// Refusals: --prefill-readahead with one read lane or --no-stream exits 64 naming the flag.
+// Prompt batch (RunOptions::n_batch 0): chosen larger only when the cache cannot hold every
+// expert and the memory allows; a larger ubatch reads the banks fewer times, and its logits
+// equal --no-stream's with the same ubatch.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "moestream/gguf_index.h"
+#include "run_config.h"
+#include "test_util.h"
+
+using nlohmann::json;
+using namespace moestream::test;
+
+namespace {
+
+struct Out {
+    int exit_code = 0;
+    std::string err;
+    json stats;
+    std::string logits;
+};
+
+// ~190 byte tokens: six ubatches of 32.
+const char kLongPrompt[] =
+    "Prefill reads each layer's bank of experts once per micro-batch, so while one layer "
+    "computes the next layer's experts can be read; the output must stay the same to the "
+    "last bit of every logit.";
+
+Out run(const std::string & model, const std::string & flags, const std::string & env = "",
+        const std::string & batch = "-b 64 --ubatch-size 32", int n = 8) {
+    static int counter = 0;
+    const std::string base = models_dir() + "/prefill-gate-" + std::to_string(getpid()) + "-" +
+                             std::to_string(counter++);
+    const std::string cmd = env + " " + sh_quote(cli_bin()) + " run -m " + sh_quote(model) +
+                            " -p " + sh_quote(kLongPrompt) + " -n " + std::to_string(n) + " -t 1 " + batch + " " + flags +
+                            " --stats-json " + base + ".json --dump-logits " + base + ".logits";
+    CmdResult r = run_cmd(cmd);
+    Out o;
+    o.exit_code = r.exit_code;
+    o.err = r.err;
+    if (r.exit_code == 0) {
+        o.stats = json::parse(slurp(base + ".json"));
+        o.logits = slurp(base + ".logits");
+    }
+    std::remove((base + ".json").c_str());
+    std::remove((base + ".logits").c_str());
+    return o;
+}
+
+struct Case {
+    std::string arch, type;
+};
+
+class PrefillReadahead : public ::testing::TestWithParam<Case> {};
+
+TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
+    const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
+    Out ref = run(model, "--no-stream");
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    ASSERT_GT(ref.stats["n_prompt"].get<int>(), 2 * 32) << "the prompt must span ubatches";
+    ASSERT_GT(ref.logits.size(), 0u);
+    // A budget of half the experts: prefill evicts, and there is room to read a layer ahead.
+    CmdResult ins = run_cmd(sh_quote(cli_bin()) + " inspect --json -m " + sh_quote(model));
+    ASSERT_EQ(ins.exit_code, 0) << ins.err;
+    const std::string half =
+        "--cache-mb " + std::to_string(json::parse(ins.out)["cache_all_experts_mib"].get<int>() / 2) +
+        " --force-cache";
+    for (const std::string flags :
+         {std::string("--cache-mb 0 --prefill-readahead"),
+          std::string("--cache-mb 0 --prefill-readahead --io-threads 2"),
+          std::string("--cache-mb 1000000 --prefill-readahead"),
+          half + " --cache-debug --prefill-readahead", half + " --prefill-readahead --prefetch"}) {
+        SCOPED_TRACE(flags);
+        Out s = run(model, flags);
+        ASSERT_EQ(s.exit_code, 0) << s.err;
+        EXPECT_TRUE(s.stats["settings"]["prefill_readahead"].get<bool>()) << s.err;
+        EXPECT_EQ(s.stats["settings"]["n_ubatch"].get<int>(), 32);
+        // It really read ahead, so the identity below covers experts read ahead.
+        EXPECT_GT(s.stats["prefetch_bytes"].get<uint64_t>(), 0u);
+        if (flags.find("force-cache") != std::string::npos) {
+            EXPECT_GT(s.stats["evictions"].get<uint64_t>(), 0u);
+        }
+        EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
+        EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
+        EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
+    }
+}
+
+// The negative control: with read-ahead on (cache off and on), one layer's corrupted routed
+// slices must make the same comparison fail.
+TEST_P(PrefillReadahead, NegativeControlCorruptSliceIsDetected) {
+    const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
+    Out ref = run(model, "--no-stream");
+    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    for (const std::string flags :
+         {"--cache-mb 0 --prefill-readahead", "--cache-mb 1000000 --prefill-readahead"}) {
+        SCOPED_TRACE(flags);
+        Out bad = run(model, flags, "MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
+        if (bad.exit_code != 0) {  // non-finite logits stop the run: detected too
+            EXPECT_EQ(bad.exit_code, 1) << bad.err;
+            EXPECT_NE(bad.err.find("non-finite logit"), std::string::npos) << bad.err;
+            continue;
+        }
+        EXPECT_GT(bad.stats["prefetch_bytes"].get<uint64_t>(), 0u);
+        EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
+        EXPECT_FALSE(bad.logits == ref.logits);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, PrefillReadahead,
+                         ::testing::Values(Case{"qwen3moe", "q4_k"}, Case{"olmoe", "f16"},
+                                           Case{"glm4moe", "q8_0"}),
+                         [](const ::testing::TestParamInfo<Case> & i) {
+                             return i.param.arch + "_" + i.param.type;
+                         });
+
+TEST(PrefillReadaheadFlags, RefusedByNameWhereItCannotWork) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    for (const std::string flags :
+         {"--prefill-readahead --io-threads 1", "--prefill-readahead --no-stream",
+          "--prefill-readahead --drop-cold-experts 0.5"}) {
+        SCOPED_TRACE(flags);
+        Out o = run(model, flags);
+        EXPECT_EQ(o.exit_code, 64) << o.err;
+        EXPECT_NE(o.err.find("--prefill-readahead"), std::string::npos) << o.err;
+    }
+    // Control: the same run without the conflicting flag is accepted.
+    Out ok = run(model, "--prefill-readahead --io-threads 2");
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+TEST(PromptBatch, ChosenForTheMemory) {
+    moestream::ModelIndex m;
+    ASSERT_TRUE(moestream::load_model_index(synth_model("tiny", "qwen3moe", "q8_0"), &m).ok());
+    moestream::RunOptions o;
+    o.n_ctx = 4096;
+    moestream::MemoryAvailability lots;
+    lots.available_bytes = 4ull << 30;
+    lots.source = "test";
+    std::string why;
+    o.cache_mb = 0;  // cache off: each ubatch reads the banks again
+    EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 4096) << why;
+    EXPECT_NE(why.find("the cache is off"), std::string::npos) << why;
+    o.n_ctx = 1024;  // never above the context
+    EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 1024) << why;
+    // Controls: the default where a larger batch saves nothing or does not fit.
+    moestream::MemoryAvailability little = lots;
+    little.available_bytes = 64ull << 20;  // 1/8 = 8 MiB < the tiny's 34 MiB more at 1024
+    EXPECT_EQ(moestream::choose_n_batch(o, m, little, &why), 512) << why;
+    o.cache_mb = -1;  // auto, and every expert fits in 4 GiB
+    EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 512) << why;
+    EXPECT_NE(why.find("can hold every expert"), std::string::npos) << why;
+    o.cache_mb = 1;  // 1 MiB cannot hold the tiny's 13 MiB of experts
+    EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 1024) << why;
+    EXPECT_NE(why.find("do not fit in the cache"), std::string::npos) << why;
+    o.stream = false;
+    o.cache_mb = -1;
+    EXPECT_EQ(moestream::choose_n_batch(o, m, lots, &why), 512) << why;
+    o.stream = true;
+    EXPECT_EQ(moestream::choose_n_batch(o, m, moestream::MemoryAvailability{}, &why), 512) << why;
+}
+
+TEST(PromptBatch, ALargerUbatchReadsTheBanksFewerTimesWithTheResidentLogitsOfTheSameUbatch) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    uint64_t prev = 0;
+    for (const std::string batch : {"-b 256", "-b 64", "-b 32"}) {
+        SCOPED_TRACE(batch);
+        Out ref = run(model, "--no-stream", "", batch, 2);
+        Out s = run(model, "--cache-mb 0", "", batch, 2);
+        ASSERT_EQ(ref.exit_code, 0) << ref.err;
+        ASSERT_EQ(s.exit_code, 0) << s.err;
+        EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
+        EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
+        const uint64_t bytes = s.stats["flash_bytes_read"].get<uint64_t>();
+        EXPECT_GT(bytes, prev) << "a smaller batch must read more";
+        prev = bytes;
+    }
+    // Not given: chosen (cache off: larger than 512) and said; given: kept.
+    Out a = run(model, "--cache-mb 0", "", "", 2);
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_GT(a.stats["settings"]["n_batch"].get<int>(), 512);
+    EXPECT_NE(a.stats["settings"]["n_batch_reason"].get<std::string>().find("the cache is off"),
+              std::string::npos);
+    Out g = run(model, "--cache-mb 0", "", "-b 64", 2);
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    EXPECT_EQ(g.stats["settings"]["n_batch"].get<int>(), 64);
+}
+
+}  // namespace
