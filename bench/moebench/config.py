@@ -51,6 +51,9 @@ VARIABLES: dict[str, Any] = {
     # experiment's prompt repeated (prompt_text()); on the synth models' byte-level vocabulary
     # (no merges, no BOS) that is N tokens. The run records n_prompt as tokenized.
     "prompt_tokens": None,
+    # OMP_WAIT_POLICY for the run (ggml's CPU backend threads are OpenMP threads): None =
+    # inherited, "passive" = idle threads sleep, "active" = they spin
+    "omp_wait_policy": None,
 }
 
 MOESTREAM_LOADERS = {"stream", "resident"}
@@ -59,7 +62,7 @@ LLAMA_BENCH_LOADERS = {"bench-mmap", "bench-dio"}
 LOADERS = MOESTREAM_LOADERS | LLAMA_COMPLETION_LOADERS | LLAMA_BENCH_LOADERS
 
 _COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "start", "extra_args",
-           "split", "prompt_tokens"}
+           "split", "prompt_tokens", "omp_wait_policy"}
 APPLIES: dict[str, set[str]] = {
     "stream": _COMMON | {"io_threads", "odirect", "prefetch", "prefill_readahead", "cache_mb", "force_cache", "drop_cold",
                          "route_trace", "commit"},
@@ -75,7 +78,8 @@ APPLIES: dict[str, set[str]] = {
 # is a comparison of loaders, whatever the lanes.
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
            "prefetch": False, "prefill_readahead": False,
-           "route_trace": False, "commit": None, "split": None, "prompt_tokens": None}
+           "route_trace": False, "commit": None, "split": None, "prompt_tokens": None,
+           "omp_wait_policy": None}
 
 EXPERIMENT_KEYS = {
     "name", "title", "description", "model", "arch", "type", "seed", "attn_gain", "prompt", "tokens",
@@ -180,6 +184,8 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad("a shard count in [2, 99] or absent")
     if var == "prompt_tokens" and not (v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1 << 20)):
         raise bad("a prompt length in [1, 1048576] or absent")
+    if var == "omp_wait_policy" and v not in (None, "passive", "active"):
+        raise bad('"passive", "active" or absent')
     if var == "commit" and not (v is None or (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z._/~^-]+", v))):
         raise bad("a git revision (commit hash, tag or branch) or absent")
 

@@ -265,6 +265,9 @@ class Harness:
                 rec.update(status="skipped", reason="llama-bench has no --override-kv")
                 return rec
             cmd = runners.llama_bench_args(self.tools, self.exp, cell, model, ins)
+        if cell is not None and p["omp_wait_policy"] is not None:
+            env = dict(os.environ if env is None else env, OMP_WAIT_POLICY=p["omp_wait_policy"])
+            rec["omp_wait_policy"] = p["omp_wait_policy"]
         if self.dry_run:
             rec.update(status="dry-run", command=cmd)
             return rec

@@ -176,6 +176,24 @@ class MatrixRules(unittest.TestCase):
                 split = 1
             """)
 
+    def test_a_cell_sets_the_openmp_wait_policy(self):
+        e = load_toml("""
+            [[cell]]
+            name = "spin"
+            [[cell]]
+            name = "sleep"
+            omp_wait_policy = "passive"
+            baseline = "spin"
+        """)
+        self.assertEqual(config.describe_change(e.cell("sleep"), e.cell("spin")),
+                         "omp_wait_policy: None → passive")
+        with self.assertRaisesRegex(config.ConfigError, "omp_wait_policy"):
+            load_toml("""
+                [[cell]]
+                name = "a"
+                omp_wait_policy = "spin"
+            """)
+
     def test_a_cell_prompt_of_n_tokens(self):
         e = load_toml("""
             prompt = "Once upon a time"
