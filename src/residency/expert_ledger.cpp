@@ -211,6 +211,13 @@ void ExpertLedger::abandon_stage() {
     pending_.clear();
 }
 
+bool ExpertLedger::forget(uint32_t moe, uint32_t e) {
+    if (moe >= layers_.size() || e >= layers_[moe].n_expert) return false;
+    if (state_[id_of(moe, e)] != kResident) return false;
+    release(moe, e, /*park=*/false);
+    return true;
+}
+
 size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & experts) {
     if (moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
     prefetch_moe_ = moe;

@@ -148,6 +148,8 @@ public:
     uint32_t staged_layer() const { return pending_moe_; }
     // The last stage()'s reads failed: its pending experts are released, never resident.
     void abandon_stage();
+    // Releases resident (not pending) expert e of layer moe; false if it was not resident.
+    bool forget(uint32_t moe, uint32_t e);
 
     // Commits the absent ones among `experts` of MoE layer moe ahead of their routing, while
     // each fits the budget by evicting only evictable experts (never above the budget, never

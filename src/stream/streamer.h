@@ -44,6 +44,7 @@
 
 namespace moestream {
 
+class MissFallback;
 class RouteTracer;
 class UringTail;
 
@@ -98,6 +99,10 @@ public:
 
     void set_test_hooks(const StreamTestHooks & h) { hooks_ = h; }
 
+    // --miss-fallback (miss_fallback.h): low-bit experts of a routing are read from the
+    // companion and converted into their slots instead of read in full. Not owned.
+    void set_fallback(MissFallback * f) { fallback_ = f; }
+
     // --route-trace: report every stage (which staged experts were resident, bytes read).
     void set_tracer(RouteTracer * t) { tracer_ = t; }
 
@@ -138,6 +143,8 @@ private:
     std::vector<ReadRequest> pf_reads_;  // the tail when it goes through the ring (or its
                                          // fallback batch on the lanes)
     StreamTestHooks hooks_;
+    MissFallback * fallback_ = nullptr;
+    std::vector<uint8_t> fb_flags_;  // per distinct expert: from the low-bit copy (scratch)
 };
 
 }  // namespace moestream
