@@ -93,6 +93,10 @@ struct RunOptions {
     bool drop_in_prefill = false;  // --drop-in-prefill
     bool drop_renorm = false;      // --drop-renorm
     double substitute = 0;         // --substitute-experts M > 0 (router-score margin); 0 = off
+    // --miss-fallback FILE (docs/quality.md, "Low-bit fallback"): a decode miss whose final
+    // router weight is below fallback_threshold is computed from FILE's low-bit copy.
+    std::string miss_fallback;
+    double fallback_threshold = 0.1;  // --fallback-threshold W in (0, 1]
     // --route-trace FILE (docs/route-trace.md): record every routing (streaming only). A trace
     // that cannot be written is turned off with a warning; generation is not affected.
     std::string route_trace;
@@ -196,6 +200,11 @@ struct RunStats {
     // --substitute-experts (docs/lossy-knobs.md); zero when off.
     uint64_t experts_substituted = 0;  // routed misses replaced by a resident expert
     uint64_t subst_bytes_avoided = 0;  // expert bytes not read because of substitutions
+    // --miss-fallback; zero when off. Companion reads are part of bytes_read.
+    uint64_t experts_fallback = 0;       // expert computations from the low-bit copy
+    uint64_t fallback_bytes_read = 0;    // companion bytes read
+    uint64_t fallback_bytes_saved = 0;   // full expert bytes not read, minus the companion's
+    double fallback_convert_s = 0;       // time converting low-bit slices into the bank type
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
     int n_prompt_reused = 0;          // prompt tokens whose KV came from the previous generation
     std::vector<TokenStats> tokens;   // decode steps, in order

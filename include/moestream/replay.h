@@ -38,6 +38,13 @@ struct ReplaySetting {
     double drop_cold = 0;       // --drop-cold-experts F, 0 = off
     bool drop_in_prefill = false;
     uint32_t k = 0;  // experts per token: the first k slots of each row; 0 = the trace's
+    // --miss-fallback estimate (docs/replay.md): in decode rows with observed weights, a slot
+    // other than the row's top whose final weight is below fallback_w and that is a miss (or
+    // a lossy copy) is read from the companion: fallback_expert_bytes[moe] bytes instead of
+    // the expert's. The copy stays resident as lossy; a full-weight routing of it reads the
+    // expert again. 0 = off.
+    double fallback_w = 0;
+    std::vector<uint64_t> fallback_expert_bytes;  // per MoE layer of the trace
 };
 
 struct ReplayResult {
@@ -58,6 +65,9 @@ struct ReplayResult {
     uint64_t rows_weight_unknown = 0;  // decode rows without observed weights (not counted)
     double weight_total = 0, weight_cut = 0, weight_dropped = 0;
     double weight_mass_discarded = 0;  // (cut + dropped) / total
+    // --miss-fallback estimate: expert reads served from the low-bit copy (decode), and the
+    // bytes that saved against reading the full experts.
+    uint64_t fallbacks = 0, fallback_bytes_saved = 0;
 };
 
 struct ValidateReport {

@@ -25,7 +25,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 4;  // this build writes 4, reads 1 to 4
+constexpr uint32_t kRouteTraceVersion = 5;  // this build writes 5, reads 1 to 5
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // What a trace's shape may be (a real model's, with room): read_route_trace and
@@ -42,8 +42,12 @@ enum : uint8_t {
     // --substitute-experts replaced the routed expert by the resident one whose id the slot
     // holds (version 4; always with kSlotResident: a substitute was resident when chosen).
     kSlotSubstituted = 4,
+    // --miss-fallback computed the slot's expert from its low-bit copy (version 5; never with
+    // kSlotDropped or kSlotSubstituted). With kSlotResident: a hit on a lossy copy.
+    kSlotFallback = 8,
 };
-constexpr uint8_t kSlotKnownFlags = kSlotResident | kSlotDropped | kSlotSubstituted;
+constexpr uint8_t kSlotKnownFlags =
+    kSlotResident | kSlotDropped | kSlotSubstituted | kSlotFallback;
 
 struct TraceLayerShape {
     uint32_t layer = 0;                 // graph layer index il

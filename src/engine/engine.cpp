@@ -280,6 +280,17 @@ Status EngineImpl::make_store() {
         dc.in_prefill = opt_.drop_in_prefill;
         dc.renorm = opt_.drop_renorm;
     }
+    if (!opt_.miss_fallback.empty()) {  // docs/quality.md, "Low-bit fallback"
+        st = MissFallback::open(opt_.miss_fallback, index_, &fallback_);
+        if (!st.ok()) return st;
+        fallback_->plant_skip_convert(knobs_.fallback_skip_convert);
+        dc.fallback_w = opt_.fallback_threshold;
+        dc.fallback_ok = [this](uint32_t il, int32_t e) {
+            const int slot = streamer_->moe_slot(il);
+            return slot >= 0 && (!store_->is_resident(size_t(slot), uint32_t(e)) ||
+                                 fallback_->lossy(size_t(slot), uint32_t(e)));
+        };
+    }
     drop_cold_ = std::make_unique<DropColdObserver>(dc);
     if (opt_.substitute > 0 && d.budget_bytes == 0)
         return Status::Usage("RunOptions::substitute needs the LRU cache: with the cache off "
@@ -305,6 +316,7 @@ Status EngineImpl::make_store() {
     streamer_->set_test_hooks(knobs_.stream_hooks);
     prefill_readahead_ = opt_.prefill_readahead && (d.budget_bytes > 0 || prefill_two_sets_);
     streamer_->set_prefill_readahead(prefill_readahead_);
+    streamer_->set_fallback(fallback_.get());
     overlap_waiter_ = std::make_unique<OverlapWaiter>();
     // Prefetch (docs/prefetch.md): a cache to read into and a worker lane to read with.
     // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
@@ -315,7 +327,7 @@ Status EngineImpl::make_store() {
                     d.reason.c_str());
     if (d.budget_bytes > 0 && prefetch_possible()) {
         predictor_ = std::make_unique<RoutePredictor>();
-        predictor_->set_enabled(opt_.drop_cold == 0);
+        predictor_->set_enabled(opt_.drop_cold == 0 && !fallback_);
         // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
         // test fault plan is installed (faults are injected at the lanes).
         // knobs_.prefetch_no_uring (for A/B benchmarks): the worker lanes read the tail.
@@ -387,6 +399,8 @@ Status EngineImpl::set_drop_cold(double frac) {
     if (!hook_)
         return Status::Usage("drop_cold_experts needs streaming, and this engine is resident "
                              "(RunOptions::stream = false)");
+    if (frac > 0 && fallback_)
+        return Status::Usage("drop_cold_experts cannot be combined with --miss-fallback");
     if (frac > 0 && stats_.cache_budget_bytes == 0)
         return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
                              stats_.cache_budget_reason + "); " + cache_rule_text(index_));
@@ -396,7 +410,7 @@ Status EngineImpl::set_drop_cold(double frac) {
     dc.in_prefill = opt_.drop_in_prefill;
     dc.renorm = opt_.drop_renorm;
     drop_cold_->configure(dc);  // terminals are re-learned on the next graph
-    if (predictor_) predictor_->set_enabled(frac == 0);
+    if (predictor_) predictor_->set_enabled(frac == 0 && !fallback_);
     opt_.drop_cold = frac;
     return Status::Ok();
 }
@@ -422,6 +436,7 @@ StatsSources EngineImpl::stats_sources() const {
     // after a lossy generation: then they are zero).
     src.drop_cold = hook_ && opt_.drop_cold > 0 ? drop_cold_.get() : nullptr;
     src.substitute = hook_ && opt_.substitute > 0 ? substitute_.get() : nullptr;
+    src.fallback = fallback_.get();
     src.hook = hook_.get();
     src.first_moe_layer = index_.moe_layers.empty() ? -1 : int(index_.moe_layers[0].layer);
     src.timing = &timing_;
@@ -480,6 +495,10 @@ std::string EngineImpl::settings_json() const {
     j["drop_in_prefill"] = opt_.drop_in_prefill;
     j["drop_renorm"] = opt_.drop_renorm;
     j["substitute_experts"] = opt_.substitute;
+    if (fallback_) {
+        j["miss_fallback"] = opt_.miss_fallback;
+        j["fallback_threshold"] = opt_.fallback_threshold;
+    }
     j["arch"] = index_.arch;
     j["n_expert"] = index_.n_expert;
     j["use_extra_bufts"] = false;

@@ -26,6 +26,7 @@
 #include "moestream/sysinfo.h"
 #include "overlap_waiter.h"
 #include "policy_drop_cold.h"
+#include "miss_fallback.h"
 #include "policy_substitute.h"
 #include "prefetch.h"
 #include "residency.h"
@@ -76,7 +77,8 @@ public:
     int n_ctx() const override { return opt_.n_ctx; }
     const RunStats & stats() const override { return stats_; }
     bool lossy() const override {
-        return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0 || opt_.substitute > 0;
+        return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0 || opt_.substitute > 0 ||
+               !opt_.miss_fallback.empty();
     }
     std::string settings_json() const override;
     Status tokenize(const std::string & text, std::vector<int32_t> * out) const override;
@@ -130,6 +132,7 @@ private:
     std::unique_ptr<OverlapWaiter> overlap_waiter_;  // the hook's observers (streaming only)
     std::unique_ptr<DropColdObserver> drop_cold_;
     std::unique_ptr<SubstituteObserver> substitute_;
+    std::unique_ptr<MissFallback> fallback_;  // --miss-fallback (null: off)
     std::unique_ptr<ExpertUseCheck> use_check_;  // --cache-debug with the cache on
     std::unique_ptr<RouteTracer> tracer_;  // RunOptions::route_trace
     std::unique_ptr<TraceObserver> trace_observer_;

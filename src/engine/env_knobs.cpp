@@ -32,6 +32,17 @@ bool parse_corrupt(const std::string & s, StreamTestHooks * h) {
     return false;
 }
 
+// A test-only 0/1 knob: unset or "0" is off, "1" is on (and warned about), anything else an
+// error naming it.
+Status test_switch(const char * name, const char * warning, bool * on) {
+    const std::string v = env(name);
+    if (!v.empty() && v != "0" && v != "1")
+        return Status::Usage(std::string(name) + "=" + v + ": must be 0 or 1 (tests only)");
+    *on = v == "1";
+    if (*on) MS_LOG_WARN("%s=1: %s (test negative control)", name, warning);
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status read_env_knobs(EnvKnobs * k) {
@@ -45,14 +56,12 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");
     k->no_budget_clamp = no_clamp == "1";
-    const std::string unrouted = env("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED");
-    if (!unrouted.empty() && unrouted != "0" && unrouted != "1")
-        return Status::Usage("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=" + unrouted +
-                             ": must be 0 or 1 (tests only)");
-    k->substitute_unrouted = unrouted == "1";
-    if (k->substitute_unrouted)
-        MS_LOG_WARN("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=1: substituting unloaded experts on "
-                    "purpose (test negative control)");
+    Status sw = test_switch("MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED",
+                            "substituting unloaded experts on purpose", &k->substitute_unrouted);
+    if (!sw.ok()) return sw;
+    sw = test_switch("MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT",
+                     "leaving a fallback slot unwritten on purpose", &k->fallback_skip_convert);
+    if (!sw.ok()) return sw;
     k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
     if (!k->io_fault.empty()) {
         IoFaultPlan plan;

@@ -39,6 +39,9 @@ struct EnvKnobs {
     // non-resident substitute the streamer is not told about): the negative control of the
     // --cache-debug check of the experts each matmul reads (policy_substitute.h).
     bool substitute_unrouted = false;
+    // Tests only. MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT=1: --miss-fallback leaves its first
+    // converted slot unwritten (miss_fallback.h): the negative control of --cache-debug.
+    bool fallback_skip_convert = false;
 };
 
 // Reads every knob now: Ok, or the first variable whose value is malformed (kUsage).

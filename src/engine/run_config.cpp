@@ -96,6 +96,14 @@ Status check_run_options(const RunOptions & opt) {
     if (opt.substitute > 0 && !opt.stream)
         return usage("RunOptions::substitute needs streaming (it replaces cache misses), not "
                      "RunOptions::stream = false");
+    if (!opt.miss_fallback.empty() && !opt.stream)
+        return usage("RunOptions::miss_fallback needs streaming (it replaces cache misses), not "
+                     "RunOptions::stream = false");
+    if (!(opt.fallback_threshold > 0 && opt.fallback_threshold <= 1))
+        return usage("RunOptions::fallback_threshold must be in (0, 1] (a final router weight)");
+    if (!opt.miss_fallback.empty() && (opt.drop_cold > 0 || opt.substitute > 0))
+        return usage("RunOptions::miss_fallback cannot be combined with RunOptions::drop_cold or "
+                     "RunOptions::substitute (each decides what a miss becomes)");
     if (!opt.resident_mmap && opt.stream)
         return usage("RunOptions::resident_mmap = false applies to RunOptions::stream = false "
                      "(streaming maps the file itself)");

@@ -6,6 +6,7 @@
 
 #include "moestream/sysinfo.h"
 #include "policy_drop_cold.h"
+#include "miss_fallback.h"
 #include "policy_substitute.h"
 #include "prefetch.h"
 #include "residency.h"
@@ -73,6 +74,7 @@ RunStatsAssembly::RunStatsAssembly(const StatsSources & src, RunStats * s) : src
         deferred0_ = src_.drop_cold->deferred();
         fallbacks0_ = src_.drop_cold->fallbacks();
     }
+    if (src_.fallback) fallback0_ = src_.fallback->counters();
     if (src_.substitute) {
         substituted0_ = src_.substitute->counters().substituted;
         subst_bytes0_ = src_.substitute->counters().bytes_avoided;
@@ -189,6 +191,13 @@ void RunStatsAssembly::finish() {
         s.drop_fallbacks = src_.drop_cold->fallbacks() - fallbacks0_;
         if (src_.hook && src_.first_moe_layer >= 0)
             s.drop_terminal = src_.hook->nodes().terminal_kind(uint32_t(src_.first_moe_layer));
+    }
+    if (src_.fallback) {  // this run's share
+        const FallbackCounters & fc = src_.fallback->counters();
+        s.experts_fallback = fc.fallbacks - fallback0_.fallbacks;
+        s.fallback_bytes_read = fc.bytes_read - fallback0_.bytes_read;
+        s.fallback_bytes_saved = fc.bytes_saved - fallback0_.bytes_saved;
+        s.fallback_convert_s = fc.convert_s - fallback0_.convert_s;
     }
     if (src_.substitute) {  // this run's share
         s.experts_substituted = src_.substitute->counters().substituted - substituted0_;

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "miss_fallback.h"
 #include "moestream/moestream.h"
 
 namespace moestream {
@@ -36,6 +37,7 @@ struct StatsSources {
     const WeightBinder * binder = nullptr;
     const DropColdObserver * drop_cold = nullptr;
     const SubstituteObserver * substitute = nullptr;  // null while the policy is off
+    const MissFallback * fallback = nullptr;          // null without --miss-fallback
     const RouterHook * hook = nullptr;
     int first_moe_layer = -1;  // whose learned terminal node is reported (-1: none)
     const StepTiming * timing = nullptr;  // the last llama_decode's boundaries (time breakdown)
@@ -69,6 +71,7 @@ private:
     uint64_t majflt0_ = 0;
     uint64_t dropped0_ = 0, routed0_ = 0, bytes_avoided0_ = 0, deferred0_ = 0, fallbacks0_ = 0;
     uint64_t substituted0_ = 0, subst_bytes0_ = 0;
+    FallbackCounters fallback0_;
     double weight_total0_ = 0, weight_dropped0_ = 0;
     uint64_t logit_hash_ = 0xcbf29ce484222325ull;  // FNV-1a-64 offset basis
     uint64_t prefill_bytes_ = 0, prefill_reads_ = 0;

@@ -36,6 +36,7 @@ Status read_routing(const ggml_tensor * t, uint32_t layer, uint32_t n_expert, Ro
     out->n_rows = static_cast<int>(t->ne[1]);
     out->ids.resize(size_t(out->k) * size_t(out->n_rows));
     out->substituted.clear();
+    out->fallback.clear();
     const char * base = static_cast<const char *>(t->data);
     for (int r = 0; r < out->n_rows; ++r) {
         for (int j = 0; j < out->k; ++j) {

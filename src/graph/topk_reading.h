@@ -28,6 +28,9 @@ struct Routing {
     // Empty, or [n_rows][k]: 1 where --substitute-experts replaced the routed expert by the
     // resident one now in ids (NodeObserver::on_select).
     std::vector<uint8_t> substituted;
+    // Empty, or [n_rows][k]: 1 where --miss-fallback computes the routed expert from its
+    // low-bit copy (set with the final weights, before the routing is loaded).
+    std::vector<uint8_t> fallback;
 };
 
 // The prefix every routing node's name starts with (the hot-path check of ask mode).

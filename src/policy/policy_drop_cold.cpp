@@ -41,6 +41,20 @@ int drop_cold_row(int k, int32_t * ids, int64_t id_stride, float * w, int64_t w_
     return dropped;
 }
 
+int fallback_row(int k, const int32_t * ids, int64_t id_stride, const float * w,
+                 int64_t w_stride, double threshold, const std::function<bool(int32_t)> & ok,
+                 uint8_t * fb) {
+    int top = 0;
+    for (int j = 1; j < k; ++j)
+        if (w[j * w_stride] > w[top * w_stride]) top = j;
+    int marked = 0;
+    for (int j = 0; j < k; ++j) {
+        fb[j] = j != top && double(w[j * w_stride]) < threshold && ok(ids[j * id_stride]) ? 1 : 0;
+        marked += fb[j];
+    }
+    return marked;
+}
+
 void DropColdObserver::begin_graph(const GraphInfo & g, RouterHook & hook) {
     decode_ = g.decode;
     pending_ = false;
@@ -114,9 +128,17 @@ Status DropColdObserver::load_at_terminal(ggml_tensor * t, RouterHook & hook) {
                                                  size_t(row) * topk->nb[1]);
         auto * w =
             reinterpret_cast<float *>(static_cast<char *>(t->data) + size_t(row) * size_t(w_row));
-        drop_cold_row(
-            r.k, ids, id_stride, w, w_slot / 4, r.k, cfg_,
-            [&](int32_t e) { return hook.sink().is_resident(r.layer, e); }, &drop_);
+        if (cfg_.frac > 0 && (decode_ || cfg_.in_prefill))
+            drop_cold_row(
+                r.k, ids, id_stride, w, w_slot / 4, r.k, cfg_,
+                [&](int32_t e) { return hook.sink().is_resident(r.layer, e); }, &drop_);
+        if (cfg_.fallback_w > 0 && decode_) {
+            r.fallback.resize(r.ids.size(), 0);
+            fallback_row(
+                r.k, ids, id_stride, w, w_slot / 4, cfg_.fallback_w,
+                [&](int32_t e) { return cfg_.fallback_ok(r.layer, e); },
+                r.fallback.data() + size_t(row) * size_t(r.k));
+        }
         for (int j = 0; j < r.k; ++j)  // a dropped slot now names the top expert
             r.ids[size_t(row) * size_t(r.k) + size_t(j)] = ids[size_t(j) * size_t(id_stride)];
     }

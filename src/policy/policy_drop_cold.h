@@ -29,6 +29,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "node_observer.h"
 
@@ -38,7 +39,18 @@ struct DropColdConfig {
     double frac = 0;          // F in (0, 1]; 0 = off
     bool in_prefill = false;  // --drop-in-prefill
     bool renorm = false;      // --drop-renorm
+    // --miss-fallback (miss_fallback.h), decode only: a slot other than the row's top
+    // expert whose final weight is below fallback_w and whose expert fallback_ok(il, e)
+    // accepts (not resident in full) is marked in Routing::fallback. 0 = off.
+    double fallback_w = 0;
+    std::function<bool(uint32_t, int32_t)> fallback_ok;
 };
+
+// Marks the fallback slots of one row (k slots, weights w[j * w_stride], ids[j * id_stride])
+// in fb[0..k) by the rule of DropColdConfig::fallback_w. Returns the number marked.
+int fallback_row(int k, const int32_t * ids, int64_t id_stride, const float * w,
+                 int64_t w_stride, double threshold, const std::function<bool(int32_t)> & ok,
+                 uint8_t * fb);
 
 struct DropCounters {
     uint64_t routed = 0;         // slots seen (experts routed) where the policy was applied
@@ -68,14 +80,16 @@ public:
     uint64_t fallbacks() const { return fallbacks_; }  // loaded at MUL_MAT_ID: it never came
 
     void begin_graph(const GraphInfo & g, RouterHook & hook) override;
-    bool wants_terminals() const override { return cfg_.frac > 0; }
+    bool wants_terminals() const override { return cfg_.frac > 0 || cfg_.fallback_w > 0; }
     bool on_ask(ggml_tensor * t, RouterHook & hook) override;
     Status on_node(ggml_tensor * t, RouterHook & hook) override;
     Status on_routing(const Routing & r, ggml_tensor * topk, RouterHook & hook,
                       bool * defer) override;
 
 private:
-    bool applies() const { return cfg_.frac > 0 && (decode_ || cfg_.in_prefill); }
+    bool applies() const {
+        return (cfg_.frac > 0 && (decode_ || cfg_.in_prefill)) || (cfg_.fallback_w > 0 && decode_);
+    }
     Status load_at_terminal(ggml_tensor * t, RouterHook & hook);
     Status load_unchanged(RouterHook & hook);
 

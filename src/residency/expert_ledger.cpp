@@ -211,6 +211,22 @@ void ExpertLedger::abandon_stage() {
     pending_.clear();
 }
 
+bool ExpertLedger::forget(uint32_t moe, uint32_t e) {
+    if (moe >= layers_.size() || e >= layers_[moe].n_expert) return false;
+    const uint32_t id = id_of(moe, e);
+    if (state_[id] == kPending) {  // of the last stage, whose reads are done (see the header)
+        if (moe != pending_moe_) return false;
+        const auto it = std::find(pending_.begin(), pending_.end(), e);
+        if (it == pending_.end()) return false;  // a prefetch's: its reads are still open
+        pending_.erase(it);
+        ever_[id] = 1;
+        state_[id] = kResident;
+    }
+    if (state_[id] != kResident) return false;
+    release(moe, e, /*park=*/false);
+    return true;
+}
+
 size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & experts) {
     if (moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
     prefetch_moe_ = moe;

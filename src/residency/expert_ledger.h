@@ -148,6 +148,9 @@ public:
     uint32_t staged_layer() const { return pending_moe_; }
     // The last stage()'s reads failed: its pending experts are released, never resident.
     void abandon_stage();
+    // Releases expert e of layer moe: resident, or committed by the last stage() once its
+    // reads are done (call it between stages); false if it was neither.
+    bool forget(uint32_t moe, uint32_t e);
 
     // Commits the absent ones among `experts` of MoE layer moe ahead of their routing, while
     // each fits the budget by evicting only evictable experts (never above the budget, never

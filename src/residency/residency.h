@@ -148,6 +148,10 @@ public:
     // The prefetch reads finished: ok = they all succeeded (the experts become resident), else
     // they are released (a later routing reads them again and reports any error).
     virtual void end_prefetch(bool /*ok*/) {}
+    // Releases resident expert e of MoE layer moe_idx now, so that its next routing reads it
+    // again (--miss-fallback: its slot holds a lossy copy). Not while a stage's or prefetch's
+    // reads are due. Returns whether it was resident. The default keeps nothing.
+    virtual bool forget(size_t /*moe_idx*/, uint32_t /*e*/) { return false; }
     // Cache counters since construction (all zero for a store that is not a cache).
     virtual CacheStats cache_stats() const { return {}; }
     // Debug check, meant to be called after the reads of stage(moe_idx, experts) completed

@@ -98,6 +98,9 @@ public:
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                  std::vector<ReadRequest> * reads, StageStats * stats) override;
     void abandon_stage(size_t /*moe_idx*/) override { ledger_->abandon_stage(); }
+    bool forget(size_t moe_idx, uint32_t e) override {
+        return ledger_->forget(uint32_t(moe_idx), e);
+    }
     size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override;
     void end_prefetch(bool ok) override { ledger_->end_prefetch(ok); }

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "miss_fallback.h"
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
 #include "route_tracer.h"
@@ -118,9 +119,14 @@ Status Streamer::on_routing(const Routing & r) {
     }
     reads_.clear();
     pending_ss_ = StageStats{};
+    if (fallback_) {
+        MissFallback::flags(r, experts_, &fb_flags_);
+        fallback_->before_stage(size_t(slot), experts_, fb_flags_, store_);
+    }
     const double t_stage0 = now_s();
     st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
     if (!st.ok()) return st;
+    if (fallback_) fallback_->take_reads(size_t(slot), experts_, fb_flags_, store_, &reads_);
     // Gate/up reads first: the early prefix the first matmuls need.
     const size_t n_own = reads_.size();
     const auto late_begin =
@@ -156,8 +162,21 @@ Status Streamer::on_routing(const Routing & r) {
     pending_rows_ = r.n_rows;
     pending_demand_ = uint64_t(experts_.size()) * L.expert_bytes;
     pending_io_ = IoBatchStats{};
+    if (!reads_.empty()) lanes_->start(reads_, n_early, n_own);
+    if (fallback_) {  // the low-bit slices, converted on this thread while the lanes read
+        const FallbackCounters before = fallback_->counters();
+        st = fallback_->run(size_t(slot), store_->is_resident(size_t(slot), experts_[0]));
+        for (StepCounters * c : {&step_, &total_}) {
+            c->bytes_read += fallback_->counters().bytes_read - before.bytes_read;
+            c->io_s += fallback_->counters().read_s - before.read_s;
+        }
+        if (!st.ok()) {  // stop the batch, then report and abandon like a failed read
+            if (!reads_.empty()) (void)lanes_->finish(&pending_io_);
+            pending_err_ = st;
+            return finish_pending();
+        }
+    }
     if (!reads_.empty()) {
-        lanes_->start(reads_, n_early, n_own);
         st = lanes_->wait_prefix(&pending_io_);
         if (!st.ok()) {  // the batch has stopped (no lane touches it): report and abandon
             pending_err_ = st;

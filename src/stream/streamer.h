@@ -51,6 +51,7 @@
 
 namespace moestream {
 
+class MissFallback;
 class RouteTracer;
 class UringTail;
 
@@ -109,6 +110,10 @@ public:
 
     void set_test_hooks(const StreamTestHooks & h) { hooks_ = h; }
 
+    // --miss-fallback (miss_fallback.h): low-bit experts of a routing are read from the
+    // companion and converted into their slots instead of read in full. Not owned.
+    void set_fallback(MissFallback * f) { fallback_ = f; }
+
     // --route-trace: report every stage (which staged experts were resident, bytes read).
     void set_tracer(RouteTracer * t) { tracer_ = t; }
 
@@ -156,6 +161,8 @@ private:
     StreamTestHooks hooks_;
     bool prefill_ra_ = false;
     std::vector<uint32_t> bank_;  // 0..n_expert-1: the prefill read-ahead guess
+    MissFallback * fallback_ = nullptr;
+    std::vector<uint8_t> fb_flags_;  // per distinct expert: from the low-bit copy (scratch)
 };
 
 }  // namespace moestream

@@ -143,6 +143,15 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     std::vector<uint32_t> experts, nu_of(h.n_expert, kNever);
     DropCounters dc;
     uint32_t last_decode_graph = kNever;
+    const bool fallback = s.fallback_w > 0;
+    if (fallback && s.fallback_expert_bytes.size() != h.moe_layers.size())
+        return Status::Usage("--miss-fallback: the companion has " +
+                             std::to_string(s.fallback_expert_bytes.size()) +
+                             " MoE layers, the trace " + std::to_string(h.moe_layers.size()));
+    if (fallback && s.drop_cold > 0)
+        return Status::Usage("--miss-fallback cannot be combined with --drop-cold");
+    std::vector<uint8_t> lossy(fallback ? h.moe_layers.size() * h.n_expert : 0, 0);
+    std::vector<uint8_t> fb_slot, is_fb(h.n_expert, 0);
 
     for (size_t i = 0; i < t_.routings.size(); ++i) {
         const TraceRouting & r = t_.routings[i];
@@ -156,6 +165,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         const size_t n = size_t(r.n_rows) * K;
         ids.resize(n);
         dropped.assign(n, 0);
+        fb_slot.assign(fallback ? n : 0, 0);
         for (uint32_t row = 0; row < r.n_rows; ++row) {
             const uint64_t src = r.first_slot + uint64_t(row) * kk;
             int32_t * rid = ids.data() + size_t(row) * K;
@@ -174,6 +184,14 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                     ++out->rows_weight_unknown;
                 }
             }
+            if (fallback && decode && known)
+                fallback_row(
+                    int(K), rid, 1, rw, 1, s.fallback_w,
+                    [&](int32_t e) {
+                        return !resident(moe, uint32_t(e)) ||
+                               lossy[size_t(moe) * h.n_expert + size_t(e)];
+                    },
+                    fb_slot.data() + size_t(row) * K);
             // The engine drops only where it observed the weights (docs/route-trace.md).
             if (policy && known) {
                 std::copy(rw, rw + K, w.begin());
@@ -257,6 +275,23 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             }
         }
 
+        // --miss-fallback: an expert is low-bit when every slot naming it is (as the streamer
+        // decides); a lossy copy routed at full weight is forgotten and read again.
+        if (fallback) {
+            for (size_t j = 0; j < n; ++j) {
+                const uint32_t e = uint32_t(ids[j]);
+                is_fb[e] = (seen[e] ? is_fb[e] : uint8_t(1)) & fb_slot[j];
+                seen[e] = 1;
+            }
+            for (uint32_t e : experts) {
+                seen[e] = 0;
+                uint8_t & l = lossy[size_t(moe) * h.n_expert + e];
+                if (!is_fb[e] && l) {
+                    l = 0;
+                    if (ledger) ledger->forget(moe, e);
+                }
+            }
+        }
         StageStats ss;
         if (ledger) {
             Status st = ledger->stage(moe, experts, nu ? nu_of.data() : nullptr, &ss);
@@ -267,15 +302,28 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         const uint64_t hits = ss.hits, misses = ss.misses;
         out->lookups += ss.lookups;
         const uint64_t eb = h.moe_layers[moe].expert_bytes;
+        uint64_t read = misses * eb;
+        if (fallback) {  // the misses (staged now) that are low-bit read the companion
+            const std::vector<uint32_t> & miss_list = ledger ? ledger->staged() : experts;
+            const uint64_t lo = s.fallback_expert_bytes[moe];
+            for (uint32_t e : miss_list) {
+                if (!is_fb[e]) continue;
+                read -= eb - lo;
+                ++out->fallbacks;
+                out->fallback_bytes_saved += eb - lo;
+                if (ledger) lossy[size_t(moe) * h.n_expert + e] = 1;
+            }
+            for (uint32_t e : experts) is_fb[e] = 0;
+        }
         out->routings += 1;
         out->hits += hits;
         out->misses += misses;
-        out->bytes_read += misses * eb;
+        out->bytes_read += read;
         if (decode) {
             out->decode_lookups += hits + misses;
             out->decode_hits += hits;
             out->decode_misses += misses;
-            out->decode_bytes_read += misses * eb;
+            out->decode_bytes_read += read;
         }
         if (v) {
             v->replay_hits += hits;

@@ -401,9 +401,12 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
                 return c.err(so, "expert id " + std::to_string(id) + " >= n_expert " +
                                      std::to_string(h.n_expert));
             const uint8_t known =
-                h.version >= 4 ? kSlotKnownFlags : uint8_t(kSlotResident | kSlotDropped);
+                h.version >= 5   ? kSlotKnownFlags
+                : h.version >= 4 ? uint8_t(kSlotResident | kSlotDropped | kSlotSubstituted)
+                                 : uint8_t(kSlotResident | kSlotDropped);
             if ((fl & ~known) || ((fl & kSlotDropped) && (fl & kSlotResident)) ||
-                ((fl & kSlotSubstituted) && (fl & kSlotDropped)))
+                ((fl & kSlotSubstituted) && (fl & kSlotDropped)) ||
+                ((fl & kSlotFallback) && (fl & (kSlotDropped | kSlotSubstituted))))
                 return c.err(so, "invalid slot flags " + std::to_string(fl));
             out->expert.push_back(int32_t(id));
             out->weight.push_back(w);

@@ -50,6 +50,9 @@ public:
     void mark_substituted(int row, int slot) {
         flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotSubstituted;
     }
+    void mark_fallback(int row, int slot) {
+        flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotFallback;
+    }
     void mark_dropped(int row, int slot) {
         flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotDropped;
     }

@@ -63,6 +63,8 @@ void TraceObserver::on_load(const Routing & r, RouterHook & /*hook*/) {
     if (!tracer_.active() || int64_t(r.layer) != layer_ || r.ids.size() != routed_.size()) return;
     for (size_t s = 0; s < routed_.size(); ++s)  // repointed = dropped
         if (r.ids[s] != routed_[s]) tracer_.mark_dropped(int(s / size_t(k_)), int(s % size_t(k_)));
+    for (size_t s = 0; s < r.fallback.size() && s < routed_.size(); ++s)
+        if (r.fallback[s]) tracer_.mark_fallback(int(s / size_t(k_)), int(s % size_t(k_)));
 }
 
 }  // namespace moestream

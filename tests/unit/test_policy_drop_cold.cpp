@@ -90,3 +90,27 @@ TEST(DropCold, StridedAccess) {
     EXPECT_EQ(ids[1], -1);  // untouched padding
     EXPECT_EQ(w[1], 9.0f);
 }
+
+// --miss-fallback's slot rule (DropColdConfig::fallback_w): below the threshold, not the top
+// expert, and only where ok() accepts the expert (a miss, or a lossy copy).
+TEST(MissFallbackRow, MarksLowWeightMissesButNeverTheTop) {
+    const int32_t ids[4] = {5, 6, 7, 8};
+    const float w[4] = {0.1f, 0.5f, 0.25f, 0.15f};  // the top is slot 1
+    uint8_t fb[4];
+    auto miss = [](int32_t) { return true; };
+    EXPECT_EQ(fallback_row(4, ids, 1, w, 1, 0.2, miss, fb), 2);
+    EXPECT_EQ(fb[0], 1);
+    EXPECT_EQ(fb[1], 0);
+    EXPECT_EQ(fb[2], 0);  // 0.25 is not below 0.2
+    EXPECT_EQ(fb[3], 1);
+    // Strict: a weight equal to the threshold stays full.
+    EXPECT_EQ(fallback_row(4, ids, 1, w, 1, 0.15, miss, fb), 1);
+    EXPECT_EQ(fb[3], 0);
+    // Threshold 1: every slot but the top, and the ids are never rewritten.
+    EXPECT_EQ(fallback_row(4, ids, 1, w, 1, 1.0, miss, fb), 3);
+    EXPECT_EQ(fb[1], 0);
+    // Resident experts (ok() false) stay full: the control that ok() is consulted.
+    EXPECT_EQ(fallback_row(4, ids, 1, w, 1, 1.0, [](int32_t e) { return e == 8; }, fb), 1);
+    EXPECT_EQ(fb[3], 1);
+    EXPECT_EQ(fb[0], 0);
+}

@@ -519,6 +519,27 @@ TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
     for (uint32_t e : a) EXPECT_TRUE(slice_intact(*s, idx, 1, e));
 }
 
+// forget() (--miss-fallback's lossy copies): a resident expert is released at once, its
+// memory uncounted, and its next routing is a miss that reads it again; an absent one is a
+// no-op.
+TEST(ResidencyCache, ForgetReleasesAResidentExpertSoItIsReadAgain) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}}, 8);
+    const uint64_t eb = 3 * kPage;
+    auto s = make(idx, 4 * eb);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(stage_and_read(*s, idx, 0, {0, 1}).size(), 2u);
+    EXPECT_TRUE(s->forget(0, 1));
+    EXPECT_FALSE(s->is_resident(0, 1));
+    EXPECT_TRUE(s->is_resident(0, 0));
+    EXPECT_EQ(s->cache_stats().resident_expert_bytes, eb);
+    EXPECT_FALSE(s->forget(0, 1));  // no longer resident
+    EXPECT_FALSE(s->forget(0, 5));  // never was
+    StageStats ss;
+    EXPECT_EQ(stage_and_read(*s, idx, 0, {0, 1}, &ss), (std::vector<uint32_t>{1}));
+    EXPECT_EQ(ss.hits, 1u);  // control: the expert not forgotten is still a hit
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 1));
+}
+
 // --- prefetch (streamer.h, "Prefetch") --------------------------------------------------
 
 // Reads ahead fit the budget by evicting least recently used experts, never the last stage's

@@ -33,20 +33,8 @@ struct CliRun {
 };
 
 CliRun run(const std::string & model, const std::string & flags, const std::string & env = "") {
-    static int counter = 0;
-    const std::string path = models_dir() + "/subst-" + std::to_string(getpid()) + "-" +
-                             std::to_string(counter++) + ".json";
-    CmdResult r = run_cmd(env + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
-                          sh_quote(kPrompt) + " -n 32 -t 1 " + flags + " --stats-json " + path);
-    CliRun out;
-    out.rc = r.exit_code;
-    out.err = r.err;
-    if (r.exit_code == 0) {
-        std::ifstream f(path);
-        out.stats = json::parse(f);
-    }
-    std::remove(path.c_str());
-    return out;
+    StatsRun r = run_with_stats(model, kPrompt, 32, flags, env);
+    return {r.rc, r.err, r.rc == 0 ? json::parse(r.stats) : json()};
 }
 
 const char * kSmall = "--cache-mb 4 --force-cache --cache-debug ";

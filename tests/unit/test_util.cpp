@@ -89,6 +89,27 @@ std::string cli_bin() {
     return e ? e : "build/bin/moestream";
 }
 
+StatsRun run_with_stats(const std::string & model, const std::string & prompt, int n_predict,
+                        const std::string & flags, const std::string & env) {
+    static int counter = 0;
+    const std::string path = models_dir() + "/stats-" + std::to_string(getpid()) + "-" +
+                             std::to_string(counter++) + ".json";
+    CmdResult r = run_cmd(env + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
+                          sh_quote(prompt) + " -n " + std::to_string(n_predict) + " -t 1 " +
+                          flags + " --stats-json " + path);
+    StatsRun out;
+    out.rc = r.exit_code;
+    out.err = r.err;
+    if (r.exit_code == 0) {
+        std::ifstream f(path);
+        std::stringstream ss;
+        ss << f.rdbuf();
+        out.stats = ss.str();
+    }
+    std::remove(path.c_str());
+    return out;
+}
+
 std::string models_dir() {
     const char * e = std::getenv("MOESTREAM_TEST_MODELS");
     std::string d = e ? e : "build/test-models";

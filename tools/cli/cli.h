@@ -26,6 +26,7 @@ void add_replay_command(CLI::App & app, Action * action);
 void add_eval_command(CLI::App & app, Action * action);
 void add_serve_command(CLI::App & app, Action * action);
 void add_chat_command(CLI::App & app, Action * action);
+void add_fallback_command(CLI::App & app, Action * action);
 
 // The engine's flags (-t -c -b --temp --seed --no-stream --io-threads --no-odirect --cache-mb
 // --force-cache --cache-debug and the lossy knobs), shared by run and serve; *opt must outlive
@@ -60,7 +61,7 @@ Status process_reverse_prompts(bool escape, std::vector<std::string> * stop);
 void apply_verbosity(int count);
 
 // --- Shared by the subcommands (cli_common.cpp; docs/cli.md) ---
-extern const char * const kSubcommands[7];
+extern const char * const kSubcommands[8];
 // Prints "moestream CMD: MSG" and "see `moestream CMD --help`" on stderr; returns 64.
 int usage_error(const std::string & cmd, const std::string & msg);
 // Before CLI11 parses args (argv without argv[0]): an unknown subcommand, llama.cpp flags

@@ -134,6 +134,9 @@ std::string lossy_knobs(const RunOptions & o, bool engine_lossy) {
         if (o.drop_renorm) add("--drop-renorm");
     }
     if (o.substitute > 0) add("--substitute-experts " + fmt_num(o.substitute));
+    if (!o.miss_fallback.empty())
+        add("--miss-fallback " + o.miss_fallback + " --fallback-threshold " +
+            fmt_num(o.fallback_threshold));
     return k;
 }
 

@@ -134,7 +134,8 @@ std::string fmt_num(double v) {
     return b;
 }
 
-const char * const kSubcommands[] = {"run", "chat", "inspect", "synth", "replay", "eval", "serve"};
+const char * const kSubcommands[] = {"run",    "chat", "inspect", "synth",
+                                     "replay", "eval", "serve",   "make-fallback"};
 
 int usage_error(const std::string & cmd, const std::string & msg) {
     std::fprintf(stderr, "moestream%s%s: %s\nsee `moestream%s%s --help`\n",

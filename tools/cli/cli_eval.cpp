@@ -84,6 +84,7 @@ int do_eval(EvalFlags & f) {
     ref_opt.drop_cold = 0;
     ref_opt.drop_in_prefill = ref_opt.drop_renorm = false;
     ref_opt.substitute = 0;
+    ref_opt.miss_fallback.clear();
     ref_opt.route_trace.clear();
 
     // One engine at a time (a model that barely fits must not be loaded twice).
@@ -205,6 +206,9 @@ int do_eval(EvalFlags & f) {
         }
         if (set.value("substitute_experts", 0.0) > 0)
             knobs += " --substitute-experts " + fmt_num(set.value("substitute_experts", 0.0));
+        if (set.contains("miss_fallback"))
+            knobs += " --miss-fallback " + set.value("miss_fallback", std::string()) +
+                     " --fallback-threshold " + fmt_num(set.value("fallback_threshold", 0.0));
         std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
                     toks.size(), (unsigned long long)sum.positions, win.c_str(),
                     run->lossy() ? ("LOSSY:" + knobs).c_str() : "lossless settings");

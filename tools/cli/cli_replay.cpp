@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cli.h"
+#include "moestream/gguf_index.h"
 #include "moestream/log.h"
 #include "moestream/replay.h"
 #include "moestream/route_stats.h"
@@ -35,6 +36,8 @@ struct ReplayFlags {
     std::string trace;
     std::string budgets, policies = "lru", drops, ks;
     std::string substitute;  // refused: a trace does not hold the scores it needs
+    std::string fallback;    // --miss-fallback FILE: the companion whose expert sizes to use
+    double fallback_w = 0;   // --fallback-threshold
     bool drop_in_prefill = false;
     bool json = false;
     std::string plot;
@@ -115,9 +118,20 @@ nlohmann::json result_json(const ReplayResult & r, const ReplayResult * base) {
     j["slots_dropped"] = r.slots_dropped;
     j["rows_weight_unknown"] = r.rows_weight_unknown;
     j["weight_mass_discarded"] = r.weight_mass_discarded;
+    if (r.setting.fallback_w > 0) {
+        j["fallback_threshold"] = r.setting.fallback_w;
+        j["fallbacks"] = r.fallbacks;
+        j["fallback_bytes_saved"] = r.fallback_bytes_saved;
+        j["lossy"] = true;
+    }
     const uint64_t bm = base ? base->decode_misses : r.decode_misses;
     j["baseline_decode_misses"] = bm;
     j["reads_avoided"] = bm ? 1.0 - double(r.decode_misses) / double(bm) : 0.0;
+    if (r.setting.fallback_w > 0) {  // a low-bit read is a read: the bytes are what it saves
+        const uint64_t bb = base ? base->decode_bytes_read : r.decode_bytes_read;
+        j["baseline_decode_bytes_read"] = bb;
+        j["reads_avoided"] = bb ? 1.0 - double(r.decode_bytes_read) / double(bb) : 0.0;
+    }
     return j;
 }
 
@@ -275,8 +289,10 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
 
 int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
-    const std::vector<std::string> sweep = {"--budgets", "--policy", "--drop-cold",
-                                            "--n-expert-used", "--drop-in-prefill", "--plot"};
+    const std::vector<std::string> sweep = {"--budgets",         "--policy",
+                                            "--drop-cold",       "--n-expert-used",
+                                            "--drop-in-prefill", "--plot",
+                                            "--miss-fallback",   "--fallback-threshold"};
     if (!f.substitute.empty())
         return usage_error(
             "replay",
@@ -309,6 +325,12 @@ int do_replay(const ReplayFlags & f) {
     if (f.routing_stats) return print_routing_stats(f, trace);
 
     if (f.validate) {
+        for (uint8_t fl : trace.flags)
+            if (fl & kSlotFallback)
+                return usage_error("replay",
+                                   "--validate cannot reproduce a --miss-fallback recording "
+                                   "(which experts the low-bit copies displaced is not in the "
+                                   "trace); replay it without --validate");
         ReplayResult r;
         ValidateReport v;
         st = rp.run(rp.recorded_setting(), &r, &v);
@@ -374,6 +396,37 @@ int do_replay(const ReplayFlags & f) {
         ks.push_back(h.k);
     }
     const bool in_prefill = f.drop_in_prefill || h.drop_in_prefill;
+    std::vector<uint64_t> fb_bytes;  // --miss-fallback: the companion's expert bytes per layer
+    if (f.fallback.empty() != (f.fallback_w <= 0))
+        return usage_error("replay", "--miss-fallback FILE and --fallback-threshold W go together");
+    if (!f.fallback.empty()) {
+        ModelIndex c;
+        st = load_model_index(f.fallback, &c);
+        if (!st.ok()) return fail(Status::BadModel("--miss-fallback " + f.fallback + ": " + st.message()));
+        bool match = c.moe_layers.size() == h.moe_layers.size() && c.n_expert == h.n_expert;
+        for (size_t i = 0; match && i < c.moe_layers.size(); ++i) {
+            match = c.moe_layers[i].layer == h.moe_layers[i].layer;
+            fb_bytes.push_back(c.moe_layers[i].expert_bytes);
+        }
+        if (!match)
+            return fail(Status::BadModel("--miss-fallback " + f.fallback +
+                                         ": its MoE layers or expert count differ from the "
+                                         "trace's model"));
+        uint64_t known = 0;
+        for (size_t i = 0; i < trace.routings.size(); ++i) {
+            const TraceRouting & r = trace.routings[i];
+            if (!r.decode) continue;
+            bool fin = true;
+            for (uint64_t s = r.first_slot; s < r.first_slot + uint64_t(r.n_rows) * h.k; ++s)
+                fin = fin && std::isfinite(trace.weight[s]);
+            known += fin;
+        }
+        if (known == 0)
+            return usage_error("replay",
+                               "--fallback-threshold needs the final router weights of decode "
+                               "rows, and " + f.trace + " holds none (record it with a decode "
+                               "run, e.g. `moestream eval --route-trace`)");
+    }
 
     nlohmann::json doc;
     doc["trace"] = {{"path", f.trace},
@@ -418,6 +471,7 @@ int do_replay(const ReplayFlags & f) {
                 return rs;
             };
             ReplaySetting base_s;
+            base_s.fallback_expert_bytes = fb_bytes;
             base_s.policy = pol;
             base_s.budget_bytes = budget;
             base_s.k = h.k;
@@ -429,8 +483,9 @@ int do_replay(const ReplayFlags & f) {
                     ReplaySetting s = base_s;
                     s.k = uint32_t(k);
                     s.drop_cold = d;
+                    s.fallback_w = f.fallback_w;
                     ReplayResult r;
-                    if (s.k == h.k && d == 0) {
+                    if (s.k == h.k && d == 0 && s.fallback_w == 0) {
                         r = baselines[key];
                     } else {
                         st = run(s, &r);
@@ -467,6 +522,14 @@ int do_replay(const ReplayFlags & f) {
                         r["bytes_per_token"].get<double>() / kMiB,
                         100 * r["reads_avoided"].get<double>(),
                         100 * r["weight_mass_discarded"].get<double>());
+        if (!f.fallback.empty())
+            for (const auto & r : results)
+                std::printf("--miss-fallback %s --fallback-threshold %g (LOSSY estimate), %s "
+                            "%.1f MiB: %llu expert reads from the low-bit copy, %.1f MiB saved\n",
+                            f.fallback.c_str(), f.fallback_w,
+                            r["policy"].get<std::string>().c_str(), r["budget_mib"].get<double>(),
+                            (unsigned long long)r["fallbacks"].get<uint64_t>(),
+                            double(r["fallback_bytes_saved"].get<uint64_t>()) / kMiB);
     }
     std::fprintf(
         stderr,
@@ -501,6 +564,13 @@ void add_replay_command(CLI::App & app, Action * action) {
                     "experts per token K <= the trace's k, comma-separated");
     sub->add_option("--substitute-experts", f->substitute,
                     "refused: a trace lacks the router scores substitution needs (use eval)");
+    sub->add_option("--miss-fallback", f->fallback,
+                    "estimate --miss-fallback with this companion's expert sizes (LOSSY; needs "
+                    "--fallback-threshold and a trace with final weights)")
+        ->type_name("FILE");
+    sub->add_option("--fallback-threshold", f->fallback_w,
+                    "final router weight W in (0, 1] below which a miss reads the low-bit copy")
+        ->check(real_range(0.0, 1.0, true));
     sub->add_flag("--json", f->json, "print the results as one JSON object");
     sub->add_option("--plot", f->plot,
                     "write a PNG: hit rate vs budget; reads avoided vs weight discarded");

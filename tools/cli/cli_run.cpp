@@ -100,6 +100,10 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["drop_terminal"] = s.drop_terminal;
     j["experts_substituted"] = s.experts_substituted;
     j["subst_bytes_avoided"] = s.subst_bytes_avoided;
+    j["experts_fallback"] = s.experts_fallback;
+    j["fallback_bytes_read"] = s.fallback_bytes_read;
+    j["fallback_bytes_saved"] = s.fallback_bytes_saved;
+    j["fallback_convert_s"] = s.fallback_convert_s;
     j["settings"] = nlohmann::json::parse(e.settings_json());
     return j;
 }
@@ -249,6 +253,14 @@ int do_run(RunFlags & f) {
                      "resident expert instead, %.1f MiB of reads avoided\n",
                      f.opt.substitute, (unsigned long long)s.experts_substituted,
                      mib(double(s.subst_bytes_avoided)));
+    if (!f.opt.miss_fallback.empty())
+        std::fprintf(stderr,
+                     "moestream: --miss-fallback %s --fallback-threshold %g (LOSSY): %llu expert "
+                     "computations from the low-bit copy, %.1f MiB of reads avoided, %.1f ms "
+                     "converting\n",
+                     f.opt.miss_fallback.c_str(), f.opt.fallback_threshold,
+                     (unsigned long long)s.experts_fallback, mib(double(s.fallback_bytes_saved)),
+                     s.fallback_convert_s * 1e3);
     if (f.opt.n_expert_used > 0 && engine->lossy())
         std::fprintf(stderr, "moestream: --n-expert-used %d: fewer experts per token than the model's "
                              "top-k: output differs from the model's\n", f.opt.n_expert_used);
@@ -402,6 +414,14 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                     "resident unselected expert whose router probability is less than M below "
                     "it (M in [0, 1]; 0 = off)")
         ->check(real_range(0.0, 1.0, false));
+    sub->add_option("--miss-fallback", opt->miss_fallback,
+                    "LOSSY: compute a decode cache miss whose final router weight is below "
+                    "--fallback-threshold from the low-bit copy in FILE (made by `moestream "
+                    "make-fallback`)")
+        ->type_name("FILE");
+    sub->add_option("--fallback-threshold", opt->fallback_threshold,
+                    "final router weight below which --miss-fallback applies (W in (0, 1])")
+        ->check(real_range(0.0, 1.0, true));
 }
 
 namespace {
@@ -434,6 +454,8 @@ constexpr std::pair<const char *, const char *> kFieldFlags[] = {
     {"drop_in_prefill", "--drop-in-prefill"},
     {"drop_renorm", "--drop-renorm"},
     {"substitute", "--substitute-experts"},
+    {"miss_fallback", "--miss-fallback"},
+    {"fallback_threshold", "--fallback-threshold"},
     {"route_trace", "--route-trace"},
 };
 
@@ -477,6 +499,8 @@ int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
                              "--cache-mb", "--force-cache", "--cache-no-recycle", "--cache-no-move",
                              "--prefetch", "--cache-debug", "--route-trace"},
                             "applies to streaming; remove --no-stream");
+    if (opt.miss_fallback.empty())
+        return refuse_given(sub, {"--fallback-threshold"}, "applies to --miss-fallback FILE");
     return 0;
 }
 

@@ -56,6 +56,9 @@ void add_serve_command(CLI::App & app, Action * action) {
         *action = [f, sub, dc] {
             apply_verbosity(f->verbose);
             if (int rc = check_engine_flags(sub, f->cfg.run)) return rc;
+            if (int rc = refuse_given(sub, {"--miss-fallback"},
+                                      "is not available in serve (use run, chat or eval)"))
+                return rc;
             server::ServeConfig cfg = f->cfg;
             if (cfg.api_key.empty()) {
                 const char * k = std::getenv("MOESTREAM_API_KEY");

@@ -40,6 +40,7 @@ int main(int argc, char ** argv) {
     add_replay_command(app, &action);
     add_eval_command(app, &action);
     add_serve_command(app, &action);
+    add_fallback_command(app, &action);
     std::vector<std::string> args(argv + 1, argv + argc);
     if (int rc = preprocess_args(app, &args); rc != 0) return rc;
     const std::string cmd = !args.empty() && !args[0].empty() && args[0][0] != '-' ? args[0] : "";
@@ -54,7 +55,7 @@ int main(int argc, char ** argv) {
         return app.exit(e);
     } catch (const CLI::ParseError & e) {
         if (cmd.empty() && args.empty())
-            return usage_error("", "give a subcommand (run, chat, inspect, synth, replay, eval, serve)");
+            return usage_error("", "give a subcommand (run, chat, inspect, synth, replay, eval, serve, make-fallback)");
         return usage_error(cmd, e.what());
     }
     if (!action) return 64;

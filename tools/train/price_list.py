@@ -8,6 +8,8 @@ vs read savings; needs python3-matplotlib).
                 [--window W]   (eval --window: each W tokens scored from an empty context; 0 = one context)
                 [--only TEXT]  (only the settings whose label contains TEXT; the rows of OUT.json
                                 with other labels are kept, so the tables hold every setting)
+                [--fallback FILE --fallback-type T]  (a `moestream make-fallback --type T` companion
+                                of MODEL: adds the --miss-fallback rows)
 """
 import argparse, json, subprocess, sys
 
@@ -28,6 +30,13 @@ for mb in (2, 4, 8):
     for m in (0.05, 0.1, 0.2):
         GRID.append((f"substitute {m}, cache {mb} MiB",
                      ["--cache-mb", str(mb), "--force-cache", "--substitute-experts", str(m)]))
+FALLBACK_W = (0.05, 0.1, 0.2)
+
+
+def fallback_grid(path, ty):
+    return [(f"fallback {ty} {w}, cache {mb} MiB",
+             ["--cache-mb", str(mb), "--force-cache", "--miss-fallback", path,
+              "--fallback-threshold", str(w)]) for mb in (2, 4, 8) for w in FALLBACK_W]
 
 
 def main():
@@ -39,7 +48,10 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=2000)
     ap.add_argument("--window", type=int, default=256)
     ap.add_argument("--only", default="")
+    ap.add_argument("--fallback", default="")
+    ap.add_argument("--fallback-type", default="Q2_K")
     a = ap.parse_args()
+    grid = GRID + (fallback_grid(a.fallback, a.fallback_type) if a.fallback else [])
     rows = []
     kept = {}
     if a.only:
@@ -47,7 +59,7 @@ def main():
             kept = {r["setting"]: r for r in json.load(open(a.out + ".json"))}
         except FileNotFoundError:
             pass
-    for label, extra in GRID:
+    for label, extra in grid:
         if a.only and a.only not in label:
             if label in kept:
                 rows.append(kept[label])
@@ -91,7 +103,11 @@ def main():
                 marker = "*" if "+" in knob else ("s" if knob.startswith("k=") else "o")
                 if knob.startswith("substitute"):
                     marker = "^"
+                if knob.startswith("fallback"):
+                    marker = "v"
                 short = knob.replace("drop-cold ", "F=").replace("substitute ", "M=").replace(" + ", "+")
+                if knob.startswith("fallback"):
+                    short = "W=" + knob.rsplit(" ", 1)[1]
                 lab = cache if cache not in seen else None
                 seen.add(cache)
                 ax.scatter(100 * r["read_savings"], r[key]["value"], marker=marker, s=60 if marker == "*" else 36,

@@ -26,8 +26,11 @@ synth="$out/synth-tiny-q8_0.gguf"
 [ -f "$synth" ] || "$bin" synth --preset tiny --type q8_0 --seed 1 -o "$synth"
 
 echo "== price list ($tokens tokens of $text)"
+fallback_type="${QUALITY_FALLBACK_TYPE:-Q2_K}"
+fallback="$out/fallback-trained-$fallback_type.gguf"  # the --miss-fallback rows' companion
+[ -f "$fallback" ] || "$bin" make-fallback -m "$model" -o "$fallback" --type "$fallback_type"
 "$py" "$repo/tools/train/price_list.py" --bin "$bin" -m "$model" -f "$text" -o "$out/price-list" \
-  --max-tokens "$tokens" --window "$window"
+  --max-tokens "$tokens" --window "$window" --fallback "$fallback" --fallback-type "$fallback_type"
 
 echo "== routing statistics"
 "$py" "$repo/tools/train/routing_stats.py" -m "$model" -f "$text" --json "$out/routing-trained.json"

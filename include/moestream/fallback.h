@@ -1,0 +1,39 @@
+// fallback.h — `moestream make-fallback`: the companion file of --miss-fallback
+// (docs/quality.md, "Low-bit fallback").
+//
+// make_fallback() runs llama.cpp's `llama-quantize` over the model with every expert tensor
+// (ffn_{gate,up,down,gate_up}_exps) overridden to `type` (--allow-requantize, into a temporary
+// file next to the output), then writes the output with only the expert tensors, the model's
+// metadata and the fingerprint of the source model (moestream.fallback.* keys), which
+// --miss-fallback checks before using the file. The output is written atomically; the
+// temporary file is removed in every case.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "moestream/status.h"
+
+namespace moestream {
+
+struct MakeFallbackOptions {
+    std::string model_path;   // the model (or any shard of a split set)
+    std::string out_path;     // the companion GGUF
+    std::string type = "Q2_K";  // llama-quantize's type name for the expert tensors
+    // The llama-quantize command: argv prefix (e.g. {"scripts/llama-tool", "llama-quantize"}).
+    std::vector<std::string> quantize_cmd;
+    int n_threads = 0;        // passed to llama-quantize (0: its default)
+};
+
+struct MakeFallbackResult {
+    uint64_t expert_bytes_model = 0;   // expert tensor bytes in the model
+    uint64_t expert_bytes_fallback = 0;  // in the companion
+    std::string fingerprint;           // of the source model
+    std::string types;                 // the companion's expert types, e.g. "q2_K x 48, q4_0 x 2"
+};
+
+// kBadModel for a model that does not validate, kBadInput for a file that cannot be written
+// or read, kRuntime when llama-quantize fails (its exit status in the message).
+Status make_fallback(const MakeFallbackOptions & opt, MakeFallbackResult * out);
+
+}  // namespace moestream
