@@ -79,7 +79,7 @@ TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
     const std::string half =
         "--cache-mb " + std::to_string(json::parse(ins.out)["cache_all_experts_mib"].get<int>() / 2) +
         " --force-cache";
-    for (const std::string flags :
+    for (const std::string & flags :
          {std::string("--cache-mb 0 --prefill-readahead"),
           std::string("--cache-mb 0 --prefill-readahead --io-threads 2"),
           std::string("--cache-mb 1000000 --prefill-readahead"),

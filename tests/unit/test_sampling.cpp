@@ -181,8 +181,9 @@ TEST_F(Sampling, GrammarConstrainsOutput) {
     const GenerateResult g = run(r);
     EXPECT_FALSE(g.text.empty());
     EXPECT_EQ(g.text.find_first_not_of("ab!"), std::string::npos) << g.text;
-    if (g.finish == FinishReason::kEos)  // the grammar ends only after its "!"
+    if (g.finish == FinishReason::kEos) {  // the grammar ends only after its "!"
         EXPECT_EQ(g.text.back(), '!') << g.text;
+    }
 }
 
 TEST_F(Sampling, FiniteGrammarEndsWithEndOfGeneration) {
@@ -353,7 +354,9 @@ TEST_F(Sampling, LogprobsAreTheModelsDistribution) {
         double mass = 0;
         for (size_t k = 0; k < l.top.size(); ++k) {
             mass += std::exp(double(l.top[k].logprob));
-            if (k) EXPECT_LE(l.top[k].logprob, l.top[k - 1].logprob);
+            if (k) {
+                EXPECT_LE(l.top[k].logprob, l.top[k - 1].logprob);
+            }
         }
         EXPECT_NEAR(mass, 1.0, 1e-4);
         EXPECT_EQ(l.top[0].token, l.chosen.token) << "greedy";

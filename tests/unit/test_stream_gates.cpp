@@ -54,7 +54,9 @@ RunOut run_moestream(const std::string & model, const std::string & prompt, cons
                       sh_quote(prompt) + " -n 32 -t 1 " + flags + " --stats-json " + base +
                       ".json --dump-logits " + base + ".logits --stats-csv " + base + ".csv";
     CmdResult r = run_cmd(cmd);
-    if (must_succeed) EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+    if (must_succeed) {
+        EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+    }
     RunOut out;
     out.exit_code = r.exit_code;
     out.err = r.err;
