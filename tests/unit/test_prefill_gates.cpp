@@ -42,22 +42,15 @@ const char kLongPrompt[] =
 
 Out run(const std::string & model, const std::string & flags, const std::string & env = "",
         const std::string & batch = "-b 64 --ubatch-size 32", int n = 8) {
-    static int counter = 0;
-    const std::string base = models_dir() + "/prefill-gate-" + std::to_string(getpid()) + "-" +
-                             std::to_string(counter++);
-    const std::string cmd = env + " " + sh_quote(cli_bin()) + " run -m " + sh_quote(model) +
-                            " -p " + sh_quote(kLongPrompt) + " -n " + std::to_string(n) + " -t 1 " + batch + " " + flags +
-                            " --stats-json " + base + ".json --dump-logits " + base + ".logits";
-    CmdResult r = run_cmd(cmd);
+    StatsRun r = run_with_stats(model, kLongPrompt, n, batch + " " + flags,
+                                env.empty() ? "" : env + " ", /*with_logits=*/true);
     Out o;
-    o.exit_code = r.exit_code;
+    o.exit_code = r.rc;
     o.err = r.err;
-    if (r.exit_code == 0) {
-        o.stats = json::parse(slurp(base + ".json"));
-        o.logits = slurp(base + ".logits");
+    if (r.rc == 0) {
+        o.stats = json::parse(r.stats);
+        o.logits = r.logits;
     }
-    std::remove((base + ".json").c_str());
-    std::remove((base + ".logits").c_str());
     return o;
 }
 

@@ -90,23 +90,23 @@ std::string cli_bin() {
 }
 
 StatsRun run_with_stats(const std::string & model, const std::string & prompt, int n_predict,
-                        const std::string & flags, const std::string & env) {
+                        const std::string & flags, const std::string & env, bool with_logits) {
     static int counter = 0;
-    const std::string path = models_dir() + "/stats-" + std::to_string(getpid()) + "-" +
-                             std::to_string(counter++) + ".json";
+    const std::string base = models_dir() + "/stats-" + std::to_string(getpid()) + "-" +
+                             std::to_string(counter++);
     CmdResult r = run_cmd(env + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
                           sh_quote(prompt) + " -n " + std::to_string(n_predict) + " -t 1 " +
-                          flags + " --stats-json " + path);
+                          flags + " --stats-json " + base + ".json" +
+                          (with_logits ? " --dump-logits " + base + ".logits" : ""));
     StatsRun out;
     out.rc = r.exit_code;
     out.err = r.err;
     if (r.exit_code == 0) {
-        std::ifstream f(path);
-        std::stringstream ss;
-        ss << f.rdbuf();
-        out.stats = ss.str();
+        out.stats = slurp(base + ".json");
+        if (with_logits) out.logits = slurp(base + ".logits");
     }
-    std::remove(path.c_str());
+    std::remove((base + ".json").c_str());
+    if (with_logits) std::remove((base + ".logits").c_str());
     return out;
 }
 

@@ -21,15 +21,18 @@ struct CmdResult {
 // Runs `cmd` through /bin/sh; stdout and stderr captured separately.
 CmdResult run_cmd(const std::string & cmd);
 
-// `ENV moestream run -m MODEL -p PROMPT -n N -t 1 FLAGS --stats-json TMP`: exit code, stderr
-// and, when it exited 0, the text of the --stats-json file (removed afterwards).
+// `ENV moestream run -m MODEL -p PROMPT -n N -t 1 FLAGS --stats-json TMP` (with_logits: also
+// `--dump-logits TMP2`): exit code, stderr and, when it exited 0, the text of the --stats-json
+// file and the dumped logits (both files removed afterwards).
 struct StatsRun {
     int rc = -1;
     std::string err;
     std::string stats;
+    std::string logits;  // "" unless with_logits
 };
 StatsRun run_with_stats(const std::string & model, const std::string & prompt, int n_predict,
-                        const std::string & flags, const std::string & env = "");
+                        const std::string & flags, const std::string & env = "",
+                        bool with_logits = false);
 
 // $MOESTREAM_BIN (the CLI under test) and $MOESTREAM_TEST_MODELS (a cache dir).
 std::string cli_bin();
