@@ -50,25 +50,18 @@ const char * kPrompt = "The expert streaming engine reads only what the router s
 
 RunOut run(const std::string & model, const std::string & flags, const std::string & env = "",
            bool must_succeed = true) {
-    static int counter = 0;
-    const std::string base = models_dir() + "/split-" + std::to_string(getpid()) + "-" +
-                             std::to_string(counter++);
-    const std::string cmd = env + " " + sh_quote(cli_bin()) + " run -m " + sh_quote(model) +
-                            " -p " + sh_quote(kPrompt) + " -n 16 -t 1 " + flags +
-                            " --stats-json " + base + ".json --dump-logits " + base + ".logits";
-    CmdResult r = run_cmd(cmd);
+    StatsRun r = run_with_stats(model, kPrompt, 16, flags, env.empty() ? "" : env + " ",
+                                /*with_logits=*/true);
     if (must_succeed) {
-        EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;
+        EXPECT_EQ(r.rc, 0) << flags << "\n" << r.err;
     }
     RunOut out;
-    out.exit_code = r.exit_code;
+    out.exit_code = r.rc;
     out.err = r.err;
-    if (r.exit_code == 0) {
-        out.stats = json::parse(slurp(base + ".json"));
-        out.logits = slurp(base + ".logits");
+    if (r.rc == 0) {
+        out.stats = json::parse(r.stats);
+        out.logits = r.logits;
     }
-    std::remove((base + ".json").c_str());
-    std::remove((base + ".logits").c_str());
     return out;
 }
 
