@@ -9,7 +9,8 @@
 // --grammar): split from the answer as serve splits it (stderr, dimmed on a terminal, or
 // hidden), the history of turn 2 as the family's template has it (--verbose-prompt), harmony
 // rendered by moestream with its reasoning effort, and the refusals of what a template cannot
-// do; the controls are a template llama.cpp renders (nothing split) and thinking turned off.
+// do; the controls are a template llama.cpp renders (nothing split) and thinking turned off;
+// endless replies stopped with Ctrl-C show that the split output streams token by token.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
@@ -451,6 +452,36 @@ TEST(ChatCli, ReasoningIsDimmedOnATerminal) {
         EXPECT_EQ(dimmed, !hide) << c.out;
         EXPECT_EQ(c.out.find("I should greet.") == std::string::npos, hide) << c.out;
         EXPECT_NE(c.out.find("Hello friend."), std::string::npos) << c.out;
+    }
+}
+
+// Split while streaming: the reasoning and the answer reach the terminal before the reply has
+// ended (endless replies, never complete for their grammar, stopped with Ctrl-C), and a reply
+// stopped inside its reasoning ends the dim style before the footer.
+TEST(ChatCli, SplitRepliesStreamTokenByToken) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    const std::string answer_forever = R"(root ::= "<think>\nI should greet.\n</think>\n\nHello" x
+x ::= [a-z ] x)";
+    const std::string think_forever = R"(root ::= "<think>\nHm" x
+x ::= [a-z ] x)";
+    for (const std::string & g : {answer_forever, think_forever}) {
+        SCOPED_TRACE(g);
+        PtyChat c("-m " + sh_quote(m) + " -t 1 -c 8192 -n -1 --grammar " + sh_quote(g));
+        ASSERT_TRUE(c.wait_for("> ")) << c.out;
+        const size_t at = c.out.size();
+        c.send("Hi\r");
+        const bool thinking = g == think_forever;
+        ASSERT_TRUE(c.wait_for(thinking ? R"(\x1b\[2mHm[a-z ]{20})" : R"(\r\nHello[a-z ]{20})", 1, at)) << c.out;
+        EXPECT_EQ(footers(c.out).size(), 0u) << "shown before the reply ended: " << c.out;
+        c.send("\x03");
+        ASSERT_TRUE(c.wait_for(R"(stopped \(Ctrl-C\)\]\r?\n> )", 1, at)) << c.out;
+        const size_t footer = c.out.rfind('[', c.out.rfind(" tok, "));  // the footer's start
+        const size_t reset = c.out.rfind("\x1b[0m");
+        EXPECT_NE(reset, std::string::npos) << c.out;
+        EXPECT_LT(reset, footer) << c.out;
+        c.send("/exit\r");
+        EXPECT_EQ(c.wait_exit(), 0) << c.out;
     }
 }
 
