@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """template_fidelity.py — moestream's chat-format renderers against llama.cpp's Jinja.
 
-For each template family moestream renders itself (tools/server/chat_format_*.cpp), a tiny
+For each template family moestream renders itself (tools/chat/chat_format_*.cpp), a tiny
 synth model carries a template of that family written for this test (tests/api/templates/);
 the same conversations (system, user, multi-turn, tools, tool calls, tool results, thinking on
 and off) go to `moestream serve` and to Debian's `llama-server` (Jinja) on the same GGUF, both

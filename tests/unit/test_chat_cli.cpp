@@ -5,6 +5,12 @@
 // control (the whole conversation prefilled); Ctrl-C during a reply stops it and the chat
 // answers the next turn; Ctrl-C at the prompt exits 130 with the summary; /exit and Ctrl-D
 // exit 0; a pipe is read one turn per line; bad input exits 2 / 3 / 64 with one line.
+// Reasoning (the hermes-qwen3 and harmony templates of tests/api/templates/, replies fixed by
+// --grammar): split from the answer as serve splits it (stderr, dimmed on a terminal, or
+// hidden), the history of turn 2 as the family's template has it (--verbose-prompt), harmony
+// rendered by moestream with its reasoning effort, and the refusals of what a template cannot
+// do; the controls are a template llama.cpp renders (nothing split) and thinking turned off;
+// endless replies stopped with Ctrl-C show that the split output streams token by token.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <pty.h>
@@ -44,6 +50,32 @@ std::string model_with_template(const TempDir & dir, const std::string & tmpl, c
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return out;
 }
+
+// A template of tests/api/templates/ (the families moestream renders).
+std::string family_template(const std::string & name) {
+    return slurp(src_dir() + "/tests/api/templates/" + name + ".jinja");
+}
+
+// `printf INPUT | moestream chat -m MODEL -t 1 FLAGS`.
+CmdResult chat_pipe(const std::string & model, const std::string & input, const std::string & flags) {
+    return run_cmd("printf '%s' " + sh_quote(input) + " | " + sh_quote(cli_bin()) + " chat -m " +
+                   sh_quote(model) + " -t 1 -c 2048 " + flags);
+}
+
+// The prompts --verbose-prompt printed, in turn order.
+std::vector<std::string> turn_prompts(const std::string & err) {
+    std::vector<std::string> v;
+    const std::regex head(R"(moestream chat: prompt of turn (\d+) \((\d+) bytes\):\n)");
+    for (auto it = std::sregex_iterator(err.begin(), err.end(), head); it != std::sregex_iterator(); ++it)
+        v.push_back(err.substr(size_t(it->position(0) + it->length(0)), std::stoul((*it)[2])));
+    return v;
+}
+
+// Replies fixed by a grammar: a thinking block then the answer (hermes-qwen3), an analysis
+// message then the final one (harmony).
+const char * kThinkReply = R"(root ::= "<think>\nI should greet.\n</think>\n\nHello friend.")";
+const char * kHarmonyReply =
+    R"(root ::= "<|channel|>analysis<|message|>It is 21.<|end|><|start|>assistant<|channel|>final<|message|>Warm.")";
 
 double now_s() {
     return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -288,6 +320,169 @@ TEST(ChatCli, BadInputIsOneLineAndItsExitCode) {
     // A flag before a llama.cpp multi-letter spelling does not swallow it (run too).
     r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(m) + " -t 1 -n 1 --ignore-eos -tb 1");
     EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(ChatCli, ThinkingIsSplitFromTheAnswerAndLeftOutOfTheHistory) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    const std::string fixed = "-n 200 --grammar " + sh_quote(kThinkReply) + " --verbose-prompt";
+    CmdResult r = chat_pipe(m, "Hi\nAgain\n", fixed + " -v");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("renderer moestream | reasoning split, shown"), std::string::npos) << r.err;
+    // stdout: the answers only; the thinking on stderr, each line prefixed.
+    EXPECT_EQ(r.out, "Hello friend.\nHello friend.\n");
+    EXPECT_EQ(footers(r.err).size(), 2u) << r.err;
+    size_t n = 0;
+    for (size_t at = r.err.find("\nthinking: I should greet.\n"); at != std::string::npos;
+         at = r.err.find("\nthinking: I should greet.\n", at + 1))
+        ++n;
+    EXPECT_EQ(n, 2u) << r.err;
+    // Turn 2's prompt: the first reply without its thinking, as Qwen3's template renders an
+    // assistant turn before the last user message.
+    std::vector<std::string> p = turn_prompts(r.err);
+    ASSERT_EQ(p.size(), 2u) << r.err;
+    EXPECT_EQ(p[1], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello friend.<|im_end|>\n"
+                    "<|im_start|>user\nAgain<|im_end|>\n<|im_start|>assistant\n");
+
+    // --hide-reasoning: the same answers, no thinking shown.
+    CmdResult h = chat_pipe(m, "Hi\n", fixed + " --hide-reasoning");
+    ASSERT_EQ(h.exit_code, 0) << h.err;
+    EXPECT_EQ(h.out, "Hello friend.\n");
+    EXPECT_EQ(h.err.find("I should greet"), std::string::npos) << h.err;
+
+    // Controls. Thinking off: the prompt opens an empty thinking block and the same text is
+    // the answer as generated (not split), markers and all.
+    CmdResult off = chat_pipe(m, "Hi\n", fixed + " --reasoning off");
+    ASSERT_EQ(off.exit_code, 0) << off.err;
+    EXPECT_EQ(off.out, "<think>\nI should greet.\n</think>\n\nHello friend.\n");
+    p = turn_prompts(off.err);
+    ASSERT_EQ(p.size(), 1u) << off.err;
+    EXPECT_EQ(p[0], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    // A template llama.cpp renders (no family of moestream's): the reply is printed and kept
+    // as generated, so turn 2's prompt carries the thinking.
+    const std::string l3 = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    CmdResult raw = chat_pipe(l3, "Hi\nAgain\n", fixed + " -v");
+    ASSERT_EQ(raw.exit_code, 0) << raw.err;
+    EXPECT_NE(raw.err.find("renderer llama.cpp | reasoning not split"), std::string::npos) << raw.err;
+    EXPECT_EQ(raw.out, "<think>\nI should greet.\n</think>\n\nHello friend.\n"
+                       "<think>\nI should greet.\n</think>\n\nHello friend.\n");
+    EXPECT_EQ(raw.err.find("thinking: "), std::string::npos) << raw.err;
+    p = turn_prompts(raw.err);
+    ASSERT_EQ(p.size(), 2u) << raw.err;
+    EXPECT_NE(p[1].find("I should greet."), std::string::npos) << p[1];
+}
+
+TEST(ChatCli, HarmonyIsRenderedWithItsEffortAndItsChannelsSplit) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("harmony"), "harmony.gguf");
+    const std::string fixed = "-n 300 --grammar " + sh_quote(kHarmonyReply) + " --verbose-prompt";
+    CmdResult r = chat_pipe(m, "Weather?\nAgain\n", fixed + " --reasoning-effort high");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "Warm.\nWarm.\n");  // the final channel only
+    EXPECT_NE(r.err.find("\nthinking: It is 21.\n"), std::string::npos) << r.err;  // analysis
+    std::vector<std::string> p = turn_prompts(r.err);
+    ASSERT_EQ(p.size(), 2u) << r.err;
+    // moestream's harmony renderer: its system message with the effort, the generation prompt.
+    EXPECT_EQ(p[0].rfind("<|start|>system<|message|>You are ChatGPT, a large language model", 0), 0u) << p[0];
+    EXPECT_NE(p[0].find("\nReasoning: high\n"), std::string::npos) << p[0];
+    const std::string turn1 = "<|start|>user<|message|>Weather?<|end|><|start|>assistant";
+    EXPECT_EQ(p[0].substr(p[0].size() - turn1.size()), turn1);
+    // Turn 2: the first reply as its final message, its analysis dropped.
+    const std::string hist = "<|start|>user<|message|>Weather?<|end|><|start|>assistant<|channel|>final"
+                             "<|message|>Warm.<|end|><|start|>user<|message|>Again<|end|><|start|>assistant";
+    EXPECT_EQ(p[1].substr(p[1].size() - hist.size()), hist) << p[1];
+    EXPECT_EQ(p[1].find("It is 21."), std::string::npos) << p[1];
+    // The template's default effort without the flag (control for the flag's effect).
+    CmdResult d = chat_pipe(m, "Weather?\n", fixed);
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    p = turn_prompts(d.err);
+    ASSERT_EQ(p.size(), 1u) << d.err;
+    EXPECT_NE(p[0].find("\nReasoning: medium\n"), std::string::npos) << p[0];
+    // Control: the same reply through a template llama.cpp renders keeps the channel markers
+    // (the model really writes them; the split is what removes them).
+    const std::string l3 = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    CmdResult raw = chat_pipe(l3, "Weather?\n", fixed);
+    ASSERT_EQ(raw.exit_code, 0) << raw.err;
+    EXPECT_EQ(raw.out, "<|channel|>analysis<|message|>It is 21.<|end|><|start|>assistant<|channel|>final"
+                       "<|message|>Warm.\n");
+}
+
+TEST(ChatCli, ReasoningATemplateCannotDoIsRefusedByName) {
+    TempDir dir("chat");
+    const std::string harmony = model_with_template(dir, family_template("harmony"), "harmony.gguf");
+    const std::string qwen3 = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    const std::string l3 = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    auto expect = [&](const std::string & model, const std::string & flags, int code,
+                      const std::string & msg) {
+        SCOPED_TRACE(flags);
+        CmdResult r = chat_pipe(model, "Hi\n", "-n 2 " + flags);
+        EXPECT_EQ(r.exit_code, code) << r.err;
+        if (!msg.empty()) {
+            EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+        }
+        if (code != 0) {
+            EXPECT_EQ(r.out, "");
+        }
+    };
+    expect(harmony, "--reasoning off", 64, "--reasoning: this model's chat template cannot turn its thinking off (harmony");
+    expect(l3, "-rea on", 64, "--reasoning: this model's chat template has no thinking to enable (llama3");
+    expect(qwen3, "--reasoning-effort low", 64, "--reasoning-effort: this model's chat template has no reasoning effort (hermes-qwen3");
+    expect(l3, "--reasoning maybe", 64, "--reasoning");
+    expect(qwen3, "--reasoning-format none", 64, "not supported by moestream: --reasoning-format");
+    expect(qwen3, "--grammar " + sh_quote("root ::= ("), 64, "grammar");
+    // Controls: what each template can do runs.
+    expect(harmony, "--reasoning on --reasoning-effort low", 0, "");
+    expect(qwen3, "-rea off", 0, "");
+    expect(l3, "--reasoning off", 0, "");
+}
+
+TEST(ChatCli, ReasoningIsDimmedOnATerminal) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    for (const bool hide : {false, true}) {
+        PtyChat c("-m " + sh_quote(m) + " -t 1 -c 1024 -n 200 --grammar " + sh_quote(kThinkReply) +
+                  (hide ? " --hide-reasoning" : ""));
+        ASSERT_TRUE(c.wait_for("> ")) << c.out;
+        c.send("Hi\r");
+        ASSERT_TRUE(c.wait_for(kFooterThenPrompt, 1)) << c.out;
+        c.send("/exit\r");
+        EXPECT_EQ(c.wait_exit(), 0) << c.out;
+        // Faint (SGR 2) thinking, reset, then the answer on its own line; hidden: the answer.
+        const bool dimmed = c.out.find("\x1b[2mI should greet.\x1b[0m\r\nHello friend.") != std::string::npos;
+        EXPECT_EQ(dimmed, !hide) << c.out;
+        EXPECT_EQ(c.out.find("I should greet.") == std::string::npos, hide) << c.out;
+        EXPECT_NE(c.out.find("Hello friend."), std::string::npos) << c.out;
+    }
+}
+
+// Split while streaming: the reasoning and the answer reach the terminal before the reply has
+// ended (endless replies, never complete for their grammar, stopped with Ctrl-C), and a reply
+// stopped inside its reasoning ends the dim style before the footer.
+TEST(ChatCli, SplitRepliesStreamTokenByToken) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    const std::string answer_forever = R"(root ::= "<think>\nI should greet.\n</think>\n\nHello" x
+x ::= [a-z ] x)";
+    const std::string think_forever = R"(root ::= "<think>\nHm" x
+x ::= [a-z ] x)";
+    for (const std::string & g : {answer_forever, think_forever}) {
+        SCOPED_TRACE(g);
+        PtyChat c("-m " + sh_quote(m) + " -t 1 -c 8192 -n -1 --grammar " + sh_quote(g));
+        ASSERT_TRUE(c.wait_for("> ")) << c.out;
+        const size_t at = c.out.size();
+        c.send("Hi\r");
+        const bool thinking = g == think_forever;
+        ASSERT_TRUE(c.wait_for(thinking ? R"(\x1b\[2mHm[a-z ]{20})" : R"(\r\nHello[a-z ]{20})", 1, at)) << c.out;
+        EXPECT_EQ(footers(c.out).size(), 0u) << "shown before the reply ended: " << c.out;
+        c.send("\x03");
+        ASSERT_TRUE(c.wait_for(R"(stopped \(Ctrl-C\)\]\r?\n> )", 1, at)) << c.out;
+        const size_t footer = c.out.rfind('[', c.out.rfind(" tok, "));  // the footer's start
+        const size_t reset = c.out.rfind("\x1b[0m");
+        EXPECT_NE(reset, std::string::npos) << c.out;
+        EXPECT_LT(reset, footer) << c.out;
+        c.send("/exit\r");
+        EXPECT_EQ(c.wait_exit(), 0) << c.out;
+    }
 }
 
 }  // namespace

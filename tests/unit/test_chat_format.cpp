@@ -1,4 +1,4 @@
-// test_chat_format.cpp — the server's chat-format layer (tools/server/chat_format*): family
+// test_chat_format.cpp — the chat-format library (tools/chat/chat_format*, shared by `serve` and `chat`): family
 // recognition by fingerprint, template-style JSON, and the reply parser, which must split a
 // reply the same way however it is cut into pieces. Rendering itself is checked against
 // llama-server by tests/api/template_fidelity.py.
@@ -10,7 +10,7 @@
 
 #include "chat_format.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 namespace {
 
 std::string read_template(const std::string & name) {
@@ -321,4 +321,4 @@ TEST(ChatFormat, RandomRepliesSplitAlikeAtEveryPieceSize) {
 }
 
 }  // namespace
-}  // namespace moestream::server
+}  // namespace moestream::chat

@@ -28,8 +28,8 @@ namespace moestream::test {
 namespace {
 
 using ojson = nlohmann::ordered_json;
-using server::json_schema_to_gbnf;
-using server::SchemaError;
+using chat::json_schema_to_gbnf;
+using chat::SchemaError;
 
 struct ModelFree {
     void operator()(llama_model * m) const { llama_model_free(m); }
@@ -409,10 +409,10 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
       {"type": "function", "function": {"name": "odd", "parameters": {"type": "object",
         "properties": {"v": {"type": "object", "properties": {"n": {"type": "integer"}},
         "required": ["n"], "not": {}}}, "required": ["v"]}}}])");
-    server::ChatFormat hermes;
-    hermes.family = server::ChatFamily::kHermes;
+    chat::ChatFormat hermes;
+    hermes.family = chat::ChatFamily::kHermes;
     hermes.tools = hermes.thinking = true;
-    const std::string g = server::tool_call_grammar(hermes, tools, "put", true, false);
+    const std::string g = chat::tool_call_grammar(hermes, tools, "put", true, false);
     const std::string call = "<tool_call>\n{\"name\": \"put\", \"arguments\": ";
     const std::string end = "}\n</tool_call>";
     EXPECT_TRUE(accepts(g, call + R"({"item": {"tags": ["a", "b"], "n": 3}})" + end)) << g;
@@ -425,13 +425,13 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
     // Thinking first: allowed only when asked for.
     const std::string think = "<think>\nhm, a < b\n</think>\n\n";
     const std::string ok = call + R"({"item": {"tags": []}})" + end;
-    const std::string gt = server::tool_call_grammar(hermes, tools, "put", true, true);
+    const std::string gt = chat::tool_call_grammar(hermes, tools, "put", true, true);
     EXPECT_TRUE(accepts(gt, think + ok)) << gt;
     EXPECT_TRUE(accepts(gt, ok));
     EXPECT_FALSE(accepts(g, think + ok)) << "control: no thinking block without think_first";
     // Value bounds the converter does not enforce (minimum) are left out: the structure and
     // types still hold, the bound is the model's (0 passes).
-    const std::string gf = server::tool_call_grammar(hermes, tools, "flat", true, false);
+    const std::string gf = chat::tool_call_grammar(hermes, tools, "flat", true, false);
     const std::string fc = "<tool_call>\n{\"name\": \"flat\", \"arguments\": ";
     EXPECT_TRUE(accepts(gf, fc + "{\"x\": 5}" + end));
     EXPECT_TRUE(accepts(gf, fc + "{\"x\": 0}" + end));
@@ -441,23 +441,23 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
     EXPECT_FALSE(accepts(gf, fc + "{\"x\": 5, \"y\": 1}" + end)) << "only declared properties";
     // Another keyword outside the subset ("not"): the flat rule (the required property, its
     // value any JSON value).
-    const std::string go = server::tool_call_grammar(hermes, tools, "odd", true, false);
+    const std::string go = chat::tool_call_grammar(hermes, tools, "odd", true, false);
     const std::string oc = "<tool_call>\n{\"name\": \"odd\", \"arguments\": ";
     EXPECT_TRUE(accepts(go, oc + "{\"v\": {\"n\": 1}}" + end));
     EXPECT_TRUE(accepts(go, oc + "{\"v\": 7}" + end)) << "v's schema is not enforced";
     EXPECT_FALSE(accepts(go, oc + "{\"w\": 1}" + end));
 
-    server::ChatFormat harmony;
-    harmony.family = server::ChatFamily::kHarmony;
+    chat::ChatFormat harmony;
+    harmony.family = chat::ChatFamily::kHarmony;
     harmony.tools = harmony.thinking = true;
     const std::string hc = "<|channel|>commentary to=functions.put <|constrain|>json<|message|>"
                            R"({"item": {"tags": ["b"]}})";
     const std::string ht = "<|channel|>analysis<|message|>Need <b>.<|end|><|start|>assistant";
-    const std::string hg = server::tool_call_grammar(harmony, tools, "", false, true);
+    const std::string hg = chat::tool_call_grammar(harmony, tools, "", false, true);
     EXPECT_TRUE(accepts(hg, hc)) << hg;
     EXPECT_TRUE(accepts(hg, ht + hc));
     EXPECT_FALSE(accepts(hg, hc + hc)) << "one call per reply";
-    EXPECT_FALSE(accepts(server::tool_call_grammar(harmony, tools, "", false, false), ht + hc))
+    EXPECT_FALSE(accepts(chat::tool_call_grammar(harmony, tools, "", false, false), ht + hc))
         << "control: thinking off";
 }
 

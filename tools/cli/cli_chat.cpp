@@ -1,6 +1,10 @@
 // `moestream chat` — a conversation in the terminal (docs/cli.md, "Chat"): each user turn is
-// rendered with the model's chat template (Engine::apply_chat_template), the reply streams to
-// stdout as it is generated, and a one-line footer per reply goes to stderr. The engine keeps
+// rendered with the model's chat template as `moestream serve` renders it (the families of the
+// chat-format library, tools/chat/, by moestream's renderer; any other template through
+// Engine::apply_chat_template), the reply streams to stdout as it is generated, split into
+// reasoning and answer as serve splits it (ReplyPrinter shows the reasoning apart; the
+// conversation keeps what the family's template expects), and a one-line footer per reply
+// goes to stderr. The engine keeps
 // the previous turn's KV cache (GenerateRequest::reuse_prefix, as the server does), so a turn
 // prefills only what follows the longest common token prefix of the conversation.
 // Input: a terminal (prompt "> ") or any other stdin, one user turn per line; a line ending
@@ -19,9 +23,11 @@
 #include <string>
 #include <vector>
 
+#include "chat_format.h"
 #include "cli.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
+#include "reply_printer.h"
 
 namespace moestream::cli {
 namespace {
@@ -36,6 +42,11 @@ struct ChatFlags {
     bool escape = true;
     bool cache_prompt = true;
     int verbose = 0;
+    bool verbose_prompt = false;
+    std::string reasoning = "auto";  // --reasoning on | off | auto
+    std::string reasoning_effort;    // --reasoning-effort ("" = the template's default)
+    bool show_reasoning = true;
+    std::string grammar_file;
     CLI::App * sub = nullptr;
 };
 
@@ -214,6 +225,26 @@ LineReader::Result read_turn(LineReader & in, std::string * turn) {
     }
 }
 
+// The prompt of the conversation so far, ending with the assistant's opener: by the family's
+// renderer (as serve renders it), else by llama.cpp's recogniser (content only).
+Status render_prompt(const chat::ChatFormat & fmt, const chat::ThinkingRequest & think,
+                     const std::vector<chat::ChatTurn> & messages, const Engine & engine,
+                     std::string * prompt) {
+    if (fmt.family == chat::ChatFamily::kNone) {
+        std::vector<ChatMessage> plain;
+        for (const chat::ChatTurn & m : messages) plain.push_back({m.role, m.content});
+        return engine.apply_chat_template(plain, true, prompt);
+    }
+    chat::RenderInput in;
+    in.messages = messages;
+    in.enable_thinking = think.enable_thinking.value_or(true);
+    in.reasoning_effort = think.reasoning_effort;
+    std::string shown, err;
+    if (!chat::render_chat_format(fmt, in, &shown, &err)) return Status::BadInput(err);
+    *prompt = chat::engine_prompt(fmt, shown);
+    return Status::Ok();
+}
+
 int do_chat(ChatFlags & f) {
     apply_verbosity(f.verbose);
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
@@ -225,10 +256,20 @@ int do_chat(ChatFlags & f) {
         if (!st.ok()) return report(st);
     }
 
+    if (!f.grammar_file.empty()) {
+        st = read_text_file(f.grammar_file, "grammar", &f.sampling.grammar);
+        if (!st.ok()) return report(st);
+    }
+
     std::unique_ptr<Engine> engine;
     st = Engine::open(f.opt, &engine);
     if (!st.ok()) return report(st);
-    const std::string tmpl = engine->chat_template_name();
+    // The template as serve takes it: a family of the chat-format library is rendered and its
+    // replies split by moestream; any other goes to llama.cpp's recogniser.
+    chat::ChatFormat fmt = chat::detect_chat_format(engine->chat_template());
+    std::string tmpl = engine->chat_template_name();
+    if (fmt.family != chat::ChatFamily::kNone) tmpl = fmt.name;
+    engine->special_texts(&fmt.bos_token, &fmt.eos_token, &fmt.bos_added);
     if (tmpl.empty()) {
         std::string probe;
         Status why = engine->apply_chat_template({{"user", "hi"}}, true, &probe);
@@ -242,17 +283,62 @@ int do_chat(ChatFlags & f) {
     if (tmpl.find("no chat template") != std::string::npos)
         std::fprintf(stderr, "moestream chat: warning: using %s\n",
                      tmpl.c_str());
+    chat::ThinkingRequest think;
+    think.thinking_name = "--reasoning";
+    think.effort_name = "--reasoning-effort";
+    if (f.reasoning != "auto") think.enable_thinking = f.reasoning == "on";
+    think.reasoning_effort = f.reasoning_effort;
+    {
+        std::string param;
+        const std::string why = chat::check_thinking(fmt, tmpl, think, &param);
+        if (!why.empty()) return usage_error("chat", param + ": " + why);
+    }
+    const bool rendered = fmt.family != chat::ChatFamily::kNone;
+    // Whether a reply starts in the thinking block (serve's ChatPlan::thinking).
+    const bool thinking = fmt.thinking && think.enable_thinking.value_or(true);
+    {  // the sampling settings (a grammar llama.cpp cannot parse...) before the first turn
+        GenerateRequest probe;
+        probe.prompt = "hi";
+        probe.n_predict = f.n_predict;
+        probe.clamp_to_context = true;
+        probe.sampling = f.sampling;
+        probe.sampling.temp = f.opt.temp;
+        probe.stop = f.stop;
+        int n = 0;
+        st = engine->check_request(probe, &n);
+        if (!st.ok()) return report(st);
+    }
     const bool tty = ::isatty(STDIN_FILENO) != 0;
     Session t;
     t.load_s = engine->stats().load_s;
     if (f.verbose > 0)
-        std::fprintf(stderr, "moestream chat: template %s | context %d tokens | KV reuse %s\n",
-                     tmpl.c_str(), engine->n_ctx(), f.cache_prompt ? "on" : "off (--no-cache-prompt)");
+        std::fprintf(stderr,
+                     "moestream chat: template %s | renderer %s | reasoning %s | context %d "
+                     "tokens | KV reuse %s\n",
+                     tmpl.c_str(), rendered ? "moestream" : "llama.cpp",
+                     !rendered ? "not split (llama.cpp renders this template)"
+                     : !fmt.thinking ? "none (the template has no thinking)"
+                     : !thinking     ? "off"
+                     : f.show_reasoning ? "split, shown" : "split, hidden",
+                     engine->n_ctx(), f.cache_prompt ? "on" : "off (--no-cache-prompt)");
     if (tty)
         std::fprintf(stderr, "moestream chat: /exit or Ctrl-D ends; Ctrl-C stops a reply\n");
 
-    std::vector<ChatMessage> messages;
-    if (!f.system_prompt.empty()) messages.push_back({"system", f.system_prompt});
+    // The conversation: each assistant turn keeps its content and reasoning apart; the
+    // renderer decides what of it the next prompt shows (as for serve's messages).
+    std::vector<chat::ChatTurn> messages;
+    auto add_turn = [&messages](const std::string & role, const std::string & content,
+                                const std::string & reasoning) {
+        chat::ChatTurn m;
+        m.role = role;
+        m.content = content;
+        m.reasoning = reasoning;
+        messages.push_back(std::move(m));
+    };
+    if (!f.system_prompt.empty()) add_turn("system", f.system_prompt, "");
+    const ReplyPrinter::Reasoning shown = !f.show_reasoning            ? ReplyPrinter::Reasoning::kHidden
+                                          : ::isatty(STDOUT_FILENO) != 0 ? ReplyPrinter::Reasoning::kDim
+                                                                         : ReplyPrinter::Reasoning::kStderr;
     LineReader in;
     g_sigint = 0;
     install_sigint();
@@ -288,7 +374,7 @@ int do_chat(ChatFlags & f) {
             }
         }
 
-        messages.push_back({"user", turn});
+        add_turn("user", turn, "");
         GenerateRequest req;
         req.n_predict = f.n_predict;
         req.clamp_to_context = true;
@@ -299,7 +385,10 @@ int do_chat(ChatFlags & f) {
         req.sampling.seed = f.opt.seed + uint32_t(t.replies);
         req.stop = f.stop;
         req.reuse_prefix = f.cache_prompt;
-        st = engine->apply_chat_template(messages, true, &req.prompt);
+        st = render_prompt(fmt, think, messages, *engine, &req.prompt);
+        if (st.ok() && f.verbose_prompt)
+            std::fprintf(stderr, "moestream chat: prompt of turn %d (%zu bytes):\n%s\nmoestream chat: end of prompt\n",
+                         t.replies + 1, req.prompt.size(), req.prompt.c_str());
         int n_prompt = 0;
         if (st.ok()) st = engine->check_request(req, &n_prompt);
         if (!st.ok()) {  // this turn is not taken
@@ -316,13 +405,31 @@ int do_chat(ChatFlags & f) {
             return st.exit_code();  // a script sees that a turn went unanswered
         }
         GenerateResult g;
+        // Split as it streams (serve's worker does the same): reasoning and answer are shown
+        // token by token, each as ReplyPrinter shows it.
+        std::unique_ptr<chat::ReplyParser> parser;
+        if (rendered) parser = std::make_unique<chat::ReplyParser>(fmt, false, thinking);
+        ReplyPrinter out(shown, stdout, stderr);
+        std::string content, reasoning;
+        auto show = [&](const chat::ReplyDelta & d) {
+            out.reasoning(d.reasoning);
+            out.content(d.content);
+            reasoning += d.reasoning;
+            content += d.content;
+        };
         st = engine->generate(req,
-                              [](const std::string & piece) {
-                                  std::fwrite(piece.data(), 1, piece.size(), stdout);
-                                  std::fflush(stdout);
+                              [&](const std::string & piece) {
+                                  if (parser) {
+                                      show(parser->push(piece));
+                                  } else {
+                                      out.content(piece);
+                                      content += piece;
+                                  }
                                   return g_sigint == 0;
                               },
                               &g);
+        if (parser) show(parser->finish());
+        out.finish();
         const bool interrupted = g.finish == FinishReason::kCancelled;
         g_sigint = 0;
         std::fputc('\n', stdout);
@@ -331,11 +438,11 @@ int do_chat(ChatFlags & f) {
             print_summary(t, f, *engine);
             return report(st);
         }
-        // The reply as shown (also when stopped) joins the conversation; a NUL byte, which a
-        // chat template cannot carry (a model may emit one), is left out of it.
-        std::string reply = g.text;
-        reply.erase(std::remove(reply.begin(), reply.end(), '\0'), reply.end());
-        messages.push_back({"assistant", reply});
+        // The reply as shown (also when stopped) joins the conversation, its reasoning apart
+        // (the family's renderer leaves it out of later prompts, as the template does); a NUL
+        // byte, which a chat template cannot carry (a model may emit one), is left out of it.
+        for (std::string * s : {&content, &reasoning}) s->erase(std::remove(s->begin(), s->end(), '\0'), s->end());
+        add_turn("assistant", content, reasoning);
         const RunStats & s = engine->stats();
         t.replies++;
         t.prefilled += s.n_prompt - s.n_prompt_reused;
@@ -383,8 +490,30 @@ void add_chat_command(CLI::App & app, Action * action) {
     add_flag_pair(sub, "--cache-prompt", "--no-cache-prompt", &f->cache_prompt,
                   "reuse the previous turn's KV cache: prefill only the new tokens (the default)",
                   "prefill the whole conversation every turn");
+    sub->add_option("--reasoning", f->reasoning,
+                    "thinking (-rea): on, off or auto (the template's default); off on a template "
+                    "that cannot turn it off, and on for one without thinking, are refused")
+        ->check(CLI::IsMember({"on", "off", "auto"}))
+        ->default_str("auto");
+    sub->add_option("--reasoning-effort", f->reasoning_effort,
+                    "the harmony (gpt-oss) template's reasoning level: low, medium (its default) or "
+                    "high; refused for other templates")
+        ->check(CLI::IsMember({"low", "medium", "high"}))
+        ->default_str("");
+    add_flag_pair(sub, "--show-reasoning", "--hide-reasoning", &f->show_reasoning,
+                  "show a reply's reasoning apart from its answer: dimmed on a terminal, else "
+                  "on stderr as lines prefixed 'thinking: ' (the default)",
+                  "show only the answer (the reasoning is still generated)");
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
+    auto * gr = sub->add_option("--grammar", f->sampling.grammar,
+                                "constrain every reply to this GBNF grammar (llama.cpp's format)")
+                    ->default_str("");
+    sub->add_option("--grammar-file", f->grammar_file, "read the --grammar from a file")
+        ->excludes(gr)
+        ->default_str("");
+    sub->add_flag("--verbose-prompt", f->verbose_prompt,
+                  "print each turn's rendered prompt on stderr before its reply");
     sub->add_flag("-v,--verbose", f->verbose,
                   "more detail: the template, a second line per reply (-vv: debug, llama.cpp's log too)");
     sub->callback([f, action] { *action = [f] { return do_chat(*f); }; });

@@ -92,8 +92,11 @@ constexpr const char * kChatIsConversation =
     "%s is not needed: `moestream chat` is always a conversation";
 constexpr const char * kChatRunOnly = "%s: not available in chat; `moestream run` has it";
 constexpr const char * kChatTemplate =
-    "not supported by moestream: %s (chat renders the model's own template through "
-    "llama.cpp's recogniser)";
+    "not supported by moestream: %s (chat renders the model's own template, as `moestream "
+    "serve` does)";
+constexpr const char * kChatReasoning =
+    "not supported by moestream: %s (chat splits a reply's reasoning where serve does: "
+    "--reasoning on|off, --reasoning-effort, --hide-reasoning)";
 const Refusal kChatRefused[] = {
     {"-p", kChatTurns}, {"--prompt", kChatTurns}, {"-f", kChatTurns}, {"--file", kChatTurns},
     {"-cnv", kChatIsConversation}, {"--conversation", kChatIsConversation},
@@ -107,6 +110,8 @@ const Refusal kChatRefused[] = {
                       "echo TEXT | moestream chat -m MODEL"},
     {"--chat-template", kChatTemplate}, {"--chat-template-file", kChatTemplate},
     {"--jinja", kChatTemplate},
+    {"--reasoning-format", kChatReasoning}, {"--reasoning-budget", kChatReasoning},
+    {"--chat-template-kwargs", kChatReasoning},
     {"--display-prompt", kChatRunOnly}, {"--no-display-prompt", kChatRunOnly},
     {"--stats-json", kChatRunOnly}, {"--stats-csv", kChatRunOnly},
     {"--dump-logits", kChatRunOnly}, {"--route-trace", kChatRunOnly},
@@ -118,6 +123,7 @@ const std::pair<const char *, const char *> kAliases[] = {
     {"-ub", "--ubatch-size"},
     {"-sys", "--system-prompt"},
     {"-sysf", "--system-prompt-file"},
+    {"-rea", "--reasoning"},
 };
 
 std::string fmt1(const char * f, const std::string & a) {

@@ -19,6 +19,10 @@
 
 namespace moestream::server {
 
+// The chat-format library (tools/chat/: template families, reply parser, JSON Schema grammar)
+// is shared with `moestream chat`; the server uses its names as its own.
+using namespace moestream::chat;
+
 // Server-wide defaults for a request's settings (flags of `serve`; docs/server.md).
 struct RequestDefaults {
     int max_tokens = -1;       // -n; -1 = until end-of-generation or the context is full

@@ -20,18 +20,12 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     if (x.uses_tools() && !f.tools)
         return refuse(x.tools.empty() ? "messages" : "tools",
                       "tools are not supported by this model's chat template (" + name + ")");
-    if (x.enable_thinking && *x.enable_thinking && !f.thinking)
-        return refuse("chat_template_kwargs.enable_thinking",
-                      "this model's chat template has no thinking to enable (" + name + ")");
-    const bool harmony = f.family == ChatFamily::kHarmony;
-    if (!x.reasoning_effort.empty() && !harmony)
-        return refuse("reasoning_effort",
-                      "this model's chat template has no reasoning effort (" + name +
-                          "); templates with thinking take chat_template_kwargs.enable_thinking");
-    if (harmony && x.enable_thinking && !*x.enable_thinking)
-        return refuse("chat_template_kwargs.enable_thinking",
-                      "this model's chat template cannot turn its thinking off (" + name +
-                          "); reasoning_effort \"low\" makes it short");
+    ThinkingRequest think;
+    think.enable_thinking = x.enable_thinking;
+    think.reasoning_effort = x.reasoning_effort;
+    std::string think_param;
+    const std::string think_err = check_thinking(f, tmpl_name, think, &think_param);
+    if (!think_err.empty()) return refuse(think_param, think_err);
     // parallel_tool_calls false: a forced call's grammar allows one; with auto, the generation
     // ends once the first call is complete (the reply parser sends each call as it completes).
     if (x.forces_call() && !p->sampling.grammar.empty())
@@ -47,9 +41,7 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     in.reasoning_effort = x.reasoning_effort;
     std::string err;
     if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
-    p->prompt = plan->shown;
-    if (f.bos_added && !f.bos_token.empty() && p->prompt.rfind(f.bos_token, 0) == 0)
-        p->prompt.erase(0, f.bos_token.size());
+    p->prompt = engine_prompt(f, plan->shown);
     plan->rendered = true;
     plan->parse = true;
     plan->tools = !x.tools.empty() && x.tool_choice != "none";

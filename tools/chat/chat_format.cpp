@@ -9,7 +9,7 @@
 #include "chat_format_families.h"
 #include "json_schema_grammar.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 
 std::string trim_blank(const std::string & s) {
     const char * ws = " \t\n\r\v\f";
@@ -73,6 +73,33 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
     }
     *err = "the chat template has no renderer in moestream";
     return false;
+}
+
+std::string engine_prompt(const ChatFormat & f, const std::string & rendered) {
+    if (f.bos_added && !f.bos_token.empty() && rendered.rfind(f.bos_token, 0) == 0)
+        return rendered.substr(f.bos_token.size());
+    return rendered;
+}
+
+std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
+                           const ThinkingRequest & t, std::string * param) {
+    const std::string name = tmpl_name.empty() ? "none" : tmpl_name;
+    const bool harmony = f.family == ChatFamily::kHarmony;
+    if (t.enable_thinking && *t.enable_thinking && !f.thinking) {
+        *param = t.thinking_name;
+        return "this model's chat template has no thinking to enable (" + name + ")";
+    }
+    if (!t.reasoning_effort.empty() && !harmony) {
+        *param = t.effort_name;
+        return "this model's chat template has no reasoning effort (" + name +
+               "); templates with thinking take " + t.thinking_name;
+    }
+    if (harmony && t.enable_thinking && !*t.enable_thinking) {
+        *param = t.thinking_name;
+        return "this model's chat template cannot turn its thinking off (" + name + "); " +
+               t.effort_name + " \"low\" makes it short";
+    }
+    return "";
 }
 
 ReplyMarkers reply_markers(const ChatFormat & f) {
@@ -519,4 +546,4 @@ ReplyDelta ReplyParser::step(bool final) {
     }
 }
 
-}  // namespace moestream::server
+}  // namespace moestream::chat

@@ -5,7 +5,7 @@
 // renders empty.
 #include "chat_format_families.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 namespace {
 
 const char kToolsIntro[] =
@@ -126,4 +126,4 @@ std::string call_rule(const std::string & name, const std::string & args) {
 }
 
 }  // namespace hermes
-}  // namespace moestream::server
+}  // namespace moestream::chat

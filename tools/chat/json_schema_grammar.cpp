@@ -8,7 +8,7 @@
 #include <set>
 #include <vector>
 
-namespace moestream::server {
+namespace moestream::chat {
 namespace {
 
 using ojson = nlohmann::ordered_json;
@@ -515,4 +515,4 @@ bool json_schema_to_gbnf(const nlohmann::ordered_json & schema, std::string * gb
     return c.run(gbnf, err);
 }
 
-}  // namespace moestream::server
+}  // namespace moestream::chat

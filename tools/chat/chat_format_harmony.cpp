@@ -6,7 +6,7 @@
 // as `functions.NAME to=assistant` messages. Also the reply parser for it (ReplyParser).
 #include "chat_format_families.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 namespace {
 
 const char kSystemIntro[] =
@@ -332,4 +332,4 @@ void ReplyParser::add_text(std::string * dst, bool * started, std::string * held
     *dst += t.substr(0, end);
 }
 
-}  // namespace moestream::server
+}  // namespace moestream::chat

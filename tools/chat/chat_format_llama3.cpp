@@ -5,7 +5,7 @@
 // turn as a JSON string.
 #include "chat_format_families.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 namespace {
 
 const char kGiven[] =
@@ -131,4 +131,4 @@ std::string call_rule(const std::string & name, const std::string & args) {
 }
 
 }  // namespace llama3
-}  // namespace moestream::server
+}  // namespace moestream::chat

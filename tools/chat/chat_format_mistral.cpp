@@ -7,7 +7,7 @@
 
 #include "chat_format_families.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 namespace {
 
 const char * const kFingerprint[] = {
@@ -144,4 +144,4 @@ std::string call_rule(const std::string & name, const std::string & args) {
 }
 
 }  // namespace mistral
-}  // namespace moestream::server
+}  // namespace moestream::chat

@@ -12,10 +12,11 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
-namespace moestream::server {
+namespace moestream::chat {
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
@@ -61,6 +62,24 @@ struct RenderInput {
 // family cannot express it (e.g. a system message after the first).
 bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
                         std::string * err);
+// The rendered text as the engine takes it: without the start token's text when the engine
+// adds the start token itself (ChatFormat::bos_added).
+std::string engine_prompt(const ChatFormat & f, const std::string & rendered);
+
+// What a conversation asks of the template's thinking, and how the caller names those two
+// settings in its refusals (the server: the request fields; `moestream chat`: its flags).
+struct ThinkingRequest {
+    std::optional<bool> enable_thinking;  // unset: the template's default (on when it has thinking)
+    std::string reasoning_effort;         // "low" | "medium" | "high"; "" = the template's default
+    std::string thinking_name = "chat_template_kwargs.enable_thinking";
+    std::string effort_name = "reasoning_effort";
+};
+// Whether the template can do what t asks: "" when it can, else the refusal (naming tmpl_name,
+// "none" when empty) with *param set to the setting refused (thinking_name or effort_name).
+// Refused: thinking on for a template without thinking; an effort for a template other than
+// harmony; thinking off for harmony (which cannot turn it off).
+std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
+                           const ThinkingRequest & t, std::string * param);
 
 // A GBNF grammar that makes the reply one or more tool calls (forced_name: only that
 // function; one_call: exactly one), after an optional thinking block when think_first and the
@@ -122,4 +141,4 @@ private:
 // kept, UTF-8 unescaped.
 std::string template_json(const ojson & j);
 
-}  // namespace moestream::server
+}  // namespace moestream::chat

@@ -1,4 +1,4 @@
-// chat_format_families.h — what chat_format.cpp asks of each family (internal to the server):
+// chat_format_families.h — what chat_format.cpp asks of each family (internal to this library):
 // its fingerprint, renderer and reply syntax. One chat_format_<family>.cpp per family.
 #pragma once
 
@@ -8,7 +8,7 @@
 
 #include "chat_format.h"
 
-namespace moestream::server {
+namespace moestream::chat {
 
 // The markers of a family's replies ("" = the family has none).
 struct ReplyMarkers {
@@ -77,4 +77,4 @@ std::string call_rule(const std::string & name, const std::string & args_rule);
 std::string think_rule();  // an analysis message before the call
 }  // namespace harmony
 
-}  // namespace moestream::server
+}  // namespace moestream::chat

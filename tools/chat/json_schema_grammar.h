@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-namespace moestream::server {
+namespace moestream::chat {
 
 struct SchemaError {
     std::string pointer;  // JSON pointer of the offending place, "#/properties/a/pattern"
@@ -34,4 +34,4 @@ constexpr int kMaxSchemaCount = 1000;
 bool json_schema_to_gbnf(const nlohmann::ordered_json & schema, std::string * gbnf,
                          SchemaError * err);
 
-}  // namespace moestream::server
+}  // namespace moestream::chat
