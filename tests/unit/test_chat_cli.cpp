@@ -85,8 +85,10 @@ double now_s() {
 // as in a shell). out holds everything it wrote, with the terminal's echo of what was sent.
 class PtyChat {
 public:
-    explicit PtyChat(const std::string & args) {
-        const std::string cmd = "exec " + sh_quote(cli_bin()) + " chat " + args;
+    // env: one NAME=VALUE set for the CLI only ("" = none).
+    explicit PtyChat(const std::string & args, const std::string & env = "") {
+        const std::string cmd =
+            (env.empty() ? "exec " : "exec env " + sh_quote(env) + " ") + sh_quote(cli_bin()) + " chat " + args;
         struct winsize ws = {40, 200, 0, 0};
         pid_ = forkpty(&fd_, nullptr, nullptr, &ws);
         if (pid_ == 0) {
@@ -451,6 +453,26 @@ TEST(ChatCli, ReasoningIsDimmedOnATerminal) {
         const bool dimmed = c.out.find("\x1b[2mI should greet.\x1b[0m\r\nHello friend.") != std::string::npos;
         EXPECT_EQ(dimmed, !hide) << c.out;
         EXPECT_EQ(c.out.find("I should greet.") == std::string::npos, hide) << c.out;
+        EXPECT_NE(c.out.find("Hello friend."), std::string::npos) << c.out;
+    }
+}
+
+// A terminal that takes no colour (NO_COLOR set, or TERM=dumb) gets the `thinking: ` lines
+// instead of the faint style; the control is the dimmed test above, on the same terminal.
+TEST(ChatCli, NoColorTerminalGetsPlainThinkingLines) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    for (const char * env : {"NO_COLOR=1", "TERM=dumb"}) {
+        SCOPED_TRACE(env);
+        PtyChat c(std::string("-m ") + sh_quote(m) + " -t 1 -c 1024 -n 200 --grammar " +
+                  sh_quote(kThinkReply), env);
+        ASSERT_TRUE(c.wait_for("> ")) << c.out;
+        c.send("Hi\r");
+        ASSERT_TRUE(c.wait_for(kFooterThenPrompt, 1)) << c.out;
+        c.send("/exit\r");
+        EXPECT_EQ(c.wait_exit(), 0) << c.out;
+        EXPECT_EQ(c.out.find("\x1b[2m"), std::string::npos) << c.out;
+        EXPECT_NE(c.out.find("thinking: I should greet."), std::string::npos) << c.out;
         EXPECT_NE(c.out.find("Hello friend."), std::string::npos) << c.out;
     }
 }

@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -336,9 +337,15 @@ int do_chat(ChatFlags & f) {
         messages.push_back(std::move(m));
     };
     if (!f.system_prompt.empty()) add_turn("system", f.system_prompt, "");
-    const ReplyPrinter::Reasoning shown = !f.show_reasoning            ? ReplyPrinter::Reasoning::kHidden
-                                          : ::isatty(STDOUT_FILENO) != 0 ? ReplyPrinter::Reasoning::kDim
-                                                                         : ReplyPrinter::Reasoning::kStderr;
+    // Dimmed only on a terminal that takes colour (no-color.org's NO_COLOR, TERM=dumb): else the
+    // reasoning goes to stderr as `thinking: ` lines.
+    const char * no_color = std::getenv("NO_COLOR");
+    const char * term = std::getenv("TERM");
+    const bool colour = ::isatty(STDOUT_FILENO) != 0 && !(no_color && *no_color) &&
+                        !(term && std::string(term) == "dumb");
+    const ReplyPrinter::Reasoning shown = !f.show_reasoning ? ReplyPrinter::Reasoning::kHidden
+                                          : colour          ? ReplyPrinter::Reasoning::kDim
+                                                            : ReplyPrinter::Reasoning::kStderr;
     LineReader in;
     g_sigint = 0;
     install_sigint();
