@@ -22,9 +22,15 @@ int substitute_row(int k, int n, int32_t * sorted, int32_t * ids, int64_t id_str
     int replaced = 0;
     int next = k;  // candidates are taken in the router's order; a taken one is selected
     for (int j = 1; j < k; ++j) {  // rank 0, the top expert, is never replaced
+        if (next >= n) break;  // no candidate left
         const int32_t e = sorted[j];
-        if (resident(e)) continue;
         const float se = score(e);
+        // sorted[next..n) is in the router's order (untouched by earlier swaps), so no
+        // candidate is closer than the first: outside the margin, e cannot be substituted and
+        // neither its residency nor the candidates' need asking (a margin that never fires
+        // costs one score per routed slot).
+        if (double(se) - double(score(sorted[next])) >= margin) continue;
+        if (resident(e)) continue;
         for (int r = next; r < n; ++r) {
             const int32_t c = sorted[r];
             if (!resident(c)) continue;
