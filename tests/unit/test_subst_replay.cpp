@@ -10,7 +10,8 @@
 //    negative control: the same trace with another margin in its header fails to validate;
 //  - a lossless trace with scores replayed at M reproduces a real run with M exactly up to
 //    and including the routing of its first substitution (after it the hidden states differ);
-//  - the flag is refused without --route-trace; recording scores does not change the output.
+//  - the flag is refused without --route-trace; recording scores does not change the output;
+//    eval records them for its scored run (not its lossless reference run).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -397,4 +398,28 @@ TEST(SubstReplayCli, RefusedWithoutWhatItNeeds) {
     EXPECT_EQ(c.exit_code, 0) << c.err;
     replay(path, "--substitute-experts 1.5", &c);
     EXPECT_EQ(c.exit_code, 64) << c.err;
+}
+
+// eval records the scored run's trace (its lossless reference run is not traced), and the
+// trace validates with its substitutions.
+TEST(SubstReplayCli, EvalRecordsScoresToo) {
+    TempDir dir("subst-eval");
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string text = dir.path("text.txt"), trace = dir.path("eval.trace");
+    std::string body;
+    for (int i = 0; i < 6; ++i) body += "The quick brown fox jumps over the lazy dog. ";
+    ASSERT_TRUE(write_bytes(text, body));
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " eval -m " + sh_quote(model) + " -f " +
+                          sh_quote(text) + " -t 1 --cache-mb 4 --force-cache "
+                          "--substitute-experts 0.05 --route-trace " + sh_quote(trace) +
+                          " --route-trace-scores");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(trace, &t).ok());
+    EXPECT_TRUE(t.header.scores);
+    EXPECT_FALSE(t.scores.empty());
+    CmdResult v;
+    replay(trace, "--validate", &v);
+    EXPECT_EQ(v.exit_code, 0) << v.err;
+    EXPECT_NE(v.err.find(": OK"), std::string::npos) << v.err;
 }

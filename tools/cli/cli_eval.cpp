@@ -86,6 +86,7 @@ int do_eval(EvalFlags & f) {
     ref_opt.substitute = 0;
     ref_opt.miss_fallback.clear();
     ref_opt.route_trace.clear();
+    ref_opt.route_trace_scores = false;
 
     // One engine at a time (a model that barely fits must not be loaded twice).
     std::vector<int32_t> toks;
