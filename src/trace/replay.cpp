@@ -161,17 +161,17 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     // With drop-cold only as recorded: the trace's final weights are those of the recorded
     // substitutes, which the replay reproduces (validate checks it) only for that setting.
     const bool recorded_drop = s.drop_cold == h.drop_cold && s.substitute == h.substitute;
-    if (subst && ((s.drop_cold > 0 && !recorded_drop) || fallback ||
-                  s.policy == ReplayPolicy::kBelady))
+    if (subst && ((s.drop_cold > 0 && !recorded_drop) || fallback))
         return Status::Usage(std::string("--substitute-experts cannot be replayed with ") +
-                             (s.drop_cold > 0 ? "--drop-cold (the final weights of a "
-                                                "substitute are not in the trace)"
-                              : fallback ? "--miss-fallback (each decides what a miss becomes)"
-                                         : "--policy belady (a substitute's next use is not "
-                                           "in the trace)"));
+                             (fallback ? "--miss-fallback (each decides what a miss becomes)"
+                                       : "--drop-cold (the final weights of a substitute are "
+                                         "not in the trace)"));
     // Whether the recorded slots are the replay's slots: a trace's substituted slots are
     // replayed from the router's order, as the engine's decision against the simulated cache.
     const bool from_order = h.scores && (subst || h.substitute > 0);
+    if (from_order && s.policy == ReplayPolicy::kBelady)
+        return Status::Usage("--policy belady cannot replay substitution (the next use of an "
+                             "expert the substitution changes is not in the trace)");
     std::vector<int32_t> sorted(h.n_expert);
     std::vector<uint8_t> sub_slot;
     SubstituteCounters sc;
