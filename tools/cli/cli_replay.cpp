@@ -1,9 +1,10 @@
 // `moestream replay TRACE` — re-runs a route trace (`run --route-trace`) through a simulated
-// residency cache for a sweep of settings: budgets x policies x drop-cold fractions x top-k.
+// residency cache for a sweep of settings: budgets x policies x drop-cold fractions x top-k,
+// and substitution margins (a trace recorded with --route-trace-scores).
 // Prints per setting the decode hit rate, bytes read per token, the reads avoided and the
 // router weight mass discarded against the lossless baseline (same policy and budget, the
 // trace's k, no dropping). --validate replays the recorded settings and requires the recorded
-// hits, misses and drops slot for slot. See docs/replay.md.
+// hits, misses, drops and (with scores) substitutions slot for slot. See docs/replay.md.
 #include <sys/wait.h>
 #include <unistd.h>
 
