@@ -41,7 +41,8 @@ if [ ! -f "$seeds/.done" ]; then
     m="$tmp/$arch-$type-$align.gguf"
     "$cli" synth --preset tiny --arch "$arch" --type "$type" --alignment "$align" -o "$m" >/dev/null
     "$bin/fuzz_seed_gguf" "$m" "$seeds/fuzz_gguf_index/$arch-$type-a$align"
-    # Route traces: cache on (hits), cache off, drop-cold (dropped slots, weights).
+    # Route traces: cache on (hits), cache off, drop-cold (dropped slots, weights),
+    # substitution with router scores (the scores blocks).
     if [ "$type" = q8_0 ] || [ "$type" = q4_k ]; then
       "$cli" run -m "$m" -p "Fuzz seeds" -n 3 -t 1 -c 64 --cache-mb 4 --force-cache \
         --route-trace "$seeds/fuzz_route_trace/$arch-$type-cache" >/dev/null 2>&1
@@ -49,6 +50,9 @@ if [ ! -f "$seeds/.done" ]; then
         --route-trace "$seeds/fuzz_route_trace/$arch-$type-off" >/dev/null 2>&1
       "$cli" run -m "$m" -p "Fuzz seeds" -n 3 -t 1 -c 64 --cache-mb 2 --force-cache \
         --drop-cold-experts 0.5 --route-trace "$seeds/fuzz_route_trace/$arch-$type-drop" >/dev/null 2>&1
+      "$cli" run -m "$m" -p "Fuzz seeds" -n 3 -t 1 -c 64 --cache-mb 2 --force-cache \
+        --substitute-experts 1 --route-trace-scores \
+        --route-trace "$seeds/fuzz_route_trace/$arch-$type-scores" >/dev/null 2>&1
     fi
     rm -f "$m"
   done

@@ -54,6 +54,28 @@ def mib_per_token(s: dict[str, Any]) -> str:
     return "—"
 
 
+# A lossy knob's cell -> how often it fired, per rep (the --stats-json counters).
+_KNOB_COUNTERS = (("--drop-cold-experts", "experts_dropped", "dropped"),
+                  ("--substitute-experts", "experts_substituted", "substituted"),
+                  ("--miss-fallback", "experts_fallback", "from the low-bit copy"))
+
+
+def knob_fired(c: dict[str, Any], s: dict[str, Any]) -> str:
+    """'; substituted 0, 0 per rep' for each lossy knob the cell sets ('' for none)."""
+    p = c["params"]
+    args = list(p.get("extra_args") or [])
+    if p.get("drop_cold"):
+        args.append("--drop-cold-experts")
+    out = ""
+    for flag, key, what in _KNOB_COUNTERS:
+        if flag not in args:
+            continue
+        reps = (s.get(key) or {}).get("per_rep")
+        out += f"; {what} " + (", ".join(f"{v:.0f}" for v in reps) + " per rep" if reps
+                               else "— (no counter)")
+    return out
+
+
 def table(res: dict[str, Any]) -> str:
     sm = res["summary"]["cells"]
     exp = res["experiment"]
@@ -77,6 +99,7 @@ def table(res: dict[str, Any]) -> str:
         if s.get("prefetch_accuracy_pct") and s.get("prefetch_experts", {}).get("mean"):
             hit += (f"; prefetch: {s['prefetch_accuracy_pct']['mean']:.0f}% of guesses right, "
                     f"{s['prefetch_experts']['mean']:.0f} experts read ahead")
+        hit += knob_fired(c, s)
         rows.append("| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} |".format(
             c["name"], change, _ci(s.get("decode_tok_s")), _ci(s.get("ratio_to_baseline")),
             per_rep, _mean(s.get("load_s")), _mean(s.get("ttft_s")), mib_per_token(s),

@@ -270,6 +270,18 @@ class MatrixRules(unittest.TestCase):
                     prompt_tokens = {bad}
                 """)
 
+    def test_lossy_cells_say_how_often_their_knob_fired(self):
+        from moebench import report
+        subst = {"name": "s", "params": {"loader": "stream", "extra_args": ["--substitute-experts", "1e-9"]}}
+        drop = {"name": "d", "params": {"loader": "stream", "drop_cold": 1e-9}}
+        plain = {"name": "p", "params": {"loader": "stream", "extra_args": []}}
+        sm = {"experts_substituted": {"mean": 0, "per_rep": [0, 0]},
+              "experts_dropped": {"mean": 1.5, "per_rep": [3, 0]}}
+        self.assertEqual(report.knob_fired(subst, sm), "; substituted 0, 0 per rep")
+        self.assertEqual(report.knob_fired(drop, sm), "; dropped 3, 0 per rep")
+        self.assertEqual(report.knob_fired(drop, {}), "; dropped — (no counter)")
+        self.assertEqual(report.knob_fired(plain, sm), "")  # control: no knob, no note
+
     def test_hidden_bound_and_prefill_tables_match_the_resident_cell_of_the_same_prompt(self):
         from moebench import report
         cells = [

@@ -100,6 +100,10 @@ struct RunOptions {
     // --route-trace FILE (docs/route-trace.md): record every routing (streaming only). A trace
     // that cannot be written is turned off with a warning; generation is not affected.
     std::string route_trace;
+    // --route-trace-scores: the trace also records every decode row's full router scores
+    // (n_expert per MoE layer; docs/route-trace.md), so `replay --substitute-experts` can
+    // decide substitutions. Needs route_trace.
+    bool route_trace_scores = false;
 };
 
 // Per generated token (one llama_decode of one token).

@@ -45,6 +45,10 @@ struct ReplaySetting {
     // expert again. 0 = off.
     double fallback_w = 0;
     std::vector<uint64_t> fallback_expert_bytes;  // per MoE layer of the trace
+    // --substitute-experts M (docs/replay.md): in decode rows with recorded router scores
+    // (TraceHeader::scores), the engine's substitute_row() against the simulated residency.
+    // Needs the scores; excludes drop_cold, fallback_w and the belady policy. 0 = off.
+    double substitute = 0;
 };
 
 struct ReplayResult {
@@ -68,6 +72,11 @@ struct ReplayResult {
     // --miss-fallback estimate: expert reads served from the low-bit copy (decode), and the
     // bytes that saved against reading the full experts.
     uint64_t fallbacks = 0, fallback_bytes_saved = 0;
+    // --substitute-experts estimate (decode): slots whose routed miss was computed with a
+    // resident expert, the sum of their score margins (score(routed) - score(substitute)),
+    // and the final router weight of the replaced slots (rows with observed weights).
+    uint64_t substitutions = 0;
+    double substitute_score_lost = 0, weight_substituted = 0;
 };
 
 struct ValidateReport {
@@ -75,6 +84,7 @@ struct ValidateReport {
     uint64_t slots_checked = 0, mismatches = 0;
     uint64_t recorded_hits = 0, recorded_misses = 0, recorded_drops = 0;
     uint64_t replay_hits = 0, replay_misses = 0, replay_drops = 0;
+    uint64_t recorded_substitutions = 0, replay_substitutions = 0;
     std::string first_mismatch;  // where and what, with the record's file offset
 };
 
@@ -88,7 +98,8 @@ public:
     // drop with the recorded ones (meaningful for the recorded settings).
     Status run(const ReplaySetting & s, ReplayResult * out, ValidateReport * v = nullptr);
 
-    // The settings the trace was recorded under (lru, its budget, its drop settings, its k).
+    // The settings the trace was recorded under (lru, its budget, its drop settings, its k;
+    // its --substitute-experts margin when the trace holds the scores to replay it).
     ReplaySetting recorded_setting() const;
 
 private:

@@ -25,7 +25,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 5;  // this build writes 5, reads 1 to 5
+constexpr uint32_t kRouteTraceVersion = 6;  // this build writes 6, reads 1 to 6
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // What a trace's shape may be (a real model's, with room): read_route_trace and
@@ -72,6 +72,11 @@ struct TraceHeader {
     // The cache recycled pool chunks (residency.h): a live expert cost whole chunks per
     // projection (PageLayout::chunk_pages) rather than its exclusive pages. Version 3.
     bool cache_chunks = false;
+    // Version 6. --route-trace-scores: every decode record carries its rows' full router
+    // scores and order (RouteTrace::score_order / scores), so replay can decide
+    // --substitute-experts. substitute: the run's --substitute-experts M (0 = off).
+    bool scores = false;
+    double substitute = 0;
     std::vector<TraceLayerShape> moe_layers;  // ascending layer
     std::string settings_json;                // the engine's resolved settings (informational)
 };
@@ -88,6 +93,10 @@ struct TraceRouting {
     uint64_t first_slot = 0;  // its slots: [first_slot, first_slot + n_rows * k)
     uint16_t k = 0;
     uint8_t decode = 0;  // 1 = decode phase, 0 = prefill
+    // Rows with router scores (header.scores, decode): 0 (the engine could not read them, so
+    // it did not substitute there either) or n_rows, from row first_score_row of the arrays.
+    uint32_t score_rows = 0;
+    uint64_t first_score_row = 0;
 };
 
 struct RouteTrace {
@@ -98,6 +107,11 @@ struct RouteTrace {
                                   // kSlotSubstituted slot holds the substitute, as read)
     std::vector<float> weight;    // final router weight, NaN when it was not observed
     std::vector<uint8_t> flags;   // kSlot*
+    // Router scores (header.scores), n_expert entries per scored row: the router's order of
+    // all experts before any substitution (rank 0 first; its first k are the routed
+    // experts) and each expert's score by expert id (the value substitute_row compares).
+    std::vector<uint16_t> score_order;
+    std::vector<float> scores;
     uint64_t file_bytes = 0;
 };
 

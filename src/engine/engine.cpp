@@ -349,8 +349,10 @@ Status EngineImpl::make_store() {
     std::vector<NodeObserver *> observers = {binder_.get()};
     if (predictor_) observers.push_back(predictor_.get());
     observers.push_back(overlap_waiter_.get());
-    observers.push_back(substitute_.get());  // rewrites the routing before anyone records it
+    // The trace reads the router's scores (on_select) before the substitution rewrites the
+    // order; every on_routing comes after all on_selects, so it records the routing as rewritten.
     if (trace_observer_) observers.push_back(trace_observer_.get());
+    observers.push_back(substitute_.get());
     observers.push_back(drop_cold_.get());
     if (use_check_) observers.push_back(use_check_.get());  // last: after any deferred load
     uint32_t n_layer = index_.n_layer;
@@ -386,6 +388,8 @@ void EngineImpl::open_trace() {
     h.drop_in_prefill = opt_.drop_in_prefill;
     h.drop_renorm = opt_.drop_renorm;
     h.cache_chunks = cs.recycle_pages;
+    h.scores = opt_.route_trace_scores;
+    h.substitute = opt_.substitute;
     h.settings_json = settings_json();
     tracer_ = RouteTracer::open(opt_.route_trace, h);
     trace_observer_ = std::make_unique<TraceObserver>(*tracer_);

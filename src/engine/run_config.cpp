@@ -110,6 +110,9 @@ Status check_run_options(const RunOptions & opt) {
     if (!opt.route_trace.empty() && !opt.stream)
         return usage("RunOptions::route_trace needs streaming (the streamer observes the "
                      "routing), not RunOptions::stream = false");
+    if (opt.route_trace_scores && opt.route_trace.empty())
+        return usage("RunOptions::route_trace_scores needs RunOptions::route_trace (the scores "
+                     "are recorded in the route trace)");
     if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
         return usage("RunOptions::drop_in_prefill and RunOptions::drop_renorm need "
                      "RunOptions::drop_cold > 0");

@@ -22,9 +22,15 @@ int substitute_row(int k, int n, int32_t * sorted, int32_t * ids, int64_t id_str
     int replaced = 0;
     int next = k;  // candidates are taken in the router's order; a taken one is selected
     for (int j = 1; j < k; ++j) {  // rank 0, the top expert, is never replaced
+        if (next >= n) break;  // no candidate left
         const int32_t e = sorted[j];
-        if (resident(e)) continue;
         const float se = score(e);
+        // sorted[next..n) is in the router's order (untouched by earlier swaps), so no
+        // candidate is closer than the first: outside the margin, e cannot be substituted and
+        // neither its residency nor the candidates' need asking (a margin that never fires
+        // costs one score per routed slot).
+        if (double(se) - double(score(sorted[next])) >= margin) continue;
+        if (resident(e)) continue;
         for (int r = next; r < n; ++r) {
             const int32_t c = sorted[r];
             if (!resident(c)) continue;
@@ -51,30 +57,28 @@ void SubstituteObserver::begin_graph(const GraphInfo & g, RouterHook & /*hook*/)
     decode_ = g.decode;
 }
 
-namespace {
-
-// The full router order and scores of a topk node: topk = VIEW(argsort(scores)) (docs/seam.md).
-bool router_order(ggml_tensor * topk, ggml_tensor ** argsort, ggml_tensor ** scores) {
+bool router_scores(const Routing & r, ggml_tensor * topk, ggml_tensor ** argsort,
+                   ggml_tensor ** scores) {
+    // topk = VIEW(argsort(scores)) (docs/seam.md).
     ggml_tensor * a = topk->view_src ? topk->view_src : topk->src[0];
     if (!a || a->op != GGML_OP_ARGSORT || a->type != GGML_TYPE_I32 || a->data == nullptr)
         return false;
     ggml_tensor * s = a->src[0];
     if (!s || s->type != GGML_TYPE_F32 || s->data == nullptr || s->ne[0] != a->ne[0] ||
-        s->ne[1] != a->ne[1] || a->nb[0] != 4 || s->nb[0] != 4)
+        s->ne[1] != a->ne[1] || a->nb[0] != 4 || s->nb[0] != 4 || a->nb[1] % 4 != 0 ||
+        s->nb[1] % 4 != 0 || a->ne[1] != r.n_rows || topk->nb[1] != a->nb[1] ||
+        topk->data != a->data)
         return false;
     *argsort = a;
     *scores = s;
     return true;
 }
 
-}  // namespace
-
 Status SubstituteObserver::on_select(Routing & r, ggml_tensor * topk, RouterHook & hook) {
     if (!(margin_ > 0) || !decode_) return Status::Ok();
     ggml_tensor * a = nullptr;
     ggml_tensor * s = nullptr;
-    if (!router_order(topk, &a, &s) || a->ne[1] != r.n_rows || topk->nb[1] != a->nb[1] ||
-        topk->data != a->data) {
+    if (!router_scores(r, topk, &a, &s)) {
         c_.no_scores++;
         if (!warned_)
             MS_LOG_WARN("layer %u: the router's scores are not readable at '%s'; "

@@ -59,6 +59,13 @@ int substitute_row(int k, int n, int32_t * sorted, int32_t * ids, int64_t id_str
                    const std::function<bool(int32_t)> & resident, uint8_t * substituted,
                    SubstituteCounters * counters);
 
+// The router's full order and scores of the routing r read at `topk`: topk is a view of
+// *argsort (I32, all experts per row, rank order), whose input *scores (F32, by expert id)
+// is what substitute_row compares. False when the graph does not have that shape; the
+// observer then leaves the routing unchanged (and a route trace records no scores for it).
+bool router_scores(const Routing & r, ggml_tensor * topk, ggml_tensor ** argsort,
+                   ggml_tensor ** scores);
+
 class SubstituteObserver final : public NodeObserver {
 public:
     // margin: M (<= 0 = off). plant_unrouted (tests only): the negative control of the

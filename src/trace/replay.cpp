@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "policy_drop_cold.h"
+#include "policy_substitute.h"
 #include "replay_ledger.h"
 
 namespace moestream {
@@ -85,6 +86,7 @@ ReplaySetting Replayer::recorded_setting() const {
     s.drop_cold = t_.header.drop_cold;
     s.drop_in_prefill = t_.header.drop_in_prefill;
     s.k = t_.header.k;
+    if (t_.header.scores) s.substitute = t_.header.substitute;
     return s;
 }
 
@@ -137,7 +139,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     DropColdConfig cfg;
     cfg.frac = s.drop_cold;
     cfg.in_prefill = s.drop_in_prefill;
-    std::vector<int32_t> ids;
+    std::vector<int32_t> ids, pre(K);
     std::vector<float> w(K);
     std::vector<uint8_t> dropped, seen(h.n_expert, 0);
     std::vector<uint32_t> experts, nu_of(h.n_expert, kNever);
@@ -152,6 +154,27 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         return Status::Usage("--miss-fallback cannot be combined with --drop-cold");
     std::vector<uint8_t> lossy(fallback ? h.moe_layers.size() * h.n_expert : 0, 0);
     std::vector<uint8_t> fb_slot, is_fb(h.n_expert, 0);
+    const bool subst = s.substitute > 0;
+    if (subst && !h.scores)
+        return Status::Usage("--substitute-experts needs a trace with the router scores "
+                             "(recorded with --route-trace-scores)");
+    // With drop-cold only as recorded: the trace's final weights are those of the recorded
+    // substitutes, which the replay reproduces (validate checks it) only for that setting.
+    const bool recorded_drop = s.drop_cold == h.drop_cold && s.substitute == h.substitute;
+    if (subst && ((s.drop_cold > 0 && !recorded_drop) || fallback))
+        return Status::Usage(std::string("--substitute-experts cannot be replayed with ") +
+                             (fallback ? "--miss-fallback (each decides what a miss becomes)"
+                                       : "--drop-cold (the final weights of a substitute are "
+                                         "not in the trace)"));
+    // Whether the recorded slots are the replay's slots: a trace's substituted slots are
+    // replayed from the router's order, as the engine's decision against the simulated cache.
+    const bool from_order = h.scores && (subst || h.substitute > 0);
+    if (from_order && s.policy == ReplayPolicy::kBelady)
+        return Status::Usage("--policy belady cannot replay substitution (the next use of an "
+                             "expert the substitution changes is not in the trace)");
+    std::vector<int32_t> sorted(h.n_expert);
+    std::vector<uint8_t> sub_slot;
+    SubstituteCounters sc;
 
     for (size_t i = 0; i < t_.routings.size(); ++i) {
         const TraceRouting & r = t_.routings[i];
@@ -166,12 +189,31 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         ids.resize(n);
         dropped.assign(n, 0);
         fb_slot.assign(fallback ? n : 0, 0);
+        sub_slot.assign(n, 0);
+        const bool scored = from_order && decode && r.score_rows == r.n_rows;
         for (uint32_t row = 0; row < r.n_rows; ++row) {
             const uint64_t src = r.first_slot + uint64_t(row) * kk;
             int32_t * rid = ids.data() + size_t(row) * K;
             for (uint32_t j = 0; j < K; ++j) rid[j] = t_.expert[src + j];
             const float * rw = t_.weight.data() + src;
             const bool known = all_finite(rw, kk);
+            if (scored) {  // the router's order, as routed; then the engine's substitution
+                const size_t at = size_t(r.first_score_row + row) * h.n_expert;
+                const uint16_t * ord = t_.score_order.data() + at;
+                const float * sco = t_.scores.data() + at;
+                for (uint32_t q = 0; q < h.n_expert; ++q) sorted[q] = ord[q];
+                for (uint32_t j = 0; j < K; ++j) rid[j] = sorted[j];
+                const uint64_t before = sc.substituted;
+                substitute_row(
+                    int(K), int(h.n_expert), sorted.data(), rid, 1,
+                    [&](int32_t e) { return sco[e]; }, s.substitute,
+                    [&](int32_t e) { return resident(moe, uint32_t(e)); },
+                    sub_slot.data() + size_t(row) * K, &sc);
+                out->substitutions += sc.substituted - before;
+                if (known)
+                    for (uint32_t j = 0; j < K; ++j)
+                        if (sub_slot[size_t(row) * K + j]) out->weight_substituted += rw[j];
+            }
             if (decode) {
                 if (known) {
                     out->slots_total += kk;
@@ -195,13 +237,14 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             // The engine drops only where it observed the weights (docs/route-trace.md).
             if (policy && known) {
                 std::copy(rw, rw + K, w.begin());
+                std::copy(rid, rid + K, pre.begin());
                 const uint64_t before = dc.dropped;
                 const double wd_before = dc.weight_dropped;
                 drop_cold_row(
                     int(K), rid, 1, w.data(), 1, int(K), cfg,
                     [&](int32_t e) { return resident(moe, uint32_t(e)); }, &dc);
                 for (uint32_t j = 0; j < K; ++j)
-                    if (rid[j] != t_.expert[src + j]) dropped[size_t(row) * K + j] = 1;
+                    if (rid[j] != pre[j]) dropped[size_t(row) * K + j] = 1;
                 if (decode) {
                     out->slots_dropped += dc.dropped - before;
                     out->weight_dropped += dc.weight_dropped - wd_before;
@@ -230,20 +273,26 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             for (uint32_t row = 0; row < r.n_rows; ++row)
                 for (uint32_t j = 0; j < K; ++j) {
                     const uint64_t src = r.first_slot + uint64_t(row) * kk + j;
-                    // A substitute is replayed as the resident expert it was.
-                    const uint8_t rec = uint8_t(t_.flags[src] & ~kSlotSubstituted);
-                    const bool d = dropped[size_t(row) * K + j];
-                    const uint8_t got =
-                        d ? kSlotDropped
-                          : (resident(moe, uint32_t(t_.expert[src])) ? kSlotResident : 0);
+                    // Without the scores a substitute is replayed as the resident expert
+                    // it was; with them the substitution itself is replayed.
+                    const uint8_t rec =
+                        uint8_t(t_.flags[src] & (scored ? 0xFF : ~kSlotSubstituted));
+                    const size_t slot = size_t(row) * K + j;
+                    const uint8_t got = dropped[slot] ? kSlotDropped
+                                        : sub_slot[slot]
+                                            ? uint8_t(kSlotResident | kSlotSubstituted)
+                                        : (resident(moe, uint32_t(ids[slot])) ? kSlotResident : 0);
                     ++v->slots_checked;
-                    if (rec != got) {
+                    v->recorded_substitutions += (t_.flags[src] & kSlotSubstituted) ? 1 : 0;
+                    v->replay_substitutions += sub_slot[slot];
+                    if (rec != got || (!dropped[slot] && ids[slot] != t_.expert[src])) {
                         ++v->mismatches;
                         if (v->ok) {
                             auto name = [](uint8_t f) {
-                                return std::string(f & kSlotDropped    ? "dropped"
-                                                   : f & kSlotResident ? "hit"
-                                                                       : "miss");
+                                return std::string(f & kSlotDropped       ? "dropped"
+                                                   : f & kSlotSubstituted ? "substituted"
+                                                   : f & kSlotResident    ? "hit"
+                                                                          : "miss");
                             };
                             v->first_mismatch =
                                 "routing #" + std::to_string(i) + " at offset " +
@@ -251,7 +300,10 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                                 ", graph " + std::to_string(r.graph) + ", position " +
                                 std::to_string(r.pos + row) + "), slot " + std::to_string(j) +
                                 " expert " + std::to_string(t_.expert[src]) + ": recorded " +
-                                name(rec) + ", replay " + name(got);
+                                name(rec) + ", replay " + name(got) +
+                                (!dropped[slot] && ids[slot] != t_.expert[src]
+                                     ? " of expert " + std::to_string(ids[slot])
+                                     : "");
                         }
                         v->ok = false;
                     }
@@ -341,17 +393,23 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         out->decode_lookups ? 100.0 * double(out->decode_hits) / double(out->decode_lookups) : 0;
     out->bytes_per_token =
         out->decode_tokens ? double(out->decode_bytes_read) / double(out->decode_tokens) : 0;
+    out->substitute_score_lost = sc.score_lost;
     out->weight_mass_discarded =
-        out->weight_total > 0 ? (out->weight_cut + out->weight_dropped) / out->weight_total : 0;
+        out->weight_total > 0
+            ? (out->weight_cut + out->weight_dropped + out->weight_substituted) / out->weight_total
+            : 0;
     if (v && (v->recorded_hits != v->replay_hits || v->recorded_misses != v->replay_misses ||
-              v->recorded_drops != v->replay_drops)) {
+              v->recorded_drops != v->replay_drops ||
+              (from_order && v->recorded_substitutions != v->replay_substitutions))) {
         if (v->ok)
             v->first_mismatch = "totals differ: recorded " + std::to_string(v->recorded_hits) +
                                 " hits / " + std::to_string(v->recorded_misses) + " misses / " +
-                                std::to_string(v->recorded_drops) + " drops, replay " +
-                                std::to_string(v->replay_hits) + " / " +
-                                std::to_string(v->replay_misses) + " / " +
-                                std::to_string(v->replay_drops);
+                                std::to_string(v->recorded_drops) + " drops / " +
+                                std::to_string(v->recorded_substitutions) +
+                                " substitutions, replay " + std::to_string(v->replay_hits) +
+                                " / " + std::to_string(v->replay_misses) + " / " +
+                                std::to_string(v->replay_drops) + " / " +
+                                std::to_string(v->replay_substitutions);
         v->ok = false;
     }
     return Status::Ok();

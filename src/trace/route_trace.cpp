@@ -46,6 +46,7 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
     std::unique_ptr<RouteTracer> t(new RouteTracer());
     t->path_ = path;
     t->n_expert_ = h.n_expert;
+    t->scores_ = h.scores;
     t->resident_.assign(h.n_expert, 0);
     Status st = t->file_.create(path, "route trace");  // messages: "route trace: cannot ..."
     if (!st.ok()) {
@@ -65,7 +66,8 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
     put<uint64_t>(b, h.cache_budget_bytes);
     put<double>(b, h.drop_cold);
     put<uint32_t>(b, (h.drop_in_prefill ? 1u : 0u) | (h.drop_renorm ? 2u : 0u) |
-                         (h.cache_chunks ? 4u : 0u));
+                         (h.cache_chunks ? 4u : 0u) | (h.scores ? 8u : 0u));
+    put<double>(b, h.substitute);
     for (const TraceLayerShape & L : h.moe_layers) {
         put<uint32_t>(b, L.layer);
         put<uint32_t>(b, uint32_t(L.slice_bytes.size()));
@@ -134,6 +136,30 @@ void RouteTracer::routing_start(uint32_t layer, int k, int n_rows, const int32_t
     ids_.assign(ids, ids + n);
     weight_.assign(n, std::nanf(""));
     flags_.assign(n, 0);
+    score_rows_ = 0;
+    if (scores_ && decode_ && stash_layer_ == int64_t(layer) &&
+        stash_order_.size() == size_t(n_rows) * n_expert_) {
+        score_rows_ = uint32_t(n_rows);
+        order_.swap(stash_order_);
+        scores_row_.swap(stash_scores_);
+    }
+    stash_layer_ = -1;
+}
+
+void RouteTracer::stash_scores(uint32_t layer, int n_rows, int n, const int32_t * order,
+                               int64_t order_row, const float * scores, int64_t score_row) {
+    stash_layer_ = -1;
+    if (!wants_scores() || n != int(n_expert_) || n_rows <= 0) return;
+    stash_order_.resize(size_t(n_rows) * size_t(n));
+    stash_scores_.resize(size_t(n_rows) * size_t(n));
+    for (int row = 0; row < n_rows; ++row)
+        for (int e = 0; e < n; ++e) {
+            const int32_t id = order[row * order_row + e];
+            if (id < 0 || id >= n) return;  // not a permutation: recorded without scores
+            stash_order_[size_t(row) * size_t(n) + size_t(e)] = uint16_t(id);
+            stash_scores_[size_t(row) * size_t(n) + size_t(e)] = scores[row * score_row + e];
+        }
+    stash_layer_ = int64_t(layer);
 }
 
 void RouteTracer::on_stage(uint32_t layer, const std::vector<uint32_t> & experts,
@@ -163,6 +189,15 @@ void RouteTracer::close_record() {
     for (size_t s = 0; s < ids_.size(); ++s) {
         put<uint32_t>(buf_, uint32_t(ids_[s]) | (uint32_t(flags_[s]) << 24));
         put<float>(buf_, weight_[s]);
+    }
+    if (scores_ && cur_.decode) {  // the scores block: rows, then per row order and scores
+        put<uint32_t>(buf_, score_rows_);
+        for (uint32_t row = 0; row < score_rows_; ++row) {
+            const size_t at = size_t(row) * n_expert_;
+            buf_.append(reinterpret_cast<const char *>(order_.data() + at), 2 * size_t(n_expert_));
+            buf_.append(reinterpret_cast<const char *>(scores_row_.data() + at),
+                        4 * size_t(n_expert_));
+        }
     }
     ++n_records_;
     n_slots_ += ids_.size();
@@ -227,6 +262,70 @@ private:
         if (!_st.ok()) return _st; \
     } while (0)
 
+// The scores block of a decode record (header.scores): u32 rows (0 or n_rows), then per row
+// n_expert u16 router order and n_expert f32 scores by expert id. The order must be a
+// permutation whose scores do not increase (it is the argsort of those scores), and the
+// record's slots must be its first k, except substituted slots, which hold an expert ranked
+// below the top k.
+Status parse_scores(Cursor & c, const TraceHeader & h, uint64_t rec, TraceRouting * r,
+                    RouteTrace * out) {
+    const std::string where = "routing record at offset " + std::to_string(rec) + ": scores: ";
+    uint64_t at = c.off();
+    MS_TRY(c.get(&r->score_rows, "scores row count"));
+    if (r->score_rows != 0 && r->score_rows != r->n_rows)
+        return c.err(at, where + std::to_string(r->score_rows) + " rows, the record has " +
+                             std::to_string(r->n_rows));
+    const uint64_t n = h.n_expert, row_bytes = 6 * n;
+    if (c.left() / row_bytes < r->score_rows)
+        return c.err(c.off(), "truncated: " + where + std::to_string(r->score_rows) +
+                                  " rows need " + std::to_string(r->score_rows * row_bytes) +
+                                  " bytes, " + std::to_string(c.left()) + " left");
+    r->first_score_row = out->scores.size() / n;
+    std::vector<uint32_t> rank(n);
+    for (uint32_t row = 0; row < r->score_rows; ++row) {
+        const uint64_t row_at = c.off();
+        const uint8_t * p = c.ptr();
+        const size_t base = out->scores.size();
+        out->score_order.resize(base + n);
+        out->scores.resize(base + n);
+        std::memcpy(out->score_order.data() + base, p, 2 * n);
+        std::memcpy(out->scores.data() + base, p + 2 * n, 4 * n);
+        const uint16_t * ord = out->score_order.data() + base;
+        const float * sc = out->scores.data() + base;
+        const std::string rw = where + "row " + std::to_string(row) + ": ";
+        std::fill(rank.begin(), rank.end(), uint32_t(n));
+        for (uint64_t q = 0; q < n; ++q) {
+            if (ord[q] >= n || rank[ord[q]] != n)
+                return c.err(row_at + 2 * q, rw + "the router order is not a permutation of "
+                                                  "the experts (rank " + std::to_string(q) +
+                                                  ": expert " + std::to_string(ord[q]) + ")");
+            rank[ord[q]] = uint32_t(q);
+        }
+        for (uint64_t e = 0; e < n; ++e)
+            if (!std::isfinite(sc[e]))
+                return c.err(row_at + 2 * n + 4 * e,
+                             rw + "expert " + std::to_string(e) + "'s score is not finite");
+        for (uint64_t q = 1; q < n; ++q)
+            if (sc[ord[q]] > sc[ord[q - 1]])
+                return c.err(row_at + 2 * n + 4 * uint64_t(ord[q]),
+                             rw + "expert " + std::to_string(ord[q]) + " at rank " +
+                                 std::to_string(q) + " scores above the expert ranked before it");
+        for (uint32_t j = 0; j < r->k; ++j) {
+            const uint64_t s = r->first_slot + uint64_t(row) * r->k + j;
+            const uint32_t e = uint32_t(out->expert[s]);
+            const bool sub = out->flags[s] & kSlotSubstituted;
+            if (sub ? rank[e] < r->k : rank[e] != j)
+                return c.err(row_at, rw + "slot " + std::to_string(j) + " (expert " +
+                                         std::to_string(e) + ", router rank " +
+                                         std::to_string(rank[e]) + ") " +
+                                         (sub ? "is marked substituted but was routed"
+                                              : "is not the router's rank " + std::to_string(j)));
+        }
+        c.skip(row_bytes);
+    }
+    return Status::Ok();
+}
+
 }  // namespace
 
 Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string & name,
@@ -272,11 +371,18 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
         return c.err(at, "drop-cold fraction outside [0, 1]");
     at = c.off();
     MS_TRY(c.get(&hflags, "settings flags"));
-    const uint32_t known = h.version >= 3 ? 7u : 3u;
+    const uint32_t known = h.version >= 6 ? 15u : h.version >= 3 ? 7u : 3u;
     if (hflags & ~known) return c.err(at, "unknown settings flags " + std::to_string(hflags));
     h.drop_in_prefill = hflags & 1;
     h.drop_renorm = hflags & 2;
     h.cache_chunks = hflags & 4;
+    h.scores = hflags & 8;
+    if (h.version >= 6) {
+        at = c.off();
+        MS_TRY(c.get(&h.substitute, "substitute margin"));
+        if (!(h.substitute >= 0 && h.substitute <= 1))
+            return c.err(at, "substitute margin outside [0, 1]");
+    }
     std::vector<int32_t> layer_to_moe(h.n_layer, -1);
     for (uint32_t i = 0; i < n_moe; ++i) {
         TraceLayerShape L;
@@ -413,6 +519,7 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
             out->flags.push_back(fl);
         }
         c.skip(n * kSlotBytes);
+        if (h.scores && r.decode) MS_TRY(parse_scores(c, h, rec, &r, out));
         out->routings.push_back(r);
     }
     return Status::Ok();

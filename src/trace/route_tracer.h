@@ -47,6 +47,13 @@ public:
         weight_[size_t(row) * cur_.k + size_t(slot)] = w;
     }
     void done_weights() { have_weights_ = true; }
+    // --route-trace-scores: whether decode records carry router scores (the header's flag).
+    bool wants_scores() const { return fd_ >= 0 && scores_ && decode_; }
+    // The router's order (n ids per row, row stride order_row in elements) and scores by
+    // expert id (row stride score_row) of `layer`'s decode rows, before any substitution;
+    // kept for the record routing_start(layer) opens next.
+    void stash_scores(uint32_t layer, int n_rows, int n, const int32_t * order,
+                      int64_t order_row, const float * scores, int64_t score_row);
     void mark_substituted(int row, int slot) {
         flags_[size_t(row) * cur_.k + size_t(slot)] |= kSlotSubstituted;
     }
@@ -90,6 +97,15 @@ private:
     std::vector<float> weight_;
     std::vector<uint8_t> flags_;
     std::vector<uint8_t> resident_;  // per expert id, scratch
+
+    // --route-trace-scores
+    bool scores_ = false;
+    int64_t stash_layer_ = -1;  // the layer the stashed scores belong to, -1: none
+    std::vector<uint16_t> stash_order_;
+    std::vector<float> stash_scores_;
+    uint32_t score_rows_ = 0;  // of the open record
+    std::vector<uint16_t> order_;
+    std::vector<float> scores_row_;
 };
 
 }  // namespace moestream

@@ -2,6 +2,7 @@
 #include "trace_observer.h"
 
 #include "ggml.h"
+#include "policy_substitute.h"
 #include "route_tracer.h"
 #include "router_hook.h"
 
@@ -25,6 +26,17 @@ bool TraceObserver::on_ask(ggml_tensor * t, RouterHook & hook) {
     if (w < 0) return false;
     const std::string & term = hook.nodes().terminal(uint32_t(w));
     return !term.empty() && term == t->name;
+}
+
+Status TraceObserver::on_select(Routing & r, ggml_tensor * topk, RouterHook & /*hook*/) {
+    if (!tracer_.wants_scores()) return Status::Ok();
+    ggml_tensor * a = nullptr;
+    ggml_tensor * s = nullptr;
+    if (!router_scores(r, topk, &a, &s)) return Status::Ok();  // recorded without scores
+    tracer_.stash_scores(r.layer, r.n_rows, int(a->ne[0]), static_cast<const int32_t *>(a->data),
+                         int64_t(a->nb[1] / 4), static_cast<const float *>(s->data),
+                         int64_t(s->nb[1] / 4));
+    return Status::Ok();
 }
 
 Status TraceObserver::on_routing(const Routing & r, ggml_tensor * /*topk*/, RouterHook & /*hook*/,

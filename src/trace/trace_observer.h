@@ -28,6 +28,9 @@ public:
     void begin_graph(const GraphInfo & g, RouterHook & hook) override;
     bool wants_terminals() const override;
     bool on_ask(ggml_tensor * t, RouterHook & hook) override;
+    // --route-trace-scores: the router's order and scores, before --substitute-experts
+    // rewrites the order (the engine lists this observer before the substitution).
+    Status on_select(Routing & r, ggml_tensor * topk, RouterHook & hook) override;
     Status on_node(ggml_tensor * t, RouterHook & hook) override;
     Status on_routing(const Routing & r, ggml_tensor * topk, RouterHook & hook,
                       bool * defer) override;

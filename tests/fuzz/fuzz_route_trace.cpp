@@ -35,10 +35,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         return 0;
     }
     check(t.expert.size() == t.weight.size() && t.expert.size() == t.flags.size(), "slot arrays agree");
+    check(t.score_order.size() == t.scores.size() &&
+              t.scores.size() % t.header.n_expert == 0 && (t.header.scores || t.scores.empty()),
+          "score arrays agree");
     for (const TraceRouting & r : t.routings) {
         check(r.moe_idx < t.header.moe_layers.size(), "moe_idx in range");
         const uint64_t n = uint64_t(r.n_rows) * r.k;
         check(r.first_slot <= t.expert.size() && n <= t.expert.size() - r.first_slot, "slots in range");
+        check(r.score_rows == 0 || (r.score_rows == r.n_rows && r.decode), "score rows");
+        const uint64_t score_rows = t.scores.size() / t.header.n_expert;
+        check(r.first_score_row <= score_rows && r.score_rows <= score_rows - r.first_score_row,
+              "score rows in range");
+        for (uint64_t i = r.first_score_row * t.header.n_expert;
+             i < (r.first_score_row + r.score_rows) * t.header.n_expert; ++i)
+            check(t.score_order[i] < t.header.n_expert, "router order ids < n_expert");
         for (uint64_t i = r.first_slot; i < r.first_slot + n; ++i) {
             check(t.expert[i] >= 0 && uint32_t(t.expert[i]) < t.header.n_expert, "expert id < n_expert");
             check((t.flags[i] & ~kSlotKnownFlags) == 0, "known flags only");

@@ -124,3 +124,26 @@ TEST(Substitute, StridedIdsAreRewrittenThroughTheirStride) {
     EXPECT_EQ(ids[3], -1);
     EXPECT_EQ(ids[5], -1);
 }
+
+// A margin nothing qualifies for asks no residency at all: each routed slot is ruled out by
+// one comparison with the best unselected score (the scan would find nothing either). The
+// decision is the same as with the scan; control: a margin that can fire asks.
+TEST(Substitute, AMarginThatCannotFireAsksNoResidency) {
+    for (double margin : {1e-9, 0.02}) {  // 0.15 - 0.12 = 0.03 is the closest routed/unrouted gap
+        Row r(scores(), 3);
+        int asked = 0;
+        const int n = substitute_row(
+            3, 6, r.sorted.data(), r.ids.data(), 1, [&](int32_t e) { return r.score[size_t(e)]; },
+            margin, [&](int32_t) { ++asked; return false; }, r.subst.data(), &r.c);
+        EXPECT_EQ(n, 0);
+        EXPECT_EQ(asked, 0) << margin;
+        EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1, 2}));
+    }
+    Row r(scores(), 3);
+    int asked = 0;
+    const int n = substitute_row(
+        3, 6, r.sorted.data(), r.ids.data(), 1, [&](int32_t e) { return r.score[size_t(e)]; },
+        0.05, [&](int32_t e) { ++asked; return e == 3; }, r.subst.data(), &r.c);
+    EXPECT_EQ(n, 1);  // 2 -> 3, as ReplacesAMissByTheBestResidentCandidateWithinTheMargin
+    EXPECT_GT(asked, 0);
+}

@@ -6,7 +6,8 @@
 //  - a planted bug (MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED: a substitute the streamer is not told
 //    about) is caught by --cache-debug with one error (negative control of the safety check);
 //  - the route trace marks every substitution, replay --validate reproduces the run, and
-//    replay --substitute-experts is refused by name;
+//    replay --substitute-experts on it (no router scores) is refused naming the flag that
+//    records them (tests/unit/test_subst_replay.cpp covers traces with scores);
 //  - substitution without the cache is refused with the reason.
 #include <gtest/gtest.h>
 
@@ -110,9 +111,9 @@ TEST(SubstituteGate, TraceMarksSubstitutionsAndReplayReproducesThem) {
     CmdResult s =
         run_cmd(sh_quote(cli_bin()) + " replay " + sh_quote(trace) + " --substitute-experts 0.1");
     EXPECT_EQ(s.exit_code, 64);
-    EXPECT_NE(s.err.find("--substitute-experts cannot be estimated from a route trace"),
-              std::string::npos)
+    EXPECT_NE(s.err.find("--substitute-experts needs the router's scores"), std::string::npos)
         << s.err;
+    EXPECT_NE(s.err.find("--route-trace-scores"), std::string::npos) << s.err;
     std::remove(trace.c_str());
 }
 

@@ -68,6 +68,12 @@ std::string slurp(const std::string & path) {
     return ss.str();
 }
 
+bool write_bytes(const std::string & path, const std::string & data) {
+    std::ofstream f(path, std::ios::binary | std::ios::trunc);
+    f.write(data.data(), std::streamsize(data.size()));
+    return bool(f);
+}
+
 CmdResult run_cmd(const std::string & cmd) {
     char tmpl[] = "/tmp/moestream-test-XXXXXX";
     if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");

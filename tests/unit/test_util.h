@@ -54,6 +54,8 @@ ModelIndex hand_made_index(const std::vector<std::vector<uint64_t>> & layers, ui
 
 // The whole file as bytes ("" if it cannot be read).
 std::string slurp(const std::string & path);
+// Replaces the file's content with `data` (false if it cannot be written).
+bool write_bytes(const std::string & path, const std::string & data);
 
 // Shell-quotes a string.
 std::string sh_quote(const std::string & s);

@@ -115,6 +115,7 @@ const Refusal kChatRefused[] = {
     {"--display-prompt", kChatRunOnly}, {"--no-display-prompt", kChatRunOnly},
     {"--stats-json", kChatRunOnly}, {"--stats-csv", kChatRunOnly},
     {"--dump-logits", kChatRunOnly}, {"--route-trace", kChatRunOnly},
+    {"--route-trace-scores", kChatRunOnly},
 };
 
 // llama.cpp's multi-letter single-dash spellings of options moestream has.

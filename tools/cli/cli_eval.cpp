@@ -86,6 +86,7 @@ int do_eval(EvalFlags & f) {
     ref_opt.substitute = 0;
     ref_opt.miss_fallback.clear();
     ref_opt.route_trace.clear();
+    ref_opt.route_trace_scores = false;
 
     // One engine at a time (a model that barely fits must not be loaded twice).
     std::vector<int32_t> toks;
@@ -253,6 +254,9 @@ void add_eval_command(CLI::App & app, Action * action) {
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record the configured run's routings to FILE, one decode row per text "
                     "token (docs/route-trace.md; `moestream replay` reads it)");
+    sub->add_flag("--route-trace-scores", f->opt.route_trace_scores,
+                  "also record each decode row's full router scores in the trace (for "
+                  "`replay --substitute-experts`)");
     auto * save = sub->add_option("--save-ref", f->save_ref, "keep the reference logits in FILE");
     sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
         ->excludes(save);

@@ -1,9 +1,10 @@
 // `moestream replay TRACE` — re-runs a route trace (`run --route-trace`) through a simulated
-// residency cache for a sweep of settings: budgets x policies x drop-cold fractions x top-k.
+// residency cache for a sweep of settings: budgets x policies x drop-cold fractions x top-k,
+// and substitution margins (a trace recorded with --route-trace-scores).
 // Prints per setting the decode hit rate, bytes read per token, the reads avoided and the
 // router weight mass discarded against the lossless baseline (same policy and budget, the
 // trace's k, no dropping). --validate replays the recorded settings and requires the recorded
-// hits, misses and drops slot for slot. See docs/replay.md.
+// hits, misses, drops and (with scores) substitutions slot for slot. See docs/replay.md.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,7 +36,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct ReplayFlags {
     std::string trace;
     std::string budgets, policies = "lru", drops, ks;
-    std::string substitute;  // refused: a trace does not hold the scores it needs
+    std::string substitute;  // --substitute-experts M,...: needs a trace with router scores
     std::string fallback;    // --miss-fallback FILE: the companion whose expert sizes to use
     double fallback_w = 0;   // --fallback-threshold
     bool drop_in_prefill = false;
@@ -96,6 +97,15 @@ nlohmann::json result_json(const ReplayResult & r, const ReplayResult * base) {
     j["drop_in_prefill"] = r.setting.drop_in_prefill;
     j["n_expert_used"] = r.setting.k;
     j["lossy"] = r.setting.drop_cold > 0 || (base && r.setting.k != base->setting.k);
+    j["substitute_experts"] = r.setting.substitute;
+    j["substitutions"] = r.substitutions;
+    if (r.setting.substitute > 0) {
+        j["substitute_score_lost"] = r.substitute_score_lost;
+        j["weight_substituted"] = r.weight_substituted;
+        j["weight_substituted_share"] =
+            r.weight_total > 0 ? r.weight_substituted / r.weight_total : 0.0;
+        j["lossy"] = true;
+    }
     j["routings"] = r.routings;
     j["lookups"] = r.lookups;
     j["hits"] = r.hits;
@@ -176,7 +186,11 @@ if lossy:
         if r["policy"] != pol or r["budget_mib"] != mib:
             continue
         k, f = r["n_expert_used"], r["drop_cold"]
-        if k == k0 and f == 0:
+        m = r.get("substitute_experts", 0)
+        if m > 0:
+            series.setdefault("--substitute-experts M" + ("" if k == k0 else " (K=%d)" % k),
+                              []).append(("M=%g" % m, r))
+        elif k == k0 and f == 0:
             series.setdefault("lossless", []).append(("", r))
         elif k == k0:
             series.setdefault("--drop-cold-experts F", []).append(("F=%g" % f, r))
@@ -289,18 +303,11 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
 
 int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
-    const std::vector<std::string> sweep = {"--budgets",         "--policy",
-                                            "--drop-cold",       "--n-expert-used",
-                                            "--drop-in-prefill", "--plot",
-                                            "--miss-fallback",   "--fallback-threshold"};
-    if (!f.substitute.empty())
-        return usage_error(
-            "replay",
-            "--substitute-experts cannot be estimated from a route trace: a trace records the "
-            "routed experts and their final weights, not the router's scores of the unselected "
-            "experts a substitute is chosen from. Measure it with `moestream eval "
-            "--substitute-experts M` (reads avoided and quality), or record a run with it: "
-            "replay then reproduces the substitutions it made");
+    const std::vector<std::string> sweep = {"--budgets",           "--policy",
+                                            "--drop-cold",         "--n-expert-used",
+                                            "--drop-in-prefill",   "--plot",
+                                            "--miss-fallback",     "--fallback-threshold",
+                                            "--substitute-experts"};
     if (f.validate && f.routing_stats)
         return usage_error("replay", "--validate and --routing-stats exclude each other");
     if (f.validate)
@@ -323,6 +330,23 @@ int do_replay(const ReplayFlags & f) {
     const TraceHeader & h = trace.header;
 
     if (f.routing_stats) return print_routing_stats(f, trace);
+    std::vector<double> subs;  // --substitute-experts margins
+    if (!f.substitute.empty()) {
+        st = parse_doubles("--substitute-experts", f.substitute, 0, 1, &subs);
+        if (!st.ok()) return fail(st);
+        if (!h.scores)
+            return usage_error(
+                "replay", "--substitute-experts needs the router's scores of every decode row, "
+                          "and " + f.trace + " was recorded without them: record it with "
+                          "`moestream run --route-trace FILE --route-trace-scores` (a trace "
+                          "otherwise holds only the routed experts and their final weights)");
+        if (!f.fallback.empty())
+            return usage_error("replay", "--substitute-experts and --miss-fallback exclude each "
+                                         "other (each decides what a miss becomes)");
+        if (f.policies.find("belady") != std::string::npos)
+            return usage_error("replay", "--substitute-experts cannot be replayed with --policy "
+                                         "belady (a substitute's next use is not in the trace)");
+    }
 
     if (f.validate) {
         for (uint8_t fl : trace.flags)
@@ -337,13 +361,16 @@ int do_replay(const ReplayFlags & f) {
         if (!st.ok()) return fail(st);
         std::fprintf(
             stderr,
-            "replay --validate: %s: budget %.2f MiB, drop-cold %g, k %u: %llu slots checked; "
-            "recorded %llu hits / %llu misses / %llu drops, replay %llu / %llu / %llu: %s\n",
-            f.trace.c_str(), double(h.cache_budget_bytes) / kMiB, h.drop_cold, h.k,
+            "replay --validate: %s: budget %.2f MiB, drop-cold %g, substitute %g%s, k %u: %llu "
+            "slots checked; recorded %llu hits / %llu misses / %llu drops / %llu "
+            "substitutions, replay %llu / %llu / %llu / %llu: %s\n",
+            f.trace.c_str(), double(h.cache_budget_bytes) / kMiB, h.drop_cold, h.substitute,
+            h.substitute > 0 && !h.scores ? " (not replayed: no scores)" : "", h.k,
             (unsigned long long)v.slots_checked, (unsigned long long)v.recorded_hits,
             (unsigned long long)v.recorded_misses, (unsigned long long)v.recorded_drops,
-            (unsigned long long)v.replay_hits, (unsigned long long)v.replay_misses,
-            (unsigned long long)v.replay_drops, v.ok ? "OK" : "MISMATCH");
+            (unsigned long long)v.recorded_substitutions, (unsigned long long)v.replay_hits,
+            (unsigned long long)v.replay_misses, (unsigned long long)v.replay_drops,
+            (unsigned long long)v.replay_substitutions, v.ok ? "OK" : "MISMATCH");
         if (!v.ok) {
             MS_LOG_ERROR("%s: replay differs from the recording: %s (%llu slots differ)",
                          f.trace.c_str(), v.first_mismatch.c_str(),
@@ -356,7 +383,8 @@ int do_replay(const ReplayFlags & f) {
                              {"slots_checked", v.slots_checked},
                              {"hits", v.replay_hits},
                              {"misses", v.replay_misses},
-                             {"drops", v.replay_drops}};
+                             {"drops", v.replay_drops},
+                             {"substitutions", v.replay_substitutions}};
             std::printf("%s\n", j.dump(2).c_str());
         }
         return 0;
@@ -441,6 +469,8 @@ int do_replay(const ReplayFlags & f) {
                     {"cache_budget_bytes", h.cache_budget_bytes},
                     {"drop_cold", h.drop_cold},
                     {"drop_in_prefill", h.drop_in_prefill},
+                    {"scores", h.scores},
+                    {"substitute_experts", h.substitute},
                     {"routings", trace.routings.size()},
                     {"slots", trace.expert.size()}};
     doc["title"] = f.trace;
@@ -493,6 +523,18 @@ int do_replay(const ReplayFlags & f) {
                     }
                     results.push_back(result_json(r, &baselines[key]));
                 }
+            // Each margin is one cell at drop-cold 0: the trace has no final weights for a
+            // substitute, so the two knobs are not combined.
+            for (double k : ks)
+                for (double m : subs) {
+                    ReplaySetting s = base_s;
+                    s.k = uint32_t(k);
+                    s.substitute = m;
+                    ReplayResult r;
+                    st = run(s, &r);
+                    if (!st.ok()) return fail(st);
+                    results.push_back(result_json(r, &baselines[key]));
+                }
         }
     doc["results"] = results;
     const double rps = sim_s > 0 ? double(sim_routings) / sim_s : 0;
@@ -512,16 +554,32 @@ int do_replay(const ReplayFlags & f) {
             (unsigned long long)(results.empty() ? 0 : results[0]["decode_tokens"].get<uint64_t>()),
             unsigned(h.moe_layers.size()), h.n_expert, h.k, double(h.cache_budget_bytes) / kMiB,
             h.drop_cold > 0 ? (", drop-cold " + std::to_string(h.drop_cold)).c_str() : "");
-        std::printf("%-7s %11s %3s %6s | %8s %8s %10s | %13s %12s\n", "policy", "budget_MiB", "k",
-                    "drop", "hit%dec", "hit%all", "MiB/token", "reads_avoided", "w_discarded");
+        std::printf("%-7s %11s %3s %6s %6s | %8s %8s %10s | %13s %12s\n", "policy", "budget_MiB",
+                    "k", "drop", "subst", "hit%dec", "hit%all", "MiB/token", "reads_avoided",
+                    "w_discarded");
         for (const auto & r : results)
-            std::printf("%-7s %11.1f %3u %6.3g | %8.2f %8.2f %10.3f | %12.2f%% %11.2f%%\n",
+            std::printf("%-7s %11.1f %3u %6.3g %6.3g | %8.2f %8.2f %10.3f | %12.2f%% %11.2f%%\n",
                         r["policy"].get<std::string>().c_str(), r["budget_mib"].get<double>(),
                         r["n_expert_used"].get<unsigned>(), r["drop_cold"].get<double>(),
+                        r["substitute_experts"].get<double>(),
                         r["decode_hit_pct"].get<double>(), r["hit_pct"].get<double>(),
                         r["bytes_per_token"].get<double>() / kMiB,
                         100 * r["reads_avoided"].get<double>(),
                         100 * r["weight_mass_discarded"].get<double>());
+        for (const auto & r : results)
+            if (r["substitute_experts"].get<double>() > 0)
+                std::printf("--substitute-experts %g (LOSSY estimate), %s %.1f MiB, k %u: %llu "
+                            "substitutions, mean score margin %.4f, %.2f%% of the router weight "
+                            "moved to a substitute\n",
+                            r["substitute_experts"].get<double>(),
+                            r["policy"].get<std::string>().c_str(), r["budget_mib"].get<double>(),
+                            r["n_expert_used"].get<unsigned>(),
+                            (unsigned long long)r["substitutions"].get<uint64_t>(),
+                            r["substitutions"].get<uint64_t>()
+                                ? r["substitute_score_lost"].get<double>() /
+                                      double(r["substitutions"].get<uint64_t>())
+                                : 0.0,
+                            100 * r["weight_substituted_share"].get<double>());
         if (!f.fallback.empty())
             for (const auto & r : results)
                 std::printf("--miss-fallback %s --fallback-threshold %g (LOSSY estimate), %s "
@@ -563,7 +621,8 @@ void add_replay_command(CLI::App & app, Action * action) {
     sub->add_option("--n-expert-used", f->ks,
                     "experts per token K <= the trace's k, comma-separated");
     sub->add_option("--substitute-experts", f->substitute,
-                    "refused: a trace lacks the router scores substitution needs (use eval)");
+                    "estimate --substitute-experts margins M in [0,1], comma-separated (LOSSY; "
+                    "a trace recorded with --route-trace-scores; each at drop-cold 0)");
     sub->add_option("--miss-fallback", f->fallback,
                     "estimate --miss-fallback with this companion's expert sizes (LOSSY; needs "
                     "--fallback-threshold and a trace with final weights)")

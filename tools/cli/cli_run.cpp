@@ -457,6 +457,7 @@ constexpr std::pair<const char *, const char *> kFieldFlags[] = {
     {"miss_fallback", "--miss-fallback"},
     {"fallback_threshold", "--fallback-threshold"},
     {"route_trace", "--route-trace"},
+    {"route_trace_scores", "--route-trace-scores"},
 };
 
 bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
@@ -582,6 +583,9 @@ void add_run_command(CLI::App & app, Action * action) {
     add_sampling_flags(sub, &f->sampling, &f->stop);
     sub->add_option("--route-trace", f->opt.route_trace,
                     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
+    sub->add_flag("--route-trace-scores", f->opt.route_trace_scores,
+                  "also record each decode row's full router scores in the trace (n_expert "
+                  "per layer; for `replay --substitute-experts`)");
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
     sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
     sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");
