@@ -42,9 +42,11 @@ void put(std::string & b, T v) {
 // ---------------------------------------------------------------------------------------
 // Writer
 
-std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const TraceHeader & h) {
+std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const TraceHeader & h,
+                                               uint64_t max_bytes) {
     std::unique_ptr<RouteTracer> t(new RouteTracer());
     t->path_ = path;
+    t->max_bytes_ = max_bytes;
     t->n_expert_ = h.n_expert;
     t->scores_ = h.scores;
     t->resident_.assign(h.n_expert, 0);
@@ -106,12 +108,39 @@ void RouteTracer::flush(bool force) {
         }
         p += n;
         left -= size_t(n);
+        written_ += uint64_t(n);
     }
     buf_.clear();
 }
 
+void RouteTracer::stop_full() {
+    full_ = true;
+    open_ = false;
+    if (graph_at_ >= written_) {
+        buf_.resize(size_t(graph_at_ - written_));  // the cut graph is still in the buffer
+    } else {  // part of it is on disk already: cut the file back to the graph's start
+        buf_.clear();
+        if (::ftruncate(fd_, off_t(graph_at_)) != 0 || ::lseek(fd_, off_t(graph_at_), SEEK_SET) < 0) {
+            fail("cannot cut back", errno);
+            return;
+        }
+        written_ = graph_at_;
+    }
+    n_records_ = graph_records_;
+    n_slots_ = graph_slots_;
+    MS_LOG_WARN("route trace: %s reached %.1f MiB, the most a trace reader accepts; it ends "
+                "after %llu routings, before graph %u (position %u); inference continues",
+                path_.c_str(), double(max_bytes_) / double(1 << 20),
+                (unsigned long long)n_records_, graph_, pos0_);
+    finish();
+}
+
 void RouteTracer::begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens) {
     close_record();
+    if (fd_ < 0) return;
+    graph_at_ = written_ + buf_.size();
+    graph_records_ = n_records_;
+    graph_slots_ = n_slots_;
     if (graph_started_) ++graph_;
     graph_started_ = true;
     decode_ = decode;
@@ -201,6 +230,10 @@ void RouteTracer::close_record() {
     }
     ++n_records_;
     n_slots_ += ids_.size();
+    if (written_ + buf_.size() + kEndBytes > max_bytes_) {
+        stop_full();
+        return;
+    }
     flush(false);
 }
 

@@ -5,7 +5,10 @@
 // to the target, renamed over it by finish(); a target that is a device, FIFO or directory is
 // refused.
 // Any write failure (disk full, unwritable directory) turns tracing off with one warning and
-// removes the temporary file; inference is never affected.
+// removes the temporary file; inference is never affected. A trace never outgrows what
+// read_route_trace reads (max_bytes, kTraceMaxFileBytes by default): the graph that would
+// cross it is cut off, the trace ends with the graphs before it (a valid, shorter trace) and
+// one warning says so.
 //
 // Thread-safety: driven from the llama_decode thread only (its router hook observer,
 // trace_observer.h, the streamer and the engine).
@@ -25,7 +28,8 @@ class RouteTracer {
 public:
     // Creates "<path>.tmp.<pid>" and writes the header. On failure logs a warning and returns
     // a tracer that is not active (every call is then a no-op).
-    static std::unique_ptr<RouteTracer> open(const std::string & path, const TraceHeader & header);
+    static std::unique_ptr<RouteTracer> open(const std::string & path, const TraceHeader & header,
+                                             uint64_t max_bytes = kTraceMaxFileBytes);
     ~RouteTracer();  // removes the temporary file unless finish() renamed it
 
     bool active() const { return fd_ >= 0; }
@@ -71,18 +75,25 @@ public:
                   const std::vector<uint8_t> & resident, uint64_t bytes_read);
 
     uint64_t records() const { return n_records_; }
+    bool full() const { return full_; }  // stopped at max_bytes (the file holds what fitted)
 
 private:
     RouteTracer() = default;
     void close_record();
     void flush(bool force);
     void fail(const std::string & what, int err);
+    void stop_full();  // ends the trace at the last whole graph (max_bytes reached)
 
     std::string path_;
     AtomicFile file_;  // the trace goes to its temporary file, renamed over path_ by finish()
     int fd_ = -1;      // file_.fd() while tracing, -1 once off
     std::string buf_;
     uint64_t n_records_ = 0, n_slots_ = 0;
+    uint64_t max_bytes_ = kTraceMaxFileBytes;  // the file's size limit, end marker included
+    uint64_t written_ = 0;                     // bytes written to the file so far
+    // Where the current graph's records start (file offset, records and slots before it).
+    uint64_t graph_at_ = 0, graph_records_ = 0, graph_slots_ = 0;
+    bool full_ = false;
     uint32_t n_expert_ = 0;
 
     // graph

@@ -61,8 +61,9 @@ TraceHeader shape_header(uint32_t n_moe, uint32_t n_expert, uint32_t k, uint64_t
 }
 
 // Writes a hand-made trace: `tokens` decode graphs over every layer, plus one 3-row prefill.
-void write_synthetic(const std::string & path, const TraceHeader & h, int tokens) {
-    auto t = RouteTracer::open(path, h);
+void write_synthetic(const std::string & path, const TraceHeader & h, int tokens,
+                     uint64_t max_bytes = kTraceMaxFileBytes) {
+    auto t = RouteTracer::open(path, h, max_bytes);
     ASSERT_TRUE(t->active());
     std::vector<int32_t> ids(size_t(h.k) * 3);
     t->begin_graph(false, 0, 3);
@@ -148,6 +149,33 @@ TEST(RouteTraceFormat, FiveHundredTokensOfA30BShapeTakeUnderThreeMB) {
     RouteTrace t;
     ASSERT_TRUE(read_route_trace(path, &t).ok());
     EXPECT_EQ(t.routings.size(), 48u * 501u);
+    std::remove(path.c_str());
+}
+
+// A trace never outgrows what the reader accepts: the graph that would cross the limit is cut
+// off and the file ends after the whole graphs before it, whether the cut graph is still in the
+// write buffer (500 kB) or partly on disk already (2 MB, past the 1 MiB buffer). The control is
+// the same trace under the default limit: every graph.
+TEST(RouteTraceFormat, ATraceEndsAtTheLastWholeGraphUnderItsSizeLimit) {
+    TraceHeader h = shape_header(48, 128, 8, 884736);
+    const std::string path = tmp_path("limit.trace");
+    write_synthetic(path, h, 500);
+    RouteTrace full;
+    ASSERT_TRUE(read_route_trace(path, &full).ok());
+    ASSERT_EQ(full.routings.size(), 48u * 501u);
+    for (const uint64_t limit : {500000ull, 2000000ull}) {
+        SCOPED_TRACE(limit);
+        write_synthetic(path, h, 500, limit);
+        EXPECT_LE(std::filesystem::file_size(path), limit);
+        RouteTrace t;
+        const Status st = read_route_trace(path, &t);
+        ASSERT_TRUE(st.ok()) << st.message();
+        EXPECT_GT(t.routings.size(), 48u * 100u);
+        EXPECT_LT(t.routings.size(), full.routings.size());
+        EXPECT_EQ(t.routings.size() % 48u, 0u) << "a graph was cut in the middle";
+        for (size_t i = 0; i < t.routings.size(); ++i)
+            ASSERT_EQ(t.routings[i].graph, full.routings[i].graph) << i;
+    }
     std::remove(path.c_str());
 }
 
