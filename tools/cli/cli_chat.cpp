@@ -227,7 +227,8 @@ int do_chat(ChatFlags & f) {
 
     std::unique_ptr<Engine> engine;
     st = Engine::open(f.opt, &engine);
-    if (!st.ok()) return report(st);
+    // The library names RunOptions fields; chat says the flags that set them.
+    if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
     const std::string tmpl = engine->chat_template_name();
     if (tmpl.empty()) {
         std::string probe;
@@ -329,7 +330,7 @@ int do_chat(ChatFlags & f) {
         std::fflush(stdout);
         if (!st.ok()) {
             print_summary(t, f, *engine);
-            return report(st);
+            return report(Status::Error(st.code(), flag_words(st.message())));
         }
         // The reply as shown (also when stopped) joins the conversation; a NUL byte, which a
         // chat template cannot carry (a model may emit one), is left out of it.

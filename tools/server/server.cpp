@@ -804,6 +804,8 @@ private:
                 std::lock_guard<std::mutex> sl(stats_m_);
                 snap_.errors++;
             }
+            // In the server's words (its flags), not the library's option names.
+            if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
             return finish(job, st);
         }
         const GenerateRequest r = engine_request(p);
@@ -1254,7 +1256,8 @@ int run_server(const ServeConfig & cfg_in) {
         st = engine->set_drop_cold(cfg.defaults.drop_cold);
         if (!st.ok()) {
             MS_LOG_WARN("app default drop-cold %.2f not applied, serving lossless: %s",
-                        cfg.defaults.drop_cold, st.message().c_str());
+                        cfg.defaults.drop_cold,
+                        (cfg.option_words ? cfg.option_words(st.message()) : st.message()).c_str());
             cfg.defaults.drop_cold = 0;
         }
     }
