@@ -1032,7 +1032,11 @@ private:
             if (it.key() != "content" && it.key() != "with_pieces")
                 return send_error(res, api_error_param(400, "unknown field '" + it.key() + "'",
                                                        it.key()));
-        const bool pieces = j.value("with_pieces", false);
+        if (j.contains("with_pieces") && !j["with_pieces"].is_boolean() && !j["with_pieces"].is_null())
+            return send_error(res, api_error_param(400, "'with_pieces' must be true or false",
+                                                   "with_pieces"));
+        const bool pieces = j.contains("with_pieces") && j["with_pieces"].is_boolean() &&
+                            j["with_pieces"].get<bool>();
         std::vector<int32_t> toks;
         Status st = engine_->tokenize(j["content"].get<std::string>(), &toks);
         if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "content"));
