@@ -31,7 +31,7 @@ bin="$dir/bin"
 
 # ---- seeds -----------------------------------------------------------------------------------
 seeds="$dir/seeds"
-if [ ! -f "$seeds/.done" ]; then
+if [ ! -f "$seeds/.done-v5" ]; then  # made again when the seed set grows
   [ -x "$cli" ] || { echo "fuzz.sh: $cli missing (make build first)" >&2; exit 1; }
   rm -rf "$seeds" && mkdir -p "$seeds/fuzz_gguf_index" "$seeds/fuzz_route_trace"
   tmp="$(mktemp -d)"
@@ -54,9 +54,18 @@ if [ ! -f "$seeds/.done" ]; then
         --substitute-experts 1 --route-trace-scores \
         --route-trace "$seeds/fuzz_route_trace/$arch-$type-scores" >/dev/null 2>&1
     fi
+    # The v4 and v5 slot flags: substituted slots, slots computed from the low-bit copy.
+    if [ "$arch-$type" = qwen3moe-q8_0 ]; then
+      "$cli" run -m "$m" -p "Fuzz seeds" -n 3 -t 1 -c 64 --cache-mb 4 --force-cache \
+        --substitute-experts 0.5 --route-trace "$seeds/fuzz_route_trace/$arch-$type-subst" >/dev/null 2>&1
+      "$cli" make-fallback -m "$m" -o "$tmp/fallback.gguf" -t 1 >/dev/null 2>&1 &&
+        "$cli" run -m "$m" -p "Fuzz seeds" -n 3 -t 1 -c 64 --cache-mb 0 --miss-fallback "$tmp/fallback.gguf" \
+          --fallback-threshold 1 --route-trace "$seeds/fuzz_route_trace/$arch-$type-fallback" >/dev/null 2>&1
+      rm -f "$tmp/fallback.gguf"
+    fi
     rm -f "$m"
   done
-  touch "$seeds/.done"
+  touch "$seeds/.done-v5"
 fi
 
 mkdir -p "$dir/crashes" "$dir/logs"

@@ -18,6 +18,10 @@
 
 namespace moestream {
 
+// What a file of mode `st_mode` (struct stat) is, for messages: "a directory", "a FIFO",
+// "a character device", "a block device", "a socket", "a regular file", "not a file".
+const char * file_kind(unsigned st_mode);
+
 // Ok when `path` may be replaced by a regular file; kBadInput (an output that cannot be
 // written: exit 3) naming what it is otherwise.
 // `what` names the option in messages ("--route-trace", "-o").

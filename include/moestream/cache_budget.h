@@ -44,8 +44,10 @@ uint64_t cache_bytes_for_all_experts(const ModelIndex & index, uint64_t page_byt
 // in MiB rounded up (at least 1).
 uint64_t cache_rule_min_mib(const ModelIndex & index);
 // "--cache-mb 0 (off) or >= M MiB (1.5 x this model's W MiB per-token working set); smaller
-// budgets need --force-cache".
-std::string cache_rule_text(const ModelIndex & index);
+// budgets need --force-cache" (the words of the CLI and the server's settings). With
+// `option_names` the options are named as RunOptions fields ("RunOptions::cache_mb 0 (off)
+// ... RunOptions::force_cache"), as in the library's errors, which the CLI maps to its flags.
+std::string cache_rule_text(const ModelIndex & index, bool option_names = false);
 
 // What a run needs besides cached experts, as auto counts it before the KV cache exists:
 // dense weights, an estimate of untouched compute buffers for n_batch (logits and activations

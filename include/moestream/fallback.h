@@ -34,6 +34,17 @@ struct MakeFallbackResult {
 
 // kBadModel for a model that does not validate, kBadInput for a file that cannot be written
 // or read, kRuntime when llama-quantize fails (its exit status in the message).
+// Ok when `type` is a ggml type name (case-insensitive; not a llama-quantize mix such as
+// Q3_K_S) that llama-quantize writes without an importance matrix; kUsage listing them else.
+Status check_fallback_type(const std::string & type);
+
+// kUsage for a type llama-quantize cannot write without an importance matrix (or no ggml type)
+// and for an output that is a file of the model itself.
 Status make_fallback(const MakeFallbackOptions & opt, MakeFallbackResult * out);
+
+// The temporary files make_fallback() of this process writes next to opt.out_path (all removed
+// before it returns), for a caller that must remove them when a signal ends the process
+// (the tool it runs dies with it).
+std::vector<std::string> make_fallback_temp_paths(const MakeFallbackOptions & opt);
 
 }  // namespace moestream

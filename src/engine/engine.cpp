@@ -404,10 +404,10 @@ Status EngineImpl::set_drop_cold(double frac) {
         return Status::Usage("drop_cold_experts needs streaming, and this engine is resident "
                              "(RunOptions::stream = false)");
     if (frac > 0 && fallback_)
-        return Status::Usage("drop_cold_experts cannot be combined with --miss-fallback");
+        return Status::Usage("drop_cold_experts cannot be combined with RunOptions::miss_fallback");
     if (frac > 0 && stats_.cache_budget_bytes == 0)
         return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
-                             stats_.cache_budget_reason + "); " + cache_rule_text(index_));
+                             stats_.cache_budget_reason + "); " + cache_rule_text(index_, true));
     DropColdConfig dc;
     dc.frac = frac;
     if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;

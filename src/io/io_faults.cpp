@@ -93,7 +93,7 @@ Status check_io_fault_lanes(const IoFaultPlan & p, int n_lanes) {
     if (p.lane >= n_lanes)
         return Status::Usage("MOESTREAM_DEBUG_IO_FAULT: lane=" + std::to_string(p.lane) +
                              " but only " + std::to_string(n_lanes) + " read lane" +
-                             (n_lanes == 1 ? "" : "s") + " (--io-threads)");
+                             (n_lanes == 1 ? "" : "s") + " (RunOptions::io_threads)");
     return Status::Ok();
 }
 

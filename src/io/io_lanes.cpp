@@ -63,7 +63,8 @@ Status IoLanes::open(const std::string & path, int n_lanes, bool odirect,
 
 Status IoLanes::open(const std::vector<std::string> & paths, int n_lanes, bool odirect,
                      uint64_t max_request_bytes) {
-    if (n_lanes < 1) return Status::Usage("--io-threads must be >= 1");
+    if (n_lanes < 1)
+        return Status::Usage("io: " + std::to_string(n_lanes) + " read lanes (at least 1)");
     if (paths.empty()) return Status::Usage("io: no file to read");
     paths_ = paths;
     direct_ = odirect;

@@ -30,6 +30,7 @@
 #include "ggml-cpu.h"
 #include "ggml.h"
 #include "llama.h"
+#include "moestream/atomic_file.h"
 
 namespace moestream {
 
@@ -1365,13 +1366,17 @@ struct OpenFile {
 Status open_file(const std::string & path, std::unique_ptr<OpenFile> * out) {
     auto f = std::make_unique<OpenFile>();
     f->path = path;
-    f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below); it
+    // changes nothing for the regular file that is read.
+    f->fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (f->fd < 0) return Status::BadModel(path + ": cannot open: " + std::strerror(errno));
     struct stat st;
     if (::fstat(f->fd, &st) != 0) {
         return Status::BadModel(path + ": cannot stat: " + std::strerror(errno));
     }
-    if (!S_ISREG(st.st_mode)) return Status::BadModel(path + ": not a regular file");
+    if (!S_ISREG(st.st_mode))
+        return Status::BadModel(path + ": not a regular file (" + file_kind(st.st_mode) +
+                                "): a model is read from a file");
     ShardFile & i = f->info;
     i.path = path;
     i.file_size = static_cast<uint64_t>(st.st_size);

@@ -35,12 +35,14 @@ uint64_t cache_rule_min_mib(const ModelIndex & index) {
     return std::max<uint64_t>(1, (min_bytes + (1ull << 20) - 1) >> 20);
 }
 
-std::string cache_rule_text(const ModelIndex & index) {
+std::string cache_rule_text(const ModelIndex & index, bool option_names) {
     char ws[32];
     std::snprintf(ws, sizeof ws, "%.1f", double(index.token_working_set_bytes) / (1 << 20));
-    return "--cache-mb 0 (off) or >= " + std::to_string(cache_rule_min_mib(index)) +
-           " MiB (1.5 x this model's " + ws +
-           " MiB per-token working set); smaller budgets need --force-cache";
+    const char * budget = option_names ? "RunOptions::cache_mb" : "--cache-mb";
+    const char * force = option_names ? "RunOptions::force_cache" : "--force-cache";
+    return std::string(budget) + " 0 (off) or >= " + std::to_string(cache_rule_min_mib(index)) +
+           " MiB (1.5 x this model's " + ws + " MiB per-token working set); smaller budgets need " +
+           force;
 }
 
 uint64_t auto_needs_bytes(const ModelIndex & index, uint32_t n_batch) {
@@ -64,10 +66,10 @@ Status decide_cache_budget(const ModelIndex & index, int64_t cache_mb, bool forc
     if (cache_mb > 0) {
         if (uint64_t(cache_mb) < cache_rule_min_mib(index) && !force)
             return Status::Usage(
-                "--cache-mb " + std::to_string(cache_mb) +
+                "RunOptions::cache_mb " + std::to_string(cache_mb) +
                 " is below the cache rule: a cache smaller than one token's routed experts gets "
                 "no hits and pays for evictions, which is slower than no cache. Use " +
-                cache_rule_text(index));
+                cache_rule_text(index, true));
         uint64_t b = uint64_t(cache_mb) << 20;
         std::string why = "--cache-mb " + std::to_string(cache_mb);
         if (b > all) {

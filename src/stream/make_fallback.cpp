@@ -2,12 +2,15 @@
 #include "moestream/fallback.h"
 
 #include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstring>
+#include <strings.h>
 #include <map>
 
 #include "ggml.h"
@@ -20,7 +23,8 @@ namespace moestream {
 
 namespace {
 
-// Runs argv with its output in log_path; returns the exit status (or -1 with *err).
+// Runs argv with its output in log_path; returns the exit status, 256 + the signal that
+// ended it, or -1 with *err.
 int run_tool(const std::vector<std::string> & argv, const std::string & log_path,
              std::string * err) {
     std::vector<char *> a;
@@ -38,6 +42,10 @@ int run_tool(const std::vector<std::string> & argv, const std::string & log_path
         return -1;
     }
     if (pid == 0) {
+        // The tool must not outlive make-fallback (killed, or interrupted while the tool
+        // ignores it): its output is a temporary file nobody would remove.
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() == 1) _exit(128 + SIGTERM);  // the parent is already gone
         dup2(log, 1);
         dup2(log, 2);
         execvp(a[0], a.data());
@@ -48,7 +56,7 @@ int run_tool(const std::vector<std::string> & argv, const std::string & log_path
     int ws = 0;
     while (waitpid(pid, &ws, 0) < 0 && errno == EINTR) {
     }
-    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
+    return WIFEXITED(ws) ? WEXITSTATUS(ws) : 256 + (WIFSIGNALED(ws) ? WTERMSIG(ws) : 0);
 }
 
 std::string tail_of(const std::string & path, size_t n) {
@@ -107,7 +115,7 @@ Status strip(const ModelIndex & m, const std::string & full, const std::string &
     for (const auto & [ty, n] : type_count)
         res->types += (res->types.empty() ? "" : ", ") + ty + " x " + std::to_string(n);
     AtomicFile af;
-    if (st.ok()) st = af.create(out, "-o");
+    if (st.ok()) st = af.create(out, "MakeFallbackOptions::out_path");
     const int in = st.ok() ? ::open(full.c_str(), O_RDONLY | O_CLOEXEC) : -1;
     if (st.ok() && in < 0) st = Status::BadInput(full + ": " + std::strerror(errno));
     if (st.ok()) {
@@ -150,22 +158,93 @@ Status strip(const ModelIndex & m, const std::string & full, const std::string &
 
 }  // namespace
 
+Status check_fallback_type(const std::string & type) {
+    static const ggml_type kWritable[] = {
+        GGML_TYPE_F32,  GGML_TYPE_F16,  GGML_TYPE_BF16,  GGML_TYPE_Q4_0,   GGML_TYPE_Q4_1,
+        GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,  GGML_TYPE_Q2_K,   GGML_TYPE_Q3_K,
+        GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K,  GGML_TYPE_IQ3_S,  GGML_TYPE_IQ4_NL,
+        GGML_TYPE_IQ4_XS, GGML_TYPE_TQ1_0, GGML_TYPE_TQ2_0, GGML_TYPE_MXFP4};
+    // llama-quantize refuses these without --imatrix ("this quantization requires an imatrix").
+    static const ggml_type kNeedImatrix[] = {GGML_TYPE_IQ2_XXS, GGML_TYPE_IQ2_XS, GGML_TYPE_IQ2_S,
+                                             GGML_TYPE_IQ3_XXS, GGML_TYPE_IQ1_S,  GGML_TYPE_IQ1_M};
+    auto same = [&](ggml_type t) { return strcasecmp(ggml_type_name(t), type.c_str()) == 0; };
+    std::string names;
+    for (ggml_type t : kWritable) {
+        if (same(t)) return Status::Ok();
+        names += (names.empty() ? "" : ", ") + std::string(ggml_type_name(t));
+    }
+    for (ggml_type t : kNeedImatrix)
+        if (same(t))
+            return Status::Usage("type " + type +
+                                 " needs an importance matrix, which make-fallback does not take; "
+                                 "one of " + names);
+    return Status::Usage("type '" + type + "' is not a ggml type llama-quantize writes; one of " +
+                         names);
+}
+
+namespace {
+
+// The output must not be a file of the model (itself, a link or a hard link to it, a shard).
+Status check_not_the_model(const ModelIndex & m, const std::string & out) {
+    struct stat st;
+    if (::stat(out.c_str(), &st) != 0) return Status::Ok();  // not there yet
+    for (const ShardFile & f : m.shards)
+        if (uint64_t(st.st_dev) == f.dev && uint64_t(st.st_ino) == f.ino)
+            return Status::Usage("the output " + out + " is the model file " + f.path +
+                                 "; the companion must be another file");
+    return Status::Ok();
+}
+
+std::string command_text(const std::vector<std::string> & argv) {
+    std::string s;
+    for (const std::string & a : argv) s += (s.empty() ? "" : " ") + a;
+    return s;
+}
+
+// The lines of a tool log worth showing: the last `n`, without ggml's backend-search noise.
+std::string log_tail(const std::string & path, size_t n) {
+    const std::string all = tail_of(path, 64 * 1024);
+    std::vector<std::string> keep;
+    size_t at = 0;
+    while (at < all.size()) {
+        size_t e = all.find('\n', at);
+        if (e == std::string::npos) e = all.size();
+        const std::string line = all.substr(at, e - at);
+        if (!line.empty() && line.rfind("ggml_backend_load_best:", 0) != 0) keep.push_back(line);
+        at = e + 1;
+    }
+    std::string s;
+    for (size_t i = keep.size() > n ? keep.size() - n : 0; i < keep.size(); ++i)
+        s += (s.empty() ? "" : "\n") + keep[i];
+    return s;
+}
+
+}  // namespace
+
+std::vector<std::string> make_fallback_temp_paths(const MakeFallbackOptions & opt) {
+    const std::string tmp = opt.out_path + ".quantize-" + std::to_string(getpid());
+    return {tmp + ".gguf", tmp + ".log", opt.out_path + ".tmp." + std::to_string(getpid())};
+}
+
 Status make_fallback(const MakeFallbackOptions & opt, MakeFallbackResult * out) {
     *out = MakeFallbackResult{};
+    Status tst = check_fallback_type(opt.type);
+    if (!tst.ok()) return Status::Usage("MakeFallbackOptions::" + tst.message());
     ModelIndex m;
     Status st = load_model_index(opt.model_path, &m);
     if (!st.ok()) return st;
     if (m.moe_layers.empty())
         return Status::BadModel(opt.model_path + ": no expert tensors (not a MoE model)");
-    st = check_output_path(opt.out_path, "-o");
+    st = check_output_path(opt.out_path, "MakeFallbackOptions::out_path");
+    if (st.ok()) st = check_not_the_model(m, opt.out_path);
     if (!st.ok()) return st;
     st = model_fingerprint(m, &out->fingerprint);
     if (!st.ok()) return st;
     out->expert_bytes_model = m.expert_bytes_total;
     if (opt.quantize_cmd.empty()) return Status::Usage("make_fallback: no llama-quantize command");
-    const std::string tmp = opt.out_path + ".quantize-" + std::to_string(getpid());
-    const std::string full = tmp + ".gguf";
-    const std::string log = tmp + ".log";
+    const std::vector<std::string> temps = make_fallback_temp_paths(opt);
+    const std::string & full = temps[0];
+    const std::string & log = temps[1];
     std::vector<std::string> argv = opt.quantize_cmd;
     argv.push_back("--allow-requantize");
     for (const char * p : {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps"}) {
@@ -173,17 +252,21 @@ Status make_fallback(const MakeFallbackOptions & opt, MakeFallbackResult * out) 
         argv.push_back(std::string(p) + "=" + opt.type);
     }
     // The other tensors are thrown away: the cheapest base type keeps them as they are.
-    argv.push_back(opt.model_path);
+    // llama-quantize loads a split set from its first shard only (m.path), whichever was given.
+    argv.push_back(m.path);
     argv.push_back(full);
     argv.push_back("Q8_0");
     if (opt.n_threads > 0) argv.push_back(std::to_string(opt.n_threads));
     std::string err;
     const int rc = run_tool(argv, log, &err);
     if (rc != 0) {
-        const std::string t = rc < 0 ? err : tail_of(log, 1500);
+        const std::string t = rc < 0 ? err : log_tail(log, 12);
         ::unlink(full.c_str());
         ::unlink(log.c_str());
-        return Status::Runtime(opt.quantize_cmd.back() + " failed (exit " + std::to_string(rc) +
+        return Status::Runtime(command_text(opt.quantize_cmd) + " failed (" +
+                               (rc < 0 ? std::string("not run")
+                                : rc >= 256 ? "killed by signal " + std::to_string(rc - 256)
+                                           : "exit " + std::to_string(rc)) +
                                ") on " + opt.model_path + ":\n" + t);
     }
     st = strip(m, full, opt.out_path, opt, out);

@@ -108,7 +108,7 @@ Status MissFallback::open(const std::string & path, const ModelIndex & main,
     std::unique_ptr<MissFallback> fb(new MissFallback());
     fb->path_ = path;
     fb->main_ = &main;
-    const std::string where = "--miss-fallback " + path;
+    const std::string where = "RunOptions::miss_fallback " + path;
     Status st = load_model_index(path, &fb->lo_);
     if (!st.ok()) return Status::BadModel(where + ": " + st.message());
     const auto fp = fb->lo_.kv.find(kFallbackFingerprintKey);

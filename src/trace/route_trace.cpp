@@ -14,6 +14,7 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "moestream/atomic_file.h"
 #include "moestream/log.h"
 
 namespace moestream {
@@ -570,12 +571,7 @@ Status read_route_trace(const std::string & path, RouteTrace * out) {
     if (::fstat(fd, &st) != 0)
         return Status::BadInput(path + ": cannot stat: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode))
-        return Status::BadInput(path + ": not a regular file (" +
-                                (S_ISDIR(st.st_mode)    ? "a directory"
-                                 : S_ISFIFO(st.st_mode) ? "a FIFO"
-                                 : S_ISCHR(st.st_mode)  ? "a character device"
-                                 : S_ISBLK(st.st_mode)  ? "a block device"
-                                                        : "not a file") +
+        return Status::BadInput(path + ": not a regular file (" + file_kind(st.st_mode) +
                                 "): a route trace is read from a file");
     // The header first: anything else (a model file given by mistake) fails after 8 bytes.
     auto read_at = [&](uint8_t * dst, uint64_t n, uint64_t off, uint64_t * got) -> Status {

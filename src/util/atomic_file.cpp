@@ -11,15 +11,22 @@
 #include <cstring>
 
 namespace moestream {
-namespace {
 
-const char * kind(mode_t m) {
+const char * file_kind(unsigned st_mode) {
+    const mode_t m = mode_t(st_mode);
+    if (S_ISREG(m)) return "a regular file";
     if (S_ISDIR(m)) return "a directory";
     if (S_ISCHR(m)) return "a character device";
     if (S_ISBLK(m)) return "a block device";
     if (S_ISFIFO(m)) return "a FIFO";
     if (S_ISSOCK(m)) return "a socket";
-    return "not a regular file";
+    return "not a file";
+}
+
+namespace {
+
+const char * kind(mode_t m) {
+    return S_ISREG(m) || S_ISLNK(m) ? "not a regular file" : file_kind(m);
 }
 
 // The file to replace: `path`, or the target of a symlink at `path`.

@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <regex>
@@ -283,6 +284,42 @@ TEST(ChatCli, PipedStdinIsOneTurnPerLine) {
     r = run_cmd("printf 'Hello there' | " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 4");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(footers(r.err).size(), 1u) << r.err;
+}
+
+// Reply i of a session is sampled with seed --seed + i (docs/cli.md, "Chat"). At --temp 100
+// the tiny random-weight model's next-token distribution is so flat that the draw is decided
+// by the sampler's random numbers, not by the context (measured: 0 of 160 tokens differ
+// between two unrelated prompts at the same seed). So a two-turn session at seed S prints
+// reply 0 of a one-turn session at S followed by reply 0 of a one-turn session at S + 1; at
+// most a couple of bytes may differ where the flat distribution still tips a draw, while
+// another seed differs in most bytes (the negative control).
+TEST(ChatCli, ReplyIIsSampledWithSeedPlusI) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    auto session = [&](const std::string & turns, int seed) {
+        CmdResult r = run_cmd("printf '%s' " + sh_quote(turns) + " | " + sh_quote(cli_bin()) +
+                              " chat -m " + sh_quote(m) + " -t 1 -n 12 --ignore-eos --temp 100 --seed " +
+                              std::to_string(seed));
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(footers(r.err).size(), size_t(std::count(turns.begin(), turns.end(), '\n')))
+            << r.err;
+        return r.out;
+    };
+    // Bytes that differ (a length difference counts every missing byte).
+    auto distance = [](const std::string & a, const std::string & b) {
+        size_t d = a.size() > b.size() ? a.size() - b.size() : b.size() - a.size();
+        for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) d += a[i] != b[i];
+        return d;
+    };
+    const std::string two = session("Hello there\nHello there\n", 5);
+    EXPECT_EQ(session("Hello there\nHello there\n", 5), two) << "the same session replays exactly";
+    const std::string at5 = session("Hello there\n", 5), at6 = session("Hello there\n", 6);
+    const std::string at7 = session("Hello there\n", 7);
+    ASSERT_GE(at5.size(), 12u);
+    EXPECT_GE(distance(at5, at6), 6u) << "two replies to the same question differ";
+    EXPECT_LE(distance(two, at5 + at6), 2u) << "reply 1 is sampled with --seed + 1";
+    EXPECT_GE(distance(two, at5 + at7), 6u) << "negative control: another seed for reply 1";
+    EXPECT_GE(distance(two, at5 + at5), 6u) << "negative control: reply 1 not at --seed";
 }
 
 TEST(ChatCli, BadInputIsOneLineAndItsExitCode) {

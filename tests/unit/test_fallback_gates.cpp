@@ -12,9 +12,15 @@
 //    with exit 2 naming the file; serve refuses the flag, run refuses a lone threshold.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <iterator>
+#include <vector>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -181,4 +187,193 @@ TEST(FallbackGate, TraceMarksFallbacksAndReplayEstimatesThem) {
     EXPECT_EQ(lone.exit_code, 64);
     EXPECT_NE(lone.err.find("go together"), std::string::npos) << lone.err;
     std::remove(trace.c_str());
+}
+
+// ---- bad input to make-fallback and --miss-fallback (docs/reliability.md, "Low-bit fallback
+// inputs") ----------------------------------------------------------------------------------
+
+namespace {
+
+std::string llama_tool() {
+    const char * t = std::getenv("LLAMA_TOOL");
+    return t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
+}
+
+std::string file_bytes(const std::string & path) {
+    std::ifstream f(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// Files in `dir` whose names contain ".quantize-" or ".tmp." (make-fallback's temporaries).
+std::vector<std::string> temporaries(const std::string & dir) {
+    std::vector<std::string> v;
+    for (const auto & e : std::filesystem::directory_iterator(dir)) {
+        const std::string n = e.path().filename().string();
+        if (n.find(".quantize-") != std::string::npos || n.find(".tmp.") != std::string::npos)
+            v.push_back(n);
+    }
+    return v;
+}
+
+}  // namespace
+
+// Every refusal is one line with its exit code, before llama-quantize runs, and leaves the
+// model and the directory as they were. Controls: a split set given by its second shard makes
+// the same companion as from its first; the model is unchanged after the refusals.
+TEST(MakeFallbackInput, RefusedBeforeAnyWorkAndTheModelUntouched) {
+    TempDir dir("mkfb");
+    const std::string m = dir.path("model.gguf");
+    std::filesystem::copy_file(model(), m);
+    const std::string before = file_bytes(m);
+    std::filesystem::create_symlink("model.gguf", dir.path("link.gguf"));
+    std::filesystem::create_hard_link(m, dir.path("hard.gguf"));
+    std::filesystem::create_directory(dir.path("sub"));
+    ASSERT_EQ(mkfifo(dir.path("fifo.gguf").c_str(), 0600), 0);
+    { std::ofstream(dir.path("text.gguf")) << "not a model"; }
+    const std::string mf = "timeout 60 " + sh_quote(cli_bin()) + " make-fallback ";
+    struct Case {
+        std::string args;
+        int code;
+        std::string msg;
+    } cases[] = {
+        {"-m " + m + " -o " + m, 64, "the output " + m + " is the model file " + m},
+        {"-m " + m + " -o " + dir.path("link.gguf"), 64, "is the model file"},
+        {"-m " + m + " -o " + dir.path("hard.gguf"), 64, "is the model file"},
+        {"-m " + m + " -o " + dir.path("sub"), 3, "exists and is a directory"},
+        {"-m " + m + " -o " + dir.path("none/c.gguf"), 3, "-o " + dir.path("none/c.gguf") +
+                                                           ": the directory " + dir.path("none") +
+                                                           " does not exist"},
+        {"-m " + m + " -o " + dir.path("c.gguf") + " --type BOGUS", 64,
+         "--type: type 'BOGUS' is not a ggml type llama-quantize writes; one of f32"},
+        {"-m " + m + " -o " + dir.path("c.gguf") + " --type Q3_K_S", 64, "is not a ggml type"},
+        {"-m " + m + " -o " + dir.path("c.gguf") + " --type iq2_xxs", 64,
+         "needs an importance matrix"},
+        {"-m " + dir.path("text.gguf") + " -o " + dir.path("c.gguf"), 2, "not a GGUF file"},
+        {"-m " + dir.path("fifo.gguf") + " -o " + dir.path("c.gguf"), 2,
+         "not a regular file (a FIFO)"},
+        {"-m " + dir.path("sub") + " -o " + dir.path("c.gguf"), 2,
+         "not a regular file (a directory)"},
+        {"-m " + m + " -o " + dir.path("c.gguf") + " --quantize-tool /nonexistent/llama-quantize",
+         1, "cannot run /nonexistent/llama-quantize"},
+    };
+    for (const Case & c : cases) {
+        SCOPED_TRACE(c.args);
+        CmdResult r = run_cmd(mf + c.args);
+        EXPECT_EQ(r.exit_code, c.code) << r.err;
+        EXPECT_NE(r.err.find(c.msg), std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");
+        EXPECT_FALSE(std::filesystem::exists(dir.path("c.gguf")));
+    }
+    EXPECT_TRUE(file_bytes(m) == before) << "the model file was changed";
+    EXPECT_TRUE(std::filesystem::is_symlink(dir.path("link.gguf")));
+    EXPECT_EQ(temporaries(dir.dir()), std::vector<std::string>{});
+
+    // A split set: any shard names the set (llama-quantize itself loads only the first).
+    CmdResult r = run_cmd(sh_quote(llama_tool()) + " llama-gguf-split --split --split-max-tensors 20 " +
+                          sh_quote(m) + " " + sh_quote(dir.path("sp")));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::string s1 = dir.path("sp-00001-of-00003.gguf"), s2 = dir.path("sp-00002-of-00003.gguf");
+    r = run_cmd(mf + "-m " + sh_quote(s2) + " -o " + dir.path("c2.gguf") + " -t 1");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    r = run_cmd(mf + "-m " + sh_quote(s1) + " -o " + dir.path("c1.gguf") + " -t 1");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(file_bytes(dir.path("c1.gguf")) == file_bytes(dir.path("c2.gguf")));
+    r = run_cmd(mf + "-m " + sh_quote(s1) + " -o " + dir.path("sp-00003-of-00003.gguf"));
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find("is the model file " + dir.path("sp-00003-of-00003.gguf")),
+              std::string::npos)
+        << r.err;
+    // The companion of the set works with the set.
+    StatsRun sr = run_with_stats(s2, kPrompt, 8, "--miss-fallback " + dir.path("c2.gguf"));
+    EXPECT_EQ(sr.rc, 0) << sr.err;
+}
+
+// make-fallback ended by a signal while llama-quantize runs: the tool dies with it and no
+// temporary file is left. The tool is a script that records its pid and sleeps; control: the
+// temporaries exist while it runs (so the final check can see them).
+TEST(MakeFallbackInput, SignalEndsTheToolAndRemovesTheTemporaries) {
+    TempDir dir("mkfb-sig");
+    const std::string tool = dir.path("slow-quantize.sh"), pidf = dir.path("tool.pid");
+    {
+        std::ofstream t(tool);
+        t << "#!/bin/sh\necho $$ > " << pidf << "\nexec sleep 60\n";
+    }
+    ASSERT_EQ(chmod(tool.c_str(), 0755), 0);
+    for (int sig : {SIGTERM, SIGINT}) {
+        SCOPED_TRACE(sig);
+        std::remove(pidf.c_str());
+        const pid_t pid = fork();
+        if (pid == 0) {
+            execl(cli_bin().c_str(), "moestream", "make-fallback", "-m", model().c_str(), "-o",
+                  dir.path("c.gguf").c_str(), "--quantize-tool", tool.c_str(), (char *)nullptr);
+            _exit(127);
+        }
+        ASSERT_GT(pid, 0);
+        std::string tool_pid;
+        for (int i = 0; i < 600 && tool_pid.empty(); ++i) {
+            usleep(50000);
+            tool_pid = file_bytes(pidf);
+        }
+        ASSERT_FALSE(tool_pid.empty()) << "the tool did not start";
+        EXPECT_FALSE(temporaries(dir.dir()).empty()) << "control: the log is there while it runs";
+        kill(pid, sig);
+        int st = 0;
+        ASSERT_EQ(waitpid(pid, &st, 0), pid);
+        EXPECT_TRUE(WIFSIGNALED(st) && WTERMSIG(st) == sig) << st;
+        const pid_t tp = pid_t(std::stol(tool_pid));
+        bool gone = false;
+        for (int i = 0; i < 100 && !gone; ++i) {
+            gone = kill(tp, 0) != 0;
+            if (!gone) usleep(50000);
+        }
+        EXPECT_TRUE(gone) << "llama-quantize (pid " << tp << ") outlived make-fallback";
+        if (!gone) kill(tp, SIGKILL);
+        EXPECT_EQ(temporaries(dir.dir()), std::vector<std::string>{});
+        EXPECT_FALSE(std::filesystem::exists(dir.path("c.gguf")));
+    }
+}
+
+// A companion that is no file (a FIFO: it must not hang, a directory) or an empty name is
+// refused with one line, in run, eval and chat; a model that is a FIFO too. Control: the
+// real companion runs.
+TEST(FallbackGate, CompanionThatIsNoFileIsRefusedInRunEvalAndChat) {
+    TempDir dir("fb-special");
+    const std::string m = model();
+    const std::string c = companion(m, "a");
+    const std::string fifo = dir.path("c.fifo");
+    ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+    const std::string text = dir.path("text.txt");
+    { std::ofstream(text) << "The expert streaming engine reads only what the router selects."; }
+    const std::string bin = "timeout 60 " + sh_quote(cli_bin());
+    const std::string cmds[] = {
+        bin + " run -m " + sh_quote(m) + " -p hi -n 2",
+        bin + " eval -m " + sh_quote(m) + " -f " + sh_quote(text) + " --max-tokens 8",
+        "echo hi | " + bin + " chat -m " + sh_quote(m) + " -n 2",
+    };
+    for (const std::string & cmd : cmds) {
+        struct {
+            std::string flag;
+            int code;
+            std::string msg;
+        } cases[] = {
+            {"--miss-fallback " + fifo, 2, "--miss-fallback " + fifo + ": " + fifo +
+                                               ": not a regular file (a FIFO)"},
+            {"--miss-fallback " + dir.dir(), 2, "not a regular file (a directory)"},
+            {"--miss-fallback ''", 64, "--miss-fallback needs a file (the value is empty)"},
+            {"--miss-fallback ''  --fallback-threshold 0.5", 64, "--miss-fallback needs a file"},
+        };
+        for (const auto & k : cases) {
+            SCOPED_TRACE(cmd + " " + k.flag);
+            CmdResult r = run_cmd(cmd + " " + k.flag);
+            EXPECT_EQ(r.exit_code, k.code) << r.err;
+            EXPECT_NE(r.err.find(k.msg), std::string::npos) << r.err;
+        }
+        CmdResult ok = run_cmd(cmd + " --miss-fallback " + sh_quote(c));
+        EXPECT_EQ(ok.exit_code, 0) << cmd << "\n" << ok.err;
+    }
+    CmdResult r = run_cmd(bin + " run -m " + sh_quote(fifo) + " -p hi -n 2");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("not a regular file (a FIFO): a model is read from a file"),
+              std::string::npos)
+        << r.err;
 }

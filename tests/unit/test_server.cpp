@@ -406,6 +406,15 @@ TEST(Server, KvPrefixReuseAcrossTurns) {
     EXPECT_EQ(body_json(r3)["moestream"]["stats"]["n_prompt_reused"], 0);
 }
 
+// {"a": {"a": ... {}}} nested n objects deep.
+std::string nested_object(int n) {
+    std::string o;
+    for (int i = 0; i < n; ++i) o += R"({"a":)";
+    o += "{}";
+    for (int i = 0; i < n; ++i) o += "}";
+    return o;
+}
+
 TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
     ServerProc s({"--lossless"});
     ASSERT_GT(s.port(), 0) << s.log();
@@ -483,6 +492,22 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
         {"/v1/completions", R"({"prompt":7})", "prompt"},
         {"/v1/completions", R"({"prompt":""})", "prompt"},
         {"/v1/completions", R"({})", "prompt"},
+        // Nesting deeper than kMaxRequestNesting (copying or printing it would overflow the
+        // stack): 400 naming the field, before anything else looks at it.
+        {"/v1/chat/completions",
+         R"({"messages":[{"role":"user","content":)" + std::string(100000, '[') +
+             std::string(100000, ']') + "}]}",
+         "messages"},
+        {"/v1/chat/completions",
+         "{" + msgs + R"(,"tools":[{"type":"function","function":{"name":"f","parameters":)" +
+             nested_object(300) + "}}]}",
+         "tools"},
+        {"/v1/completions", R"({"prompt":"x","stop":)" + std::string(300, '[') + std::string(300, ']') + "}",
+         "stop"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"tools":[{"type":5,"function":{"name":"f"}}]})",
+         "tools[0]"},
+        {"/v1/chat/completions", "{" + msgs + R"(,"tool_choice":{"type":[1],"function":{}}})",
+         "tool_choice"},
     };
     for (const Case & k : cases) {
         auto r = c.Post(k.path.c_str(), k.body, "application/json");
@@ -1084,4 +1109,69 @@ TEST(Server, LogprobsHaveOpenAiShapesAndAreSane) {
 }
 
 }  // namespace
+
+// Tool schemas a client may send to a template with tool calls (hermes-qwen3): a property
+// whose "type" is a list is served, not a 500 ("type must be string"); 5000 optional
+// properties with a forced call build their grammar in linear size (it was quadratic: 89 s of
+// CPU on this machine before the answer) and get their answer (here: the prompt does not fit)
+// within seconds; a schema 60 objects deep (within the bounds) is served (the control);
+// /tokenize's with_pieces must be a boolean.
+TEST(Server, HostileToolSchemasAreBoundedAndNeverA500) {
+    const char * src = std::getenv("MOESTREAM_SRC");
+    const std::string tmpl = std::string(src && *src ? src : MOESTREAM_TEST_SRC) +
+                             "/tests/api/templates/hermes-qwen3.jinja";
+    char dir[] = "/tmp/moestream-hermes-XXXXXX";
+    ASSERT_NE(mkdtemp(dir), nullptr);
+    const std::string model = std::string(dir) + "/hermes.gguf";
+    CmdResult m = run_cmd("python3 " + sh_quote(std::string(src && *src ? src : MOESTREAM_TEST_SRC) +
+                                                "/tests/tools/gguf_mutate.py") +
+                          " " + sh_quote(tiny_model()) + " " + sh_quote(model) + " set-file " +
+                          sh_quote("tokenizer.chat_template=" + tmpl));
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    ServerProc s({"--lossless", "-c", "4096"}, {}, model);
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json msgs = json::array({{{"role", "user"}, {"content", "hi"}}});
+    auto tool_req = [&](const json & params) {
+        return json{{"messages", msgs},
+                    {"max_tokens", 2},
+                    {"tools", json::array({{{"type", "function"},
+                                            {"function", {{"name", "f"}, {"parameters", params}}}}})},
+                    {"tool_choice", "required"}};
+    };
+    auto r = post(s, "/v1/chat/completions",
+                  tool_req({{"type", "object"},
+                            {"properties", {{"a", {{"type", json::array({"string", "null"})}}}}},
+                            {"required", json::array({"a"})}}));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    json big = {{"type", "object"}, {"properties", json::object()}};
+    for (int i = 0; i < 5000; ++i) big["properties"]["p" + std::to_string(i)] = {{"type", "string"}};
+    const auto t0 = std::chrono::steady_clock::now();
+    r = post(s, "/v1/chat/completions", tool_req(big));
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_NE(r->body.find("longer than the context"), std::string::npos) << r->body;
+    EXPECT_LT(secs, 30.0) << "a 5000-property schema took " << secs << " s";
+    json deep = {{"type", "string"}};
+    for (int i = 0; i < 60; ++i) deep = {{"type", "object"}, {"properties", {{"a", deep}}}};
+    r = post(s, "/v1/chat/completions", tool_req(deep));
+    ASSERT_TRUE(r);
+    EXPECT_NE(r->status, 500) << r->body;
+    EXPECT_EQ(body_json(r)["error"]["param"], json()) << r->body;  // served or too long, not refused by nesting
+    auto c = s.client();
+    auto tk = c.Post("/tokenize", R"({"content":"hi","with_pieces":"yes"})", "application/json");
+    ASSERT_TRUE(tk);
+    EXPECT_EQ(tk->status, 400) << tk->body;
+    EXPECT_EQ(body_json(tk)["error"]["param"], "with_pieces");
+    tk = c.Post("/tokenize", R"({"content":"hi","with_pieces":true})", "application/json");
+    ASSERT_TRUE(tk);
+    EXPECT_EQ(tk->status, 200) << tk->body;
+    auto h = c.Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+    EXPECT_EQ(s.stop(), 0);
+    std::filesystem::remove_all(dir);
+}
+
 }  // namespace moestream::test

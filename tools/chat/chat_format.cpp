@@ -220,7 +220,7 @@ ojson without_bounds(const ojson & s) {
 // several tools' grammars live in one), appended to *rules; returns the renamed root rule, or
 // "" when the schema is not an object schema in the converter's subset.
 std::string schema_rules(const ojson & params, const std::string & prefix, std::string * rules) {
-    if (!params.is_object() || params.value("type", "") != "object") return "";
+    if (!params.is_object() || !params.contains("type") || params["type"] != "object") return "";
     std::string g;
     SchemaError e;
     if (!json_schema_to_gbnf(without_bounds(params), &g, &e)) return "";
@@ -263,7 +263,7 @@ std::string schema_rules(const ojson & params, const std::string & prefix, std::
 // object schema gets its required properties in order with typed values; anything else is
 // any JSON object.
 std::string arguments_rule(const ojson & params) {
-    if (!params.is_object() || params.value("type", "") != "object" ||
+    if (!params.is_object() || !params.contains("type") || params["type"] != "object" ||
         !params.contains("properties") || !params["properties"].is_object())
         return "json-object";
     const ojson & props = params["properties"];
@@ -283,7 +283,10 @@ std::string arguments_rule(const ojson & params) {
             for (const auto & e : p["enum"]) v += (v.empty() ? "" : " | ") + literal(e.dump());
             v = "( " + v + " )";
         } else {
-            const std::string t = p.is_object() ? p.value("type", "") : "";
+            // "type" may be a list of types (or anything a client sends): only a string counts.
+            const std::string t = p.is_object() && p.contains("type") && p["type"].is_string()
+                                      ? p["type"].get<std::string>()
+                                      : "";
             v = t == "string"    ? "json-string"
                 : t == "integer" ? "json-int"
                 : t == "number"  ? "json-number"

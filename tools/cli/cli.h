@@ -84,6 +84,9 @@ Status check_output_paths(const std::vector<std::pair<std::string, std::string>>
 Status write_output_file(const std::string & flag, const std::string & path, const std::string & data);
 // Prints "moestream: error: MSG" on stderr; returns st.exit_code().
 int report(const Status & st);
+// From now on SIGINT, SIGTERM and SIGHUP remove `paths` (temporary files of the running
+// command; up to 4, each shorter than 4 KiB) and then end the process as the signal would.
+void remove_on_signals(const std::vector<std::string> & paths);
 // The first of `flags` given on the command line of `sub` is refused: usage_error(flag + why).
 int refuse_given(CLI::App * sub, const std::vector<std::string> & flags, const std::string & why);
 

@@ -264,7 +264,8 @@ int do_chat(ChatFlags & f) {
 
     std::unique_ptr<Engine> engine;
     st = Engine::open(f.opt, &engine);
-    if (!st.ok()) return report(st);
+    // The library names RunOptions fields; chat says the flags that set them.
+    if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
     // The template as serve takes it: a family of the chat-format library is rendered and its
     // replies split by moestream; any other goes to llama.cpp's recogniser.
     chat::ChatFormat fmt = chat::detect_chat_format(engine->chat_template());
@@ -443,7 +444,7 @@ int do_chat(ChatFlags & f) {
         std::fflush(stdout);
         if (!st.ok()) {
             print_summary(t, f, *engine);
-            return report(st);
+            return report(Status::Error(st.code(), flag_words(st.message())));
         }
         // The reply as shown (also when stopped) joins the conversation, its reasoning apart
         // (the family's renderer leaves it out of later prompts, as the template does); a NUL

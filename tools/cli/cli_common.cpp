@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -343,6 +344,29 @@ Status write_output_file(const std::string & flag, const std::string & path, con
     f.close();
     if (!f) return Status::BadInput(flag + " " + path + ": write failed");
     return Status::Ok();
+}
+
+namespace {
+
+// The files remove_on_signals() removes: fixed buffers, as the handler may only call
+// async-signal-safe functions.
+char g_signal_paths[4][4096];
+
+void on_signal_remove(int sig) {
+    for (const char * p : g_signal_paths)
+        if (p[0]) ::unlink(p);
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+}
+
+}  // namespace
+
+void remove_on_signals(const std::vector<std::string> & paths) {
+    size_t n = 0;
+    for (const std::string & p : paths)
+        if (n < 4 && p.size() < sizeof g_signal_paths[0])
+            std::memcpy(g_signal_paths[n++], p.c_str(), p.size() + 1);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal_remove);
 }
 
 int report(const Status & st) {

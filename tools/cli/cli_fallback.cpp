@@ -63,8 +63,14 @@ void add_fallback_command(CLI::App & app, Action * action) {
             o.quantize_cmd = quantize_command(f->tool);
             if (o.quantize_cmd.empty())
                 return usage_error("make-fallback", "--quantize-tool is empty");
+            Status st = check_fallback_type(o.type);
+            if (!st.ok()) return usage_error("make-fallback", "--type: " + st.message());
+            // The directory exists and is writable before llama-quantize runs (exit 3).
+            st = check_output_paths({{"-o", o.out_path}});
+            if (!st.ok()) return report(st);
+            remove_on_signals(make_fallback_temp_paths(o));
             MakeFallbackResult r;
-            Status st = make_fallback(o, &r);
+            st = make_fallback(o, &r);
             if (!st.ok()) return report(st);
             std::printf("moestream make-fallback: %s -> %s: expert tensors %.1f MiB -> %.1f MiB "
                         "(%s), source fingerprint %s\n",

@@ -500,8 +500,12 @@ int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
                              "--cache-mb", "--force-cache", "--cache-no-recycle", "--cache-no-move",
                              "--prefetch", "--cache-debug", "--route-trace"},
                             "applies to streaming; remove --no-stream");
-    if (opt.miss_fallback.empty())
+    if (opt.miss_fallback.empty()) {
+        // An empty FILE would silently mean "no fallback".
+        if (int rc = refuse_given(sub, {"--miss-fallback"}, "needs a file (the value is empty)"))
+            return rc;
         return refuse_given(sub, {"--fallback-threshold"}, "applies to --miss-fallback FILE");
+    }
     return 0;
 }
 

@@ -21,22 +21,6 @@ namespace moestream::cli {
 
 namespace {
 
-// The temp file of the running synth, removed if SIGINT/SIGTERM/SIGHUP arrives (a fixed
-// buffer: the handler may only call async-signal-safe functions).
-char g_temp_path[4096];
-
-void on_signal(int sig) {
-    if (g_temp_path[0]) ::unlink(g_temp_path);
-    std::signal(sig, SIG_DFL);
-    std::raise(sig);
-}
-
-void remove_temp_on_signals(const std::string & path) {
-    if (path.size() >= sizeof g_temp_path) return;
-    std::memcpy(g_temp_path, path.c_str(), path.size() + 1);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, on_signal);
-}
-
 // Case-insensitive: --type q4_K (the spelling inspect and ggml print) is q4_k; the value is
 // replaced by the canonical name.
 CLI::Validator one_of(const std::vector<std::string> & names, const std::string & what) {
@@ -136,7 +120,7 @@ void add_synth_command(CLI::App & app, Action * action) {
                                                     " exists; add --force to overwrite it");
             }
             SynthResult r;
-            if (!opt->dry_run) remove_temp_on_signals(synth_temp_path(*opt));
+            if (!opt->dry_run) remove_on_signals({synth_temp_path(*opt)});
             Status st = synth_model(*opt, &r);
             if (!st.ok()) {
                 std::fprintf(stderr, "moestream: %s\n", st.message().c_str());

@@ -24,6 +24,22 @@ ApiError bad(const std::string & param, const std::string & message) {
     return e;
 }
 
+// The deepest nesting of arrays and objects in v (v itself at 1), counted without recursion:
+// copying or printing a value nested a hundred thousand levels deep overflows the stack
+// (nlohmann's parser and destructor do not recurse, its copy and dump do).
+int nesting_depth(const json & v) {
+    int deepest = 0;
+    std::vector<std::pair<const json *, int>> todo{{&v, 1}};
+    while (!todo.empty()) {
+        const auto [x, d] = todo.back();
+        todo.pop_back();
+        if (!x->is_structured()) continue;
+        deepest = std::max(deepest, d);
+        for (const auto & c : *x) todo.push_back({&c, d + 1});
+    }
+    return deepest;
+}
+
 // Reads an optional number field into *v within [lo, hi]. Absent or null: unchanged.
 std::optional<ApiError> get_number(const json & j, const char * key, double lo, double hi,
                                    double * v) {
@@ -413,6 +429,10 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
     json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return bad("", "the request body is not valid JSON");
     if (!j.is_object()) return bad("", "the request body must be a JSON object");
+    for (auto it = j.begin(); it != j.end(); ++it)
+        if (nesting_depth(*it) > kMaxRequestNesting)
+            return bad(it.key(), "'" + it.key() + "' nests arrays and objects deeper than " +
+                                     std::to_string(kMaxRequestNesting) + " levels");
     for (auto it = j.begin(); it != j.end(); ++it)
         if (!listed(it.key(), chat))
             return bad(it.key(), "unknown field '" + it.key() + "' for " +

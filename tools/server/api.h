@@ -44,6 +44,10 @@ struct ChatExtras {
     bool forces_call() const;  // tool_choice required or named
 };
 
+// How deep a request field may nest arrays and objects (a tool schema nests at most 64
+// schemas, each two levels: json_schema_grammar.h); a deeper field is refused with 400.
+constexpr int kMaxRequestNesting = 256;
+
 // One validated generation request.
 struct GenParams {
     bool chat = false;                  // /v1/chat/completions (messages) vs /v1/completions

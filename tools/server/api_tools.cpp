@@ -30,7 +30,7 @@ std::optional<ApiError> parse_tools(const ojson & j, ChatExtras * x) {
     for (size_t i = 0; i < it->size(); ++i) {
         const ojson & t = (*it)[i];
         const std::string p = "tools[" + std::to_string(i) + "]";
-        if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") ||
+        if (!t.is_object() || !t.contains("type") || t["type"] != "function" || !t.contains("function") ||
             !t["function"].is_object())
             return bad_field(p, "must be {\"type\": \"function\", \"function\": {...}}");
         for (auto f = t.begin(); f != t.end(); ++f)
@@ -68,7 +68,7 @@ std::optional<ApiError> parse_tool_choice(const ojson & j, ChatExtras * x) {
                 return bad_field("tool_choice",
                                  "must be \"auto\", \"none\", \"required\" or {\"type\": "
                                  "\"function\", \"function\": {\"name\": ...}}");
-        } else if (it->is_object() && it->value("type", "") == "function" &&
+        } else if (it->is_object() && it->contains("type") && (*it)["type"] == "function" &&
                    it->contains("function") && (*it)["function"].is_object() &&
                    (*it)["function"].contains("name") && (*it)["function"]["name"].is_string()) {
             x->tool_choice = "function";

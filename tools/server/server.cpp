@@ -804,6 +804,8 @@ private:
                 std::lock_guard<std::mutex> sl(stats_m_);
                 snap_.errors++;
             }
+            // In the server's words (its flags), not the library's option names.
+            if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
             return finish(job, st);
         }
         const GenerateRequest r = engine_request(p);
@@ -1030,7 +1032,11 @@ private:
             if (it.key() != "content" && it.key() != "with_pieces")
                 return send_error(res, api_error_param(400, "unknown field '" + it.key() + "'",
                                                        it.key()));
-        const bool pieces = j.value("with_pieces", false);
+        if (j.contains("with_pieces") && !j["with_pieces"].is_boolean() && !j["with_pieces"].is_null())
+            return send_error(res, api_error_param(400, "'with_pieces' must be true or false",
+                                                   "with_pieces"));
+        const bool pieces = j.contains("with_pieces") && j["with_pieces"].is_boolean() &&
+                            j["with_pieces"].get<bool>();
         std::vector<int32_t> toks;
         Status st = engine_->tokenize(j["content"].get<std::string>(), &toks);
         if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "content"));
@@ -1254,7 +1260,8 @@ int run_server(const ServeConfig & cfg_in) {
         st = engine->set_drop_cold(cfg.defaults.drop_cold);
         if (!st.ok()) {
             MS_LOG_WARN("app default drop-cold %.2f not applied, serving lossless: %s",
-                        cfg.defaults.drop_cold, st.message().c_str());
+                        cfg.defaults.drop_cold,
+                        (cfg.option_words ? cfg.option_words(st.message()) : st.message()).c_str());
             cfg.defaults.drop_cold = 0;
         }
     }
