@@ -107,9 +107,9 @@ Status EngineImpl::init(const RunOptions & opt) {
     if (!st.ok()) return st;
     if (opt_.n_batch == 0) {  // RunOptions::n_batch 0: chosen for the memory (run_config.h)
         opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
-        MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
+        if (opt_.n_ctx != 0) MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
     } else {
-        n_batch_reason_ = "set (RunOptions::n_batch)";
+        n_batch_reason_ = "requested";
     }
     st = check_context_fits(opt_, index_);  // before llama.cpp allocates (or the OOM killer)
     if (!st.ok()) return st;
@@ -163,7 +163,14 @@ Status EngineImpl::init(const RunOptions & opt) {
             file_mapped_after_load_bytes_ += mapped_bytes_of_file(f.path);
     }
 
-    if (opt_.n_ctx == 0) opt_.n_ctx = model_context(model_.get(), &n_ctx_reason_);
+    if (opt_.n_ctx == 0) {
+        opt_.n_ctx = model_context(model_.get(), &n_ctx_reason_);
+        // A chosen batch is chosen again now that the context (its cap) is known.
+        if (opt.n_batch == 0) {
+            opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
+            MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
+        }
+    }
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = uint32_t(opt_.n_ctx);
     cp.n_batch = uint32_t(opt_.n_batch);
@@ -184,6 +191,12 @@ Status EngineImpl::init(const RunOptions & opt) {
         return Status::Runtime("llama.cpp could not create a context (n_ctx " +
                                std::to_string(opt_.n_ctx) + ")" +
                                (ctx_why.empty() ? "; run with -vv for its log" : ": " + ctx_why));
+    // llama.cpp caps the batch at the context: report (and budget for) what it uses.
+    if (const int nb = int(llama_n_batch(ctx_.get())); nb > 0 && nb < opt_.n_batch) {
+        n_batch_reason_ += "; llama.cpp caps it at n_ctx " + std::to_string(opt_.n_ctx) + ": " +
+                           std::to_string(nb);
+        opt_.n_batch = nb;
+    }
     chat_ = choose_chat_template(llama_model_chat_template(model_.get(), nullptr));
 
     if (opt.stream) {

@@ -132,9 +132,9 @@ TEST(MemoryLimits, CacheAutoUnderCgroupLimitsIsNeverOomKilled) {
     ASSERT_EQ(ref.exit_code, 0) << ref.err;
     const std::string want = ref.out;
     ASSERT_FALSE(want.empty());
-    // 300 MiB: below auto's 512 MiB floor (cache off); 600, 640: a cache smaller than the 96 MiB
+    // 300 MiB: below auto's 512 MiB floor (cache off); 580, 600: a cache smaller than the 96 MiB
     // of experts (evicting); 1024: every expert fits.
-    for (uint64_t limit_mib : {300, 600, 640, 1024}) {
+    for (uint64_t limit_mib : {300, 580, 600, 1024}) {
         SCOPED_TRACE("limit " + std::to_string(limit_mib) + " MiB");
         NEED_CGROUP(cg, "auto-" + std::to_string(limit_mib));
         ASSERT_TRUE(cg.limit(limit_mib * kMiB));
@@ -151,7 +151,7 @@ TEST(MemoryLimits, CacheAutoUnderCgroupLimitsIsNeverOomKilled) {
         if (limit_mib == 300) {
             EXPECT_EQ(budget, 0u) << reason;
         }
-        if (limit_mib == 600 || limit_mib == 640) {
+        if (limit_mib == 580 || limit_mib == 600) {
             EXPECT_GT(budget, 0u) << reason;
             EXPECT_LT(budget, 96 * kMiB) << reason;
             EXPECT_GT(uint64_t(j["evictions"]), 0u);

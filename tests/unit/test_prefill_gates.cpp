@@ -182,15 +182,30 @@ TEST(PromptBatch, ALargerUbatchReadsTheBanksFewerTimesWithTheResidentLogitsOfThe
         EXPECT_GT(bytes, prev) << "a smaller batch must read more";
         prev = bytes;
     }
-    // Not given: chosen (cache off: larger than 512) and said; given: kept.
-    Out a = run(model, "--cache-mb 0", "", "", 2);
+    // Not given: chosen (cache off: larger than 512, within the context) and said; given: kept.
+    Out a = run(model, "--cache-mb 0 -c 2048", "", "", 2);
     ASSERT_EQ(a.exit_code, 0) << a.err;
     EXPECT_GT(a.stats["settings"]["n_batch"].get<int>(), 512);
+    EXPECT_LE(a.stats["settings"]["n_batch"].get<int>(), 2048);
     EXPECT_NE(a.stats["settings"]["n_batch_reason"].get<std::string>().find("the cache is off"),
               std::string::npos);
+    // The model's context (512 here) caps the choice as -c does.
+    Out mc = run(model, "--cache-mb 0", "", "", 2);
+    ASSERT_EQ(mc.exit_code, 0) << mc.err;
+    EXPECT_EQ(mc.stats["settings"]["n_ctx"].get<int>(), 512);
+    EXPECT_EQ(mc.stats["settings"]["n_batch"].get<int>(), 512);
+    EXPECT_EQ(mc.stats["settings"]["n_batch_reason"].get<std::string>().find("caps it"), std::string::npos)
+        << "chosen above the context, then capped by llama.cpp";
     Out g = run(model, "--cache-mb 0", "", "-b 64", 2);
     ASSERT_EQ(g.exit_code, 0) << g.err;
     EXPECT_EQ(g.stats["settings"]["n_batch"].get<int>(), 64);
+    EXPECT_EQ(g.stats["settings"]["n_batch_reason"], "requested");
+    // Above the context llama.cpp caps it; the settings say what it uses, and why.
+    Out c = run(model, "--cache-mb 0 -c 1024", "", "-b 4096", 2);
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_EQ(c.stats["settings"]["n_batch"].get<int>(), 1024);
+    EXPECT_NE(c.stats["settings"]["n_batch_reason"].get<std::string>().find("caps it at n_ctx 1024"),
+              std::string::npos);
 }
 
 }  // namespace
