@@ -304,8 +304,9 @@ void IoLanes::run_lane(int lane, size_t limit) {
             if (!failed_.exchange(true)) err_ = st;
         }
         const bool prefix_now = i < prefix_ && prefix_done_.fetch_add(1) + 1 == prefix_;
+        const bool mid_now = i < mid_ && mid_done_.fetch_add(1) + 1 == mid_;
         const bool own_now = i < own_ && own_done_.fetch_add(1) + 1 == own_;
-        if (prefix_now || own_now) {
+        if (prefix_now || mid_now || own_now) {
             std::lock_guard<std::mutex> lk(mu_);
             if (waiting_prefix_) cv_done_.notify_all();
         }
@@ -334,7 +335,8 @@ void IoLanes::worker(int lane) {
     }
 }
 
-void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own) {
+void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own,
+                    size_t mid) {
     batch_ = &reqs;
     next_.store(0);
     bytes_.store(0);
@@ -343,6 +345,8 @@ void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t
     own_ = own < reqs.size() ? own : reqs.size();
     prefix_ = prefix < own_ ? prefix : own_;
     prefix_done_.store(0);
+    mid_ = std::min(std::max(mid, prefix_), own_);
+    mid_done_.store(0);
     own_done_.store(0);
     own_bytes_.store(0);
     own_reported_ = false;
@@ -367,6 +371,10 @@ void IoLanes::wait_lanes_idle() {
 
 Status IoLanes::wait_prefix(IoBatchStats * stats) {
     return wait_first(prefix_, prefix_done_, stats);
+}
+
+Status IoLanes::wait_mid(IoBatchStats * stats) {
+    return wait_first(mid_, mid_done_, stats);
 }
 
 Status IoLanes::wait_own(IoBatchStats * stats) {

@@ -31,7 +31,9 @@
 // reads (streamer.h, "Prefetch"): start(reqs, prefix, own) marks requests [0, own) as the
 // caller's own, wait_own() returns once those are done and leaves the tail to the worker lanes
 // (the calling thread never reads tail requests). Requests are claimed in index order, so the
-// tail starts only after every own request has been claimed. A failure makes wait_prefix,
+// tail starts only after every own request has been claimed. A batch may also mark a middle
+// stage (start(reqs, prefix, own, mid), prefix <= mid <= own): wait_mid() returns once requests
+// [0, mid) are done (the streamer's three-stage overlap: the second projection's reads). A failure makes wait_prefix,
 // wait_own and finish wait until no lane touches the batch any more, so the caller may
 // release the destinations.
 //
@@ -116,11 +118,14 @@ public:
 
     // Starts a batch whose first `prefix` requests wait_prefix() waits for, and whose first
     // `own` (>= prefix; the rest is a speculative tail) wait_own() waits for.
+    // mid (clamped to [prefix, own]) marks requests [0, mid) for wait_mid().
     void start(const std::vector<ReadRequest> & reqs, size_t prefix = SIZE_MAX,
-               size_t own = SIZE_MAX);
+               size_t own = SIZE_MAX, size_t mid = SIZE_MAX);
     // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
     // error (after every lane stopped). stats->seconds gets the time spent waiting.
     Status wait_prefix(IoBatchStats * stats);
+    // The same for requests [0, mid) (the calling thread reads among them meanwhile).
+    Status wait_mid(IoBatchStats * stats);
     // The same for requests [0, own). In a batch with a tail it adds the own requests' bytes
     // and count to stats (finish() then adds only the tail's).
     Status wait_own(IoBatchStats * stats);
@@ -177,6 +182,8 @@ private:
     std::atomic<size_t> next_{0};
     size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
     std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
+    size_t mid_ = 0;                      // requests [0, mid_) for wait_mid (set by start)
+    std::atomic<size_t> mid_done_{0};     // completed requests with index < mid_
     size_t own_ = 0;                      // requests [0, own_) for wait_own (set by start)
     std::atomic<size_t> own_done_{0};     // completed requests with index < own_
     std::atomic<uint64_t> own_bytes_{0};  // bytes of own requests (a batch with a tail)
