@@ -56,6 +56,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!stages.empty() && stages != "2" && stages != "3")
         return Status::Usage("MOESTREAM_OVERLAP_STAGES=" + stages + ": must be 2 or 3");
     if (!stages.empty()) k->overlap_stages = stages[0] - '0';
+    const std::string staged = env("MOESTREAM_STAGED_READS");
+    if (!staged.empty() && staged != "0" && staged != "1")
+        return Status::Usage("MOESTREAM_STAGED_READS=" + staged + ": must be 0 or 1");
+    k->staged_reads = staged == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

@@ -295,6 +295,8 @@ void IoLanes::run_lane(int lane, size_t limit) {
             if (i >= limit) break;
         } while (!next_.compare_exchange_weak(i, i + 1, std::memory_order_relaxed));
         if (i >= limit) break;
+        if (staged_ && i >= prefix_ && i < own_) wait_stage(i);
+        if (failed_.load(std::memory_order_relaxed)) break;
         const uint64_t before = transferred;
         Status st = read_one(lane, reqs[i], &transferred);
         if (i < own_ && own_ < reqs.size())
@@ -308,7 +310,7 @@ void IoLanes::run_lane(int lane, size_t limit) {
         const bool own_now = i < own_ && own_done_.fetch_add(1) + 1 == own_;
         if (prefix_now || mid_now || own_now) {
             std::lock_guard<std::mutex> lk(mu_);
-            if (waiting_prefix_) cv_done_.notify_all();
+            if (waiting_prefix_ || stage_waiters_ > 0) cv_done_.notify_all();
         }
         if (!st.ok()) {
             std::lock_guard<std::mutex> lk(mu_);
@@ -316,6 +318,18 @@ void IoLanes::run_lane(int lane, size_t limit) {
         }
     }
     bytes_.fetch_add(transferred, std::memory_order_relaxed);
+}
+
+void IoLanes::wait_stage(size_t i) {
+    const bool second = i < mid_;  // else the third stage: needs [0, mid)
+    const auto ready = [&] {
+        return failed_.load() || (second ? prefix_done_.load() >= prefix_ : mid_done_.load() >= mid_);
+    };
+    if (ready()) return;
+    std::unique_lock<std::mutex> lk(mu_);
+    ++stage_waiters_;
+    cv_done_.wait(lk, ready);
+    --stage_waiters_;
 }
 
 void IoLanes::worker(int lane) {

@@ -33,7 +33,11 @@
 // (the calling thread never reads tail requests). Requests are claimed in index order, so the
 // tail starts only after every own request has been claimed. A batch may also mark a middle
 // stage (start(reqs, prefix, own, mid), prefix <= mid <= own): wait_mid() returns once requests
-// [0, mid) are done (the streamer's three-stage overlap: the second projection's reads). A failure makes wait_prefix,
+// [0, mid) are done (the streamer's three-stage overlap: the second projection's reads).
+// Staged reads (set_staged(true)): a lane claims a request of [prefix, mid) only once every
+// request of [0, prefix) is done, and one of [mid, own) only once [0, mid) is done, so the
+// reads the caller waits for first do not share the device with later ones (the tail is not
+// held back). Lanes waiting for a stage sleep; a failure wakes them. A failure makes wait_prefix,
 // wait_own and finish wait until no lane touches the batch any more, so the caller may
 // release the destinations.
 //
@@ -142,6 +146,8 @@ public:
     }
     // false: every request goes through the bounce buffer and a copy (benchmarks' A/B).
     void set_in_place(bool on) { in_place_ = on; }
+    // true: later stages wait for the earlier ones to complete (above, "Staged reads").
+    void set_staged(bool on) { staged_ = on; }
 
 private:
     struct Lane {
@@ -154,6 +160,8 @@ private:
     // Claims and reads requests with index < limit until none is left (or one failed).
     void run_lane(int lane, size_t limit);
     void wait_lanes_idle();
+    // Staged reads: blocks until request i's earlier stages are done (or the batch failed).
+    void wait_stage(size_t i);
     Status wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats);
     Status read_one(int lane, const ReadRequest & r, uint64_t * transferred);
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
@@ -169,6 +177,8 @@ private:
     std::vector<std::thread> threads_;
     PreadvFn hook_ = nullptr;
     bool in_place_ = true;
+    bool staged_ = false;
+    int stage_waiters_ = 0;  // lanes sleeping in wait_stage (guarded by mu_)
     void * hook_ud_ = nullptr;
 
     // Current batch, shared with the workers.

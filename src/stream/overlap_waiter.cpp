@@ -50,20 +50,29 @@ void OverlapWaiter::on_loaded(const Routing & r, const Status & st, RouterHook &
     second_name_ = !second_ || kind2.empty() ? std::string() : kind2 + suffix;
 }
 
-void OverlapWaiter::second_at_matmul(RouterHook & hook) {
-    ++c_.second_waits_at_matmul;
+void OverlapWaiter::wait_at_matmul(ggml_tensor * t, const ggml_tensor * before, bool second,
+                                   RouterHook & hook) {
+    ++(second ? c_.second_waits_at_matmul : c_.waits_at_matmul);
     LearnedNodes & nodes = hook.nodes();
-    if (!nodes.second_input_kind().empty()) {
-        MS_LOG_DEBUG("layer %u: '%s' did not arrive before the second expert matmul", layer_,
-                     second_name_.c_str());
-        nodes.forget_second_input();
+    const char * which = second ? "second expert" : "down";
+    if (!(second ? nodes.second_input_kind() : nodes.down_input_kind()).empty()) {
+        // Learned, yet it did not arrive before the matmul: forget it (and stop learning
+        // after a few tries: the layer then simply waits here, without overlap).
+        MS_LOG_DEBUG("layer %u: '%s' did not arrive before the %s matmul", layer_,
+                     (second ? second_name_ : input_name_).c_str(), which);
+        if (second)
+            nodes.forget_second_input();
+        else
+            nodes.forget_down_input();
+    } else if (second) {
+        nodes.learn_second_input(before, layer_);
     } else {
-        nodes.learn_second_input(prev_, layer_);
+        nodes.learn_down_input(t, layer_);
     }
-    Status st = finish_second(hook);
+    Status st = second ? finish_second(hook) : finish(hook);
     if (!st.ok()) {
-        MS_LOG_DEBUG("layer %u: reads in flight failed, stopping at the second matmul: %s",
-                     layer_, st.message().c_str());
+        MS_LOG_DEBUG("layer %u: reads in flight failed, stopping at the %s matmul: %s", layer_,
+                     which, st.message().c_str());
         hook.fail(st);  // the abort callback stops the graph
     }
 }
@@ -89,31 +98,12 @@ bool OverlapWaiter::on_ask(ggml_tensor * t, RouterHook & hook) {
     if (second_) {
         if (!second_name_.empty() && second_name_ == t->name) return true;
         if (gate_or_up && !first) {
-            prev_ = before;  // learn from the node before this matmul
-            second_at_matmul(hook);
-            prev_ = t;
+            wait_at_matmul(t, before, /*second=*/true, hook);
             return false;
         }
     }
     if (!input_name_.empty() && input_name_ == t->name) return true;
-    if (proj != int(Projection::kDown)) return false;
-    ++c_.waits_at_matmul;
-    LearnedNodes & nodes = hook.nodes();
-    if (!nodes.down_input_kind().empty()) {
-        // Learned, yet it did not arrive before the matmul: forget it (and stop learning
-        // after a few tries: the layer then simply waits here, without overlap).
-        MS_LOG_DEBUG("layer %u: '%s' did not arrive before the down matmul", layer_,
-                     input_name_.c_str());
-        nodes.forget_down_input();
-    } else {
-        nodes.learn_down_input(t, layer_);
-    }
-    Status st = finish(hook);
-    if (!st.ok()) {
-        MS_LOG_DEBUG("layer %u: reads in flight failed, stopping at the down matmul: %s", layer_,
-                     st.message().c_str());
-        hook.fail(st);  // the abort callback stops the graph
-    }
+    if (proj == int(Projection::kDown)) wait_at_matmul(t, before, /*second=*/false, hook);
     return false;
 }
 

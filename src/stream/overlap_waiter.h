@@ -49,8 +49,11 @@ public:
 private:
     Status finish(RouterHook & hook);  // waits for the reads in flight, if any
     Status finish_second(RouterHook & hook);
-    // In ask mode at the second expert matmul: learn or forget, then wait there.
-    void second_at_matmul(RouterHook & hook);
+    // In ask mode at the second expert matmul (second) or the down matmul t, whose wait point
+    // did not arrive: learn it (from `before`, the node asked before t, or t's input) or
+    // forget it, then wait there.
+    void wait_at_matmul(ggml_tensor * t, const ggml_tensor * before, bool second,
+                        RouterHook & hook);
 
     bool pending_ = false;    // a layer's down reads are in flight
     bool second_ = false;     // ... and its second projection's reads

@@ -9,7 +9,8 @@
 //   (b) negative control: a test hook that skips the second projection's wait, with every
 //       read slowed (MOESTREAM_DEBUG_IO_FAULT=delay:US), must change the output; the same
 //       slowed reads with the wait in place do not.
-//   (c) a bad value of the switch is one error naming it.
+//   (c) a bad value of either switch is one usage error naming it (exit 64).
+// Each byte-identity variant also runs with MOESTREAM_STAGED_READS=1 on a subset.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -56,6 +57,7 @@ TEST_P(OverlapStages, ByteIdenticalWithThreeStages) {
     struct Variant {
         const char * flags;
         bool overlap;
+        bool staged = false;  // MOESTREAM_STAGED_READS=1 as well
     };
     const Variant variants[] = {
         {"--cache-mb 0", true},
@@ -65,11 +67,18 @@ TEST_P(OverlapStages, ByteIdenticalWithThreeStages) {
         {"--cache-mb 1 --force-cache --cache-debug", false},  // evicts on every token
         {"--cache-mb 1 --force-cache", true},
         {"--cache-mb 4 --force-cache --io-threads 2 --prefetch", true},
+        {"--cache-mb 0", true, true},
+        {"--cache-mb 0 --io-threads 2", true, true},
+        {"--cache-mb 1 --force-cache", true, true},
+        {"--cache-mb 4 --force-cache --prefetch", true, true},
     };
     for (const Variant & v : variants) {
-        SCOPED_TRACE(v.flags);
-        const Out s = run(model, v.flags, "MOESTREAM_OVERLAP_STAGES=3 ");
+        SCOPED_TRACE(std::string(v.flags) + (v.staged ? " staged" : ""));
+        const Out s = run(model, v.flags,
+                          std::string("MOESTREAM_OVERLAP_STAGES=3 ") +
+                              (v.staged ? "MOESTREAM_STAGED_READS=1 " : ""));
         ASSERT_EQ(s.rc, 0) << s.err;
+        EXPECT_EQ(s.stats["settings"]["io_staged_reads"].get<bool>(), v.staged && v.overlap);
         EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
         EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
         EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
@@ -82,10 +91,13 @@ TEST_P(OverlapStages, ByteIdenticalWithThreeStages) {
             EXPECT_GT(st["io_overlap_waits_at_input"].get<uint64_t>(), 0u);
         }
     }
-    // The switch switches: at 2 (the default) there is no second wait.
-    const Out two = run(model, "--cache-mb 0", "MOESTREAM_OVERLAP_STAGES=2 ");
+    // The switch switches: at 2 (the default) there is no second wait (staged reads then hold
+    // back only the down reads).
+    const Out two = run(model, "--cache-mb 0", "MOESTREAM_OVERLAP_STAGES=2 MOESTREAM_STAGED_READS=1 ");
     ASSERT_EQ(two.rc, 0) << two.err;
     EXPECT_EQ(two.stats["logits_sha"], ref.stats["logits_sha"]);
+    EXPECT_TRUE(two.logits == ref.logits);
+    EXPECT_TRUE(two.stats["settings"]["io_staged_reads"].get<bool>());
     EXPECT_EQ(two.stats["settings"]["io_overlap_stages"].get<int>(), 2);
     EXPECT_EQ(two.stats["settings"]["io_overlap_second_waits_at_input"].get<uint64_t>(), 0u);
     EXPECT_EQ(two.stats["settings"]["io_overlap_second_waits_at_matmul"].get<uint64_t>(), 0u);
@@ -131,12 +143,13 @@ INSTANTIATE_TEST_SUITE_P(Tiny, OverlapStages,
 
 TEST(OverlapStagesKnob, BadValueIsOneErrorNamingIt) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
-    for (const char * v : {"4", "x", "3 "}) {
-        SCOPED_TRACE(v);
-        const Out o = run(model, "--cache-mb 0", std::string("MOESTREAM_OVERLAP_STAGES='") + v + "' ");
-        EXPECT_NE(o.rc, 0);
-        EXPECT_NE(o.err.find("MOESTREAM_OVERLAP_STAGES"), std::string::npos) << o.err;
-        EXPECT_EQ(o.err.find("Aborted"), std::string::npos) << o.err;
+    for (const char * var : {"MOESTREAM_OVERLAP_STAGES", "MOESTREAM_STAGED_READS"}) {
+        for (const char * v : {"4", "x", "1 "}) {
+            SCOPED_TRACE(std::string(var) + "=" + v);
+            const Out o = run(model, "--cache-mb 0", std::string(var) + "='" + v + "' ");
+            EXPECT_EQ(o.rc, 64) << o.err;
+            EXPECT_NE(o.err.find(var), std::string::npos) << o.err;
+        }
     }
 }
 
