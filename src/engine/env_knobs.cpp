@@ -59,7 +59,7 @@ Status read_env_knobs(EnvKnobs * k) {
     const std::string staged = env("MOESTREAM_STAGED_READS");
     if (!staged.empty() && staged != "0" && staged != "1")
         return Status::Usage("MOESTREAM_STAGED_READS=" + staged + ": must be 0 or 1");
-    k->staged_reads = staged == "1";
+    if (!staged.empty()) k->staged_reads = staged == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

@@ -27,12 +27,13 @@ struct EnvKnobs {
     // io_uring (for A/B benchmarks).
     bool prefetch_no_uring = false;
     // MOESTREAM_OVERLAP_STAGES=2|3: 2 = the read prefix a routing waits for is gate and up;
-    // 3 = only the projection the graph multiplies first, the second waited for before its
-    // own matmul (streamer.h, "Three-stage overlap"). Lossless either way.
-    int overlap_stages = 2;
-    // MOESTREAM_STAGED_READS=0|1: 1 = the read lanes start a later stage's reads of a routing
-    // only once the earlier stages' are in (io_lanes.h, "Staged reads"). Lossless either way.
-    bool staged_reads = false;
+    // 3 (default) = only the projection the graph multiplies first, the second waited for
+    // before its own matmul (streamer.h, "Three-stage overlap"). Lossless either way.
+    int overlap_stages = 3;
+    // MOESTREAM_STAGED_READS=0|1: 1 (default) = the read lanes start a later stage's reads of a
+    // routing only once the earlier stages' are in (io_lanes.h, "Staged reads"). Lossless
+    // either way.
+    bool staged_reads = true;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;

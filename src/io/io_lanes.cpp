@@ -323,7 +323,8 @@ void IoLanes::run_lane(int lane, size_t limit) {
 void IoLanes::wait_stage(size_t i) {
     const bool second = i < mid_;  // else the third stage: needs [0, mid)
     const auto ready = [&] {
-        return failed_.load() || (second ? prefix_done_.load() >= prefix_ : mid_done_.load() >= mid_);
+        return failed_.load() ||
+               (second ? prefix_done_.load() >= prefix_ : mid_done_.load() >= mid_);
     };
     if (ready()) return;
     std::unique_lock<std::mutex> lk(mu_);

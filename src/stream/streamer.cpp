@@ -194,9 +194,9 @@ void Streamer::order_stages(const MoeLayer & L, size_t n, size_t * n_early, size
     const auto late_begin =
         std::stable_partition(begin, end, [](const ReadRequest & q) { return !q.late; });
     *n_early = *n_mid = size_t(late_begin - begin);
-    if (stages_ < 3 || (first_proj_ != int(Projection::kGate) && first_proj_ != int(Projection::kUp)))
-        return;
-    const Projection second = first_proj_ == int(Projection::kGate) ? Projection::kUp : Projection::kGate;
+    const int gate = int(Projection::kGate), up = int(Projection::kUp);
+    if (stages_ < 3 || (first_proj_ != gate && first_proj_ != up)) return;
+    const Projection second = first_proj_ == gate ? Projection::kUp : Projection::kGate;
     int t_first = -1, t_second = -1;
     for (size_t t = 0; t < L.tensors.size(); ++t) {
         if (int(L.tensors[t].proj) == first_proj_) t_first = int(t);

@@ -13,10 +13,11 @@
 // graph) or, failing that, in ask mode at the down MUL_MAT_ID itself — always before that
 // matmul runs. Nothing stays pending across graphs: the hook drains after every llama_decode.
 //
-// Three-stage overlap (set_overlap_stages(3), MOESTREAM_OVERLAP_STAGES=3; with the overlap on
-// and a layer with separate gate and up tensors): the prefix is only the projection whose
-// MUL_MAT_ID computes first in the graph (learned by the overlap waiter and handed over with
-// set_first_projection(); until then, and for merged gate_up tensors, the two stages above).
+// Three-stage overlap (set_overlap_stages(3), the engine's default, MOESTREAM_OVERLAP_STAGES;
+// with the overlap on and a layer with separate gate and up tensors): the prefix is only the
+// projection whose MUL_MAT_ID computes first in the graph (learned by the overlap waiter and
+// handed over with set_first_projection(); until then, and for merged gate_up tensors, the two
+// stages above).
 // on_routing() orders the reads first projection, second projection, down; returns once the
 // first projection's are done; finish_second() waits for the second's (the waiter calls it at
 // the node computed just before the second matmul, learned from the graph, or in ask mode at
@@ -109,7 +110,7 @@ public:
     bool has_pending_second() const override { return second_pending_ && pending_slot_ >= 0; }
     Status finish_second() override;
     void set_first_projection(int proj) override { first_proj_ = proj; }
-    // 2: the prefix is gate and up (default); 3: only the first projection (above).
+    // 2: the prefix is gate and up (the class's default); 3: only the first projection (above).
     void set_overlap_stages(int n) { stages_ = n; }
     void set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) override;
     Status drain() override;

@@ -10,7 +10,8 @@
 //       read slowed (MOESTREAM_DEBUG_IO_FAULT=delay:US), must change the output; the same
 //       slowed reads with the wait in place do not.
 //   (c) a bad value of either switch is one usage error naming it (exit 64).
-// Each byte-identity variant also runs with MOESTREAM_STAGED_READS=1 on a subset.
+// Each byte-identity variant also runs with MOESTREAM_STAGED_READS=1 on a subset; the
+// defaults (three stages, staged reads) are checked to be what runs without the variables.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -75,8 +76,8 @@ TEST_P(OverlapStages, ByteIdenticalWithThreeStages) {
     for (const Variant & v : variants) {
         SCOPED_TRACE(std::string(v.flags) + (v.staged ? " staged" : ""));
         const Out s = run(model, v.flags,
-                          std::string("MOESTREAM_OVERLAP_STAGES=3 ") +
-                              (v.staged ? "MOESTREAM_STAGED_READS=1 " : ""));
+                          std::string("MOESTREAM_OVERLAP_STAGES=3 MOESTREAM_STAGED_READS=") +
+                              (v.staged ? "1 " : "0 "));
         ASSERT_EQ(s.rc, 0) << s.err;
         EXPECT_EQ(s.stats["settings"]["io_staged_reads"].get<bool>(), v.staged && v.overlap);
         EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
@@ -91,16 +92,28 @@ TEST_P(OverlapStages, ByteIdenticalWithThreeStages) {
             EXPECT_GT(st["io_overlap_waits_at_input"].get<uint64_t>(), 0u);
         }
     }
-    // The switch switches: at 2 (the default) there is no second wait (staged reads then hold
-    // back only the down reads).
-    const Out two = run(model, "--cache-mb 0", "MOESTREAM_OVERLAP_STAGES=2 MOESTREAM_STAGED_READS=1 ");
-    ASSERT_EQ(two.rc, 0) << two.err;
-    EXPECT_EQ(two.stats["logits_sha"], ref.stats["logits_sha"]);
-    EXPECT_TRUE(two.logits == ref.logits);
-    EXPECT_TRUE(two.stats["settings"]["io_staged_reads"].get<bool>());
-    EXPECT_EQ(two.stats["settings"]["io_overlap_stages"].get<int>(), 2);
-    EXPECT_EQ(two.stats["settings"]["io_overlap_second_waits_at_input"].get<uint64_t>(), 0u);
-    EXPECT_EQ(two.stats["settings"]["io_overlap_second_waits_at_matmul"].get<uint64_t>(), 0u);
+    // The switch switches: at 2 there is no second wait (staged reads then hold back only
+    // the down reads), with staged reads on and off.
+    for (const char * staged : {"1", "0"}) {
+        SCOPED_TRACE(std::string("two stages, staged ") + staged);
+        const Out two = run(model, "--cache-mb 0",
+                            std::string("MOESTREAM_OVERLAP_STAGES=2 MOESTREAM_STAGED_READS=") +
+                                staged + " ");
+        ASSERT_EQ(two.rc, 0) << two.err;
+        EXPECT_EQ(two.stats["logits_sha"], ref.stats["logits_sha"]);
+        EXPECT_TRUE(two.logits == ref.logits);
+        const json & st = two.stats["settings"];
+        EXPECT_EQ(st["io_staged_reads"].get<bool>(), staged[0] == '1');
+        EXPECT_EQ(st["io_overlap_stages"].get<int>(), 2);
+        EXPECT_EQ(st["io_overlap_second_waits_at_input"].get<uint64_t>(), 0u);
+        EXPECT_EQ(st["io_overlap_second_waits_at_matmul"].get<uint64_t>(), 0u);
+    }
+    // The defaults are three stages and staged reads.
+    const Out dflt = run(model, "--cache-mb 0", "");
+    ASSERT_EQ(dflt.rc, 0) << dflt.err;
+    EXPECT_EQ(dflt.stats["logits_sha"], ref.stats["logits_sha"]);
+    EXPECT_EQ(dflt.stats["settings"]["io_overlap_stages"].get<int>(), 3);
+    EXPECT_TRUE(dflt.stats["settings"]["io_staged_reads"].get<bool>());
 }
 
 // Without the second wait, slowed reads of the second projection arrive after its matmul
@@ -109,9 +122,13 @@ TEST_P(OverlapStages, NegativeControlSkippingTheSecondWaitBreaksIdentity) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
     const Out ref = run(model, "--no-stream", "");
     ASSERT_EQ(ref.rc, 0) << ref.err;
-    const std::string slow = "MOESTREAM_OVERLAP_STAGES=3 MOESTREAM_DEBUG_IO_FAULT=delay:3000 ";
-    for (const char * flags : {"--cache-mb 1 --force-cache", "--cache-mb 0"}) {
-        SCOPED_TRACE(flags);
+    const std::pair<const char *, const char *> cases[] = {
+        {"--cache-mb 1 --force-cache", "1"}, {"--cache-mb 0", "1"}, {"--cache-mb 0", "0"}};
+    for (const auto & [flags, staged] : cases) {
+        SCOPED_TRACE(std::string(flags) + ", staged reads " + staged);
+        const std::string slow =
+            std::string("MOESTREAM_OVERLAP_STAGES=3 MOESTREAM_DEBUG_IO_FAULT=delay:3000 ") +
+            "MOESTREAM_STAGED_READS=" + staged + " ";
         const Out good = run(model, flags, slow);
         ASSERT_EQ(good.rc, 0) << good.err;
         EXPECT_EQ(good.stats["logits_sha"], ref.stats["logits_sha"]);
