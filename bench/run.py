@@ -150,7 +150,8 @@ def main() -> int:
                 break
             cell = next((c for c in exp.cells if c.name == n), None)
             rec = h.run_one(i, rep, cell, int(n.rsplit("-", 1)[1]) if cell is None else None, mpath, ins, ra, None)
-            print(f"  [{n}] {rec.get('reason') or ' '.join(rec.get('command', []))}")
+            env = "".join(f"{k}={v} " for k, v in rec.get("env", {}).items())
+            print(f"  [{n}] {rec.get('reason') or env + ' '.join(rec.get('command', []))}")
         return 0
 
     res = h.run(sys.argv)

@@ -54,6 +54,10 @@ VARIABLES: dict[str, Any] = {
     # OMP_WAIT_POLICY for the run (ggml's CPU backend threads are OpenMP threads): None =
     # inherited, "passive" = idle threads sleep, "active" = they spin
     "omp_wait_policy": None,
+    # moestream's environment knobs for the run (src/engine/env_knobs.h, docs/cli.md): a table
+    # of MOESTREAM_* names (no MOESTREAM_DEBUG_* test knob) to string values, e.g.
+    # env = { MOESTREAM_OVERLAP_STAGES = "3" }; {} = inherited
+    "env": {},
 }
 
 MOESTREAM_LOADERS = {"stream", "resident"}
@@ -65,8 +69,8 @@ _COMMON = {"loader", "threads", "n_expert_used", "readahead_kb", "mem_cap", "sta
            "split", "prompt_tokens", "omp_wait_policy"}
 APPLIES: dict[str, set[str]] = {
     "stream": _COMMON | {"io_threads", "odirect", "prefetch", "prefill_readahead", "cache_mb", "force_cache", "drop_cold",
-                         "route_trace", "commit"},
-    "resident": _COMMON | {"commit"},
+                         "route_trace", "commit", "env"},
+    "resident": _COMMON | {"commit", "env"},
     "llama-mmap": set(_COMMON),
     "llama-dio": set(_COMMON),
     "bench-mmap": _COMMON - {"prompt_tokens"},   # llama-bench runs tg only: no prompt
@@ -79,7 +83,7 @@ APPLIES: dict[str, set[str]] = {
 NEUTRAL = {"cache_mb": "off", "force_cache": False, "drop_cold": None, "odirect": True,
            "prefetch": False, "prefill_readahead": False,
            "route_trace": False, "commit": None, "split": None, "prompt_tokens": None,
-           "omp_wait_policy": None}
+           "omp_wait_policy": None, "env": {}}
 
 EXPERIMENT_KEYS = {
     "name", "title", "description", "model", "arch", "type", "seed", "attn_gain", "prompt", "tokens",
@@ -186,6 +190,10 @@ def _check_value(cell: str, var: str, v: Any) -> None:
         raise bad("a prompt length in [1, 1048576] or absent")
     if var == "omp_wait_policy" and v not in (None, "passive", "active"):
         raise bad('"passive", "active" or absent')
+    if var == "env" and not (isinstance(v, dict) and all(
+            isinstance(k, str) and re.fullmatch(r"MOESTREAM_[A-Z0-9_]+", k)
+            and not k.startswith("MOESTREAM_DEBUG_") and isinstance(x, str) for k, x in v.items())):
+        raise bad("a table of MOESTREAM_* names (not MOESTREAM_DEBUG_*) to string values")
     if var == "commit" and not (v is None or (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z._/~^-]+", v))):
         raise bad("a git revision (commit hash, tag or branch) or absent")
 

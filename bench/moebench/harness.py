@@ -268,6 +268,9 @@ class Harness:
         if cell is not None and p["omp_wait_policy"] is not None:
             env = dict(os.environ if env is None else env, OMP_WAIT_POLICY=p["omp_wait_policy"])
             rec["omp_wait_policy"] = p["omp_wait_policy"]
+        if cell is not None and cell.applies("env") and p["env"]:
+            env = dict(os.environ if env is None else env, **p["env"])
+            rec["env"] = dict(p["env"])
         if self.dry_run:
             rec.update(status="dry-run", command=cmd)
             return rec

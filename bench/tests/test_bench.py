@@ -194,6 +194,36 @@ class MatrixRules(unittest.TestCase):
                 omp_wait_policy = "spin"
             """)
 
+    def test_a_cell_sets_moestream_env_knobs(self):
+        e = load_toml("""
+            [[cell]]
+            name = "two"
+            [[cell]]
+            name = "three"
+            env = { MOESTREAM_OVERLAP_STAGES = "3" }
+            baseline = "two"
+            [[cell]]
+            name = "res"
+            loader = "resident"
+            [[cell]]
+            name = "mmap"
+            loader = "llama-mmap"
+        """)
+        self.assertEqual(config.describe_change(e.cell("three"), e.cell("two")),
+                         "env: {} → {'MOESTREAM_OVERLAP_STAGES': '3'}")
+        self.assertTrue(e.cell("res").applies("env"))
+        self.assertFalse(e.cell("mmap").applies("env"))
+        # one-sided and neutral ({}): not a change between loaders beyond the loader itself
+        self.assertEqual([v for v, _, _ in config.diff(e.cell("mmap"), e.cell("res"))], ["loader"])
+        for bad in ('{ OMP_NUM_THREADS = "1" }', '{ MOESTREAM_DEBUG_IO_FAULT = "delay:5" }',
+                    '{ MOESTREAM_OVERLAP_STAGES = 3 }', '"MOESTREAM_OVERLAP_STAGES=3"'):
+            with self.subTest(bad=bad), self.assertRaisesRegex(config.ConfigError, "env"):
+                load_toml(f"""
+                    [[cell]]
+                    name = "a"
+                    env = {bad}
+                """)
+
     def test_a_cell_prompt_of_n_tokens(self):
         e = load_toml("""
             prompt = "Once upon a time"

@@ -327,6 +327,8 @@ Status EngineImpl::make_store() {
     overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
     streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
     streamer_->set_test_hooks(knobs_.stream_hooks);
+    streamer_->set_overlap_stages(knobs_.overlap_stages);
+    lanes_.set_staged(overlap_ && knobs_.staged_reads);
     prefill_readahead_ = opt_.prefill_readahead && (d.budget_bytes > 0 || prefill_two_sets_);
     streamer_->set_prefill_readahead(prefill_readahead_);
     streamer_->set_fallback(fallback_.get());
@@ -480,11 +482,15 @@ std::string EngineImpl::settings_json() const {
     j["odirect_requested"] = opt_.odirect;
     j["odirect"] = opt_.stream && lanes_.direct();
     j["io_overlap"] = overlap_;
+    j["io_overlap_stages"] = overlap_ ? knobs_.overlap_stages : 0;
+    j["io_staged_reads"] = overlap_ && knobs_.staged_reads;
     j["io_in_place"] = opt_.io_in_place;
     if (overlap_waiter_) {
         const auto & oc = overlap_waiter_->counters();
         j["io_overlap_waits_at_input"] = oc.waits_at_input;
         j["io_overlap_waits_at_matmul"] = oc.waits_at_matmul;
+        j["io_overlap_second_waits_at_input"] = oc.second_waits_at_input;
+        j["io_overlap_second_waits_at_matmul"] = oc.second_waits_at_matmul;
     }
     j["cache_mb"] = opt_.stream ? stats_.cache_budget_bytes >> 20 : 0;
     j["cache_mb_requested"] =

@@ -52,6 +52,14 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!no_uring.empty() && no_uring != "0" && no_uring != "1")
         return Status::Usage("MOESTREAM_PREFETCH_NO_URING=" + no_uring + ": must be 0 or 1");
     k->prefetch_no_uring = no_uring == "1";
+    const std::string stages = env("MOESTREAM_OVERLAP_STAGES");
+    if (!stages.empty() && stages != "2" && stages != "3")
+        return Status::Usage("MOESTREAM_OVERLAP_STAGES=" + stages + ": must be 2 or 3");
+    if (!stages.empty()) k->overlap_stages = stages[0] - '0';
+    const std::string staged = env("MOESTREAM_STAGED_READS");
+    if (!staged.empty() && staged != "0" && staged != "1")
+        return Status::Usage("MOESTREAM_STAGED_READS=" + staged + ": must be 0 or 1");
+    if (!staged.empty()) k->staged_reads = staged == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");
@@ -61,6 +69,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!sw.ok()) return sw;
     sw = test_switch("MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT",
                      "leaving a fallback slot unwritten on purpose", &k->fallback_skip_convert);
+    if (!sw.ok()) return sw;
+    sw = test_switch("MOESTREAM_DEBUG_SKIP_SECOND_WAIT",
+                     "not waiting for the second projection's reads on purpose",
+                     &k->stream_hooks.skip_second_wait);
     if (!sw.ok()) return sw;
     k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
     if (!k->io_fault.empty()) {

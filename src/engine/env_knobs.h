@@ -26,6 +26,14 @@ struct EnvKnobs {
     // MOESTREAM_PREFETCH_NO_URING=1: prefetch tails are read by the worker lanes instead of
     // io_uring (for A/B benchmarks).
     bool prefetch_no_uring = false;
+    // MOESTREAM_OVERLAP_STAGES=2|3: 2 = the read prefix a routing waits for is gate and up;
+    // 3 (default) = only the projection the graph multiplies first, the second waited for
+    // before its own matmul (streamer.h, "Three-stage overlap"). Lossless either way.
+    int overlap_stages = 3;
+    // MOESTREAM_STAGED_READS=0|1: 1 (default) = the read lanes start a later stage's reads of a
+    // routing only once the earlier stages' are in (io_lanes.h, "Staged reads"). Lossless
+    // either way.
+    bool staged_reads = true;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;
@@ -35,6 +43,7 @@ struct EnvKnobs {
     // Tests only. MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert>|<layer>:*: the gates'
     // negative control (streamer.h, StreamTestHooks).
     StreamTestHooks stream_hooks;
+    // (stream_hooks.skip_second_wait: MOESTREAM_DEBUG_SKIP_SECOND_WAIT=1, tests only.)
     // Tests only. MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=1: --substitute-experts plants a bug (a
     // non-resident substitute the streamer is not told about): the negative control of the
     // --cache-debug check of the experts each matmul reads (policy_substitute.h).

@@ -60,17 +60,29 @@ std::string LearnedNodes::terminal_kind(uint32_t il) const {
     return dash == std::string::npos ? n : n.substr(0, dash);
 }
 
+bool LearnedNodes::kind_of(const char * name, uint32_t il, std::string * kind) {
+    const std::string in = name;
+    const std::string suffix = "-" + std::to_string(il);
+    if (in.size() <= suffix.size() ||
+        in.compare(in.size() - suffix.size(), suffix.size(), suffix) != 0)
+        return false;
+    *kind = in.substr(0, in.size() - suffix.size());
+    return true;
+}
+
 void LearnedNodes::learn_down_input(const ggml_tensor * down_matmul, uint32_t il) {
     if (down_relearns_ >= kMaxRelearns || down_matmul->src[1] == nullptr) return;
     // The node feeding the matmul, named "<kind>-<il>".
-    const std::string in = down_matmul->src[1]->name;
-    const std::string suffix = "-" + std::to_string(il);
-    if (in.size() > suffix.size() &&
-        in.compare(in.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        down_kind_ = in.substr(0, in.size() - suffix.size());
-        MS_LOG_DEBUG("down matmul input: '%s' (%s)", in.c_str(),
+    if (kind_of(down_matmul->src[1]->name, il, &down_kind_))
+        MS_LOG_DEBUG("down matmul input: '%s' (%s)", down_matmul->src[1]->name,
                      ggml_op_name(down_matmul->src[1]->op));
-    }
+}
+
+void LearnedNodes::learn_second_input(const ggml_tensor * before, uint32_t il) {
+    if (second_relearns_ >= kMaxRelearns || before == nullptr) return;
+    if (kind_of(before->name, il, &second_kind_))
+        MS_LOG_DEBUG("second expert matmul follows: '%s' (%s)", before->name,
+                     ggml_op_name(before->op));
 }
 
 }  // namespace moestream

@@ -9,6 +9,12 @@
 // Down input (overlap): the kind of node feeding the layer's down MUL_MAT_ID, learned at that
 // matmul from its input's name "<kind>-<il>"; the same kind serves every layer.
 //
+// First projection (three-stage overlap): which of gate/up a layer's first expert MUL_MAT_ID
+// after its routing multiplies, learned once from the graph (the same for every layer).
+// Second input (three-stage overlap): the kind of the node computed just before the layer's
+// second expert MUL_MAT_ID (the first matmul itself, or what follows it), learned at that
+// matmul from the previously asked node's name "<kind>-<il>".
+//
 // Invariants: a learned name is never re-learned while known; an observer that finds it did
 // not arrive forgets it, which counts a relearn; after kMaxRelearns of a layer (or of the down
 // input) nothing more is learned there, and the observer stays on its lossless path.
@@ -52,11 +58,28 @@ public:
         ++down_relearns_;
     }
 
+    // The projection (Projection value, gate or up) multiplied first in a layer; -1 = unknown.
+    int first_projection() const { return first_proj_; }
+    void learn_first_projection(int proj) { first_proj_ = proj; }
+    // The learned kind of the node just before the second expert matmul ("" = not learned).
+    const std::string & second_input_kind() const { return second_kind_; }
+    // At layer il's second expert MUL_MAT_ID (ask mode): learns the kind from `before`, the
+    // node asked just before it (null: nothing learned).
+    void learn_second_input(const ggml_tensor * before, uint32_t il);
+    void forget_second_input() {
+        second_kind_.clear();
+        ++second_relearns_;
+    }
+
 private:
+    static bool kind_of(const char * name, uint32_t il, std::string * kind);
     std::vector<std::string> terminal_;  // per graph layer: learned terminal node name
     std::vector<uint8_t> relearns_;      // per graph layer: times the terminal was forgotten
     std::string down_kind_;
     int down_relearns_ = 0;
+    int first_proj_ = -1;
+    std::string second_kind_;
+    int second_relearns_ = 0;
 };
 
 }  // namespace moestream

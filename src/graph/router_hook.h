@@ -45,6 +45,14 @@ public:
     // observer then calls finish_pending() before that matmul runs (streamer.h, "Overlap").
     virtual bool has_pending() const { return false; }
     virtual Status finish_pending() { return Status::Ok(); }
+    // Three-stage overlap (streamer.h): whether the reads only the layer's SECOND expert
+    // matmul needs are still in flight; an observer then calls finish_second() before that
+    // matmul runs (the down reads may stay in flight past it).
+    virtual bool has_pending_second() const { return false; }
+    virtual Status finish_second() { return finish_pending(); }
+    // The graph's order, learned from it: which projection's MUL_MAT_ID computes first in a
+    // layer (a Projection value: gate or up). The next routings order their reads by it.
+    virtual void set_first_projection(int /*proj*/) {}
     // Prefetch (streamer.h): the experts predicted for MoE layer il, to read behind the next
     // routing's own reads. Consumed (or dropped) by the next on_routing().
     virtual void set_prefetch(uint32_t /*il*/, const std::vector<uint32_t> & /*experts*/) {}

@@ -296,6 +296,8 @@ void IoLanes::run_lane(int lane, size_t limit) {
             if (i >= limit) break;
         } while (!next_.compare_exchange_weak(i, i + 1, std::memory_order_relaxed));
         if (i >= limit) break;
+        if (staged_ && i >= prefix_ && i < own_) wait_stage(i);
+        if (failed_.load(std::memory_order_relaxed)) break;
         const uint64_t before = transferred;
         Status st = read_one(lane, reqs[i], &transferred);
         if (i < own_ && own_ < reqs.size())
@@ -305,10 +307,11 @@ void IoLanes::run_lane(int lane, size_t limit) {
             if (!failed_.exchange(true)) err_ = st;
         }
         const bool prefix_now = i < prefix_ && prefix_done_.fetch_add(1) + 1 == prefix_;
+        const bool mid_now = i < mid_ && mid_done_.fetch_add(1) + 1 == mid_;
         const bool own_now = i < own_ && own_done_.fetch_add(1) + 1 == own_;
-        if (prefix_now || own_now) {
+        if (prefix_now || mid_now || own_now) {
             std::lock_guard<std::mutex> lk(mu_);
-            if (waiting_prefix_) cv_done_.notify_all();
+            if (waiting_prefix_ || stage_waiters_ > 0) cv_done_.notify_all();
         }
         if (!st.ok()) {
             std::lock_guard<std::mutex> lk(mu_);
@@ -316,6 +319,19 @@ void IoLanes::run_lane(int lane, size_t limit) {
         }
     }
     bytes_.fetch_add(transferred, std::memory_order_relaxed);
+}
+
+void IoLanes::wait_stage(size_t i) {
+    const bool second = i < mid_;  // else the third stage: needs [0, mid)
+    const auto ready = [&] {
+        return failed_.load() ||
+               (second ? prefix_done_.load() >= prefix_ : mid_done_.load() >= mid_);
+    };
+    if (ready()) return;
+    std::unique_lock<std::mutex> lk(mu_);
+    ++stage_waiters_;
+    cv_done_.wait(lk, ready);
+    --stage_waiters_;
 }
 
 void IoLanes::worker(int lane) {
@@ -335,7 +351,8 @@ void IoLanes::worker(int lane) {
     }
 }
 
-void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own) {
+void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own,
+                    size_t mid) {
     batch_ = &reqs;
     next_.store(0);
     bytes_.store(0);
@@ -344,6 +361,8 @@ void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t
     own_ = own < reqs.size() ? own : reqs.size();
     prefix_ = prefix < own_ ? prefix : own_;
     prefix_done_.store(0);
+    mid_ = std::min(std::max(mid, prefix_), own_);
+    mid_done_.store(0);
     own_done_.store(0);
     own_bytes_.store(0);
     own_reported_ = false;
@@ -368,6 +387,10 @@ void IoLanes::wait_lanes_idle() {
 
 Status IoLanes::wait_prefix(IoBatchStats * stats) {
     return wait_first(prefix_, prefix_done_, stats);
+}
+
+Status IoLanes::wait_mid(IoBatchStats * stats) {
+    return wait_first(mid_, mid_done_, stats);
 }
 
 Status IoLanes::wait_own(IoBatchStats * stats) {

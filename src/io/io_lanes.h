@@ -31,7 +31,13 @@
 // reads (streamer.h, "Prefetch"): start(reqs, prefix, own) marks requests [0, own) as the
 // caller's own, wait_own() returns once those are done and leaves the tail to the worker lanes
 // (the calling thread never reads tail requests). Requests are claimed in index order, so the
-// tail starts only after every own request has been claimed. A failure makes wait_prefix,
+// tail starts only after every own request has been claimed. A batch may also mark a middle
+// stage (start(reqs, prefix, own, mid), prefix <= mid <= own): wait_mid() returns once requests
+// [0, mid) are done (the streamer's three-stage overlap: the second projection's reads).
+// Staged reads (set_staged(true)): a lane claims a request of [prefix, mid) only once every
+// request of [0, prefix) is done, and one of [mid, own) only once [0, mid) is done, so the
+// reads the caller waits for first do not share the device with later ones (the tail is not
+// held back). Lanes waiting for a stage sleep; a failure wakes them. A failure makes wait_prefix,
 // wait_own and finish wait until no lane touches the batch any more, so the caller may
 // release the destinations.
 //
@@ -116,11 +122,14 @@ public:
 
     // Starts a batch whose first `prefix` requests wait_prefix() waits for, and whose first
     // `own` (>= prefix; the rest is a speculative tail) wait_own() waits for.
+    // mid (clamped to [prefix, own]) marks requests [0, mid) for wait_mid().
     void start(const std::vector<ReadRequest> & reqs, size_t prefix = SIZE_MAX,
-               size_t own = SIZE_MAX);
+               size_t own = SIZE_MAX, size_t mid = SIZE_MAX);
     // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
     // error (after every lane stopped). stats->seconds gets the time spent waiting.
     Status wait_prefix(IoBatchStats * stats);
+    // The same for requests [0, mid) (the calling thread reads among them meanwhile).
+    Status wait_mid(IoBatchStats * stats);
     // The same for requests [0, own). In a batch with a tail it adds the own requests' bytes
     // and count to stats (finish() then adds only the tail's).
     Status wait_own(IoBatchStats * stats);
@@ -137,6 +146,8 @@ public:
     }
     // false: every request goes through the bounce buffer and a copy (benchmarks' A/B).
     void set_in_place(bool on) { in_place_ = on; }
+    // true: later stages wait for the earlier ones to complete (above, "Staged reads").
+    void set_staged(bool on) { staged_ = on; }
 
 private:
     struct Lane {
@@ -149,6 +160,8 @@ private:
     // Claims and reads requests with index < limit until none is left (or one failed).
     void run_lane(int lane, size_t limit);
     void wait_lanes_idle();
+    // Staged reads: blocks until request i's earlier stages are done (or the batch failed).
+    void wait_stage(size_t i);
     Status wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats);
     Status read_one(int lane, const ReadRequest & r, uint64_t * transferred);
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
@@ -164,6 +177,8 @@ private:
     std::vector<std::thread> threads_;
     PreadvFn hook_ = nullptr;
     bool in_place_ = true;
+    bool staged_ = false;
+    int stage_waiters_ = 0;  // lanes sleeping in wait_stage (guarded by mu_)
     void * hook_ud_ = nullptr;
 
     // Current batch, shared with the workers.
@@ -177,6 +192,8 @@ private:
     std::atomic<size_t> next_{0};
     size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
     std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
+    size_t mid_ = 0;                      // requests [0, mid_) for wait_mid (set by start)
+    std::atomic<size_t> mid_done_{0};     // completed requests with index < mid_
     size_t own_ = 0;                      // requests [0, own_) for wait_own (set by start)
     std::atomic<size_t> own_done_{0};     // completed requests with index < own_
     std::atomic<uint64_t> own_bytes_{0};  // bytes of own requests (a batch with a tail)

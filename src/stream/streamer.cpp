@@ -27,8 +27,9 @@ void Streamer::corrupt_for_test(int slot) {
     for (uint32_t e : experts_) {
         if (int(e) != hooks_.corrupt_expert && hooks_.corrupt_expert != StreamTestHooks::kAllExperts)
             continue;
-        const ExpertTensor & et = index_.moe_layers[size_t(slot)].tensors[0];
-        uint8_t * p = store_->tensor_base(size_t(slot), 0) + uint64_t(e) * et.slice_bytes;
+        const size_t t = early_tensor_;
+        const ExpertTensor & et = index_.moe_layers[size_t(slot)].tensors[t];
+        uint8_t * p = store_->tensor_base(size_t(slot), t) + uint64_t(e) * et.slice_bytes;
         for (uint64_t i = 0; i < et.slice_bytes; i += 7) p[i] ^= 0x5a;
     }
 }
@@ -127,13 +128,12 @@ Status Streamer::on_routing(const Routing & r) {
     st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
     if (!st.ok()) return st;
     if (fallback_) fallback_->take_reads(size_t(slot), experts_, fb_flags_, store_, &reads_);
-    // Gate/up reads first: the early prefix the first matmuls need.
+    // Gate/up reads first (or only the first projection's): the prefix the first matmul needs.
     const size_t n_own = reads_.size();
-    const auto late_begin =
-        overlap_ ? std::stable_partition(reads_.begin(), reads_.end(),
-                                         [](const ReadRequest & q) { return !q.late; })
-                 : reads_.end();
-    const size_t n_early = size_t(late_begin - reads_.begin());
+    size_t n_early = n_own, n_mid = n_own;
+    early_tensor_ = 0;
+    if (overlap_) order_stages(L, n_own, &n_early, &n_mid);
+    second_pending_ = n_early < n_mid;
     // Then the next layer's predicted experts, as a tail read meanwhile (io_uring or lanes).
     if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
         const int next = moe_slot(uint32_t(hint_layer));
@@ -162,7 +162,7 @@ Status Streamer::on_routing(const Routing & r) {
     pending_rows_ = r.n_rows;
     pending_demand_ = uint64_t(experts_.size()) * L.expert_bytes;
     pending_io_ = IoBatchStats{};
-    if (!reads_.empty()) lanes_->start(reads_, n_early, n_own);
+    if (!reads_.empty()) lanes_->start(reads_, n_early, n_own, n_mid);
     if (fallback_) {  // the low-bit slices, converted on this thread while the lanes read
         const FallbackCounters before = fallback_->counters();
         st = fallback_->run(size_t(slot), store_->is_resident(size_t(slot), experts_[0]));
@@ -185,8 +185,46 @@ Status Streamer::on_routing(const Routing & r) {
     }
     // Gate/up are in place: the negative control corrupts them before their matmul.
     if (hooks_.corrupt_layer >= 0 && uint32_t(hooks_.corrupt_layer) == r.layer) corrupt_for_test(slot);
-    if (n_early < n_own) return Status::Ok();  // down reads continue meanwhile
+    if (n_early < n_own) return Status::Ok();  // second/down reads continue meanwhile
     return finish_pending();
+}
+
+void Streamer::order_stages(const MoeLayer & L, size_t n, size_t * n_early, size_t * n_mid) {
+    const auto begin = reads_.begin(), end = reads_.begin() + std::ptrdiff_t(n);
+    const auto late_begin =
+        std::stable_partition(begin, end, [](const ReadRequest & q) { return !q.late; });
+    *n_early = *n_mid = size_t(late_begin - begin);
+    const int gate = int(Projection::kGate), up = int(Projection::kUp);
+    if (stages_ < 3 || (first_proj_ != gate && first_proj_ != up)) return;
+    const Projection second = first_proj_ == gate ? Projection::kUp : Projection::kGate;
+    int t_first = -1, t_second = -1;
+    for (size_t t = 0; t < L.tensors.size(); ++t) {
+        if (int(L.tensors[t].proj) == first_proj_) t_first = int(t);
+        if (L.tensors[t].proj == second) t_second = int(t);
+    }
+    if (t_first < 0 || t_second < 0) return;  // merged gate_up (or no gate): two stages
+    const ExpertTensor & et = L.tensors[size_t(t_second)];
+    // A read of the second projection's tensor (by file range: fallback reads never match).
+    const auto is_second = [&et](const ReadRequest & q) {
+        return q.file == et.shard && q.file_offset >= et.file_offset &&
+               q.file_offset - et.file_offset < et.tensor_bytes;
+    };
+    const auto mid_begin = std::stable_partition(
+        begin, late_begin, [&](const ReadRequest & q) { return !is_second(q); });
+    *n_early = size_t(mid_begin - begin);
+    early_tensor_ = size_t(t_first);
+}
+
+Status Streamer::finish_second() {
+    if (!has_pending_second()) return Status::Ok();
+    second_pending_ = false;
+    if (hooks_.skip_second_wait) return Status::Ok();  // test only: the reads go on in flight
+    Status st = pending_err_.ok() ? lanes_->wait_mid(&pending_io_) : pending_err_;
+    if (!st.ok()) {  // the batch has stopped (no lane touches it): report and abandon
+        pending_err_ = st;
+        return finish_pending();
+    }
+    return Status::Ok();
 }
 
 Status Streamer::finish_pending() {
@@ -214,6 +252,7 @@ Status Streamer::finish_pending() {
         }
     }
     pending_slot_ = -1;
+    second_pending_ = false;
     const IoBatchStats & io = pending_io_;
     const StageStats & ss = pending_ss_;
     for (StepCounters * c : {&step_, &total_}) {

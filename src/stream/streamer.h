@@ -13,6 +13,16 @@
 // graph) or, failing that, in ask mode at the down MUL_MAT_ID itself — always before that
 // matmul runs. Nothing stays pending across graphs: the hook drains after every llama_decode.
 //
+// Three-stage overlap (set_overlap_stages(3), the engine's default, MOESTREAM_OVERLAP_STAGES;
+// with the overlap on and a layer with separate gate and up tensors): the prefix is only the
+// projection whose MUL_MAT_ID computes first in the graph (learned by the overlap waiter and
+// handed over with set_first_projection(); until then, and for merged gate_up tensors, the two
+// stages above).
+// on_routing() orders the reads first projection, second projection, down; returns once the
+// first projection's are done; finish_second() waits for the second's (the waiter calls it at
+// the node computed just before the second matmul, learned from the graph, or in ask mode at
+// that matmul), finish_pending() for the rest, as above.
+//
 // Prefetch (prefetch.h, a router hook observer; opt-in, --prefetch, with a cache): at a
 // one-token routing the predictor hands over the experts predicted for the next MoE layer. on_routing()
 // asks the store to commit the absent ones (within the budget, never evicting this layer's
@@ -79,6 +89,9 @@ struct StreamTestHooks {
     // layer): the gates' negative control, proving the byte-identity comparison can fail.
     int corrupt_layer = -1;   // -1 = off
     int corrupt_expert = -1;
+    // finish_second() returns without waiting (the reads stay in flight until the down wait):
+    // the negative control of the three-stage overlap's second wait.
+    bool skip_second_wait = false;
 };
 
 class Streamer final : public RouteSink {
@@ -94,6 +107,11 @@ public:
     Status on_routing(const Routing & r) override;
     bool has_pending() const override { return pending_slot_ >= 0; }
     Status finish_pending() override;
+    bool has_pending_second() const override { return second_pending_ && pending_slot_ >= 0; }
+    Status finish_second() override;
+    void set_first_projection(int proj) override { first_proj_ = proj; }
+    // 2: the prefix is gate and up (the class's default); 3: only the first projection (above).
+    void set_overlap_stages(int n) { stages_ = n; }
     void set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) override;
     Status drain() override;
     bool is_resident(uint32_t il, int32_t e) const override;
@@ -129,6 +147,9 @@ private:
         total_.stage_s += s;
     }
     void finish_tail();  // waits for the speculative tail, then the store keeps or drops it
+    // Orders reads_[0, n) by stage (early, second, late); returns the early and second counts
+    // via *n_early and *n_mid (early + second). Sets early_tensor_.
+    void order_stages(const MoeLayer & L, size_t n, size_t * n_early, size_t * n_mid);
 
     const ModelIndex & index_;
     ResidencyStore * store_;
@@ -142,6 +163,10 @@ private:
     StepCounters step_, total_;
     int abandon_slot_ = -1;  // a failed stage to abandon once no graph can read it
     bool overlap_ = false;
+    int stages_ = 2;
+    int first_proj_ = -1;          // learned graph order (Projection), -1 = not yet
+    bool second_pending_ = false;  // the pending batch's second-stage reads are not waited for
+    size_t early_tensor_ = 0;      // the tensor whose slices the prefix holds (negative control)
     // The stage whose late reads are in flight (-1: none), with what its accounting needs.
     int pending_slot_ = -1;
     uint32_t pending_layer_ = 0;

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -329,4 +330,94 @@ TEST_F(IoLanesTest, UringTailReportsAShortFile) {
     EXPECT_NE(e.message().find(path_), std::string::npos) << e.message();
     EXPECT_NE(e.message().find(std::to_string(r.file_offset)), std::string::npos) << e.message();
     for (uint64_t i = 0; i < r.len; ++i) ASSERT_EQ(s.base[i], 0) << "byte " << i;
+}
+
+// --- Staged reads (set_staged) and the middle wait mark (wait_mid) ----------------------------
+
+namespace {
+// Every read sleeps 2 ms and logs when it began and ended (one sequence for both), by its
+// aligned start offset.
+struct StageLog {
+    std::mutex mu;
+    int seq = 0;
+    std::vector<std::pair<uint64_t, int>> begins, ends;
+};
+
+long staging_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int lane,
+                    void * ud) {
+    auto * log = static_cast<StageLog *>(ud);
+    {
+        std::lock_guard<std::mutex> lk(log->mu);
+        log->begins.push_back({off, log->seq++});
+    }
+    ::usleep(2000);
+    const long n = ::preadv(fd, iov, iovcnt, off_t(off));
+    std::lock_guard<std::mutex> lk(log->mu);
+    log->ends.push_back({off, log->seq++});
+    return n;
+}
+
+// Requests at distinct 64 KiB blocks (their aligned starts identify them in the log).
+std::vector<ReadRequest> block_requests(Scratch * s, int n) {
+    std::vector<ReadRequest> reqs;
+    for (int i = 0; i < n; ++i) {
+        ReadRequest r;
+        r.file_offset = uint64_t(i) * 65536 + 100;
+        r.len = 30000;
+        r.dest = s->base + uint64_t(i) * 65536 + 100;
+        reqs.push_back(r);
+    }
+    return reqs;
+}
+
+int seq_of(const std::vector<std::pair<uint64_t, int>> & v, uint64_t off, bool last) {
+    int best = -1;
+    for (const auto & [o, q] : v)
+        if (o == off && (best < 0 || (last ? q > best : q < best))) best = q;
+    return best;
+}
+}  // namespace
+
+// Staged: no request of a later stage begins before every request of the earlier stages has
+// ended, and wait_mid() returns with [0, mid) exact. The negative control: without staging
+// the same batch on the same lanes starts a later stage while an earlier one is still read.
+TEST_F(IoLanesTest, StagedReadsStartAStageOnlyAfterTheEarlierOnes) {
+    for (bool staged : {true, false}) {
+        SCOPED_TRACE(staged ? "staged" : "not staged");
+        IoLanes io;
+        ASSERT_TRUE(io.open(path_, 4, true, 300000).ok());
+        io.set_staged(staged);
+        StageLog log;
+        io.set_pread_hook(&staging_preadv, &log);
+        Scratch s(uint64_t(12) * 65536);
+        std::vector<ReadRequest> reqs = block_requests(&s, 12);
+        const size_t prefix = 3, mid = 7, own = 12;
+        io.start(reqs, prefix, own, mid);
+        IoBatchStats st;
+        ASSERT_TRUE(io.wait_prefix(&st).ok());
+        EXPECT_TRUE(all_exact(std::vector<ReadRequest>(reqs.begin(), reqs.begin() + prefix)));
+        ASSERT_TRUE(io.wait_mid(&st).ok());
+        EXPECT_TRUE(all_exact(std::vector<ReadRequest>(reqs.begin(), reqs.begin() + mid)));
+        ASSERT_TRUE(io.finish(&st).ok());
+        EXPECT_TRUE(all_exact(reqs));
+        EXPECT_EQ(st.reads, reqs.size());
+        // Per stage boundary: the last end before it vs the first begin after it.
+        const auto aligned = [&](size_t i) { return reqs[i].file_offset / 4096 * 4096; };
+        bool overlapped = false;
+        for (size_t boundary : {prefix, mid}) {
+            int last_end = -1, first_begin = 1 << 30;
+            for (size_t i = 0; i < boundary; ++i)
+                last_end = std::max(last_end, seq_of(log.ends, aligned(i), true));
+            for (size_t i = boundary; i < own; ++i)
+                first_begin = std::min(first_begin, seq_of(log.begins, aligned(i), false));
+            if (staged) {
+                EXPECT_GT(first_begin, last_end) << "a read at or past " << boundary
+                                                 << " began before the earlier stages ended";
+            }
+            overlapped = overlapped || first_begin < last_end;
+        }
+        if (!staged) {
+            EXPECT_TRUE(overlapped) << "the lanes never mixed stages: a blind test";
+        }
+    }
 }
