@@ -26,7 +26,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moestream/route_trace.h"
-#include "test_util.h"
+#include "test_stats_run.h"
 
 using nlohmann::json;
 using namespace moestream::test;
@@ -36,15 +36,10 @@ namespace {
 const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 const char * kSmall = "--cache-mb 4 --force-cache --cache-debug ";
 
-struct CliRun {
-    int rc = -1;
-    std::string err;
-    json stats;
-};
+using CliRun = ParsedRun;
 
 CliRun run(const std::string & model, const std::string & flags, const std::string & env = "") {
-    StatsRun r = run_with_stats(model, kPrompt, 24, flags, env);
-    return {r.rc, r.err, r.rc == 0 ? json::parse(r.stats) : json()};
+    return run_parsed(model, kPrompt, 24, flags, env);
 }
 
 // The companion of `model`, made afresh (make-fallback writes through a temporary file and

@@ -16,7 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "test_util.h"
+#include "test_stats_run.h"
 
 using nlohmann::json;
 using namespace moestream::test;
@@ -27,21 +27,10 @@ const char * kPrompt =
     "The expert streaming engine reads only what the router selects, token after token.";
 constexpr int kTokens = 12;
 
-struct Out {
-    int rc = -1;
-    std::string err;
-    json stats;
-    std::string logits;
-};
+using Out = ParsedRun;
 
 Out run(const std::string & model, const std::string & flags, const std::string & env) {
-    StatsRun r = run_with_stats(model, kPrompt, kTokens, flags, env, /*with_logits=*/true);
-    Out o;
-    o.rc = r.rc;
-    o.err = r.err;
-    if (r.rc == 0) o.stats = json::parse(r.stats);
-    o.logits = r.logits;
-    return o;
+    return run_parsed(model, kPrompt, kTokens, flags, env, /*with_logits=*/true);
 }
 
 struct Case {

@@ -20,19 +20,14 @@
 
 #include "moestream/gguf_index.h"
 #include "run_config.h"
-#include "test_util.h"
+#include "test_stats_run.h"
 
 using nlohmann::json;
 using namespace moestream::test;
 
 namespace {
 
-struct Out {
-    int exit_code = 0;
-    std::string err;
-    json stats;
-    std::string logits;
-};
+using Out = ParsedRun;
 
 // ~190 byte tokens: six ubatches of 32.
 const char kLongPrompt[] =
@@ -42,16 +37,8 @@ const char kLongPrompt[] =
 
 Out run(const std::string & model, const std::string & flags, const std::string & env = "",
         const std::string & batch = "-b 64 --ubatch-size 32", int n = 8) {
-    StatsRun r = run_with_stats(model, kLongPrompt, n, batch + " " + flags,
-                                env.empty() ? "" : env + " ", /*with_logits=*/true);
-    Out o;
-    o.exit_code = r.rc;
-    o.err = r.err;
-    if (r.rc == 0) {
-        o.stats = json::parse(r.stats);
-        o.logits = r.logits;
-    }
-    return o;
+    return run_parsed(model, kLongPrompt, n, batch + " " + flags, env.empty() ? "" : env + " ",
+                      /*with_logits=*/true);
 }
 
 struct Case {
@@ -63,7 +50,7 @@ class PrefillReadahead : public ::testing::TestWithParam<Case> {};
 TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
     Out ref = run(model, "--no-stream");
-    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    ASSERT_EQ(ref.rc, 0) << ref.err;
     ASSERT_GT(ref.stats["n_prompt"].get<int>(), 2 * 32) << "the prompt must span ubatches";
     ASSERT_GT(ref.logits.size(), 0u);
     // A budget of half the experts: prefill evicts, and there is room to read a layer ahead.
@@ -79,7 +66,7 @@ TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
           half + " --cache-debug --prefill-readahead", half + " --prefill-readahead --prefetch"}) {
         SCOPED_TRACE(flags);
         Out s = run(model, flags);
-        ASSERT_EQ(s.exit_code, 0) << s.err;
+        ASSERT_EQ(s.rc, 0) << s.err;
         EXPECT_TRUE(s.stats["settings"]["prefill_readahead"].get<bool>()) << s.err;
         EXPECT_EQ(s.stats["settings"]["n_ubatch"].get<int>(), 32);
         // It really read ahead, so the identity below covers experts read ahead.
@@ -98,13 +85,13 @@ TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
 TEST_P(PrefillReadahead, NegativeControlCorruptSliceIsDetected) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
     Out ref = run(model, "--no-stream");
-    ASSERT_EQ(ref.exit_code, 0) << ref.err;
+    ASSERT_EQ(ref.rc, 0) << ref.err;
     for (const std::string flags :
          {"--cache-mb 0 --prefill-readahead", "--cache-mb 1000000 --prefill-readahead"}) {
         SCOPED_TRACE(flags);
         Out bad = run(model, flags, "MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
-        if (bad.exit_code != 0) {  // non-finite logits stop the run: detected too
-            EXPECT_EQ(bad.exit_code, 1) << bad.err;
+        if (bad.rc != 0) {  // non-finite logits stop the run: detected too
+            EXPECT_EQ(bad.rc, 1) << bad.err;
             EXPECT_NE(bad.err.find("non-finite logit"), std::string::npos) << bad.err;
             continue;
         }
@@ -128,12 +115,12 @@ TEST(PrefillReadaheadFlags, RefusedByNameWhereItCannotWork) {
           "--prefill-readahead --drop-cold-experts 0.5"}) {
         SCOPED_TRACE(flags);
         Out o = run(model, flags);
-        EXPECT_EQ(o.exit_code, 64) << o.err;
+        EXPECT_EQ(o.rc, 64) << o.err;
         EXPECT_NE(o.err.find("--prefill-readahead"), std::string::npos) << o.err;
     }
     // Control: the same run without the conflicting flag is accepted.
     Out ok = run(model, "--prefill-readahead --io-threads 2");
-    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_EQ(ok.rc, 0) << ok.err;
 }
 
 TEST(PromptBatch, ChosenForTheMemory) {
@@ -174,8 +161,8 @@ TEST(PromptBatch, ALargerUbatchReadsTheBanksFewerTimesWithTheResidentLogitsOfThe
         SCOPED_TRACE(batch);
         Out ref = run(model, "--no-stream", "", batch, 2);
         Out s = run(model, "--cache-mb 0", "", batch, 2);
-        ASSERT_EQ(ref.exit_code, 0) << ref.err;
-        ASSERT_EQ(s.exit_code, 0) << s.err;
+        ASSERT_EQ(ref.rc, 0) << ref.err;
+        ASSERT_EQ(s.rc, 0) << s.err;
         EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
         EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
         const uint64_t bytes = s.stats["flash_bytes_read"].get<uint64_t>();
@@ -184,25 +171,25 @@ TEST(PromptBatch, ALargerUbatchReadsTheBanksFewerTimesWithTheResidentLogitsOfThe
     }
     // Not given: chosen (cache off: larger than 512, within the context) and said; given: kept.
     Out a = run(model, "--cache-mb 0 -c 2048", "", "", 2);
-    ASSERT_EQ(a.exit_code, 0) << a.err;
+    ASSERT_EQ(a.rc, 0) << a.err;
     EXPECT_GT(a.stats["settings"]["n_batch"].get<int>(), 512);
     EXPECT_LE(a.stats["settings"]["n_batch"].get<int>(), 2048);
     EXPECT_NE(a.stats["settings"]["n_batch_reason"].get<std::string>().find("the cache is off"),
               std::string::npos);
     // The model's context (512 here) caps the choice as -c does.
     Out mc = run(model, "--cache-mb 0", "", "", 2);
-    ASSERT_EQ(mc.exit_code, 0) << mc.err;
+    ASSERT_EQ(mc.rc, 0) << mc.err;
     EXPECT_EQ(mc.stats["settings"]["n_ctx"].get<int>(), 512);
     EXPECT_EQ(mc.stats["settings"]["n_batch"].get<int>(), 512);
     EXPECT_EQ(mc.stats["settings"]["n_batch_reason"].get<std::string>().find("caps it"), std::string::npos)
         << "chosen above the context, then capped by llama.cpp";
     Out g = run(model, "--cache-mb 0", "", "-b 64", 2);
-    ASSERT_EQ(g.exit_code, 0) << g.err;
+    ASSERT_EQ(g.rc, 0) << g.err;
     EXPECT_EQ(g.stats["settings"]["n_batch"].get<int>(), 64);
     EXPECT_EQ(g.stats["settings"]["n_batch_reason"], "requested");
     // Above the context llama.cpp caps it; the settings say what it uses, and why.
     Out c = run(model, "--cache-mb 0 -c 1024", "", "-b 4096", 2);
-    ASSERT_EQ(c.exit_code, 0) << c.err;
+    ASSERT_EQ(c.rc, 0) << c.err;
     EXPECT_EQ(c.stats["settings"]["n_batch"].get<int>(), 1024);
     EXPECT_NE(c.stats["settings"]["n_batch_reason"].get<std::string>().find("caps it at n_ctx 1024"),
               std::string::npos);

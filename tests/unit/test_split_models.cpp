@@ -31,7 +31,7 @@
 
 #include "moestream/gguf_index.h"
 #include "moestream/sysinfo.h"
-#include "test_util.h"
+#include "test_stats_run.h"
 
 using nlohmann::json;
 using namespace moestream::test;
@@ -39,28 +39,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct RunOut {
-    int exit_code = 0;
-    std::string err;
-    json stats;
-    std::string logits;
-};
+using RunOut = ParsedRun;
 
 const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 
 RunOut run(const std::string & model, const std::string & flags, const std::string & env = "",
            bool must_succeed = true) {
-    StatsRun r = run_with_stats(model, kPrompt, 16, flags, env.empty() ? "" : env + " ",
-                                /*with_logits=*/true);
+    RunOut out = run_parsed(model, kPrompt, 16, flags, env.empty() ? "" : env + " ",
+                            /*with_logits=*/true);
     if (must_succeed) {
-        EXPECT_EQ(r.rc, 0) << flags << "\n" << r.err;
-    }
-    RunOut out;
-    out.exit_code = r.rc;
-    out.err = r.err;
-    if (r.rc == 0) {
-        out.stats = json::parse(r.stats);
-        out.logits = r.logits;
+        EXPECT_EQ(out.rc, 0) << flags << "\n" << out.err;
     }
     return out;
 }

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "moestream/route_trace.h"
-#include "test_util.h"
+#include "test_stats_run.h"
 
 using nlohmann::json;
 using namespace moestream;
@@ -27,15 +27,10 @@ namespace {
 
 const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 
-struct CliRun {
-    int rc = -1;
-    std::string err;
-    json stats;
-};
+using CliRun = ParsedRun;
 
 CliRun run(const std::string & model, const std::string & flags, const std::string & env = "") {
-    StatsRun r = run_with_stats(model, kPrompt, 32, flags, env);
-    return {r.rc, r.err, r.rc == 0 ? json::parse(r.stats) : json()};
+    return run_parsed(model, kPrompt, 32, flags, env);
 }
 
 const char * kSmall = "--cache-mb 4 --force-cache --cache-debug ";
