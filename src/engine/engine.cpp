@@ -105,13 +105,17 @@ Status EngineImpl::init(const RunOptions & opt) {
     if (!st.ok()) return st;
     st = check_cpu_computable(index_);  // types llama.cpp would hand ggml unchecked
     if (!st.ok()) return st;
-    if (opt_.n_batch == 0) {  // RunOptions::n_batch 0: chosen for the memory (run_config.h)
+    // RunOptions::n_batch 0: chosen for the memory (run_config.h), once the context (its cap)
+    // is known: here with -c given, after the load otherwise.
+    if (opt_.n_batch == 0 && opt_.n_ctx != 0) {
         opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
-        if (opt_.n_ctx != 0) MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
-    } else {
+        MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
+    } else if (opt_.n_batch != 0) {
         n_batch_reason_ = "requested";
     }
-    st = check_context_fits(opt_, index_);  // before llama.cpp allocates (or the OOM killer)
+    // Before llama.cpp allocates (or the OOM killer); with the context not yet known only the
+    // weights are checked here, the context and batch once it is (below).
+    st = check_context_fits(opt_, index_);
     if (!st.ok()) return st;
     st = check_n_expert_used(opt, index_);
     if (!st.ok()) return st;
@@ -170,6 +174,8 @@ Status EngineImpl::init(const RunOptions & opt) {
             opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
             MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
         }
+        st = check_context_fits(opt_, index_);
+        if (!st.ok()) return st;
     }
     llama_context_params cp = llama_context_default_params();
     cp.n_ctx = uint32_t(opt_.n_ctx);

@@ -171,6 +171,13 @@ Status check_context_fits(const RunOptions & opt, const ModelIndex & m) {
                    : (opt.resident_mmap ? 0 : m.dense_bytes_total + m.expert_bytes_total);
     const unsigned __int128 total = kv + mask + weights;
     if (total <= mem.available_bytes) return Status::Ok();
+    if (opt.n_ctx == 0)  // the context is not known yet: the weights alone do not fit
+        return usage((opt.stream ? "the dense weights (" : "the weights (") + mib_str(weights) +
+                     ") need more than the " + mib_str(mem.available_bytes) + " available (" +
+                     mem.source + ")" +
+                     (opt.stream ? std::string()
+                                 : "; drop RunOptions::resident_mmap = false (map the file) or "
+                                   "RunOptions::stream = false (stream the experts)"));
     return usage("RunOptions::n_ctx " + std::to_string(opt.n_ctx) + " with RunOptions::n_batch " +
                  std::to_string(opt.n_batch) + " cannot fit: the KV cache (" + mib_str(kv) +
                  ") and one batch's attention mask (" + mib_str(mask) + ") with " +

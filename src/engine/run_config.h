@@ -26,7 +26,8 @@ Status check_run_options(const RunOptions & opt);
 // context's KV cache, one batch's attention mask and the weights the run keeps in memory
 // against the memory available (before llama.cpp allocates them; otherwise the kernel would
 // OOM-kill the process). The memory figure is a lower bound of what llama.cpp allocates, so
-// only what cannot fit is refused. opt.n_ctx must be resolved (not 0) for the memory check.
+// only what cannot fit is refused. With opt.n_ctx 0 (not resolved yet) only the weights are
+// checked; the engine checks again once the context is known.
 Status check_n_expert_used(const RunOptions & opt, const ModelIndex & m);
 Status check_context_fits(const RunOptions & opt, const ModelIndex & m);
 

@@ -250,6 +250,29 @@ TEST(MemoryLimits, ContextThatCannotFitIsRefusedBeforeLoading) {
 
 // RLIMIT_DATA counts private writable mappings: lowering it below what the cache has committed
 // makes the kernel refuse the cache's next mprotect(PROT_READ|PROT_WRITE) with ENOMEM.
+// Resident without mapping, the context left to the model: weights larger than the limit are
+// refused before loading (exit 64, naming the weights and the flags that would fit), not
+// OOM-killed. Control: the same command under a limit that holds them runs.
+TEST(MemoryLimits, ResidentWeightsThatCannotFitAreRefusedBeforeLoading) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");  // ~100 MiB of weights
+    const std::string args = "run -m " + sh_quote(model) + " -p hi -n 2 --no-stream --no-mmap";
+    {
+        NEED_CGROUP(cg, "resw");
+        ASSERT_TRUE(cg.limit(64 * kMiB));
+        CmdResult r = cg.run(args);
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        EXPECT_EQ(r.exit_code, 64) << r.err;
+        EXPECT_NE(r.err.find("the weights ("), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("drop --no-mmap"), std::string::npos) << r.err;
+        EXPECT_EQ(r.err.find("RunOptions::"), std::string::npos) << r.err;
+    }
+    NEED_CGROUP(cg, "reswok");
+    ASSERT_TRUE(cg.limit(700 * kMiB));
+    CmdResult r = cg.run(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(cg.oom_kills(), 0u);
+}
+
 TEST(MemoryLimits, RefusedCommitShrinksTheCacheAndKeepsTheTokens) {
     const std::string model = synth_model("tiny", "qwen3moe", "f32");
     RunOptions o;
