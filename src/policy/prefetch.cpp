@@ -180,6 +180,10 @@ bool RoutePredictor::predict_rows(uint32_t il, int k, uint32_t * next_il,
     const ggml_tensor * x = nullptr;
     int64_t n_embd = 0, n_expert = 0;
     if (!prepare(il, k, &nl, &x, &n_embd, &n_expert)) return false;
+    // The last MoE layer is never read ahead in a prompt (streamer.h): no guess for it.
+    uint32_t after = nl + 1;
+    while (after < layers_.size() && layers_[after].w == nullptr) ++after;
+    if (after >= layers_.size()) return false;
     in_union_.assign(size_t(n_expert), 0);
     top_.resize(size_t(k));
     const char * base = static_cast<const char *>(x->data);

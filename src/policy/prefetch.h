@@ -26,7 +26,10 @@
 // Prefill (set_prefill_rows, docs/prefetch.md "Prefill read-ahead"): at a multi-row routing the
 // same guess is made for every row of the ubatch, and the sink gets the union of the rows'
 // top k for the next MoE layer. It stops guessing once the union is the whole bank (the
-// remaining rows could add nothing).
+// remaining rows could add nothing). A layer's router weights are learned from the graph (the
+// first operand of its `ffn_moe_logits` node, seen when that node is asked for), so in the
+// first graph an engine runs the next layer's router is not known yet: no guess there (the
+// streamer then reads the bank).
 //
 // Graph facts used (llama-0.7-facts.md; checked at every use, a mismatch turns the
 // prediction off for that layer, never an error): `ffn_moe_logits-<il>` is a MUL_MAT of the
@@ -91,7 +94,8 @@ public:
     // False when it cannot predict (no next MoE layer, unsupported tensor types, batch > 1).
     bool predict(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out);
     // At the routing of layer il (any number of rows): the union of every row's k predicted
-    // experts for the next MoE layer, in first-guessed order. False when it cannot predict.
+    // experts for the next MoE layer, in first-guessed order. False when it cannot predict,
+    // and when the next MoE layer is the last one seen (a prompt never reads that one ahead).
     bool predict_rows(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out);
     // The routing of layer il arrived: scores the prediction made for it, if any.
     void score(uint32_t il, const int32_t * ids, int k);
