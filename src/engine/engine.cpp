@@ -240,6 +240,28 @@ bool EngineImpl::prefill_slots_fit(uint64_t needs, const MemoryAvailability & me
     return true;
 }
 
+// Prefill read-ahead's per-row guesses in the first graph (prefetch.h, preset_router): each
+// MoE layer's router and ffn_norm weights from the dense copies read at load, the bytes the
+// graph will use. A layer whose router is not f32 [n_embd, n_expert] gets none (no guess
+// until the graph shows it).
+void EngineImpl::preset_routers() {
+    for (const MoeLayer & L : index_.moe_layers) {
+        const std::string blk = "blk." + std::to_string(L.layer) + ".";
+        const TensorInfo * w = index_.find_tensor(blk + "ffn_gate_inp.weight");
+        const TensorInfo * g = index_.find_tensor(blk + "ffn_norm.weight");
+        if (w == nullptr || w->type != GGML_TYPE_F32 || w->ne[0] != int64_t(index_.n_embd) ||
+            w->ne[2] != 1 || w->nb[1] != uint64_t(w->ne[0]) * sizeof(float))
+            continue;
+        const void * wd = binder_->dense_copy(w->name);
+        const void * gd = g && g->type == GGML_TYPE_F32 && g->ne[0] == w->ne[0] && g->ne[1] == 1
+                              ? binder_->dense_copy(g->name)
+                              : nullptr;
+        if (wd == nullptr) continue;
+        predictor_->preset_router(L.layer, static_cast<const float *>(wd), w->ne[0], w->ne[1],
+                                  static_cast<const float *>(gd));
+    }
+}
+
 // Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
 Status EngineImpl::make_store() {
     // Besides cached experts the run needs: dense weights (read into RAM below, once the
@@ -348,6 +370,7 @@ Status EngineImpl::make_store() {
         predictor_->set_enabled(opt_.drop_cold == 0 && !fallback_);
         predictor_->set_decode_guess(d.budget_bytes > 0 && prefetch_possible());
         predictor_->set_prefill_rows(row_guess);
+        if (row_guess) preset_routers();
     }
     if (d.budget_bytes > 0 && prefetch_possible()) {
         // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no

@@ -98,6 +98,7 @@ private:
         return predictor_ != nullptr && predictor_->decode_guess() && opt_.drop_cold == 0;
     }
     // Prefill read-ahead guesses per row (MOESTREAM_PREFILL_GUESS=rows) when it runs.
+    void preset_routers();  // engine.cpp: the predictor's routers before the first graph
     bool prefill_row_guess_possible() const {
         return opt_.prefill_readahead && knobs_.prefill_guess_rows;
     }

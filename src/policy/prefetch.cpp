@@ -72,35 +72,54 @@ void RoutePredictor::observe(const ggml_tensor * t) {
     x_[il] = x;
 }
 
-void RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd) {
+void RoutePredictor::preset_router(uint32_t il, const float * w, int64_t n_embd,
+                                   int64_t n_expert, const float * gamma) {
+    grow(il);
     Layer & L = layers_[il];
-    const ggml_tensor * g0 = L.gamma;
-    const ggml_tensor * g1 = layers_[nl].gamma;
-    if (!host_f32(g0) || !host_f32(g1) || g0->ne[0] != n_embd || g1->ne[0] != n_embd) {
+    L.pre_w = w;
+    L.pre_gamma = gamma;
+    L.pre_embd = n_embd;
+    L.pre_expert = n_expert;
+}
+
+bool RoutePredictor::has_router(uint32_t l, bool preset) const {
+    return layers_[l].w != nullptr || (preset && layers_[l].pre_w != nullptr);
+}
+
+const void * RoutePredictor::gamma_of(uint32_t l, int64_t n_embd, bool preset) const {
+    const ggml_tensor * g = layers_[l].gamma;
+    if (host_f32(g) && g->ne[0] == n_embd) return g->data;
+    return preset && layers_[l].w == nullptr && layers_[l].pre_embd == n_embd ? layers_[l].pre_gamma
+                                                                              : nullptr;
+}
+
+void RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd, bool preset) {
+    Layer & L = layers_[il];
+    const void * g0 = gamma_of(il, n_embd, preset);
+    const void * g1 = gamma_of(nl, n_embd, preset);
+    if (g0 == nullptr || g1 == nullptr) {
         L.ratio.clear();  // predict with the plain router input
         return;
     }
-    if (L.ratio.size() == size_t(n_embd) && L.ratio_for[0] == g0->data &&
-        L.ratio_for[1] == g1->data)
-        return;
-    const auto * a = static_cast<const float *>(g0->data);
-    const auto * b = static_cast<const float *>(g1->data);
+    if (L.ratio.size() == size_t(n_embd) && L.ratio_for[0] == g0 && L.ratio_for[1] == g1) return;
+    const auto * a = static_cast<const float *>(g0);
+    const auto * b = static_cast<const float *>(g1);
     L.ratio.resize(size_t(n_embd));
     for (int64_t i = 0; i < n_embd; ++i) L.ratio[size_t(i)] = a[i] != 0.0f ? b[i] / a[i] : 0.0f;
-    L.ratio_for[0] = g0->data;
-    L.ratio_for[1] = g1->data;
+    L.ratio_for[0] = g0;
+    L.ratio_for[1] = g1;
 }
 
-void RoutePredictor::quantize(Layer & L, int64_t n_embd, int64_t n_expert) {
-    const ggml_tensor * w = L.w;
+void RoutePredictor::quantize(Layer & L, const void * w, size_t row_bytes, int64_t n_embd,
+                              int64_t n_expert) {
     L.q.resize(size_t(n_embd) * size_t(n_expert));
     L.scale.resize(size_t(n_expert));
-    const char * wb = static_cast<const char *>(w->data);
+    const char * wb = static_cast<const char *>(w);
     for (int64_t e = 0; e < n_expert; ++e) {
-        const auto * row = reinterpret_cast<const float *>(wb + size_t(e) * w->nb[1]);
+        const auto * row = reinterpret_cast<const float *>(wb + size_t(e) * row_bytes);
         L.scale[size_t(e)] = quantize_i8(row, n_embd, L.q.data() + size_t(e) * size_t(n_embd));
     }
-    L.q_for = w->data;
+    L.q_for = w;
 }
 
 uint64_t RoutePredictor::copy_bytes() const {
@@ -109,25 +128,32 @@ uint64_t RoutePredictor::copy_bytes() const {
     return b;
 }
 
-bool RoutePredictor::prepare(uint32_t il, int k, uint32_t * nl_out, const ggml_tensor ** x_out,
-                             int64_t * n_embd_out, int64_t * n_expert_out) {
+bool RoutePredictor::prepare(uint32_t il, int k, bool preset, uint32_t * nl_out,
+                             const ggml_tensor ** x_out, int64_t * n_embd_out,
+                             int64_t * n_expert_out) {
     if (il >= layers_.size() || k <= 0) return false;
     uint32_t nl = il + 1;
-    while (nl < layers_.size() && layers_[nl].w == nullptr) ++nl;
+    while (nl < layers_.size() && !has_router(nl, preset)) ++nl;
     if (nl >= layers_.size()) return false;
     const ggml_tensor * x = x_[il];
-    const ggml_tensor * w = layers_[nl].w;
-    if (!host_f32(x) || !host_f32(w)) return false;
+    if (!host_f32(x)) return false;
     const int64_t n_embd = x->ne[0];
-    const int64_t n_expert = w->ne[1];
+    // The next layer's router: as seen in the graph, else (preset) as handed over at open.
+    const ggml_tensor * w = layers_[nl].w;
+    const Layer & P = layers_[nl];
+    if (w != nullptr && (!host_f32(w) || w->ne[2] != 1)) return false;
+    const void * wd = w ? w->data : P.pre_w;
+    const int64_t w_embd = w ? w->ne[0] : P.pre_embd;
+    const int64_t n_expert = w ? w->ne[1] : P.pre_expert;
+    const size_t row_bytes = w ? w->nb[1] : size_t(P.pre_embd) * sizeof(float);
     if (x->ne[1] < 1 || x->ne[2] != 1 || x->ne[3] != 1 ||
-        x->nb[1] < size_t(n_embd) * sizeof(float) || w->ne[0] != n_embd || w->ne[2] != 1 ||
-        n_expert < k || w->nb[1] < size_t(n_embd) * sizeof(float))
+        x->nb[1] < size_t(n_embd) * sizeof(float) || w_embd != n_embd || n_expert < k ||
+        row_bytes < size_t(n_embd) * sizeof(float))
         return false;
-    ratio_of(il, nl, n_embd);
+    ratio_of(il, nl, n_embd, preset);
     Layer & N = layers_[nl];
-    if (N.q_for != w->data || N.q.size() != size_t(n_embd) * size_t(n_expert))
-        quantize(N, n_embd, n_expert);
+    if (N.q_for != wd || N.q.size() != size_t(n_embd) * size_t(n_expert))
+        quantize(N, wd, row_bytes, n_embd, n_expert);
     *nl_out = nl;
     *x_out = x;
     *n_embd_out = n_embd;
@@ -161,7 +187,8 @@ bool RoutePredictor::predict(uint32_t il, int k, uint32_t * next_il, std::vector
     uint32_t nl = 0;
     const ggml_tensor * x = nullptr;
     int64_t n_embd = 0, n_expert = 0;
-    if (!prepare(il, k, &nl, &x, &n_embd, &n_expert) || x->ne[1] != 1) return false;
+    if (!prepare(il, k, /*preset=*/false, &nl, &x, &n_embd, &n_expert) || x->ne[1] != 1)
+        return false;
     out->resize(size_t(k));
     guess_row(il, nl, static_cast<const float *>(x->data), n_embd, n_expert, k, out->data());
     *next_il = nl;
@@ -179,10 +206,10 @@ bool RoutePredictor::predict_rows(uint32_t il, int k, uint32_t * next_il,
     uint32_t nl = 0;
     const ggml_tensor * x = nullptr;
     int64_t n_embd = 0, n_expert = 0;
-    if (!prepare(il, k, &nl, &x, &n_embd, &n_expert)) return false;
+    if (!prepare(il, k, /*preset=*/true, &nl, &x, &n_embd, &n_expert)) return false;
     // The last MoE layer is never read ahead in a prompt (streamer.h): no guess for it.
     uint32_t after = nl + 1;
-    while (after < layers_.size() && layers_[after].w == nullptr) ++after;
+    while (after < layers_.size() && !has_router(after, true)) ++after;
     if (after >= layers_.size()) return false;
     in_union_.assign(size_t(n_expert), 0);
     top_.resize(size_t(k));

@@ -27,9 +27,10 @@
 // same guess is made for every row of the ubatch, and the sink gets the union of the rows'
 // top k for the next MoE layer. It stops guessing once the union is the whole bank (the
 // remaining rows could add nothing). A layer's router weights are learned from the graph (the
-// first operand of its `ffn_moe_logits` node, seen when that node is asked for), so in the
-// first graph an engine runs the next layer's router is not known yet: no guess there (the
-// streamer then reads the bank).
+// first operand of its `ffn_moe_logits` node, seen when that node is asked for); in the first
+// graph an engine runs the next layer's router is not seen yet, so prefill guesses use the
+// router and norm weights handed over at open (preset_router: the dense weights read from the
+// file, the same bytes the graph then uses). Decode guesses use only what the graph showed.
 //
 // Graph facts used (llama-0.7-facts.md; checked at every use, a mismatch turns the
 // prediction off for that layer, never an error): `ffn_moe_logits-<il>` is a MUL_MAT of the
@@ -78,6 +79,11 @@ public:
     void set_decode_guess(bool on) { decode_guess_ = on; }
     // Whether multi-row routings are guessed per row (prefill read-ahead; default off).
     void set_prefill_rows(bool on) { prefill_rows_ = on; }
+    // Graph layer il's router, f32 [n_embd, n_expert] with contiguous rows, and its ffn_norm
+    // weight (f32 [n_embd], may be null), known before the graph shows them: used by
+    // predict_rows() for a layer the graph has not shown yet. Not owned; must outlive this.
+    void preset_router(uint32_t il, const float * w, int64_t n_embd, int64_t n_expert,
+                       const float * gamma);
     bool decode_guess() const { return decode_guess_; }
     bool prefill_rows() const { return prefill_rows_; }
 
@@ -112,19 +118,27 @@ private:
         const ggml_tensor * w = nullptr;      // router weights, f32 [n_embd, n_expert]
         const ggml_tensor * gamma = nullptr;  // ffn_norm weight, f32 [n_embd] (may be absent)
         std::vector<float> ratio;             // gamma of the next MoE layer / this gamma
-        const void * ratio_for[2] = {nullptr, nullptr};  // the data pointers ratio was made of
+        const void * ratio_for[2] = {nullptr, nullptr};  // the gamma data ratio was made of
         // int8 copy of w: row e = q[e * n_embd ...] * scale[e]
         std::vector<int8_t> q;
         std::vector<float> scale;
-        const void * q_for = nullptr;  // w->data the copy was made of
+        const void * q_for = nullptr;  // the router data the copy was made of
+        // preset_router(): the router and norm weights before the graph shows them.
+        const float * pre_w = nullptr;
+        const float * pre_gamma = nullptr;
+        int64_t pre_embd = 0, pre_expert = 0;
     };
     void grow(uint32_t il);
-    void ratio_of(uint32_t il, uint32_t nl, int64_t n_embd);
-    void quantize(Layer & L, int64_t n_embd, int64_t n_expert);
-    // The checks and one-time preparations shared by predict() and predict_rows(): the next
-    // MoE layer (*nl), the input x_[il] (*x) and the sizes. False when it cannot predict.
-    bool prepare(uint32_t il, int k, uint32_t * nl, const ggml_tensor ** x, int64_t * n_embd,
-                 int64_t * n_expert);
+    // With preset, a layer the graph has not shown may use preset_router()'s weights.
+    bool has_router(uint32_t l, bool preset) const;
+    const void * gamma_of(uint32_t l, int64_t n_embd, bool preset) const;
+    void ratio_of(uint32_t il, uint32_t nl, int64_t n_embd, bool preset);
+    void quantize(Layer & L, const void * w, size_t row_bytes, int64_t n_embd, int64_t n_expert);
+    // The checks and one-time preparations shared by predict() (preset false) and
+    // predict_rows() (true): the next MoE layer (*nl), the input x_[il] (*x) and the sizes.
+    // False when it cannot predict.
+    bool prepare(uint32_t il, int k, bool preset, uint32_t * nl, const ggml_tensor ** x,
+                 int64_t * n_embd, int64_t * n_expert);
     // One row's guess: the top k of layer nl's router on the row xs (n_embd floats), in score
     // order, into top[0, k).
     void guess_row(uint32_t il, uint32_t nl, const float * xs, int64_t n_embd, int64_t n_expert,
