@@ -153,6 +153,25 @@ TEST_P(PrefillReadahead, UnionAndBankGuessesByteIdenticalToResident) {
     }
 }
 
+// A prompt of one ubatch is the engine's first graph, before the graph has shown the next
+// layers' routers: the per-row guess runs there too (the routers preset at open), byte-identical.
+TEST(PrefillReadaheadFirstGraph, OneUbatchGuessesPerRow) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    const std::string one = "-b 256 --ubatch-size 256";
+    Out ref = run(model, "--no-stream", "", one);
+    ASSERT_EQ(ref.rc, 0) << ref.err;
+    Out rows = run(model, "--cache-mb 0 --prefill-readahead", "MOESTREAM_PREFILL_GUESS=rows", one);
+    ASSERT_EQ(rows.rc, 0) << rows.err;
+    EXPECT_GT(rows.stats["prefill_guess_layers"].get<uint64_t>(), 0u);
+    EXPECT_EQ(rows.stats["logits_sha"], ref.stats["logits_sha"]);
+    EXPECT_TRUE(rows.logits == ref.logits);
+    Out bank = run(model, "--cache-mb 0 --prefill-readahead", "MOESTREAM_PREFILL_GUESS=bank", one);
+    ASSERT_EQ(bank.rc, 0) << bank.err;
+    EXPECT_EQ(bank.stats["prefill_guess_layers"].get<uint64_t>(), 0u);
+    EXPECT_LT(rows.stats["prefetch_bytes"].get<uint64_t>(),
+              bank.stats["prefetch_bytes"].get<uint64_t>());
+}
+
 TEST(PrefillReadaheadFlags, ABadGuessKnobIsRefusedByName) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     Out o = run(model, "--prefill-readahead", "MOESTREAM_PREFILL_GUESS=union");
