@@ -193,6 +193,12 @@ struct RunStats {
     uint64_t prefetch_unused = 0;         // of those, evicted unrouted so far
     uint64_t prefetch_bytes = 0;          // bytes read ahead (part of flash_bytes_read)
     double prefetch_wait_s = 0;           // time blocked finishing read-ahead (part of io_s)
+    double guess_s = 0;                   // time computing next-layer guesses (compute thread)
+    // Prefill read-ahead with per-row guesses (MOESTREAM_PREFILL_GUESS=rows): layers whose
+    // read-ahead was the union of the ubatch rows' guesses, rows guessed, experts in the unions.
+    uint64_t prefill_guess_layers = 0;
+    uint64_t prefill_guess_rows = 0;
+    uint64_t prefill_guess_experts = 0;
     // --drop-cold-experts (docs/lossy-knobs.md); zero when off.
     uint64_t experts_routed = 0;  // routed slots the policy looked at
     uint64_t experts_dropped = 0;

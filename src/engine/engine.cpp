@@ -246,6 +246,28 @@ bool EngineImpl::prefill_slots_fit(uint64_t needs, const MemoryAvailability & me
     return true;
 }
 
+// Prefill read-ahead's per-row guesses in the first graph (prefetch.h, preset_router): each
+// MoE layer's router and ffn_norm weights from the dense copies read at load, the bytes the
+// graph will use. A layer whose router is not f32 [n_embd, n_expert] gets none (no guess
+// until the graph shows it).
+void EngineImpl::preset_routers() {
+    for (const MoeLayer & L : index_.moe_layers) {
+        const std::string blk = "blk." + std::to_string(L.layer) + ".";
+        const TensorInfo * w = index_.find_tensor(blk + "ffn_gate_inp.weight");
+        const TensorInfo * g = index_.find_tensor(blk + "ffn_norm.weight");
+        if (w == nullptr || w->type != GGML_TYPE_F32 || w->ne[0] != int64_t(index_.n_embd) ||
+            w->ne[2] != 1 || w->nb[1] != uint64_t(w->ne[0]) * sizeof(float))
+            continue;
+        const void * wd = binder_->dense_copy(w->name);
+        const void * gd = g && g->type == GGML_TYPE_F32 && g->ne[0] == w->ne[0] && g->ne[1] == 1
+                              ? binder_->dense_copy(g->name)
+                              : nullptr;
+        if (wd == nullptr) continue;
+        predictor_->preset_router(L.layer, static_cast<const float *>(wd), w->ne[0], w->ne[1],
+                                  static_cast<const float *>(gd));
+    }
+}
+
 // Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
 Status EngineImpl::make_store() {
     // Besides cached experts the run needs: dense weights (read into RAM below, once the
@@ -253,7 +275,8 @@ Status EngineImpl::make_store() {
     // one batch), one layer's routed set above the budget, and when prefetch can run the
     // predictor's int8 router copies (12 MiB on the 30B preset).
     const uint64_t predictor_est =
-        prefetch_possible() ? RoutePredictor::copy_bytes_for(index_.moe_layers.size(),
+        prefetch_possible() || prefill_row_guess_possible()
+            ? RoutePredictor::copy_bytes_for(index_.moe_layers.size(),
                                                              index_.n_expert, index_.n_embd)
                             : 0;
     const uint64_t needs = auto_needs_bytes(index_, uint32_t(opt_.n_batch)) + predictor_est;
@@ -346,9 +369,16 @@ Status EngineImpl::make_store() {
     if (d.budget_bytes == 0 && opt_.prefetch)
         MS_LOG_WARN("prefetch is off for this run: it needs the cache, and %s",
                     d.reason.c_str());
-    if (d.budget_bytes > 0 && prefetch_possible()) {
+    // Prefill read-ahead's per-row guesses (knobs_.prefill_guess_rows) use the same predictor.
+    const bool row_guess = prefill_readahead_ && prefill_row_guess_possible();
+    if ((d.budget_bytes > 0 && prefetch_possible()) || row_guess) {
         predictor_ = std::make_unique<RoutePredictor>();
         predictor_->set_enabled(opt_.drop_cold == 0 && !fallback_);
+        predictor_->set_decode_guess(d.budget_bytes > 0 && prefetch_possible());
+        predictor_->set_prefill_rows(row_guess);
+        if (row_guess) preset_routers();
+    }
+    if (d.budget_bytes > 0 && prefetch_possible()) {
         // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
         // test fault plan is installed (faults are injected at the lanes).
         // knobs_.prefetch_no_uring (for A/B benchmarks): the worker lanes read the tail.
@@ -454,8 +484,9 @@ StatsSources EngineImpl::stats_sources() const {
     StatsSources src;
     src.streamer = streamer_.get();
     src.store = store_.get();
-    src.predictor = predictor_.get();
+    src.predictor = predictor_ && predictor_->decode_guess() ? predictor_.get() : nullptr;
     src.prefetch_on = prefetch_on();
+    src.guesser = predictor_.get();
     src.binder = binder_.get();
     // Drop-cold's figures while the policy is on (set_drop_cold(0) may have turned it off
     // after a lossy generation: then they are zero).
@@ -517,6 +548,8 @@ std::string EngineImpl::settings_json() const {
     j["prefetch_requested"] = opt_.prefetch;
     j["prefill_readahead"] = prefill_readahead_;
     j["prefill_readahead_requested"] = opt_.prefill_readahead;
+    j["prefill_guess"] = prefill_readahead_ && predictor_ && predictor_->prefill_rows() ? "rows"
+                                                                                     : "bank";
     j["n_expert_used"] = k_eff_;
     j["n_expert_used_model"] = index_.n_expert_used;
     j["lossy"] = lossy();

@@ -94,7 +94,14 @@ private:
     bool prefill_readahead_ = false;  // on for this run
     std::string n_batch_reason_;      // how RunOptions::n_batch was chosen (settings)
     bool prefill_two_sets_ = false;   // cache off: the shared slots have a second set
-    bool prefetch_on() const { return predictor_ != nullptr && opt_.drop_cold == 0; }
+    bool prefetch_on() const {
+        return predictor_ != nullptr && predictor_->decode_guess() && opt_.drop_cold == 0;
+    }
+    // Prefill read-ahead guesses per row (MOESTREAM_PREFILL_GUESS=rows) when it runs.
+    void preset_routers();  // engine.cpp: the predictor's routers before the first graph
+    bool prefill_row_guess_possible() const {
+        return opt_.prefill_readahead && knobs_.prefill_guess_rows;
+    }
     // RunOptions::prefetch asked for, a worker lane to read the tail and no route trace
     // (make_store: it also needs the cache). The budget's estimate and the predictor follow
     // the same rule.

@@ -60,6 +60,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!staged.empty() && staged != "0" && staged != "1")
         return Status::Usage("MOESTREAM_STAGED_READS=" + staged + ": must be 0 or 1");
     if (!staged.empty()) k->staged_reads = staged == "1";
+    const std::string guess = env("MOESTREAM_PREFILL_GUESS");
+    if (!guess.empty() && guess != "bank" && guess != "rows")
+        return Status::Usage("MOESTREAM_PREFILL_GUESS=" + guess + ": must be bank or rows");
+    if (!guess.empty()) k->prefill_guess_rows = guess == "rows";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

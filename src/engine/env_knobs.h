@@ -34,6 +34,10 @@ struct EnvKnobs {
     // routing only once the earlier stages' are in (io_lanes.h, "Staged reads"). Lossless
     // either way.
     bool staged_reads = true;
+    // MOESTREAM_PREFILL_GUESS=bank|rows: what prefill read-ahead reads for the next MoE layer
+    // at a multi-row routing: its whole bank, or the union of the ubatch rows' guesses
+    // (prefetch.h; docs/prefetch.md, "Prefill read-ahead"). Lossless either way.
+    bool prefill_guess_rows = true;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;

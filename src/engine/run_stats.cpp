@@ -179,6 +179,13 @@ void RunStatsAssembly::finish() {
         s.prefetch_bytes = tot.prefetch_bytes;
         s.prefetch_wait_s = tot.prefetch_wait_s;
     }
+    if (src_.guesser) {  // the guess's own cost and prefill read-ahead's per-row guesses
+        const PredictCounters & pc = src_.guesser->counters();
+        s.guess_s = pc.guess_s;
+        s.prefill_guess_layers = pc.row_layers;
+        s.prefill_guess_rows = pc.row_rows;
+        s.prefill_guess_experts = pc.row_experts;
+    }
     if (src_.binder) s.dense_bytes = src_.binder->dense_bytes();
     if (src_.drop_cold) {  // this run's share
         const DropCounters & dc = src_.drop_cold->counters();

@@ -34,6 +34,7 @@ struct StatsSources {
     const ResidencyStore * store = nullptr;
     const RoutePredictor * predictor = nullptr;  // the prefetch predictor (on or paused)
     bool prefetch_on = false;                    // reading ahead in this run
+    const RoutePredictor * guesser = nullptr;    // the predictor, also for prefill guesses only
     const WeightBinder * binder = nullptr;
     const DropColdObserver * drop_cold = nullptr;
     const SubstituteObserver * substitute = nullptr;  // null while the policy is off

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "dot_i8.h"
 #include "ggml-backend.h"
+#include "moestream/sysinfo.h"
 #include "ggml.h"
 #include "router_hook.h"
 
@@ -32,25 +34,17 @@ const ggml_tensor * norm_weight(const ggml_tensor * norm, int64_t n_embd) {
     return nullptr;
 }
 
-// Integer dot product: a plain loop the compiler vectorizes (this file is built with -O3,
-// src/CMakeLists.txt), unlike a float reduction, which it may not reorder.
-int32_t dot_i8(const int8_t * a, const int8_t * b, int64_t n) {
-    int32_t s = 0;
-    for (int64_t i = 0; i < n; ++i) s += int32_t(a[i]) * int32_t(b[i]);
-    return s;
-}
-
-// Symmetric int8 quantization of n floats; returns the scale (1 when all are 0 or not finite).
-float quantize_i8(const float * x, int64_t n, int8_t * q) {
-    float amax = 0;
-    for (int64_t i = 0; i < n; ++i)
-        if (std::isfinite(x[i])) amax = std::max(amax, std::fabs(x[i]));
-    const float s = amax > 0 ? amax / 127.0f : 1.0f;
-    for (int64_t i = 0; i < n; ++i) {
-        const float v = std::isfinite(x[i]) ? std::nearbyint(x[i] / s) : 0.0f;
-        q[i] = int8_t(std::clamp(v, -127.0f, 127.0f));
+// The k best of scores[0, n) into top[0, k), best first: a higher score first, the lower id
+// on a tie. One pass with an insertion into the k kept (k is small: 8 on the 30B preset).
+void select_top(const float * scores, uint32_t n, int k, uint32_t * top) {
+    int m = 0;  // kept so far
+    for (uint32_t e = 0; e < n; ++e) {
+        const float v = scores[e];
+        if (m == k && !(v > scores[top[k - 1]])) continue;  // (an equal score keeps the lower id)
+        int j = m < k ? m++ : k - 1;
+        for (; j > 0 && v > scores[top[j - 1]]; --j) top[j] = top[j - 1];
+        top[j] = e;
     }
-    return s;
 }
 
 }  // namespace
@@ -78,35 +72,54 @@ void RoutePredictor::observe(const ggml_tensor * t) {
     x_[il] = x;
 }
 
-void RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd) {
+void RoutePredictor::preset_router(uint32_t il, const float * w, int64_t n_embd,
+                                   int64_t n_expert, const float * gamma) {
+    grow(il);
     Layer & L = layers_[il];
-    const ggml_tensor * g0 = L.gamma;
-    const ggml_tensor * g1 = layers_[nl].gamma;
-    if (!host_f32(g0) || !host_f32(g1) || g0->ne[0] != n_embd || g1->ne[0] != n_embd) {
+    L.pre_w = w;
+    L.pre_gamma = gamma;
+    L.pre_embd = n_embd;
+    L.pre_expert = n_expert;
+}
+
+bool RoutePredictor::has_router(uint32_t l, bool preset) const {
+    return layers_[l].w != nullptr || (preset && layers_[l].pre_w != nullptr);
+}
+
+const void * RoutePredictor::gamma_of(uint32_t l, int64_t n_embd, bool preset) const {
+    const ggml_tensor * g = layers_[l].gamma;
+    if (host_f32(g) && g->ne[0] == n_embd) return g->data;
+    return preset && layers_[l].w == nullptr && layers_[l].pre_embd == n_embd ? layers_[l].pre_gamma
+                                                                              : nullptr;
+}
+
+void RoutePredictor::ratio_of(uint32_t il, uint32_t nl, int64_t n_embd, bool preset) {
+    Layer & L = layers_[il];
+    const void * g0 = gamma_of(il, n_embd, preset);
+    const void * g1 = gamma_of(nl, n_embd, preset);
+    if (g0 == nullptr || g1 == nullptr) {
         L.ratio.clear();  // predict with the plain router input
         return;
     }
-    if (L.ratio.size() == size_t(n_embd) && L.ratio_for[0] == g0->data &&
-        L.ratio_for[1] == g1->data)
-        return;
-    const auto * a = static_cast<const float *>(g0->data);
-    const auto * b = static_cast<const float *>(g1->data);
+    if (L.ratio.size() == size_t(n_embd) && L.ratio_for[0] == g0 && L.ratio_for[1] == g1) return;
+    const auto * a = static_cast<const float *>(g0);
+    const auto * b = static_cast<const float *>(g1);
     L.ratio.resize(size_t(n_embd));
     for (int64_t i = 0; i < n_embd; ++i) L.ratio[size_t(i)] = a[i] != 0.0f ? b[i] / a[i] : 0.0f;
-    L.ratio_for[0] = g0->data;
-    L.ratio_for[1] = g1->data;
+    L.ratio_for[0] = g0;
+    L.ratio_for[1] = g1;
 }
 
-void RoutePredictor::quantize(Layer & L, int64_t n_embd, int64_t n_expert) {
-    const ggml_tensor * w = L.w;
+void RoutePredictor::quantize(Layer & L, const void * w, size_t row_bytes, int64_t n_embd,
+                              int64_t n_expert) {
     L.q.resize(size_t(n_embd) * size_t(n_expert));
     L.scale.resize(size_t(n_expert));
-    const char * wb = static_cast<const char *>(w->data);
+    const char * wb = static_cast<const char *>(w);
     for (int64_t e = 0; e < n_expert; ++e) {
-        const auto * row = reinterpret_cast<const float *>(wb + size_t(e) * w->nb[1]);
+        const auto * row = reinterpret_cast<const float *>(wb + size_t(e) * row_bytes);
         L.scale[size_t(e)] = quantize_i8(row, n_embd, L.q.data() + size_t(e) * size_t(n_embd));
     }
-    L.q_for = w->data;
+    L.q_for = w;
 }
 
 uint64_t RoutePredictor::copy_bytes() const {
@@ -115,45 +128,108 @@ uint64_t RoutePredictor::copy_bytes() const {
     return b;
 }
 
+bool RoutePredictor::prepare(uint32_t il, int k, bool preset, uint32_t * nl_out,
+                             const ggml_tensor ** x_out, int64_t * n_embd_out,
+                             int64_t * n_expert_out) {
+    if (il >= layers_.size() || k <= 0) return false;
+    uint32_t nl = il + 1;
+    while (nl < layers_.size() && !has_router(nl, preset)) ++nl;
+    if (nl >= layers_.size()) return false;
+    const ggml_tensor * x = x_[il];
+    if (!host_f32(x)) return false;
+    const int64_t n_embd = x->ne[0];
+    // The next layer's router: as seen in the graph, else (preset) as handed over at open.
+    const ggml_tensor * w = layers_[nl].w;
+    const Layer & P = layers_[nl];
+    if (w != nullptr && (!host_f32(w) || w->ne[2] != 1)) return false;
+    const void * wd = w ? w->data : P.pre_w;
+    const int64_t w_embd = w ? w->ne[0] : P.pre_embd;
+    const int64_t n_expert = w ? w->ne[1] : P.pre_expert;
+    const size_t row_bytes = w ? w->nb[1] : size_t(P.pre_embd) * sizeof(float);
+    if (x->ne[1] < 1 || x->ne[2] != 1 || x->ne[3] != 1 ||
+        x->nb[1] < size_t(n_embd) * sizeof(float) || w_embd != n_embd || n_expert < k ||
+        row_bytes < size_t(n_embd) * sizeof(float))
+        return false;
+    ratio_of(il, nl, n_embd, preset);
+    Layer & N = layers_[nl];
+    if (N.q_for != wd || N.q.size() != size_t(n_embd) * size_t(n_expert))
+        quantize(N, wd, row_bytes, n_embd, n_expert);
+    *nl_out = nl;
+    *x_out = x;
+    *n_embd_out = n_embd;
+    *n_expert_out = n_expert;
+    return true;
+}
+
+void RoutePredictor::guess_row(uint32_t il, uint32_t nl, const float * xs, int64_t n_embd,
+                               int64_t n_expert, int k, uint32_t * top) {
+    const std::vector<float> & r = layers_[il].ratio;
+    y_.resize(size_t(n_embd));
+    if (r.empty())
+        std::copy(xs, xs + n_embd, y_.begin());
+    else
+        for (int64_t i = 0; i < n_embd; ++i) y_[size_t(i)] = xs[i] * r[size_t(i)];
+    yq_.resize(size_t(n_embd));
+    const float ys = quantize_i8(y_.data(), n_embd, yq_.data());
+    const Layer & N = layers_[nl];
+    dots_.resize(size_t(n_expert));
+    dot_i8_rows(N.q.data(), size_t(n_embd), n_expert, yq_.data(), n_embd, dots_.data());
+    scores_.resize(size_t(n_expert));
+    for (int64_t e = 0; e < n_expert; ++e)
+        scores_[size_t(e)] = N.scale[size_t(e)] * ys * float(dots_[size_t(e)]);
+    select_top(scores_.data(), uint32_t(n_expert), k, top);
+}
+
 bool RoutePredictor::predict(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out) {
     out->clear();
     guess_il_ = -1;
-    if (il >= layers_.size() || k <= 0) return false;
-    uint32_t nl = il + 1;
-    while (nl < layers_.size() && layers_[nl].w == nullptr) ++nl;
-    if (nl >= layers_.size()) return false;
-    const ggml_tensor * x = x_[il];
-    const ggml_tensor * w = layers_[nl].w;
-    if (!host_f32(x) || !host_f32(w)) return false;
-    const int64_t n_embd = x->ne[0];
-    const int64_t n_expert = w->ne[1];
-    if (x->ne[1] != 1 || x->ne[2] != 1 || w->ne[0] != n_embd || w->ne[2] != 1 || n_expert < k ||
-        w->nb[1] < size_t(n_embd) * sizeof(float))
+    const double t0 = now_s();
+    uint32_t nl = 0;
+    const ggml_tensor * x = nullptr;
+    int64_t n_embd = 0, n_expert = 0;
+    if (!prepare(il, k, /*preset=*/false, &nl, &x, &n_embd, &n_expert) || x->ne[1] != 1)
         return false;
-    ratio_of(il, nl, n_embd);
-    const auto * xs = static_cast<const float *>(x->data);
-    const std::vector<float> & r = layers_[il].ratio;
-    y_.resize(size_t(n_embd));
-    for (int64_t i = 0; i < n_embd; ++i) y_[size_t(i)] = r.empty() ? xs[i] : xs[i] * r[size_t(i)];
-    Layer & N = layers_[nl];
-    if (N.q_for != w->data || N.q.size() != size_t(n_embd) * size_t(n_expert))
-        quantize(N, n_embd, n_expert);
-    yq_.resize(size_t(n_embd));
-    const float ys = quantize_i8(y_.data(), n_embd, yq_.data());
-    scores_.resize(size_t(n_expert));
-    for (int64_t e = 0; e < n_expert; ++e)
-        scores_[size_t(e)] =
-            N.scale[size_t(e)] * ys *
-            float(dot_i8(N.q.data() + size_t(e) * size_t(n_embd), yq_.data(), n_embd));
-    order_.resize(size_t(n_expert));
-    for (uint32_t e = 0; e < uint32_t(n_expert); ++e) order_[e] = e;
-    std::partial_sort(order_.begin(), order_.begin() + k, order_.end(),
-                      [&](uint32_t a, uint32_t b) { return scores_[a] > scores_[b]; });
-    out->assign(order_.begin(), order_.begin() + k);
+    out->resize(size_t(k));
+    guess_row(il, nl, static_cast<const float *>(x->data), n_embd, n_expert, k, out->data());
     *next_il = nl;
     guess_il_ = int64_t(nl);
     guess_ = *out;
     ++c_.predictions;
+    c_.guess_s += now_s() - t0;
+    return true;
+}
+
+bool RoutePredictor::predict_rows(uint32_t il, int k, uint32_t * next_il,
+                                  std::vector<uint32_t> * out) {
+    out->clear();
+    const double t0 = now_s();
+    uint32_t nl = 0;
+    const ggml_tensor * x = nullptr;
+    int64_t n_embd = 0, n_expert = 0;
+    if (!prepare(il, k, /*preset=*/true, &nl, &x, &n_embd, &n_expert)) return false;
+    // The last MoE layer is never read ahead in a prompt (streamer.h): no guess for it.
+    uint32_t after = nl + 1;
+    while (after < layers_.size() && !has_router(after, true)) ++after;
+    if (after >= layers_.size()) return false;
+    in_union_.assign(size_t(n_expert), 0);
+    top_.resize(size_t(k));
+    const char * base = static_cast<const char *>(x->data);
+    int64_t row = 0;
+    for (; row < x->ne[1] && out->size() < size_t(n_expert); ++row) {
+        guess_row(il, nl, reinterpret_cast<const float *>(base + size_t(row) * x->nb[1]), n_embd,
+                  n_expert, k, top_.data());
+        for (uint32_t e : top_)
+            if (!in_union_[e]) {
+                in_union_[e] = 1;
+                out->push_back(e);
+            }
+    }
+    *next_il = nl;
+    ++c_.row_layers;
+    c_.row_rows += uint64_t(row);
+    c_.row_experts += out->size();
+    if (out->size() == size_t(n_expert)) ++c_.row_full;
+    c_.guess_s += now_s() - t0;
     return true;
 }
 
@@ -182,9 +258,15 @@ bool RoutePredictor::on_ask(ggml_tensor * t, RouterHook & /*hook*/) {
 
 Status RoutePredictor::on_routing(const Routing & r, ggml_tensor * /*topk*/, RouterHook & hook,
                                   bool * /*defer*/) {
-    if (!enabled_ || r.n_rows != 1) return Status::Ok();
-    score(r.layer, r.ids.data(), r.k);
+    if (!enabled_) return Status::Ok();
     uint32_t next_il = 0;
+    if (r.n_rows > 1) {  // a prompt ubatch: the union of the rows' guesses (prefill read-ahead)
+        if (prefill_rows_ && predict_rows(r.layer, r.k, &next_il, &hint_))
+            hook.sink().set_prefetch(next_il, hint_);
+        return Status::Ok();
+    }
+    if (r.n_rows != 1 || !decode_guess_) return Status::Ok();
+    score(r.layer, r.ids.data(), r.k);
     if (decode_ && predict(r.layer, r.k, &next_il, &hint_)) hook.sink().set_prefetch(next_il, hint_);
     return Status::Ok();
 }

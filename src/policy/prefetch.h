@@ -16,13 +16,21 @@
 // 80-89 % of such guesses right on a trained Qwen3-30B-A3B (../shared/reference/
 // prior-art.md); accuracy() reports what this model and prompt give.
 //
-// Cost: the router weights are n_embd x n_expert f32 per layer (1 MiB on the 30B preset). A
-// scalar float dot product over them cost ~8 ms a token on the compute thread (perf, 30B
-// preset), and so did one over an int8 copy with a float input: the compiler may not reorder
-// a float sum, so neither loop was vectorized. So the guess uses an int8 copy (one scale per expert row, made on the first guess of a
-// layer: n_embd x n_expert bytes per layer, 12 MiB on the 30B preset), a quarter of the
-// bytes, and an int8 input: an integer dot product the compiler vectorizes. A guess only needs
-// the order of the top scores, not their values.
+// Cost: the router weights are n_embd x n_expert f32 per layer (1 MiB on the 30B preset). The
+// guess uses an int8 copy (one scale per expert row, made on the first guess of a layer:
+// n_embd x n_expert bytes per layer, 12 MiB on the 30B preset) and an int8 input: an integer
+// dot product (dot_i8.h), exact on every CPU, with an AVX2 (x86-64) or NEON (aarch64) path
+// chosen at run time. A guess only needs the order of the top scores, not their values; the
+// top k are selected in one pass (score descending, ties to the lower expert id).
+//
+// Prefill (set_prefill_rows, docs/prefetch.md "Prefill read-ahead"): at a multi-row routing the
+// same guess is made for every row of the ubatch, and the sink gets the union of the rows'
+// top k for the next MoE layer. It stops guessing once the union is the whole bank (the
+// remaining rows could add nothing). A layer's router weights are learned from the graph (the
+// first operand of its `ffn_moe_logits` node, seen when that node is asked for); in the first
+// graph an engine runs the next layer's router is not seen yet, so prefill guesses use the
+// router and norm weights handed over at open (preset_router: the dense weights read from the
+// file, the same bytes the graph then uses). Decode guesses use only what the graph showed.
 //
 // Graph facts used (llama-0.7-facts.md; checked at every use, a mismatch turns the
 // prediction off for that layer, never an error): `ffn_moe_logits-<il>` is a MUL_MAT of the
@@ -32,7 +40,9 @@
 //
 // As a router hook observer (node_observer.h): in ask mode it records the router inputs; at
 // every one-token routing of a decode it scores the previous guess and hands the sink
-// (streamer.h, "Prefetch") the next MoE layer's guess to read ahead. While disabled it does
+// (streamer.h, "Prefetch") the next MoE layer's guess to read ahead (unless
+// set_decode_guess(false)); with set_prefill_rows(true), at every multi-row routing of a
+// prompt it hands the sink the union of the rows' guesses. While disabled it does
 // nothing at all. Off while drop-cold is on (the engine enables one of them: a deferred load
 // would take the hint of a routing the policy has not decided yet).
 //
@@ -53,12 +63,29 @@ struct PredictCounters {
     uint64_t predictions = 0;  // layers predicted
     uint64_t scored = 0;       // predicted experts whose layer was then routed
     uint64_t right = 0;        // of those, routed
+    // Prefill (per-row guesses of multi-row routings):
+    uint64_t row_layers = 0;   // layers whose union was handed to the sink
+    uint64_t row_rows = 0;     // rows guessed
+    uint64_t row_experts = 0;  // experts in those unions
+    uint64_t row_full = 0;     // unions that reached the whole bank (guessing stopped there)
+    double guess_s = 0;        // time in predict() and predict_rows() (the compute thread's)
 };
 
 class RoutePredictor final : public NodeObserver {
 public:
     // Whether it predicts (and so prefetches) in the next graphs.
     void set_enabled(bool on) { enabled_ = on; }
+    // Whether decode routings are guessed (prefetch; default on).
+    void set_decode_guess(bool on) { decode_guess_ = on; }
+    // Whether multi-row routings are guessed per row (prefill read-ahead; default off).
+    void set_prefill_rows(bool on) { prefill_rows_ = on; }
+    // Graph layer il's router, f32 [n_embd, n_expert] with contiguous rows, and its ffn_norm
+    // weight (f32 [n_embd], may be null), known before the graph shows them: used by
+    // predict_rows() for a layer the graph has not shown yet. Not owned; must outlive this.
+    void preset_router(uint32_t il, const float * w, int64_t n_embd, int64_t n_expert,
+                       const float * gamma);
+    bool decode_guess() const { return decode_guess_; }
+    bool prefill_rows() const { return prefill_rows_; }
 
     void begin_graph(const GraphInfo & g, RouterHook & hook) override;
     bool on_ask(ggml_tensor * t, RouterHook & hook) override;
@@ -72,6 +99,10 @@ public:
     // At the routing of layer il (one token): the k experts predicted for the next MoE layer.
     // False when it cannot predict (no next MoE layer, unsupported tensor types, batch > 1).
     bool predict(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out);
+    // At the routing of layer il (any number of rows): the union of every row's k predicted
+    // experts for the next MoE layer, in first-guessed order. False when it cannot predict,
+    // and when the next MoE layer is the last one seen (a prompt never reads that one ahead).
+    bool predict_rows(uint32_t il, int k, uint32_t * next_il, std::vector<uint32_t> * out);
     // The routing of layer il arrived: scores the prediction made for it, if any.
     void score(uint32_t il, const int32_t * ids, int k);
     const PredictCounters & counters() const { return c_; }
@@ -87,24 +118,44 @@ private:
         const ggml_tensor * w = nullptr;      // router weights, f32 [n_embd, n_expert]
         const ggml_tensor * gamma = nullptr;  // ffn_norm weight, f32 [n_embd] (may be absent)
         std::vector<float> ratio;             // gamma of the next MoE layer / this gamma
-        const void * ratio_for[2] = {nullptr, nullptr};  // the data pointers ratio was made of
+        const void * ratio_for[2] = {nullptr, nullptr};  // the gamma data ratio was made of
         // int8 copy of w: row e = q[e * n_embd ...] * scale[e]
         std::vector<int8_t> q;
         std::vector<float> scale;
-        const void * q_for = nullptr;  // w->data the copy was made of
+        const void * q_for = nullptr;  // the router data the copy was made of
+        // preset_router(): the router and norm weights before the graph shows them.
+        const float * pre_w = nullptr;
+        const float * pre_gamma = nullptr;
+        int64_t pre_embd = 0, pre_expert = 0;
     };
     void grow(uint32_t il);
-    void ratio_of(uint32_t il, uint32_t nl, int64_t n_embd);
-    void quantize(Layer & L, int64_t n_embd, int64_t n_expert);
+    // With preset, a layer the graph has not shown may use preset_router()'s weights.
+    bool has_router(uint32_t l, bool preset) const;
+    const void * gamma_of(uint32_t l, int64_t n_embd, bool preset) const;
+    void ratio_of(uint32_t il, uint32_t nl, int64_t n_embd, bool preset);
+    void quantize(Layer & L, const void * w, size_t row_bytes, int64_t n_embd, int64_t n_expert);
+    // The checks and one-time preparations shared by predict() (preset false) and
+    // predict_rows() (true): the next MoE layer (*nl), the input x_[il] (*x) and the sizes.
+    // False when it cannot predict.
+    bool prepare(uint32_t il, int k, bool preset, uint32_t * nl, const ggml_tensor ** x,
+                 int64_t * n_embd, int64_t * n_expert);
+    // One row's guess: the top k of layer nl's router on the row xs (n_embd floats), in score
+    // order, into top[0, k).
+    void guess_row(uint32_t il, uint32_t nl, const float * xs, int64_t n_embd, int64_t n_expert,
+                   int k, uint32_t * top);
 
     bool enabled_ = true;
+    bool decode_guess_ = true;
+    bool prefill_rows_ = false;
     bool decode_ = false;         // the running graph is a decode
     std::vector<uint32_t> hint_;  // scratch: the experts predicted for the next layer
     std::vector<Layer> layers_;
     std::vector<const ggml_tensor *> x_;  // per layer: this graph's router input
     std::vector<float> y_, scores_;       // scratch
     std::vector<int8_t> yq_;              // scratch: y_ in int8
-    std::vector<uint32_t> order_;         // scratch
+    std::vector<int32_t> dots_;           // scratch: the router rows' integer dots with yq_
+    std::vector<uint32_t> top_;           // scratch: one row's top k
+    std::vector<uint8_t> in_union_;       // scratch: per expert, in the rows' union
     // The last prediction, scored when its layer routes.
     int64_t guess_il_ = -1;
     std::vector<uint32_t> guess_;

@@ -144,12 +144,18 @@ Status Streamer::on_routing(const Routing & r) {
         // next MoE layer is its whole bank; the store reads only what it does not hold. Not
         // into the last MoE layer: llama.cpp computes only the ubatch's output rows there
         // (one token of a prompt batch), so its bank would be read for k experts.
-        const uint32_t n = index_.n_expert;
-        if (bank_.size() != n) {
-            bank_.resize(n);
-            for (uint32_t e = 0; e < n; ++e) bank_[e] = e;
+        // With per-row guesses (the predictor's set_prefill_rows) the hint for the next MoE
+        // layer is the union of the rows' guesses instead.
+        if (hint_layer == int64_t(index_.moe_layers[size_t(slot) + 1].layer)) {
+            store_->prefetch(size_t(slot) + 1, hint_, &reads_);
+        } else {
+            const uint32_t n = index_.n_expert;
+            if (bank_.size() != n) {
+                bank_.resize(n);
+                for (uint32_t e = 0; e < n; ++e) bank_[e] = e;
+            }
+            store_->prefetch(size_t(slot) + 1, bank_, &reads_);
         }
-        store_->prefetch(size_t(slot) + 1, bank_, &reads_);
     }
     add_stage_s(now_s() - t_stage0);
     if (uring_ && reads_.size() > n_own) {  // the ring reads the tail, after the own reads

@@ -41,7 +41,9 @@
 // L's routing the whole bank of the next MoE layer (never the last MoE layer, which computes
 // only the ubatch's output rows) is handed to the store's prefetch() as the guess; the store skips what is resident (or, for the shared slots, reads into the other of
 // its two slot sets) and the reads go as a tail exactly like a decode prefetch above, with the
-// same waits and the same invariants.
+// same waits and the same invariants. With per-row guesses (MOESTREAM_PREFILL_GUESS=rows) the
+// predictor hands over the union of the ubatch rows' guesses for the next MoE layer
+// (set_prefetch, as in decode), and that union is the guess instead of the bank.
 //
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest

@@ -10,6 +10,8 @@
 // must really have read ahead (prefetch bytes > 0, the settings say on).
 // Negative control: a corrupted routed slice under read-ahead breaks the comparison.
 // Refusals: --prefill-readahead with one read lane or --no-stream exits 64 naming the flag.
+// The guess (MOESTREAM_PREFILL_GUESS=bank|rows): both modes byte-identical, with the union's own
+// corrupted-slice negative control; a bad value exits 64 naming the variable.
 // Prompt batch (RunOptions::n_batch 0): chosen larger only when the cache cannot hold every
 // expert and the memory allows; a larger ubatch reads the banks fewer times, and its logits
 // equal --no-stream's with the same ubatch.
@@ -41,6 +43,16 @@ Out run(const std::string & model, const std::string & flags, const std::string 
                       /*with_logits=*/true);
 }
 
+// A budget of half the experts: prefill evicts, and there is room to read a layer ahead
+// ("" if the model cannot be inspected).
+std::string half_cache(const std::string & model) {
+    CmdResult ins = run_cmd(sh_quote(cli_bin()) + " inspect --json -m " + sh_quote(model));
+    if (ins.exit_code != 0) return "";
+    return "--cache-mb " +
+           std::to_string(json::parse(ins.out)["cache_all_experts_mib"].get<int>() / 2) +
+           " --force-cache";
+}
+
 struct Case {
     std::string arch, type;
 };
@@ -53,12 +65,8 @@ TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
     ASSERT_EQ(ref.rc, 0) << ref.err;
     ASSERT_GT(ref.stats["n_prompt"].get<int>(), 2 * 32) << "the prompt must span ubatches";
     ASSERT_GT(ref.logits.size(), 0u);
-    // A budget of half the experts: prefill evicts, and there is room to read a layer ahead.
-    CmdResult ins = run_cmd(sh_quote(cli_bin()) + " inspect --json -m " + sh_quote(model));
-    ASSERT_EQ(ins.exit_code, 0) << ins.err;
-    const std::string half =
-        "--cache-mb " + std::to_string(json::parse(ins.out)["cache_all_experts_mib"].get<int>() / 2) +
-        " --force-cache";
+    const std::string half = half_cache(model);
+    ASSERT_FALSE(half.empty());
     for (const std::string & flags :
          {std::string("--cache-mb 0 --prefill-readahead"),
           std::string("--cache-mb 0 --prefill-readahead --io-threads 2"),
@@ -80,25 +88,97 @@ TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
     }
 }
 
-// The negative control: with read-ahead on (cache off and on), one layer's corrupted routed
-// slices must make the same comparison fail.
+// The negative control: with read-ahead on (cache off and on, either guess), one layer's
+// corrupted routed slices must make the same comparison fail.
 TEST_P(PrefillReadahead, NegativeControlCorruptSliceIsDetected) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
     Out ref = run(model, "--no-stream");
     ASSERT_EQ(ref.rc, 0) << ref.err;
-    for (const std::string flags :
-         {"--cache-mb 0 --prefill-readahead", "--cache-mb 1000000 --prefill-readahead"}) {
-        SCOPED_TRACE(flags);
-        Out bad = run(model, flags, "MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
-        if (bad.rc != 0) {  // non-finite logits stop the run: detected too
-            EXPECT_EQ(bad.rc, 1) << bad.err;
-            EXPECT_NE(bad.err.find("non-finite logit"), std::string::npos) << bad.err;
-            continue;
+    for (const std::string mode : {"bank", "rows"})  // both guesses (MOESTREAM_PREFILL_GUESS)
+        for (const std::string flags :
+             {"--cache-mb 0 --prefill-readahead", "--cache-mb 1000000 --prefill-readahead"}) {
+            SCOPED_TRACE(mode + " " + flags);
+            Out bad = run(model, flags,
+                          "MOESTREAM_PREFILL_GUESS=" + mode + " MOESTREAM_DEBUG_CORRUPT_EXPERT='1:*'");
+            if (bad.rc != 0) {  // non-finite logits stop the run: detected too
+                EXPECT_EQ(bad.rc, 1) << bad.err;
+                EXPECT_NE(bad.err.find("non-finite logit"), std::string::npos) << bad.err;
+                continue;
+            }
+            EXPECT_EQ(bad.stats["settings"]["prefill_guess"], mode);
+            EXPECT_GT(bad.stats["prefetch_bytes"].get<uint64_t>(), 0u);
+            EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
+            EXPECT_FALSE(bad.logits == ref.logits);
         }
-        EXPECT_GT(bad.stats["prefetch_bytes"].get<uint64_t>(), 0u);
-        EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
-        EXPECT_FALSE(bad.logits == ref.logits);
+}
+
+// Per-row guesses (MOESTREAM_PREFILL_GUESS=rows: the union of the ubatch rows' guesses for the
+// next MoE layer) against the whole bank (=bank): both byte-identical to --no-stream, each mode
+// really ran, and the union read ahead no more than the bank where nothing is evicted (the
+// negative control above covers both guesses).
+TEST_P(PrefillReadahead, UnionAndBankGuessesByteIdenticalToResident) {
+    const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
+    Out ref = run(model, "--no-stream");
+    ASSERT_EQ(ref.rc, 0) << ref.err;
+    const std::string half = half_cache(model);
+    ASSERT_FALSE(half.empty());
+    for (const std::string & flags :
+         {std::string("--cache-mb 0 --prefill-readahead"),
+          std::string("--cache-mb 1000000 --prefill-readahead"),
+          half + " --cache-debug --prefill-readahead"}) {
+        SCOPED_TRACE(flags);
+        uint64_t bank_ahead = 0;
+        for (const std::string mode : {"bank", "rows"}) {
+            SCOPED_TRACE(mode);
+            Out s = run(model, flags, "MOESTREAM_PREFILL_GUESS=" + mode);
+            ASSERT_EQ(s.rc, 0) << s.err;
+            EXPECT_EQ(s.stats["settings"]["prefill_guess"], mode);
+            EXPECT_GT(s.stats["prefetch_bytes"].get<uint64_t>(), 0u);
+            const uint64_t layers = s.stats["prefill_guess_layers"].get<uint64_t>();
+            if (mode == "bank") {
+                EXPECT_EQ(layers, 0u);
+                bank_ahead = s.stats["prefetch_bytes"].get<uint64_t>();
+            } else {
+                EXPECT_GT(layers, 0u);
+                EXPECT_GT(s.stats["prefill_guess_rows"].get<uint64_t>(), layers);
+                EXPECT_GT(s.stats["guess_s"].get<double>(), 0.0);
+                if (flags.find("force-cache") == std::string::npos) {
+                    EXPECT_LE(s.stats["prefetch_bytes"].get<uint64_t>(), bank_ahead);
+                }
+            }
+            EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
+            EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
+            EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
+        }
     }
+}
+
+// A prompt of one ubatch is the engine's first graph, before the graph has shown the next
+// layers' routers: the per-row guess runs there too (the routers preset at open), byte-identical.
+TEST(PrefillReadaheadFirstGraph, OneUbatchGuessesPerRow) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    const std::string one = "-b 256 --ubatch-size 256";
+    Out ref = run(model, "--no-stream", "", one);
+    ASSERT_EQ(ref.rc, 0) << ref.err;
+    Out rows = run(model, "--cache-mb 0 --prefill-readahead", "MOESTREAM_PREFILL_GUESS=rows", one);
+    ASSERT_EQ(rows.rc, 0) << rows.err;
+    EXPECT_GT(rows.stats["prefill_guess_layers"].get<uint64_t>(), 0u);
+    EXPECT_EQ(rows.stats["logits_sha"], ref.stats["logits_sha"]);
+    EXPECT_TRUE(rows.logits == ref.logits);
+    Out bank = run(model, "--cache-mb 0 --prefill-readahead", "MOESTREAM_PREFILL_GUESS=bank", one);
+    ASSERT_EQ(bank.rc, 0) << bank.err;
+    EXPECT_EQ(bank.stats["prefill_guess_layers"].get<uint64_t>(), 0u);
+    EXPECT_LT(rows.stats["prefetch_bytes"].get<uint64_t>(),
+              bank.stats["prefetch_bytes"].get<uint64_t>());
+}
+
+TEST(PrefillReadaheadFlags, ABadGuessKnobIsRefusedByName) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    Out o = run(model, "--prefill-readahead", "MOESTREAM_PREFILL_GUESS=union");
+    EXPECT_EQ(o.rc, 64) << o.err;
+    EXPECT_NE(o.err.find("MOESTREAM_PREFILL_GUESS"), std::string::npos) << o.err;
+    Out ok = run(model, "--prefill-readahead", "MOESTREAM_PREFILL_GUESS=bank");
+    EXPECT_EQ(ok.rc, 0) << ok.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, PrefillReadahead,

@@ -91,6 +91,10 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["prefetch_unused"] = s.prefetch_unused;
     j["prefetch_bytes"] = s.prefetch_bytes;
     j["prefetch_wait_s"] = s.prefetch_wait_s;
+    j["guess_s"] = s.guess_s;
+    j["prefill_guess_layers"] = s.prefill_guess_layers;
+    j["prefill_guess_rows"] = s.prefill_guess_rows;
+    j["prefill_guess_experts"] = s.prefill_guess_experts;
     j["experts_routed"] = s.experts_routed;
     j["experts_dropped"] = s.experts_dropped;
     j["weight_mass_dropped"] = s.weight_mass_dropped;
