@@ -72,9 +72,13 @@ def moestream_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mode
             need.append("--prefetch")
         elif not p["prefetch"] and tools.has_flag("--no-prefetch"):
             a.append("--no-prefetch")
+        # prefill read-ahead is on by default where it applies since the commit that adds
+        # --no-prefill-readahead; before it, no flag meant off
         if p["prefill_readahead"]:
             a.append("--prefill-readahead")
             need.append("--prefill-readahead")
+        elif tools.has_flag("--no-prefill-readahead"):
+            a.append("--no-prefill-readahead")
         cm = p["cache_mb"]
         if cm == "off" and tools.has_flag("--cache-mb"):
             # since 9db6e53 the CLI's default is auto: "off" must be said (0 = off); before

@@ -86,7 +86,9 @@ struct RunOptions {
     // resident while this layer computes. With the cache off it needs a second set of expert
     // slots (one layer of expert memory), made only if memory allows (said at -v otherwise).
     // Needs streaming and io_threads >= 2; excludes route_trace, drop_cold and substitute.
-    bool prefill_readahead = false;
+    // -1 (default) = on where it applies, off otherwise (the settings report which); 1 = on,
+    // refused (kUsage) where it cannot apply; 0 = off.
+    int prefill_readahead = -1;
     // Lossy knobs (off by default; docs/lossy-knobs.md).
     int n_expert_used = 0;         // experts per token; 0 = the model's top-k (--n-expert-used)
     double drop_cold = 0;          // --drop-cold-experts F in (0, 1]; 0 = off

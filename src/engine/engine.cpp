@@ -96,6 +96,12 @@ Status EngineImpl::init(const RunOptions & opt) {
     opt_ = opt;
     Status st = check_run_options(opt);
     if (!st.ok()) return st;
+    prefill_ra_wanted_ = opt.prefill_readahead == 1;
+    if (opt.prefill_readahead == -1) {  // on where it applies (moestream.h)
+        const Status why = check_prefill_readahead(opt);
+        prefill_ra_wanted_ = why.ok();
+        if (!why.ok()) MS_LOG_INFO("prefill read-ahead off: %s", why.message().c_str());
+    }
 
     st = load_model_index(opt.model_path, &index_);
     if (!st.ok()) return st;
@@ -222,7 +228,7 @@ Status EngineImpl::init(const RunOptions & opt) {
 // needs; otherwise read-ahead stays off and -v says why.
 bool EngineImpl::prefill_slots_fit(uint64_t needs, const MemoryAvailability & mem) {
     prefill_two_sets_ = false;
-    if (!opt_.prefill_readahead) return false;
+    if (!prefill_ra_wanted_) return false;
     uint64_t set = 0;  // one set: per projection, the largest layer's tensor
     std::vector<uint64_t> per_proj;
     for (const MoeLayer & L : index_.moe_layers)
@@ -358,7 +364,7 @@ Status EngineImpl::make_store() {
     streamer_->set_test_hooks(knobs_.stream_hooks);
     streamer_->set_overlap_stages(knobs_.overlap_stages);
     lanes_.set_staged(overlap_ && knobs_.staged_reads);
-    prefill_readahead_ = opt_.prefill_readahead && (d.budget_bytes > 0 || prefill_two_sets_);
+    prefill_readahead_ = prefill_ra_wanted_ && (d.budget_bytes > 0 || prefill_two_sets_);
     streamer_->set_prefill_readahead(prefill_readahead_);
     streamer_->set_fallback(fallback_.get());
     overlap_waiter_ = std::make_unique<OverlapWaiter>();
@@ -547,7 +553,8 @@ std::string EngineImpl::settings_json() const {
     j["prefetch"] = prefetch_on();
     j["prefetch_requested"] = opt_.prefetch;
     j["prefill_readahead"] = prefill_readahead_;
-    j["prefill_readahead_requested"] = opt_.prefill_readahead;
+    j["prefill_readahead_requested"] = opt_.prefill_readahead == 1;
+    j["prefill_readahead_option"] = opt_.prefill_readahead == 1 ? "on" : opt_.prefill_readahead == 0 ? "off" : "where it applies";
     j["prefill_guess"] = prefill_readahead_ && predictor_ && predictor_->prefill_rows() ? "rows"
                                                                                      : "bank";
     j["n_expert_used"] = k_eff_;

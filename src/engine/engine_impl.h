@@ -92,6 +92,9 @@ private:
     // Prefill read-ahead (docs/prefetch.md): a second set of shared slots fits (make_store).
     bool prefill_slots_fit(uint64_t needs, const MemoryAvailability & mem);
     bool prefill_readahead_ = false;  // on for this run
+    // RunOptions::prefill_readahead 1, or -1 where it applies (check_prefill_readahead);
+    // the cache or the second slot set decides prefill_readahead_ from it.
+    bool prefill_ra_wanted_ = false;
     std::string n_batch_reason_;      // how RunOptions::n_batch was chosen (settings)
     bool prefill_two_sets_ = false;   // cache off: the shared slots have a second set
     bool prefetch_on() const {
@@ -100,7 +103,7 @@ private:
     // Prefill read-ahead guesses per row (MOESTREAM_PREFILL_GUESS=rows) when it runs.
     void preset_routers();  // engine.cpp: the predictor's routers before the first graph
     bool prefill_row_guess_possible() const {
-        return opt_.prefill_readahead && knobs_.prefill_guess_rows;
+        return prefill_ra_wanted_ && knobs_.prefill_guess_rows;
     }
     // RunOptions::prefetch asked for, a worker lane to read the tail and no route trace
     // (make_store: it also needs the cache). The budget's estimate and the predictor follow

@@ -50,6 +50,8 @@ Status check_prefetch(const RunOptions & opt) {
     return Status::Ok();
 }
 
+}  // namespace
+
 // The rules for RunOptions::prefill_readahead: each combination below would leave it off.
 Status check_prefill_readahead(const RunOptions & opt) {
     const char * f = "RunOptions::prefill_readahead";
@@ -69,7 +71,6 @@ Status check_prefill_readahead(const RunOptions & opt) {
     return Status::Ok();
 }
 
-}  // namespace
 
 Status check_run_options(const RunOptions & opt) {
     if (opt.n_threads < 1 || opt.n_threads > 512)
@@ -125,7 +126,10 @@ Status check_run_options(const RunOptions & opt) {
                                  : opt.force_cache ? "RunOptions::force_cache"
                                                    : "RunOptions::cache_debug") +
                      " applies to the expert cache of streaming, not RunOptions::stream = false");
-    if (opt.prefill_readahead) {
+    if (opt.prefill_readahead < -1 || opt.prefill_readahead > 1)
+        return usage("RunOptions::prefill_readahead " + std::to_string(opt.prefill_readahead) +
+                     " is not -1 (where it applies), 0 (off) or 1 (on)");
+    if (opt.prefill_readahead == 1) {
         Status ps = check_prefill_readahead(opt);
         if (!ps.ok()) return ps;
     }

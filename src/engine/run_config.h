@@ -22,6 +22,11 @@ namespace moestream {
 // the route trace's path. Ok or the first problem.
 Status check_run_options(const RunOptions & opt);
 
+// Whether prefill read-ahead can apply to these options (streaming, a worker lane, no route
+// trace, drop-cold or substitution): Ok, or why not (kUsage, naming the options). With
+// RunOptions::prefill_readahead 1 check_run_options refuses the latter; with -1 it is off.
+Status check_prefill_readahead(const RunOptions & opt);
+
 // The rules that need the model's shapes: n_expert_used against the model's top-k, and the
 // context's KV cache, one batch's attention mask and the weights the run keeps in memory
 // against the memory available (before llama.cpp allocates them; otherwise the kernel would

@@ -203,6 +203,32 @@ TEST(PrefillReadaheadFlags, RefusedByNameWhereItCannotWork) {
     EXPECT_EQ(ok.rc, 0) << ok.err;
 }
 
+// Without the flag, read-ahead is on where it applies and off (the run goes on, the settings
+// say so) where it cannot: one read lane, a route trace, drop-cold. --no-prefill-readahead
+// turns it off. The settings field is what the engine ran, so each expectation can fail.
+TEST(PrefillReadaheadFlags, OnByDefaultWhereItApplies) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    Out on = run(model, "--cache-mb 0");
+    ASSERT_EQ(on.rc, 0) << on.err;
+    EXPECT_TRUE(on.stats["settings"]["prefill_readahead"].get<bool>()) << on.err;
+    EXPECT_FALSE(on.stats["settings"]["prefill_readahead_requested"].get<bool>());
+    EXPECT_GT(on.stats["prefetch_bytes"].get<uint64_t>(), 0u) << on.err;
+    const std::string trace = models_dir() + "/ra-default-" + std::to_string(getpid()) + ".trace";
+    for (const std::string flags :
+         {std::string("--cache-mb 0 --io-threads 1"), "--cache-mb 0 --route-trace " + trace,
+          std::string("--drop-cold-experts 0.5"), std::string("--cache-mb 0 --no-prefill-readahead")}) {
+        SCOPED_TRACE(flags);
+        Out off = run(model, flags);
+        ASSERT_EQ(off.rc, 0) << off.err;
+        EXPECT_FALSE(off.stats["settings"]["prefill_readahead"].get<bool>()) << off.err;
+        EXPECT_EQ(off.stats["prefetch_bytes"].get<uint64_t>(), 0u) << off.err;
+    }
+    std::remove(trace.c_str());
+    // Given both ways, the CLI refuses it.
+    Out both = run(model, "--prefill-readahead --no-prefill-readahead");
+    EXPECT_EQ(both.rc, 64) << both.err;
+}
+
 TEST(PromptBatch, ChosenForTheMemory) {
     moestream::ModelIndex m;
     ASSERT_TRUE(moestream::load_model_index(synth_model("tiny", "qwen3moe", "q8_0"), &m).ok());

@@ -233,7 +233,7 @@ int do_run(RunFlags & f) {
                      (unsigned long long)(set.value("page_bytes", uint64_t(0)) >> 10),
                      set.value("cache_move_used", false) ? "on" : "off", pio.c_str(),
                      why.empty() ? "" : " (io_uring unavailable: ", why.empty() ? "" : (why + ")").c_str());
-        if (set.value("prefill_readahead_requested", false))
+        if (set.value("prefill_readahead_requested", false) || set.value("prefill_readahead", false))
             std::fprintf(stderr, "moestream: prefill read-ahead %s | %.1f MiB read ahead | %.2f s waiting for them\n",
                          set.value("prefill_readahead", false) ? "on" : "off (-v says why)",
                          mib(double(s.prefetch_bytes)), s.prefetch_wait_s);
@@ -397,10 +397,16 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_flag("--prefetch", opt->prefetch,
                   "read the experts predicted for the next layer while this layer computes "
                   "(lossless; needs the cache and 2+ io threads; reads more bytes; docs/prefetch.md)");
-    sub->add_flag("--prefill-readahead", opt->prefill_readahead,
-                  "in prefill, read the next layer's experts that are not resident while this "
-                  "layer computes (lossless; 2+ io threads; with --cache-mb 0 a second set of "
-                  "expert slots if memory allows; docs/prefetch.md)");
+    auto * ra_on = sub->add_flag(
+        "--prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 1; },
+        "in prefill, read the next layer's experts guessed for the ubatch's rows while this "
+        "layer computes (lossless; on by default where it applies: streaming, 2+ io threads, no "
+        "--route-trace / --drop-cold-experts / --substitute-experts; given, it is refused where "
+        "it cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
+        "docs/prefetch.md)");
+    sub->add_flag("--no-prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 0; },
+                  "no prefill read-ahead (reads only what each prompt ubatch routes)")
+        ->excludes(ra_on);
     sub->add_flag("--cache-debug", opt->cache_debug,
                   "poison released/fresh cache pages and check every routed slice is resident");
     sub->add_option("--n-expert-used", opt->n_expert_used,
