@@ -490,9 +490,8 @@ StatsSources EngineImpl::stats_sources() const {
     StatsSources src;
     src.streamer = streamer_.get();
     src.store = store_.get();
-    src.predictor = predictor_ && predictor_->decode_guess() ? predictor_.get() : nullptr;
+    src.predictor = predictor_.get();
     src.prefetch_on = prefetch_on();
-    src.guesser = predictor_.get();
     src.binder = binder_.get();
     // Drop-cold's figures while the policy is on (set_drop_cold(0) may have turned it off
     // after a lossy generation: then they are zero).

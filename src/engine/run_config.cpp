@@ -71,7 +71,6 @@ Status check_prefill_readahead(const RunOptions & opt) {
     return Status::Ok();
 }
 
-
 Status check_run_options(const RunOptions & opt) {
     if (opt.n_threads < 1 || opt.n_threads > 512)
         return usage("RunOptions::n_threads must be in 1..512");

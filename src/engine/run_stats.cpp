@@ -166,7 +166,7 @@ void RunStatsAssembly::finish() {
         s.cache_recycled_commits = cs.recycled_commits;
         s.cache_moved_commits = cs.moved_commits;
         s.cache_pool_bytes = cs.pool_bytes;
-        if (src_.predictor) {  // prefetch, over the whole run so far
+        if (src_.predictor && src_.predictor->decode_guess()) {  // prefetch, the whole run so far
             const PredictCounters & pc = src_.predictor->counters();
             s.prefetch_predictions = pc.predictions;
             s.prefetch_accuracy_pct =
@@ -179,8 +179,8 @@ void RunStatsAssembly::finish() {
         s.prefetch_bytes = tot.prefetch_bytes;
         s.prefetch_wait_s = tot.prefetch_wait_s;
     }
-    if (src_.guesser) {  // the guess's own cost and prefill read-ahead's per-row guesses
-        const PredictCounters & pc = src_.guesser->counters();
+    if (src_.predictor) {  // the guess's own cost and prefill read-ahead's per-row guesses
+        const PredictCounters & pc = src_.predictor->counters();
         s.guess_s = pc.guess_s;
         s.prefill_guess_layers = pc.row_layers;
         s.prefill_guess_rows = pc.row_rows;

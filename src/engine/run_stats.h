@@ -32,9 +32,10 @@ struct StepTiming;
 struct StatsSources {
     const Streamer * streamer = nullptr;
     const ResidencyStore * store = nullptr;
-    const RoutePredictor * predictor = nullptr;  // the prefetch predictor (on or paused)
-    bool prefetch_on = false;                    // reading ahead in this run
-    const RoutePredictor * guesser = nullptr;    // the predictor, also for prefill guesses only
+    // The next-layer guesser: decode prefetch (on or paused) when its decode_guess(), prefill
+    // read-ahead's per-row guesses, or both.
+    const RoutePredictor * predictor = nullptr;
+    bool prefetch_on = false;  // reading ahead in this run
     const WeightBinder * binder = nullptr;
     const DropColdObserver * drop_cold = nullptr;
     const SubstituteObserver * substitute = nullptr;  // null while the policy is off
