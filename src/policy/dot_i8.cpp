@@ -219,12 +219,6 @@ void dot_i8_rows(const int8_t * w, size_t stride, int64_t n_rows, const int8_t *
     kernels().all[0].rows(w, stride, n_rows, y, n, out);
 }
 
-int32_t dot_i8(const int8_t * a, const int8_t * b, int64_t n) {
-    int32_t s = 0;
-    dot_i8_rows(a, 0, 1, b, n, &s);
-    return s;
-}
-
 int dot_i8_kernels(DotI8Kernel * out, int max) {
     const Kernels & k = kernels();
     int i = 0;

@@ -20,12 +20,11 @@ namespace moestream {
 // The elements of every int8 operand below must lie in [-127, 127] (what quantize_i8 makes):
 // the SIMD paths multiply |y| by w with y's sign (exact there, not for -128).
 
-// sum_i a[i] * b[i] in int32 (exact for n below 2^17).
-int32_t dot_i8(const int8_t * a, const int8_t * b, int64_t n);
-// The plain loop, on every CPU (the reference the SIMD paths are tested against).
+// sum_i a[i] * b[i] in int32 (exact for n below 2^17), by the plain loop on every CPU: the
+// reference the SIMD paths are tested against.
 int32_t dot_i8_scalar(const int8_t * a, const int8_t * b, int64_t n);
-// out[r] = dot_i8(w + r * stride, y, n) for r < n_rows: one guess's router rows against its
-// input.
+// out[r] = sum_i w[r * stride + i] * y[i] in int32 for r < n_rows: one guess's router rows
+// against its input, on the fastest path this CPU has.
 void dot_i8_rows(const int8_t * w, size_t stride, int64_t n_rows, const int8_t * y, int64_t n,
                  int32_t * out);
 
@@ -42,7 +41,7 @@ int dot_i8_kernels(DotI8Kernel * out, int max);
 float quantize_i8(const float * x, int64_t n, int8_t * q);
 float quantize_i8_scalar(const float * x, int64_t n, int8_t * q);
 
-// Which path dot_i8 runs here: "avxvnni", "avx2", "neon" or "scalar" (quantize_i8: AVX2 where
+// Which path dot_i8_rows runs here: "avxvnni", "avx2", "neon" or "scalar" (quantize_i8: AVX2 where
 // the CPU has it, else scalar).
 const char * dot_i8_isa();
 

@@ -265,7 +265,7 @@ Status RoutePredictor::on_routing(const Routing & r, ggml_tensor * /*topk*/, Rou
             hook.sink().set_prefetch(next_il, hint_);
         return Status::Ok();
     }
-    if (r.n_rows != 1 || !decode_guess_) return Status::Ok();
+    if (r.n_rows < 1 || !decode_guess_) return Status::Ok();  // (0 rows: nothing routed)
     score(r.layer, r.ids.data(), r.k);
     if (decode_ && predict(r.layer, r.k, &next_il, &hint_)) hook.sink().set_prefetch(next_il, hint_);
     return Status::Ok();
