@@ -336,26 +336,26 @@ void IoLanes::wait_stage(size_t i) {
         return failed_.load() ||
                (second ? prefix_done_.load() >= prefix_ : mid_done_.load() >= mid_);
     };
-    if (ready()) return;
-    std::unique_lock<std::mutex> lk(mu_);
-    ++stage_waiters_;
-    cv_done_.wait(lk, ready);
-    --stage_waiters_;
+    sleep_until(&stage_waiters_, ready);
 }
 
 void IoLanes::wait_gate(size_t i) {
-    const auto ready = [&] {
+    sleep_until(&gate_waiters_, [&] {
         return failed_.load() || released_.load(std::memory_order_acquire) > i;
-    };
+    });
+}
+
+template <class Ready>
+void IoLanes::sleep_until(int * waiters, Ready ready) {
     if (ready()) return;
     std::unique_lock<std::mutex> lk(mu_);
-    ++gate_waiters_;
+    ++*waiters;
     cv_done_.wait(lk, ready);
-    --gate_waiters_;
+    --*waiters;
 }
 
 void IoLanes::release(size_t n) {
-    if (batch_ == nullptr || cancelled_) return;
+    if (batch_ == nullptr || cancelled_ || n <= released_.load()) return;
     std::lock_guard<std::mutex> lk(mu_);  // a lane checks the watermark under mu_ before it sleeps
     if (n > released_.load()) released_.store(n, std::memory_order_release);
     if (gate_waiters_ > 0) cv_done_.notify_all();

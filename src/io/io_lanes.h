@@ -182,6 +182,9 @@ private:
     void wait_stage(size_t i);
     // Gated reads: blocks until request i is released (or the batch failed).
     void wait_gate(size_t i);
+    // Sleeps on cv_done_ until ready(), counted in *waiters (guarded by mu_) meanwhile.
+    template <class Ready>
+    void sleep_until(int * waiters, Ready ready);
     Status wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats);
     Status read_one(int lane, const ReadRequest & r, uint64_t * transferred);
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
