@@ -184,6 +184,7 @@ struct RunStats {
     bool cache_recycle_pages = false;     // pages came from the page pool (else fresh commits)
     uint64_t cache_recycled_commits = 0;  // slices mapped onto an evicted expert's pages
     uint64_t cache_moved_commits = 0;     // of those, moved with their page tables (mremap)
+    uint64_t cache_deferred_commits = 0;  // slices committed while earlier reads ran (split staging)
     uint64_t cache_pool_bytes = 0;        // RAM the pool may hold at the end (in use + free)
     uint64_t dense_bytes = 0;             // dense weights copied to RAM
     // Prefetch (docs/prefetch.md); zero when off. Over the whole run.

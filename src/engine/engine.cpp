@@ -364,6 +364,7 @@ Status EngineImpl::make_store() {
     streamer_->set_test_hooks(knobs_.stream_hooks);
     streamer_->set_overlap_stages(knobs_.overlap_stages);
     lanes_.set_staged(overlap_ && knobs_.staged_reads);
+    streamer_->set_stage_split(knobs_.stage_split);
     prefill_readahead_ = prefill_ra_wanted_ && (d.budget_bytes > 0 || prefill_two_sets_);
     streamer_->set_prefill_readahead(prefill_readahead_);
     streamer_->set_fallback(fallback_.get());
@@ -526,6 +527,7 @@ std::string EngineImpl::settings_json() const {
     j["io_overlap"] = overlap_;
     j["io_overlap_stages"] = overlap_ ? knobs_.overlap_stages : 0;
     j["io_staged_reads"] = overlap_ && knobs_.staged_reads;
+    j["io_stage_split"] = knobs_.stage_split;
     j["io_in_place"] = opt_.io_in_place;
     if (overlap_waiter_) {
         const auto & oc = overlap_waiter_->counters();

@@ -60,6 +60,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!staged.empty() && staged != "0" && staged != "1")
         return Status::Usage("MOESTREAM_STAGED_READS=" + staged + ": must be 0 or 1");
     if (!staged.empty()) k->staged_reads = staged == "1";
+    const std::string split = env("MOESTREAM_STAGE_SPLIT");
+    if (!split.empty() && split != "0" && split != "1")
+        return Status::Usage("MOESTREAM_STAGE_SPLIT=" + split + ": must be 0 or 1");
+    if (!split.empty()) k->stage_split = split == "1";
     const std::string guess = env("MOESTREAM_PREFILL_GUESS");
     if (!guess.empty() && guess != "bank" && guess != "rows")
         return Status::Usage("MOESTREAM_PREFILL_GUESS=" + guess + ": must be bank or rows");

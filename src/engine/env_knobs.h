@@ -34,6 +34,10 @@ struct EnvKnobs {
     // routing only once the earlier stages' are in (io_lanes.h, "Staged reads"). Lossless
     // either way.
     bool staged_reads = true;
+    // MOESTREAM_STAGE_SPLIT=0|1: 1 (default) = a routing's reads start once the first stage's
+    // slices are committed, the rest committed while they read (streamer.h, "Split staging";
+    // docs/cache.md). Lossless either way.
+    bool stage_split = true;
     // MOESTREAM_PREFILL_GUESS=bank|rows: what prefill read-ahead reads for the next MoE layer
     // at a multi-row routing: its whole bank, or the union of the ubatch rows' guesses
     // (prefetch.h; docs/prefetch.md, "Prefill read-ahead"). Lossless either way.

@@ -165,6 +165,7 @@ void RunStatsAssembly::finish() {
         s.cache_recycle_pages = cs.recycle_pages;
         s.cache_recycled_commits = cs.recycled_commits;
         s.cache_moved_commits = cs.moved_commits;
+        s.cache_deferred_commits = cs.deferred_commits;
         s.cache_pool_bytes = cs.pool_bytes;
         if (src_.predictor && src_.predictor->decode_guess()) {  // prefetch, the whole run so far
             const PredictCounters & pc = src_.predictor->counters();

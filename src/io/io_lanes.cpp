@@ -292,10 +292,19 @@ void IoLanes::run_lane(int lane, size_t limit) {
     for (;;) {
         if (failed_.load(std::memory_order_relaxed)) break;
         size_t i = next_.load(std::memory_order_relaxed);
-        do {
-            if (i >= limit) break;
-        } while (!next_.compare_exchange_weak(i, i + 1, std::memory_order_relaxed));
-        if (i >= limit) break;
+        bool claimed = false;
+        while (i < limit && !failed_.load(std::memory_order_relaxed)) {
+            if (i >= released_.load(std::memory_order_acquire)) {
+                wait_gate(i);  // the next request is not released yet: sleep, then look again
+                i = next_.load(std::memory_order_relaxed);
+                continue;
+            }
+            if (next_.compare_exchange_weak(i, i + 1, std::memory_order_relaxed)) {
+                claimed = true;
+                break;
+            }
+        }
+        if (!claimed) break;
         if (staged_ && i >= prefix_ && i < own_) wait_stage(i);
         if (failed_.load(std::memory_order_relaxed)) break;
         const uint64_t before = transferred;
@@ -327,11 +336,40 @@ void IoLanes::wait_stage(size_t i) {
         return failed_.load() ||
                (second ? prefix_done_.load() >= prefix_ : mid_done_.load() >= mid_);
     };
+    sleep_until(&stage_waiters_, ready);
+}
+
+void IoLanes::wait_gate(size_t i) {
+    sleep_until(&gate_waiters_, [&] {
+        return failed_.load() || released_.load(std::memory_order_acquire) > i;
+    });
+}
+
+template <class Ready>
+void IoLanes::sleep_until(int * waiters, Ready ready) {
     if (ready()) return;
     std::unique_lock<std::mutex> lk(mu_);
-    ++stage_waiters_;
+    ++*waiters;
     cv_done_.wait(lk, ready);
-    --stage_waiters_;
+    --*waiters;
+}
+
+void IoLanes::release(size_t n) {
+    if (batch_ == nullptr || cancelled_ || n <= released_.load()) return;
+    std::lock_guard<std::mutex> lk(mu_);  // a lane checks the watermark under mu_ before it sleeps
+    if (n > released_.load()) released_.store(n, std::memory_order_release);
+    if (gate_waiters_ > 0) cv_done_.notify_all();
+}
+
+void IoLanes::cancel_unreleased(const Status & why) {
+    if (batch_ == nullptr) return;
+    cancelled_ = true;
+    {
+        std::lock_guard<std::mutex> lk(err_mu_);
+        if (!failed_.exchange(true)) err_ = why;
+    }
+    std::lock_guard<std::mutex> lk(mu_);
+    cv_done_.notify_all();  // lanes at the gate or at a stage wait see the failure
 }
 
 void IoLanes::worker(int lane) {
@@ -352,9 +390,11 @@ void IoLanes::worker(int lane) {
 }
 
 void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own,
-                    size_t mid) {
+                    size_t mid, size_t released) {
     batch_ = &reqs;
     next_.store(0);
+    released_.store(gate_ ? released : SIZE_MAX);
+    cancelled_ = false;
     bytes_.store(0);
     direct_reads_.store(0);
     failed_.store(false);
@@ -408,6 +448,7 @@ Status IoLanes::wait_own(IoBatchStats * stats) {
 Status IoLanes::wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats) {
     if (batch_ == nullptr) return Status::Ok();
     auto t0 = std::chrono::steady_clock::now();
+    release(n);      // what is waited for may be read (no wait blocks on the gate)
     run_lane(0, n);  // the calling thread reads among [0, n) only, never the tail
     {
         std::unique_lock<std::mutex> lk(mu_);
@@ -426,6 +467,7 @@ Status IoLanes::finish(IoBatchStats * stats) {
     if (batch_ == nullptr) return Status::Ok();
     auto t0 = std::chrono::steady_clock::now();
     const auto & reqs = *batch_;
+    release(SIZE_MAX);
     run_lane(0, SIZE_MAX);
     wait_lanes_idle();
     batch_ = nullptr;
@@ -439,8 +481,11 @@ Status IoLanes::finish(IoBatchStats * stats) {
     if (failed_.load()) {
         // Requests never started by any lane leave their destination untouched: zero them
         // so no consumer ever sees stale bytes presented as this batch's result.
+        // Requests past the release watermark of a cancelled batch may have no memory under
+        // them: never touched.
         size_t started = next_.load();
-        for (size_t i = started; i < reqs.size(); ++i) std::memset(reqs[i].dest, 0, reqs[i].len);
+        const size_t end = std::min(reqs.size(), released_.load());
+        for (size_t i = started; i < end; ++i) std::memset(reqs[i].dest, 0, reqs[i].len);
         return err_;
     }
     return Status::Ok();

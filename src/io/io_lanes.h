@@ -40,6 +40,13 @@
 // held back). Lanes waiting for a stage sleep; a failure wakes them. A failure makes wait_prefix,
 // wait_own and finish wait until no lane touches the batch any more, so the caller may
 // release the destinations.
+// Gated reads (start(..., released), release(n)): a lane takes request i only once i is
+// below the release watermark, so the caller may hand over a batch whose later destinations
+// are not mapped yet (the streamer's split staging, docs/cache.md) and release them as it
+// maps them. Lanes that reach the watermark sleep until release() or a failure. Waiting for
+// requests releases them first (wait_prefix releases [0, prefix), finish the whole batch), so
+// no wait can block on the gate. cancel_unreleased() fails the batch instead: requests at or
+// past the watermark are never read nor touched (not even zero-filled).
 //
 // Thread-safety: one batch at a time, driven from one thread (start, wait_prefix, finish,
 // read_batch); the batch vector must stay alive and unchanged until finish() returns.
@@ -123,8 +130,16 @@ public:
     // Starts a batch whose first `prefix` requests wait_prefix() waits for, and whose first
     // `own` (>= prefix; the rest is a speculative tail) wait_own() waits for.
     // mid (clamped to [prefix, own]) marks requests [0, mid) for wait_mid().
+    // released: requests [0, released) may be read now, the rest after release() (above,
+    // "Gated reads").
     void start(const std::vector<ReadRequest> & reqs, size_t prefix = SIZE_MAX,
-               size_t own = SIZE_MAX, size_t mid = SIZE_MAX);
+               size_t own = SIZE_MAX, size_t mid = SIZE_MAX, size_t released = SIZE_MAX);
+    // Raises the release watermark to n (never lowers it): the lanes may read requests
+    // [0, n). Called by the batch's driving thread.
+    void release(size_t n);
+    // Fails the batch with `why` (unless it failed already): no lane takes another request,
+    // and requests at or past the watermark stay untouched. finish() then returns the error.
+    void cancel_unreleased(const Status & why);
     // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
     // error (after every lane stopped). stats->seconds gets the time spent waiting.
     Status wait_prefix(IoBatchStats * stats);
@@ -148,6 +163,9 @@ public:
     void set_in_place(bool on) { in_place_ = on; }
     // true: later stages wait for the earlier ones to complete (above, "Staged reads").
     void set_staged(bool on) { staged_ = on; }
+    // Tests only: false = start() ignores `released` (every request may be read at once), the
+    // negative control of the gate.
+    void set_gate_for_test(bool honoured) { gate_ = honoured; }
 
 private:
     struct Lane {
@@ -162,6 +180,11 @@ private:
     void wait_lanes_idle();
     // Staged reads: blocks until request i's earlier stages are done (or the batch failed).
     void wait_stage(size_t i);
+    // Gated reads: blocks until request i is released (or the batch failed).
+    void wait_gate(size_t i);
+    // Sleeps on cv_done_ until ready(), counted in *waiters (guarded by mu_) meanwhile.
+    template <class Ready>
+    void sleep_until(int * waiters, Ready ready);
     Status wait_first(size_t n, const std::atomic<size_t> & done, IoBatchStats * stats);
     Status read_one(int lane, const ReadRequest & r, uint64_t * transferred);
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
@@ -179,6 +202,8 @@ private:
     bool in_place_ = true;
     bool staged_ = false;
     int stage_waiters_ = 0;  // lanes sleeping in wait_stage (guarded by mu_)
+    bool gate_ = true;       // set_gate_for_test
+    int gate_waiters_ = 0;   // lanes sleeping in wait_gate (guarded by mu_)
     void * hook_ud_ = nullptr;
 
     // Current batch, shared with the workers.
@@ -190,6 +215,8 @@ private:
     int lanes_busy_ = 0;
     bool stop_ = false;
     std::atomic<size_t> next_{0};
+    std::atomic<size_t> released_{SIZE_MAX};  // requests [0, released_) may be taken
+    bool cancelled_ = false;                  // cancel_unreleased() (driving thread only)
     size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
     std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
     size_t mid_ = 0;                      // requests [0, mid_) for wait_mid (set by start)

@@ -54,6 +54,8 @@ struct CacheStats : LedgerStats {
     // tables and all, instead of unmapped there and mapped (and populated) anew here.
     uint64_t moved_commits = 0;
     bool move_pages = false;        // moves in use now (off after the kernel refused one)
+    // Slices mapped by commit_deferred() (split staging) while the routing's earlier reads ran.
+    uint64_t deferred_commits = 0;
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
 };
@@ -125,6 +127,24 @@ public:
     // Reports that the reads of the last stage() failed: nothing staged may count as
     // resident afterwards.
     virtual void abandon_stage(size_t moe_idx) = 0;
+
+    // --- Split staging (docs/cache.md, "Split staging"). ---
+    // stage() that commits, for the misses, only the slices of the tensors in `now_mask`
+    // (bit t: tensor t of the layer) and leaves the others to commit_deferred(). Evictions,
+    // and every decision, happen here as in stage(); *reads gets every read of the routing
+    // (their destinations are the canonical addresses), but a read of a slice left for later
+    // may start only once commit_deferred() returned Ok for its tensor. *deferred: whether
+    // anything was left for later (false: committed at once, as stage()).
+    virtual Status stage_split(size_t moe_idx, const std::vector<uint32_t> & experts,
+                               uint64_t /*now_mask*/, std::vector<ReadRequest> * reads,
+                               StageStats * stats, bool * deferred) {
+        *deferred = false;
+        return stage(moe_idx, experts, reads, stats);
+    }
+    // Commits the slices stage_split() left for later, of the tensors in `mask`; touches no
+    // page of any other tensor, nor of any slice whose read may already run. On failure the
+    // caller stops the routing's reads and abandons the stage (abandon_stage).
+    virtual Status commit_deferred(size_t /*moe_idx*/, uint64_t /*mask*/) { return Status::Ok(); }
     // Bytes of RAM the store holds for expert data now.
     virtual uint64_t resident_bytes() const = 0;
     virtual uint64_t reserved_bytes() const = 0;

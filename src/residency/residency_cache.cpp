@@ -23,6 +23,15 @@
 // the call returns (and before any commit that would map over one of their pages), so no
 // read or matmul ever sees one: outside stage() and prefetch() nothing is parked.
 //
+// Split staging (stage_split / commit_deferred; recycled pages only): the ledger's stage runs
+// as in stage() (every decision and eviction), but the misses' slices of the deferred
+// tensors are not mapped yet: a deferred slice has no chunk (chunk[e] == kNoChunk) until
+// commit_deferred() maps it. Page ownership follows what is mapped: the pages a commit maps
+// and a release frees are computed against the neighbours that hold a chunk in that tensor,
+// so a boundary page between a victim and a deferred miss goes with the victim and the miss
+// maps it later. Chunks parked by the stage's evictions stay parked (mapped only at the
+// victims' addresses, which no read or matmul touches) until the deferred commits are done.
+//
 // Which expert is absent, pending or resident, what it costs, and which one an eviction takes
 // is the ExpertLedger's (expert_ledger.h, with the LRU policy of eviction_policy.h); this file
 // is its memory back-end: the ledger calls commit() and release() here, and stage() and
@@ -96,8 +105,17 @@ public:
     }
 
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
-                 std::vector<ReadRequest> * reads, StageStats * stats) override;
-    void abandon_stage(size_t /*moe_idx*/) override { ledger_->abandon_stage(); }
+                 std::vector<ReadRequest> * reads, StageStats * stats) override {
+        return stage_impl(moe_idx, experts, 0, reads, stats);
+    }
+    Status stage_split(size_t moe_idx, const std::vector<uint32_t> & experts, uint64_t now_mask,
+                       std::vector<ReadRequest> * reads, StageStats * stats,
+                       bool * deferred) override;
+    Status commit_deferred(size_t moe_idx, uint64_t mask) override;
+    void abandon_stage(size_t /*moe_idx*/) override {
+        ledger_->abandon_stage();  // (deferred slices have no chunk: nothing to release there)
+        end_deferred();
+    }
     bool forget(size_t moe_idx, uint32_t e) override {
         return ledger_->forget(uint32_t(moe_idx), e);
     }
@@ -124,6 +142,7 @@ public:
         s.move_pages = move_;
         s.recycled_commits = recycled_commits_;
         s.moved_commits = moved_commits_;
+        s.deferred_commits = deferred_commits_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         s.pool_leaked_chunks = leaked_chunks_;
         return s;
@@ -158,6 +177,29 @@ private:
     }
     void budget_shrunk(uint64_t was, uint64_t now) override;
 
+    // The stage: defer_mask = tensors whose miss slices wait for commit_deferred() (0: none).
+    Status stage_impl(size_t moe_idx, const std::vector<uint32_t> & experts, uint64_t defer_mask,
+                      std::vector<ReadRequest> * reads, StageStats * stats);
+    // Maps expert e's slice of projection t (see commit()). `after`: committed expert bytes
+    // once it is mapped (the pool's cap); check_limit: apply CacheTestHooks::commit_limit_bytes.
+    Status commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t after,
+                             bool check_limit, int * err);
+    // The pages [*q0, *q1) of e's slice of projection t that no other expert holding pages
+    // there covers: what committing e there maps, or releasing it frees.
+    void own_pages(uint32_t moe_idx, size_t t, uint32_t e, uint64_t * q0, uint64_t * q1) const {
+        if (!recycle_) {
+            ledger_->exclusive_pages(moe_idx, t, e, q0, q1);
+            return;
+        }
+        const Reservation & r = res_[layer_res_[moe_idx] + t];
+        r.layout.exclusive_pages(e, [&r](uint32_t x) { return r.chunk[x] != kNoChunk; }, q0, q1);
+    }
+    // Closes the split stage's deferred work (done or abandoned): parked chunks go back.
+    void end_deferred() {
+        defer_left_ = 0;
+        flush_parked();
+    }
+
     // Pages [*p0, *p1) covering expert e's slice of reservation r.
     static void page_range(const Reservation & r, uint32_t e, uint64_t * p0, uint64_t * p1) {
         r.layout.pages_of(e, p0, p1);
@@ -186,10 +228,14 @@ private:
     // Returns the chunk's offset, or kNoChunk when none fits (or the move failed; then
     // dst's reservation is intact and the caller maps a chunk the usual way).
     uint64_t move_parked(uint32_t cls, uint64_t first, uint64_t n, uint8_t * dst);
-    // Flushes the parked chunks when the enclosing stage() or prefetch() returns.
+    // Flushes the parked chunks when the enclosing stage() or prefetch() returns (unless a
+    // split stage keeps them for its deferred commits).
     struct ParkScope {
         LruCache * c;
-        ~ParkScope() { c->flush_parked(); }
+        bool keep = false;
+        ~ParkScope() {
+            if (!keep) c->flush_parked();
+        }
     };
     // Frees pages [q0, q1) of a reservation (anonymous: MADV_DONTNEED; recycled: replaced by
     // a PROT_NONE reservation again). False if the pages could not be taken away.
@@ -217,11 +263,16 @@ private:
     bool protect_ = true;
     bool recycle_ = false;            // pages from pool_ (implies protect_)
     bool move_ = false;               // move parked chunks (implies recycle_)
-    std::vector<Parked> parked_;      // non-empty only inside stage() and prefetch()
+    std::vector<Parked> parked_;      // non-empty only inside stage() and prefetch(), or
+                                      // while a split stage's deferred commits are open
+    uint64_t defer_mask_ = 0;         // inside stage_impl: tensors commit() leaves out
+    uint64_t defer_left_ = 0;         // split stage: tensors commit_deferred() still owes
+    uint32_t defer_moe_ = 0;          // its layer
     std::unique_ptr<PagePool> pool_;
     uint64_t leaked_chunks_ = 0;      // chunks kept out of the pool after a failed release
     uint64_t recycled_commits_ = 0;   // CacheStats::recycled_commits
     uint64_t moved_commits_ = 0;      // CacheStats::moved_commits
+    uint64_t deferred_commits_ = 0;   // CacheStats::deferred_commits
 
     std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])
     std::vector<Reservation> res_;
@@ -393,75 +444,103 @@ Status LruCache::init() {
     return Status::Ok();
 }
 
-// Commits expert e's pages in every projection. On failure nothing is committed.
+// Commits expert e's pages in every projection (but those of defer_mask_). On failure
+// nothing is committed.
 Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
     const size_t n_t = layers_res_count(moe_idx);
     const uint64_t committed = ledger_->committed_bytes();
+    if (defer_mask_ != 0 && test_.commit_limit_bytes > 0) {
+        // The deferred slices count now (the ledger charges the whole expert): a refusal of
+        // the hook comes here, where the ledger can evict and retry, as without the split.
+        uint64_t all = 0;
+        for (size_t t = 0; t < n_t; ++t) all += res_[layer_res_[moe_idx] + t].chunk_pages * page_;
+        if (committed + all > test_.commit_limit_bytes) {
+            *err_out = ENOMEM;
+            return Status::Runtime("expert cache: cannot commit expert " + std::to_string(e) +
+                                   " of '" + index_.moe_layers[moe_idx].tensors[0].name +
+                                   "': mmap: " + errno_str(ENOMEM) +
+                                   " (vm.max_map_count exhausted? see docs/cache.md)");
+        }
+    }
     uint64_t added = 0;
     for (size_t t = 0; t < n_t; ++t) {
+        if (defer_mask_ >> t & 1) continue;
         Reservation & r = res_[layer_res_[moe_idx] + t];
-        uint64_t p0, p1, q0, q1;
-        page_range(r, e, &p0, &p1);
-        ledger_->exclusive_pages(moe_idx, t, e, &q0, &q1);
+        uint64_t q0, q1;
+        own_pages(moe_idx, t, e, &q0, &q1);
         const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
-        const bool refused = test_.commit_limit_bytes > 0 &&
-                             committed + added + cost > test_.commit_limit_bytes;
-        const char * what = recycle_ ? "mmap" : "mprotect";
-        int err = refused ? ENOMEM : 0;
-        if (!refused && recycle_) {
-            // Room in the pool: live chunks are within the budget (stage() evicted for this
-            // one); free chunks of other sizes give their memory back if needed.
-            uint64_t off = kNoChunk;
-            if (!parked_.empty() && q1 > q0)
-                off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
-            bool recycled = off != kNoChunk;  // moved: an evicted expert's pages
-            if (recycled) {
-                ++moved_commits_;
-            } else {
-                flush_parked();  // none fits: they are free chunks again, for take() or a punch
-                const uint64_t cap = std::max(ledger_->budget_bytes(), committed + added + cost);
-                if (!pool_->has_free(r.cls))
-                    while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
-                    }
-                if (!pool_->take(r.cls, &off, &recycled, &err)) {
-                    what = "page pool";
-                    if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
-                } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
-                                             recycled)) != 0) {
-                    pool_->give_back(r.cls, off);
-                    // MAP_FIXED may have taken the old reservation away: put it back.
-                    release_pages(r.base, q0, q1);
-                }
-            }
-            if (err == 0) {
-                r.chunk[e] = off;
-                if (recycled) ++recycled_commits_;
-                if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
-                if (q1 > q0 && shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
-            }
-        } else if (!refused && protect_ && q1 > q0 &&
-                   mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0) {
-            err = errno;
-        }
-        if (err != 0) {
-            *err_out = err;
+        Status st = commit_projection(moe_idx, t, e, committed + added + cost, defer_mask_ == 0,
+                                      err_out);
+        if (!st.ok()) {
             // Undo the projections committed so far (state is still absent).
             for (size_t u = 0; u < t; ++u) release_projection(moe_idx, u, e, false);
-            return Status::Runtime(
-                "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
-                index_.moe_layers[moe_idx].tensors[t].name + "': " + what + ": " + errno_str(err) +
-                (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
+            return st;
         }
         added += cost;
-        if (dbg_.poison) {
-            // The slice itself, plus the parts of newly committed boundary pages outside it
-            // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
-            const uint64_t begin = r.layout.slice_begin(e), end = begin + r.slice_bytes;
-            std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
-            if (q0 == p0 && q1 > q0)
-                std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
-            if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
+    }
+    return Status::Ok();
+}
+
+Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t after,
+                                   bool check_limit, int * err_out) {
+    Reservation & r = res_[layer_res_[moe_idx] + t];
+    uint64_t p0, p1, q0, q1;
+    page_range(r, e, &p0, &p1);
+    own_pages(moe_idx, t, e, &q0, &q1);
+    const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
+    const bool refused =
+        check_limit && test_.commit_limit_bytes > 0 && after > test_.commit_limit_bytes;
+    const char * what = recycle_ ? "mmap" : "mprotect";
+    int err = refused ? ENOMEM : 0;
+    if (!refused && recycle_) {
+        // Room in the pool: live chunks are within the budget (stage() evicted for this
+        // one); free chunks of other sizes give their memory back if needed.
+        uint64_t off = kNoChunk;
+        if (!parked_.empty() && q1 > q0)
+            off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
+        bool recycled = off != kNoChunk;  // moved: an evicted expert's pages
+        if (recycled) {
+            ++moved_commits_;
+        } else {
+            flush_parked();  // none fits: they are free chunks again, for take() or a punch
+            const uint64_t cap = std::max(ledger_->budget_bytes(), after);
+            if (!pool_->has_free(r.cls))
+                while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
+                }
+            if (!pool_->take(r.cls, &off, &recycled, &err)) {
+                what = "page pool";
+                if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
+            } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
+                                         recycled)) != 0) {
+                pool_->give_back(r.cls, off);
+                // MAP_FIXED may have taken the old reservation away: put it back.
+                release_pages(r.base, q0, q1);
+            }
         }
+        if (err == 0) {
+            r.chunk[e] = off;
+            if (recycled) ++recycled_commits_;
+            if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
+            if (q1 > q0 && shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
+        }
+    } else if (!refused && protect_ && q1 > q0 &&
+               mprotect(r.base + q0 * page_, (q1 - q0) * page_, PROT_READ | PROT_WRITE) != 0) {
+        err = errno;
+    }
+    if (err != 0) {
+        *err_out = err;
+        return Status::Runtime(
+            "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
+            index_.moe_layers[moe_idx].tensors[t].name + "': " + what + ": " + errno_str(err) +
+            (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
+    }
+    if (dbg_.poison) {
+        // The slice itself, plus the parts of newly committed boundary pages outside it
+        // (they belong to absent neighbours). Bytes of live neighbours stay untouched.
+        const uint64_t begin = r.layout.slice_begin(e), end = begin + r.slice_bytes;
+        std::memset(r.base + begin, kPoisonByte, r.slice_bytes);
+        if (q0 == p0 && q1 > q0) std::memset(r.base + p0 * page_, kPoisonByte, begin - p0 * page_);
+        if (q1 == p1 && q1 > q0) std::memset(r.base + end, kPoisonByte, p1 * page_ - end);
     }
     return Status::Ok();
 }
@@ -585,7 +664,7 @@ bool LruCache::release_pages(uint8_t * base, uint64_t q0, uint64_t q1) {
 void LruCache::release_projection(size_t moe_idx, size_t t, uint32_t e, bool park) {
     Reservation & r = res_[layer_res_[moe_idx] + t];
     uint64_t q0, q1;
-    ledger_->exclusive_pages(uint32_t(moe_idx), t, e, &q0, &q1);
+    own_pages(uint32_t(moe_idx), t, e, &q0, &q1);
     if (!recycle_) {
         release_pages(r.base, q0, q1);
         return;
@@ -661,8 +740,60 @@ void LruCache::budget_shrunk(uint64_t was, uint64_t now) {
                 (unsigned long long)(now >> 20));
 }
 
-Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
-                       std::vector<ReadRequest> * reads, StageStats * stats) {
+Status LruCache::stage_split(size_t moe_idx, const std::vector<uint32_t> & experts,
+                             uint64_t now_mask, std::vector<ReadRequest> * reads,
+                             StageStats * stats, bool * deferred) {
+    *deferred = false;
+    if (!recycle_ || moe_idx >= ledger_->n_layers())  // (fresh pages: staged at once)
+        return stage_impl(moe_idx, experts, 0, reads, stats);
+    const size_t n_t = layers_res_count(moe_idx);
+    const uint64_t all = n_t >= 64 ? ~uint64_t(0) : (uint64_t(1) << n_t) - 1;
+    const uint64_t defer = all & ~now_mask;
+    Status st = stage_impl(moe_idx, experts, defer, reads, stats);
+    if (st.ok() && defer != 0 && !ledger_->staged().empty()) {
+        defer_left_ = defer;
+        defer_moe_ = uint32_t(moe_idx);
+        *deferred = true;
+    }
+    return st;
+}
+
+Status LruCache::commit_deferred(size_t moe_idx, uint64_t mask) {
+    mask &= defer_left_;
+    if (mask == 0) return Status::Ok();
+    if (moe_idx != defer_moe_)
+        return Status::Runtime("expert cache: internal: deferred commits of MoE layer slot " +
+                               std::to_string(moe_idx) + " while slot " +
+                               std::to_string(defer_moe_) + " is staged");
+    // In the order stage() would have committed them: misses in commit order, per tensor.
+    const uint64_t committed = ledger_->committed_bytes();  // the deferred slices included
+    for (size_t t = 0; t < layers_res_count(moe_idx); ++t) {
+        if (!(mask >> t & 1)) continue;
+        for (uint32_t e : ledger_->staged()) {
+            int err = 0;
+            Status st = commit_projection(defer_moe_, t, e, committed, false, &err);
+            if (!st.ok()) {
+                end_deferred();
+                return st;
+            }
+            ++deferred_commits_;
+        }
+        defer_left_ &= ~(uint64_t(1) << t);
+    }
+    if (defer_left_ == 0) end_deferred();
+    return Status::Ok();
+}
+
+Status LruCache::stage_impl(size_t moe_idx, const std::vector<uint32_t> & experts,
+                            uint64_t defer_mask, std::vector<ReadRequest> * reads,
+                            StageStats * stats) {
+    if (defer_left_ != 0) {
+        // A split stage whose deferred slices were never committed (the caller failed to
+        // finish it): its experts must not become resident.
+        MS_LOG_ERROR("expert cache: internal: a split stage was left unfinished; abandoned");
+        ledger_->abandon_stage();
+        end_deferred();
+    }
     if (moe_idx >= ledger_->n_layers())
         return Status::Runtime("expert cache: MoE layer slot " + std::to_string(moe_idx) +
                                " out of range");
@@ -673,8 +804,12 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                                    " out of range for layer " +
                                    std::to_string(index_.moe_layers[moe_idx].layer));
     ParkScope park_scope{this};  // evictions park their chunks until this returns
+    defer_mask_ = defer_mask;
     Status st = ledger_->stage(uint32_t(moe_idx), experts, nullptr, stats);
+    defer_mask_ = 0;
     if (!st.ok()) return st;
+    // Split: parked chunks wait for the deferred commits (commit_deferred ends them).
+    park_scope.keep = defer_mask != 0 && !ledger_->staged().empty();
     if (test_.fault == CacheTestHooks::Fault::kNone || fault_fired_)
         push_reads(moe_idx, ledger_->staged(), reads);
     else

@@ -125,7 +125,16 @@ Status Streamer::on_routing(const Routing & r) {
         fallback_->before_stage(size_t(slot), experts_, fb_flags_, store_);
     }
     const double t_stage0 = now_s();
-    st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
+    // Split staging: only the first stage's slices are committed before the reads start.
+    uint64_t early_mask = 0, mid_mask = 0;
+    bool deferred = false;
+    if (split_ && lanes_->n_lanes() > 1 && !fallback_ && L.tensors.size() < 64) {
+        stage_masks(L, &early_mask, &mid_mask);
+        st = store_->stage_split(size_t(slot), experts_, early_mask, &reads_, &pending_ss_,
+                                 &deferred);
+    } else {
+        st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
+    }
     if (!st.ok()) return st;
     if (fallback_) fallback_->take_reads(size_t(slot), experts_, fb_flags_, store_, &reads_);
     // Gate/up reads first (or only the first projection's): the prefix the first matmul needs.
@@ -133,6 +142,13 @@ Status Streamer::on_routing(const Routing & r) {
     size_t n_early = n_own, n_mid = n_own;
     early_tensor_ = 0;
     if (overlap_) order_stages(L, n_own, &n_early, &n_mid);
+    // Where the deferred slices' reads begin (the same partition; without the overlap the
+    // whole own batch is still the prefix waited for).
+    size_t rel_early = n_early, rel_mid = n_mid;
+    if (deferred && !overlap_) {
+        order_stages(L, n_own, &rel_early, &rel_mid);
+        early_tensor_ = 0;
+    }
     second_pending_ = n_early < n_mid;
     // Then the next layer's predicted experts, as a tail read meanwhile (io_uring or lanes).
     if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
@@ -168,7 +184,24 @@ Status Streamer::on_routing(const Routing & r) {
     pending_rows_ = r.n_rows;
     pending_demand_ = uint64_t(experts_.size()) * L.expert_bytes;
     pending_io_ = IoBatchStats{};
-    if (!reads_.empty()) lanes_->start(reads_, n_early, n_own, n_mid);
+    if (!reads_.empty())
+        lanes_->start(reads_, n_early, n_own, n_mid, deferred ? rel_early : SIZE_MAX);
+    if (deferred) {  // commit the rest while the lanes read the first stage, releasing as we go
+        const double t0 = now_s();
+        st = store_->commit_deferred(size_t(slot), mid_mask);
+        if (st.ok()) {
+            lanes_->release(rel_mid);
+            st = store_->commit_deferred(size_t(slot), ~(early_mask | mid_mask));
+        }
+        if (st.ok()) lanes_->release(SIZE_MAX);
+        add_stage_s(now_s() - t0);
+        if (!st.ok()) {  // no read past the watermark ran: stop the batch, report, abandon
+            lanes_->cancel_unreleased(st);
+            (void)lanes_->finish(&pending_io_);
+            pending_err_ = st;
+            return finish_pending();
+        }
+    }
     if (fallback_) {  // the low-bit slices, converted on this thread while the lanes read
         const FallbackCounters before = fallback_->counters();
         st = fallback_->run(size_t(slot), store_->is_resident(size_t(slot), experts_[0]));
@@ -195,20 +228,38 @@ Status Streamer::on_routing(const Routing & r) {
     return finish_pending();
 }
 
+bool Streamer::three_stages(const MoeLayer & L, int * t_first, int * t_second) const {
+    const int gate = int(Projection::kGate), up = int(Projection::kUp);
+    if (stages_ < 3 || (first_proj_ != gate && first_proj_ != up)) return false;
+    const Projection second = first_proj_ == gate ? Projection::kUp : Projection::kGate;
+    *t_first = *t_second = -1;
+    for (size_t t = 0; t < L.tensors.size(); ++t) {
+        if (int(L.tensors[t].proj) == first_proj_) *t_first = int(t);
+        if (L.tensors[t].proj == second) *t_second = int(t);
+    }
+    return *t_first >= 0 && *t_second >= 0;  // not for merged gate_up (or no gate): two stages
+}
+
+void Streamer::stage_masks(const MoeLayer & L, uint64_t * early, uint64_t * mid) const {
+    int t_first = -1, t_second = -1;
+    const bool three = three_stages(L, &t_first, &t_second);
+    *early = *mid = 0;
+    for (size_t t = 0; t < L.tensors.size(); ++t) {
+        if (L.tensors[t].proj == Projection::kDown) continue;  // late
+        if (three && int(t) == t_second)
+            *mid |= uint64_t(1) << t;
+        else
+            *early |= uint64_t(1) << t;
+    }
+}
+
 void Streamer::order_stages(const MoeLayer & L, size_t n, size_t * n_early, size_t * n_mid) {
     const auto begin = reads_.begin(), end = reads_.begin() + std::ptrdiff_t(n);
     const auto late_begin =
         std::stable_partition(begin, end, [](const ReadRequest & q) { return !q.late; });
     *n_early = *n_mid = size_t(late_begin - begin);
-    const int gate = int(Projection::kGate), up = int(Projection::kUp);
-    if (stages_ < 3 || (first_proj_ != gate && first_proj_ != up)) return;
-    const Projection second = first_proj_ == gate ? Projection::kUp : Projection::kGate;
     int t_first = -1, t_second = -1;
-    for (size_t t = 0; t < L.tensors.size(); ++t) {
-        if (int(L.tensors[t].proj) == first_proj_) t_first = int(t);
-        if (L.tensors[t].proj == second) t_second = int(t);
-    }
-    if (t_first < 0 || t_second < 0) return;  // merged gate_up (or no gate): two stages
+    if (!three_stages(L, &t_first, &t_second)) return;
     const ExpertTensor & et = L.tensors[size_t(t_second)];
     // A read of the second projection's tensor (by file range: fallback reads never match).
     const auto is_second = [&et](const ReadRequest & q) {

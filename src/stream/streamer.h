@@ -23,6 +23,15 @@
 // the node computed just before the second matmul, learned from the graph, or in ask mode at
 // that matmul), finish_pending() for the rest, as above.
 //
+// Split staging (set_stage_split; MOESTREAM_STAGE_SPLIT; with a worker lane, no
+// --miss-fallback, and a store that supports it: the cache with recycled pages,
+// docs/cache.md, "Split staging"): on_routing() stages with stage_split(), which commits
+// only the first stage's slices of the misses (evictions and every decision included),
+// starts the batch with the later stages held back (IoLanes' release watermark), then
+// commits the second projection's slices, releases their reads, commits down's, releases the
+// rest. A read is released only after every page it writes is mapped; a failed commit stops
+// the batch before any unreleased read and fails the routing like a failed read.
+//
 // Prefetch (prefetch.h, a router hook observer; opt-in, --prefetch, with a cache): at a
 // one-token routing the predictor hands over the experts predicted for the next MoE layer. on_routing()
 // asks the store to commit the absent ones (within the budget, never evicting this layer's
@@ -114,6 +123,8 @@ public:
     void set_first_projection(int proj) override { first_proj_ = proj; }
     // 2: the prefix is gate and up (the class's default); 3: only the first projection (above).
     void set_overlap_stages(int n) { stages_ = n; }
+    // Split staging (above): with a worker lane and a store that supports it.
+    void set_stage_split(bool on) { split_ = on; }
     void set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) override;
     Status drain() override;
     bool is_resident(uint32_t il, int32_t e) const override;
@@ -152,6 +163,11 @@ private:
     // Orders reads_[0, n) by stage (early, second, late); returns the early and second counts
     // via *n_early and *n_mid (early + second). Sets early_tensor_.
     void order_stages(const MoeLayer & L, size_t n, size_t * n_early, size_t * n_mid);
+    // Whether L's reads go in three stages; then the first and second projections' tensors.
+    bool three_stages(const MoeLayer & L, int * t_first, int * t_second) const;
+    // The tensors (bit t) whose reads order_stages puts in the early and second stages (the
+    // rest, down, is late).
+    void stage_masks(const MoeLayer & L, uint64_t * early, uint64_t * mid) const;
 
     const ModelIndex & index_;
     ResidencyStore * store_;
@@ -166,6 +182,7 @@ private:
     int abandon_slot_ = -1;  // a failed stage to abandon once no graph can read it
     bool overlap_ = false;
     int stages_ = 2;
+    bool split_ = false;           // split staging (set_stage_split)
     int first_proj_ = -1;          // learned graph order (Projection), -1 = not yet
     bool second_pending_ = false;  // the pending batch's second-stage reads are not waited for
     size_t early_tensor_ = 0;      // the tensor whose slices the prefix holds (negative control)

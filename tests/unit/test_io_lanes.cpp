@@ -2,6 +2,7 @@
 // direct path (destination congruent to the file offset) and on the bounce path, with
 // short reads, EINTR and EIO injected through the read hook.
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -419,5 +420,125 @@ TEST_F(IoLanesTest, StagedReadsStartAStageOnlyAfterTheEarlierOnes) {
         if (!staged) {
             EXPECT_TRUE(overlapped) << "the lanes never mixed stages: a blind test";
         }
+    }
+}
+
+// Gated reads (split staging): a request past the release watermark is never read before
+// release() raises it past the request, while the worker lanes read what is released without
+// the caller; finish() completes the batch exactly. The negative control: with the gate
+// disabled the same batch is read past the watermark at once.
+namespace {
+// Indices (by 64 KiB block, block_requests) of the requests the log shows read so far.
+std::vector<size_t> read_indices(LaneLog & log) {
+    std::lock_guard<std::mutex> lk(log.mu);
+    std::vector<size_t> v;
+    for (const auto & r : log.reads) v.push_back(size_t(r.first / 65536));
+    return v;
+}
+size_t count_at_or_past(const std::vector<size_t> & v, size_t n) {
+    return size_t(std::count_if(v.begin(), v.end(), [n](size_t i) { return i >= n; }));
+}
+// Polls up to ~5 s until at least `want` reads of [lo, hi) are logged.
+void wait_reads(LaneLog & log, size_t lo, size_t hi, size_t want) {
+    for (int i = 0; i < 500; ++i) {
+        const std::vector<size_t> v = read_indices(log);
+        if (size_t(std::count_if(v.begin(), v.end(), [&](size_t x) { return x >= lo && x < hi; })) >= want)
+            return;
+        ::usleep(10000);
+    }
+}
+}  // namespace
+
+TEST_F(IoLanesTest, GatedReadsWaitForTheirRelease) {
+    for (bool honoured : {true, false}) {
+        SCOPED_TRACE(honoured ? "gate" : "gate disabled (negative control)");
+        IoLanes io;
+        ASSERT_TRUE(io.open(path_, 3, true, 300000).ok());
+        io.set_staged(true);  // as in the engine (overlap on)
+        io.set_gate_for_test(honoured);
+        LaneLog log;
+        io.set_pread_hook(&logging_preadv, &log);
+        Scratch s(uint64_t(12) * 65536);
+        std::vector<ReadRequest> reqs = block_requests(&s, 12);
+        const size_t prefix = 3, mid = 7, own = 12, released = 3;
+        io.start(reqs, prefix, own, mid, released);
+        if (!honoured) {
+            wait_reads(log, released, own, 1);
+            EXPECT_GT(count_at_or_past(read_indices(log), released), 0u)
+                << "without the gate no read passed the watermark: a blind test";
+            ASSERT_TRUE(io.finish(nullptr).ok());
+            continue;
+        }
+        // The worker lanes read the released requests on their own (the caller waits for
+        // nothing yet), and nothing past them, however long the caller takes.
+        wait_reads(log, 0, released, released);
+        ::usleep(100000);
+        EXPECT_EQ(count_at_or_past(read_indices(log), 0), released);
+        EXPECT_EQ(count_at_or_past(read_indices(log), released), 0u)
+            << "a read past the watermark was taken before its release";
+        io.release(mid);
+        wait_reads(log, released, mid, mid - released);
+        ::usleep(50000);
+        EXPECT_EQ(count_at_or_past(read_indices(log), released), mid - released);
+        EXPECT_EQ(count_at_or_past(read_indices(log), mid), 0u)
+            << "a read past the raised watermark was taken before its release";
+        IoBatchStats st;
+        ASSERT_TRUE(io.wait_prefix(&st).ok());
+        ASSERT_TRUE(io.finish(&st).ok());  // releases the rest
+        EXPECT_EQ(st.reads, reqs.size());
+        EXPECT_TRUE(all_exact(reqs));
+    }
+}
+
+// Waiting for requests releases them: wait_mid() and finish() on a batch released at 0 return
+// with their requests exact (no wait blocks on the gate).
+TEST_F(IoLanesTest, WaitingReleasesWhatItWaitsFor) {
+    IoLanes io;
+    ASSERT_TRUE(io.open(path_, 2, true, 300000).ok());
+    Scratch s(uint64_t(8) * 65536);
+    std::vector<ReadRequest> reqs = block_requests(&s, 8);
+    io.start(reqs, 2, 8, 5, /*released=*/0);
+    IoBatchStats st;
+    ASSERT_TRUE(io.wait_mid(&st).ok());
+    EXPECT_TRUE(all_exact(std::vector<ReadRequest>(reqs.begin(), reqs.begin() + 5)));
+    ASSERT_TRUE(io.finish(&st).ok());
+    EXPECT_TRUE(all_exact(reqs));
+}
+
+// cancel_unreleased(): the batch fails with the given error and the requests past the
+// watermark are never touched, not even zero-filled: their destinations here are PROT_NONE
+// (an access would fault), as deferred cache slices are before their commit.
+TEST_F(IoLanesTest, CancelledBatchLeavesUnreleasedDestinationsUntouched) {
+    for (int lanes : {1, 3}) {
+        SCOPED_TRACE(lanes);
+        IoLanes io;
+        ASSERT_TRUE(io.open(path_, lanes, true, 300000).ok());
+        LaneLog log;
+        io.set_pread_hook(&logging_preadv, &log);
+        const size_t n = 10, released = 4;
+        void * m = mmap(nullptr, n * 65536, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                        -1, 0);
+        ASSERT_NE(m, MAP_FAILED);
+        auto * base = static_cast<uint8_t *>(m);
+        ASSERT_EQ(mprotect(base + released * 65536, (n - released) * 65536, PROT_NONE), 0);
+        std::vector<ReadRequest> reqs;
+        for (size_t i = 0; i < n; ++i) {
+            ReadRequest r;
+            r.file_offset = uint64_t(i) * 65536 + 100;
+            r.len = 30000;
+            r.dest = base + i * 65536 + 100;
+            reqs.push_back(r);
+        }
+        io.start(reqs, released, n, n, released);
+        IoBatchStats st;
+        ASSERT_TRUE(io.wait_prefix(&st).ok());
+        EXPECT_TRUE(all_exact(std::vector<ReadRequest>(reqs.begin(), reqs.begin() + released)));
+        io.cancel_unreleased(Status::Runtime("commit refused (test)"));
+        const Status fin = io.finish(&st);
+        EXPECT_FALSE(fin.ok());
+        EXPECT_NE(fin.message().find("commit refused (test)"), std::string::npos) << fin.message();
+        EXPECT_FALSE(io.in_flight());
+        EXPECT_EQ(count_at_or_past(read_indices(log), released), 0u);
+        munmap(m, n * 65536);
     }
 }

@@ -82,17 +82,22 @@ void simulate_reads(const std::vector<ReadRequest> & reads) {
     }
 }
 
-bool slice_intact(ResidencyStore & s, const ModelIndex & idx, size_t moe, uint32_t e) {
-    const MoeLayer & L = idx.moe_layers[moe];
+// Expert e's slice of projection t holds its file bytes.
+bool slice_intact_in(ResidencyStore & s, const ModelIndex & idx, size_t moe, size_t t, uint32_t e) {
+    const ExpertTensor & et = idx.moe_layers[moe].tensors[t];
+    const uint8_t * q = s.tensor_base(moe, t) + uint64_t(e) * et.slice_bytes;
     bool same = true;
-    for (size_t t = 0; t < L.tensors.size() && same; ++t) {
-        const ExpertTensor & et = L.tensors[t];
-        const uint8_t * q = s.tensor_base(moe, t) + uint64_t(e) * et.slice_bytes;
-        pattern_pieces(et.slice_offset(e), et.slice_bytes, [&](const uint8_t * p, uint64_t n) {
-            same = same && std::memcmp(q, p, n) == 0;
-            q += n;
-        });
-    }
+    pattern_pieces(et.slice_offset(e), et.slice_bytes, [&](const uint8_t * p, uint64_t n) {
+        same = same && std::memcmp(q, p, n) == 0;
+        q += n;
+    });
+    return same;
+}
+
+bool slice_intact(ResidencyStore & s, const ModelIndex & idx, size_t moe, uint32_t e) {
+    bool same = true;
+    for (size_t t = 0; t < idx.moe_layers[moe].tensors.size() && same; ++t)
+        same = slice_intact_in(s, idx, moe, t, e);
     return same;
 }
 
@@ -386,6 +391,7 @@ void run_recycled_pages_intact() {
 }
 TEST(ResidencyCache, RecycledPagesKeepEveryLiveSliceIntact) { run_recycled_pages_intact(); }
 
+
 // Moved pages (CacheOptions::move_pages): an evicted expert's chunk moves to the next miss's
 // address. After every stage each routed expert holds its own bytes at its canonical
 // address and every absent expert's pages (those no live neighbour covers) are gone from
@@ -489,6 +495,119 @@ void run_moved_pages_follow() {
     }
 }
 TEST(ResidencyCache, MovedPagesFollowTheirExpert) { run_moved_pages_follow(); }
+// Split staging (stage_split / commit_deferred; docs/cache.md, "Split staging"), as the
+// streamer drives it: stage_split commits the first projection's slices only, a prefetch
+// may follow, the first projection's reads run, then commit_deferred maps the second's,
+// their reads run, then down's. Over a long random routing with slices sharing boundary pages
+// (the shapes of the test above): before its commit a deferred slice has no memory under it
+// (a read there would fault: what the lanes' release gate protects); the first stage's bytes
+// survive the later commits (no page under a read is remapped); afterwards every live expert
+// is intact and verify_resident passes; and the cache decides exactly as one staged at once
+// (the same residency after every stage, the same evictions), moving chunks and not.
+void run_split_staging() {
+    const uint64_t k = kPage / 4096;
+    const ModelIndex idx = make_index(
+        {{10000 * k, 1500 * k, 3 * kPage + 7}, {5000 * k, 5000 * k, 9000 * k}}, 24);
+    for (bool move : {true, false}) {
+        SCOPED_TRACE(move ? "moved chunks" : "mapped chunks");
+        CacheSetup cfg;
+        cfg.opt.move_pages = move;
+        cfg.dbg.poison = true;
+        cfg.dbg.check_residency = true;
+        const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(9, 0), true);
+        auto s = make(idx, budget, cfg);
+        auto ref = make(idx, budget, cfg);
+        ASSERT_TRUE(s && ref);
+        ASSERT_TRUE(s->cache_stats().recycle_pages);
+        std::mt19937 rng(99);
+        uint64_t unmapped_seen = 0;
+        for (int i = 0; i < 400; ++i) {
+            const size_t moe = rng() % 2;
+            std::vector<uint32_t> ex = random_routing(rng, 24, 1 + rng() % 4);
+            for (uint32_t & e : ex)
+                if (rng() % 3 == 0) e = e % 5;  // neighbours overlap often
+            std::sort(ex.begin(), ex.end());
+            ex.erase(std::unique(ex.begin(), ex.end()), ex.end());
+            const bool pf = i % 3 == 1;
+            const std::vector<uint32_t> guess = random_routing(rng, 24, 2);
+
+            stage_and_read(*ref, idx, moe, ex);
+            if (pf) {
+                std::vector<ReadRequest> pr;
+                ref->prefetch(1 - moe, guess, &pr);
+                simulate_reads(pr);
+                ref->end_prefetch(true);
+            }
+
+            std::vector<ReadRequest> reads, pr;
+            StageStats ss;
+            bool deferred = false;
+            ASSERT_TRUE(s->stage_split(moe, ex, /*now_mask=*/1, &reads, &ss, &deferred).ok());
+            EXPECT_EQ(deferred, ss.misses > 0) << "stage " << i;
+            if (pf) s->prefetch(1 - moe, guess, &pr);
+            const MoeLayer & L = idx.moe_layers[moe];
+            std::vector<std::vector<ReadRequest>> by_t(L.tensors.size());
+            std::vector<uint32_t> missed;
+            for (const ReadRequest & r : reads)
+                for (size_t t = 0; t < L.tensors.size(); ++t) {
+                    const uint8_t * b = s->tensor_base(moe, t);
+                    const auto * d = static_cast<const uint8_t *>(r.dest);
+                    if (d < b || d >= b + L.tensors[t].tensor_bytes) continue;
+                    by_t[t].push_back(r);
+                    if (t == 0) missed.push_back(uint32_t((d - b) / L.tensors[0].slice_bytes));
+                }
+            // Deferred slices: no memory yet under their pages (those no neighbour shares).
+            for (size_t t = 1; t < L.tensors.size(); ++t)
+                for (const ReadRequest & r : by_t[t]) {
+                    const auto a = reinterpret_cast<uintptr_t>(r.dest);
+                    const uintptr_t p = (a + kPage - 1) / kPage * kPage;
+                    if (p + kPage <= a + r.len) {
+                        EXPECT_FALSE(page_in_core(reinterpret_cast<const void *>(p)))
+                            << "stage " << i << ": a deferred slice is mapped before its commit";
+                        ++unmapped_seen;
+                    }
+                }
+            simulate_reads(by_t[0]);
+            ASSERT_TRUE(s->commit_deferred(moe, 2).ok());
+            simulate_reads(by_t[1]);
+            ASSERT_TRUE(s->commit_deferred(moe, ~uint64_t(3)).ok());
+            for (uint32_t e : missed) {  // the first stage's bytes survived the later commits
+                ASSERT_TRUE(slice_intact_in(*s, idx, moe, 0, e)) << "stage " << i << " expert " << e;
+                if (L.tensors.size() > 1) {
+                    ASSERT_TRUE(slice_intact_in(*s, idx, moe, 1, e)) << "stage " << i;
+                }
+            }
+            for (size_t t = 2; t < L.tensors.size(); ++t) simulate_reads(by_t[t]);
+            if (pf) {
+                simulate_reads(pr);
+                s->end_prefetch(true);
+            }
+            ASSERT_TRUE(s->verify_resident(moe, ex).ok()) << "stage " << i;
+            for (size_t l = 0; l < 2; ++l)
+                for (uint32_t e = 0; e < 24; ++e) {
+                    ASSERT_EQ(s->is_resident(l, e), ref->is_resident(l, e))
+                        << "stage " << i << " layer " << l << " expert " << e;
+                    if (s->is_resident(l, e)) {
+                        ASSERT_TRUE(slice_intact(*s, idx, l, e))
+                            << "stage " << i << " layer " << l << " expert " << e;
+                    }
+                }
+            ASSERT_LE(s->cache_stats().pool_bytes,
+                      std::max(budget, s->cache_stats().resident_expert_bytes));
+        }
+        const CacheStats cs = s->cache_stats(), rs = ref->cache_stats();
+        EXPECT_EQ(cs.evictions, rs.evictions);
+        EXPECT_EQ(cs.misses, rs.misses);
+        EXPECT_GT(cs.evictions, 100u);
+        EXPECT_GT(cs.deferred_commits, cs.misses);  // two deferred projections per miss
+        EXPECT_EQ(rs.deferred_commits, 0u);
+        EXPECT_GT(unmapped_seen, 100u);
+        if (move && kernel_at_least(5, 13)) {
+            EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
+        }
+    }
+}
+TEST(ResidencyCache, SplitStagingDecidesAsStagedAtOnceAndKeepsReadsIntact) { run_split_staging(); }
 
 // A budget smaller than one layer's routed set: the routed set is kept whole (it is needed
 // by the matmul about to run), everything else goes.
@@ -822,6 +941,7 @@ protected:
 TEST_P(CachePageSize, MatchesReferenceLru) { run_matches_reference_lru(); }
 TEST_P(CachePageSize, RecycledPagesKeepEveryLiveSliceIntact) { run_recycled_pages_intact(); }
 TEST_P(CachePageSize, MovedPagesFollowTheirExpert) { run_moved_pages_follow(); }
+TEST_P(CachePageSize, SplitStaging) { run_split_staging(); }
 TEST_P(CachePageSize, BoundaryPages) {
     run_boundary(2 * kPage + 1808, 3, CacheDebug::Mapping::kProtect, true);
     run_boundary(2 * kPage + 1808, 3, CacheDebug::Mapping::kFlat, false);

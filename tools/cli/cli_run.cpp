@@ -81,6 +81,7 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_recycle_pages"] = s.cache_recycle_pages;
     j["cache_recycled_commits"] = s.cache_recycled_commits;
     j["cache_moved_commits"] = s.cache_moved_commits;
+    j["cache_deferred_commits"] = s.cache_deferred_commits;
     j["cache_pool_bytes"] = s.cache_pool_bytes;
     j["dense_bytes"] = s.dense_bytes;
     j["prefetch"] = s.prefetch;
