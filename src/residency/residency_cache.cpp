@@ -126,6 +126,14 @@ public:
         s.moved_commits = moved_commits_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         s.pool_leaked_chunks = leaked_chunks_;
+        if (pool_) {
+            const PagePool::WarmStats w = pool_->warm_stats();
+            s.pool_warm_planned_bytes = w.planned_bytes;
+            s.pool_warm_bytes = w.warmed_bytes;
+            s.pool_warm_s = w.seconds;
+            s.pool_warm_error = w.error;
+            s.warmed_commits = pool_->warmed_taken();
+        }
         return s;
     }
 
@@ -203,6 +211,8 @@ private:
     // Appends the reads of the ledger's `experts` of MoE layer moe_idx (all projections).
     void push_reads(size_t moe_idx, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads);
+    // Logs (-v) how the pool's warm-up ended, once, when it has ended.
+    void log_warm_end();
     // Planted bugs (CacheTestHooks::fault); each fires once.
     void plant_fault_after_stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                                  std::vector<ReadRequest> * reads);
@@ -222,6 +232,7 @@ private:
     uint64_t leaked_chunks_ = 0;      // chunks kept out of the pool after a failed release
     uint64_t recycled_commits_ = 0;   // CacheStats::recycled_commits
     uint64_t moved_commits_ = 0;      // CacheStats::moved_commits
+    bool warm_running_ = false;       // the pool's warm-up ran and its end is not logged yet
 
     std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])
     std::vector<Reservation> res_;
@@ -386,6 +397,20 @@ Status LruCache::init() {
         pool_.reset();
         for (Reservation & r : res_) r.chunk.clear();
     }
+    if (recycle_ && opt_.warm_pool) {
+        // Never more than the budget across classes (page_pool.h); the files are sized for
+        // more than that together.
+        pool_->start_warm(budget_);
+        const PagePool::WarmStats w = pool_->warm_stats();
+        warm_running_ = w.planned_bytes > 0 && w.error == 0;
+        if (warm_running_)
+            MS_LOG_INFO("expert cache: warming the page pool: %.0f MiB of new chunks in the "
+                        "background",
+                        double(w.planned_bytes) / (1 << 20));
+        else if (w.error != 0)
+            MS_LOG_INFO("expert cache: page pool warm-up not started: %s",
+                        errno_str(w.error).c_str());
+    }
     shape.whole_chunks = recycle_;  // a live expert then holds one chunk per projection
     LedgerBackend * backend = this;
     ledger_ = std::make_unique<ExpertLedger>(shape, budget_, make_lru_policy(), backend);
@@ -412,6 +437,7 @@ Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
             // Room in the pool: live chunks are within the budget (stage() evicted for this
             // one); free chunks of other sizes give their memory back if needed.
             uint64_t off = kNoChunk;
+            bool warmed = false;
             if (!parked_.empty() && q1 > q0)
                 off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
             bool recycled = off != kNoChunk;  // moved: an evicted expert's pages
@@ -423,7 +449,7 @@ Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
                 if (!pool_->has_free(r.cls))
                     while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
                     }
-                if (!pool_->take(r.cls, &off, &recycled, &err)) {
+                if (!pool_->take(r.cls, &off, &recycled, &err, &warmed)) {
                     what = "page pool";
                     if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
                 } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
@@ -435,7 +461,7 @@ Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
             }
             if (err == 0) {
                 r.chunk[e] = off;
-                if (recycled) ++recycled_commits_;
+                if (recycled && !warmed) ++recycled_commits_;
                 if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
                 if (q1 > q0 && shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
             }
@@ -653,6 +679,7 @@ void LruCache::release(uint32_t moe_idx, uint32_t e, bool park) {
 
 void LruCache::budget_shrunk(uint64_t was, uint64_t now) {
     flush_parked();  // evicted chunks are free chunks again: punch them too
+    if (recycle_) pool_->finish_warm(true);  // its chunks are free chunks too
     while (recycle_ && pool_->held_bytes() > now && pool_->punch_free_chunk(PagePool::kAnyClass)) {
     }
     MS_LOG_WARN("expert cache: the system refused to commit memory (%s); budget shrunk from "
@@ -674,6 +701,7 @@ Status LruCache::stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                                    std::to_string(index_.moe_layers[moe_idx].layer));
     ParkScope park_scope{this};  // evictions park their chunks until this returns
     Status st = ledger_->stage(uint32_t(moe_idx), experts, nullptr, stats);
+    log_warm_end();
     if (!st.ok()) return st;
     if (test_.fault == CacheTestHooks::Fault::kNone || fault_fired_)
         push_reads(moe_idx, ledger_->staged(), reads);
@@ -722,8 +750,19 @@ size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                           std::vector<ReadRequest> * reads) {
     ParkScope park_scope{this};
     const size_t n = ledger_->prefetch(uint32_t(moe_idx), experts);
+    log_warm_end();
     if (n > 0) push_reads(ledger_->prefetch_layer(), ledger_->prefetching(), reads);
     return n;
+}
+
+void LruCache::log_warm_end() {
+    if (!warm_running_ || pool_->warm_running()) return;
+    warm_running_ = false;
+    const PagePool::WarmStats w = pool_->warm_stats();
+    MS_LOG_INFO("expert cache: page pool warm-up %s: %.0f of %.0f MiB zero-filled in %.2f s%s%s",
+                w.error ? "failed" : w.cancelled ? "overtaken by the reads" : "done",
+                double(w.warmed_bytes) / (1 << 20), double(w.planned_bytes) / (1 << 20),
+                w.seconds, w.error ? ": " : "", w.error ? errno_str(w.error).c_str() : "");
 }
 
 Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & experts) {
