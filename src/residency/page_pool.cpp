@@ -288,6 +288,7 @@ void PagePool::warm_main() {
     warm_error_ = err > 0 ? err : 0;
     warm_cancelled_ = err < 0;
     warm_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    warm_ended_.store(true, std::memory_order_release);  // publishes the three above
 }
 
 void PagePool::finish_warm(bool cancel) {
@@ -313,7 +314,9 @@ PagePool::WarmStats PagePool::warm_stats() const {
         s.planned_bytes += warm_[i].planned * warm_[i].chunk;
         s.warmed_bytes += warm_[i].done.load(std::memory_order_acquire) * warm_[i].chunk;
     }
-    if (!warm_thread_.joinable()) {  // ended (or never started): its results are final
+    if (!warm_thread_.joinable() || warm_ended_.load(std::memory_order_acquire)) {
+        // Ended (or never started): its results are final.
+        s.ended = true;
         s.error = warm_error_;
         s.cancelled = warm_cancelled_;
         s.seconds = warm_seconds_;

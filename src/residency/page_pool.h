@@ -111,8 +111,10 @@ public:
         int error = 0;               // errno that stopped it (ENOMEM, ENOSPC, ...), or 0
         bool cancelled = false;      // finish_warm(true) stopped it before the plan was done
         double seconds = 0;          // the thread's wall time (set once it has ended)
+        bool ended = false;          // the thread has ended (or never started)
     };
-    // While the thread runs, warmed_bytes is read from its progress counter.
+    // While the thread runs, warmed_bytes is read from its progress counter; error,
+    // cancelled and seconds are set once it has ended (it may end before it is joined).
     WarmStats warm_stats() const;
     uint64_t warmed_taken() const { return warmed_taken_; }  // take()s served by a warmed chunk
 
@@ -151,7 +153,7 @@ private:
     uint64_t punched_ = 0;
     uint64_t warmed_taken_ = 0;
     // Warm-up state: warm_ is written by start_warm() before the thread starts and read by it;
-    // the thread writes warm_error_ and warm_seconds_ before it ends (read after the join).
+    // the thread writes warm_error_, warm_cancelled_ and warm_seconds_, then warm_ended_.
     std::unique_ptr<WarmClass[]> warm_;
     size_t n_warm_ = 0;
     std::thread warm_thread_;
@@ -159,6 +161,7 @@ private:
     int warm_error_ = 0;
     double warm_seconds_ = 0;
     bool warm_cancelled_ = false;
+    std::atomic<bool> warm_ended_{false};  // the thread has set the three above
 };
 
 }  // namespace moestream

@@ -57,7 +57,7 @@ struct CacheStats : LedgerStats {
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
     // Pool warm-up (CacheOptions::warm_pool; page_pool.h): bytes planned and zero-filled up
-    // front, the thread's wall time (once it has been joined), the errno that stopped it (0:
+    // front, the thread's wall time (once it has ended), the errno that stopped it (0:
     // none), and slices whose commit took a warmed chunk (not counted in recycled_commits).
     uint64_t pool_warm_planned_bytes = 0;
     uint64_t pool_warm_bytes = 0;

@@ -756,9 +756,10 @@ size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
 }
 
 void LruCache::log_warm_end() {
-    if (!warm_running_ || pool_->warm_running()) return;
-    warm_running_ = false;
+    if (!warm_running_) return;
     const PagePool::WarmStats w = pool_->warm_stats();
+    if (!w.ended) return;
+    warm_running_ = false;
     MS_LOG_INFO("expert cache: page pool warm-up %s: %.0f of %.0f MiB zero-filled in %.2f s%s%s",
                 w.error ? "failed" : w.cancelled ? "overtaken by the reads" : "done",
                 double(w.warmed_bytes) / (1 << 20), double(w.planned_bytes) / (1 << 20),

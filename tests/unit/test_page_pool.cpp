@@ -29,6 +29,18 @@ std::unique_ptr<PagePool> make_pool() {
     return p;
 }
 
+// A pool with one class of `chunk_pages`-page chunks for `slices` slices, its file sized for
+// `budget` (null on failure, reported).
+std::unique_ptr<PagePool> one_class_pool(uint64_t chunk_pages, uint64_t slices, uint64_t budget,
+                                         uint32_t * cls) {
+    auto pool = make_pool();
+    if (!pool) return nullptr;
+    Status st;
+    *cls = pool->class_for(chunk_pages, slices, &st);
+    if (st.ok()) st = pool->size_files(budget, 1);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return st.ok() ? std::move(pool) : nullptr;
+}
 
 uint8_t * reserve(uint64_t pages) {
     void * p = mmap(nullptr, pages * kPage, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
@@ -223,13 +235,10 @@ TEST(PagePool, WarmUpAllocatesThePlannedChunksWithinTheBudget) {
 // handed out, and a part-written chunk leaves no pages behind: the memfds hold exactly the
 // bytes warm_stats() and held_bytes() report.
 TEST(PagePool, CancelledWarmUpHoldsExactlyWhatItReports) {
-    auto pool = make_pool();
-    ASSERT_TRUE(pool);
-    Status st;
-    const uint32_t c = pool->class_for(256, 4096, &st);  // 1 MiB chunks at 4 KiB pages
-    ASSERT_TRUE(st.ok());
     const uint64_t budget = 2048 * 256 * kPage;  // 2 GiB at 4 KiB pages: far from done at once
-    ASSERT_TRUE(pool->size_files(budget, 1).ok());
+    uint32_t c = 0;
+    auto pool = one_class_pool(256, 4096, budget, &c);  // 1 MiB chunks at 4 KiB pages
+    ASSERT_TRUE(pool);
     pool->start_warm(budget);
     pool->finish_warm(true);
     const PagePool::WarmStats w = pool->warm_stats();
@@ -244,11 +253,9 @@ TEST(PagePool, CancelledWarmUpHoldsExactlyWhatItReports) {
 
 // The destructor of a pool whose warm-up still runs stops it (no thread outlives the memfds).
 TEST(PagePool, DestroyedWhileWarmingStopsTheThread) {
-    auto pool = make_pool();
+    uint32_t c = 0;
+    auto pool = one_class_pool(256, 4096, uint64_t(1024) * 256 * kPage, &c);
     ASSERT_TRUE(pool);
-    Status st;
-    pool->class_for(256, 4096, &st);
-    ASSERT_TRUE(pool->size_files(uint64_t(1024) * 256 * kPage, 1).ok());
     pool->start_warm(uint64_t(1024) * 256 * kPage);
     pool.reset();
     EXPECT_EQ(pool_file_bytes(), 0u);
@@ -259,13 +266,10 @@ TEST(PagePool, DestroyedWhileWarmingStopsTheThread) {
 // the memfds hold no more than the plan (no new chunk while it runs), and once it is stopped
 // held_bytes() is exactly what they hold.
 TEST(PagePool, TakeDuringTheWarmUpUsesCompletedChunksThenStopsIt) {
-    auto pool = make_pool();
-    ASSERT_TRUE(pool);
-    Status st;
-    const uint32_t c = pool->class_for(64, 8192, &st);  // 256 KiB chunks at 4 KiB pages
-    ASSERT_TRUE(st.ok());
     const uint64_t cb = 64 * kPage, budget = 512 * cb;
-    ASSERT_TRUE(pool->size_files(budget, 1).ok());
+    uint32_t c = 0;
+    auto pool = one_class_pool(64, 8192, budget, &c);  // 256 KiB chunks at 4 KiB pages
+    ASSERT_TRUE(pool);
     pool->start_warm(budget);
     ASSERT_TRUE(pool->warm_running());
     usleep(20000);  // some chunks completed before the first take
