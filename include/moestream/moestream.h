@@ -186,6 +186,13 @@ struct RunStats {
     uint64_t cache_moved_commits = 0;     // of those, moved with their page tables (mremap)
     uint64_t cache_deferred_commits = 0;  // slices committed while earlier reads ran (split staging)
     uint64_t cache_pool_bytes = 0;        // RAM the pool may hold at the end (in use + free)
+    // Pool warm-up (docs/cache.md, "Pool warm-up"): bytes zero-filled up front, the warm-up
+    // thread's wall time, the errno that stopped it (0 = none), and slices whose commit took
+    // a warmed chunk.
+    uint64_t cache_pool_warm_bytes = 0;
+    double cache_pool_warm_s = 0;
+    int cache_pool_warm_error = 0;
+    uint64_t cache_warmed_commits = 0;
     uint64_t dense_bytes = 0;             // dense weights copied to RAM
     // Prefetch (docs/prefetch.md); zero when off. Over the whole run.
     bool prefetch = false;                // on for this run

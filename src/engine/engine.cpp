@@ -301,6 +301,7 @@ Status EngineImpl::make_store() {
         CacheOptions copt;
         copt.recycle_pages = opt_.cache_recycle;
         copt.move_pages = opt_.cache_move;
+        copt.warm_pool = knobs_.pool_warm;
         CacheDebug dbg;
         dbg.poison = dbg.check_residency = opt_.cache_debug;
         store_ = make_lru_cache(index_, d.budget_bytes, copt, dbg, &st);
@@ -544,6 +545,7 @@ std::string EngineImpl::settings_json() const {
     j["cache_rule_min_mib"] = cache_rule_min_mib(index_);
     j["cache_debug"] = opt_.cache_debug;
     j["cache_recycle"] = opt_.cache_recycle;
+    j["cache_pool_warm"] = knobs_.pool_warm;
     j["cache_move"] = opt_.cache_move;
     // The paths taken where the kernel (or an emulator) may lack a feature: the cache's
     // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.

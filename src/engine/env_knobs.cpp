@@ -68,6 +68,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!guess.empty() && guess != "bank" && guess != "rows")
         return Status::Usage("MOESTREAM_PREFILL_GUESS=" + guess + ": must be bank or rows");
     if (!guess.empty()) k->prefill_guess_rows = guess == "rows";
+    const std::string warm = env("MOESTREAM_POOL_WARM");
+    if (!warm.empty() && warm != "0" && warm != "1")
+        return Status::Usage("MOESTREAM_POOL_WARM=" + warm + ": must be 0 or 1");
+    if (!warm.empty()) k->pool_warm = warm == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

@@ -167,6 +167,10 @@ void RunStatsAssembly::finish() {
         s.cache_moved_commits = cs.moved_commits;
         s.cache_deferred_commits = cs.deferred_commits;
         s.cache_pool_bytes = cs.pool_bytes;
+        s.cache_pool_warm_bytes = cs.pool_warm_bytes;
+        s.cache_pool_warm_s = cs.pool_warm_s;
+        s.cache_pool_warm_error = cs.pool_warm_error;
+        s.cache_warmed_commits = cs.warmed_commits;
         if (src_.predictor && src_.predictor->decode_guess()) {  // prefetch, the whole run so far
             const PredictCounters & pc = src_.predictor->counters();
             s.prefetch_predictions = pc.predictions;

@@ -58,6 +58,14 @@ struct CacheStats : LedgerStats {
     uint64_t deferred_commits = 0;
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
+    // Pool warm-up (CacheOptions::warm_pool; page_pool.h): bytes planned and zero-filled up
+    // front, the thread's wall time (once it has ended), the errno that stopped it (0:
+    // none), and slices whose commit took a warmed chunk (not counted in recycled_commits).
+    uint64_t pool_warm_planned_bytes = 0;
+    uint64_t pool_warm_bytes = 0;
+    double pool_warm_s = 0;
+    int pool_warm_error = 0;
+    uint64_t warmed_commits = 0;
 };
 
 // How the LRU cache gets its pages (production settings; docs/cache.md).
@@ -74,6 +82,14 @@ struct CacheOptions {
     // one TLB shootdown instead of two. false = `--cache-no-move`, for A/B benchmarks. Turns
     // itself off when the kernel refuses the flag (Linux < 5.13 for shared mappings).
     bool move_pages = true;
+    // With recycled pages: warm the pool up front (page_pool.h, "Warm-up"). A low-priority
+    // thread started with the store zero-fills up to the budget's worth of new chunks while
+    // the engine reads the dense weights; commits take its completed chunks (mapped
+    // populated) instead of new ones faulted in by the read lanes, and the first commit that
+    // finds none ready stops it. Nothing waits for it. Lossless; false =
+    // MOESTREAM_POOL_WARM=0, for A/B benchmarks. An error (ENOMEM, ENOSPC) stops the warm-up,
+    // never the run.
+    bool warm_pool = true;
 };
 
 // Debug knobs of the LRU cache (docs/cache.md, "Debug mode"; `--cache-debug`).

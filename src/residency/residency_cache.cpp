@@ -145,6 +145,14 @@ public:
         s.deferred_commits = deferred_commits_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         s.pool_leaked_chunks = leaked_chunks_;
+        if (pool_) {
+            const PagePool::WarmStats w = pool_->warm_stats();
+            s.pool_warm_planned_bytes = w.planned_bytes;
+            s.pool_warm_bytes = w.warmed_bytes;
+            s.pool_warm_s = w.seconds;
+            s.pool_warm_error = w.error;
+            s.warmed_commits = pool_->warmed_taken();
+        }
         return s;
     }
 
@@ -249,6 +257,8 @@ private:
     // Appends the reads of the ledger's `experts` of MoE layer moe_idx (all projections).
     void push_reads(size_t moe_idx, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads);
+    // Logs (-v) how the pool's warm-up ended, once, when it has ended.
+    void log_warm_end();
     // Planted bugs (CacheTestHooks::fault); each fires once.
     void plant_fault_after_stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                                  std::vector<ReadRequest> * reads);
@@ -273,6 +283,7 @@ private:
     uint64_t recycled_commits_ = 0;   // CacheStats::recycled_commits
     uint64_t moved_commits_ = 0;      // CacheStats::moved_commits
     uint64_t deferred_commits_ = 0;   // CacheStats::deferred_commits
+    bool warm_running_ = false;       // the pool's warm-up ran and its end is not logged yet
 
     std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])
     std::vector<Reservation> res_;
@@ -437,6 +448,20 @@ Status LruCache::init() {
         pool_.reset();
         for (Reservation & r : res_) r.chunk.clear();
     }
+    if (recycle_ && opt_.warm_pool) {
+        // Never more than the budget across classes (page_pool.h); the files are sized for
+        // more than that together.
+        pool_->start_warm(budget_);
+        const PagePool::WarmStats w = pool_->warm_stats();
+        warm_running_ = w.planned_bytes > 0 && w.error == 0;
+        if (warm_running_)
+            MS_LOG_INFO("expert cache: warming the page pool: %.0f MiB of new chunks in the "
+                        "background",
+                        double(w.planned_bytes) / (1 << 20));
+        else if (w.error != 0)
+            MS_LOG_INFO("expert cache: page pool warm-up not started: %s",
+                        errno_str(w.error).c_str());
+    }
     shape.whole_chunks = recycle_;  // a live expert then holds one chunk per projection
     LedgerBackend * backend = this;
     ledger_ = std::make_unique<ExpertLedger>(shape, budget_, make_lru_policy(), backend);
@@ -496,6 +521,7 @@ Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint6
         // Room in the pool: live chunks are within the budget (stage() evicted for this
         // one); free chunks of other sizes give their memory back if needed.
         uint64_t off = kNoChunk;
+        bool warmed = false;
         if (!parked_.empty() && q1 > q0)
             off = move_parked(r.cls, q0 - p0, q1 - q0, r.base + q0 * page_);
         bool recycled = off != kNoChunk;  // moved: an evicted expert's pages
@@ -507,7 +533,7 @@ Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint6
             if (!pool_->has_free(r.cls))
                 while (pool_->held_bytes() + cost > cap && pool_->punch_free_chunk(r.cls)) {
                 }
-            if (!pool_->take(r.cls, &off, &recycled, &err)) {
+            if (!pool_->take(r.cls, &off, &recycled, &err, &warmed)) {
                 what = "page pool";
                 if (err == ENOSPC || err == EFBIG) err = ENOMEM;  // refused: evict, shrink
             } else if ((err = pool_->map(r.cls, off, q0 - p0, q1 - q0, r.base + q0 * page_,
@@ -519,7 +545,7 @@ Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint6
         }
         if (err == 0) {
             r.chunk[e] = off;
-            if (recycled) ++recycled_commits_;
+            if (recycled && !warmed) ++recycled_commits_;
             if (q1 > q0 && shareable(r, q0)) r.owner[q0] = e;
             if (q1 > q0 && shareable(r, q1 - 1)) r.owner[q1 - 1] = e;
         }
@@ -732,6 +758,7 @@ void LruCache::release(uint32_t moe_idx, uint32_t e, bool park) {
 
 void LruCache::budget_shrunk(uint64_t was, uint64_t now) {
     flush_parked();  // evicted chunks are free chunks again: punch them too
+    if (recycle_) pool_->finish_warm(true);  // its chunks are free chunks too
     while (recycle_ && pool_->held_bytes() > now && pool_->punch_free_chunk(PagePool::kAnyClass)) {
     }
     MS_LOG_WARN("expert cache: the system refused to commit memory (%s); budget shrunk from "
@@ -807,6 +834,7 @@ Status LruCache::stage_impl(size_t moe_idx, const std::vector<uint32_t> & expert
     defer_mask_ = defer_mask;
     Status st = ledger_->stage(uint32_t(moe_idx), experts, nullptr, stats);
     defer_mask_ = 0;
+    log_warm_end();
     if (!st.ok()) return st;
     // Split: parked chunks wait for the deferred commits (commit_deferred ends them).
     park_scope.keep = defer_mask != 0 && !ledger_->staged().empty();
@@ -857,8 +885,20 @@ size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                           std::vector<ReadRequest> * reads) {
     ParkScope park_scope{this};
     const size_t n = ledger_->prefetch(uint32_t(moe_idx), experts);
+    log_warm_end();
     if (n > 0) push_reads(ledger_->prefetch_layer(), ledger_->prefetching(), reads);
     return n;
+}
+
+void LruCache::log_warm_end() {
+    if (!warm_running_) return;
+    const PagePool::WarmStats w = pool_->warm_stats();
+    if (!w.ended) return;
+    warm_running_ = false;
+    MS_LOG_INFO("expert cache: page pool warm-up %s: %.0f of %.0f MiB zero-filled in %.2f s%s%s",
+                w.error ? "failed" : w.cancelled ? "overtaken by the reads" : "done",
+                double(w.warmed_bytes) / (1 << 20), double(w.planned_bytes) / (1 << 20),
+                w.seconds, w.error ? ": " : "", w.error ? errno_str(w.error).c_str() : "");
 }
 
 Status LruCache::verify_resident(size_t moe_idx, const std::vector<uint32_t> & experts) {

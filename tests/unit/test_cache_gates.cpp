@@ -18,18 +18,23 @@ using namespace moestream::test;
 
 namespace {
 
-json run(const std::string & model, const std::string & flags) {
+// One CLI run with `env` before the command: its --stats-json, with its stdout as "stdout".
+json run_env(const std::string & env, const std::string & model, const std::string & flags,
+             int n_tokens = 48) {
     static int n = 0;
     std::string path = models_dir() + "/cachegate-" + std::to_string(getpid()) + "-" + std::to_string(n++) + ".json";
-    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) +
-                          " -p A -n 48 -t 1 " + flags + " --stats-json " + path);
+    CmdResult r = run_cmd(env + " " + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p A -n " +
+                          std::to_string(n_tokens) + " -t 1 " + flags + " --stats-json " + path);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     if (r.exit_code != 0) return json();
     std::ifstream f(path);
     json j = json::parse(f);
     std::remove(path.c_str());
+    j["stdout"] = r.out;
     return j;
 }
+
+json run(const std::string & model, const std::string & flags) { return run_env("", model, flags); }
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
@@ -121,3 +126,33 @@ TEST(CacheBudget, AutoPrintsItsChoice) {
 }
 
 }  // namespace
+
+// The page pool's warm-up (docs/cache.md, "Pool warm-up") is lossless: an evicting cache (8 MiB
+// of 96 MiB of experts) gives the same tokens and the same logits hash with it on and off,
+// plain and with --cache-debug (poison + residency checks on every routing), and with it on
+// the misses did take warmed chunks. Negative control: a corrupted expert
+// (MOESTREAM_DEBUG_CORRUPT_EXPERT) changes the logits hash, so the comparison can fail.
+TEST(CacheBudget, PoolWarmUpIsByteIdentical) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    for (const char * debug : {"", "--cache-debug"}) {
+        SCOPED_TRACE(std::string("flags: ") + debug);
+        const std::string flags = std::string("--cache-mb 8 --force-cache ") + debug;
+        const json off = run_env("MOESTREAM_POOL_WARM=0", model, flags);
+        const json on = run_env("MOESTREAM_POOL_WARM=1", model, flags);
+        ASSERT_TRUE(off.is_object() && on.is_object());
+        EXPECT_EQ(on["logits_sha"], off["logits_sha"]);
+        EXPECT_EQ(on["stdout"], off["stdout"]);
+        EXPECT_EQ(uint64_t(off["cache_warmed_commits"]), 0u);
+        EXPECT_GT(uint64_t(on["cache_warmed_commits"]), 0u);
+        EXPECT_GT(uint64_t(on["cache_pool_warm_bytes"]), 0u);
+        EXPECT_LE(uint64_t(on["cache_pool_warm_bytes"]), uint64_t(on["cache_budget_bytes"]));
+        EXPECT_GT(uint64_t(on["evictions"]), 0u);
+        EXPECT_EQ(on["settings"]["cache_pool_warm"], true);
+        EXPECT_EQ(off["settings"]["cache_pool_warm"], false);
+    }
+    const json bad = run_env("MOESTREAM_POOL_WARM=1 MOESTREAM_DEBUG_CORRUPT_EXPERT=0:*", model,
+                             "--cache-mb 8 --force-cache");
+    const json good = run_env("MOESTREAM_POOL_WARM=1", model, "--cache-mb 8 --force-cache");
+    ASSERT_TRUE(bad.is_object() && good.is_object());
+    EXPECT_NE(bad["logits_sha"], good["logits_sha"]);
+}

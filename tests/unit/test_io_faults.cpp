@@ -307,7 +307,8 @@ TEST(EnvKnobs, MalformedValuesAreUsageErrorsNamingTheVariable) {
     const std::pair<const char *, const char *> cases[] = {
         {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "1"},   {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "1:x"},
         {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "-1:2"}, {"MOESTREAM_DEBUG_CORRUPT_EXPERT", "1:2junk"},
-        {"MOESTREAM_PREFETCH_NO_URING", "yes"}};
+        {"MOESTREAM_PREFETCH_NO_URING", "yes"}, {"MOESTREAM_POOL_WARM", "2"},
+        {"MOESTREAM_POOL_WARM", "on"}};
     for (const auto & [var, value] : cases) {
         SCOPED_TRACE(std::string(var) + "=" + value);
         setenv(var, value, 1);

@@ -124,6 +124,18 @@ nlohmann::json stats(const std::string & path) {
         if (!cg.create(tag, &why)) GTEST_SKIP() << "no memory cgroup: " << why; \
     }
 
+// The cgroup peak and the tokens of the cache-off run, in a cgroup of its own. Without prefill
+// read-ahead, whose second slot set the cache-off run alone would add to the peak that limits
+// are set from.
+void cache_off_peak(const std::string & model, const std::string & json, const std::string & tag,
+                    uint64_t * base, std::string * want) {
+    NEED_CGROUP(cg, tag);
+    CmdResult r = cg.run(run_args(model, "--cache-mb 0 --no-prefill-readahead", json));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    *base = cg.peak();
+    *want = r.out;
+}
+
 TEST(MemoryLimits, CacheAutoUnderCgroupLimitsIsNeverOomKilled) {
     const std::string model = synth_model("tiny", "qwen3moe", "f32");
     const std::string json = models_dir() + "/memlim-" + std::to_string(getpid()) + ".json";
@@ -171,15 +183,8 @@ TEST(MemoryLimits, ExplicitBudgetFitsOrIsClampedAndNegativeControlIsOomKilled) {
     const std::string json = models_dir() + "/memlim2-" + std::to_string(getpid()) + ".json";
     uint64_t base = 0;
     std::string want;
-    {
-        NEED_CGROUP(cg, "base");
-        // Without prefill read-ahead, whose second slot set the cache-off run alone would add
-        // to the peak the limits below are set from.
-        CmdResult r = cg.run(run_args(model, "--cache-mb 0 --no-prefill-readahead", json));
-        ASSERT_EQ(r.exit_code, 0) << r.err;
-        base = cg.peak();
-        want = r.out;
-    }
+    cache_off_peak(model, json, "base", &base, &want);
+    if (HasFatalFailure() || IsSkipped()) return;
     const uint64_t budget = 64 * kMiB;
     const std::string cache = "--cache-mb 64 --force-cache --no-prefill-readahead";
     {
@@ -221,6 +226,62 @@ TEST(MemoryLimits, ExplicitBudgetFitsOrIsClampedAndNegativeControlIsOomKilled) {
         NEED_CGROUP(cg, "oom");
         ASSERT_TRUE(cg.limit(base + budget / 4));
         CmdResult r = cg.run(run_args(model, cache, json), "MOESTREAM_DEBUG_NO_BUDGET_CLAMP=1");
+        EXPECT_EQ(r.exit_code, 128 + 9) << "expected an OOM kill (SIGKILL): " << r.err;
+        EXPECT_GE(cg.oom_kills(), 1u);
+    }
+    fs::remove(json);
+}
+
+// The page pool's warm-up (docs/cache.md, "Pool warm-up") zero-fills up to the budget's worth
+// of pages before the first routing needs them. Under a limit of (the cache-off run's peak +
+// budget + margin), as in the test above, it runs (it warmed pages, misses took them), never
+// more than the budget, with no OOM kill, the same tokens, and the cgroup's peak within the
+// limit; the run without it (MOESTREAM_POOL_WARM=0) is the control of the counters. Negative
+// control: the same run under (peak + budget / 4) without the budget clamp is OOM-killed, so
+// the limit binds the warmed pages too.
+TEST(MemoryLimits, PoolWarmUpStaysWithinTheBudget) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    const std::string json = models_dir() + "/memlim4-" + std::to_string(getpid()) + ".json";
+    uint64_t base = 0;
+    std::string want;
+    cache_off_peak(model, json, "wbase", &base, &want);
+    if (HasFatalFailure() || IsSkipped()) return;
+    const uint64_t budget = 64 * kMiB;
+    const std::string cache = "--cache-mb 64 --force-cache --no-prefill-readahead";
+    for (const char * warm : {"1", "0"}) {
+        SCOPED_TRACE(std::string("MOESTREAM_POOL_WARM=") + warm);
+        NEED_CGROUP(cg, std::string("warm") + warm);
+        const uint64_t limit = base + budget + 16 * kMiB;
+        ASSERT_TRUE(cg.limit(limit));
+        CmdResult r = cg.run(run_args(model, cache, json), std::string("MOESTREAM_POOL_WARM=") + warm);
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, want);
+        EXPECT_LE(cg.peak(), limit);
+        const auto j = stats(json);
+        ASSERT_TRUE(j.is_object());
+        const uint64_t warmed = j["cache_pool_warm_bytes"], commits = j["cache_warmed_commits"];
+        if (std::string(warm) == "1") {
+            EXPECT_GT(warmed, 0u);
+            EXPECT_GT(commits, 0u);
+        } else {
+            EXPECT_EQ(warmed, 0u);
+            EXPECT_EQ(commits, 0u);
+        }
+        EXPECT_LE(warmed, budget);
+        EXPECT_LE(uint64_t(j["cache_pool_bytes"]), budget);
+        EXPECT_LE(uint64_t(j["peak_resident_expert_bytes"]), budget);
+        EXPECT_GT(uint64_t(j["evictions"]), 0u);
+        std::printf("MOESTREAM_POOL_WARM=%s: warmed %.1f MiB, %llu warmed commits; cache off peak "
+                    "%.1f MiB, limit %.1f MiB, cgroup peak %.1f MiB\n",
+                    warm, double(warmed) / kMiB, (unsigned long long)commits, double(base) / kMiB,
+                    double(limit) / kMiB, double(cg.peak()) / kMiB);
+    }
+    {
+        NEED_CGROUP(cg, "woom");
+        ASSERT_TRUE(cg.limit(base + budget / 4));
+        CmdResult r = cg.run(run_args(model, cache, json),
+                             "MOESTREAM_POOL_WARM=1 MOESTREAM_DEBUG_NO_BUDGET_CLAMP=1");
         EXPECT_EQ(r.exit_code, 128 + 9) << "expected an OOM kill (SIGKILL): " << r.err;
         EXPECT_GE(cg.oom_kills(), 1u);
     }

@@ -214,7 +214,7 @@ TEST(PrefillReadaheadFlags, OnByDefaultWhereItApplies) {
     EXPECT_FALSE(on.stats["settings"]["prefill_readahead_requested"].get<bool>());
     EXPECT_GT(on.stats["prefetch_bytes"].get<uint64_t>(), 0u) << on.err;
     const std::string trace = models_dir() + "/ra-default-" + std::to_string(getpid()) + ".trace";
-    for (const std::string flags :
+    for (const std::string & flags :
          {std::string("--cache-mb 0 --io-threads 1"), "--cache-mb 0 --route-trace " + trace,
           std::string("--drop-cold-experts 0.5"), std::string("--cache-mb 0 --no-prefill-readahead")}) {
         SCOPED_TRACE(flags);

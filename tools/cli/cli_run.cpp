@@ -83,6 +83,10 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_moved_commits"] = s.cache_moved_commits;
     j["cache_deferred_commits"] = s.cache_deferred_commits;
     j["cache_pool_bytes"] = s.cache_pool_bytes;
+    j["cache_pool_warm_bytes"] = s.cache_pool_warm_bytes;
+    j["cache_pool_warm_s"] = s.cache_pool_warm_s;
+    j["cache_pool_warm_error"] = s.cache_pool_warm_error;
+    j["cache_warmed_commits"] = s.cache_warmed_commits;
     j["dense_bytes"] = s.dense_bytes;
     j["prefetch"] = s.prefetch;
     j["prefetch_predictions"] = s.prefetch_predictions;
