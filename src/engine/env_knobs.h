@@ -42,10 +42,11 @@ struct EnvKnobs {
     // at a multi-row routing: its whole bank, or the union of the ubatch rows' guesses
     // (prefetch.h; docs/prefetch.md, "Prefill read-ahead"). Lossless either way.
     bool prefill_guess_rows = true;
-    // MOESTREAM_POOL_WARM=0|1: 1 (default) = the expert cache's page pool zero-fills up to the
+    // MOESTREAM_POOL_WARM=0|1: 1 = the expert cache's page pool zero-fills up to the
     // budget's worth of pages in a low-priority background thread from the cache's creation
-    // on, and commits take those pages (docs/cache.md, "Pool warm-up"). Lossless either way.
-    bool pool_warm = true;
+    // on, and commits take those pages (docs/cache.md, "Pool warm-up"); 0 (default) = none.
+    // Lossless either way.
+    bool pool_warm = false;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;
