@@ -103,8 +103,8 @@ public:
     // joins it, and makes the chunks it completed and take() did not hand out warmed free
     // chunks (held_bytes() counts them). A no-op without a running warm-up. The destructor
     // cancels one still running.
-    bool warm_running() const { return warm_thread_.joinable(); }
     void finish_warm(bool cancel);
+    bool warm_running() const { return warm_thread_.joinable(); }  // the thread not joined yet
     struct WarmStats {
         uint64_t planned_bytes = 0;  // what start_warm() planned
         uint64_t warmed_bytes = 0;   // allocated and zero-filled by the warm-up (so far)

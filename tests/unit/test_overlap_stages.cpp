@@ -23,21 +23,13 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt =
-    "The expert streaming engine reads only what the router selects, token after token.";
-constexpr int kTokens = 12;
-
 using Out = ParsedRun;
 
 Out run(const std::string & model, const std::string & flags, const std::string & env) {
-    return run_parsed(model, kPrompt, kTokens, flags, env, /*with_logits=*/true);
+    return run_gate(model, flags, env);
 }
 
-struct Case {
-    std::string arch, type;
-};
-
-class OverlapStages : public ::testing::TestWithParam<Case> {};
+class OverlapStages : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(OverlapStages, ByteIdenticalWithThreeStages) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
@@ -138,14 +130,10 @@ TEST_P(OverlapStages, NegativeControlSkippingTheSecondWaitBreaksIdentity) {
     }
 }
 
-std::string case_name(const ::testing::TestParamInfo<Case> & i) {
-    return i.param.arch + "_" + i.param.type;
-}
-
 INSTANTIATE_TEST_SUITE_P(Tiny, OverlapStages,
-                         ::testing::Values(Case{"qwen3moe", "q4_k"}, Case{"olmoe", "f16"},
-                                           Case{"glm4moe", "q8_0"}),
-                         case_name);
+                         ::testing::Values(ArchCase{"qwen3moe", "q4_k"}, ArchCase{"olmoe", "f16"},
+                                           ArchCase{"glm4moe", "q8_0"}),
+                         arch_case_name);
 
 TEST(OverlapStagesKnob, BadValueIsOneErrorNamingIt) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");

@@ -53,11 +53,7 @@ std::string half_cache(const std::string & model) {
            " --force-cache";
 }
 
-struct Case {
-    std::string arch, type;
-};
-
-class PrefillReadahead : public ::testing::TestWithParam<Case> {};
+class PrefillReadahead : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(PrefillReadahead, ByteIdenticalToResidentWithTheSameUbatch) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
@@ -182,11 +178,9 @@ TEST(PrefillReadaheadFlags, ABadGuessKnobIsRefusedByName) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, PrefillReadahead,
-                         ::testing::Values(Case{"qwen3moe", "q4_k"}, Case{"olmoe", "f16"},
-                                           Case{"glm4moe", "q8_0"}),
-                         [](const ::testing::TestParamInfo<Case> & i) {
-                             return i.param.arch + "_" + i.param.type;
-                         });
+                         ::testing::Values(ArchCase{"qwen3moe", "q4_k"}, ArchCase{"olmoe", "f16"},
+                                           ArchCase{"glm4moe", "q8_0"}),
+                         arch_case_name);
 
 TEST(PrefillReadaheadFlags, RefusedByNameWhereItCannotWork) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");

@@ -21,19 +21,11 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt =
-    "The expert streaming engine reads only what the router selects, token after token.";
-constexpr int kTokens = 12;
-
 ParsedRun run(const std::string & model, const std::string & flags, const std::string & env) {
-    return run_parsed(model, kPrompt, kTokens, flags, env, /*with_logits=*/true);
+    return run_gate(model, flags, env);
 }
 
-struct Case {
-    std::string arch, type;
-};
-
-class StageSplit : public ::testing::TestWithParam<Case> {};
+class StageSplit : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(StageSplit, ByteIdenticalWithTheKnobOnAndOff) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
@@ -97,13 +89,10 @@ TEST_P(StageSplit, NegativeControlCorruptSliceIsDetected) {
     EXPECT_FALSE(bad.logits == ref.logits);
 }
 
-std::vector<Case> cases() { return {{"qwen3moe", "q8_0"}, {"olmoe", "f16"}, {"glm4moe", "q4_k"}}; }
-
-std::string case_name(const ::testing::TestParamInfo<Case> & i) {
-    return i.param.arch + "_" + i.param.type;
-}
-
-INSTANTIATE_TEST_SUITE_P(Tiny, StageSplit, ::testing::ValuesIn(cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Tiny, StageSplit,
+                         ::testing::Values(ArchCase{"qwen3moe", "q8_0"}, ArchCase{"olmoe", "f16"},
+                                           ArchCase{"glm4moe", "q4_k"}),
+                         arch_case_name);
 
 // A read that fails while the deferred slices are committed ends the request cleanly.
 TEST(StageSplitFailures, ReadFailureIsOneCleanError) {

@@ -27,4 +27,21 @@ inline ParsedRun run_parsed(const std::string & model, const std::string & promp
     return o;
 }
 
+// The stream gates' prompt and length on the tiny synth models (final logits kept).
+inline constexpr const char * kGatePrompt =
+    "The expert streaming engine reads only what the router selects, token after token.";
+inline constexpr int kGateTokens = 12;
+inline ParsedRun run_gate(const std::string & model, const std::string & flags,
+                          const std::string & env) {
+    return run_parsed(model, kGatePrompt, kGateTokens, flags, env, /*with_logits=*/true);
+}
+
+// One tiny synth model of a gate test's parameter set, named arch_type in the test names.
+struct ArchCase {
+    std::string arch, type;
+};
+inline std::string arch_case_name(const ::testing::TestParamInfo<ArchCase> & i) {
+    return i.param.arch + "_" + i.param.type;
+}
+
 }  // namespace moestream::test
