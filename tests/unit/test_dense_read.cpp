@@ -69,8 +69,8 @@ TEST(DenseRead, CopiesHoldTheFileBytesOnEveryPath) {
             for (uint64_t chunk : {WeightBinder::kDenseChunkBytes, uint64_t(8192)}) {
                 const uint64_t batch =
                     chunk == 8192 ? uint64_t(16384) : WeightBinder::kDenseBatchBytes;
-                SCOPED_TRACE(std::string(odirect ? "O_DIRECT" : "buffered") + ", lanes " +
-                             std::to_string(lanes) + ", chunk " + std::to_string(chunk));
+                SCOPED_TRACE(::testing::Message() << (odirect ? "O_DIRECT" : "buffered")
+                                                  << ", lanes " << lanes << ", chunk " << chunk);
                 IoLanes io;
                 ASSERT_TRUE(io.open(model, lanes, odirect, 65536).ok());
                 if (odirect && !io.direct()) {
