@@ -179,7 +179,7 @@ class Servers:
         self.procs = []
         out = os.path.join(work, os.path.basename(model) + ".ms.out")
         self.ms = subprocess.Popen([ms_bin, "serve", "-m", model, "--port", "0", "--lossless",
-                                    "-c", "1024"], stdout=open(out, "w"),
+                                    "-c", "1024", "-t", "1"], stdout=open(out, "w"),
                                    stderr=subprocess.DEVNULL)
         self.procs.append(self.ms)
         port = free_port()

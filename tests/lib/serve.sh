@@ -15,12 +15,13 @@ synth_once() {
   fi
 }
 
-# serve_start NAME DELAY_MS [serve flags...]: `moestream serve --port 0 -v` with every token
+# serve_start NAME DELAY_MS [serve flags...]: `moestream serve --port 0 -v -t 1` (one compute
+# thread: the tests run beside others on a 2-core machine) with every token
 # delayed by DELAY_MS (MOESTREAM_DEBUG_TOKEN_DELAY_MS); stdout in $work/NAME.out, stderr in
 # $work/NAME.err, the pid in $work/NAME.pid.
 serve_start() {
   local name="$1" delay="$2"; shift 2
-  MOESTREAM_DEBUG_TOKEN_DELAY_MS="$delay" "$bin" serve --port 0 -v "$@" \
+  MOESTREAM_DEBUG_TOKEN_DELAY_MS="$delay" "$bin" serve --port 0 -v -t 1 "$@" \
     >"$work/$name.out" 2>"$work/$name.err" &
   local pid=$!
   serve_pids+=("$pid")

@@ -28,8 +28,6 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
-
 void spit(const std::string & p, const std::string & data) {
     std::ofstream f(p, std::ios::binary | std::ios::trunc);
     f.write(data.data(), std::streamsize(data.size()));
@@ -384,7 +382,7 @@ RunOut run(const std::string & model, const std::string & flags, const std::stri
     static int counter = 0;
     const std::string js = tmp_path("stats-" + std::to_string(counter++) + ".json");
     CmdResult r = run_cmd(prefix + sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
-                          sh_quote(kPrompt) + " -n 32 -t 2 " + flags + " --stats-json " + js);
+                          sh_quote(kRouterPrompt) + " -n 32 -t 1 " + flags + " --stats-json " + js);
     RunOut o;
     o.rc = r.exit_code;
     o.out = r.out;

@@ -57,6 +57,10 @@ public:
                                              model.empty() ? tiny_model() : model, "-v"};
             if (std::find(args.begin(), args.end(), "--port") == args.end())
                 full.insert(full.end(), {"--port", "0"});
+            // One compute thread unless a test says otherwise: tests run two at a time, and
+            // two ggml thread pools on two cores spin against each other.
+            if (std::find(args.begin(), args.end(), "-t") == args.end())
+                full.insert(full.end(), {"-t", "1"});
             full.insert(full.end(), args.begin(), args.end());
             std::vector<char *> argv;
             for (auto & a : full) argv.push_back(a.data());
