@@ -311,10 +311,7 @@ void IoLanes::run_lane(int lane, size_t limit) {
         Status st = read_one(lane, reqs[i], &transferred);
         if (i < own_ && own_ < reqs.size())
             own_bytes_.fetch_add(transferred - before, std::memory_order_relaxed);
-        if (!st.ok()) {
-            std::lock_guard<std::mutex> lk(err_mu_);
-            if (!failed_.exchange(true)) err_ = st;
-        }
+        if (!st.ok()) record_failure(st);
         const bool prefix_now = i < prefix_ && prefix_done_.fetch_add(1) + 1 == prefix_;
         const bool mid_now = i < mid_ && mid_done_.fetch_add(1) + 1 == mid_;
         const bool own_now = i < own_ && own_done_.fetch_add(1) + 1 == own_;
@@ -361,13 +358,15 @@ void IoLanes::release(size_t n) {
     if (gate_waiters_ > 0) cv_done_.notify_all();
 }
 
+void IoLanes::record_failure(const Status & st) {
+    std::lock_guard<std::mutex> lk(err_mu_);
+    if (!failed_.exchange(true)) err_ = st;
+}
+
 void IoLanes::cancel_unreleased(const Status & why) {
     if (batch_ == nullptr) return;
     cancelled_ = true;
-    {
-        std::lock_guard<std::mutex> lk(err_mu_);
-        if (!failed_.exchange(true)) err_ = why;
-    }
+    record_failure(why);
     std::lock_guard<std::mutex> lk(mu_);
     cv_done_.notify_all();  // lanes at the gate or at a stage wait see the failure
 }
@@ -393,7 +392,7 @@ void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t
                     size_t mid, size_t released) {
     batch_ = &reqs;
     next_.store(0);
-    released_.store(gate_ ? released : SIZE_MAX);
+    released_.store(released);
     cancelled_ = false;
     bytes_.store(0);
     direct_reads_.store(0);

@@ -163,9 +163,6 @@ public:
     void set_in_place(bool on) { in_place_ = on; }
     // true: later stages wait for the earlier ones to complete (above, "Staged reads").
     void set_staged(bool on) { staged_ = on; }
-    // Tests only: false = start() ignores `released` (every request may be read at once), the
-    // negative control of the gate.
-    void set_gate_for_test(bool honoured) { gate_ = honoured; }
 
 private:
     struct Lane {
@@ -182,6 +179,8 @@ private:
     void wait_stage(size_t i);
     // Gated reads: blocks until request i is released (or the batch failed).
     void wait_gate(size_t i);
+    // Fails the batch with st unless it failed already (the first failure is the batch's error).
+    void record_failure(const Status & st);
     // Sleeps on cv_done_ until ready(), counted in *waiters (guarded by mu_) meanwhile.
     template <class Ready>
     void sleep_until(int * waiters, Ready ready);
@@ -202,7 +201,6 @@ private:
     bool in_place_ = true;
     bool staged_ = false;
     int stage_waiters_ = 0;  // lanes sleeping in wait_stage (guarded by mu_)
-    bool gate_ = true;       // set_gate_for_test
     int gate_waiters_ = 0;   // lanes sleeping in wait_gate (guarded by mu_)
     void * hook_ud_ = nullptr;
 
