@@ -188,10 +188,14 @@ private:
     // The stage: defer_mask = tensors whose miss slices wait for commit_deferred() (0: none).
     Status stage_impl(size_t moe_idx, const std::vector<uint32_t> & experts, uint64_t defer_mask,
                       std::vector<ReadRequest> * reads, StageStats * stats);
-    // Maps expert e's slice of projection t (see commit()). `after`: committed expert bytes
-    // once it is mapped (the pool's cap); check_limit: apply CacheTestHooks::commit_limit_bytes.
-    Status commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t after,
-                             bool check_limit, int * err);
+    // Maps expert e's slice of projection t (see commit()). `committed`: committed expert
+    // bytes before it is mapped, or with it when `charged` (the pool's cap is what is
+    // committed once it is mapped); check_limit: apply CacheTestHooks::commit_limit_bytes.
+    // *cost: the bytes it maps (set on success and failure).
+    Status commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t committed,
+                             bool charged, bool check_limit, int * err, uint64_t * cost);
+    // The error of a refused commit of expert e's slice of projection t: `what` failed with err.
+    Status commit_error(uint32_t moe_idx, size_t t, uint32_t e, const char * what, int err) const;
     // The pages [*q0, *q1) of e's slice of projection t that no other expert holding pages
     // there covers: what committing e there maps, or releasing it frees.
     void own_pages(uint32_t moe_idx, size_t t, uint32_t e, uint64_t * q0, uint64_t * q1) const {
@@ -481,21 +485,15 @@ Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
         for (size_t t = 0; t < n_t; ++t) all += res_[layer_res_[moe_idx] + t].chunk_pages * page_;
         if (committed + all > test_.commit_limit_bytes) {
             *err_out = ENOMEM;
-            return Status::Runtime("expert cache: cannot commit expert " + std::to_string(e) +
-                                   " of '" + index_.moe_layers[moe_idx].tensors[0].name +
-                                   "': mmap: " + errno_str(ENOMEM) +
-                                   " (vm.max_map_count exhausted? see docs/cache.md)");
+            return commit_error(moe_idx, 0, e, "mmap", ENOMEM);
         }
     }
     uint64_t added = 0;
     for (size_t t = 0; t < n_t; ++t) {
         if (defer_mask_ >> t & 1) continue;
-        Reservation & r = res_[layer_res_[moe_idx] + t];
-        uint64_t q0, q1;
-        own_pages(moe_idx, t, e, &q0, &q1);
-        const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
-        Status st = commit_projection(moe_idx, t, e, committed + added + cost, defer_mask_ == 0,
-                                      err_out);
+        uint64_t cost = 0;
+        Status st = commit_projection(moe_idx, t, e, committed + added, false, defer_mask_ == 0,
+                                      err_out, &cost);
         if (!st.ok()) {
             // Undo the projections committed so far (state is still absent).
             for (size_t u = 0; u < t; ++u) release_projection(moe_idx, u, e, false);
@@ -506,13 +504,24 @@ Status LruCache::commit(uint32_t moe_idx, uint32_t e, int * err_out) {
     return Status::Ok();
 }
 
-Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t after,
-                                   bool check_limit, int * err_out) {
+Status LruCache::commit_error(uint32_t moe_idx, size_t t, uint32_t e, const char * what,
+                              int err) const {
+    return Status::Runtime(
+        "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
+        index_.moe_layers[moe_idx].tensors[t].name + "': " + what + ": " + errno_str(err) +
+        (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
+}
+
+Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t committed,
+                                   bool charged, bool check_limit, int * err_out,
+                                   uint64_t * cost_out) {
     Reservation & r = res_[layer_res_[moe_idx] + t];
     uint64_t p0, p1, q0, q1;
     page_range(r, e, &p0, &p1);
     own_pages(moe_idx, t, e, &q0, &q1);
     const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
+    *cost_out = cost;
+    const uint64_t after = charged ? committed : committed + cost;
     const bool refused =
         check_limit && test_.commit_limit_bytes > 0 && after > test_.commit_limit_bytes;
     const char * what = recycle_ ? "mmap" : "mprotect";
@@ -555,10 +564,7 @@ Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint6
     }
     if (err != 0) {
         *err_out = err;
-        return Status::Runtime(
-            "expert cache: cannot commit expert " + std::to_string(e) + " of '" +
-            index_.moe_layers[moe_idx].tensors[t].name + "': " + what + ": " + errno_str(err) +
-            (err == ENOMEM ? " (vm.max_map_count exhausted? see docs/cache.md)" : ""));
+        return commit_error(moe_idx, t, e, what, err);
     }
     if (dbg_.poison) {
         // The slice itself, plus the parts of newly committed boundary pages outside it
@@ -798,7 +804,8 @@ Status LruCache::commit_deferred(size_t moe_idx, uint64_t mask) {
         if (!(mask >> t & 1)) continue;
         for (uint32_t e : ledger_->staged()) {
             int err = 0;
-            Status st = commit_projection(defer_moe_, t, e, committed, false, &err);
+            uint64_t cost = 0;
+            Status st = commit_projection(defer_moe_, t, e, committed, true, false, &err, &cost);
             if (!st.ok()) {
                 end_deferred();
                 return st;
