@@ -33,13 +33,12 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 const char * kSmall = "--cache-mb 4 --force-cache --cache-debug ";
 
 using CliRun = ParsedRun;
 
 CliRun run(const std::string & model, const std::string & flags, const std::string & env = "") {
-    return run_parsed(model, kPrompt, 24, flags, env);
+    return run_parsed(model, kRouterPrompt, 24, flags, env);
 }
 
 // The companion of `model`, made afresh (make-fallback writes through a temporary file and
@@ -279,7 +278,7 @@ TEST(MakeFallbackInput, RefusedBeforeAnyWorkAndTheModelUntouched) {
               std::string::npos)
         << r.err;
     // The companion of the set works with the set.
-    StatsRun sr = run_with_stats(s2, kPrompt, 8, "--miss-fallback " + dir.path("c2.gguf"));
+    StatsRun sr = run_with_stats(s2, kRouterPrompt, 8, "--miss-fallback " + dir.path("c2.gguf"));
     EXPECT_EQ(sr.rc, 0) << sr.err;
 }
 

@@ -22,13 +22,11 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
-
 json run_json(const std::string & model, const std::string & flags, int * exit_code = nullptr,
               std::string * err = nullptr, std::string * out = nullptr) {
     static int counter = 0;
     std::string path = models_dir() + "/lossy-" + std::to_string(getpid()) + "-" + std::to_string(counter++) + ".json";
-    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " + sh_quote(kPrompt) +
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " + sh_quote(kRouterPrompt) +
                           " -n 32 -t 1 " + flags + " --stats-json " + path);
     if (exit_code) *exit_code = r.exit_code;
     if (err) *err = r.err;
@@ -139,7 +137,7 @@ TEST(NExpertUsed, MatchesLlamaCompletionWithTheOverride) {
         ::testing::AssertionResult same = ::testing::AssertionFailure();
         for (int attempt = 0; attempt < 3 && !same; ++attempt) {  // see test_stream_gates.cpp
         ref = run_cmd(sh_quote(tool ? tool : "scripts/llama-tool") + " llama-completion -m " +
-                                sh_quote(model) + " -p " + sh_quote(kPrompt) +
+                                sh_quote(model) + " -p " + sh_quote(kRouterPrompt) +
                                 " -n 32 --temp 0 -s 1 -no-cnv --no-warmup -lm mmap --no-repack -t 1 -fit off "
                                 "--no-display-prompt --override-kv " + arch + ".expert_used_count=int:2");
         ASSERT_EQ(ref.exit_code, 0);

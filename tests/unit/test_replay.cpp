@@ -39,7 +39,6 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 const uint64_t kPage = uint64_t(sysconf(_SC_PAGESIZE));
 
 std::string tmp_path(const std::string & name) {
@@ -381,9 +380,9 @@ TEST(Replay, RoutingsPerSecond) {
 
 std::string record(const std::string & model, const std::string & flags, const std::string & name) {
     const std::string path = tmp_path(name);
-    CmdResult r =
-        run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " + sh_quote(kPrompt) +
-                " -n 32 -t 1 " + flags + " --route-trace " + sh_quote(path));
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(model) + " -p " +
+                          sh_quote(kRouterPrompt) + " -n 32 -t 1 " + flags + " --route-trace " +
+                          sh_quote(path));
     EXPECT_EQ(r.exit_code, 0) << flags << "\n" << r.err;
     return path;
 }

@@ -41,11 +41,9 @@ namespace {
 
 using RunOut = ParsedRun;
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
-
 RunOut run(const std::string & model, const std::string & flags, const std::string & env = "",
            bool must_succeed = true) {
-    RunOut out = run_parsed(model, kPrompt, 16, flags, env.empty() ? "" : env + " ",
+    RunOut out = run_parsed(model, kRouterPrompt, 16, flags, env.empty() ? "" : env + " ",
                             /*with_logits=*/true);
     if (must_succeed) {
         EXPECT_EQ(out.rc, 0) << flags << "\n" << out.err;

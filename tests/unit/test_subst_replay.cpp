@@ -30,7 +30,6 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
 constexpr size_t kMarginAt = 60;  // the header's f64 substitute margin (version 6)
 
 TraceHeader scored_header(uint32_t n_moe, uint32_t n_expert, uint32_t k) {
@@ -244,13 +243,13 @@ TEST(SubstReplayFormat, MalformedScoresGetOneErrorNamingTheFileAndRecord) {
 TEST(SubstReplayRun, RecordedWithScoresAndSubstitutionValidatesExactly) {
     TempDir dir("subst-run");
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
-    StatsRun plain = run_with_stats(model, kPrompt, 32, "--cache-mb 4 --force-cache");
+    StatsRun plain = run_with_stats(model, kRouterPrompt, 32, "--cache-mb 4 --force-cache");
     ASSERT_EQ(plain.rc, 0) << plain.err;
     for (const char * m : {"1", "0.05"}) {
         SCOPED_TRACE(m);
         const std::string path = dir.path(std::string("m") + m + ".trace");
         const std::string lossless = dir.path(std::string("l") + m + ".trace");
-        StatsRun on = run_with_stats(model, kPrompt, 32,
+        StatsRun on = run_with_stats(model, kRouterPrompt, 32,
                                      std::string("--cache-mb 4 --force-cache --cache-debug "
                                                  "--substitute-experts ") +
                                          m + " --route-trace " + sh_quote(path) +
@@ -283,7 +282,7 @@ TEST(SubstReplayRun, RecordedWithScoresAndSubstitutionValidatesExactly) {
             << v.err;
 
         // Recording scores changes nothing in a lossless run.
-        StatsRun l = run_with_stats(model, kPrompt, 32,
+        StatsRun l = run_with_stats(model, kRouterPrompt, 32,
                                     "--cache-mb 4 --force-cache --route-trace " +
                                         sh_quote(lossless) + " --route-trace-scores");
         ASSERT_EQ(l.rc, 0) << l.err;
@@ -300,8 +299,8 @@ TEST(SubstReplayRun, LosslessTraceAtMPredictsTheRunUpToItsFirstSubstitution) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     const std::string a = dir.path("lossless.trace"), b = dir.path("m.trace");
     const std::string base = "--cache-mb 4 --force-cache --route-trace-scores --route-trace ";
-    StatsRun ra = run_with_stats(model, kPrompt, 32, base + sh_quote(a));
-    StatsRun rb = run_with_stats(model, kPrompt, 32, base + sh_quote(b) + " --substitute-experts 1");
+    StatsRun ra = run_with_stats(model, kRouterPrompt, 32, base + sh_quote(a));
+    StatsRun rb = run_with_stats(model, kRouterPrompt, 32, base + sh_quote(b) + " --substitute-experts 1");
     ASSERT_EQ(ra.rc, 0) << ra.err;
     ASSERT_EQ(rb.rc, 0) << rb.err;
     RouteTrace ta, tb;
@@ -376,11 +375,11 @@ TEST(SubstReplayRun, LosslessTraceAtMPredictsTheRunUpToItsFirstSubstitution) {
 TEST(SubstReplayCli, RefusedWithoutWhatItNeeds) {
     TempDir dir("subst-cli");
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
-    StatsRun r = run_with_stats(model, kPrompt, 4, "--route-trace-scores");
+    StatsRun r = run_with_stats(model, kRouterPrompt, 4, "--route-trace-scores");
     EXPECT_EQ(r.rc, 64) << r.err;
     EXPECT_NE(r.err.find("--route-trace-scores needs --route-trace"), std::string::npos) << r.err;
     const std::string path = dir.path("plain.trace");
-    r = run_with_stats(model, kPrompt, 4, "--cache-mb 4 --force-cache --route-trace " + sh_quote(path));
+    r = run_with_stats(model, kRouterPrompt, 4, "--cache-mb 4 --force-cache --route-trace " + sh_quote(path));
     ASSERT_EQ(r.rc, 0) << r.err;
     CmdResult c;
     replay(path, "--substitute-experts 0.1", &c);
@@ -388,7 +387,7 @@ TEST(SubstReplayCli, RefusedWithoutWhatItNeeds) {
     EXPECT_NE(c.err.find("recorded without them"), std::string::npos) << c.err;
     EXPECT_NE(c.err.find("--route-trace-scores"), std::string::npos) << c.err;
     // With scores: belady and the fallback are refused by name; a lossless M = 0 runs.
-    r = run_with_stats(model, kPrompt, 4,
+    r = run_with_stats(model, kRouterPrompt, 4,
                        "--cache-mb 4 --force-cache --route-trace-scores --route-trace " + sh_quote(path));
     ASSERT_EQ(r.rc, 0) << r.err;
     replay(path, "--substitute-experts 0.1 --policy lru,belady", &c);

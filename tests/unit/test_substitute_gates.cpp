@@ -25,12 +25,10 @@ using namespace moestream::test;
 
 namespace {
 
-const char * kPrompt = "The expert streaming engine reads only what the router selects.";
-
 using CliRun = ParsedRun;
 
 CliRun run(const std::string & model, const std::string & flags, const std::string & env = "") {
-    return run_parsed(model, kPrompt, 32, flags, env);
+    return run_parsed(model, kRouterPrompt, 32, flags, env);
 }
 
 const char * kSmall = "--cache-mb 4 --force-cache --cache-debug ";

@@ -12,6 +12,11 @@
 
 namespace moestream::test {
 
+// The prompt the lossy, fallback, trace, replay and split-model tests give the CLI on the tiny
+// synth models.
+inline constexpr const char * kRouterPrompt =
+    "The expert streaming engine reads only what the router selects.";
+
 struct CmdResult {
     int exit_code = -1;   // process exit code (128+signal if killed)
     std::string out;      // stdout
