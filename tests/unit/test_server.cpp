@@ -221,6 +221,39 @@ TEST(Server, HealthModelsStats) {
     EXPECT_TRUE(body_json(nf).contains("error"));
 }
 
+// /stats "cache": the expert cache's counters since start, as `--stats-json` counts them: every
+// lookup a hit or a miss, and with split staging (the default) slices committed while reads
+// ran. Controls: with MOESTREAM_STAGE_SPLIT=0 no slice is deferred; with the cache off the
+// object is null.
+TEST(Server, StatsShowTheCacheCounters) {
+    const auto cache_after_one_request = [](const std::vector<std::string> & args,
+                                            const std::vector<std::string> & env) {
+        ServerProc s(args, env);
+        EXPECT_GT(s.port(), 0) << s.log();
+        auto r = post(s, "/v1/completions", {{"prompt", "Once upon a time"}, {"max_tokens", 8}});
+        EXPECT_TRUE(r && r->status == 200) << (r ? r->body : s.log());
+        auto st = s.client().Get("/stats");
+        EXPECT_TRUE(st);
+        return st ? body_json(st)["cache"] : json();
+    };
+    const json c = cache_after_one_request({"--lossless"}, {});
+    ASSERT_TRUE(c.is_object()) << c.dump();
+    EXPECT_GT(c["lookups"].get<uint64_t>(), 0u);
+    EXPECT_EQ(c["lookups"].get<uint64_t>(),
+              c["hits"].get<uint64_t>() + c["misses"].get<uint64_t>());
+    EXPECT_GT(c["misses"].get<uint64_t>(), 0u) << "the first request fills the cache";
+    EXPECT_GT(c["deferred_commits"].get<uint64_t>(), 0u) << c.dump();
+    EXPECT_GT(c["pool_mib"].get<double>(), 0);
+    EXPECT_EQ(c["commit_failures"], 0);
+
+    const json nosplit = cache_after_one_request({"--lossless"}, {"MOESTREAM_STAGE_SPLIT=0"});
+    ASSERT_TRUE(nosplit.is_object()) << nosplit.dump();
+    EXPECT_EQ(nosplit["deferred_commits"], 0) << "control: nothing deferred without split staging";
+    EXPECT_EQ(nosplit["misses"], c["misses"]);
+
+    EXPECT_TRUE(cache_after_one_request({"--lossless", "--cache-mb", "0"}, {}).is_null());
+}
+
 // Non-streaming output equals `moestream run` for the same prompt and settings (greedy,
 // lossless): token ids and text. Negative control: run with another prompt differs.
 TEST(Server, CompletionEqualsRun) {

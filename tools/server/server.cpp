@@ -148,7 +148,27 @@ struct Snapshot {
     double prefill_s_total = 0, decode_s_total = 0;
     bool lossy = false;
     json engine_settings;
+    json cache;  // the expert cache's counters since start, as of the last finished request
 };
+
+// /stats "cache": the expert cache's counters over the engine's life (docs/server.md); null
+// without a cache.
+json cache_counters_json(const RunStats & s) {
+    if (s.cache_budget_bytes == 0) return nullptr;
+    return json{{"lookups", s.cache_lookups},
+                {"hits", s.cache_hits},
+                {"misses", s.cache_misses},
+                {"evictions", s.evictions},
+                {"rereads", s.rereads},
+                {"commit_failures", s.cache_commit_failures},
+                {"recycled_commits", s.cache_recycled_commits},
+                {"moved_commits", s.cache_moved_commits},
+                {"deferred_commits", s.cache_deferred_commits},
+                {"warmed_commits", s.cache_warmed_commits},
+                {"pool_mib", mib(double(s.cache_pool_bytes))},
+                {"pool_warm_mib", mib(double(s.cache_pool_warm_bytes))},
+                {"pool_warm_error", s.cache_pool_warm_error}};
+}
 
 // The decode figures of the current (or last) generation, from the engine's per-token stats.
 struct DecodeFigures {
@@ -934,6 +954,7 @@ private:
         snap_.resident_expert_mib = mib(double(s.resident_expert_bytes));
         snap_.cache_budget_mib = mib(double(s.cache_budget_bytes));
         snap_.cache_hit_pct_total = s.cache_hit_pct;
+        snap_.cache = cache_counters_json(s);
         if (ok) {
             snap_.served++;
             snap_.avg_request_s = snap_.served == 1 ? dt : 0.8 * snap_.avg_request_s + 0.2 * dt;
@@ -1194,6 +1215,7 @@ private:
                     {"cache_hit_pct_total", s.cache_hit_pct_total},
                     {"resident_expert_mib", s.resident_expert_mib},
                     {"cache_budget_mib", s.cache_budget_mib},
+                    {"cache", s.cache},
                     {"rss_mib", mib(double(current_rss_bytes()))},
                     {"peak_rss_mib", mib(double(peak_rss_bytes()))},
                     {"queue_waiting", waiting},
