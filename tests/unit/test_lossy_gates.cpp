@@ -43,11 +43,13 @@ json run_json(const std::string & model, const std::string & flags, int * exit_c
     return j;
 }
 
-struct ArchCase {
+// An architecture and the graph node its drop-cold deferral must learn as terminal.
+struct DropCase {
     std::string arch, terminal;
 };
+void PrintTo(const DropCase & c, std::ostream * os) { *os << c.arch << ' ' << c.terminal; }
 
-class DropCold : public ::testing::TestWithParam<ArchCase> {};
+class DropCold : public ::testing::TestWithParam<DropCase> {};
 
 TEST_P(DropCold, DeferralIsTransparentAndLearnsTheTerminalNode) {
     const std::string model = synth_model("tiny", GetParam().arch, "q8_0");
@@ -92,9 +94,9 @@ TEST_P(DropCold, TopKOneIsANoOp) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, DropCold,
-                         ::testing::Values(ArchCase{"qwen3moe", "ffn_moe_weights_norm"},
-                                           ArchCase{"olmoe", "ffn_moe_weights"},
-                                           ArchCase{"glm4moe", "ffn_moe_weights_norm"}),
+                         ::testing::Values(DropCase{"qwen3moe", "ffn_moe_weights_norm"},
+                                           DropCase{"olmoe", "ffn_moe_weights"},
+                                           DropCase{"glm4moe", "ffn_moe_weights_norm"}),
                          [](const auto & i) { return i.param.arch; });
 
 TEST(DropColdRules, RefusedWithoutTheCache) {

@@ -43,5 +43,7 @@ struct ArchCase {
 inline std::string arch_case_name(const ::testing::TestParamInfo<ArchCase> & i) {
     return i.param.arch + "_" + i.param.type;
 }
+// How GoogleTest prints the parameter (the ctest names show it): "arch type".
+inline void PrintTo(const ArchCase & c, std::ostream * os) { *os << c.arch << ' ' << c.type; }
 
 }  // namespace moestream::test

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "test_stats_run.h"
 #include "test_util.h"
 
 using nlohmann::json;
@@ -84,15 +85,7 @@ std::string llama_completion_text(const std::string & model, const std::string &
 }
 
 
-struct GateCase {
-    std::string arch, type;
-};
-
-std::string case_name(const ::testing::TestParamInfo<GateCase> & i) {
-    return i.param.arch + "_" + i.param.type;
-}
-
-class StreamGate : public ::testing::TestWithParam<GateCase> {};
+class StreamGate : public ::testing::TestWithParam<ArchCase> {};
 
 TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
     const std::string model = synth_model("tiny", GetParam().arch, GetParam().type);
@@ -193,14 +186,14 @@ TEST_P(StreamGate, NegativeControlCorruptSliceIsDetected) {
     EXPECT_FALSE(bad.logits == ref.logits);
 }
 
-std::vector<GateCase> all_cases() {
-    std::vector<GateCase> v;
+std::vector<ArchCase> all_cases() {
+    std::vector<ArchCase> v;
     for (const char * a : {"qwen3moe", "olmoe", "glm4moe"})
         for (const char * t : {"f32", "f16", "q8_0", "q4_k"}) v.push_back({a, t});
     return v;
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, StreamGate, ::testing::ValuesIn(all_cases()), case_name);
+INSTANTIATE_TEST_SUITE_P(Tiny, StreamGate, ::testing::ValuesIn(all_cases()), arch_case_name);
 
 // Only routed experts are read: bytes per decoded token follow from the routing alone.
 TEST(StreamReads, BytesPerTokenEqualRoutedSlices) {
