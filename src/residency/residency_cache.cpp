@@ -191,9 +191,10 @@ private:
     // Maps expert e's slice of projection t (see commit()). `committed`: committed expert
     // bytes before it is mapped, or with it when `charged` (the pool's cap is what is
     // committed once it is mapped); check_limit: apply CacheTestHooks::commit_limit_bytes.
-    // *cost: the bytes it maps (set on success and failure).
+    // *cost (if given): the bytes it maps (set on success and failure).
     Status commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint64_t committed,
-                             bool charged, bool check_limit, int * err, uint64_t * cost);
+                             bool charged, bool check_limit, int * err,
+                             uint64_t * cost = nullptr);
     // The error of a refused commit of expert e's slice of projection t: `what` failed with err.
     Status commit_error(uint32_t moe_idx, size_t t, uint32_t e, const char * what, int err) const;
     // The pages [*q0, *q1) of e's slice of projection t that no other expert holding pages
@@ -520,7 +521,7 @@ Status LruCache::commit_projection(uint32_t moe_idx, size_t t, uint32_t e, uint6
     page_range(r, e, &p0, &p1);
     own_pages(moe_idx, t, e, &q0, &q1);
     const uint64_t cost = recycle_ ? r.chunk_pages * page_ : (q1 - q0) * page_;
-    *cost_out = cost;
+    if (cost_out) *cost_out = cost;
     const uint64_t after = charged ? committed : committed + cost;
     const bool refused =
         check_limit && test_.commit_limit_bytes > 0 && after > test_.commit_limit_bytes;
@@ -804,8 +805,7 @@ Status LruCache::commit_deferred(size_t moe_idx, uint64_t mask) {
         if (!(mask >> t & 1)) continue;
         for (uint32_t e : ledger_->staged()) {
             int err = 0;
-            uint64_t cost = 0;
-            Status st = commit_projection(defer_moe_, t, e, committed, true, false, &err, &cost);
+            Status st = commit_projection(defer_moe_, t, e, committed, true, false, &err);
             if (!st.ok()) {
                 end_deferred();
                 return st;
