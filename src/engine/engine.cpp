@@ -223,12 +223,12 @@ Status EngineImpl::init(const RunOptions & opt) {
     return Status::Ok();
 }
 
-// Prefill read-ahead with the cache off (docs/prefetch.md): a second set of shared slots,
-// one layer of expert memory more, when what is available holds it besides what the run
-// needs; otherwise read-ahead stays off and -v says why.
-bool EngineImpl::prefill_slots_fit(uint64_t needs, const MemoryAvailability & mem) {
-    prefill_two_sets_ = false;
-    if (!prefill_ra_wanted_) return false;
+// Prefill read-ahead and prefetch with the cache off (docs/prefetch.md): a second set of
+// shared slots, one layer of expert memory more, when what is available holds it besides what
+// the run needs; otherwise both stay off and -v says why (prefetch, when asked for, warns).
+bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
+    two_slot_sets_ = false;
+    if (!prefill_ra_wanted_ && !prefetch_possible()) return false;
     uint64_t set = 0;  // one set: per projection, the largest layer's tensor
     std::vector<uint64_t> per_proj;
     for (const MoeLayer & L : index_.moe_layers)
@@ -238,17 +238,16 @@ bool EngineImpl::prefill_slots_fit(uint64_t needs, const MemoryAvailability & me
         }
     for (uint64_t b : per_proj) set += b;
     const uint64_t avail = mem.available_bytes;
+    const auto mib = [](uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
     if (avail > 0 && avail < needs + 2 * set) {
-        MS_LOG_INFO("prefill read-ahead: off (cache off, and a second set of expert slots, "
-                    "%.0f MiB, does not fit: %.0f MiB available (%s), the run needs %.0f MiB "
-                    "and the first set %.0f MiB)",
-                    double(set) / (1 << 20), double(avail) / (1 << 20), mem.source,
-                    double(needs) / (1 << 20), double(set) / (1 << 20));
+        two_slots_refused_ = "cache off, and a second set of expert slots (" + mib(set) +
+                             ") does not fit: " + mib(avail) + " available (" + mem.source +
+                             "), the run needs " + mib(needs) + " and the first set " + mib(set);
+        MS_LOG_INFO("read-ahead: off (%s)", two_slots_refused_.c_str());
         return false;
     }
-    MS_LOG_INFO("prefill read-ahead: cache off, a second set of expert slots (%.0f MiB)",
-                double(set) / (1 << 20));
-    prefill_two_sets_ = true;
+    MS_LOG_INFO("read-ahead: cache off, a second set of expert slots (%s)", mib(set).c_str());
+    two_slot_sets_ = true;
     return true;
 }
 
@@ -306,7 +305,7 @@ Status EngineImpl::make_store() {
         dbg.poison = dbg.check_residency = opt_.cache_debug;
         store_ = make_lru_cache(index_, d.budget_bytes, copt, dbg, &st);
     } else {
-        store_ = make_shared_slots(index_, &st, prefill_slots_fit(needs, mem));
+        store_ = make_shared_slots(index_, &st, second_slot_set_fits(needs, mem));
     }
     if (!st.ok()) return st;
     stats_.cache_budget_bytes = int64_t(d.budget_bytes);
@@ -366,27 +365,29 @@ Status EngineImpl::make_store() {
     streamer_->set_overlap_stages(knobs_.overlap_stages);
     lanes_.set_staged(overlap_ && knobs_.staged_reads);
     streamer_->set_stage_split(knobs_.stage_split);
-    prefill_readahead_ = prefill_ra_wanted_ && (d.budget_bytes > 0 || prefill_two_sets_);
+    prefill_readahead_ = prefill_ra_wanted_ && (d.budget_bytes > 0 || two_slot_sets_);
     streamer_->set_prefill_readahead(prefill_readahead_);
     streamer_->set_fallback(fallback_.get());
     overlap_waiter_ = std::make_unique<OverlapWaiter>();
-    // Prefetch (docs/prefetch.md): a cache to read into and a worker lane to read with.
+    // Prefetch (docs/prefetch.md): a place to read into (the cache, or with the cache off the
+    // second set of shared slots) and a worker lane to read with.
     // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
     // Not with a route trace: a trace records what a cache without read-ahead does, so
     // that `moestream replay` reproduces it exactly (docs/route-trace.md).
-    if (d.budget_bytes == 0 && opt_.prefetch)
-        MS_LOG_WARN("prefetch is off for this run: it needs the cache, and %s",
-                    d.reason.c_str());
+    const bool decode_prefetch = prefetch_possible() && (d.budget_bytes > 0 || two_slot_sets_);
+    if (opt_.prefetch && !decode_prefetch && prefetch_possible())
+        MS_LOG_WARN("prefetch is off for this run: %s",
+                    (d.reason + "; " + two_slots_refused_).c_str());
     // Prefill read-ahead's per-row guesses (knobs_.prefill_guess_rows) use the same predictor.
     const bool row_guess = prefill_readahead_ && prefill_row_guess_possible();
-    if ((d.budget_bytes > 0 && prefetch_possible()) || row_guess) {
+    if (decode_prefetch || row_guess) {
         predictor_ = std::make_unique<RoutePredictor>();
         predictor_->set_enabled(opt_.drop_cold == 0 && !fallback_);
-        predictor_->set_decode_guess(d.budget_bytes > 0 && prefetch_possible());
+        predictor_->set_decode_guess(decode_prefetch);
         predictor_->set_prefill_rows(row_guess);
         if (row_guess) preset_routers();
     }
-    if (d.budget_bytes > 0 && prefetch_possible()) {
+    if (decode_prefetch) {
         // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
         // test fault plan is installed (faults are injected at the lanes).
         // knobs_.prefetch_no_uring (for A/B benchmarks): the worker lanes read the tail.

@@ -89,14 +89,16 @@ private:
     // engine.cpp: wiring.
     Status make_store();  // the residency store, the streamer and the router hook's observers
     void open_trace();    // RunOptions::route_trace
-    // Prefill read-ahead (docs/prefetch.md): a second set of shared slots fits (make_store).
-    bool prefill_slots_fit(uint64_t needs, const MemoryAvailability & mem);
+    // Cache off, prefill read-ahead or prefetch wanted (docs/prefetch.md): a second set of
+    // shared slots fits (make_store); sets two_slot_sets_, or two_slots_refused_ with why not.
+    bool second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem);
     bool prefill_readahead_ = false;  // on for this run
     // RunOptions::prefill_readahead 1, or -1 where it applies (check_prefill_readahead);
     // the cache or the second slot set decides prefill_readahead_ from it.
     bool prefill_ra_wanted_ = false;
     std::string n_batch_reason_;      // how RunOptions::n_batch was chosen (settings)
-    bool prefill_two_sets_ = false;   // cache off: the shared slots have a second set
+    bool two_slot_sets_ = false;      // cache off: the shared slots have a second set
+    std::string two_slots_refused_;   // why they have not, though wanted (else empty)
     bool prefetch_on() const {
         return predictor_ != nullptr && predictor_->decode_guess() && opt_.drop_cold == 0;
     }
@@ -106,8 +108,8 @@ private:
         return prefill_ra_wanted_ && knobs_.prefill_guess_rows;
     }
     // RunOptions::prefetch asked for, a worker lane to read the tail and no route trace
-    // (make_store: it also needs the cache). The budget's estimate and the predictor follow
-    // the same rule.
+    // (make_store: it also needs the cache or, with the cache off, a second set of shared
+    // slots). The budget's estimate and the predictor follow the same rule.
     bool prefetch_possible() const {
         return opt_.prefetch && lanes_.n_lanes() > 1 && opt_.route_trace.empty();
     }

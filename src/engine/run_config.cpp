@@ -35,9 +35,6 @@ Status usage(const std::string & msg) { return Status::Usage(msg); }
 Status check_prefetch(const RunOptions & opt) {
     if (!opt.stream)
         return usage("RunOptions::prefetch needs streaming, not RunOptions::stream = false");
-    if (opt.cache_mb == 0)
-        return usage("RunOptions::prefetch reads ahead into the expert cache, and "
-                     "RunOptions::cache_mb 0 turns the cache off");
     if (opt.io_threads < 2)
         return usage("RunOptions::prefetch needs a worker lane to read ahead with: "
                      "RunOptions::io_threads 2 or more");

@@ -8,10 +8,11 @@
 namespace moestream {
 namespace {
 
-// With two sets (prefill read-ahead, streamer.h): MoE layer m uses set m % 2, so the next
-// layer's bank can be read into the other set while layer m's matmuls read theirs. prefetch()
-// reads whole experts into the next layer's set; stage() of that layer then finds them (hits)
-// and reads only the rest.
+// With two sets (prefill read-ahead and decode prefetch, streamer.h): MoE layer m uses set
+// m % 2, so the next layer's experts can be read into the other set while layer m's matmuls
+// read theirs. prefetch() reads whole experts into the next layer's set; stage() of that layer
+// then finds them (hits) and reads only the rest. prefetch() refuses a layer whose set is the
+// one the last stage() handed out: its matmuls may still read it.
 class SharedSlots final : public ResidencyStore {
 public:
     SharedSlots(const ModelIndex & index, bool two_sets)
@@ -54,12 +55,15 @@ public:
             ++stats->lookups;
             if (ahead && ahead_[e]) {  // read ahead into this layer's set, complete
                 ++stats->hits;
+                ++stats_.prefetch_used;
+                ahead_[e] = 0;  // used (clear_ahead counts what is left as unused)
                 continue;
             }
             ++stats->misses;
             push_reads(moe_idx, L, e, reads);
         }
         clear_ahead();  // the set is this layer's now; the next stage of it reads again
+        staged_set_ = int64_t(moe_idx % n_sets_);
         return Status::Ok();
     }
 
@@ -73,7 +77,9 @@ public:
     // layer computing now).
     size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
-        if (n_sets_ < 2 || open_ || moe_idx >= index_.moe_layers.size()) return 0;
+        if (n_sets_ < 2 || open_ || moe_idx >= index_.moe_layers.size() ||
+            int64_t(moe_idx % n_sets_) == staged_set_)
+            return 0;
         clear_ahead();
         const MoeLayer & L = index_.moe_layers[moe_idx];
         size_t n = 0;
@@ -85,6 +91,7 @@ public:
         }
         ahead_moe_ = n > 0 ? int64_t(moe_idx) : -1;
         open_ = n > 0;
+        stats_.prefetched += n;
         return n;
     }
 
@@ -92,6 +99,11 @@ public:
         open_ = false;
         if (!ok) clear_ahead();
     }
+
+    // Only the prefetch counters: prefetched, used (routed: a hit), unused (read ahead and
+    // dropped unrouted: the layer's stage did not route it, a later stage or prefetch reused
+    // the set first, or its read failed).
+    CacheStats cache_stats() const override { return stats_; }
 
     uint64_t resident_bytes() const override { return reserved_bytes(); }
     uint64_t reserved_bytes() const override {
@@ -110,7 +122,12 @@ private:
         }
     }
     void clear_ahead() {
-        if (ahead_moe_ >= 0) std::fill(ahead_.begin(), ahead_.end(), 0);
+        if (ahead_moe_ >= 0) {
+            size_t left = 0;  // read ahead, never routed
+            for (uint8_t a : ahead_) left += a;
+            stats_.prefetch_unused += left;
+            std::fill(ahead_.begin(), ahead_.end(), 0);
+        }
         ahead_moe_ = -1;
     }
 
@@ -122,6 +139,8 @@ private:
     std::vector<uint8_t> ahead_;  // per expert: read ahead into layer ahead_moe_'s set
     int64_t ahead_moe_ = -1;
     bool open_ = false;           // the read-ahead's reads are in flight
+    int64_t staged_set_ = -1;     // the set the last stage() handed out (-1: none yet)
+    CacheStats stats_;            // prefetch counters only
 };
 
 }  // namespace

@@ -209,7 +209,6 @@ TEST(CliFlags, SamplingFlagsThatGreedyWouldIgnoreAreRefused) {
 
 TEST(CliIgnored, PrefetchThatCouldNotRunIsRefused) {
     const std::string m = " -m " + model() + " -p Hi -n 2";
-    expect_refused("run" + m + " --prefetch --cache-mb 0", "--prefetch reads ahead into the expert cache, and --cache-mb 0");
     expect_refused("run" + m + " --prefetch --cache-mb 100000 --io-threads 1", "--prefetch needs a worker lane");
     expect_refused("run" + m + " --prefetch --cache-mb 100000 --route-trace /tmp/x.trace",
                    "--prefetch and --route-trace exclude each other");
@@ -219,6 +218,18 @@ TEST(CliIgnored, PrefetchThatCouldNotRunIsRefused) {
     json j = run_stats("-p Hi -n 4 --prefetch --cache-mb 100000 --io-threads 2");
     ASSERT_FALSE(j.is_null());
     EXPECT_TRUE(j["prefetch"].get<bool>());
+}
+
+// With the cache off, --prefetch reads into a second set of expert slots: it runs, and is on.
+TEST(CliIgnored, PrefetchWithTheCacheOffRuns) {
+    json j = run_stats("-p Hi -n 4 --prefetch --cache-mb 0 --io-threads 2");
+    ASSERT_FALSE(j.is_null());
+    EXPECT_TRUE(j["prefetch"].get<bool>());
+    EXPECT_GT(j["prefetch_predictions"].get<uint64_t>(), 0u);
+    // Control: without the flag it is off.
+    json off = run_stats("-p Hi -n 4 --cache-mb 0 --io-threads 2");
+    ASSERT_FALSE(off.is_null());
+    EXPECT_FALSE(off["prefetch"].get<bool>());
 }
 
 TEST(CliIgnored, StreamingFlagsWithNoStreamAreRefused) {

@@ -730,6 +730,82 @@ TEST(ResidencyCache, PrefetchAbandonedAndUnused) {
     EXPECT_EQ(s->cache_stats().prefetch_used, 0u);
 }
 
+// --- the shared slots of cache off (two sets: read-ahead) ---------------------------------
+
+std::unique_ptr<ResidencyStore> make_slots(const ModelIndex & idx, bool two_sets) {
+    Status st;
+    auto s = make_shared_slots(idx, &st, two_sets);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return s;
+}
+
+// The next layer's guess goes into the other set: the layer computing now keeps its bytes,
+// and the next layer's stage finds the guessed experts read (hits) and reads only the rest.
+TEST(SharedSlots, PrefetchReadsIntoTheOtherSetAndTheNextStageHits) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}}, 8);
+    auto s = make_slots(idx, true);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {0, 1});
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(s->prefetch(1, {2, 3, 5}, &reads), 3u);
+    EXPECT_EQ(reads.size(), 9u);  // whole experts: 3 x 3 projections
+    EXPECT_TRUE(s->is_resident(1, 2));
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 0));  // layer 0's set untouched by layer 1's reads
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 1));
+    StageStats ss;
+    EXPECT_EQ(stage_and_read(*s, idx, 1, {2, 4, 3}, &ss), (std::vector<uint32_t>{4}));
+    EXPECT_EQ(ss.hits, 2u);
+    for (uint32_t e : {2u, 3u, 4u}) EXPECT_TRUE(slice_intact(*s, idx, 1, e));
+    const CacheStats cs = s->cache_stats();
+    EXPECT_EQ(cs.prefetched, 3u);
+    EXPECT_EQ(cs.prefetch_used, 2u);
+    EXPECT_EQ(cs.prefetch_unused, 1u);  // 5: read ahead, not routed
+    // After its stage the set is the layer's: a later stage of it reads everything again.
+    EXPECT_FALSE(s->is_resident(1, 2));
+}
+
+// A layer whose set is the one the last stage handed out (its matmuls may still read it) is
+// never read ahead; the other set is (the control).
+TEST(SharedSlots, PrefetchNeverTargetsTheSetOfTheLayerLastStaged) {
+    const ModelIndex idx =
+        make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}, {kPage, kPage, kPage}}, 8);
+    auto s = make_slots(idx, true);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {0, 1});
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(s->prefetch(2, {0, 2}, &reads), 0u);  // layer 2 shares set 0 with layer 0
+    EXPECT_TRUE(reads.empty());
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 0));
+    EXPECT_EQ(s->prefetch(1, {0, 2}, &reads), 2u);  // control: set 1 is free
+    simulate_reads(reads);
+    s->end_prefetch(true);
+}
+
+// One set (no memory for a second): nothing is ever read ahead; a failed read-ahead is
+// dropped and counted unused.
+TEST(SharedSlots, OneSetNeverReadsAheadAndAFailedReadAheadIsDropped) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}}, 8);
+    auto one = make_slots(idx, false);
+    ASSERT_TRUE(one);
+    stage_and_read(*one, idx, 0, {0});
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(one->prefetch(1, {1, 2}, &reads), 0u);
+    EXPECT_TRUE(reads.empty());
+
+    auto two = make_slots(idx, true);
+    ASSERT_TRUE(two);
+    stage_and_read(*two, idx, 0, {0});
+    EXPECT_EQ(two->prefetch(1, {1, 2}, &reads), 2u);  // control
+    two->end_prefetch(false);
+    EXPECT_FALSE(two->is_resident(1, 1));
+    StageStats ss;
+    EXPECT_EQ(stage_and_read(*two, idx, 1, {1}, &ss), (std::vector<uint32_t>{1}));
+    EXPECT_EQ(ss.hits, 0u);
+    EXPECT_EQ(two->cache_stats().prefetch_unused, 2u);
+}
+
 // --- budget is real RAM ----------------------------------------------------------------
 
 // RSS figures include a sanitizer's shadow memory (TSan shadows every written page several

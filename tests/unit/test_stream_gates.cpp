@@ -120,6 +120,8 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                         "--cache-mb 0 --io-threads 4",
                         "--cache-mb 0 --no-io-overlap",                // every read before gate/up
                         "--cache-mb 0 --io-copy --no-io-overlap",      // bounce buffer + copy
+                        "--cache-mb 0 --prefetch",                    // second slot set
+                        "--cache-mb 0 --io-threads 4 --prefetch",
                         "--cache-mb 1000000",                         // everything fits
                         "--cache-mb 1000000 --prefetch",
                         "--cache-mb 4 --force-cache --cache-debug --prefetch",  // + evictions
@@ -144,8 +146,9 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             if (overlap) {
                 EXPECT_GT(s.stats["settings"]["io_overlap_waits_at_input"].get<uint64_t>(), 0u);
             }
-            // --prefetch (docs/prefetch.md) works with the cache and a worker lane, so the
-            // identity above covers experts read ahead of their routing.
+            // --prefetch (docs/prefetch.md) works with a worker lane, with the cache or (cache
+            // off) a second slot set, so the identity above covers experts read ahead of their
+            // routing.
             const bool prefetch = flags.find("--prefetch") != std::string::npos &&
                                   flags.find("io-threads 1") == std::string::npos;
             EXPECT_EQ(s.stats["prefetch"].get<bool>(), prefetch) << "cache " << s.stats["cache_budget_reason"];

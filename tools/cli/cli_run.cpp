@@ -216,7 +216,7 @@ int do_run(RunFlags & f) {
         if (s.prefetch)
             std::fprintf(stderr,
                          "moestream: prefetch: %.1f%% of %llu next-layer guesses right | %llu experts "
-                         "read ahead (%.1f MiB), %llu then routed, %llu evicted unrouted | %.2f s "
+                         "read ahead (%.1f MiB), %llu then routed, %llu dropped unrouted | %.2f s "
                          "waiting for them\n",
                          s.prefetch_accuracy_pct, (unsigned long long)s.prefetch_predictions,
                          (unsigned long long)s.prefetch_experts, mib(double(s.prefetch_bytes)),
@@ -401,7 +401,8 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
         "miss (default: move the mapping with mremap); for A/B benchmarks");
     sub->add_flag("--prefetch", opt->prefetch,
                   "read the experts predicted for the next layer while this layer computes "
-                  "(lossless; needs the cache and 2+ io threads; reads more bytes; docs/prefetch.md)");
+                  "(lossless; needs 2+ io threads, and with --cache-mb 0 a second set of expert slots if "
+                  "memory allows; reads more bytes; docs/prefetch.md)");
     auto * ra_on = sub->add_flag(
         "--prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 1; },
         "in prefill, read the next layer's experts guessed for the ubatch's rows while this "
