@@ -113,6 +113,9 @@ class FioProbe:
     lanes: list[int]
     seconds: int = 4
     capped: bool = True      # run under the experiment's memory cap (cells' common cap)
+    # Reads in flight per job: 1 = synchronous psync, like a read lane; more = io_uring with
+    # that queue depth, the device's rate with reads queued (as the engine's io_uring tails are)
+    iodepth: int = 1
 
 
 @dataclasses.dataclass
@@ -307,8 +310,11 @@ def load(path: str, overrides: dict[str, Any] | None = None) -> Experiment:
     fio = None
     if "fio_probe" in raw:
         fp = raw["fio_probe"]
+        depth = fp.get("iodepth", 1)
+        if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 256:
+            raise ConfigError(f"{name}: fio_probe.iodepth must be an integer in 1..256, not {depth!r}")
         fio = FioProbe(lanes=list(fp.get("lanes", [1, 2, 4, 8])), seconds=int(fp.get("seconds", 4)),
-                       capped=bool(fp.get("capped", True)))
+                       capped=bool(fp.get("capped", True)), iodepth=depth)
 
     exp = Experiment(
         name=name,

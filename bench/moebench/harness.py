@@ -248,7 +248,8 @@ class Harness:
         # the command first: a cell the CLI cannot express is skipped before touching anything
         env = None
         if cell is None:
-            cmd = runners.fio_args(model, ins, fio_lanes, self.exp.fio.seconds, prefix + ".fio.json")
+            cmd = runners.fio_args(model, ins, fio_lanes, self.exp.fio.seconds, prefix + ".fio.json",
+                                   self.exp.fio.iodepth)
         elif p["loader"] in config.MOESTREAM_LOADERS:
             cmd, why = runners.moestream_args(self.tools_for(cell), self.exp, cell, model, ins, prefix)
             if cmd is None:

@@ -14,7 +14,7 @@ import json
 import os
 from typing import Any
 
-from . import config, harness, models, report
+from . import config, harness, models, report, runners
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -257,7 +257,8 @@ def section(path: str, res: dict[str, Any], older: list[str], exp_def: config.Ex
     if ft:
         fp = exp.get("fio_probe") or {}
         lines += [f"Raw bandwidth (fio random reads of the expert region, block = one expert slice "
-                  f"rounded up to 4 KiB, O_DIRECT, psync, numjobs = lanes, {fp.get('seconds')} s each"
+                  f"rounded up to 4 KiB, O_DIRECT, {runners.fio_engine_text(fp.get('iodepth', 1))}, "
+                  f"numjobs = lanes, {fp.get('seconds')} s each"
                   f"{', under the same cap' if exp.get('fio_cap_bytes') else ''}):", "", ft, ""]
     bt = report.bound_table(res)
     if bt:

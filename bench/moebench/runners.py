@@ -134,10 +134,16 @@ def llama_bench_args(tools: Tools, exp: config.Experiment, cell: config.Cell, mo
     return a + p["extra_args"]
 
 
-def fio_args(model: str, inspect: dict[str, Any], lanes: int, seconds: int, out_json: str) -> list[str]:
+def fio_engine_text(iodepth: int) -> str:
+    """How the probe reads, for the pages: psync, or io_uring at a queue depth."""
+    return "psync" if iodepth <= 1 else f"io_uring, {iodepth} reads in flight per job"
+
+
+def fio_args(model: str, inspect: dict[str, Any], lanes: int, seconds: int, out_json: str,
+             iodepth: int = 1) -> list[str]:
     """Random O_DIRECT reads of the expert region, block = one expert slice (rounded up to
-    4 KiB, as an O_DIRECT read of a slice is), numjobs = lanes, synchronous psync like the
-    engine's lanes."""
+    4 KiB, as an O_DIRECT read of a slice is), numjobs = lanes; synchronous psync like the
+    engine's lanes (iodepth 1), or io_uring with iodepth reads in flight per job."""
     slice_b = max(p["slice_bytes"] for p in inspect["projections"])
     bs = (slice_b + 4095) // 4096 * 4096
     offs = [t["file_offset"] for l in inspect["moe_layers"] for t in l["tensors"]]
@@ -145,7 +151,8 @@ def fio_args(model: str, inspect: dict[str, Any], lanes: int, seconds: int, out_
     lo = min(offs) // 4096 * 4096
     hi = max(ends) // 4096 * 4096
     return ["fio", "--name=expert-slices", f"--filename={model}", "--readonly", "--rw=randread",
-            f"--bs={bs}", "--blockalign=4096", "--direct=1", "--ioengine=psync",
+            f"--bs={bs}", "--blockalign=4096", "--direct=1"] + (
+            ["--ioengine=psync"] if iodepth <= 1 else ["--ioengine=io_uring", f"--iodepth={iodepth}"]) + [
             f"--numjobs={lanes}", "--time_based", f"--runtime={seconds}", f"--offset={lo}",
             f"--size={hi - lo}", "--group_reporting", "--randrepeat=0", "--output-format=json",
             f"--output={out_json}"]

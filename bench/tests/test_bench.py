@@ -380,6 +380,29 @@ class MatrixRules(unittest.TestCase):
         self.assertEqual(harness.fio_cap_bytes(same), 8 << 30)
 
 
+    def test_fio_probe_iodepth_queues_reads_through_io_uring(self):
+        ins = {"projections": [{"slice_bytes": 5000}],
+               "moe_layers": [{"tensors": [{"file_offset": 8192, "tensor_bytes": 1 << 20}]}]}
+        deep = runners.fio_args("m.gguf", ins, 4, 4, "o.json", iodepth=8)
+        self.assertIn("--ioengine=io_uring", deep)
+        self.assertIn("--iodepth=8", deep)
+        self.assertIn("--bs=8192", deep)  # one slice, rounded up to 4 KiB
+        # Control: the default is one synchronous read per job, as before.
+        sync = runners.fio_args("m.gguf", ins, 4, 4, "o.json")
+        self.assertIn("--ioengine=psync", sync)
+        self.assertFalse([a for a in sync if a.startswith("--iodepth")])
+        exp = load_toml("""
+            [fio_probe]
+            lanes = [4]
+            iodepth = 16
+            """)
+        self.assertEqual(exp.fio.iodepth, 16)
+        self.assertEqual(load_toml("[fio_probe]\nlanes = [4]\n").fio.iodepth, 1)
+        for bad in ("0", "true", "2.5", "1000"):
+            with self.assertRaises(config.ConfigError):
+                load_toml(f"[fio_probe]\nlanes = [4]\niodepth = {bad}\n")
+
+
 class Statistics(unittest.TestCase):
     def test_constant_tokens_give_exact_value_and_zero_width(self):
         r = stats.tok_s([[0.5] * 10, [0.5] * 12])
