@@ -226,27 +226,36 @@ Status EngineImpl::init(const RunOptions & opt) {
 // Prefill read-ahead and prefetch with the cache off (docs/prefetch.md): a second set of
 // shared slots, one layer of expert memory more, when what is available holds it besides what
 // the run needs; otherwise both stay off and -v says why (prefetch, when asked for, warns).
-bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
-    two_slot_sets_ = false;
-    if (!prefill_ra_wanted_ && !prefetch_possible()) return false;
-    uint64_t set = 0;  // one set: per projection, the largest layer's tensor
-    std::vector<uint64_t> per_proj;
+uint64_t EngineImpl::slot_set_bytes() const {
+    std::vector<uint64_t> per_proj;  // per projection, the largest layer's tensor (SharedSlots)
     for (const MoeLayer & L : index_.moe_layers)
         for (size_t t = 0; t < L.tensors.size(); ++t) {
             if (per_proj.size() <= t) per_proj.resize(t + 1, 0);
             per_proj[t] = std::max(per_proj[t], L.tensors[t].tensor_bytes + 4096);
         }
+    uint64_t set = 0;
     for (uint64_t b : per_proj) set += b;
+    return set;
+}
+
+namespace {
+std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
+}  // namespace
+
+bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
+    two_slot_sets_ = false;
+    if (!prefill_ra_wanted_ && !prefetch_possible()) return false;
+    const uint64_t set = slot_set_bytes();
     const uint64_t avail = mem.available_bytes;
-    const auto mib = [](uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; };
     if (avail > 0 && avail < needs + 2 * set) {
-        two_slots_refused_ = "cache off, and a second set of expert slots (" + mib(set) +
-                             ") does not fit: " + mib(avail) + " available (" + mem.source +
-                             "), the run needs " + mib(needs) + " and the first set " + mib(set);
+        two_slots_refused_ = "cache off, and a second set of expert slots (" + mib_text(set) +
+                             ") does not fit: " + mib_text(avail) + " available (" +
+                             mem.source + "), the run needs " + mib_text(needs) +
+                             " and the first set " + mib_text(set);
         MS_LOG_INFO("read-ahead: off (%s)", two_slots_refused_.c_str());
         return false;
     }
-    MS_LOG_INFO("read-ahead: cache off, a second set of expert slots (%s)", mib(set).c_str());
+    MS_LOG_INFO("read-ahead: cache off, a second set of expert slots (%s)", mib_text(set).c_str());
     two_slot_sets_ = true;
     return true;
 }
@@ -305,6 +314,18 @@ Status EngineImpl::make_store() {
         dbg.poison = dbg.check_residency = opt_.cache_debug;
         store_ = make_lru_cache(index_, d.budget_bytes, copt, dbg, &st);
     } else {
+        // What the cache off will hold besides what is allocated now: the dense weights, read
+        // next, and one layer's expert slots, which the routings fill. Less than that
+        // available ends in an OOM kill mid-run: refuse now, before reading anything.
+        const uint64_t hold = index_.dense_bytes_total + slot_set_bytes();
+        if (mem.available_bytes > 0 && mem.available_bytes < hold)
+            return Status::Usage(
+                "the memory available cannot hold the run with the cache off: the dense "
+                "weights (" + mib_text(index_.dense_bytes_total) + ") and one layer's expert "
+                "slots (" + mib_text(slot_set_bytes()) + ") need " + mib_text(hold) +
+                ", but " + mib_text(mem.available_bytes) + " is available (" + mem.source +
+                ") once the context is made; lower RunOptions::n_ctx or RunOptions::n_batch, "
+                "or run with more memory");
         store_ = make_shared_slots(index_, &st, second_slot_set_fits(needs, mem));
     }
     if (!st.ok()) return st;

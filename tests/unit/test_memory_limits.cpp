@@ -291,6 +291,38 @@ TEST(MemoryLimits, PoolWarmUpStaysWithinTheBudget) {
 // A context and batch whose KV cache and attention mask cannot fit under the limit: a usage
 // error before loading (exit 64, naming -c and --batch), never an OOM kill. Control: the
 // default context under the same limit runs.
+// With the cache off the run holds the dense weights and one layer's expert slots (24 MiB on
+// this model) besides the context: a limit that leaves less once the context is made is
+// refused before anything is read (exit 64, naming both), not OOM-killed mid-run. Control:
+// the same run under the cache-off peak plus a margin decodes the same tokens.
+TEST(MemoryLimits, CacheOffThatCannotHoldItsSlotsIsRefusedNotKilled) {
+    const std::string model = synth_model("tiny", "qwen3moe", "f32");
+    const std::string json = models_dir() + "/memlim-off-" + std::to_string(getpid()) + ".json";
+    uint64_t base = 0;
+    std::string want;
+    cache_off_peak(model, json, "offbase", &base, &want);
+    if (HasFatalFailure() || IsSkipped()) return;
+    const std::string off = "--cache-mb 0 --no-prefill-readahead";
+    {
+        NEED_CGROUP(cg, "offshort");
+        ASSERT_TRUE(cg.limit(base - 12 * kMiB));  // half the slots short of the peak
+        CmdResult r = cg.run(run_args(model, off, json));
+        EXPECT_EQ(cg.oom_kills(), 0u);
+        EXPECT_EQ(r.exit_code, 64) << r.err;
+        EXPECT_NE(r.err.find("cannot hold the run with the cache off"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("expert slots"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("available (cgroup"), std::string::npos) << r.err;
+        EXPECT_EQ(r.err.find("RunOptions::"), std::string::npos) << r.err;
+    }
+    NEED_CGROUP(cg, "offok");
+    ASSERT_TRUE(cg.limit(base + 8 * kMiB));
+    CmdResult r = cg.run(run_args(model, off, json));
+    EXPECT_EQ(cg.oom_kills(), 0u);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, want);
+    fs::remove(json);
+}
+
 TEST(MemoryLimits, ContextThatCannotFitIsRefusedBeforeLoading) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     const std::string json = models_dir() + "/memlim3-" + std::to_string(getpid()) + ".json";
