@@ -223,9 +223,6 @@ Status EngineImpl::init(const RunOptions & opt) {
     return Status::Ok();
 }
 
-// Prefill read-ahead and prefetch with the cache off (docs/prefetch.md): a second set of
-// shared slots, one layer of expert memory more, when what is available holds it besides what
-// the run needs; otherwise both stay off and -v says why (prefetch, when asked for, warns).
 uint64_t EngineImpl::slot_set_bytes() const {
     std::vector<uint64_t> per_proj;  // per projection, the largest layer's tensor (SharedSlots)
     for (const MoeLayer & L : index_.moe_layers)
@@ -242,6 +239,9 @@ namespace {
 std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
 }  // namespace
 
+// Prefill read-ahead and prefetch with the cache off (docs/prefetch.md): a second set of
+// shared slots, one layer of expert memory more, when what is available holds it besides what
+// the run needs; otherwise both stay off and -v says why (prefetch, when asked for, warns).
 bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
     two_slot_sets_ = false;
     if (!prefill_ra_wanted_ && !prefetch_possible()) return false;
@@ -317,12 +317,13 @@ Status EngineImpl::make_store() {
         // What the cache off will hold besides what is allocated now: the dense weights, read
         // next, and one layer's expert slots, which the routings fill. Less than that
         // available ends in an OOM kill mid-run: refuse now, before reading anything.
-        const uint64_t hold = index_.dense_bytes_total + slot_set_bytes();
+        const uint64_t slots = slot_set_bytes();
+        const uint64_t hold = index_.dense_bytes_total + slots;
         if (mem.available_bytes > 0 && mem.available_bytes < hold)
             return Status::Usage(
                 "the memory available cannot hold the run with the cache off: the dense "
                 "weights (" + mib_text(index_.dense_bytes_total) + ") and one layer's expert "
-                "slots (" + mib_text(slot_set_bytes()) + ") need " + mib_text(hold) +
+                "slots (" + mib_text(slots) + ") need " + mib_text(hold) +
                 ", but " + mib_text(mem.available_bytes) + " is available (" + mem.source +
                 ") once the context is made; lower RunOptions::n_ctx or RunOptions::n_batch, "
                 "or run with more memory");
