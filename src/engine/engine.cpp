@@ -223,6 +223,26 @@ Status EngineImpl::init(const RunOptions & opt) {
     return Status::Ok();
 }
 
+// MOESTREAM_SLOT_CACHE=1: what the fixed-slot cache cannot run with is refused by name.
+Status EngineImpl::check_slot_cache() const {
+    const char * other = opt_.drop_cold > 0            ? "RunOptions::drop_cold"
+                         : opt_.substitute > 0         ? "RunOptions::substitute"
+                         : !opt_.miss_fallback.empty() ? "RunOptions::miss_fallback"
+                         : opt_.prefetch               ? "RunOptions::prefetch"
+                         : opt_.cache_debug            ? "RunOptions::cache_debug"
+                         : !opt_.route_trace.empty()   ? "RunOptions::route_trace"
+                                                       : nullptr;
+    if (other != nullptr)
+        return Status::Usage(std::string("MOESTREAM_SLOT_CACHE=1 (the fixed-slot cache) cannot "
+                                         "be combined with ") + other);
+    for (const TensorInfo & t : index_.tensors)
+        if (t.name.find("_exps.bias") != std::string::npos)
+            return Status::Usage("MOESTREAM_SLOT_CACHE=1 (the fixed-slot cache): " + t.name +
+                                 " is added by expert id, which the slots would rewrite; run "
+                                 "without it");
+    return Status::Ok();
+}
+
 uint64_t EngineImpl::slot_set_bytes() const {
     std::vector<uint64_t> per_proj;  // per projection, the largest layer's tensor (SharedSlots)
     for (const MoeLayer & L : index_.moe_layers)
@@ -305,7 +325,11 @@ Status EngineImpl::make_store() {
                                     system_page_bytes(), &d);
     if (!st.ok()) return st;
     if (d.clamped) MS_LOG_WARN("expert cache: %s", d.reason.c_str());
-    if (d.budget_bytes > 0) {
+    if (d.budget_bytes > 0 && knobs_.slot_cache) {
+        st = check_slot_cache();
+        if (!st.ok()) return st;
+        store_ = make_slot_cache(index_, d.budget_bytes, second_slot_set_fits(needs, mem), &st);
+    } else if (d.budget_bytes > 0) {
         CacheOptions copt;
         copt.recycle_pages = opt_.cache_recycle;
         copt.move_pages = opt_.cache_move;
@@ -429,6 +453,13 @@ Status EngineImpl::make_store() {
     // The router hook's observers, in the order they see each event (node_observer.h):
     // the tracer reads the final weights before drop-cold rewrites them.
     std::vector<NodeObserver *> observers = {binder_.get()};
+    // The fixed-slot cache's rewriter sees every node in ask mode (the hook stops asking at
+    // the first observer that wants a node): right after the binder, which binds first.
+    if (d.budget_bytes > 0 && knobs_.slot_cache) {
+        slot_rewriter_ = std::make_unique<SlotRewriter>(index_, store_.get(), streamer_.get());
+        slot_rewriter_->plant_misplace(knobs_.slot_misplace);
+        observers.push_back(slot_rewriter_.get());
+    }
     if (predictor_) observers.push_back(predictor_.get());
     observers.push_back(overlap_waiter_.get());
     // The trace reads the router's scores (on_select) before the substitution rewrites the
@@ -437,6 +468,7 @@ Status EngineImpl::make_store() {
     observers.push_back(substitute_.get());
     observers.push_back(drop_cold_.get());
     if (use_check_) observers.push_back(use_check_.get());  // last: after any deferred load
+
     uint32_t n_layer = index_.n_layer;
     for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
     hook_ = std::make_unique<RouterHook>(index_.n_expert, n_layer, *streamer_,
@@ -574,6 +606,10 @@ std::string EngineImpl::settings_json() const {
     // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.
     j["page_bytes"] = system_page_bytes();
     j["cache_move_used"] = store_ ? store_->cache_stats().move_pages : false;
+    // MOESTREAM_SLOT_CACHE=1 (docs/cache.md, "Fixed slots"): slots per MoE layer (0: not this
+    // cache) and the layer routings whose expert ids were rewritten to slots so far.
+    j["cache_slots"] = store_ ? store_->cache_stats().slots_per_layer : 0;
+    j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
     j["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();

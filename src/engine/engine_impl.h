@@ -34,6 +34,7 @@
 #include "router_hook.h"
 #include "run_stats.h"
 #include "sampler.h"
+#include "slot_rewriter.h"
 #include "step_timing.h"
 #include "streamer.h"
 #include "trace_observer.h"
@@ -92,7 +93,8 @@ private:
     // Cache off, prefill read-ahead or prefetch wanted (docs/prefetch.md): a second set of
     // shared slots fits (make_store); sets two_slot_sets_, or two_slots_refused_ with why not.
     bool second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem);
-    uint64_t slot_set_bytes() const;  // one set of the cache off's shared slots (SharedSlots)
+    uint64_t slot_set_bytes() const;
+    Status check_slot_cache() const;  // MOESTREAM_SLOT_CACHE=1: the combinations it refuses  // one set of the cache off's shared slots (SharedSlots)
     bool prefill_readahead_ = false;  // on for this run
     // RunOptions::prefill_readahead 1, or -1 where it applies (check_prefill_readahead);
     // the cache or the second slot set decides prefill_readahead_ from it.
@@ -144,6 +146,7 @@ private:
     std::string uring_fallback_;                 // why io_uring was wanted and not available
     std::unique_ptr<OverlapWaiter> overlap_waiter_;  // the hook's observers (streaming only)
     std::unique_ptr<DropColdObserver> drop_cold_;
+    std::unique_ptr<SlotRewriter> slot_rewriter_;  // MOESTREAM_SLOT_CACHE=1 only
     std::unique_ptr<SubstituteObserver> substitute_;
     std::unique_ptr<MissFallback> fallback_;  // --miss-fallback (null: off)
     std::unique_ptr<ExpertUseCheck> use_check_;  // --cache-debug with the cache on

@@ -72,6 +72,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!warm.empty() && warm != "0" && warm != "1")
         return Status::Usage("MOESTREAM_POOL_WARM=" + warm + ": must be 0 or 1");
     if (!warm.empty()) k->pool_warm = warm == "1";
+    const std::string slots = env("MOESTREAM_SLOT_CACHE");
+    if (!slots.empty() && slots != "0" && slots != "1")
+        return Status::Usage("MOESTREAM_SLOT_CACHE=" + slots + ": must be 0 or 1");
+    if (!slots.empty()) k->slot_cache = slots == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");
@@ -81,6 +85,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!sw.ok()) return sw;
     sw = test_switch("MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT",
                      "leaving a fallback slot unwritten on purpose", &k->fallback_skip_convert);
+    if (!sw.ok()) return sw;
+    sw = test_switch("MOESTREAM_DEBUG_SLOT_MISPLACE",
+                     "rewriting the expert ids to the wrong slots on purpose",
+                     &k->slot_misplace);
     if (!sw.ok()) return sw;
     sw = test_switch("MOESTREAM_DEBUG_SKIP_SECOND_WAIT",
                      "not waiting for the second projection's reads on purpose",

@@ -47,6 +47,14 @@ struct EnvKnobs {
     // on, and commits take those pages (docs/cache.md, "Pool warm-up"); 0 (default) = none.
     // Lossless either way.
     bool pool_warm = false;
+    // MOESTREAM_SLOT_CACHE=0|1: 1 = with a cache budget, the fixed-slot cache (residency.h,
+    // make_slot_cache; docs/cache.md, "Fixed slots") instead of the LRU cache: every MoE layer
+    // gets the same number of slots, mapped once, and the graph's expert ids are rewritten to
+    // them. Experimental, lossless; 0 (default) = the LRU cache.
+    bool slot_cache = false;
+    // Tests only. MOESTREAM_DEBUG_SLOT_MISPLACE=1: with MOESTREAM_SLOT_CACHE=1 the expert
+    // ids are rewritten to the wrong slots (slot_rewriter.h): the negative control of the rewrite.
+    bool slot_misplace = false;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;

@@ -66,6 +66,8 @@ struct CacheStats : LedgerStats {
     double pool_warm_s = 0;
     int pool_warm_error = 0;
     uint64_t warmed_commits = 0;
+    // Fixed-slot cache (make_slot_cache): expert slots per MoE layer; 0 = another store.
+    uint32_t slots_per_layer = 0;
 };
 
 // How the LRU cache gets its pages (production settings; docs/cache.md).
@@ -190,6 +192,22 @@ public:
     virtual bool forget(size_t /*moe_idx*/, uint32_t /*e*/) { return false; }
     // Cache counters since construction (all zero for a store that is not a cache).
     virtual CacheStats cache_stats() const { return {}; }
+    // --- Fixed slots (make_slot_cache; docs/cache.md, "Fixed slots"). ---
+    // Where the last stage() of MoE layer moe_idx placed its experts. nullptr: at their
+    // canonical offsets in tensor_base(). Else, per expert id (n_expert entries), the slot
+    // index the expert's slices sit at (-1: not in a slot), relative to placement_base(): the
+    // graph's expert ids must be rewritten to these slots before the layer's matmuls read them.
+    virtual const int32_t * slot_map(size_t /*moe_idx*/) const { return nullptr; }
+    // Base address expert tensor t of MoE layer moe_idx must point at for the matmuls of the
+    // last stage() of that layer: tensor_base() unless that stage used slots.
+    virtual uint8_t * placement_base(size_t moe_idx, size_t t) { return tensor_base(moe_idx, t); }
+    // Where expert e's slice of tensor t of MoE layer moe_idx sits after the last stage().
+    uint8_t * slice_addr(size_t moe_idx, size_t t, uint32_t e, uint64_t slice_bytes) {
+        const int32_t * m = slot_map(moe_idx);
+        const uint64_t i = m ? uint64_t(m[e] < 0 ? 0 : m[e]) : uint64_t(e);
+        return placement_base(moe_idx, t) + i * slice_bytes;
+    }
+
     // Debug check, meant to be called after the reads of stage(moe_idx, experts) completed
     // and before the layer's matmul runs: every routed expert's slices are resident. Returns
     // Ok without checking unless the store was built with CacheDebug::check_residency, so
@@ -204,6 +222,17 @@ public:
 // and prefetch() reads whole experts of a layer into its set ahead of its routing.
 std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
                                                   bool two_sets = false);
+
+// Fixed slots (MOESTREAM_SLOT_CACHE=1, experimental): every MoE layer gets the same number of
+// expert slots, K = budget_bytes / (the layers' expert bytes summed), allocated and touched
+// once, never remapped. A routing of at most K distinct experts is staged into the layer's
+// slots (LRU within the layer: hits keep their slot, misses are read into the least recently
+// used slot not routed now) and slot_map() tells the graph which slot holds which expert; a
+// wider routing (a prompt ubatch) goes to shared slots at canonical offsets, as with the
+// cache off (two sets when two_sets: prefill read-ahead). Fails (Status) when K would be
+// below the routing width n_expert_used or memory cannot be had.
+std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
+                                                bool two_sets, Status * st);
 
 // LRU cache with a budget of `budget_bytes` of committed expert memory (> 0). Reserves
 // address space for every expert tensor (no RAM). `index` must outlive the store.

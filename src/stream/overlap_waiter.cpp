@@ -117,6 +117,9 @@ Status OverlapWaiter::on_node(ggml_tensor * t, RouterHook & hook) {
                          layer_, st.message().c_str());
         return st;
     }
+    // The router weights' GET_ROWS (delivered for the fixed-slot cache's id rewrite,
+    // slot_rewriter.h) reads no expert memory: the reads stay in flight past it.
+    if (t->op == GGML_OP_GET_ROWS) return Status::Ok();
     const bool at_input = input_name_ == t->name;
     if (at_input) ++c_.waits_at_input;
     Status st = finish(hook);  // otherwise never expected: the down matmul was not seen

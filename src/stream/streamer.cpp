@@ -29,7 +29,7 @@ void Streamer::corrupt_for_test(int slot) {
             continue;
         const size_t t = early_tensor_;
         const ExpertTensor & et = index_.moe_layers[size_t(slot)].tensors[t];
-        uint8_t * p = store_->tensor_base(size_t(slot), t) + uint64_t(e) * et.slice_bytes;
+        uint8_t * p = store_->slice_addr(size_t(slot), t, e, et.slice_bytes);
         for (uint64_t i = 0; i < et.slice_bytes; i += 7) p[i] ^= 0x5a;
     }
 }

@@ -85,7 +85,7 @@ void simulate_reads(const std::vector<ReadRequest> & reads) {
 // Expert e's slice of projection t holds its file bytes.
 bool slice_intact_in(ResidencyStore & s, const ModelIndex & idx, size_t moe, size_t t, uint32_t e) {
     const ExpertTensor & et = idx.moe_layers[moe].tensors[t];
-    const uint8_t * q = s.tensor_base(moe, t) + uint64_t(e) * et.slice_bytes;
+    const uint8_t * q = s.slice_addr(moe, t, e, et.slice_bytes);  // (fixed slots: its slot)
     bool same = true;
     pattern_pieces(et.slice_offset(e), et.slice_bytes, [&](const uint8_t * p, uint64_t n) {
         same = same && std::memcmp(q, p, n) == 0;
@@ -804,6 +804,113 @@ TEST(SharedSlots, OneSetNeverReadsAheadAndAFailedReadAheadIsDropped) {
     EXPECT_EQ(stage_and_read(*two, idx, 1, {1}, &ss), (std::vector<uint32_t>{1}));
     EXPECT_EQ(ss.hits, 0u);
     EXPECT_EQ(two->cache_stats().prefetch_unused, 2u);
+}
+
+// --- the fixed-slot cache (MOESTREAM_SLOT_CACHE=1) -----------------------------------------
+
+// Three layers x {gate, up, down} of one page each, 8 experts, routing width 1 (hand_made_index).
+ModelIndex slot_index() {
+    return make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}, {kPage, kPage, kPage}}, 8);
+}
+
+// A budget of exactly n slots in every layer.
+std::unique_ptr<ResidencyStore> make_slot_store(const ModelIndex & idx, uint32_t n,
+                                                Status * st) {
+    uint64_t per_slot = 0;
+    for (const MoeLayer & L : idx.moe_layers) per_slot += L.expert_bytes;
+    return make_slot_cache(idx, n * per_slot, /*two_sets=*/true, st);
+}
+
+// make_slot_store that must succeed.
+std::unique_ptr<ResidencyStore> slot_store(const ModelIndex & idx, uint32_t n) {
+    Status st;
+    auto s = make_slot_store(idx, n, &st);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return s;
+}
+
+// Stages a routing of layer moe, reads it, returns its misses.
+uint64_t stage_slots(ResidencyStore & s, size_t moe, const std::vector<uint32_t> & experts) {
+    std::vector<ReadRequest> reads;
+    StageStats ss;
+    Status st = s.stage(moe, experts, &reads, &ss);
+    EXPECT_TRUE(st.ok()) << st.message();
+    simulate_reads(reads);
+    return ss.misses;
+}
+
+// Hits keep their slot; a miss takes a free slot, else the least recently routed one that
+// this routing does not route; the slot map names where each routed expert's bytes are.
+TEST(SlotCache, HitsKeepTheirSlotAndAMissEvictsTheLeastRecentlyRouted) {
+    const ModelIndex idx = slot_index();
+    auto s = slot_store(idx, 3);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(s->cache_stats().slots_per_layer, 3u);
+    EXPECT_EQ(stage_slots(*s, 0, {0, 1, 2}), 3u);
+    EXPECT_EQ(stage_slots(*s, 0, {1}), 0u);  // 1 is now the most recently routed
+    EXPECT_EQ(stage_slots(*s, 0, {3}), 1u);  // evicts 0 or 2 (routed together), not 1
+    EXPECT_TRUE(s->is_resident(0, 1));
+    EXPECT_EQ(int(s->is_resident(0, 0)) + int(s->is_resident(0, 2)), 1);
+    const int32_t * map = s->slot_map(0);
+    ASSERT_NE(map, nullptr);
+    for (uint32_t e : {1u, 3u}) {
+        EXPECT_GE(map[e], 0);
+        EXPECT_LT(map[e], 3);
+        EXPECT_TRUE(slice_intact(*s, idx, 0, e)) << "expert " << e;
+    }
+    EXPECT_NE(map[1], map[3]);
+    // The bytes are in the slots, not at the experts' canonical offsets (the control:
+    // the same check at the canonical offset fails).
+    const ExpertTensor & et = idx.moe_layers[0].tensors[0];
+    EXPECT_NE(std::memcmp(s->tensor_base(0, 0) + 3 * et.slice_bytes,
+                          s->slice_addr(0, 0, 3, et.slice_bytes), et.slice_bytes), 0);
+    // Each layer evicts only its own experts.
+    EXPECT_EQ(stage_slots(*s, 1, {0, 1, 2}), 3u);
+    EXPECT_TRUE(s->is_resident(0, 1));
+    EXPECT_TRUE(s->is_resident(0, 3));
+    EXPECT_EQ(s->cache_stats().evictions, 1u);
+}
+
+// A routing wider than the slots (a prompt ubatch) is placed at the canonical offsets of the
+// shared slots, and leaves the layer's slots as they were.
+TEST(SlotCache, ARoutingWiderThanTheSlotsGoesToTheCanonicalOffsets) {
+    const ModelIndex idx = slot_index();
+    auto s = slot_store(idx, 2);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(stage_slots(*s, 0, {5}), 1u);
+    EXPECT_NE(s->slot_map(0), nullptr);
+    EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: every expert read
+    EXPECT_EQ(s->slot_map(0), nullptr);
+    EXPECT_EQ(s->placement_base(0, 0), s->tensor_base(0, 0));
+    for (uint32_t e : {0u, 1u, 5u}) EXPECT_TRUE(slice_intact(*s, idx, 0, e));
+    EXPECT_EQ(stage_slots(*s, 0, {5}), 0u);  // its slot kept it
+    EXPECT_NE(s->placement_base(0, 0), s->tensor_base(0, 0));
+    EXPECT_TRUE(slice_intact(*s, idx, 0, 5));
+}
+
+// A stage whose reads failed leaves none of its misses resident; its hits stay.
+TEST(SlotCache, AnAbandonedStageForgetsItsMisses) {
+    const ModelIndex idx = slot_index();
+    auto s = slot_store(idx, 3);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(stage_slots(*s, 0, {0}), 1u);
+    EXPECT_EQ(stage_slots(*s, 0, {0, 1, 2}), 2u);
+    s->abandon_stage(0);
+    EXPECT_TRUE(s->is_resident(0, 0));
+    EXPECT_FALSE(s->is_resident(0, 1));
+    EXPECT_FALSE(s->is_resident(0, 2));
+    EXPECT_EQ(stage_slots(*s, 0, {1}), 1u);
+    EXPECT_EQ(s->cache_stats().abandoned, 2u);
+}
+
+// Fewer slots than the routing width cannot hold a token's routing: refused, naming both.
+TEST(SlotCache, ABudgetBelowTheRoutingWidthIsRefused) {
+    ModelIndex idx = slot_index();
+    idx.n_expert_used = 2;
+    Status st;
+    EXPECT_FALSE(make_slot_store(idx, 1, &st));
+    EXPECT_NE(st.message().find("needs at least 2 slots"), std::string::npos) << st.message();
+    EXPECT_TRUE(make_slot_store(idx, 2, &st)) << st.message();  // control
 }
 
 // --- budget is real RAM ----------------------------------------------------------------

@@ -110,6 +110,10 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             EXPECT_EQ(nm.stats["logits_sha"], ref.stats["logits_sha"]);
             EXPECT_TRUE(nm.logits == ref.logits) << "--no-mmap: final logits differ";
         }
+        // Room for a few slots per layer (more bytes per expert, more MiB).
+        const std::string slot_mb = GetParam().type == std::string("f32")   ? "16"
+                                    : GetParam().type == std::string("f16") ? "8"
+                                                                            : "4";
         // The full matrix on the long (multi-token prefill) prompt, the defaults on the others.
         std::vector<std::string> variants = {"", "--cache-mb 0"};
         if (prompt == kPrompts[2])
@@ -127,16 +131,31 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                         "--cache-mb 4 --force-cache --cache-debug --prefetch",  // + evictions
                         "--cache-mb 4 --force-cache --io-threads 4 --prefetch",
                         "--cache-mb 4 --force-cache --io-threads 2 --prefetch",  // one worker
-                        "--cache-mb 1 --force-cache --cache-debug"};  // evicts on every token
-        for (const std::string & flags : variants) {
-            SCOPED_TRACE(flags);
-            RunOut s = run_moestream(model, prompt, flags);
+                        "--cache-mb 1 --force-cache --cache-debug",  // evicts on every token
+                        // The fixed-slot cache (docs/cache.md, "Fixed slots"): 5-9 slots of
+                        // the tiny models' 16 experts, so misses evict; every expert slotted;
+                        // more lanes.
+                        "MOESTREAM_SLOT_CACHE=1 --cache-mb " + slot_mb + " --force-cache",
+                        "MOESTREAM_SLOT_CACHE=1 --cache-mb 1000000",
+                        "MOESTREAM_SLOT_CACHE=1 --cache-mb " + slot_mb + " --force-cache --io-threads 4"};
+        for (const std::string & variant : variants) {
+            SCOPED_TRACE(variant);
+            // A leading VAR=value is the run's environment.
+            const bool slots = variant.rfind("MOESTREAM_SLOT_CACHE=1 ", 0) == 0;
+            const std::string env = slots ? "MOESTREAM_SLOT_CACHE=1" : "";
+            const std::string flags = slots ? variant.substr(env.size() + 1) : variant;
+            RunOut s = run_moestream(model, prompt, flags, env);
             ASSERT_FALSE(s.stats.is_null());
             EXPECT_TRUE(s.stats["settings"]["stream"].get<bool>());
             EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
             EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
             EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
             EXPECT_GT(s.stats["flash_bytes_read"].get<uint64_t>(), 0u);
+            // The slots were used: some layer's expert ids were rewritten to them.
+            EXPECT_EQ(s.stats["settings"]["cache_slots"].get<uint64_t>() > 0, slots);
+            if (slots) {
+                EXPECT_GT(s.stats["settings"]["cache_slot_rewrites"].get<uint64_t>(), 0u);
+            }
             // The default read path really overlapped the down reads with gate/up, so the
             // identity above covers it (off with one lane, --no-io-overlap, --cache-debug).
             const bool overlap = flags.find("no-io-overlap") == std::string::npos &&
@@ -197,6 +216,47 @@ std::vector<ArchCase> all_cases() {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, StreamGate, ::testing::ValuesIn(all_cases()), arch_case_name);
+
+// The fixed-slot cache's rewrite is what makes its output right: ids rewritten to the wrong
+// slots (MOESTREAM_DEBUG_SLOT_MISPLACE) change it; rewritten right (the control) it is the
+// resident run's, byte for byte.
+TEST(FixedSlots, IdsRewrittenToTheWrongSlotsChangeTheOutput) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    const char * prompt = kPrompts[2];
+    const std::string flags = "--cache-mb 4 --force-cache";
+    RunOut ref = run_moestream(model, prompt, "--no-stream");
+    RunOut good = run_moestream(model, prompt, flags, "MOESTREAM_SLOT_CACHE=1");
+    ASSERT_FALSE(good.stats.is_null());
+    EXPECT_EQ(good.stats["logits_sha"], ref.stats["logits_sha"]);
+    RunOut bad = run_moestream(model, prompt, flags,
+                               "MOESTREAM_SLOT_CACHE=1 MOESTREAM_DEBUG_SLOT_MISPLACE=1",
+                               /*must_succeed=*/false);
+    if (bad.exit_code != 0) {  // wrong experts may make a logit non-finite: detected too
+        EXPECT_NE(bad.err.find("non-finite logit"), std::string::npos) << bad.err;
+        return;
+    }
+    EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
+}
+
+// What the fixed-slot cache cannot run with is refused by name, with a usage exit: a budget
+// below one slot per routed expert (the control: the LRU cache runs with it), and the knobs
+// that rewrite or predict routings.
+TEST(FixedSlots, WhatItCannotRunWithIsRefusedByName) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    RunOut small = run_moestream(model, "A", "--cache-mb 1 --force-cache",
+                                 "MOESTREAM_SLOT_CACHE=1", /*must_succeed=*/false);
+    EXPECT_EQ(small.exit_code, 64) << small.err;
+    EXPECT_NE(small.err.find("fixed-slot cache needs at least 4 slots"), std::string::npos)
+        << small.err;
+    RunOut lru = run_moestream(model, "A", "--cache-mb 1 --force-cache");
+    EXPECT_EQ(lru.exit_code, 0);
+    RunOut pf = run_moestream(model, "A", "--cache-mb 4 --force-cache --prefetch",
+                              "MOESTREAM_SLOT_CACHE=1", /*must_succeed=*/false);
+    EXPECT_EQ(pf.exit_code, 64) << pf.err;
+    EXPECT_NE(pf.err.find("MOESTREAM_SLOT_CACHE=1 (the fixed-slot cache) cannot be combined"),
+              std::string::npos) << pf.err;
+    EXPECT_NE(pf.err.find("prefetch"), std::string::npos) << pf.err;
+}
 
 // Only routed experts are read: bytes per decoded token follow from the routing alone.
 TEST(StreamReads, BytesPerTokenEqualRoutedSlices) {

@@ -242,6 +242,10 @@ int do_run(RunFlags & f) {
             std::fprintf(stderr, "moestream: prefill read-ahead %s | %.1f MiB read ahead | %.2f s waiting for them\n",
                          set.value("prefill_readahead", false) ? "on" : "off (-v says why)",
                          mib(double(s.prefetch_bytes)), s.prefetch_wait_s);
+        if (const uint64_t k = set.value("cache_slots", uint64_t(0)); k > 0)
+            std::fprintf(stderr, "moestream: fixed slots (MOESTREAM_SLOT_CACHE=1): %llu per MoE layer | "
+                         "%llu layer routings read from slots\n", (unsigned long long)k,
+                         (unsigned long long)set.value("cache_slot_rewrites", uint64_t(0)));
     }
     if (const std::string tl = server::time_breakdown_line(s.decode_time); !tl.empty())
         std::fprintf(stderr, "moestream: %s\n", tl.c_str());

@@ -1,0 +1,67 @@
+// slot_rewriter.h — the graph side of the fixed-slot cache (residency.h, make_slot_cache):
+// points each MoE layer's expert tensors at where the layer's last stage placed its experts,
+// and rewrites the graph's expert ids to slot indices when that stage used slots.
+//
+// Order within a layer (ask precedes compute, node_observer.h): the routing node computes,
+// the streamer stages (slots chosen, reads started), then this observer asks for the GET_ROWS
+// that gathers the router weights by the routed ids; once it has computed, the ids (the topk
+// node's data) are rewritten in place to slot indices, so every later MUL_MAT_ID of the layer
+// reads slot s where expert e sits. At each MUL_MAT_ID (ask mode, before it computes) the
+// weight's data pointer is set to the store's placement_base() for its layer.
+//
+// Refusals (the run stops with an error naming the layer and node, never a wrong result): a
+// MUL_MAT_ID that would read slot-staged experts before the router weights were gathered, or
+// any node other than a MUL_MAT_ID that reads the ids after they were rewritten (an expert
+// bias added by id, as gpt-oss does).
+// Thread-safety: one RouterHook's observer: the llama_decode thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include "moestream/gguf_index.h"
+#include "node_observer.h"
+#include "residency.h"
+
+namespace moestream {
+
+class Streamer;
+
+class SlotRewriter final : public NodeObserver {
+public:
+    // index, store and streamer are not owned and must outlive the observer.
+    SlotRewriter(const ModelIndex & index, ResidencyStore * store, const Streamer * streamer);
+
+    void begin_graph(const GraphInfo & g, RouterHook & hook) override;
+    bool on_ask(ggml_tensor * t, RouterHook & hook) override;
+    Status on_node(ggml_tensor * t, RouterHook & hook) override;
+    Status on_routing(const Routing & r, ggml_tensor * topk, RouterHook & hook,
+                      bool * defer) override;
+    void on_loaded(const Routing & r, const Status & st, RouterHook & hook) override;
+    void end_graph(RouterHook & hook) override;
+
+    uint64_t rewrites() const { return rewrites_; }  // layers whose ids were rewritten
+    // Tests only (MOESTREAM_DEBUG_SLOT_MISPLACE=1): every id is rewritten to the slot after
+    // the right one (modulo the slots), the negative control of the rewrite.
+    void plant_misplace(bool on) { misplace_ = on; }
+
+private:
+    int tensor_index(const ggml_tensor * w, size_t moe_idx);  // -1: not an expert tensor
+
+    const ModelIndex & index_;
+    ResidencyStore * store_;
+    const Streamer * streamer_;
+    std::unordered_map<const ggml_tensor *, int> t_index_;  // weight -> tensor of its layer
+    ggml_tensor * topk_ = nullptr;   // the routing node of the layer being computed
+    const void * ids_ = nullptr;     // its data: the ids every expert node of the layer reads
+    int64_t moe_ = -1;               // that layer's MoE index (-1: none yet in this graph)
+    uint32_t layer_ = 0;             // that layer's graph index
+    const int32_t * map_ = nullptr;  // per expert: its slot (null: canonical offsets)
+    bool rewritten_ = false;
+    uint64_t rewrites_ = 0;
+    bool misplace_ = false;
+    uint32_t n_slots_ = 1;  // slots per layer (the store's)
+};
+
+}  // namespace moestream
