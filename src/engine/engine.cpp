@@ -259,7 +259,8 @@ namespace {
 std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
 }  // namespace
 
-// Prefill read-ahead and prefetch with the cache off (docs/prefetch.md): a second set of
+// Prefill read-ahead and prefetch with the cache off (docs/prefetch.md), and prefill read-ahead
+// with the fixed-slot cache (its prompt ubatches use shared slots): a second set of
 // shared slots, one layer of expert memory more, when what is available holds it besides what
 // the run needs; otherwise both stay off and -v says why (prefetch, when asked for, warns).
 bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
@@ -275,7 +276,7 @@ bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability &
         MS_LOG_INFO("read-ahead: off (%s)", two_slots_refused_.c_str());
         return false;
     }
-    MS_LOG_INFO("read-ahead: cache off, a second set of expert slots (%s)", mib_text(set).c_str());
+    MS_LOG_INFO("read-ahead: a second set of shared expert slots (%s)", mib_text(set).c_str());
     two_slot_sets_ = true;
     return true;
 }
