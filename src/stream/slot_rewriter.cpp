@@ -40,6 +40,7 @@ void SlotRewriter::on_loaded(const Routing & r, const Status & st, RouterHook &)
     moe_ = streamer_->moe_slot(r.layer);
     ids_ = topk_->data;
     map_ = moe_ >= 0 ? store_->slot_map(size_t(moe_)) : nullptr;
+    matmuls_left_ = moe_ >= 0 ? index_.moe_layers[size_t(moe_)].tensors.size() : 0;
     rewritten_ = false;
 }
 
@@ -72,6 +73,9 @@ bool SlotRewriter::on_ask(ggml_tensor * t, RouterHook & hook) {
         uint8_t * base = store_->placement_base(size_t(moe_), size_t(ti));
         root->data = base;
         if (w != root) w->data = base + w->view_offs;
+        // After the layer's last expert matmul nothing reads its ids: stop watching them (the
+        // allocator may give their memory to later nodes).
+        if (matmuls_left_ > 0 && --matmuls_left_ == 0) ids_ = nullptr;
         return false;
     }
     if (map_ != nullptr && !rewritten_ && t->op == GGML_OP_GET_ROWS && t->src[1] != nullptr &&

@@ -11,8 +11,8 @@
 //
 // Refusals (the run stops with an error naming the layer and node, never a wrong result): a
 // MUL_MAT_ID that would read slot-staged experts before the router weights were gathered, or
-// any node other than a MUL_MAT_ID that reads the ids after they were rewritten (an expert
-// bias added by id, as gpt-oss does).
+// any node other than a MUL_MAT_ID that reads the ids after they were rewritten and before the
+// layer's last expert matmul (an expert bias added by id, as gpt-oss does).
 // Thread-safety: one RouterHook's observer: the llama_decode thread only.
 #pragma once
 
@@ -58,6 +58,7 @@ private:
     int64_t moe_ = -1;               // that layer's MoE index (-1: none yet in this graph)
     uint32_t layer_ = 0;             // that layer's graph index
     const int32_t * map_ = nullptr;  // per expert: its slot (null: canonical offsets)
+    size_t matmuls_left_ = 0;       // expert matmuls of that layer not asked yet
     bool rewritten_ = false;
     uint64_t rewrites_ = 0;
     bool misplace_ = false;
