@@ -326,7 +326,8 @@ Status EngineImpl::make_store() {
                                     system_page_bytes(), &d);
     if (!st.ok()) return st;
     if (d.clamped) MS_LOG_WARN("expert cache: %s", d.reason.c_str());
-    if (d.budget_bytes > 0 && knobs_.slot_cache) {
+    const bool slot_cache = d.budget_bytes > 0 && knobs_.slot_cache;  // MOESTREAM_SLOT_CACHE=1
+    if (slot_cache) {
         st = check_slot_cache();
         if (!st.ok()) return st;
         store_ = make_slot_cache(index_, d.budget_bytes, second_slot_set_fits(needs, mem), &st);
@@ -456,7 +457,7 @@ Status EngineImpl::make_store() {
     std::vector<NodeObserver *> observers = {binder_.get()};
     // The fixed-slot cache's rewriter sees every node in ask mode (the hook stops asking at
     // the first observer that wants a node): right after the binder, which binds first.
-    if (d.budget_bytes > 0 && knobs_.slot_cache) {
+    if (slot_cache) {
         slot_rewriter_ = std::make_unique<SlotRewriter>(index_, store_.get(), streamer_.get());
         slot_rewriter_->plant_misplace(knobs_.slot_misplace);
         observers.push_back(slot_rewriter_.get());
@@ -469,7 +470,6 @@ Status EngineImpl::make_store() {
     observers.push_back(substitute_.get());
     observers.push_back(drop_cold_.get());
     if (use_check_) observers.push_back(use_check_.get());  // last: after any deferred load
-
     uint32_t n_layer = index_.n_layer;
     for (const auto & L : index_.moe_layers) n_layer = std::max(n_layer, L.layer + 1);
     hook_ = std::make_unique<RouterHook>(index_.n_expert, n_layer, *streamer_,

@@ -93,8 +93,8 @@ private:
     // Cache off, prefill read-ahead or prefetch wanted (docs/prefetch.md): a second set of
     // shared slots fits (make_store); sets two_slot_sets_, or two_slots_refused_ with why not.
     bool second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem);
-    uint64_t slot_set_bytes() const;
-    Status check_slot_cache() const;  // MOESTREAM_SLOT_CACHE=1: the combinations it refuses  // one set of the cache off's shared slots (SharedSlots)
+    uint64_t slot_set_bytes() const;  // one set of the cache off's shared slots (SharedSlots)
+    Status check_slot_cache() const;  // MOESTREAM_SLOT_CACHE=1: the combinations it refuses
     bool prefill_readahead_ = false;  // on for this run
     // RunOptions::prefill_readahead 1, or -1 where it applies (check_prefill_readahead);
     // the cache or the second slot set decides prefill_readahead_ from it.

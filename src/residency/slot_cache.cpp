@@ -86,7 +86,7 @@ public:
         stamp_.assign(n_moe, std::vector<uint64_t>(k_, 0));
         slotted_.assign(n_moe, 0);
         staged_.assign(n_moe, {});
-        ever_.assign(n_moe, {});
+        ever_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
         stats_.budget_bytes = budget_;
         return Status::Ok();
     }
@@ -114,15 +114,11 @@ public:
         for (uint32_t e : experts)  // hits first: a routed expert keeps its slot
             if (slot_of[e] >= 0) stamp[size_t(slot_of[e])] = now;
         for (uint32_t e : experts) {
-            StageStats s;
-            s.lookups = 1;
-            if (slot_of[e] >= 0) {
-                s.hits = 1;
-                add(stats, s);
-                continue;
-            }
-            s.misses = 1;
-            add(stats, s);
+            StageStats one;
+            one.lookups = 1;
+            (slot_of[e] >= 0 ? one.hits : one.misses) = 1;
+            add(stats, one);
+            if (slot_of[e] >= 0) continue;
             // Victim: a free slot, else the least recently used slot not routed now.
             size_t v = SIZE_MAX;
             for (size_t i = 0; i < k_; ++i) {
@@ -139,7 +135,6 @@ public:
                 slot_of[size_t(occ[v])] = -1;
                 ++stats_.evictions;
             }
-            if (ever_[m].empty()) ever_[m].assign(index_.n_expert, 0);
             if (ever_[m][e]) ++stats_.rereads;
             ever_[m][e] = 1;
             occ[v] = int32_t(e);
