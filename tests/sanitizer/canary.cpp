@@ -74,8 +74,20 @@ int trace_overread() {
 }
 
 long g_calls = 0;  // deliberately not atomic
+// Lanes that reached the hook, counted with relaxed atomics only: they order nothing, so TSan
+// sees no happens-before between the lanes' increments of g_calls.
+std::atomic<int> g_arrived{0};
 long racy_pread(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int, void *) {
     ++g_calls;
+    // A lane's first call waits (up to 10 s) until a second lane has also incremented. Without
+    // this rendezvous a busy machine may run the lanes one after another, each handing over
+    // through the lanes' own atomics, and the race would be reported only by chance.
+    thread_local bool met = false;
+    if (!met) {
+        met = true;
+        g_arrived.fetch_add(1, std::memory_order_relaxed);
+        for (int i = 0; i < 10000 && g_arrived.load(std::memory_order_relaxed) < 2; ++i) usleep(1000);
+    }
     return ::preadv(fd, iov, iovcnt, off_t(off));
 }
 std::atomic<long> g_calls_atomic{0};
