@@ -27,11 +27,12 @@ Status check_logits_finite(const float * logits, int n_vocab, size_t step) {
 
 }  // namespace
 
-Status EngineImpl::decode(llama_batch batch, bool decode_phase) {
+Status EngineImpl::decode(llama_batch batch, bool decode_phase, bool prompt_end) {
     const double t0 = now_s();
     if (streamer_) streamer_->begin_step();
     if (hook_)
-        hook_->begin_graph(GraphInfo{decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens)});
+        hook_->begin_graph(GraphInfo{decode_phase, uint32_t(trace_pos_), uint32_t(batch.n_tokens),
+                                     prompt_end});
     trace_pos_ += batch.n_tokens;
     const double cb0 = hook_slot_.callback_s();
     const double t1 = now_s();
@@ -165,7 +166,7 @@ Status EngineImpl::generate(const GenerateRequest & req,
     double t0 = now_s();
     for (int i = reused; i < n; i += opt_.n_batch) {
         int m = std::min(opt_.n_batch, n - i);
-        Status st = decode(llama_batch_get_one(toks.data() + i, m), false);
+        Status st = decode(llama_batch_get_one(toks.data() + i, m), false, i + m == n);
         stats.prefill_step();
         if (!st.ok()) return st;  // kv_tokens_ is empty: the next generate clears
     }

@@ -330,7 +330,10 @@ Status EngineImpl::make_store() {
     if (slot_cache) {
         st = check_slot_cache();
         if (!st.ok()) return st;
-        store_ = make_slot_cache(index_, d.budget_bytes, second_slot_set_fits(needs, mem), &st);
+        SlotTestHooks hooks;
+        hooks.warm_skip_copy = knobs_.slot_warm_skip_copy;
+        store_ = make_slot_cache(index_, d.budget_bytes, second_slot_set_fits(needs, mem), &st,
+                                 hooks);
     } else if (d.budget_bytes > 0) {
         CacheOptions copt;
         copt.recycle_pages = opt_.cache_recycle;
@@ -460,6 +463,7 @@ Status EngineImpl::make_store() {
     if (slot_cache) {
         slot_rewriter_ = std::make_unique<SlotRewriter>(index_, store_.get(), streamer_.get());
         slot_rewriter_->plant_misplace(knobs_.slot_misplace);
+        slot_rewriter_->set_warm(knobs_.slot_warm);
         observers.push_back(slot_rewriter_.get());
     }
     if (predictor_) observers.push_back(predictor_.get());
@@ -608,9 +612,13 @@ std::string EngineImpl::settings_json() const {
     j["page_bytes"] = system_page_bytes();
     j["cache_move_used"] = store_ ? store_->cache_stats().move_pages : false;
     // MOESTREAM_SLOT_CACHE=1 (docs/cache.md, "Fixed slots"): slots per MoE layer (0: not this
-    // cache) and the layer routings whose expert ids were rewritten to slots so far.
+    // cache) and the layer routings whose expert ids were rewritten to slots so far; the warm
+    // start (MOESTREAM_SLOT_WARM) and the experts it copied into slots so far.
     j["cache_slots"] = store_ ? store_->cache_stats().slots_per_layer : 0;
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
+    j["cache_slot_warm"] = slot_rewriter_ != nullptr && knobs_.slot_warm;
+    j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
+    j["cache_slot_warm_s"] = store_ ? store_->cache_stats().slot_warm_s : 0.0;
     j["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();

@@ -121,7 +121,8 @@ private:
 
     // decode_loop.cpp.
     // One llama_decode with the router hook around it (decode_phase: one token per graph).
-    Status decode(llama_batch batch, bool decode_phase);
+    // prompt_end: a prefill batch ending the prompt (GraphInfo::prompt_end).
+    Status decode(llama_batch batch, bool decode_phase, bool prompt_end = false);
     // Everything of req but the prompt; *smp: its sampler.
     Status check_settings(const GenerateRequest & req, std::unique_ptr<Sampler> * smp) const;
     // The prompt's tokens (special tokens parsed, as generate decodes them), checked against

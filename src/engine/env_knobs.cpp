@@ -76,6 +76,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!slots.empty() && slots != "0" && slots != "1")
         return Status::Usage("MOESTREAM_SLOT_CACHE=" + slots + ": must be 0 or 1");
     if (!slots.empty()) k->slot_cache = slots == "1";
+    const std::string slot_warm = env("MOESTREAM_SLOT_WARM");
+    if (!slot_warm.empty() && slot_warm != "0" && slot_warm != "1")
+        return Status::Usage("MOESTREAM_SLOT_WARM=" + slot_warm + ": must be 0 or 1");
+    if (!slot_warm.empty()) k->slot_warm = slot_warm == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");
@@ -89,6 +93,10 @@ Status read_env_knobs(EnvKnobs * k) {
     sw = test_switch("MOESTREAM_DEBUG_SLOT_MISPLACE",
                      "rewriting the expert ids to the wrong slots on purpose",
                      &k->slot_misplace);
+    if (!sw.ok()) return sw;
+    sw = test_switch("MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY",
+                     "warming the expert slots without copying on purpose",
+                     &k->slot_warm_skip_copy);
     if (!sw.ok()) return sw;
     sw = test_switch("MOESTREAM_DEBUG_SKIP_SECOND_WAIT",
                      "not waiting for the second projection's reads on purpose",

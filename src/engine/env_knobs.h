@@ -52,9 +52,16 @@ struct EnvKnobs {
     // gets the same number of slots, mapped once, and the graph's expert ids are rewritten to
     // them. Experimental, lossless; 0 (default) = the LRU cache.
     bool slot_cache = false;
+    // MOESTREAM_SLOT_WARM=0|1: with the fixed-slot cache, 1 (default) = the prompt's last
+    // ubatch fills the slots from the shared slots (slot_rewriter.h, "Warm start"); 0 = decode
+    // starts with empty slots (A/B benchmarks). Lossless either way.
+    bool slot_warm = true;
     // Tests only. MOESTREAM_DEBUG_SLOT_MISPLACE=1: with MOESTREAM_SLOT_CACHE=1 the expert
     // ids are rewritten to the wrong slots (slot_rewriter.h): the negative control of the rewrite.
     bool slot_misplace = false;
+    // Tests only. MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY=1: the warm start records its experts
+    // as slotted without copying them (residency.h, SlotTestHooks): its negative control.
+    bool slot_warm_skip_copy = false;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;

@@ -39,6 +39,7 @@ struct GraphInfo {
     bool decode = false;    // decode (one token) rather than prefill
     uint32_t pos0 = 0;      // position of its first token
     uint32_t n_tokens = 0;  // tokens in the batch
+    bool prompt_end = false;  // prefill whose last token ends the prompt: decode follows
 };
 
 class NodeObserver {

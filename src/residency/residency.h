@@ -68,6 +68,8 @@ struct CacheStats : LedgerStats {
     uint64_t warmed_commits = 0;
     // Fixed-slot cache (make_slot_cache): expert slots per MoE layer; 0 = another store.
     uint32_t slots_per_layer = 0;
+    uint64_t slot_warm_copies = 0;  // experts copied into slots by warm_slots() (no reads)
+    double slot_warm_s = 0;         // wall time of those copies, seconds
 };
 
 // How the LRU cache gets its pages (production settings; docs/cache.md).
@@ -201,6 +203,16 @@ public:
     // Base address expert tensor t of MoE layer moe_idx must point at for the matmuls of the
     // last stage() of that layer: tensor_base() unless that stage used slots.
     virtual uint8_t * placement_base(size_t moe_idx, size_t t) { return tensor_base(moe_idx, t); }
+    // Fills MoE layer moe_idx's slots with `recent_first` (most recent first; only the first
+    // slots-per-layer count) by copying them from the shared slots where the layer's last
+    // stage() put them: a wide routing (a prompt ubatch) warms the slots the next narrow
+    // routings (decode) will use, without reads. Copies only while those shared slots still
+    // hold that stage's experts (no later stage or prefetch has reused them); experts already
+    // slotted keep their slot and become the most recent. Call after the layer's matmuls.
+    // Returns the experts copied (0: nothing to do, or the shared slots were reused).
+    virtual size_t warm_slots(size_t /*moe_idx*/, const std::vector<uint32_t> & /*recent_first*/) {
+        return 0;
+    }
     // Where expert e's slice of tensor t of MoE layer moe_idx sits after the last stage().
     uint8_t * slice_addr(size_t moe_idx, size_t t, uint32_t e, uint64_t slice_bytes) {
         const int32_t * m = slot_map(moe_idx);
@@ -231,8 +243,15 @@ std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Stat
 // wider routing (a prompt ubatch) goes to shared slots at canonical offsets, as with the
 // cache off (two sets when two_sets: prefill read-ahead). Fails (Status) when K would be
 // below the routing width n_expert_used or memory cannot be had.
+// Test hooks of the fixed-slot cache: nothing in production sets them.
+struct SlotTestHooks {
+    // warm_slots() records its experts as slotted but copies nothing (the slots keep what
+    // they held): the negative control of the warm copy.
+    bool warm_skip_copy = false;
+};
 std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
-                                                bool two_sets, Status * st);
+                                                bool two_sets, Status * st,
+                                                const SlotTestHooks & test = {});
 
 // LRU cache with a budget of `budget_bytes` of committed expert memory (> 0). Reserves
 // address space for every expert tensor (no RAM). `index` must outlive the store.

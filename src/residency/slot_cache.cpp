@@ -10,14 +10,20 @@
 // Invariants: slot_of_[m][e] == s  <=>  occupant_[m][s] == e; a routed expert is never the
 // victim of its own stage; a stage's misses are forgotten by abandon_stage() (their reads
 // failed). Bookkeeping is per layer: a layer only ever evicts its own experts.
-// Thread-safety: called from the eval callback only (one thread at a time).
+// Warm start (warm_slots): after a wide routing, its most recent experts are copied from the
+// shared slots into the layer's slots, so decode does not start with empty slots.
+// Thread-safety: called from the eval callback only (one thread at a time); warm_slots()
+// splits its copies with a helper thread it joins before returning.
 #include <sys/mman.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <system_error>
+#include <thread>
 
 #include "residency.h"
 
@@ -38,7 +44,8 @@ std::string mib_text(uint64_t b) {
 
 class SlotCache final : public ResidencyStore {
 public:
-    SlotCache(const ModelIndex & index, uint64_t budget) : index_(index), budget_(budget) {}
+    SlotCache(const ModelIndex & index, uint64_t budget, const SlotTestHooks & test)
+        : index_(index), budget_(budget), test_(test) {}
     ~SlotCache() override {
         if (mem_ != nullptr) munmap(mem_, mem_bytes_);
     }
@@ -87,6 +94,8 @@ public:
         slotted_.assign(n_moe, 0);
         staged_.assign(n_moe, {});
         ever_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
+        bank_holds_.assign(two_sets ? 2 : 1, -1);
+        bank_routed_.assign(bank_holds_.size(), std::vector<uint8_t>(index_.n_expert, 0));
         stats_.budget_bytes = budget_;
         return Status::Ok();
     }
@@ -103,12 +112,15 @@ public:
             StageStats bs;
             Status st = bank_->stage(m, experts, reads, &bs);
             add(stats, bs);
+            const size_t set = m % bank_holds_.size();
+            bank_holds_[set] = st.ok() ? int64_t(m) : -1;
+            std::fill(bank_routed_[set].begin(), bank_routed_[set].end(), 0);
+            for (uint32_t e : experts) bank_routed_[set][e] = 1;
             return st;
         }
         slotted_[m] = 1;
         const MoeLayer & L = index_.moe_layers[m];
         std::vector<int32_t> & slot_of = slot_of_[m];
-        std::vector<int32_t> & occ = occupant_[m];
         std::vector<uint64_t> & stamp = stamp_[m];
         const uint64_t now = ++clock_;
         for (uint32_t e : experts)  // hits first: a routed expert keeps its slot
@@ -119,27 +131,11 @@ public:
             (slot_of[e] >= 0 ? one.hits : one.misses) = 1;
             add(stats, one);
             if (slot_of[e] >= 0) continue;
-            // Victim: a free slot, else the least recently used slot not routed now.
-            size_t v = SIZE_MAX;
-            for (size_t i = 0; i < k_; ++i) {
-                if (stamp[i] == now) continue;
-                if (occ[i] < 0) {
-                    v = i;
-                    break;
-                }
-                if (v == SIZE_MAX || stamp[i] < stamp[v]) v = i;
-            }
+            const size_t v = victim(m, now);
             if (v == SIZE_MAX)
                 return Status::Runtime("slot cache: no free slot (routing wider than K)");
-            if (occ[v] >= 0) {
-                slot_of[size_t(occ[v])] = -1;
-                ++stats_.evictions;
-            }
             if (ever_[m][e]) ++stats_.rereads;
-            ever_[m][e] = 1;
-            occ[v] = int32_t(e);
-            slot_of[e] = int32_t(v);
-            stamp[v] = now;
+            place(m, e, v, now);
             staged_[m].push_back(e);
             for (size_t t = 0; t < L.tensors.size(); ++t) {
                 const ExpertTensor & et = L.tensors[t];
@@ -152,7 +148,10 @@ public:
     }
 
     void abandon_stage(size_t m) override {
-        if (!slotted_[m]) return bank_->abandon_stage(m);
+        if (!slotted_[m]) {
+            bank_holds_[m % bank_holds_.size()] = -1;  // its reads failed: nothing to warm from
+            return bank_->abandon_stage(m);
+        }
         for (uint32_t e : staged_[m]) {
             const int32_t s = slot_of_[m][e];
             if (s < 0) continue;
@@ -176,7 +175,42 @@ public:
     }
     size_t prefetch(size_t m, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
-        return bank_->prefetch(m, experts, reads);
+        const size_t n = bank_->prefetch(m, experts, reads);
+        if (n > 0) bank_holds_[m % bank_holds_.size()] = -1;  // that set is being overwritten
+        return n;
+    }
+
+    size_t warm_slots(size_t m, const std::vector<uint32_t> & recent_first) override {
+        const size_t set = m % bank_holds_.size();
+        if (slotted_[m] || bank_holds_[set] != int64_t(m)) return 0;
+        const size_t n = std::min<size_t>(recent_first.size(), k_);
+        const MoeLayer & L = index_.moe_layers[m];
+        size_t copied = 0;
+        std::vector<Copy> copies;
+        for (size_t i = n; i-- > 0;) {  // oldest first: the most recent gets the newest stamp
+            const uint32_t e = recent_first[i];
+            if (e >= index_.n_expert || !bank_routed_[set][e]) continue;
+            const uint64_t now = ++clock_;
+            if (slot_of_[m][e] >= 0) {
+                stamp_[m][size_t(slot_of_[m][e])] = now;
+                continue;
+            }
+            const size_t v = victim(m, now);
+            if (v == SIZE_MAX) break;
+            place(m, e, v, now);
+            if (!test_.warm_skip_copy)
+                for (size_t t = 0; t < L.tensors.size(); ++t) {
+                    const uint64_t sb = L.tensors[t].slice_bytes;
+                    copies.push_back({base_[m][t] + uint64_t(v) * sb,
+                                      bank_->tensor_base(m, t) + uint64_t(e) * sb, sb});
+                }
+            ++copied;
+        }
+        const auto t0 = std::chrono::steady_clock::now();
+        run_copies(copies);
+        warm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats_warm_ += copied;
+        return copied;
     }
     void end_prefetch(bool ok) override { bank_->end_prefetch(ok); }
 
@@ -196,6 +230,8 @@ public:
         c.reserved_bytes = mem_bytes_;
         c.page_bytes = kPage;
         c.slots_per_layer = k_;
+        c.slot_warm_copies = stats_warm_;
+        c.slot_warm_s = warm_s_;
         return c;
     }
 
@@ -203,6 +239,61 @@ public:
     uint64_t reserved_bytes() const override { return mem_bytes_ + bank_->reserved_bytes(); }
 
 private:
+    struct Copy {
+        uint8_t * dst;
+        const uint8_t * src;
+        uint64_t len;
+    };
+    // The copies, split over up to kCopyThreads threads (this one included): the eval
+    // callback runs while the compute threads wait, so their cores are free.
+    static void run_copies(const std::vector<Copy> & copies) {
+        constexpr size_t kCopyThreads = 2;
+        constexpr uint64_t kSmall = 4ull << 20;  // below this, one thread
+        uint64_t total = 0;
+        for (const Copy & c : copies) total += c.len;
+        const auto copy_part = [&copies](size_t part, size_t parts) {
+            for (size_t i = part; i < copies.size(); i += parts)
+                std::memcpy(copies[i].dst, copies[i].src, copies[i].len);
+        };
+        if (total < kSmall || copies.size() < 2) return copy_part(0, 1);
+        std::vector<std::thread> helpers;
+        for (size_t p = 1; p < kCopyThreads; ++p) {
+            try {
+                helpers.emplace_back(copy_part, p, kCopyThreads);
+            } catch (const std::system_error &) {  // no thread: this one copies that part
+                copy_part(p, kCopyThreads);
+            }
+        }
+        copy_part(0, kCopyThreads);
+        for (std::thread & h : helpers) h.join();
+    }
+
+    // A free slot of layer m, else its least recently used slot not stamped `now` (routed in
+    // the stage being made); SIZE_MAX when every slot is.
+    size_t victim(size_t m, uint64_t now) const {
+        const std::vector<int32_t> & occ = occupant_[m];
+        const std::vector<uint64_t> & stamp = stamp_[m];
+        size_t v = SIZE_MAX;
+        for (size_t i = 0; i < k_; ++i) {
+            if (stamp[i] == now) continue;
+            if (occ[i] < 0) return i;
+            if (v == SIZE_MAX || stamp[i] < stamp[v]) v = i;
+        }
+        return v;
+    }
+    // Expert e of layer m takes slot v (evicting its occupant), stamped `now`.
+    void place(size_t m, uint32_t e, size_t v, uint64_t now) {
+        std::vector<int32_t> & occ = occupant_[m];
+        if (occ[v] >= 0) {
+            slot_of_[m][size_t(occ[v])] = -1;
+            ++stats_.evictions;
+        }
+        ever_[m][e] = 1;
+        occ[v] = int32_t(e);
+        slot_of_[m][e] = int32_t(v);
+        stamp_[m][v] = now;
+    }
+
     void add(StageStats * s, const StageStats & d) {
         s->lookups += d.lookups;
         s->hits += d.hits;
@@ -225,15 +316,23 @@ private:
     std::vector<std::vector<uint8_t>> ever_;      // [moe layer][expert]: ever read (rereads)
     std::vector<uint8_t> slotted_;                // [moe layer]: the last stage used slots
     std::vector<std::vector<uint32_t>> staged_;   // [moe layer]: misses of the last stage
+    // [set]: the MoE layer whose wide stage the shared slots' set holds intact (-1: none, or
+    // reused since by a prefetch or a failed read) and, per expert, whether it was routed there.
+    std::vector<int64_t> bank_holds_;
+    std::vector<std::vector<uint8_t>> bank_routed_;
+    const SlotTestHooks test_;
     uint64_t clock_ = 0;
+    uint64_t stats_warm_ = 0;
+    double warm_s_ = 0;
     LedgerStats stats_;
 };
 
 }  // namespace
 
 std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
-                                                bool two_sets, Status * st) {
-    auto s = std::make_unique<SlotCache>(index, budget_bytes);
+                                                bool two_sets, Status * st,
+                                                const SlotTestHooks & test) {
+    auto s = std::make_unique<SlotCache>(index, budget_bytes, test);
     *st = s->init(two_sets);
     if (!st->ok()) return nullptr;
     return s;

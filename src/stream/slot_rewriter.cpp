@@ -17,7 +17,12 @@ SlotRewriter::SlotRewriter(const ModelIndex & index, ResidencyStore * store,
       streamer_(streamer),
       n_slots_(std::max<uint32_t>(1, store->cache_stats().slots_per_layer)) {}
 
-void SlotRewriter::begin_graph(const GraphInfo &, RouterHook &) {
+void SlotRewriter::begin_graph(const GraphInfo & g, RouterHook &) {
+    prompt_end_ = g.prompt_end && !g.decode;
+    graph_tokens_ = g.n_tokens;
+    ubatch_tokens_ = 0;
+    last_ubatch_ = false;
+    warm_moe_ = -1;
     topk_ = nullptr;
     ids_ = nullptr;
     moe_ = -1;
@@ -26,10 +31,24 @@ void SlotRewriter::begin_graph(const GraphInfo &, RouterHook &) {
 }
 
 void SlotRewriter::end_graph(RouterHook & hook) {
+    flush_warm();  // the graph's last MoE layer: nothing has reused the shared slots since
     begin_graph(GraphInfo{}, hook);
 }
 
+void SlotRewriter::flush_warm() {
+    if (warm_moe_ < 0) return;
+    store_->warm_slots(size_t(warm_moe_), warm_list_);
+    warm_moe_ = -1;
+}
+
 Status SlotRewriter::on_routing(const Routing & r, ggml_tensor * topk, RouterHook &, bool *) {
+    // The previous MoE layer's matmuls have run and this layer has not staged yet: the shared
+    // slots still hold what that layer read.
+    flush_warm();
+    if (streamer_->moe_slot(r.layer) == 0) {  // a new ubatch starts at the first MoE layer
+        ubatch_tokens_ += uint64_t(r.n_rows);
+        last_ubatch_ = prompt_end_ && ubatch_tokens_ == graph_tokens_;
+    }
     topk_ = topk;
     layer_ = r.layer;
     return Status::Ok();
@@ -42,6 +61,20 @@ void SlotRewriter::on_loaded(const Routing & r, const Status & st, RouterHook &)
     map_ = moe_ >= 0 ? store_->slot_map(size_t(moe_)) : nullptr;
     matmuls_left_ = moe_ >= 0 ? index_.moe_layers[size_t(moe_)].tensors.size() : 0;
     rewritten_ = false;
+    if (warm_ && last_ubatch_ && moe_ >= 0 && map_ == nullptr) {
+        // Staged to the shared slots: once the matmuls have run, warm the layer's slots with
+        // the experts of the ubatch's last tokens, most recent first.
+        warm_list_.clear();
+        std::vector<uint8_t> seen(index_.n_expert, 0);
+        for (int row = r.n_rows - 1; row >= 0 && warm_list_.size() < n_slots_; --row)
+            for (int j = 0; j < r.k && warm_list_.size() < n_slots_; ++j) {
+                const int32_t e = r.ids[size_t(row) * size_t(r.k) + size_t(j)];
+                if (e < 0 || uint32_t(e) >= index_.n_expert || seen[size_t(e)]) continue;
+                seen[size_t(e)] = 1;
+                warm_list_.push_back(uint32_t(e));
+            }
+        warm_moe_ = moe_;
+    }
 }
 
 int SlotRewriter::tensor_index(const ggml_tensor * w, size_t moe_idx) {

@@ -9,6 +9,13 @@
 // reads slot s where expert e sits. At each MUL_MAT_ID (ask mode, before it computes) the
 // weight's data pointer is set to the store's placement_base() for its layer.
 //
+// Warm start: in the prompt's last ubatch (GraphInfo::prompt_end), a layer whose routing was
+// too wide for its slots (staged to the shared slots) has its slots filled from there once its
+// matmuls have run, at the next layer's routing (or the graph's end): the experts of the
+// ubatch's last tokens, most recent first, up to the slots per layer (ResidencyStore::
+// warm_slots). Decode then starts with the slots holding what the prompt's end used instead of
+// reading every routed expert of its first token.
+//
 // Refusals (the run stops with an error naming the layer and node, never a wrong result): a
 // MUL_MAT_ID that would read slot-staged experts before the router weights were gathered, or
 // any node other than a MUL_MAT_ID that reads the ids after they were rewritten and before the
@@ -19,6 +26,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "moestream/gguf_index.h"
 #include "node_observer.h"
@@ -42,12 +50,15 @@ public:
     void end_graph(RouterHook & hook) override;
 
     uint64_t rewrites() const { return rewrites_; }  // layers whose ids were rewritten
+    // MOESTREAM_SLOT_WARM=0: no warm start (A/B benchmarks).
+    void set_warm(bool on) { warm_ = on; }
     // Tests only (MOESTREAM_DEBUG_SLOT_MISPLACE=1): every id is rewritten to the slot after
     // the right one (modulo the slots), the negative control of the rewrite.
     void plant_misplace(bool on) { misplace_ = on; }
 
 private:
     int tensor_index(const ggml_tensor * w, size_t moe_idx);  // -1: not an expert tensor
+    void flush_warm();  // the pending warm start, if any (its layer's matmuls have run)
 
     const ModelIndex & index_;
     ResidencyStore * store_;
@@ -63,6 +74,13 @@ private:
     uint64_t rewrites_ = 0;
     bool misplace_ = false;
     uint32_t n_slots_ = 1;  // slots per layer (the store's)
+    bool warm_ = true;
+    bool prompt_end_ = false;      // this graph ends the prompt
+    uint32_t graph_tokens_ = 0;    // tokens in this graph's batch
+    uint64_t ubatch_tokens_ = 0;   // of those, routed so far at the first MoE layer
+    bool last_ubatch_ = false;     // the ubatch computing now is the prompt's last
+    int64_t warm_moe_ = -1;        // the MoE layer whose warm start is pending (-1: none)
+    std::vector<uint32_t> warm_list_;  // its experts, most recent first
 };
 
 }  // namespace moestream

@@ -815,16 +815,17 @@ ModelIndex slot_index() {
 
 // A budget of exactly n slots in every layer.
 std::unique_ptr<ResidencyStore> make_slot_store(const ModelIndex & idx, uint32_t n,
-                                                Status * st) {
+                                                Status * st, const SlotTestHooks & test = {}) {
     uint64_t per_slot = 0;
     for (const MoeLayer & L : idx.moe_layers) per_slot += L.expert_bytes;
-    return make_slot_cache(idx, n * per_slot, /*two_sets=*/true, st);
+    return make_slot_cache(idx, n * per_slot, /*two_sets=*/true, st, test);
 }
 
 // make_slot_store that must succeed.
-std::unique_ptr<ResidencyStore> slot_store(const ModelIndex & idx, uint32_t n) {
+std::unique_ptr<ResidencyStore> slot_store(const ModelIndex & idx, uint32_t n,
+                                           const SlotTestHooks & test = {}) {
     Status st;
-    auto s = make_slot_store(idx, n, &st);
+    auto s = make_slot_store(idx, n, &st, test);
     EXPECT_TRUE(st.ok()) << st.message();
     return s;
 }
@@ -901,6 +902,58 @@ TEST(SlotCache, AnAbandonedStageForgetsItsMisses) {
     EXPECT_FALSE(s->is_resident(0, 2));
     EXPECT_EQ(stage_slots(*s, 0, {1}), 1u);
     EXPECT_EQ(s->cache_stats().abandoned, 2u);
+}
+
+// After a wide routing, warm_slots() copies its most recent experts (as many as there are
+// slots) from the shared slots into the layer's slots: the next routings of them hit, and the
+// slots hold their bytes. The negative control: with the copy skipped (SlotTestHooks), the
+// same hits find wrong bytes.
+void check_warm_start(bool skip_copy, uint64_t slice = kPage) {
+    const ModelIndex idx = make_index({{slice, slice, slice}, {slice, slice, slice}}, 8);
+    SlotTestHooks test;
+    test.warm_skip_copy = skip_copy;
+    auto s = slot_store(idx, 2, test);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: the shared slots
+    EXPECT_EQ(s->warm_slots(0, {5, 1, 0}), 2u);    // 2 slots: the two most recent
+    EXPECT_EQ(s->cache_stats().slot_warm_copies, 2u);
+    EXPECT_EQ(stage_slots(*s, 0, {5, 1}), 0u);  // both warm: no read
+    ASSERT_NE(s->slot_map(0), nullptr);
+    EXPECT_EQ(slice_intact(*s, idx, 0, 5) && slice_intact(*s, idx, 0, 1), !skip_copy);
+    EXPECT_EQ(stage_slots(*s, 0, {0}), 1u);  // the third was not warmed
+}
+
+TEST(SlotCache, AWarmStartCopiesTheWideRoutingsMostRecentExpertsIntoTheSlots) {
+    check_warm_start(/*skip_copy=*/false);
+}
+
+TEST(SlotCache, AWarmStartWithoutItsCopyLeavesWrongBytesInTheSlots) {
+    check_warm_start(/*skip_copy=*/true);
+}
+
+// Copies of several MiB are split over threads: every byte still lands where it belongs.
+TEST(SlotCache, AWarmStartOfManyMiBCopiesEveryByte) {
+    check_warm_start(/*skip_copy=*/false, kMiB);
+}
+
+// warm_slots() copies only from shared slots that still hold the layer's wide routing: not
+// after a narrow routing (its slots are current), nor once a read-ahead has reused the set.
+TEST(SlotCache, AWarmStartFromSharedSlotsReusedSinceCopiesNothing) {
+    const ModelIndex idx = slot_index();
+    auto s = slot_store(idx, 2);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(stage_slots(*s, 0, {3}), 1u);  // narrow
+    EXPECT_EQ(s->warm_slots(0, {3}), 0u);
+    EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: set 0
+    EXPECT_EQ(stage_slots(*s, 1, {0, 1, 5}), 3u);  // wide: set 1
+    std::vector<ReadRequest> reads;
+    ASSERT_GT(s->prefetch(2, {6, 7}, &reads), 0u);  // layer 2 reads ahead into set 0
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_EQ(s->warm_slots(0, {5, 1}), 0u);
+    EXPECT_EQ(s->warm_slots(1, {5, 1}), 2u);  // control: set 1 still holds layer 1's routing
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
+    EXPECT_EQ(s->cache_stats().slot_warm_copies, 2u);
 }
 
 // Fewer slots than the routing width cannot hold a token's routing: refused, naming both.

@@ -155,6 +155,11 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             EXPECT_EQ(s.stats["settings"]["cache_slots"].get<uint64_t>() > 0, slots);
             if (slots) {
                 EXPECT_GT(s.stats["settings"]["cache_slot_rewrites"].get<uint64_t>(), 0u);
+                // Fewer slots than the prompt routes: decode started from slots warmed by
+                // the prompt's end (slot_rewriter.h, "Warm start"), covered by the identity.
+                if (flags.find("--force-cache") != std::string::npos) {
+                    EXPECT_GT(s.stats["settings"]["cache_slot_warm_copies"].get<uint64_t>(), 0u);
+                }
             }
             // The default read path really overlapped the down reads with gate/up, so the
             // identity above covers it (off with one lane, --no-io-overlap, --cache-debug).
@@ -217,10 +222,10 @@ std::vector<ArchCase> all_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, StreamGate, ::testing::ValuesIn(all_cases()), arch_case_name);
 
-// The fixed-slot cache's rewrite is what makes its output right: ids rewritten to the wrong
-// slots (MOESTREAM_DEBUG_SLOT_MISPLACE) change it; rewritten right (the control) it is the
-// resident run's, byte for byte.
-TEST(FixedSlots, IdsRewrittenToTheWrongSlotsChangeTheOutput) {
+// A fixed-slot run on the long prompt is the resident run's, byte for byte, and `counter` (of
+// settings) shows the feature worked; with the test knob `bad_env` planting that feature's
+// bug, the output changes (or a logit turns non-finite, also detected).
+void check_slot_control(const std::string & counter, const std::string & bad_env) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     const char * prompt = kPrompts[2];
     const std::string flags = "--cache-mb 4 --force-cache";
@@ -228,14 +233,25 @@ TEST(FixedSlots, IdsRewrittenToTheWrongSlotsChangeTheOutput) {
     RunOut good = run_moestream(model, prompt, flags, "MOESTREAM_SLOT_CACHE=1");
     ASSERT_FALSE(good.stats.is_null());
     EXPECT_EQ(good.stats["logits_sha"], ref.stats["logits_sha"]);
-    RunOut bad = run_moestream(model, prompt, flags,
-                               "MOESTREAM_SLOT_CACHE=1 MOESTREAM_DEBUG_SLOT_MISPLACE=1",
+    EXPECT_GT(good.stats["settings"][counter].get<uint64_t>(), 0u);
+    RunOut bad = run_moestream(model, prompt, flags, "MOESTREAM_SLOT_CACHE=1 " + bad_env,
                                /*must_succeed=*/false);
-    if (bad.exit_code != 0) {  // wrong experts may make a logit non-finite: detected too
+    if (bad.exit_code != 0) {
         EXPECT_NE(bad.err.find("non-finite logit"), std::string::npos) << bad.err;
         return;
     }
     EXPECT_NE(bad.stats["logits_sha"], ref.stats["logits_sha"]);
+}
+
+// The fixed-slot cache's rewrite is what makes its output right: ids rewritten to the wrong
+// slots change it.
+TEST(FixedSlots, IdsRewrittenToTheWrongSlotsChangeTheOutput) {
+    check_slot_control("cache_slot_rewrites", "MOESTREAM_DEBUG_SLOT_MISPLACE=1");
+}
+
+// The warm start's copy is what makes decode's first hits right: skipped, the output changes.
+TEST(FixedSlots, AWarmStartWithoutItsCopyChangesTheOutput) {
+    check_slot_control("cache_slot_warm_copies", "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY=1");
 }
 
 // What the fixed-slot cache cannot run with is refused by name, with a usage exit: a budget

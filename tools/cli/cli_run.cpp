@@ -244,8 +244,13 @@ int do_run(RunFlags & f) {
                          mib(double(s.prefetch_bytes)), s.prefetch_wait_s);
         if (const uint64_t k = set.value("cache_slots", uint64_t(0)); k > 0)
             std::fprintf(stderr, "moestream: fixed slots (MOESTREAM_SLOT_CACHE=1): %llu per MoE layer | "
-                         "%llu layer routings read from slots\n", (unsigned long long)k,
-                         (unsigned long long)set.value("cache_slot_rewrites", uint64_t(0)));
+                         "%llu layer routings read from slots | warm start %s, %llu experts copied "
+                         "in %.2f s\n",
+                         (unsigned long long)k,
+                         (unsigned long long)set.value("cache_slot_rewrites", uint64_t(0)),
+                         set.value("cache_slot_warm", false) ? "on" : "off",
+                         (unsigned long long)set.value("cache_slot_warm_copies", uint64_t(0)),
+                         set.value("cache_slot_warm_s", 0.0));
     }
     if (const std::string tl = server::time_breakdown_line(s.decode_time); !tl.empty())
         std::fprintf(stderr, "moestream: %s\n", tl.c_str());
