@@ -236,8 +236,8 @@ std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Stat
                                                   bool two_sets = false);
 
 // Fixed slots (MOESTREAM_SLOT_CACHE=1, experimental): every MoE layer gets the same number of
-// expert slots, K = budget_bytes / (the layers' expert bytes summed), allocated and touched
-// once, never remapped. A routing of at most K distinct experts is staged into the layer's
+// expert slots, K = budget_bytes / (the layers' expert bytes summed), allocated and populated
+// once (in the background where the kernel can), never remapped. A routing of at most K distinct experts is staged into the layer's
 // slots (LRU within the layer: hits keep their slot, misses are read into the least recently
 // used slot not routed now) and slot_map() tells the graph which slot holds which expert; a
 // wider routing (a prompt ubatch) goes to shared slots at canonical offsets, as with the

@@ -3,7 +3,7 @@
 // Why: the LRU cache (residency_cache.cpp) keeps expert e of a layer at its canonical offset,
 // so every miss maps new pages at a new address, and the first access through each new
 // page-table entry costs (docs/cache.md, "First access through a new page-table entry").
-// Here a layer's experts live in K slots that are mapped and touched once, at creation; a miss
+// Here a layer's experts live in K slots whose pages are populated once, from creation on; a miss
 // is read (O_DIRECT) into a slot that is already mapped, and the graph's expert ids are
 // rewritten to slot indices (stream/slot_rewriter.h) so that MUL_MAT_ID finds them there.
 //
@@ -15,8 +15,12 @@
 // Thread-safety: called from the eval callback only (one thread at a time); warm_slots()
 // splits its copies with a helper thread it joins before returning.
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -26,6 +30,10 @@
 #include <thread>
 
 #include "residency.h"
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14 (older headers)
+#endif
 
 namespace moestream {
 namespace {
@@ -47,6 +55,8 @@ public:
     SlotCache(const ModelIndex & index, uint64_t budget, const SlotTestHooks & test)
         : index_(index), budget_(budget), test_(test) {}
     ~SlotCache() override {
+        stop_populate_.store(true, std::memory_order_relaxed);
+        if (populate_thread_.joinable()) populate_thread_.join();
         if (mem_ != nullptr) munmap(mem_, mem_bytes_);
     }
 
@@ -84,8 +94,7 @@ public:
             return Status::Runtime("slot cache: cannot map " + std::to_string(mem_bytes_ >> 20) +
                                    " MiB for the expert slots: " + std::strerror(errno));
         mem_ = static_cast<uint8_t *>(p);
-        // Touch every page now, once: the matmuls never meet a new page-table entry later.
-        for (uint64_t i = 0; i < mem_bytes_; i += kPage) mem_[i] = 0;
+        populate();
         for (size_t m = 0; m < n_moe; ++m)
             for (uint64_t o : offs[m]) base_[m].push_back(mem_ + o);
         slot_of_.assign(n_moe, std::vector<int32_t>(index_.n_expert, -1));
@@ -239,6 +248,35 @@ public:
     uint64_t reserved_bytes() const override { return mem_bytes_ + bank_->reserved_bytes(); }
 
 private:
+    // Every page of the slots gets its page-table entry once, so the matmuls never meet a new
+    // one later. With MADV_POPULATE_WRITE (Linux 5.14+) a low-priority thread does it while
+    // the engine reads the dense weights: it never changes a page's bytes, so the reads and
+    // copies that may already land in the slots are safe. Without it, every page is touched
+    // here, before any read can start.
+    void populate() {
+        if (madvise(mem_, kPage, MADV_POPULATE_WRITE) != 0) {
+            for (uint64_t i = 0; i < mem_bytes_; i += kPage) mem_[i] = 0;
+            return;
+        }
+        try {
+            populate_thread_ = std::thread([this] {
+                const pid_t tid = pid_t(syscall(SYS_gettid));
+                errno = 0;
+                const int nice_now = getpriority(PRIO_PROCESS, id_t(tid));
+                if (errno == 0) setpriority(PRIO_PROCESS, id_t(tid), std::min(19, nice_now + 10));
+                constexpr uint64_t kStep = 64ull << 20;  // checks for the destructor between steps
+                for (uint64_t o = 0; o < mem_bytes_; o += kStep) {
+                    if (stop_populate_.load(std::memory_order_relaxed)) return;
+                    // An error (ENOMEM under a cap) leaves the rest to fault on first use.
+                    if (madvise(mem_ + o, std::min(kStep, mem_bytes_ - o), MADV_POPULATE_WRITE) != 0)
+                        return;
+                }
+            });
+        } catch (const std::system_error &) {  // no thread: touch here
+            for (uint64_t i = 0; i < mem_bytes_; i += kPage) mem_[i] = 0;
+        }
+    }
+
     struct Copy {
         uint8_t * dst;
         const uint8_t * src;
@@ -321,6 +359,8 @@ private:
     std::vector<int64_t> bank_holds_;
     std::vector<std::vector<uint8_t>> bank_routed_;
     const SlotTestHooks test_;
+    std::thread populate_thread_;  // populate(): the slots' page-table entries
+    std::atomic<bool> stop_populate_{false};
     uint64_t clock_ = 0;
     uint64_t stats_warm_ = 0;
     double warm_s_ = 0;
