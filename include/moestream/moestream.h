@@ -64,8 +64,12 @@ struct RunOptions {
     // copy, the path before in-place reads; --io-copy, for A/B benchmarks).
     bool io_in_place = true;
     // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
-    // (shared slots, every routed slice re-read), N = LRU cache of N MiB.
+    // (shared slots, every routed slice re-read), N = a cache of N MiB: the fixed-slot cache
+    // where it can run, else the LRU cache (settings.cache_store says which, and why).
     int64_t cache_mb = -1;
+    // The caller may turn drop-cold on later (set_drop_cold): the LRU cache, which drop-cold
+    // needs, then holds a cache budget instead of the fixed-slot cache.
+    bool drop_cold_later = false;
     bool force_cache = false;  // allow budgets below 1.5 x the token working set (--force-cache)
     bool cache_debug = false;  // poison + residency check of every routed slice (--cache-debug)
     // Map a miss onto the pages an evicted expert left in the page pool instead of committing
@@ -372,8 +376,9 @@ public:
 
     // Changes --drop-cold-experts between generations (0 = off): the policy state is per
     // engine and nothing is pending between llama_decode calls, so this is safe whenever no
-    // generate is running. kUsage when F is out of range, without streaming, or the cache is
-    // off (the policy drops cache misses only). lossy() and settings_json() follow.
+    // generate is running. kUsage when F is out of range, without streaming, when the cache is
+    // off (the policy drops cache misses only) or the fixed-slot cache holds it (open with
+    // RunOptions::drop_cold_later). lossy() and settings_json() follow.
     virtual Status set_drop_cold(double frac) = 0;
     // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
     virtual std::string chat_template() const = 0;

@@ -223,37 +223,30 @@ Status EngineImpl::init(const RunOptions & opt) {
     return Status::Ok();
 }
 
-// MOESTREAM_SLOT_CACHE=1: what the fixed-slot cache cannot run with is refused by name.
+// What the fixed-slot cache cannot run with, by name (Ok: it can run). With
+// MOESTREAM_SLOT_CACHE=1 that is refused; by default the LRU cache holds the budget instead.
 Status EngineImpl::check_slot_cache() const {
     const char * other = opt_.drop_cold > 0            ? "RunOptions::drop_cold"
+                         : opt_.drop_cold_later        ? "RunOptions::drop_cold_later"
                          : opt_.substitute > 0         ? "RunOptions::substitute"
                          : !opt_.miss_fallback.empty() ? "RunOptions::miss_fallback"
                          : opt_.prefetch               ? "RunOptions::prefetch"
                          : opt_.cache_debug            ? "RunOptions::cache_debug"
                          : !opt_.route_trace.empty()   ? "RunOptions::route_trace"
+                         : !opt_.cache_recycle         ? "RunOptions::cache_recycle = false"
+                         : !opt_.cache_move            ? "RunOptions::cache_move = false"
+                         : knobs_.pool_warm            ? "MOESTREAM_POOL_WARM=1"
                                                        : nullptr;
     if (other != nullptr)
-        return Status::Usage(std::string("MOESTREAM_SLOT_CACHE=1 (the fixed-slot cache) cannot "
-                                         "be combined with ") + other);
+        return Status::Usage(std::string("the fixed-slot cache cannot be combined with ") + other);
     for (const TensorInfo & t : index_.tensors)
         if (t.name.find("_exps.bias") != std::string::npos)
-            return Status::Usage("MOESTREAM_SLOT_CACHE=1 (the fixed-slot cache): " + t.name +
-                                 " is added by expert id, which the slots would rewrite; run "
-                                 "without it");
+            return Status::Usage("the fixed-slot cache cannot run this model: " + t.name +
+                                 " is added by expert id, which the slots would rewrite");
     return Status::Ok();
 }
 
-uint64_t EngineImpl::slot_set_bytes() const {
-    std::vector<uint64_t> per_proj;  // per projection, the largest layer's tensor (SharedSlots)
-    for (const MoeLayer & L : index_.moe_layers)
-        for (size_t t = 0; t < L.tensors.size(); ++t) {
-            if (per_proj.size() <= t) per_proj.resize(t + 1, 0);
-            per_proj[t] = std::max(per_proj[t], L.tensors[t].tensor_bytes + 4096);
-        }
-    uint64_t set = 0;
-    for (uint64_t b : per_proj) set += b;
-    return set;
-}
+uint64_t EngineImpl::slot_set_bytes() const { return shared_slot_set_bytes(index_); }
 
 namespace {
 std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
@@ -326,14 +319,40 @@ Status EngineImpl::make_store() {
                                     system_page_bytes(), &d);
     if (!st.ok()) return st;
     if (d.clamped) MS_LOG_WARN("expert cache: %s", d.reason.c_str());
-    const bool slot_cache = d.budget_bytes > 0 && knobs_.slot_cache;  // MOESTREAM_SLOT_CACHE=1
+    // The fixed-slot cache where it can run (MOESTREAM_SLOT_CACHE=1: or a refusal), else LRU.
+    // Its shared slots for prompt batches come out of the budget: two sets (prefill
+    // read-ahead) while that leaves twice the routing width of slots per layer, else one.
+    using SlotMode = EnvKnobs::SlotCacheMode;
+    bool slot_cache = false, slot_two_sets = false;
+    if (d.budget_bytes > 0 && knobs_.slot_cache == SlotMode::kOff)
+        cache_store_reason_ = "MOESTREAM_SLOT_CACHE=0";
+    if (d.budget_bytes > 0 && knobs_.slot_cache != SlotMode::kOff) {
+        Status why = check_slot_cache();
+        if (knobs_.slot_cache == SlotMode::kOn && !why.ok())
+            return Status::Usage("MOESTREAM_SLOT_CACHE=1: " + why.message());
+        slot_two_sets = prefill_ra_wanted_ && slot_cache_slots(index_, d.budget_bytes, true) >=
+                                                  2 * index_.n_expert_used;
+        const uint32_t k = slot_cache_slots(index_, d.budget_bytes, slot_two_sets);
+        if (why.ok() && k < index_.n_expert_used)
+            why = Status::Usage("the budget holds " + std::to_string(k) +
+                                " expert slots per MoE layer besides the shared slots, fewer "
+                                "than the routing width " +
+                                std::to_string(index_.n_expert_used));
+        // MOESTREAM_SLOT_CACHE=1 with too few slots: make_slot_cache refuses, naming the
+        // budget needed.
+        slot_cache = why.ok() || knobs_.slot_cache == SlotMode::kOn;
+        if (!slot_cache) {
+            cache_store_reason_ = why.message();
+            MS_LOG_INFO("expert cache: the LRU cache: %s", cache_store_reason_.c_str());
+        }
+    }
     if (slot_cache) {
-        st = check_slot_cache();
-        if (!st.ok()) return st;
         SlotTestHooks hooks;
         hooks.warm_skip_copy = knobs_.slot_warm_skip_copy;
-        store_ = make_slot_cache(index_, d.budget_bytes, second_slot_set_fits(needs, mem), &st,
-                                 hooks);
+        if (slot_two_sets)
+            MS_LOG_INFO("read-ahead: two sets of shared expert slots in the budget (%s)",
+                        mib_text(2 * slot_set_bytes()).c_str());
+        store_ = make_slot_cache(index_, d.budget_bytes, slot_two_sets, &st, hooks);
     } else if (d.budget_bytes > 0) {
         CacheOptions copt;
         copt.recycle_pages = opt_.cache_recycle;
@@ -361,9 +380,10 @@ Status EngineImpl::make_store() {
     if (!st.ok()) return st;
     stats_.cache_budget_bytes = int64_t(d.budget_bytes);
     stats_.cache_budget_reason = d.reason;
-    MS_LOG_INFO(
-        "cache: %s -> %s", d.reason.c_str(),
-        d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) + " MiB LRU").c_str() : "off");
+    MS_LOG_INFO("cache: %s -> %s", d.reason.c_str(),
+                d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) +
+                                  (slot_cache ? " MiB fixed slots" : " MiB LRU")).c_str()
+                               : "off");
     DropColdConfig dc;  // off unless asked for
     if (opt_.drop_cold > 0) {
         if (d.budget_bytes == 0)
@@ -527,6 +547,11 @@ Status EngineImpl::set_drop_cold(double frac) {
     if (frac > 0 && stats_.cache_budget_bytes == 0)
         return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
                              stats_.cache_budget_reason + "); " + cache_rule_text(index_, true));
+    if (frac > 0 && slot_rewriter_)
+        return Status::Usage("drop_cold_experts needs the LRU cache, and the fixed-slot cache "
+                             "holds this run's budget (docs/cache.md, \"Fixed slots\"); open "
+                             "with RunOptions::drop_cold_later, or run with "
+                             "MOESTREAM_SLOT_CACHE=0");
     DropColdConfig dc;
     dc.frac = frac;
     if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;
@@ -615,6 +640,12 @@ std::string EngineImpl::settings_json() const {
     // cache) and the layer routings whose expert ids were rewritten to slots so far; the warm
     // start (MOESTREAM_SLOT_WARM) and the experts it copied into slots so far.
     j["cache_slots"] = store_ ? store_->cache_stats().slots_per_layer : 0;
+    // Which store holds the budget ("fixed slots", "lru", "off"), and why not the fixed slots
+    // when the LRU cache does (empty otherwise).
+    j["cache_store"] = !store_ || stats_.cache_budget_bytes == 0 ? "off"
+                       : slot_rewriter_                          ? "fixed slots"
+                                                                 : "lru";
+    j["cache_store_reason"] = cache_store_reason_;
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
     j["cache_slot_warm"] = slot_rewriter_ != nullptr && knobs_.slot_warm;
     j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;

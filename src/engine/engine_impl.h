@@ -94,7 +94,8 @@ private:
     // shared slots fits (make_store); sets two_slot_sets_, or two_slots_refused_ with why not.
     bool second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem);
     uint64_t slot_set_bytes() const;  // one set of the cache off's shared slots (SharedSlots)
-    Status check_slot_cache() const;  // MOESTREAM_SLOT_CACHE=1: the combinations it refuses
+    Status check_slot_cache() const;  // what the fixed-slot cache cannot run with (Ok: none)
+    std::string cache_store_reason_;  // why the LRU cache holds the budget, not fixed slots
     bool prefill_readahead_ = false;  // on for this run
     // RunOptions::prefill_readahead 1, or -1 where it applies (check_prefill_readahead);
     // the cache or the second slot set decides prefill_readahead_ from it.

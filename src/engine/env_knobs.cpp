@@ -75,7 +75,8 @@ Status read_env_knobs(EnvKnobs * k) {
     const std::string slots = env("MOESTREAM_SLOT_CACHE");
     if (!slots.empty() && slots != "0" && slots != "1")
         return Status::Usage("MOESTREAM_SLOT_CACHE=" + slots + ": must be 0 or 1");
-    if (!slots.empty()) k->slot_cache = slots == "1";
+    if (!slots.empty())
+        k->slot_cache = slots == "1" ? EnvKnobs::SlotCacheMode::kOn : EnvKnobs::SlotCacheMode::kOff;
     const std::string slot_warm = env("MOESTREAM_SLOT_WARM");
     if (!slot_warm.empty() && slot_warm != "0" && slot_warm != "1")
         return Status::Usage("MOESTREAM_SLOT_WARM=" + slot_warm + ": must be 0 or 1");

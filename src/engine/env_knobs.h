@@ -47,11 +47,12 @@ struct EnvKnobs {
     // on, and commits take those pages (docs/cache.md, "Pool warm-up"); 0 (default) = none.
     // Lossless either way.
     bool pool_warm = false;
-    // MOESTREAM_SLOT_CACHE=0|1: 1 = with a cache budget, the fixed-slot cache (residency.h,
-    // make_slot_cache; docs/cache.md, "Fixed slots") instead of the LRU cache: every MoE layer
-    // gets the same number of slots, mapped once, and the graph's expert ids are rewritten to
-    // them. Experimental, lossless; 0 (default) = the LRU cache.
-    bool slot_cache = false;
+    // MOESTREAM_SLOT_CACHE=0|1: which store holds a cache budget (docs/cache.md, "Fixed
+    // slots"). Unset (kAuto): the fixed-slot cache (residency.h, make_slot_cache) where it can
+    // run, else the LRU cache; 1 (kOn): the fixed-slot cache, and what it cannot run with is
+    // refused; 0 (kOff): the LRU cache. Lossless either way.
+    enum class SlotCacheMode { kAuto, kOn, kOff };
+    SlotCacheMode slot_cache = SlotCacheMode::kAuto;
     // MOESTREAM_SLOT_WARM=0|1: with the fixed-slot cache, 1 (default) = the prompt's last
     // ubatch fills the slots from the shared slots (slot_rewriter.h, "Warm start"); 0 = decode
     // starts with empty slots (A/B benchmarks). Lossless either way.

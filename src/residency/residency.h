@@ -234,15 +234,22 @@ public:
 // and prefetch() reads whole experts of a layer into its set ahead of its routing.
 std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
                                                   bool two_sets = false);
+// Bytes of one set of make_shared_slots' slots (every projection of the largest layer).
+uint64_t shared_slot_set_bytes(const ModelIndex & index);
 
-// Fixed slots (MOESTREAM_SLOT_CACHE=1, experimental): every MoE layer gets the same number of
-// expert slots, K = budget_bytes / (the layers' expert bytes summed), allocated and populated
-// once (in the background where the kernel can), never remapped. A routing of at most K distinct experts is staged into the layer's
-// slots (LRU within the layer: hits keep their slot, misses are read into the least recently
-// used slot not routed now) and slot_map() tells the graph which slot holds which expert; a
-// wider routing (a prompt ubatch) goes to shared slots at canonical offsets, as with the
-// cache off (two sets when two_sets: prefill read-ahead). Fails (Status) when K would be
-// below the routing width n_expert_used or memory cannot be had.
+// Fixed slots (the default store of a cache budget where it can run; docs/cache.md): every
+// MoE layer gets the same number of expert slots K, allocated and populated once (in the
+// background where the kernel can), never remapped. A routing of at most K distinct experts
+// is staged into the layer's slots (LRU within the layer: hits keep their slot, misses are
+// read into the least recently used slot not routed now) and slot_map() tells the graph which
+// slot holds which expert; a wider routing (a prompt ubatch) goes to shared slots at
+// canonical offsets, as with the cache off (two sets when two_sets: prefill read-ahead).
+// Invariant: the slots and the shared slots together take at most budget_bytes. Fails
+// (Status) when K would be below the routing width n_expert_used or memory cannot be had.
+// The slots per MoE layer make_slot_cache would give `budget_bytes`, with one or two sets of
+// shared slots taken from it (0 when they do not fit); it refuses fewer than
+// index.n_expert_used.
+uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool two_sets);
 // Test hooks of the fixed-slot cache: nothing in production sets them.
 struct SlotTestHooks {
     // warm_slots() records its experts as slotted but copies nothing (the slots keep what

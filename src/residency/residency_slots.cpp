@@ -8,6 +8,19 @@
 namespace moestream {
 namespace {
 
+constexpr uint64_t kPhaseBytes = 4096;  // any direct-I/O alignment divides it
+
+// Per projection, the bytes of one shared slot: the largest layer's tensor plus its phase.
+std::vector<uint64_t> shared_slot_sizes(const ModelIndex & index) {
+    size_t n_proj = 0;
+    for (const auto & L : index.moe_layers) n_proj = std::max(n_proj, L.tensors.size());
+    std::vector<uint64_t> sizes(n_proj, 0);
+    for (const auto & L : index.moe_layers)
+        for (size_t t = 0; t < L.tensors.size(); ++t)
+            sizes[t] = std::max(sizes[t], L.tensors[t].tensor_bytes + kPhaseBytes);
+    return sizes;
+}
+
 // With two sets (prefill read-ahead and decode prefetch, streamer.h): MoE layer m uses set
 // m % 2, so the next layer's experts can be read into the other set while layer m's matmuls
 // read theirs. prefetch() reads whole experts into the next layer's set; stage() of that layer
@@ -22,12 +35,8 @@ public:
     }
 
     Status init() {
-        size_t n_proj = 0;
-        for (const auto & L : index_.moe_layers) n_proj = std::max(n_proj, L.tensors.size());
-        sizes_.assign(n_proj, 0);
-        for (const auto & L : index_.moe_layers)
-            for (size_t t = 0; t < L.tensors.size(); ++t)
-                sizes_[t] = std::max(sizes_[t], L.tensors[t].tensor_bytes + kPhaseBytes);
+        sizes_ = shared_slot_sizes(index_);
+        const size_t n_proj = sizes_.size();
         for (size_t i = 0; i < n_proj * n_sets_; ++i) {
             const uint64_t t = i % n_proj;
             void * p = nullptr;
@@ -131,7 +140,6 @@ private:
         ahead_moe_ = -1;
     }
 
-    static constexpr uint64_t kPhaseBytes = 4096;  // any direct-I/O alignment divides it
     const ModelIndex & index_;
     std::vector<uint64_t> sizes_;
     std::vector<void *> slots_;  // set-major: slots_[set * n_proj + t]
@@ -144,6 +152,12 @@ private:
 };
 
 }  // namespace
+
+uint64_t shared_slot_set_bytes(const ModelIndex & index) {
+    uint64_t set = 0;
+    for (uint64_t b : shared_slot_sizes(index)) set += b;
+    return set;
+}
 
 std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
                                                   bool two_sets) {

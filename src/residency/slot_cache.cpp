@@ -44,6 +44,29 @@ uint64_t round_up(uint64_t v, uint64_t a) {
     return (v + a - 1) / a * a;
 }
 
+// Bytes of one expert slot in every MoE layer.
+uint64_t one_slot_everywhere(const ModelIndex & index) {
+    uint64_t b = 0;
+    for (const auto & L : index.moe_layers) b += L.expert_bytes;
+    return b;
+}
+
+// One mapping for every (layer, tensor) region of k slots, each page-aligned plus the phase of
+// its file offset, so that a slice read into slot s is congruent to its file offset when the
+// slice size is a multiple of the page (the usual case; else the lanes bounce it). Returns its
+// bytes; *offs (optional): per MoE layer, per tensor, the region's offset in the mapping.
+uint64_t slot_layout(const ModelIndex & index, uint32_t k,
+                     std::vector<std::vector<uint64_t>> * offs) {
+    if (offs != nullptr) offs->assign(index.moe_layers.size(), {});
+    uint64_t off = 0;
+    for (size_t m = 0; m < index.moe_layers.size(); ++m)
+        for (const ExpertTensor & t : index.moe_layers[m].tensors) {
+            if (offs != nullptr) (*offs)[m].push_back(off + t.file_offset % kPage);
+            off = round_up(off + t.file_offset % kPage + uint64_t(k) * t.slice_bytes, kPage);
+        }
+    return off;
+}
+
 std::string mib_text(uint64_t b) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1 << 20));
@@ -61,33 +84,27 @@ public:
     }
 
     Status init(bool two_sets) {
-        Status st;
-        bank_ = make_shared_slots(index_, &st, two_sets);
-        if (!st.ok()) return st;
         const size_t n_moe = index_.moe_layers.size();
-        uint64_t per_slot_all = 0;  // one slot in every layer
-        for (const auto & L : index_.moe_layers) per_slot_all += L.expert_bytes;
+        const uint64_t per_slot_all = one_slot_everywhere(index_);
         if (per_slot_all == 0) return Status::Runtime("slot cache: the model has no expert bytes");
-        k_ = uint32_t(std::min<uint64_t>(budget_ / per_slot_all, index_.n_expert));
+        k_ = slot_cache_slots(index_, budget_, two_sets);
         if (k_ < index_.n_expert_used)
-            return Status::Usage("the fixed-slot cache needs at least " +
-                                 std::to_string(index_.n_expert_used) +
-                                 " slots per MoE layer (the routing width): " +
-                                 mib_text(index_.n_expert_used * per_slot_all) +
-                                 " or more of cache budget, " + mib_text(budget_) + " given");
-        // One mapping for every (layer, tensor) region, each page-aligned plus the phase of its
-        // file offset, so that a slice read into slot s is congruent to its file offset when
-        // the slice size is a multiple of the page (the usual case; else the lanes bounce it).
+            return Status::Usage(
+                "the fixed-slot cache needs at least " + std::to_string(index_.n_expert_used) +
+                " slots per MoE layer (the routing width) besides the shared slots for prompt "
+                "batches: " +
+                mib_text(index_.n_expert_used * per_slot_all +
+                         shared_slot_set_bytes(index_) * (two_sets ? 2 : 1)) +
+                " or more of cache budget, " + mib_text(budget_) + " given");
+        // Every expert slotted: no routing is wider than the slots, and the shared slots are
+        // made (address space, never touched) only so that tensor_base() has a home.
+        wide_ = k_ < index_.n_expert;
+        Status st;
+        bank_ = make_shared_slots(index_, &st, two_sets && wide_);
+        if (!st.ok()) return st;
+        std::vector<std::vector<uint64_t>> offs;
+        mem_bytes_ = slot_layout(index_, k_, &offs);
         base_.assign(n_moe, {});
-        uint64_t off = 0;
-        std::vector<std::vector<uint64_t>> offs(n_moe);
-        for (size_t m = 0; m < n_moe; ++m) {
-            for (const ExpertTensor & t : index_.moe_layers[m].tensors) {
-                offs[m].push_back(off + t.file_offset % kPage);
-                off = round_up(off + t.file_offset % kPage + uint64_t(k_) * t.slice_bytes, kPage);
-            }
-        }
-        mem_bytes_ = off;
         void * p =
             mmap(nullptr, mem_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED)
@@ -103,6 +120,7 @@ public:
         slotted_.assign(n_moe, 0);
         staged_.assign(n_moe, {});
         ever_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
+        ahead_flag_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
         bank_holds_.assign(two_sets ? 2 : 1, -1);
         bank_routed_.assign(bank_holds_.size(), std::vector<uint8_t>(index_.n_expert, 0));
         stats_.budget_bytes = budget_;
@@ -133,7 +151,13 @@ public:
         std::vector<uint64_t> & stamp = stamp_[m];
         const uint64_t now = ++clock_;
         for (uint32_t e : experts)  // hits first: a routed expert keeps its slot
-            if (slot_of[e] >= 0) stamp[size_t(slot_of[e])] = now;
+            if (slot_of[e] >= 0) {
+                stamp[size_t(slot_of[e])] = now;
+                if (ahead_flag_[m][e]) {  // read ahead into its slot, now routed
+                    ahead_flag_[m][e] = 0;
+                    ++prefetch_used_;
+                }
+            }
         for (uint32_t e : experts) {
             StageStats one;
             one.lookups = 1;
@@ -184,9 +208,32 @@ public:
     }
     size_t prefetch(size_t m, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
-        const size_t n = bank_->prefetch(m, experts, reads);
-        if (n > 0) bank_holds_[m % bank_holds_.size()] = -1;  // that set is being overwritten
-        return n;
+        if (wide_) {
+            const size_t n = bank_->prefetch(m, experts, reads);
+            if (n > 0) bank_holds_[m % bank_holds_.size()] = -1;  // that set is overwritten
+            return n;
+        }
+        // Every expert has a slot: the absent ones are read into free slots (nothing is
+        // evicted, nothing routed now is touched); end_prefetch(false) forgets them.
+        if (!ahead_.empty() || m >= index_.moe_layers.size()) return 0;
+        const MoeLayer & L = index_.moe_layers[m];
+        const uint64_t now = ++clock_;
+        for (uint32_t e : experts) {
+            if (e >= index_.n_expert || slot_of_[m][e] >= 0) continue;
+            const size_t v = victim(m, now);
+            if (v == SIZE_MAX || occupant_[m][v] >= 0) break;  // no free slot left
+            place(m, e, v, now);
+            ahead_.push_back({m, e});
+            ahead_flag_[m][e] = 1;
+            for (size_t t = 0; t < L.tensors.size(); ++t) {
+                const ExpertTensor & et = L.tensors[t];
+                reads->push_back({et.slice_offset(e), et.slice_bytes,
+                                  base_[m][t] + uint64_t(v) * et.slice_bytes,
+                                  et.proj == Projection::kDown, et.shard});
+            }
+        }
+        prefetched_ += ahead_.size();
+        return ahead_.size();
     }
 
     size_t warm_slots(size_t m, const std::vector<uint32_t> & recent_first) override {
@@ -221,22 +268,38 @@ public:
         stats_warm_ += copied;
         return copied;
     }
-    void end_prefetch(bool ok) override { bank_->end_prefetch(ok); }
+    void end_prefetch(bool ok) override {
+        if (wide_) return bank_->end_prefetch(ok);
+        if (!ok)  // failed reads: the slots are free again, the experts absent
+            for (const auto & [m, e] : ahead_) {
+                const int32_t v = slot_of_[m][e];
+                if (v < 0) continue;
+                occupant_[m][size_t(v)] = -1;
+                stamp_[m][size_t(v)] = 0;
+                slot_of_[m][e] = -1;
+                ahead_flag_[m][e] = 0;
+                ++prefetch_dropped_;
+            }
+        ahead_.clear();
+    }
 
     CacheStats cache_stats() const override {
         CacheStats c;
         static_cast<LedgerStats &>(c) = stats_;
         const CacheStats bank = bank_->cache_stats();  // the shared slots' read-ahead counters
-        c.prefetched = bank.prefetched;
-        c.prefetch_used = bank.prefetch_used;
-        c.prefetch_unused = bank.prefetch_unused;
+        c.prefetched = bank.prefetched + prefetched_;
+        c.prefetch_used = bank.prefetch_used + prefetch_used_;
+        uint64_t waiting = 0;  // read ahead into slots, not routed (yet)
+        for (const auto & f : ahead_flag_)
+            for (uint8_t a : f) waiting += a;
+        c.prefetch_unused = bank.prefetch_unused + prefetch_dropped_ + waiting;
         uint64_t live = 0;
         for (const auto & occ : occupant_)
             for (int32_t e : occ) live += e >= 0;
         c.resident_experts = live;
-        c.resident_expert_bytes = mem_bytes_;
-        c.peak_resident_bytes = mem_bytes_;
-        c.reserved_bytes = mem_bytes_;
+        c.resident_expert_bytes = resident_bytes();
+        c.peak_resident_bytes = c.resident_expert_bytes;
+        c.reserved_bytes = reserved_bytes();
         c.page_bytes = kPage;
         c.slots_per_layer = k_;
         c.slot_warm_copies = stats_warm_;
@@ -244,8 +307,12 @@ public:
         return c;
     }
 
-    uint64_t resident_bytes() const override { return mem_bytes_ + bank_->resident_bytes(); }
-    uint64_t reserved_bytes() const override { return mem_bytes_ + bank_->reserved_bytes(); }
+    uint64_t resident_bytes() const override {
+        return mem_bytes_ + (wide_ ? bank_->resident_bytes() : 0);
+    }
+    uint64_t reserved_bytes() const override {
+        return mem_bytes_ + (wide_ ? bank_->reserved_bytes() : 0);
+    }
 
 private:
     // Every page of the slots gets its page-table entry once, so the matmuls never meet a new
@@ -344,6 +411,13 @@ private:
     const ModelIndex & index_;
     const uint64_t budget_;
     std::unique_ptr<ResidencyStore> bank_;  // canonical offsets, for routings wider than K
+    bool wide_ = true;                      // K < n_expert: a routing may be wider than K
+    // Read-ahead into slots (only when every expert has a slot, !wide_): the (layer, expert)
+    // pairs of the open prefetch, per layer and expert whether it was read ahead and not
+    // routed since, and the counters.
+    std::vector<std::pair<size_t, uint32_t>> ahead_;
+    std::vector<std::vector<uint8_t>> ahead_flag_;
+    uint64_t prefetched_ = 0, prefetch_used_ = 0, prefetch_dropped_ = 0;
     uint32_t k_ = 0;                        // slots per MoE layer
     uint8_t * mem_ = nullptr;               // every slot of every layer, one mapping
     uint64_t mem_bytes_ = 0;
@@ -368,6 +442,18 @@ private:
 };
 
 }  // namespace
+
+uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool two_sets) {
+    const uint64_t per = one_slot_everywhere(index);
+    if (per == 0) return 0;
+    if (slot_layout(index, index.n_expert, nullptr) <= budget_bytes) return index.n_expert;
+    const uint64_t bank = shared_slot_set_bytes(index) * (two_sets ? 2 : 1);
+    if (budget_bytes <= bank) return 0;
+    const uint64_t left = budget_bytes - bank;
+    auto k = uint32_t(std::min<uint64_t>(left / per, index.n_expert));
+    while (k > 0 && slot_layout(index, k, nullptr) > left) --k;  // the regions' page rounding
+    return k;
+}
 
 std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
                                                 bool two_sets, Status * st,

@@ -9,15 +9,21 @@
 #include <cstdio>
 #include <memory>
 
+#include <nlohmann/json.hpp>
+
 #include "moestream/moestream.h"
 #include "test_util.h"
+
+using nlohmann::json;
 
 namespace moestream::test {
 namespace {
 
-std::unique_ptr<Engine> open_tiny() {
+// drop_cold_later: the LRU cache holds the budget, so set_drop_cold can turn drop-cold on.
+std::unique_ptr<Engine> open_tiny(bool drop_cold_later = false) {
     RunOptions o;
     o.model_path = synth_model("tiny", "qwen3moe", "q4_k");
+    o.drop_cold_later = drop_cold_later;
     std::unique_ptr<Engine> e;
     Status st = Engine::open(o, &e);
     EXPECT_TRUE(st.ok()) << st.message();
@@ -122,8 +128,27 @@ TEST(PrefixReuse, PerRequestSamplingIsSeededAndValidated) {
     EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kUsage);
 }
 
+// Opened without drop_cold_later, the fixed-slot cache holds the budget and drop-cold, which
+// needs the LRU cache, is refused by name (the control: opened with it, drop-cold turns on).
+TEST(PrefixReuse, DropColdIsRefusedByNameWhenTheFixedSlotsHoldTheBudget) {
+    auto slots = open_tiny();
+    ASSERT_TRUE(slots);
+    EXPECT_EQ(json::parse(slots->settings_json())["cache_store"], "fixed slots");
+    Status st = slots->set_drop_cold(0.75);
+    EXPECT_EQ(st.code(), ErrorCode::kUsage);
+    EXPECT_NE(st.message().find("fixed-slot cache"), std::string::npos) << st.message();
+    EXPECT_FALSE(slots->lossy());
+    auto lru = open_tiny(/*drop_cold_later=*/true);
+    ASSERT_TRUE(lru);
+    EXPECT_EQ(json::parse(lru->settings_json())["cache_store"], "lru");
+    EXPECT_NE(json::parse(lru->settings_json())["cache_store_reason"].get<std::string>().find(
+                  "drop_cold_later"),
+              std::string::npos);
+    EXPECT_TRUE(lru->set_drop_cold(0.75).ok());
+}
+
 TEST(PrefixReuse, DropColdCanBeSwitchedBetweenGenerations) {
-    auto e = open_tiny();
+    auto e = open_tiny(/*drop_cold_later=*/true);
     ASSERT_TRUE(e);
     EXPECT_FALSE(e->lossy());
     ASSERT_TRUE(e->set_drop_cold(0.75).ok());
@@ -147,7 +172,7 @@ namespace {
 
 // A lossless turn that reuses KV computed by a lossy one is lossy; without reuse it is not.
 TEST(PrefixReuse, ReusedLossyKvMakesTheResultLossy) {
-    auto e = open_tiny();
+    auto e = open_tiny(/*drop_cold_later=*/true);
     ASSERT_TRUE(e);
     ASSERT_TRUE(e->set_drop_cold(0.75).ok());
     GenerateResult g;
@@ -165,7 +190,7 @@ TEST(PrefixReuse, ReusedLossyKvMakesTheResultLossy) {
 
 // Drop counters describe one generation, not the engine's life.
 TEST(PrefixReuse, DropCountersArePerGeneration) {
-    auto e = open_tiny();
+    auto e = open_tiny(/*drop_cold_later=*/true);
     ASSERT_TRUE(e);
     ASSERT_TRUE(e->set_drop_cold(0.75).ok());
     GenerateRequest r = req("Once upon a time", 6, false);

@@ -806,19 +806,24 @@ TEST(SharedSlots, OneSetNeverReadsAheadAndAFailedReadAheadIsDropped) {
     EXPECT_EQ(two->cache_stats().prefetch_unused, 2u);
 }
 
-// --- the fixed-slot cache (MOESTREAM_SLOT_CACHE=1) -----------------------------------------
+// --- the fixed-slot cache (docs/cache.md, "Fixed slots") ----------------------------------
 
-// Three layers x {gate, up, down} of one page each, 8 experts, routing width 1 (hand_made_index).
+// Three layers x {gate, up, down} of one page each, 64 experts (so that a few slots and the
+// shared slots take less than all of them), routing width 1 (hand_made_index).
 ModelIndex slot_index() {
-    return make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}, {kPage, kPage, kPage}}, 8);
+    return make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}, {kPage, kPage, kPage}}, 64);
 }
 
-// A budget of exactly n slots in every layer.
-std::unique_ptr<ResidencyStore> make_slot_store(const ModelIndex & idx, uint32_t n,
-                                                Status * st, const SlotTestHooks & test = {}) {
+// A budget of exactly n slots in every layer besides two sets of shared slots.
+uint64_t slot_budget(const ModelIndex & idx, uint32_t n) {
     uint64_t per_slot = 0;
     for (const MoeLayer & L : idx.moe_layers) per_slot += L.expert_bytes;
-    return make_slot_cache(idx, n * per_slot, /*two_sets=*/true, st, test);
+    return n * per_slot + 2 * shared_slot_set_bytes(idx);
+}
+
+std::unique_ptr<ResidencyStore> make_slot_store(const ModelIndex & idx, uint32_t n,
+                                                Status * st, const SlotTestHooks & test = {}) {
+    return make_slot_cache(idx, slot_budget(idx, n), /*two_sets=*/true, st, test);
 }
 
 // make_slot_store that must succeed.
@@ -909,7 +914,8 @@ TEST(SlotCache, AnAbandonedStageForgetsItsMisses) {
 // slots hold their bytes. The negative control: with the copy skipped (SlotTestHooks), the
 // same hits find wrong bytes.
 void check_warm_start(bool skip_copy, uint64_t slice = kPage) {
-    const ModelIndex idx = make_index({{slice, slice, slice}, {slice, slice, slice}}, 8);
+    const ModelIndex idx =
+        make_index({{slice, slice, slice}, {slice, slice, slice}, {slice, slice, slice}}, 64);
     SlotTestHooks test;
     test.warm_skip_copy = skip_copy;
     auto s = slot_store(idx, 2, test);
@@ -964,6 +970,60 @@ TEST(SlotCache, ABudgetBelowTheRoutingWidthIsRefused) {
     EXPECT_FALSE(make_slot_store(idx, 1, &st));
     EXPECT_NE(st.message().find("needs at least 2 slots"), std::string::npos) << st.message();
     EXPECT_TRUE(make_slot_store(idx, 2, &st)) << st.message();  // control
+}
+
+// The slots and the shared slots together stay within the budget: a byte less than n slots
+// and the shared slots gives n - 1 slots (the control), and a budget that holds every expert
+// needs no shared slots (no routing is wider than the slots).
+TEST(SlotCache, TheSlotsAndTheSharedSlotsFitInTheBudget) {
+    const ModelIndex idx = slot_index();
+    for (uint32_t n : {1u, 3u, 7u}) {
+        SCOPED_TRACE(n);
+        const uint64_t b = slot_budget(idx, n);
+        EXPECT_EQ(slot_cache_slots(idx, b, /*two_sets=*/true), n);
+        EXPECT_EQ(slot_cache_slots(idx, b - 1, /*two_sets=*/true), n - 1);
+        EXPECT_EQ(slot_cache_slots(idx, b - shared_slot_set_bytes(idx), /*two_sets=*/false), n);
+        Status st;
+        auto s = make_slot_cache(idx, b, /*two_sets=*/true, &st);
+        ASSERT_TRUE(s) << st.message();
+        EXPECT_LE(s->reserved_bytes(), b);
+        EXPECT_LE(s->cache_stats().peak_resident_bytes, b);
+        EXPECT_GT(s->reserved_bytes(), b - shared_slot_set_bytes(idx)) << "shared slots counted";
+    }
+    uint64_t all = 0;
+    for (const MoeLayer & L : idx.moe_layers) all += L.expert_bytes * idx.n_expert;
+    EXPECT_EQ(slot_cache_slots(idx, all, /*two_sets=*/true), idx.n_expert);
+    // A byte less: fewer slots, and the shared slots besides them (the control).
+    EXPECT_LT(slot_cache_slots(idx, all - 1, /*two_sets=*/true), idx.n_expert);
+    Status st;
+    auto s = make_slot_cache(idx, all, /*two_sets=*/true, &st);
+    ASSERT_TRUE(s) << st.message();
+    EXPECT_EQ(s->reserved_bytes(), all);
+}
+
+// With a slot for every expert there are no shared slots, and read-ahead goes into free
+// slots: the next routing of them hits and finds their bytes; a read-ahead whose reads failed
+// is forgotten (the control: its expert misses).
+TEST(SlotCache, ReadAheadWhenEveryExpertHasASlotFillsFreeSlots) {
+    const ModelIndex idx = slot_index();
+    uint64_t all = 0;
+    for (const MoeLayer & L : idx.moe_layers) all += L.expert_bytes * idx.n_expert;
+    Status st;
+    auto s = make_slot_cache(idx, all, /*two_sets=*/true, &st);
+    ASSERT_TRUE(s) << st.message();
+    std::vector<ReadRequest> reads;
+    ASSERT_EQ(s->prefetch(1, {2, 3}, &reads), 2u);
+    EXPECT_EQ(reads.size(), 2u * idx.moe_layers[1].tensors.size());
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_EQ(stage_slots(*s, 1, {2, 3}), 0u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 2));
+    EXPECT_EQ(s->cache_stats().prefetch_used, 2u);
+    reads.clear();
+    ASSERT_EQ(s->prefetch(2, {4}, &reads), 1u);
+    s->end_prefetch(false);
+    EXPECT_EQ(stage_slots(*s, 2, {4}), 1u);
+    EXPECT_EQ(s->cache_stats().evictions, 0u);
 }
 
 // --- budget is real RAM ----------------------------------------------------------------

@@ -222,9 +222,9 @@ TEST(Server, HealthModelsStats) {
 }
 
 // /stats "cache": the expert cache's counters since start, as `--stats-json` counts them: every
-// lookup a hit or a miss, and with split staging (the default) slices committed while reads
-// ran. Controls: with MOESTREAM_STAGE_SPLIT=0 no slice is deferred; with the cache off the
-// object is null.
+// lookup a hit or a miss, and with the LRU cache's split staging (the default) slices
+// committed while reads ran. Controls: with MOESTREAM_STAGE_SPLIT=0 no slice is deferred;
+// with the cache off the object is null.
 TEST(Server, StatsShowTheCacheCounters) {
     const auto cache_after_one_request = [](const std::vector<std::string> & args,
                                             const std::vector<std::string> & env) {
@@ -236,7 +236,7 @@ TEST(Server, StatsShowTheCacheCounters) {
         EXPECT_TRUE(st);
         return st ? body_json(st)["cache"] : json();
     };
-    const json c = cache_after_one_request({"--lossless"}, {});
+    const json c = cache_after_one_request({"--lossless"}, {"MOESTREAM_SLOT_CACHE=0"});
     ASSERT_TRUE(c.is_object()) << c.dump();
     EXPECT_GT(c["lookups"].get<uint64_t>(), 0u);
     EXPECT_EQ(c["lookups"].get<uint64_t>(),
@@ -246,7 +246,8 @@ TEST(Server, StatsShowTheCacheCounters) {
     EXPECT_GT(c["pool_mib"].get<double>(), 0);
     EXPECT_EQ(c["commit_failures"], 0);
 
-    const json nosplit = cache_after_one_request({"--lossless"}, {"MOESTREAM_STAGE_SPLIT=0"});
+    const json nosplit = cache_after_one_request(
+        {"--lossless"}, {"MOESTREAM_SLOT_CACHE=0", "MOESTREAM_STAGE_SPLIT=0"});
     ASSERT_TRUE(nosplit.is_object()) << nosplit.dump();
     EXPECT_EQ(nosplit["deferred_commits"], 0) << "control: nothing deferred without split staging";
     EXPECT_EQ(nosplit["misses"], c["misses"]);
@@ -586,6 +587,34 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
 
 // App defaults (lossy drop-cold 0.75) are reported per response; a request can turn the
 // knob off; the API key is enforced and never logged; bodies above the limit get 413.
+// A lossless server's budget is held by the fixed-slot cache, which cannot drop experts: a
+// request for drop-cold is refused by name (400, param drop_cold_experts) and /props says
+// drop-cold is unavailable. Control: with MOESTREAM_SLOT_CACHE=0 the LRU cache holds it and
+// the same request runs lossy.
+TEST(Server, DropColdIsRefusedByNameWhenTheFixedSlotsHoldTheBudget) {
+    const json req{{"prompt", "Hello"}, {"max_tokens", 4}, {"drop_cold_experts", 0.5}};
+    {
+        ServerProc s({"--lossless"});
+        ASSERT_GT(s.port(), 0) << s.log();
+        auto r = post(s, "/v1/completions", req);
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << r->body;
+        EXPECT_EQ(body_json(r)["error"]["param"], "drop_cold_experts") << r->body;
+        EXPECT_NE(r->body.find("fixed-slot cache"), std::string::npos) << r->body;
+        auto p = s.client().Get("/props");
+        ASSERT_TRUE(p);
+        EXPECT_EQ(body_json(p)["default_generation_settings"]["drop_cold_available"], false)
+            << p->body;
+        EXPECT_EQ(body_json(p)["settings"]["cache_store"], "fixed slots") << p->body;
+    }
+    ServerProc s({"--lossless"}, {"MOESTREAM_SLOT_CACHE=0"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto r = post(s, "/v1/completions", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(body_json(r)["moestream"]["lossy"], true);
+}
+
 TEST(Server, LossyDefaultsApiKeyAndBodyLimit) {
     const std::string key = "s3cret-test-key-4711";
     ServerProc s({"--api-key", key, "--max-body", "4096"});

@@ -110,50 +110,61 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
             EXPECT_EQ(nm.stats["logits_sha"], ref.stats["logits_sha"]);
             EXPECT_TRUE(nm.logits == ref.logits) << "--no-mmap: final logits differ";
         }
-        // Room for a few slots per layer (more bytes per expert, more MiB).
-        const std::string slot_mb = GetParam().type == std::string("f32")   ? "16"
-                                    : GetParam().type == std::string("f16") ? "8"
-                                                                            : "4";
+        // Room for 5-10 of the 32 slots per layer besides the shared slots for prompt
+        // batches (more bytes per expert, more MiB).
+        const std::string slot_mb = GetParam().type == std::string("f32")   ? "40"
+                                    : GetParam().type == std::string("f16") ? "20"
+                                    : GetParam().type == std::string("q8_0") ? "12"
+                                                                             : "7";
+        // Each run: its environment, its flags, and the store that must hold its budget
+        // (settings.cache_store: the fixed slots by default, the LRU cache with what the slots
+        // cannot run with or MOESTREAM_SLOT_CACHE=0).
+        struct Variant {
+            std::string env, flags, store;
+        };
+        const std::string slots = "fixed slots";
         // The full matrix on the long (multi-token prefill) prompt, the defaults on the others.
-        std::vector<std::string> variants = {"", "--cache-mb 0"};
+        std::vector<Variant> variants = {{"", "", slots}, {"", "--cache-mb 0", "off"}};
         if (prompt == kPrompts[2])
-            variants = {"",
-                        "--cache-mb 0",
-                        "--cache-mb 0 --no-odirect",
-                        "--cache-mb 0 --io-threads 1",
-                        "--cache-mb 0 --io-threads 4",
-                        "--cache-mb 0 --no-io-overlap",                // every read before gate/up
-                        "--cache-mb 0 --io-copy --no-io-overlap",      // bounce buffer + copy
-                        "--cache-mb 0 --prefetch",                    // second slot set
-                        "--cache-mb 0 --io-threads 4 --prefetch",
-                        "--cache-mb 1000000",                         // everything fits
-                        "--cache-mb 1000000 --prefetch",
-                        "--cache-mb 4 --force-cache --cache-debug --prefetch",  // + evictions
-                        "--cache-mb 4 --force-cache --io-threads 4 --prefetch",
-                        "--cache-mb 4 --force-cache --io-threads 2 --prefetch",  // one worker
-                        "--cache-mb 1 --force-cache --cache-debug",  // evicts on every token
-                        // The fixed-slot cache (docs/cache.md, "Fixed slots"): 5-9 slots of
-                        // the tiny models' 16 experts, so misses evict; every expert slotted;
-                        // more lanes.
-                        "MOESTREAM_SLOT_CACHE=1 --cache-mb " + slot_mb + " --force-cache",
-                        "MOESTREAM_SLOT_CACHE=1 --cache-mb 1000000",
-                        "MOESTREAM_SLOT_CACHE=1 --cache-mb " + slot_mb + " --force-cache --io-threads 4"};
-        for (const std::string & variant : variants) {
-            SCOPED_TRACE(variant);
-            // A leading VAR=value is the run's environment.
-            const bool slots = variant.rfind("MOESTREAM_SLOT_CACHE=1 ", 0) == 0;
-            const std::string env = slots ? "MOESTREAM_SLOT_CACHE=1" : "";
-            const std::string flags = slots ? variant.substr(env.size() + 1) : variant;
-            RunOut s = run_moestream(model, prompt, flags, env);
+            variants = {
+                {"", "", slots},  // the auto budget holds every expert in a slot
+                {"", "--cache-mb 0", "off"},
+                {"", "--cache-mb 0 --no-odirect", "off"},
+                {"", "--cache-mb 0 --io-threads 1", "off"},
+                {"", "--cache-mb 0 --io-threads 4", "off"},
+                {"", "--cache-mb 0 --no-io-overlap", "off"},            // every read before gate/up
+                {"", "--cache-mb 0 --io-copy --no-io-overlap", "off"},  // bounce buffer + copy
+                {"", "--cache-mb 0 --prefetch", "off"},                 // second slot set
+                {"", "--cache-mb 0 --io-threads 4 --prefetch", "off"},
+                // The LRU cache: everything fits; evictions; + read-ahead; every token evicts.
+                {"MOESTREAM_SLOT_CACHE=0", "--cache-mb 1000000", "lru"},
+                {"MOESTREAM_SLOT_CACHE=0", "--cache-mb 4 --force-cache", "lru"},
+                {"", "--cache-mb 1000000 --prefetch", "lru"},
+                {"", "--cache-mb 4 --force-cache --cache-debug --prefetch", "lru"},
+                {"", "--cache-mb 4 --force-cache --io-threads 4 --prefetch", "lru"},
+                {"", "--cache-mb 4 --force-cache --io-threads 2 --prefetch", "lru"},  // one worker
+                {"", "--cache-mb 1 --force-cache --cache-debug", "lru"},
+                // The fixed-slot cache (docs/cache.md, "Fixed slots"): slots that evict, every
+                // expert slotted, more lanes.
+                {"", "--cache-mb " + slot_mb + " --force-cache", slots},
+                {"", "--cache-mb 1000000", slots},
+                {"MOESTREAM_SLOT_CACHE=1", "--cache-mb " + slot_mb + " --force-cache --io-threads 4",
+                 slots}};
+        for (const Variant & v : variants) {
+            SCOPED_TRACE(v.env + " " + v.flags);
+            const std::string & flags = v.flags;
+            RunOut s = run_moestream(model, prompt, flags, v.env);
             ASSERT_FALSE(s.stats.is_null());
+            EXPECT_EQ(s.stats["settings"]["cache_store"], v.store)
+                << s.stats["settings"]["cache_store_reason"];
             EXPECT_TRUE(s.stats["settings"]["stream"].get<bool>());
             EXPECT_EQ(s.stats["tokens"], ref.stats["tokens"]);
             EXPECT_EQ(s.stats["logits_sha"], ref.stats["logits_sha"]);
             EXPECT_TRUE(s.logits == ref.logits) << "final logits differ";
             EXPECT_GT(s.stats["flash_bytes_read"].get<uint64_t>(), 0u);
             // The slots were used: some layer's expert ids were rewritten to them.
-            EXPECT_EQ(s.stats["settings"]["cache_slots"].get<uint64_t>() > 0, slots);
-            if (slots) {
+            EXPECT_EQ(s.stats["settings"]["cache_slots"].get<uint64_t>() > 0, v.store == slots);
+            if (v.store == slots) {
                 EXPECT_GT(s.stats["settings"]["cache_slot_rewrites"].get<uint64_t>(), 0u);
                 // Fewer slots than the prompt routes: decode started from slots warmed by
                 // the prompt's end (slot_rewriter.h, "Warm start"), covered by the identity.
@@ -228,7 +239,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, StreamGate, ::testing::ValuesIn(all_cases()), arc
 void check_slot_control(const std::string & counter, const std::string & bad_env) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     const char * prompt = kPrompts[2];
-    const std::string flags = "--cache-mb 4 --force-cache";
+    const std::string flags = "--cache-mb 7 --force-cache";  // 8 of 32 slots per layer
     RunOut ref = run_moestream(model, prompt, "--no-stream");
     RunOut good = run_moestream(model, prompt, flags, "MOESTREAM_SLOT_CACHE=1");
     ASSERT_FALSE(good.stats.is_null());
@@ -254,24 +265,34 @@ TEST(FixedSlots, AWarmStartWithoutItsCopyChangesTheOutput) {
     check_slot_control("cache_slot_warm_copies", "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY=1");
 }
 
-// What the fixed-slot cache cannot run with is refused by name, with a usage exit: a budget
-// below one slot per routed expert (the control: the LRU cache runs with it), and the knobs
-// that rewrite or predict routings.
-TEST(FixedSlots, WhatItCannotRunWithIsRefusedByName) {
+// With MOESTREAM_SLOT_CACHE=1, what the fixed-slot cache cannot run with is refused by name,
+// with a usage exit: a budget below one slot per routed expert besides the shared slots, and
+// the knobs that rewrite or predict routings. By default the LRU cache runs them instead,
+// saying why (the control).
+TEST(FixedSlots, WhatItCannotRunWithIsRefusedByNameOrLeftToTheLruCache) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
-    RunOut small = run_moestream(model, "A", "--cache-mb 1 --force-cache",
+    RunOut small = run_moestream(model, "A", "--cache-mb 4 --force-cache",
                                  "MOESTREAM_SLOT_CACHE=1", /*must_succeed=*/false);
     EXPECT_EQ(small.exit_code, 64) << small.err;
     EXPECT_NE(small.err.find("fixed-slot cache needs at least 4 slots"), std::string::npos)
         << small.err;
-    RunOut lru = run_moestream(model, "A", "--cache-mb 1 --force-cache");
-    EXPECT_EQ(lru.exit_code, 0);
-    RunOut pf = run_moestream(model, "A", "--cache-mb 4 --force-cache --prefetch",
+    RunOut lru = run_moestream(model, "A", "--cache-mb 4 --force-cache");
+    ASSERT_EQ(lru.exit_code, 0);
+    EXPECT_EQ(lru.stats["settings"]["cache_store"], "lru");
+    EXPECT_NE(lru.stats["settings"]["cache_store_reason"].get<std::string>().find(
+                  "fewer than the routing width 4"),
+              std::string::npos);
+    RunOut pf = run_moestream(model, "A", "--cache-mb 7 --force-cache --prefetch",
                               "MOESTREAM_SLOT_CACHE=1", /*must_succeed=*/false);
     EXPECT_EQ(pf.exit_code, 64) << pf.err;
-    EXPECT_NE(pf.err.find("MOESTREAM_SLOT_CACHE=1 (the fixed-slot cache) cannot be combined"),
+    EXPECT_NE(pf.err.find("MOESTREAM_SLOT_CACHE=1: the fixed-slot cache cannot be combined with "
+                          "--prefetch"),
               std::string::npos) << pf.err;
-    EXPECT_NE(pf.err.find("prefetch"), std::string::npos) << pf.err;
+    RunOut pf_lru = run_moestream(model, "A", "--cache-mb 7 --force-cache --prefetch");
+    ASSERT_EQ(pf_lru.exit_code, 0);
+    EXPECT_EQ(pf_lru.stats["settings"]["cache_store"], "lru");
+    EXPECT_NE(pf_lru.stats["settings"]["cache_store_reason"].get<std::string>().find("prefetch"),
+              std::string::npos);
 }
 
 // Only routed experts are read: bytes per decoded token follow from the routing alone.

@@ -243,7 +243,7 @@ int do_run(RunFlags & f) {
                          set.value("prefill_readahead", false) ? "on" : "off (-v says why)",
                          mib(double(s.prefetch_bytes)), s.prefetch_wait_s);
         if (const uint64_t k = set.value("cache_slots", uint64_t(0)); k > 0)
-            std::fprintf(stderr, "moestream: fixed slots (MOESTREAM_SLOT_CACHE=1): %llu per MoE layer | "
+            std::fprintf(stderr, "moestream: fixed slots: %llu per MoE layer | "
                          "%llu layer routings read from slots | warm start %s, %llu experts copied "
                          "in %.2f s\n",
                          (unsigned long long)k,
@@ -251,6 +251,9 @@ int do_run(RunFlags & f) {
                          set.value("cache_slot_warm", false) ? "on" : "off",
                          (unsigned long long)set.value("cache_slot_warm_copies", uint64_t(0)),
                          set.value("cache_slot_warm_s", 0.0));
+        else if (set.value("cache_store", "") == "lru")  // the fixed slots' default, and why not
+            std::fprintf(stderr, "moestream: LRU cache: %s\n",
+                         flag_words(set.value("cache_store_reason", "")).c_str());
     }
     if (const std::string tl = server::time_breakdown_line(s.decode_time); !tl.empty())
         std::fprintf(stderr, "moestream: %s\n", tl.c_str());

@@ -228,6 +228,8 @@ public:
                 "the model's chat template is not one llama.cpp renders: chat completions are "
                 "refused; completions work");
         cache_on_ = cfg.run.stream && engine_->stats().cache_budget_bytes > 0;
+        const json settings = json::parse(engine_->settings_json());
+        slots_hold_cache_ = settings.value("cache_store", "") == "fixed slots";
         publish_after_job(0, 0);
     }
 
@@ -467,6 +469,15 @@ private:
             ApiError e = api_error(400,
                                    "drop_cold_experts needs the expert cache, which is off in this "
                                    "server (--cache-mb / --no-stream)",
+                                   "invalid_request_error");
+            e.param = "drop_cold_experts";
+            return send_error(res, e);
+        }
+        if (p.drop_cold > 0 && slots_hold_cache_) {
+            ApiError e = api_error(400,
+                                   "drop_cold_experts needs the LRU expert cache, and this "
+                                   "server's budget is held by the fixed-slot cache (start it "
+                                   "without --lossless, or with MOESTREAM_SLOT_CACHE=0)",
                                    "invalid_request_error");
             e.param = "drop_cold_experts";
             return send_error(res, e);
@@ -1202,7 +1213,7 @@ private:
                       {"drop_cold_experts", cfg_.defaults.drop_cold},
                       {"cache_prompt", true},
                       {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
-                      {"drop_cold_available", cache_on_}};
+                      {"drop_cold_available", cache_on_ && !slots_hold_cache_}};
         return json{{"generating", s.generating},
                     {"phase", !s.generating ? "idle" : s.prefilling ? "prefill" : "decode"},
                     {"n_prompt", s.n_prompt},
@@ -1239,6 +1250,7 @@ private:
     int listen_fd_ = -1;  // the listening socket (set_socket_options)
     std::atomic<int> open_streams_{0};  // SSE responses not yet finished
     bool cache_on_ = false;
+    bool slots_hold_cache_ = false;  // the fixed-slot cache holds the budget: no drop-cold
     uint64_t calls_made_ = 0;  // tool calls parsed (next_call_id)
     int64_t started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
@@ -1272,6 +1284,9 @@ int run_server(const ServeConfig & cfg_in) {
 
     RunOptions ro = cfg.run;
     if (!cfg.drop_cold_explicit) ro.drop_cold = 0;  // applied after open, if the cache allows
+    // The app default drop-cold needs the LRU cache; without it (--lossless) the fixed-slot
+    // cache may hold the budget, and requests for drop-cold are refused by name.
+    ro.drop_cold_later = cfg.defaults.drop_cold > 0;
     std::unique_ptr<Engine> engine;
     Status st = Engine::open(ro, &engine);
     if (!st.ok()) {
