@@ -293,6 +293,10 @@ TEST(FixedSlots, WhatItCannotRunWithIsRefusedByNameOrLeftToTheLruCache) {
     EXPECT_EQ(pf_lru.stats["settings"]["cache_store"], "lru");
     EXPECT_NE(pf_lru.stats["settings"]["cache_store_reason"].get<std::string>().find("prefetch"),
               std::string::npos);
+    // The summary says which store and why, in the CLI's words.
+    EXPECT_NE(pf_lru.err.find("LRU cache: the fixed-slot cache cannot be combined with --prefetch"),
+              std::string::npos) << pf_lru.err;
+    EXPECT_EQ(lru.err.find("fixed slots:"), std::string::npos) << lru.err;
 }
 
 // Only routed experts are read: bytes per decoded token follow from the routing alone.
