@@ -243,7 +243,8 @@ uint64_t shared_slot_set_bytes(const ModelIndex & index);
 // is staged into the layer's slots (LRU within the layer: hits keep their slot, misses are
 // read into the least recently used slot not routed now) and slot_map() tells the graph which
 // slot holds which expert; a wider routing (a prompt ubatch) goes to shared slots at
-// canonical offsets, as with the cache off (two sets when two_sets: prefill read-ahead).
+// canonical offsets, as with the cache off (two sets when two_sets: prefill read-ahead, whose
+// prefetch() reads into the other set; when every expert has a slot, into free slots).
 // Invariant: the slots and the shared slots together take at most budget_bytes. Fails
 // (Status) when K would be below the routing width n_expert_used or memory cannot be had.
 // The slots per MoE layer make_slot_cache would give `budget_bytes`, with one or two sets of

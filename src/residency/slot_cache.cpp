@@ -146,7 +146,6 @@ public:
             return st;
         }
         slotted_[m] = 1;
-        const MoeLayer & L = index_.moe_layers[m];
         std::vector<int32_t> & slot_of = slot_of_[m];
         std::vector<uint64_t> & stamp = stamp_[m];
         const uint64_t now = ++clock_;
@@ -170,12 +169,7 @@ public:
             if (ever_[m][e]) ++stats_.rereads;
             place(m, e, v, now);
             staged_[m].push_back(e);
-            for (size_t t = 0; t < L.tensors.size(); ++t) {
-                const ExpertTensor & et = L.tensors[t];
-                reads->push_back({et.slice_offset(e), et.slice_bytes,
-                                  base_[m][t] + uint64_t(v) * et.slice_bytes,
-                                  et.proj == Projection::kDown, et.shard});
-            }
+            push_reads(m, e, v, reads);
         }
         return Status::Ok();
     }
@@ -216,7 +210,6 @@ public:
         // Every expert has a slot: the absent ones are read into free slots (nothing is
         // evicted, nothing routed now is touched); end_prefetch(false) forgets them.
         if (!ahead_.empty() || m >= index_.moe_layers.size()) return 0;
-        const MoeLayer & L = index_.moe_layers[m];
         const uint64_t now = ++clock_;
         for (uint32_t e : experts) {
             if (e >= index_.n_expert || slot_of_[m][e] >= 0) continue;
@@ -225,12 +218,7 @@ public:
             place(m, e, v, now);
             ahead_.push_back({m, e});
             ahead_flag_[m][e] = 1;
-            for (size_t t = 0; t < L.tensors.size(); ++t) {
-                const ExpertTensor & et = L.tensors[t];
-                reads->push_back({et.slice_offset(e), et.slice_bytes,
-                                  base_[m][t] + uint64_t(v) * et.slice_bytes,
-                                  et.proj == Projection::kDown, et.shard});
-            }
+            push_reads(m, e, v, reads);
         }
         prefetched_ += ahead_.size();
         return ahead_.size();
@@ -385,6 +373,16 @@ private:
             if (v == SIZE_MAX || stamp[i] < stamp[v]) v = i;
         }
         return v;
+    }
+    // The reads of expert e of layer m into slot v, one per projection.
+    void push_reads(size_t m, uint32_t e, size_t v, std::vector<ReadRequest> * reads) const {
+        const MoeLayer & L = index_.moe_layers[m];
+        for (size_t t = 0; t < L.tensors.size(); ++t) {
+            const ExpertTensor & et = L.tensors[t];
+            reads->push_back({et.slice_offset(e), et.slice_bytes,
+                              base_[m][t] + uint64_t(v) * et.slice_bytes,
+                              et.proj == Projection::kDown, et.shard});
+        }
     }
     // Expert e of layer m takes slot v (evicting its occupant), stamped `now`.
     void place(size_t m, uint32_t e, size_t v, uint64_t now) {
