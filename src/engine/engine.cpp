@@ -246,8 +246,6 @@ Status EngineImpl::check_slot_cache() const {
     return Status::Ok();
 }
 
-uint64_t EngineImpl::slot_set_bytes() const { return shared_slot_set_bytes(index_); }
-
 namespace {
 std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
 }  // namespace
@@ -259,7 +257,7 @@ std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) 
 bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
     two_slot_sets_ = false;
     if (!prefill_ra_wanted_ && !prefetch_possible()) return false;
-    const uint64_t set = slot_set_bytes();
+    const uint64_t set = shared_slot_set_bytes(index_);
     const uint64_t avail = mem.available_bytes;
     if (avail > 0 && avail < needs + 2 * set) {
         two_slots_refused_ = "cache off, and a second set of expert slots (" + mib_text(set) +
@@ -324,9 +322,9 @@ Status EngineImpl::make_store() {
     // read-ahead) while that leaves twice the routing width of slots per layer, else one.
     using SlotMode = EnvKnobs::SlotCacheMode;
     bool slot_cache = false, slot_two_sets = false;
-    if (d.budget_bytes > 0 && knobs_.slot_cache == SlotMode::kOff)
+    if (d.budget_bytes > 0 && knobs_.slot_cache == SlotMode::kOff) {
         cache_store_reason_ = "MOESTREAM_SLOT_CACHE=0";
-    if (d.budget_bytes > 0 && knobs_.slot_cache != SlotMode::kOff) {
+    } else if (d.budget_bytes > 0) {
         Status why = check_slot_cache();
         if (knobs_.slot_cache == SlotMode::kOn && !why.ok())
             return Status::Usage("MOESTREAM_SLOT_CACHE=1: " + why.message());
@@ -351,7 +349,7 @@ Status EngineImpl::make_store() {
         hooks.warm_skip_copy = knobs_.slot_warm_skip_copy;
         if (slot_two_sets)
             MS_LOG_INFO("read-ahead: two sets of shared expert slots in the budget (%s)",
-                        mib_text(2 * slot_set_bytes()).c_str());
+                        mib_text(2 * shared_slot_set_bytes(index_)).c_str());
         store_ = make_slot_cache(index_, d.budget_bytes, slot_two_sets, &st, hooks);
     } else if (d.budget_bytes > 0) {
         CacheOptions copt;
@@ -365,7 +363,7 @@ Status EngineImpl::make_store() {
         // What the cache off will hold besides what is allocated now: the dense weights, read
         // next, and one layer's expert slots, which the routings fill. Less than that
         // available ends in an OOM kill mid-run: refuse now, before reading anything.
-        const uint64_t slots = slot_set_bytes();
+        const uint64_t slots = shared_slot_set_bytes(index_);
         const uint64_t hold = index_.dense_bytes_total + slots;
         if (mem.available_bytes > 0 && mem.available_bytes < hold)
             return Status::Usage(

@@ -93,7 +93,6 @@ private:
     // Cache off, prefill read-ahead or prefetch wanted (docs/prefetch.md): a second set of
     // shared slots fits (make_store); sets two_slot_sets_, or two_slots_refused_ with why not.
     bool second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem);
-    uint64_t slot_set_bytes() const;  // one set of the cache off's shared slots (SharedSlots)
     Status check_slot_cache() const;  // what the fixed-slot cache cannot run with (Ok: none)
     std::string cache_store_reason_;  // why the LRU cache holds the budget, not fixed slots
     bool prefill_readahead_ = false;  // on for this run

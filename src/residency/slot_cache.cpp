@@ -99,8 +99,9 @@ public:
         // Every expert slotted: no routing is wider than the slots, and the shared slots are
         // made (address space, never touched) only so that tensor_base() has a home.
         wide_ = k_ < index_.n_expert;
+        const bool bank_two_sets = two_sets && wide_;
         Status st;
-        bank_ = make_shared_slots(index_, &st, two_sets && wide_);
+        bank_ = make_shared_slots(index_, &st, bank_two_sets);
         if (!st.ok()) return st;
         std::vector<std::vector<uint64_t>> offs;
         mem_bytes_ = slot_layout(index_, k_, &offs);
@@ -121,7 +122,7 @@ public:
         staged_.assign(n_moe, {});
         ever_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
         ahead_flag_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
-        bank_holds_.assign(two_sets ? 2 : 1, -1);
+        bank_holds_.assign(bank_two_sets ? 2 : 1, -1);
         bank_routed_.assign(bank_holds_.size(), std::vector<uint8_t>(index_.n_expert, 0));
         stats_.budget_bytes = budget_;
         return Status::Ok();
@@ -179,14 +180,8 @@ public:
             bank_holds_[m % bank_holds_.size()] = -1;  // its reads failed: nothing to warm from
             return bank_->abandon_stage(m);
         }
-        for (uint32_t e : staged_[m]) {
-            const int32_t s = slot_of_[m][e];
-            if (s < 0) continue;
-            occupant_[m][size_t(s)] = -1;
-            stamp_[m][size_t(s)] = 0;
-            slot_of_[m][e] = -1;
-            ++stats_.abandoned;
-        }
+        for (uint32_t e : staged_[m])
+            if (unplace(m, e)) ++stats_.abandoned;
         staged_[m].clear();
     }
 
@@ -260,13 +255,8 @@ public:
         if (wide_) return bank_->end_prefetch(ok);
         if (!ok)  // failed reads: the slots are free again, the experts absent
             for (const auto & [m, e] : ahead_) {
-                const int32_t v = slot_of_[m][e];
-                if (v < 0) continue;
-                occupant_[m][size_t(v)] = -1;
-                stamp_[m][size_t(v)] = 0;
-                slot_of_[m][e] = -1;
                 ahead_flag_[m][e] = 0;
-                ++prefetch_dropped_;
+                if (unplace(m, e)) ++prefetch_dropped_;
             }
         ahead_.clear();
     }
@@ -383,6 +373,16 @@ private:
                               base_[m][t] + uint64_t(v) * et.slice_bytes,
                               et.proj == Projection::kDown, et.shard});
         }
+    }
+    // Expert e of layer m leaves its slot, which is free again (its reads failed); false when
+    // it held none.
+    bool unplace(size_t m, uint32_t e) {
+        const int32_t v = slot_of_[m][e];
+        if (v < 0) return false;
+        occupant_[m][size_t(v)] = -1;
+        stamp_[m][size_t(v)] = 0;
+        slot_of_[m][e] = -1;
+        return true;
     }
     // Expert e of layer m takes slot v (evicting its occupant), stamped `now`.
     void place(size_t m, uint32_t e, size_t v, uint64_t now) {
