@@ -230,7 +230,6 @@ Status EngineImpl::check_slot_cache() const {
                          : opt_.drop_cold_later        ? "RunOptions::drop_cold_later"
                          : opt_.substitute > 0         ? "RunOptions::substitute"
                          : !opt_.miss_fallback.empty() ? "RunOptions::miss_fallback"
-                         : opt_.prefetch               ? "RunOptions::prefetch"
                          : opt_.cache_debug            ? "RunOptions::cache_debug"
                          : !opt_.route_trace.empty()   ? "RunOptions::route_trace"
                          : !opt_.cache_recycle         ? "RunOptions::cache_recycle = false"
@@ -347,6 +346,7 @@ Status EngineImpl::make_store() {
     if (slot_cache) {
         SlotTestHooks hooks;
         hooks.warm_skip_copy = knobs_.slot_warm_skip_copy;
+        hooks.prefetch_skip_read = knobs_.slot_prefetch_skip_read;
         if (slot_two_sets)
             MS_LOG_INFO("read-ahead: two sets of shared expert slots in the budget (%s)",
                         mib_text(2 * shared_slot_set_bytes(index_)).c_str());

@@ -99,6 +99,10 @@ Status read_env_knobs(EnvKnobs * k) {
                      "warming the expert slots without copying on purpose",
                      &k->slot_warm_skip_copy);
     if (!sw.ok()) return sw;
+    sw = test_switch("MOESTREAM_DEBUG_SLOT_PREFETCH_SKIP_READ",
+                     "prefetching into the expert slots without reading on purpose",
+                     &k->slot_prefetch_skip_read);
+    if (!sw.ok()) return sw;
     sw = test_switch("MOESTREAM_DEBUG_SKIP_SECOND_WAIT",
                      "not waiting for the second projection's reads on purpose",
                      &k->stream_hooks.skip_second_wait);

@@ -63,6 +63,9 @@ struct EnvKnobs {
     // Tests only. MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY=1: the warm start records its experts
     // as slotted without copying them (residency.h, SlotTestHooks): its negative control.
     bool slot_warm_skip_copy = false;
+    // Tests only. MOESTREAM_DEBUG_SLOT_PREFETCH_SKIP_READ=1: a prefetch into slots records its
+    // experts as slotted without reading them (residency.h, SlotTestHooks): its negative control.
+    bool slot_prefetch_skip_read = false;
     // Tests only. MOESTREAM_DEBUG_IO_FAULT=<plan>: I/O faults injected at the lanes
     // (io_faults.h; validated here, parsed into each engine's own plan, which counts).
     std::string io_fault;

@@ -256,6 +256,9 @@ struct SlotTestHooks {
     // warm_slots() records its experts as slotted but copies nothing (the slots keep what
     // they held): the negative control of the warm copy.
     bool warm_skip_copy = false;
+    // prefetch() into slots records its experts as slotted but reads nothing (the slots keep
+    // what they held): the negative control of reading ahead into slots.
+    bool prefetch_skip_read = false;
 };
 std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
                                                 bool two_sets, Status * st,

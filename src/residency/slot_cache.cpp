@@ -197,23 +197,31 @@ public:
     }
     size_t prefetch(size_t m, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
-        if (wide_) {
+        // A guess of one token's routing goes into the layer's slots, where its stage looks;
+        // a wider one (a prompt ubatch's) into the other set of shared slots while a
+        // routing can be wider than the slots.
+        const bool one_token = experts.size() <= index_.n_expert_used;
+        if (wide_ && !one_token) {
             const size_t n = bank_->prefetch(m, experts, reads);
             if (n > 0) bank_holds_[m % bank_holds_.size()] = -1;  // that set is overwritten
+            bank_ahead_ = n > 0;  // (no reads: no tail, and no end_prefetch)
             return n;
         }
-        // Every expert has a slot: the absent ones are read into free slots (nothing is
-        // evicted, nothing routed now is touched); end_prefetch(false) forgets them.
+        // Into slots: every expert of the guess is protected from this call's evictions (one
+        // stamp); one token's guess may evict the layer's least recently used slots, a wide
+        // guess only fills free ones. end_prefetch(false) forgets what it placed.
         if (!ahead_.empty() || m >= index_.moe_layers.size()) return 0;
         const uint64_t now = ++clock_;
+        for (uint32_t e : experts)
+            if (e < index_.n_expert && slot_of_[m][e] >= 0) stamp_[m][size_t(slot_of_[m][e])] = now;
         for (uint32_t e : experts) {
             if (e >= index_.n_expert || slot_of_[m][e] >= 0) continue;
             const size_t v = victim(m, now);
-            if (v == SIZE_MAX || occupant_[m][v] >= 0) break;  // no free slot left
+            if (v == SIZE_MAX || (!one_token && occupant_[m][v] >= 0)) break;
             place(m, e, v, now);
             ahead_.push_back({m, e});
             ahead_flag_[m][e] = 1;
-            push_reads(m, e, v, reads);
+            if (!test_.prefetch_skip_read) push_reads(m, e, v, reads);
         }
         prefetched_ += ahead_.size();
         return ahead_.size();
@@ -252,7 +260,8 @@ public:
         return copied;
     }
     void end_prefetch(bool ok) override {
-        if (wide_) return bank_->end_prefetch(ok);
+        if (bank_ahead_) bank_->end_prefetch(ok);
+        bank_ahead_ = false;
         if (!ok)  // failed reads: the slots are free again, the experts absent
             for (const auto & [m, e] : ahead_) {
                 ahead_flag_[m][e] = 0;
@@ -390,6 +399,10 @@ private:
         if (occ[v] >= 0) {
             slot_of_[m][size_t(occ[v])] = -1;
             ++stats_.evictions;
+            if (ahead_flag_[m][size_t(occ[v])]) {  // read ahead, evicted before any routing
+                ahead_flag_[m][size_t(occ[v])] = 0;
+                ++prefetch_dropped_;
+            }
         }
         ever_[m][e] = 1;
         occ[v] = int32_t(e);
@@ -410,10 +423,11 @@ private:
     const uint64_t budget_;
     std::unique_ptr<ResidencyStore> bank_;  // canonical offsets, for routings wider than K
     bool wide_ = true;                      // K < n_expert: a routing may be wider than K
-    // Read-ahead into slots (only when every expert has a slot, !wide_): the (layer, expert)
-    // pairs of the open prefetch, per layer and expert whether it was read ahead and not
-    // routed since, and the counters.
+    // Read-ahead into slots (one token's guess; a wider one when every expert has a slot):
+    // the (layer, expert) pairs of the open prefetch, per layer and expert whether it was read
+    // ahead and neither routed nor evicted since, and the counters.
     std::vector<std::pair<size_t, uint32_t>> ahead_;
+    bool bank_ahead_ = false;  // the open prefetch went to the shared slots
     std::vector<std::vector<uint8_t>> ahead_flag_;
     uint64_t prefetched_ = 0, prefetch_used_ = 0, prefetch_dropped_ = 0;
     uint32_t k_ = 0;                        // slots per MoE layer

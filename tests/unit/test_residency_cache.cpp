@@ -1026,6 +1026,53 @@ TEST(SlotCache, ReadAheadWhenEveryExpertHasASlotFillsFreeSlots) {
     EXPECT_EQ(s->cache_stats().evictions, 0u);
 }
 
+// One token's guess (at most the routing width) is read into the layer's slots, evicting the
+// least recently used one; experts of the guess already slotted are spared (they become the
+// most recent); the next routing of a read-ahead expert hits and finds its bytes, and a
+// read-ahead whose reads failed is forgotten. The control: a wider guess (a prompt ubatch's)
+// goes to the shared slots, so a narrow routing of it still misses in the slots.
+TEST(SlotCache, OneTokensGuessIsReadIntoTheLeastRecentlyUsedSlot) {
+    const ModelIndex idx = slot_index();  // routing width 1
+    auto s = slot_store(idx, 3);
+    ASSERT_TRUE(s);
+    for (uint32_t e : {0u, 1u, 2u}) EXPECT_EQ(stage_slots(*s, 1, {e}), 1u);
+    std::vector<ReadRequest> reads;
+    ASSERT_EQ(s->prefetch(1, {5}, &reads), 1u);
+    EXPECT_EQ(reads.size(), idx.moe_layers[1].tensors.size());
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_FALSE(s->is_resident(1, 0));  // the least recently routed
+    EXPECT_EQ(stage_slots(*s, 1, {5}), 0u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
+    EXPECT_EQ(s->cache_stats().prefetch_used, 1u);
+    reads.clear();
+    EXPECT_EQ(s->prefetch(1, {1}, &reads), 0u);  // slotted: no read, now the most recent
+    s->end_prefetch(true);
+    ASSERT_EQ(s->prefetch(1, {6}, &reads), 1u);
+    s->end_prefetch(false);
+    EXPECT_TRUE(s->is_resident(1, 1));
+    EXPECT_FALSE(s->is_resident(1, 2));  // evicted for 6
+    EXPECT_FALSE(s->is_resident(1, 6));  // its read failed
+    EXPECT_EQ(stage_slots(*s, 1, {6}), 1u);
+    EXPECT_EQ(s->cache_stats().prefetch_unused, 1u);
+    reads.clear();
+    ASSERT_GT(s->prefetch(1, {7, 8}, &reads), 0u);  // control: wider than one token's routing
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_EQ(stage_slots(*s, 1, {7}), 1u);
+    // A wide guess with nothing to read (no tail, so no end_prefetch) leaves the slots' next
+    // read-ahead free to run and to end.
+    EXPECT_EQ(stage_slots(*s, 1, {0, 1, 2, 3}), 4u);  // wide: into the shared slots' set 1
+    reads.clear();
+    ASSERT_EQ(s->prefetch(1, {7, 8}, &reads), 0u);  // never into the set staged last
+    for (uint32_t e : {9u, 10u}) {
+        reads.clear();
+        ASSERT_EQ(s->prefetch(1, {e}, &reads), 1u) << "expert " << e;
+        simulate_reads(reads);
+        s->end_prefetch(true);
+    }
+}
+
 // --- budget is real RAM ----------------------------------------------------------------
 
 // RSS figures include a sanitizer's shadow memory (TSan shadows every written page several

@@ -139,17 +139,21 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                 // The LRU cache: everything fits; evictions; + read-ahead; every token evicts.
                 {"MOESTREAM_SLOT_CACHE=0", "--cache-mb 1000000", "lru"},
                 {"MOESTREAM_SLOT_CACHE=0", "--cache-mb 4 --force-cache", "lru"},
-                {"", "--cache-mb 1000000 --prefetch", "lru"},
+                {"MOESTREAM_SLOT_CACHE=0", "--cache-mb 1000000 --prefetch", "lru"},
                 {"", "--cache-mb 4 --force-cache --cache-debug --prefetch", "lru"},
-                {"", "--cache-mb 4 --force-cache --io-threads 4 --prefetch", "lru"},
-                {"", "--cache-mb 4 --force-cache --io-threads 2 --prefetch", "lru"},  // one worker
+                {"MOESTREAM_SLOT_CACHE=0", "--cache-mb 4 --force-cache --io-threads 4 --prefetch",
+                 "lru"},
                 {"", "--cache-mb 1 --force-cache --cache-debug", "lru"},
                 // The fixed-slot cache (docs/cache.md, "Fixed slots"): slots that evict, every
-                // expert slotted, more lanes.
+                // expert slotted, more lanes; read-ahead into slots that evict, into free
+                // slots, with one worker lane.
                 {"", "--cache-mb " + slot_mb + " --force-cache", slots},
                 {"", "--cache-mb 1000000", slots},
                 {"MOESTREAM_SLOT_CACHE=1", "--cache-mb " + slot_mb + " --force-cache --io-threads 4",
-                 slots}};
+                 slots},
+                {"", "--cache-mb " + slot_mb + " --force-cache --io-threads 4 --prefetch", slots},
+                {"", "--cache-mb 1000000 --prefetch", slots},
+                {"", "--cache-mb " + slot_mb + " --force-cache --io-threads 2 --prefetch", slots}};
         for (const Variant & v : variants) {
             SCOPED_TRACE(v.env + " " + v.flags);
             const std::string & flags = v.flags;
@@ -236,15 +240,18 @@ INSTANTIATE_TEST_SUITE_P(Tiny, StreamGate, ::testing::ValuesIn(all_cases()), arc
 // A fixed-slot run on the long prompt is the resident run's, byte for byte, and `counter` (of
 // settings) shows the feature worked; with the test knob `bad_env` planting that feature's
 // bug, the output changes (or a logit turns non-finite, also detected).
-void check_slot_control(const std::string & counter, const std::string & bad_env) {
+// `counter`: a JSON pointer into --stats-json that the good run must count above zero.
+void check_slot_control(const std::string & counter, const std::string & bad_env,
+                        const std::string & more_flags = "") {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     const char * prompt = kPrompts[2];
-    const std::string flags = "--cache-mb 7 --force-cache";  // 8 of 32 slots per layer
+    // 8 of 32 slots per layer
+    const std::string flags = "--cache-mb 7 --force-cache" + more_flags;
     RunOut ref = run_moestream(model, prompt, "--no-stream");
     RunOut good = run_moestream(model, prompt, flags, "MOESTREAM_SLOT_CACHE=1");
     ASSERT_FALSE(good.stats.is_null());
     EXPECT_EQ(good.stats["logits_sha"], ref.stats["logits_sha"]);
-    EXPECT_GT(good.stats["settings"][counter].get<uint64_t>(), 0u);
+    EXPECT_GT(good.stats.at(json::json_pointer(counter)).get<uint64_t>(), 0u);
     RunOut bad = run_moestream(model, prompt, flags, "MOESTREAM_SLOT_CACHE=1 " + bad_env,
                                /*must_succeed=*/false);
     if (bad.exit_code != 0) {
@@ -257,18 +264,25 @@ void check_slot_control(const std::string & counter, const std::string & bad_env
 // The fixed-slot cache's rewrite is what makes its output right: ids rewritten to the wrong
 // slots change it.
 TEST(FixedSlots, IdsRewrittenToTheWrongSlotsChangeTheOutput) {
-    check_slot_control("cache_slot_rewrites", "MOESTREAM_DEBUG_SLOT_MISPLACE=1");
+    check_slot_control("/settings/cache_slot_rewrites", "MOESTREAM_DEBUG_SLOT_MISPLACE=1");
 }
 
 // The warm start's copy is what makes decode's first hits right: skipped, the output changes.
 TEST(FixedSlots, AWarmStartWithoutItsCopyChangesTheOutput) {
-    check_slot_control("cache_slot_warm_copies", "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY=1");
+    check_slot_control("/settings/cache_slot_warm_copies", "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY=1");
+}
+
+// Decode's read-ahead into slots is what makes its hits right: experts put in slots without
+// their reads change the output.
+TEST(FixedSlots, AReadAheadIntoSlotsWithoutItsReadsChangesTheOutput) {
+    check_slot_control("/prefetch_used", "MOESTREAM_DEBUG_SLOT_PREFETCH_SKIP_READ=1",
+                       " --prefetch");
 }
 
 // With MOESTREAM_SLOT_CACHE=1, what the fixed-slot cache cannot run with is refused by name,
 // with a usage exit: a budget below one slot per routed expert besides the shared slots, and
-// the knobs that rewrite or predict routings. By default the LRU cache runs them instead,
-// saying why (the control).
+// the knobs that rewrite routings or manage the LRU cache's pages. By default the LRU cache
+// runs them instead, saying why (the control).
 TEST(FixedSlots, WhatItCannotRunWithIsRefusedByNameOrLeftToTheLruCache) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     RunOut small = run_moestream(model, "A", "--cache-mb 4 --force-cache",
@@ -282,20 +296,20 @@ TEST(FixedSlots, WhatItCannotRunWithIsRefusedByNameOrLeftToTheLruCache) {
     EXPECT_NE(lru.stats["settings"]["cache_store_reason"].get<std::string>().find(
                   "fewer than the routing width 4"),
               std::string::npos);
-    RunOut pf = run_moestream(model, "A", "--cache-mb 7 --force-cache --prefetch",
+    RunOut nm = run_moestream(model, "A", "--cache-mb 7 --force-cache --cache-no-move",
                               "MOESTREAM_SLOT_CACHE=1", /*must_succeed=*/false);
-    EXPECT_EQ(pf.exit_code, 64) << pf.err;
-    EXPECT_NE(pf.err.find("MOESTREAM_SLOT_CACHE=1: the fixed-slot cache cannot be combined with "
-                          "--prefetch"),
-              std::string::npos) << pf.err;
-    RunOut pf_lru = run_moestream(model, "A", "--cache-mb 7 --force-cache --prefetch");
-    ASSERT_EQ(pf_lru.exit_code, 0);
-    EXPECT_EQ(pf_lru.stats["settings"]["cache_store"], "lru");
-    EXPECT_NE(pf_lru.stats["settings"]["cache_store_reason"].get<std::string>().find("prefetch"),
+    EXPECT_EQ(nm.exit_code, 64) << nm.err;
+    EXPECT_NE(nm.err.find("MOESTREAM_SLOT_CACHE=1: the fixed-slot cache cannot be combined with "
+                          "--cache-no-move"),
+              std::string::npos) << nm.err;
+    RunOut nm_lru = run_moestream(model, "A", "--cache-mb 7 --force-cache --cache-no-move");
+    ASSERT_EQ(nm_lru.exit_code, 0);
+    EXPECT_EQ(nm_lru.stats["settings"]["cache_store"], "lru");
+    EXPECT_NE(nm_lru.stats["settings"]["cache_store_reason"].get<std::string>().find("cache_move"),
               std::string::npos);
     // The summary says which store and why, in the CLI's words.
-    EXPECT_NE(pf_lru.err.find("LRU cache: the fixed-slot cache cannot be combined with --prefetch"),
-              std::string::npos) << pf_lru.err;
+    EXPECT_NE(nm_lru.err.find("LRU cache: the fixed-slot cache cannot be combined with --cache-no-move"),
+              std::string::npos) << nm_lru.err;
     EXPECT_EQ(lru.err.find("fixed slots:"), std::string::npos) << lru.err;
 }
 
