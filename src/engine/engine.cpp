@@ -350,7 +350,9 @@ Status EngineImpl::make_store() {
         if (slot_two_sets)
             MS_LOG_INFO("read-ahead: two sets of shared expert slots in the budget (%s)",
                         mib_text(2 * shared_slot_set_bytes(index_)).c_str());
-        store_ = make_slot_cache(index_, d.budget_bytes, slot_two_sets, &st, hooks);
+        SlotOptions so;
+        so.huge_pages = knobs_.huge_pages;
+        store_ = make_slot_cache(index_, d.budget_bytes, slot_two_sets, &st, hooks, so);
     } else if (d.budget_bytes > 0) {
         CacheOptions copt;
         copt.recycle_pages = opt_.cache_recycle;
@@ -373,7 +375,7 @@ Status EngineImpl::make_store() {
                 ", but " + mib_text(mem.available_bytes) + " is available (" + mem.source +
                 ") once the context is made; lower RunOptions::n_ctx or RunOptions::n_batch, "
                 "or run with more memory");
-        store_ = make_shared_slots(index_, &st, second_slot_set_fits(needs, mem));
+        store_ = make_shared_slots(index_, &st, second_slot_set_fits(needs, mem), knobs_.huge_pages);
     }
     if (!st.ok()) return st;
     stats_.cache_budget_bytes = int64_t(d.budget_bytes);
@@ -421,7 +423,8 @@ Status EngineImpl::make_store() {
     }
     binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
     // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
-    st = binder_->read_dense(&lanes_);
+    st = binder_->read_dense(&lanes_, WeightBinder::kDenseChunkBytes,
+                             WeightBinder::kDenseBatchBytes, knobs_.huge_pages);
     if (!st.ok()) return st;
     stats_.dense_read_s = binder_->dense_read_s();
     if (fault_plan_.kind != IoFaultPlan::Kind::kNone)
@@ -647,6 +650,11 @@ std::string EngineImpl::settings_json() const {
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
     j["cache_slot_warm"] = slot_rewriter_ != nullptr && knobs_.slot_warm;
     j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
+    // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): asked for, and the bytes
+    // of expert slots and dense copies the kernel accepted the advice for.
+    j["huge_pages"] = knobs_.huge_pages;
+    j["huge_page_bytes"] = (store_ ? store_->cache_stats().slot_huge_bytes : 0) +
+                           (binder_ ? binder_->dense_huge_bytes() : 0);
     j["cache_slot_warm_s"] = store_ ? store_->cache_stats().slot_warm_s : 0.0;
     j["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;

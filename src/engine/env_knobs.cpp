@@ -81,6 +81,10 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!slot_warm.empty() && slot_warm != "0" && slot_warm != "1")
         return Status::Usage("MOESTREAM_SLOT_WARM=" + slot_warm + ": must be 0 or 1");
     if (!slot_warm.empty()) k->slot_warm = slot_warm == "1";
+    const std::string huge = env("MOESTREAM_HUGEPAGES");
+    if (!huge.empty() && huge != "0" && huge != "1")
+        return Status::Usage("MOESTREAM_HUGEPAGES=" + huge + ": must be 0 or 1");
+    if (!huge.empty()) k->huge_pages = huge == "1";
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

@@ -57,6 +57,10 @@ struct EnvKnobs {
     // ubatch fills the slots from the shared slots (slot_rewriter.h, "Warm start"); 0 = decode
     // starts with empty slots (A/B benchmarks). Lossless either way.
     bool slot_warm = true;
+    // MOESTREAM_HUGEPAGES=0|1: 1 (default) = the engine's own large buffers (expert slots,
+    // shared slots, dense weight copies) are advised for transparent huge pages
+    // (huge_pages.h); 0 = 4 KiB pages (A/B benchmarks). Lossless either way.
+    bool huge_pages = true;
     // Tests only. MOESTREAM_DEBUG_SLOT_MISPLACE=1: with MOESTREAM_SLOT_CACHE=1 the expert
     // ids are rewritten to the wrong slots (slot_rewriter.h): the negative control of the rewrite.
     bool slot_misplace = false;

@@ -13,6 +13,7 @@
 #include "ggml.h"
 #include "gguf.h"
 #include "llama.h"
+#include "huge_pages.h"
 #include "moestream/log.h"
 #include "router_hook.h"
 
@@ -33,7 +34,8 @@ WeightBinder::~WeightBinder() {
     for (auto & [off, c] : dense_) std::free(c.alloc);
 }
 
-Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t batch_limit) {
+Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t batch_limit,
+                                bool huge_pages) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t a = std::max<uint64_t>(lanes->dio_alignment(), 64);
     const uint64_t chunk = std::max<uint64_t>(chunk_bytes / a * a, a);
@@ -74,9 +76,13 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
         if (__builtin_add_overflow(ti.nbytes, phase, &alloc_bytes))
             return Status::BadModel(index_.path + ": tensor '" + ti.name + "' is too large");
         DenseCopy c;
-        if (posix_memalign(&c.alloc, std::max<uint64_t>(a, 4096), alloc_bytes) != 0)
+        if (posix_memalign(&c.alloc,
+                           huge_page_alignment(alloc_bytes, std::max<uint64_t>(a, 4096), huge_pages),
+                           alloc_bytes) != 0)
             return Status::Runtime("cannot allocate " + std::to_string(alloc_bytes) +
                                    " bytes for weight '" + ti.name + "'");
+        if (huge_pages && alloc_bytes >= kHugePageBytes && advise_huge_pages(c.alloc, alloc_bytes))
+            dense_huge_bytes_ += alloc_bytes / kHugePageBytes * kHugePageBytes;
         c.data = static_cast<uint8_t *>(c.alloc) + phase;
         c.nbytes = ti.nbytes;
         dense_.emplace(dense_key(ti), c);

@@ -57,11 +57,15 @@ public:
     // Requests are read in batches of about this many bytes (the buffered fallback drops
     // each batch from the page cache once read).
     static constexpr uint64_t kDenseBatchBytes = 256ull << 20;
+    // huge_pages: copies of a huge page or more start on one and are advised for transparent
+    // huge pages (huge_pages.h).
     Status read_dense(IoLanes * lanes, uint64_t chunk_bytes = kDenseChunkBytes,
-                      uint64_t batch_bytes = kDenseBatchBytes);
+                      uint64_t batch_bytes = kDenseBatchBytes, bool huge_pages = true);
     // The heap copy of a dense weight, or null (not read, or freed by finish()).
     const void * dense_copy(const std::string & name) const;
     double dense_read_s() const { return dense_read_s_; }  // wall time of read_dense
+    // Bytes of dense copies the kernel accepted huge-page advice for (0: none, or off).
+    uint64_t dense_huge_bytes() const { return dense_huge_bytes_; }
     const IoBatchStats & dense_read_stats() const { return dense_stats_; }  // its reads
 
     // True until finish(): the hook hands every node's operands to bind().
@@ -98,6 +102,7 @@ private:
     std::map<DenseKey, DenseCopy> dense_;  // by shard and file offset
     uint64_t dense_bytes_ = 0;             // bytes of bound copies
     double dense_read_s_ = 0;
+    uint64_t dense_huge_bytes_ = 0;
     IoBatchStats dense_stats_;
     size_t n_expert_bound_ = 0;
     bool finished_ = false;

@@ -68,6 +68,9 @@ struct CacheStats : LedgerStats {
     uint64_t warmed_commits = 0;
     // Fixed-slot cache (make_slot_cache): expert slots per MoE layer; 0 = another store.
     uint32_t slots_per_layer = 0;
+    // Bytes of the slots and shared slots advised for transparent huge pages
+    // (SlotOptions::huge_pages, accepted by the kernel); it may still back some with 4 KiB pages.
+    uint64_t slot_huge_bytes = 0;
     uint64_t slot_warm_copies = 0;  // experts copied into slots by warm_slots() (no reads)
     double slot_warm_s = 0;         // wall time of those copies, seconds
 };
@@ -232,8 +235,9 @@ public:
 // Cache off: shared per-projection slots, re-read on every routing. two_sets: a second set
 // (one more layer of expert memory) for prefill read-ahead: MoE layer m is bound to set m % 2,
 // and prefetch() reads whole experts of a layer into its set ahead of its routing.
+// huge_pages: advise the slots for transparent huge pages (SlotOptions::huge_pages).
 std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
-                                                  bool two_sets = false);
+                                                  bool two_sets = false, bool huge_pages = true);
 // Bytes of one set of make_shared_slots' slots (every projection of the largest layer).
 uint64_t shared_slot_set_bytes(const ModelIndex & index);
 
@@ -244,13 +248,21 @@ uint64_t shared_slot_set_bytes(const ModelIndex & index);
 // read into the least recently used slot not routed now) and slot_map() tells the graph which
 // slot holds which expert; a wider routing (a prompt ubatch) goes to shared slots at
 // canonical offsets, as with the cache off (two sets when two_sets: prefill read-ahead, whose
-// prefetch() reads into the other set; when every expert has a slot, into free slots).
+// prefetch() reads into the other set; when every expert has a slot, into free slots). A
+// prefetch() of one token's guess (at most n_expert_used experts: decode's --prefetch) is
+// read into the layer's slots, evicting its least recently used ones.
 // Invariant: the slots and the shared slots together take at most budget_bytes. Fails
 // (Status) when K would be below the routing width n_expert_used or memory cannot be had.
 // The slots per MoE layer make_slot_cache would give `budget_bytes`, with one or two sets of
 // shared slots taken from it (0 when they do not fit); it refuses fewer than
 // index.n_expert_used.
 uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool two_sets);
+// How the fixed-slot cache gets its memory (production settings; docs/cache.md).
+struct SlotOptions {
+    // Map the slots and the shared slots 2 MiB-aligned and advise them for transparent huge
+    // pages (huge_pages.h). Lossless; false = MOESTREAM_HUGEPAGES=0, for A/B benchmarks.
+    bool huge_pages = true;
+};
 // Test hooks of the fixed-slot cache: nothing in production sets them.
 struct SlotTestHooks {
     // warm_slots() records its experts as slotted but copies nothing (the slots keep what
@@ -262,7 +274,8 @@ struct SlotTestHooks {
 };
 std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
                                                 bool two_sets, Status * st,
-                                                const SlotTestHooks & test = {});
+                                                const SlotTestHooks & test = {},
+                                                const SlotOptions & opt = {});
 
 // LRU cache with a budget of `budget_bytes` of committed expert memory (> 0). Reserves
 // address space for every expert tensor (no RAM). `index` must outlive the store.

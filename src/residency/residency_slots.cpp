@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "huge_pages.h"
 #include "residency.h"
 
 namespace moestream {
@@ -28,8 +29,9 @@ std::vector<uint64_t> shared_slot_sizes(const ModelIndex & index) {
 // one the last stage() handed out: its matmuls may still read it.
 class SharedSlots final : public ResidencyStore {
 public:
-    SharedSlots(const ModelIndex & index, bool two_sets)
-        : index_(index), n_sets_(two_sets ? 2 : 1), ahead_(index.n_expert, 0) {}
+    SharedSlots(const ModelIndex & index, bool two_sets, bool huge_pages)
+        : index_(index), n_sets_(two_sets ? 2 : 1), huge_pages_(huge_pages),
+          ahead_(index.n_expert, 0) {}
     ~SharedSlots() override {
         for (void * p : slots_) std::free(p);
     }
@@ -40,10 +42,12 @@ public:
         for (size_t i = 0; i < n_proj * n_sets_; ++i) {
             const uint64_t t = i % n_proj;
             void * p = nullptr;
-            if (posix_memalign(&p, 4096, sizes_[t]) != 0)
+            if (posix_memalign(&p, huge_page_alignment(sizes_[t], 4096, huge_pages_), sizes_[t]) != 0)
                 return Status::Runtime("cannot allocate " + std::to_string(sizes_[t]) +
                                        " bytes for the shared expert slots");
             slots_.push_back(p);
+            if (huge_pages_ && advise_huge_pages(p, sizes_[t]))
+                stats_.slot_huge_bytes += sizes_[t] / kHugePageBytes * kHugePageBytes;
         }
         return Status::Ok();
     }
@@ -144,6 +148,7 @@ private:
     std::vector<uint64_t> sizes_;
     std::vector<void *> slots_;  // set-major: slots_[set * n_proj + t]
     size_t n_sets_;
+    bool huge_pages_;  // slots advised for transparent huge pages (huge_pages.h)
     std::vector<uint8_t> ahead_;  // per expert: read ahead into layer ahead_moe_'s set
     int64_t ahead_moe_ = -1;
     bool open_ = false;           // the read-ahead's reads are in flight
@@ -160,8 +165,8 @@ uint64_t shared_slot_set_bytes(const ModelIndex & index) {
 }
 
 std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Status * st,
-                                                  bool two_sets) {
-    auto s = std::make_unique<SharedSlots>(index, two_sets);
+                                                  bool two_sets, bool huge_pages) {
+    auto s = std::make_unique<SharedSlots>(index, two_sets, huge_pages);
     *st = s->init();
     if (!st->ok()) return nullptr;
     return s;

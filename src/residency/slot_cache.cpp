@@ -29,6 +29,7 @@
 #include <system_error>
 #include <thread>
 
+#include "huge_pages.h"
 #include "residency.h"
 
 #ifndef MADV_POPULATE_WRITE
@@ -75,8 +76,9 @@ std::string mib_text(uint64_t b) {
 
 class SlotCache final : public ResidencyStore {
 public:
-    SlotCache(const ModelIndex & index, uint64_t budget, const SlotTestHooks & test)
-        : index_(index), budget_(budget), test_(test) {}
+    SlotCache(const ModelIndex & index, uint64_t budget, const SlotTestHooks & test,
+              const SlotOptions & opt)
+        : index_(index), budget_(budget), test_(test), opt_(opt) {}
     ~SlotCache() override {
         stop_populate_.store(true, std::memory_order_relaxed);
         if (populate_thread_.joinable()) populate_thread_.join();
@@ -101,17 +103,15 @@ public:
         wide_ = k_ < index_.n_expert;
         const bool bank_two_sets = two_sets && wide_;
         Status st;
-        bank_ = make_shared_slots(index_, &st, bank_two_sets);
+        bank_ = make_shared_slots(index_, &st, bank_two_sets, opt_.huge_pages);
         if (!st.ok()) return st;
         std::vector<std::vector<uint64_t>> offs;
         mem_bytes_ = slot_layout(index_, k_, &offs);
         base_.assign(n_moe, {});
-        void * p =
-            mmap(nullptr, mem_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
+        mem_ = map_slots(mem_bytes_, opt_.huge_pages, &huge_);
+        if (mem_ == nullptr)
             return Status::Runtime("slot cache: cannot map " + std::to_string(mem_bytes_ >> 20) +
                                    " MiB for the expert slots: " + std::strerror(errno));
-        mem_ = static_cast<uint8_t *>(p);
         populate();
         for (size_t m = 0; m < n_moe; ++m)
             for (uint64_t o : offs[m]) base_[m].push_back(mem_ + o);
@@ -289,6 +289,8 @@ public:
         c.reserved_bytes = reserved_bytes();
         c.page_bytes = kPage;
         c.slots_per_layer = k_;
+        c.slot_huge_bytes = (huge_ ? mem_bytes_ / kHugePageBytes * kHugePageBytes : 0) +
+                            (wide_ ? bank.slot_huge_bytes : 0);
         c.slot_warm_copies = stats_warm_;
         c.slot_warm_s = warm_s_;
         return c;
@@ -302,6 +304,24 @@ public:
     }
 
 private:
+    // `bytes` of anonymous memory; with `huge`, 2 MiB-aligned (the excess of a larger mapping
+    // unmapped) and advised for transparent huge pages, *advised saying whether the kernel
+    // took the advice. nullptr (errno set) when nothing could be mapped.
+    static uint8_t * map_slots(uint64_t bytes, bool huge, bool * advised) {
+        constexpr uint64_t kHuge = kHugePageBytes;
+        *advised = false;
+        const uint64_t len = huge ? bytes + kHuge : bytes;
+        void * p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) return nullptr;
+        auto * base = static_cast<uint8_t *>(p);
+        if (!huge) return base;
+        uint8_t * at = base + (round_up(uint64_t(uintptr_t(base)), kHuge) - uint64_t(uintptr_t(base)));
+        if (at > base) munmap(base, uint64_t(at - base));
+        if (base + len > at + bytes) munmap(at + bytes, uint64_t(base + len - (at + bytes)));
+        *advised = advise_huge_pages(at, bytes);
+        return at;
+    }
+
     // Every page of the slots gets its page-table entry once, so the matmuls never meet a new
     // one later. With MADV_POPULATE_WRITE (Linux 5.14+) a low-priority thread does it while
     // the engine reads the dense weights: it never changes a page's bytes, so the reads and
@@ -445,6 +465,8 @@ private:
     std::vector<int64_t> bank_holds_;
     std::vector<std::vector<uint8_t>> bank_routed_;
     const SlotTestHooks test_;
+    const SlotOptions opt_;
+    bool huge_ = false;  // the slots are advised for transparent huge pages
     std::thread populate_thread_;  // populate(): the slots' page-table entries
     std::atomic<bool> stop_populate_{false};
     uint64_t clock_ = 0;
@@ -469,8 +491,9 @@ uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool 
 
 std::unique_ptr<ResidencyStore> make_slot_cache(const ModelIndex & index, uint64_t budget_bytes,
                                                 bool two_sets, Status * st,
-                                                const SlotTestHooks & test) {
-    auto s = std::make_unique<SlotCache>(index, budget_bytes, test);
+                                                const SlotTestHooks & test,
+                                                const SlotOptions & opt) {
+    auto s = std::make_unique<SlotCache>(index, budget_bytes, test, opt);
     *st = s->init(two_sets);
     if (!st->ok()) return nullptr;
     return s;
