@@ -233,10 +233,14 @@ int do_run(RunFlags & f) {
         const nlohmann::json set = nlohmann::json::parse(engine->settings_json());
         const std::string pio = set.value("prefetch_io", "off");
         const std::string why = set.value("prefetch_io_fallback", "");
-        std::fprintf(stderr, "moestream: paths: %s reads | page %llu KiB | page moves %s | prefetch %s%s%s\n",
+        const uint64_t huge = set.value("huge_page_bytes", uint64_t(0));
+        const std::string huge_text = !set.value("huge_pages", false) ? "off"
+                                      : huge == 0 ? "none (transparent huge pages unavailable)"
+                                                  : std::to_string(huge >> 20) + " MiB";
+        std::fprintf(stderr, "moestream: paths: %s reads | page %llu KiB | page moves %s | huge pages %s | prefetch %s%s%s\n",
                      set.value("odirect", false) ? "O_DIRECT" : "buffered",
                      (unsigned long long)(set.value("page_bytes", uint64_t(0)) >> 10),
-                     set.value("cache_move_used", false) ? "on" : "off", pio.c_str(),
+                     set.value("cache_move_used", false) ? "on" : "off", huge_text.c_str(), pio.c_str(),
                      why.empty() ? "" : " (io_uring unavailable: ", why.empty() ? "" : (why + ")").c_str());
         if (set.value("prefill_readahead_requested", false) || set.value("prefill_readahead", false))
             std::fprintf(stderr, "moestream: prefill read-ahead %s | %.1f MiB read ahead | %.2f s waiting for them\n",

@@ -1,0 +1,110 @@
+// Transparent huge pages for the engine's own buffers (src/util/huge_pages.h, docs/design.md).
+#include <sys/mman.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "huge_pages.h"
+#include "test_util.h"
+
+using moestream::advise_huge_pages;
+using moestream::kHugePageBytes;
+using namespace moestream::test;
+
+namespace {
+
+// Whether the kernel has transparent huge pages that MADV_HUGEPAGE can ask for.
+bool thp_available(std::string * why) {
+    std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+    std::string line;
+    if (!std::getline(f, line)) {
+        *why = "no /sys/kernel/mm/transparent_hugepage/enabled (kernel without THP)";
+        return false;
+    }
+    if (line.find("[never]") != std::string::npos) {
+        *why = "transparent huge pages are set to never on this machine";
+        return false;
+    }
+    return true;
+}
+
+// Whether the mapping that holds `p` carries the huge-page advice (smaps VmFlags "hg").
+bool advised(const void * p) {
+    std::ifstream f("/proc/self/smaps");
+    const auto at = uintptr_t(p);
+    bool inside = false;
+    for (std::string line; std::getline(f, line);) {
+        uintptr_t lo = 0, hi = 0;
+        if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2) {  // a mapping's first line
+            inside = at >= lo && at < hi;
+            continue;
+        }
+        if (inside && line.rfind("VmFlags:", 0) == 0) return line.find(" hg") != std::string::npos;
+    }
+    return false;
+}
+
+// 2 MiB-aligned anonymous memory of `len` bytes (the excess of a larger mapping unmapped).
+uint8_t * map_aligned(uint64_t len) {
+    void * p = mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
+                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    auto * b = static_cast<uint8_t *>(p);
+    auto * at = reinterpret_cast<uint8_t *>((uintptr_t(b) + kHugePageBytes - 1) / kHugePageBytes *
+                                            kHugePageBytes);
+    if (at > b) munmap(b, uint64_t(at - b));
+    munmap(at + len, uint64_t(b + len + kHugePageBytes - (at + len)));
+    return at;
+}
+
+}  // namespace
+
+// Only whole huge pages are advised: the partial one at a buffer's end keeps 4 KiB pages, so
+// the buffer never costs more RSS than its own pages. The control: advising the whole range
+// marks the tail too.
+TEST(HugePages, OnlyWholeHugePagesAreAdvised) {
+    std::string why;
+    if (!thp_available(&why)) GTEST_SKIP() << why;
+    const uint64_t len = kHugePageBytes + kHugePageBytes / 2;
+    uint8_t * p = map_aligned(len);
+    ASSERT_NE(p, nullptr);
+    ASSERT_TRUE(advise_huge_pages(p, len));
+    EXPECT_TRUE(advised(p));
+    EXPECT_FALSE(advised(p + kHugePageBytes));
+    EXPECT_FALSE(advise_huge_pages(p, kHugePageBytes - 4096));  // no whole huge page
+    ASSERT_EQ(madvise(p, len, MADV_HUGEPAGE), 0);  // control
+    EXPECT_TRUE(advised(p + kHugePageBytes));
+    munmap(p, len);
+}
+
+// By default the engine's dense copies and slots are advised (settings.huge_page_bytes);
+// MOESTREAM_HUGEPAGES=0 advises nothing and the output is the same bytes.
+TEST(HugePages, TheEnginesBuffersAreAdvisedByDefaultAndNotWithTheKnob) {
+    std::string why;
+    if (!thp_available(&why)) GTEST_SKIP() << why;
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    StatsRun on = run_with_stats(model, kRouterPrompt, 4, "", "", /*with_logits=*/true);
+    StatsRun off = run_with_stats(model, kRouterPrompt, 4, "", "MOESTREAM_HUGEPAGES=0 ", true);
+    ASSERT_EQ(on.rc, 0) << on.err;
+    ASSERT_EQ(off.rc, 0) << off.err;
+    const auto js_on = nlohmann::json::parse(on.stats), js_off = nlohmann::json::parse(off.stats);
+    EXPECT_TRUE(js_on["settings"]["huge_pages"].get<bool>());
+    EXPECT_GE(js_on["settings"]["huge_page_bytes"].get<uint64_t>(), kHugePageBytes);
+    EXPECT_FALSE(js_off["settings"]["huge_pages"].get<bool>());
+    EXPECT_EQ(js_off["settings"]["huge_page_bytes"].get<uint64_t>(), 0u);
+    EXPECT_EQ(js_on["logits_sha"], js_off["logits_sha"]);
+    EXPECT_TRUE(on.logits == off.logits);
+}
+
+// A value other than 0 or 1 is refused by name.
+TEST(HugePages, AKnobValueOtherThanZeroOrOneIsRefused) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    StatsRun bad = run_with_stats(model, kRouterPrompt, 1, "", "MOESTREAM_HUGEPAGES=yes ");
+    EXPECT_EQ(bad.rc, 64) << bad.err;
+    EXPECT_NE(bad.err.find("MOESTREAM_HUGEPAGES=yes: must be 0 or 1"), std::string::npos) << bad.err;
+}
