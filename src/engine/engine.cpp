@@ -479,8 +479,8 @@ Status EngineImpl::make_store() {
     // The router hook's observers, in the order they see each event (node_observer.h):
     // the tracer reads the final weights before drop-cold rewrites them.
     std::vector<NodeObserver *> observers = {binder_.get()};
-    // The fixed-slot cache's rewriter sees every node in ask mode (the hook stops asking at
-    // the first observer that wants a node): right after the binder, which binds first.
+    // The fixed-slot cache's rewriter: right after the binder, which binds first (every
+    // observer sees every ask, in this order).
     if (slot_cache) {
         slot_rewriter_ = std::make_unique<SlotRewriter>(index_, store_.get(), streamer_.get());
         slot_rewriter_->plant_misplace(knobs_.slot_misplace);

@@ -5,7 +5,7 @@
 // The hook calls every observer in list order (the order the engine built the list in):
 //   begin_graph  before each llama_decode;
 //   on_ask       ask mode, for every node except routing nodes (which the hook always asks
-//                for), until one observer returns true (the node is then delivered);
+//                for); the node is delivered when any observer returns true;
 //   on_node      every delivered node, routing nodes included, before the hook reads a
 //                routing (so waits and deferred loads of the previous layer come first);
 //   on_select    a layer's routing, just read at its topk node, that the observer may rewrite

@@ -36,8 +36,9 @@ Status RouterHook::load(const Routing & r) {
 bool RouterHook::on_ask(ggml_tensor * t) {
     // Hot path: every node of every decode.
     if (std::strncmp(t->name, kTopkPrefix, kTopkPrefixLen) == 0) return true;
-    for (NodeObserver * o : observers_)
-        if (o->on_ask(t, *this)) return true;
+    bool want = false;  // every observer sees every ask (a delivered node is delivered to all)
+    for (NodeObserver * o : observers_) want = o->on_ask(t, *this) || want;
+    if (want) return true;
     if (t->op == GGML_OP_MUL && wants_terminals()) nodes_.learn_terminal(t);  // cheap test first
     return false;
 }

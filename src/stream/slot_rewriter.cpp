@@ -27,10 +27,11 @@ void SlotRewriter::begin_graph(const GraphInfo & g, RouterHook &) {
     ids_ = nullptr;
     moe_ = -1;
     map_ = nullptr;
-    rewritten_ = false;
+    in_slots_ = false;
 }
 
 void SlotRewriter::end_graph(RouterHook & hook) {
+    graph_seen_ = true;
     flush_warm();  // the graph's last MoE layer: nothing has reused the shared slots since
     begin_graph(GraphInfo{}, hook);
 }
@@ -60,7 +61,12 @@ void SlotRewriter::on_loaded(const Routing & r, const Status & st, RouterHook &)
     ids_ = topk_->data;
     map_ = moe_ >= 0 ? store_->slot_map(size_t(moe_)) : nullptr;
     matmuls_left_ = moe_ >= 0 ? index_.moe_layers[size_t(moe_)].tensors.size() : 0;
-    rewritten_ = false;
+    in_slots_ = false;
+    seen_matmul_ = false;
+    ids_ne_[0] = ids_ne_[1] = -1;
+    // Deliver the matmuls (one callback each) while a node may read the ids between them:
+    // in the first graph, and for good once one did.
+    want_matmuls_ = late_readers_ || !graph_seen_;
     if (warm_ && last_ubatch_ && moe_ >= 0 && map_ == nullptr) {
         // Staged to the shared slots: once the matmuls have run, warm the layer's slots with
         // the experts of the ubatch's last tokens, most recent first.
@@ -90,54 +96,77 @@ int SlotRewriter::tensor_index(const ggml_tensor * w, size_t moe_idx) {
 
 bool SlotRewriter::on_ask(ggml_tensor * t, RouterHook & hook) {
     if (moe_ < 0 || ids_ == nullptr) return false;
-    if (t->op == GGML_OP_MUL_MAT_ID && t->src[2] != nullptr && t->src[2]->data == ids_) {
-        if (map_ != nullptr && !rewritten_) {
-            hook.fail(
-                Status::Runtime("fixed-slot cache: layer " + std::to_string(layer_) +
-                                ": the expert matmul '" + t->name +
-                                "' runs before the router weights are gathered, so its expert ids "
-                                "cannot be rewritten; run without MOESTREAM_SLOT_CACHE"));
+    const bool matmul =
+        t->op == GGML_OP_MUL_MAT_ID && t->src[2] != nullptr && t->src[2]->data == ids_;
+    bool reads = matmul;
+    for (const ggml_tensor * s : t->src) reads = reads || (s != nullptr && s->data == ids_);
+    if (!reads) return false;
+    if (!matmul) {  // e.g. the GET_ROWS that gathers the router weights by the expert ids
+        if (seen_matmul_) late_readers_ = true;  // for the next layers and graphs
+        if (map_ == nullptr) return false;       // nothing rewritten in this layer
+        if (in_slots_) {
+            if (!want_matmuls_) {  // an earlier matmul may not have computed: it needs slots
+                hook.fail(Status::Runtime(
+                    "fixed-slot cache: layer " + std::to_string(layer_) + ": node '" + t->name +
+                    "' (" + ggml_op_name(t->op) +
+                    ") reads the expert ids between the layer's expert matmuls, which this graph "
+                    "did not expect; run with MOESTREAM_SLOT_CACHE=0"));
+                return false;
+            }
+            restore();  // every matmul asked so far has computed (they were delivered)
+        }
+        return true;  // delivered: it computes before the next matmul's rewrite
+    }
+    seen_matmul_ = true;
+    if (map_ != nullptr && !in_slots_) {  // every earlier reader of the ids has computed
+        Status st = rewrite(t->src[2]);
+        if (!st.ok()) {
+            hook.fail(st);
             return false;
         }
-        ggml_tensor * w = t->src[0];
-        ggml_tensor * root = w->view_src ? w->view_src : w;
-        const int ti = tensor_index(root, size_t(moe_));
-        if (ti < 0) return false;
+    }
+    ggml_tensor * w = t->src[0];
+    ggml_tensor * root = w->view_src ? w->view_src : w;
+    const int ti = tensor_index(root, size_t(moe_));
+    if (ti >= 0) {
         uint8_t * base = store_->placement_base(size_t(moe_), size_t(ti));
         root->data = base;
         if (w != root) w->data = base + w->view_offs;
-        // After the layer's last expert matmul nothing reads its ids: stop watching them (the
-        // allocator may give their memory to later nodes).
-        if (matmuls_left_ > 0 && --matmuls_left_ == 0) ids_ = nullptr;
-        return false;
     }
-    if (map_ != nullptr && !rewritten_ && t->op == GGML_OP_GET_ROWS && t->src[1] != nullptr &&
-        t->src[1]->data == ids_)
-        return true;  // the router weights: rewrite the ids once they are gathered
-    if (rewritten_) {
-        for (const ggml_tensor * s : t->src) {
-            if (s != nullptr && s->data == ids_) {
-                hook.fail(Status::Runtime("fixed-slot cache: layer " + std::to_string(layer_) +
-                                          ": node '" + t->name + "' (" + ggml_op_name(t->op) +
-                                          ") reads the expert ids after they were "
-                                          "rewritten to slots; run without MOESTREAM_SLOT_CACHE"));
-                return false;
-            }
-        }
-    }
-    return false;
+    if (matmuls_left_ > 0) --matmuls_left_;
+    // Delivered while a later reader may need the expert ids back (on_node restores them
+    // after the last one); else, after the layer's last expert matmul nothing reads its ids:
+    // stop watching them (the allocator may give their memory to later nodes).
+    const bool deliver = map_ != nullptr && want_matmuls_;
+    if (matmuls_left_ == 0 && !deliver) ids_ = nullptr;
+    return deliver;
 }
 
 Status SlotRewriter::on_node(ggml_tensor * t, RouterHook &) {
-    if (map_ == nullptr || rewritten_ || t->op != GGML_OP_GET_ROWS || t->src[1] == nullptr ||
-        t->src[1]->data != ids_)
+    if (ids_ == nullptr || matmuls_left_ > 0 || t->op != GGML_OP_MUL_MAT_ID ||
+        t->src[2] == nullptr || t->src[2]->data != ids_)
         return Status::Ok();
-    const ggml_tensor * ids = t->src[1];
+    if (in_slots_) restore();  // the layer's last expert matmul has computed
+    ids_ = nullptr;
+    return Status::Ok();
+}
+
+Status SlotRewriter::rewrite(const ggml_tensor * ids) {
+    const bool first = ids_ne_[0] < 0;  // the layer's first rewrite: keep the expert ids
+    if (first) {
+        for (int d = 0; d < 2; ++d) {
+            ids_ne_[d] = ids->ne[d];
+            ids_nb_[d] = ids->nb[d];
+        }
+        expert_ids_.clear();
+    }
     auto * base = static_cast<uint8_t *>(const_cast<void *>(ids_));
-    for (int64_t r = 0; r < ids->ne[1]; ++r) {
-        for (int64_t j = 0; j < ids->ne[0]; ++j) {
-            auto * p = reinterpret_cast<int32_t *>(base + r * ids->nb[1] + j * ids->nb[0]);
-            const int32_t e = *p;
+    size_t i = 0;
+    for (int64_t r = 0; r < ids_ne_[1]; ++r) {
+        for (int64_t j = 0; j < ids_ne_[0]; ++j, ++i) {
+            auto * p = reinterpret_cast<int32_t *>(base + r * ids_nb_[1] + j * ids_nb_[0]);
+            const int32_t e = first ? *p : expert_ids_[i];
+            if (first) expert_ids_.push_back(e);
             const int32_t s = (e >= 0 && uint32_t(e) < index_.n_expert) ? map_[e] : -1;
             if (s < 0)
                 return Status::Runtime("fixed-slot cache: layer " + std::to_string(layer_) +
@@ -146,9 +175,18 @@ Status SlotRewriter::on_node(ggml_tensor * t, RouterHook &) {
             *p = misplace_ ? int32_t((uint32_t(s) + 1) % n_slots_) : s;
         }
     }
-    rewritten_ = true;
-    ++rewrites_;
+    in_slots_ = true;
+    if (first) ++rewrites_;
     return Status::Ok();
+}
+
+void SlotRewriter::restore() {
+    auto * base = static_cast<uint8_t *>(const_cast<void *>(ids_));
+    size_t i = 0;
+    for (int64_t r = 0; r < ids_ne_[1]; ++r)
+        for (int64_t j = 0; j < ids_ne_[0]; ++j, ++i)
+            *reinterpret_cast<int32_t *>(base + r * ids_nb_[1] + j * ids_nb_[0]) = expert_ids_[i];
+    in_slots_ = false;
 }
 
 }  // namespace moestream

@@ -3,11 +3,13 @@
 // and rewrites the graph's expert ids to slot indices when that stage used slots.
 //
 // Order within a layer (ask precedes compute, node_observer.h): the routing node computes,
-// the streamer stages (slots chosen, reads started), then this observer asks for the GET_ROWS
-// that gathers the router weights by the routed ids; once it has computed, the ids (the topk
-// node's data) are rewritten in place to slot indices, so every later MUL_MAT_ID of the layer
-// reads slot s where expert e sits. At each MUL_MAT_ID (ask mode, before it computes) the
-// weight's data pointer is set to the store's placement_base() for its layer.
+// the streamer stages (slots chosen, reads started), then this observer asks for every node
+// that reads the routed ids before the layer's first expert matmul (the GET_ROWS that gathers
+// the router weights; some graphs gather by them twice), so each has computed when that
+// matmul is asked about. There, before it computes, the ids (the topk node's data) are
+// rewritten in place to slot indices, so every MUL_MAT_ID of the layer reads slot s where
+// expert e sits. (Nodes between that were not asked for do not read the ids.) At each
+// MUL_MAT_ID the weight's data pointer is set to the store's placement_base() for its layer.
 //
 // Warm start: in the prompt's last ubatch (GraphInfo::prompt_end), a layer whose routing was
 // too wide for its slots (staged to the shared slots) has its slots filled from there once its
@@ -16,9 +18,8 @@
 // warm_slots). Decode then starts with the slots holding what the prompt's end used instead of
 // reading every routed expert of its first token.
 //
-// Refusals (the run stops with an error naming the layer and node, never a wrong result): a
-// MUL_MAT_ID that would read slot-staged experts before the router weights were gathered, or
-// any node other than a MUL_MAT_ID that reads the ids after they were rewritten and before the
+// Refusal (the run stops with an error naming the layer and node, never a wrong result): any
+// node other than a MUL_MAT_ID that reads the ids after they were rewritten and before the
 // layer's last expert matmul (an expert bias added by id, as gpt-oss does).
 // Thread-safety: one RouterHook's observer: the llama_decode thread only.
 #pragma once
@@ -59,6 +60,11 @@ public:
 private:
     int tensor_index(const ggml_tensor * w, size_t moe_idx);  // -1: not an expert tensor
     void flush_warm();  // the pending warm start, if any (its layer's matmuls have run)
+    // Rewrites the layer's ids (`ids`: the MUL_MAT_ID's ids operand, I32 [k, n_rows]) in place
+    // from expert ids to slot indices (the first time, keeping the expert ids); an error when
+    // a routed expert has no slot. restore() puts the expert ids back.
+    Status rewrite(const ggml_tensor * ids);
+    void restore();
 
     const ModelIndex & index_;
     ResidencyStore * store_;
@@ -70,7 +76,14 @@ private:
     uint32_t layer_ = 0;             // that layer's graph index
     const int32_t * map_ = nullptr;  // per expert: its slot (null: canonical offsets)
     size_t matmuls_left_ = 0;       // expert matmuls of that layer not asked yet
-    bool rewritten_ = false;
+    bool in_slots_ = false;         // the ids hold slot indices now
+    bool seen_matmul_ = false;      // the layer's first expert matmul was asked
+    bool want_matmuls_ = true;      // deliver the layer's expert matmuls (see on_loaded)
+    bool late_readers_ = false;     // some layer read its ids between its expert matmuls
+    bool graph_seen_ = false;       // a whole graph has run
+    int64_t ids_ne_[2] = {-1, -1};  // the ids' shape and strides at the layer's first rewrite
+    size_t ids_nb_[2] = {0, 0};
+    std::vector<int32_t> expert_ids_;  // I32 [ne0 * ne1]: the routed expert ids, row-major
     uint64_t rewrites_ = 0;
     bool misplace_ = false;
     uint32_t n_slots_ = 1;  // slots per layer (the store's)

@@ -143,16 +143,22 @@ TEST(RouterHook, DispatchesEveryEventInListOrder) {
                        "a:end", "b:end"}));
 }
 
-TEST(RouterHook, FirstClaimInAskModeEndsTheAsk) {
+// Every observer sees every ask, in list order, also after an earlier one claimed the node
+// (an observer that waits or rewrites at a node's ask must see it); the node is delivered when
+// any observer claims it, and only then.
+TEST(RouterHook, EveryObserverSeesEveryAskAndAnyClaimDelivers) {
     std::vector<std::string> log;
     Sink sink;
     Recorder a("a", &log), b("b", &log);
     a.claim = "x";
+    b.claim = "z";
     RouterHook hook(8, 4, sink, {&a, &b});
-    ggml_tensor x = node("x"), y = node("y");
+    ggml_tensor x = node("x"), y = node("y"), z = node("z");
     EXPECT_TRUE(hook.on_ask(&x));
     EXPECT_FALSE(hook.on_ask(&y));
-    EXPECT_EQ(log, (std::vector<std::string>{"a:ask:x", "a:ask:y", "b:ask:y"}));
+    EXPECT_TRUE(hook.on_ask(&z));
+    EXPECT_EQ(log, (std::vector<std::string>{"a:ask:x", "b:ask:x", "a:ask:y", "b:ask:y",
+                                             "a:ask:z", "b:ask:z"}));
 }
 
 TEST(RouterHook, DeferredRoutingIsLoadedOnlyByItsObserver) {
