@@ -81,8 +81,7 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
                            alloc_bytes) != 0)
             return Status::Runtime("cannot allocate " + std::to_string(alloc_bytes) +
                                    " bytes for weight '" + ti.name + "'");
-        if (huge_pages && alloc_bytes >= kHugePageBytes && advise_huge_pages(c.alloc, alloc_bytes))
-            dense_huge_bytes_ += alloc_bytes / kHugePageBytes * kHugePageBytes;
+        if (huge_pages) dense_huge_bytes_ += advise_huge_pages(c.alloc, alloc_bytes);
         c.data = static_cast<uint8_t *>(c.alloc) + phase;
         c.nbytes = ti.nbytes;
         dense_.emplace(dense_key(ti), c);

@@ -46,8 +46,7 @@ public:
                 return Status::Runtime("cannot allocate " + std::to_string(sizes_[t]) +
                                        " bytes for the shared expert slots");
             slots_.push_back(p);
-            if (huge_pages_ && advise_huge_pages(p, sizes_[t]))
-                stats_.slot_huge_bytes += sizes_[t] / kHugePageBytes * kHugePageBytes;
+            if (huge_pages_) stats_.slot_huge_bytes += advise_huge_pages(p, sizes_[t]);
         }
         return Status::Ok();
     }

@@ -108,10 +108,11 @@ public:
         std::vector<std::vector<uint64_t>> offs;
         mem_bytes_ = slot_layout(index_, k_, &offs);
         base_.assign(n_moe, {});
-        mem_ = map_slots(mem_bytes_, opt_.huge_pages, &huge_);
+        mem_ = opt_.huge_pages ? map_huge_aligned(mem_bytes_) : map_plain(mem_bytes_);
         if (mem_ == nullptr)
             return Status::Runtime("slot cache: cannot map " + std::to_string(mem_bytes_ >> 20) +
                                    " MiB for the expert slots: " + std::strerror(errno));
+        if (opt_.huge_pages) huge_bytes_ = advise_huge_pages(mem_, mem_bytes_);
         populate();
         for (size_t m = 0; m < n_moe; ++m)
             for (uint64_t o : offs[m]) base_[m].push_back(mem_ + o);
@@ -289,8 +290,7 @@ public:
         c.reserved_bytes = reserved_bytes();
         c.page_bytes = kPage;
         c.slots_per_layer = k_;
-        c.slot_huge_bytes = (huge_ ? mem_bytes_ / kHugePageBytes * kHugePageBytes : 0) +
-                            (wide_ ? bank.slot_huge_bytes : 0);
+        c.slot_huge_bytes = huge_bytes_ + (wide_ ? bank.slot_huge_bytes : 0);
         c.slot_warm_copies = stats_warm_;
         c.slot_warm_s = warm_s_;
         return c;
@@ -304,22 +304,10 @@ public:
     }
 
 private:
-    // `bytes` of anonymous memory; with `huge`, 2 MiB-aligned (the excess of a larger mapping
-    // unmapped) and advised for transparent huge pages, *advised saying whether the kernel
-    // took the advice. nullptr (errno set) when nothing could be mapped.
-    static uint8_t * map_slots(uint64_t bytes, bool huge, bool * advised) {
-        constexpr uint64_t kHuge = kHugePageBytes;
-        *advised = false;
-        const uint64_t len = huge ? bytes + kHuge : bytes;
-        void * p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) return nullptr;
-        auto * base = static_cast<uint8_t *>(p);
-        if (!huge) return base;
-        uint8_t * at = base + (round_up(uint64_t(uintptr_t(base)), kHuge) - uint64_t(uintptr_t(base)));
-        if (at > base) munmap(base, uint64_t(at - base));
-        if (base + len > at + bytes) munmap(at + bytes, uint64_t(base + len - (at + bytes)));
-        *advised = advise_huge_pages(at, bytes);
-        return at;
+    // `bytes` of anonymous memory (nullptr, errno set, when it cannot be mapped).
+    static uint8_t * map_plain(uint64_t bytes) {
+        void * p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        return p == MAP_FAILED ? nullptr : static_cast<uint8_t *>(p);
     }
 
     // Every page of the slots gets its page-table entry once, so the matmuls never meet a new
@@ -466,7 +454,7 @@ private:
     std::vector<std::vector<uint8_t>> bank_routed_;
     const SlotTestHooks test_;
     const SlotOptions opt_;
-    bool huge_ = false;  // the slots are advised for transparent huge pages
+    uint64_t huge_bytes_ = 0;  // bytes of the slots advised for transparent huge pages
     std::thread populate_thread_;  // populate(): the slots' page-table entries
     std::atomic<bool> stop_populate_{false};
     uint64_t clock_ = 0;

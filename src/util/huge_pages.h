@@ -19,8 +19,13 @@ uint64_t huge_page_alignment(uint64_t bytes, uint64_t align, bool huge);
 
 // Advises the whole huge pages at the start of [p, p + len) (p aligned to kHugePageBytes) for
 // transparent huge pages (MADV_HUGEPAGE): never the partial one at its end, so a buffer's RSS
-// never grows past its own pages. Returns whether the kernel accepted the advice (false: no
-// whole huge page, or no THP).
-bool advise_huge_pages(void * p, uint64_t len);
+// never grows past its own pages. Returns the bytes advised (0: no whole huge page, or the
+// kernel refused: no THP).
+uint64_t advise_huge_pages(void * p, uint64_t len);
+
+// `bytes` of private anonymous read-write memory starting on a huge-page boundary (a mapping
+// one huge page larger, its excess unmapped), not yet advised; unmap with munmap(p, bytes).
+// nullptr (errno set) when it cannot be mapped.
+uint8_t * map_huge_aligned(uint64_t bytes);
 
 }  // namespace moestream

@@ -14,6 +14,7 @@
 
 using moestream::advise_huge_pages;
 using moestream::kHugePageBytes;
+using moestream::map_huge_aligned;
 using namespace moestream::test;
 
 namespace {
@@ -49,19 +50,6 @@ bool advised(const void * p) {
     return false;
 }
 
-// 2 MiB-aligned anonymous memory of `len` bytes (the excess of a larger mapping unmapped).
-uint8_t * map_aligned(uint64_t len) {
-    void * p = mmap(nullptr, len + kHugePageBytes, PROT_READ | PROT_WRITE,
-                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return nullptr;
-    auto * b = static_cast<uint8_t *>(p);
-    auto * at = reinterpret_cast<uint8_t *>((uintptr_t(b) + kHugePageBytes - 1) / kHugePageBytes *
-                                            kHugePageBytes);
-    if (at > b) munmap(b, uint64_t(at - b));
-    munmap(at + len, uint64_t(b + len + kHugePageBytes - (at + len)));
-    return at;
-}
-
 }  // namespace
 
 // Only whole huge pages are advised: the partial one at a buffer's end keeps 4 KiB pages, so
@@ -71,12 +59,12 @@ TEST(HugePages, OnlyWholeHugePagesAreAdvised) {
     std::string why;
     if (!thp_available(&why)) GTEST_SKIP() << why;
     const uint64_t len = kHugePageBytes + kHugePageBytes / 2;
-    uint8_t * p = map_aligned(len);
+    uint8_t * p = map_huge_aligned(len);
     ASSERT_NE(p, nullptr);
-    ASSERT_TRUE(advise_huge_pages(p, len));
+    ASSERT_EQ(advise_huge_pages(p, len), kHugePageBytes);
     EXPECT_TRUE(advised(p));
     EXPECT_FALSE(advised(p + kHugePageBytes));
-    EXPECT_FALSE(advise_huge_pages(p, kHugePageBytes - 4096));  // no whole huge page
+    EXPECT_EQ(advise_huge_pages(p, kHugePageBytes - 4096), 0u);  // no whole huge page
     ASSERT_EQ(madvise(p, len, MADV_HUGEPAGE), 0);  // control
     EXPECT_TRUE(advised(p + kHugePageBytes));
     munmap(p, len);
