@@ -55,7 +55,8 @@ VARIABLES: dict[str, Any] = {
     # inherited, "passive" = idle threads sleep, "active" = they spin
     "omp_wait_policy": None,
     # moestream's environment knobs for the run (src/engine/env_knobs.h, docs/cli.md): a table
-    # of MOESTREAM_* names (no MOESTREAM_DEBUG_* test knob) to string values, e.g.
+    # of MOESTREAM_* names (no MOESTREAM_DEBUG_* test knob) or GLIBC_TUNABLES (e.g. the
+    # resident reference on huge pages: "glibc.malloc.hugetlb=1") to string values, e.g.
     # env = { MOESTREAM_OVERLAP_STAGES = "3" }; {} = inherited
     "env": {},
 }
@@ -194,9 +195,10 @@ def _check_value(cell: str, var: str, v: Any) -> None:
     if var == "omp_wait_policy" and v not in (None, "passive", "active"):
         raise bad('"passive", "active" or absent')
     if var == "env" and not (isinstance(v, dict) and all(
-            isinstance(k, str) and re.fullmatch(r"MOESTREAM_[A-Z0-9_]+", k)
+            isinstance(k, str) and (re.fullmatch(r"MOESTREAM_[A-Z0-9_]+", k) or k == "GLIBC_TUNABLES")
             and not k.startswith("MOESTREAM_DEBUG_") and isinstance(x, str) for k, x in v.items())):
-        raise bad("a table of MOESTREAM_* names (not MOESTREAM_DEBUG_*) to string values")
+        raise bad("a table of MOESTREAM_* names (not MOESTREAM_DEBUG_*) or GLIBC_TUNABLES to "
+                  "string values")
     if var == "commit" and not (v is None or (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z._/~^-]+", v))):
         raise bad("a git revision (commit hash, tag or branch) or absent")
 

@@ -543,7 +543,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
         for k, get in (("n_prompt", lambda m: m.get("n_prompt")),
                        ("prefill_s", lambda m: m.get("prefill_s")),
                        ("flash_bytes_read", lambda m: m.get("flash_bytes_read")),
-                       ("dense_read_s", lambda m: (m.get("stats_json") or {}).get("dense_read_s"))):
+                       ("dense_read_s", lambda m: (m.get("stats_json") or {}).get("dense_read_s")),
+                       ("dense_read_bytes", lambda m: ((m.get("stats_json") or {}).get("settings")
+                                                       or {}).get("load_bytes_read"))):
             vals = [get(r.get("metrics", {})) for r in ok]
             vals = [v for v in vals if isinstance(v, (int, float))]
             if vals:

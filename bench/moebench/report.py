@@ -129,12 +129,19 @@ def fio_table(res: dict[str, Any]) -> str | None:
     return "\n".join(rows)
 
 
-def _resident_ref(exp: dict[str, Any], sm: dict[str, Any], c: dict[str, Any]) -> dict[str, Any] | None:
-    """The resident cell that is cell c's compute reference: same threads, same prompt."""
-    return next((r for r in exp["cells"] if r["params"]["loader"] == "resident"
-                 and r["params"]["threads"] == c["params"]["threads"]
-                 and r["params"].get("prompt_tokens") == c["params"].get("prompt_tokens")
-                 and sm[r["name"]].get("decode_tok_s")), None)
+def _resident_ref(exp: dict[str, Any], sm: dict[str, Any], c: dict[str, Any],
+                  figure: str = "decode_tok_s") -> dict[str, Any] | None:
+    """The resident cell that is cell c's compute reference: same threads, same prompt; of
+    several (4 KiB pages, huge pages), the fastest at figure, so the bound is the strictest."""
+    refs = [r for r in exp["cells"] if r["params"]["loader"] == "resident"
+            and r["params"]["threads"] == c["params"]["threads"]
+            and r["params"].get("prompt_tokens") == c["params"].get("prompt_tokens")
+            and sm[r["name"]].get(figure)]
+    return max(refs, key=lambda r: _value(sm[r["name"]][figure]), default=None)
+
+
+def _value(fig: dict[str, Any]) -> float:
+    return fig["value"] if "value" in fig else fig["mean"]
 
 
 def _bound_inputs(res: dict[str, Any]):
@@ -181,36 +188,48 @@ def hidden_bound_table(res: dict[str, Any]) -> str | None:
 
 def prefill_table(res: dict[str, Any]) -> str | None:
     """Prefill against the resident cell with the same prompt: prefill tok/s, time to first
-    token, and TTFT against the resident prefill time plus the cell's dense read. Shown for
-    experiments with prompt lengths."""
+    token, and TTFT against the resident prefill time plus the dense read: the cell's dense
+    bytes at fio's rate for its lanes (the storage's speed, whatever the engine's dense read
+    took; the cell's own dense read when there is no fio figure). Shown for experiments with
+    prompt lengths."""
     exp = res["experiment"]
     if not _has_prompt_lengths(exp):
         return None
     sm = res["summary"]["cells"]
+    fio = res["summary"].get("fio_mib_s") or {}
     rows = []
     for c in exp["cells"]:
         s = sm[c["name"]]
         if not s.get("prefill_tok_s"):
             continue
-        ref = _resident_ref(exp, sm, c) if c["params"]["loader"] != "resident" else None
+        ref = (_resident_ref(exp, sm, c, "prefill_tok_s")
+               if c["params"]["loader"] != "resident" else None)
         rs = sm[ref["name"]] if ref else {}
         pt = s["prefill_tok_s"]["mean"]
         n = (s.get("n_prompt") or {}).get("mean")
         rpt = (rs.get("prefill_tok_s") or {}).get("mean")
         rprefill = n / rpt if (n and rpt) else None
         dense = (s.get("dense_read_s") or {}).get("mean")
+        dense_bytes = (s.get("dense_read_bytes") or {}).get("mean")
+        rate = fio.get(str(c["params"].get("io_threads")), {}).get("mean")
+        dense_fio = dense_bytes / 2**20 / rate if (dense_bytes and rate) else None
         ttft = (s.get("ttft_s") or {}).get("mean")
-        target = rprefill + (dense or 0.0) if rprefill is not None else None
+        read = dense_fio if dense_fio is not None else dense
+        ref_name = f" (`{ref['name']}`)" if ref else ""
+        target = rprefill + (read or 0.0) if rprefill is not None else None
         rows.append(f"| `{c['name']}` | {_f(int(n) if n else None)} | {pt:.2f} | "
-                    f"{_f(pt / rpt if rpt else None)} | {_f(ttft)} | {_f(rprefill)} | {_f(dense)} | "
+                    f"{_f(pt / rpt if rpt else None)} | {_f(ttft)} | "
+                    f"{_f(rprefill)}{ref_name} | "
+                    f"{_f(dense)} | {_f(dense_fio)} | "
                     f"{_f(ttft / target if (ttft and target) else None)} | "
                     f"{_f((s.get('flash_bytes_read') or {}).get('mean', 0) / 2**30 if s.get('flash_bytes_read') else None)} |")
     if not rows:
         return None
     return "\n".join([
         "| cell | prompt tokens | prefill tok/s | × resident prefill | TTFT s | resident prefill s | "
-        "dense read s | TTFT / (resident prefill + dense read) | GiB read (run) |",
-        "|---|---|---|---|---|---|---|---|---|"] + rows)
+        "dense read s (run) | dense read s at fio rate | TTFT / (resident prefill + dense read) | "
+        "GiB read (run) |",
+        "|---|---|---|---|---|---|---|---|---|---|"] + rows)
 
 
 def bound_table(res: dict[str, Any]) -> str | None:

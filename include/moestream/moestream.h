@@ -164,6 +164,7 @@ struct RunStats {
     double decode_tok_s = 0;
     double ttft_s = 0;  // time to first token, from the start of open()
     uint64_t peak_rss_bytes = 0;
+    uint64_t anon_huge_bytes = 0;   // memory on transparent huge pages at the end (AnonHugePages)
     double majflt_per_token = 0;    // major page faults during decode / generated tokens
     uint64_t flash_bytes_read = 0;  // all reads (prefill + decode)
     uint64_t flash_reads = 0;

@@ -20,6 +20,9 @@ uint64_t resident_mapped_bytes_of_file(uint64_t dev, uint64_t ino);
 uint64_t system_page_bytes();
 uint64_t current_rss_bytes();
 uint64_t peak_rss_bytes();      // VmHWM
+// Anonymous memory of this process backed by transparent huge pages (AnonHugePages of
+// /proc/self/smaps_rollup), bytes; 0 when none or unreadable.
+uint64_t anon_huge_bytes();
 uint64_t major_faults();        // this process, from getrusage
 double now_s();                 // steady clock, seconds
 

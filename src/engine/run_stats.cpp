@@ -147,6 +147,7 @@ void RunStatsAssembly::finish() {
     s.token_demand_bytes = steps ? demand_sum_ / steps : 0;
     s.layer_demand_bytes = layer_demand_max_;
     s.peak_rss_bytes = peak_rss_bytes();
+    s.anon_huge_bytes = anon_huge_bytes();
     s.logits_sha = hex64(logit_hash_);
     s.prefetch = src_.prefetch_on;
     if (src_.streamer && src_.store) {  // the cache, over the whole run so far

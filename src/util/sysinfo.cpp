@@ -81,6 +81,17 @@ uint64_t system_page_bytes() {
 uint64_t current_rss_bytes() { return status_kb("VmRSS:") * 1024; }
 uint64_t peak_rss_bytes() { return status_kb("VmHWM:") * 1024; }
 
+uint64_t anon_huge_bytes() {
+    std::FILE * f = std::fopen("/proc/self/smaps_rollup", "re");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (std::fgets(line, sizeof line, f))
+        if (std::sscanf(line, "AnonHugePages: %llu kB", &kb) == 1) break;
+    std::fclose(f);
+    return uint64_t(kb) * 1024;
+}
+
 uint64_t major_faults() {
     struct rusage ru;
     if (getrusage(RUSAGE_SELF, &ru) != 0) return 0;

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "huge_pages.h"
+#include "moestream/sysinfo.h"
 #include "test_util.h"
 
 using moestream::advise_huge_pages;
@@ -68,6 +70,28 @@ TEST(HugePages, OnlyWholeHugePagesAreAdvised) {
     ASSERT_EQ(madvise(p, len, MADV_HUGEPAGE), 0);  // control
     EXPECT_TRUE(advised(p + kHugePageBytes));
     munmap(p, len);
+}
+
+// anon_huge_bytes() (a run's `anon_huge_bytes`) counts the memory the kernel backed with huge
+// pages: touching an advised 4 MiB region adds them; the control, the same region marked
+// MADV_NOHUGEPAGE, adds none.
+TEST(HugePages, AnonHugeBytesCountsTheHugePagesTheKernelBacked) {
+    std::string why;
+    if (!thp_available(&why)) GTEST_SKIP() << why;
+    const uint64_t len = 2 * kHugePageBytes;
+    auto backed_by_touching = [&](int advice) {
+        uint8_t * p = map_huge_aligned(len);
+        EXPECT_NE(p, nullptr);
+        if (!p) return uint64_t(0);
+        EXPECT_EQ(madvise(p, len, advice), 0);
+        const uint64_t before = moestream::anon_huge_bytes();
+        std::memset(p, 1, len);
+        const uint64_t after = moestream::anon_huge_bytes();
+        munmap(p, len);
+        return after > before ? after - before : 0;
+    };
+    EXPECT_GE(backed_by_touching(MADV_HUGEPAGE), kHugePageBytes);
+    EXPECT_EQ(backed_by_touching(MADV_NOHUGEPAGE), 0u);  // control
 }
 
 // By default the engine's dense copies and slots are advised (settings.huge_page_bytes);

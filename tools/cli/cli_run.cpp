@@ -54,6 +54,7 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["decode_s"] = s.decode_s;
     j["decode_tok_s"] = s.decode_tok_s;
     j["peak_rss_bytes"] = s.peak_rss_bytes;
+    j["anon_huge_bytes"] = s.anon_huge_bytes;
     j["majflt_per_token"] = s.majflt_per_token;
     j["flash_bytes_read"] = s.flash_bytes_read;
     j["flash_reads"] = s.flash_reads;
@@ -236,7 +237,9 @@ int do_run(RunFlags & f) {
         const uint64_t huge = set.value("huge_page_bytes", uint64_t(0));
         const std::string huge_text = !set.value("huge_pages", false) ? "off"
                                       : huge == 0 ? "none (transparent huge pages unavailable)"
-                                                  : std::to_string(huge >> 20) + " MiB";
+                                                  : std::to_string(huge >> 20) + " MiB advised, " +
+                                                        std::to_string(s.anon_huge_bytes >> 20) +
+                                                        " MiB backed";
         std::fprintf(stderr, "moestream: paths: %s reads | page %llu KiB | page moves %s | huge pages %s | prefetch %s%s%s\n",
                      set.value("odirect", false) ? "O_DIRECT" : "buffered",
                      (unsigned long long)(set.value("page_bytes", uint64_t(0)) >> 10),
