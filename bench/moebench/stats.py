@@ -27,16 +27,19 @@ DEFAULT_B = 4000
 SEED = 20261129
 
 
-def _boot_sums(arrays: Sequence[np.ndarray], idx_rng: np.random.Generator, B: int) -> np.ndarray:
-    """B resampled totals of the concatenation, resampling within each array."""
-    tot = np.zeros(B)
-    for a in arrays:
+def _boot_sums(nums: Sequence[np.ndarray], dens: Sequence[np.ndarray], idx_rng: np.random.Generator,
+               B: int) -> tuple[np.ndarray, np.ndarray]:
+    """B resampled totals of the concatenations of nums and of dens, resampling within each
+    array; token i of nums[r] and of dens[r] are drawn together (the same indices)."""
+    tn, td = np.zeros(B), np.zeros(B)
+    for a, d in zip(nums, dens):
         n = len(a)
         if n == 0:
             continue
         idx = idx_rng.integers(0, n, size=(B, n))
-        tot += a[idx].sum(axis=1)
-    return tot
+        tn += a[idx].sum(axis=1)
+        td += d[idx].sum(axis=1)
+    return tn, td
 
 
 def ratio_of_sums(num: Sequence[Sequence[float]], den: Sequence[Sequence[float]], B: int = DEFAULT_B,
@@ -51,11 +54,7 @@ def ratio_of_sums(num: Sequence[Sequence[float]], den: Sequence[Sequence[float]]
     pd = sum(x.sum() for x in dens)
     if pd <= 0:
         return None
-    # the same indices for numerator and denominator: draw both from one seeded stream
-    rng_n = np.random.default_rng(seed)
-    rng_d = np.random.default_rng(seed)
-    bn = _boot_sums(nums, rng_n, B)
-    bd = _boot_sums(dens, rng_d, B)
+    bn, bd = _boot_sums(nums, dens, np.random.default_rng(seed), B)
     with np.errstate(divide="ignore", invalid="ignore"):
         boots = bn / bd
     boots = boots[np.isfinite(boots)]

@@ -200,10 +200,12 @@ TEST(MemoryLimits, ExplicitBudgetFitsOrIsClampedAndNegativeControlIsOomKilled) {
         std::printf("cache off peak %.1f MiB; budget 64 MiB under %.1f MiB: cgroup peak %.1f MiB\n",
                     double(base) / kMiB, double(limit) / kMiB, double(cg.peak()) / kMiB);
     }
-    for (const uint64_t over : {budget / 4, budget * 3 / 4}) {
+    for (const uint64_t over : {budget / 4, budget / 2}) {
         // The same budget under a limit it cannot fit in: clamped to what fits, or the cache
         // off when that is below 1.5 x the working set (a warning, the reason in the stats),
-        // exit 0, the same tokens, no OOM kill.
+        // exit 0, the same tokens, no OOM kill. Not base + 3/4 budget: the cache-off peak
+        // includes read buffers a cached run does without, and 64 MiB was seen to fit there
+        // (engine estimate 66 MiB available, cgroup peak 76.9 of 88 MiB).
         NEED_CGROUP(cg, "clamp");
         ASSERT_TRUE(cg.limit(base + over));
         CmdResult r = cg.run(run_args(model, cache, json));
