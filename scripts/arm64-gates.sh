@@ -55,11 +55,13 @@ if ! setup_log=$(scripts/setup-deps.sh --arch arm64 2>&1); then
 fi
 deps="${MOESTREAM_DEPS_DIR:-$repo/.deps}/arm64"
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  # The native build's optimization flags without debug info (a shorter compile).
+  # The native build's optimization flags without debug info (a shorter compile); the CLI
+  # without serve and chat (the gates run `run` and `synth`).
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG" \
     -DCMAKE_TOOLCHAIN_FILE="$repo/cmake/aarch64-linux-gnu.cmake" \
-    -DMOESTREAM_UNIT_TESTS_ONLY="test_page_layout;test_residency_cache" >&2
+    -DMOESTREAM_UNIT_TESTS_ONLY="test_page_layout;test_residency_cache" \
+    -DMOESTREAM_SERVE_AND_CHAT=OFF >&2
 fi
 # "all" (= the CLI and the two tests above): one make run compiles them side by side, where
 # several --target names would build one after the other (a one-file test compiling alone).

@@ -21,7 +21,7 @@ case "$kind" in
     dir="${ASAN_BUILD_DIR:-build-asan}"
     san="address,undefined"
     tests="test_gguf_index;test_model_files;test_split_models;test_weight_binder;test_input_files;test_residency_cache;test_io_lanes;test_io_lanes_concurrency;test_io_faults;test_dense_read;test_route_trace;test_replay;test_policy_drop_cold;test_page_layout;test_page_pool;test_route_stats;test_eval_metrics"
-    targets="all"  # = the library, the CLI, the canary and the tests above
+    targets="all"  # = the library, the CLI (without serve and chat), the canary and the tests above
     # LeakSanitizer on: every test and every CLI run they spawn must free what it allocated.
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -38,11 +38,11 @@ esac
 
 scripts/setup-deps.sh
 # Configured every time (seconds when cached), so an existing build dir picks up a changed
-# test list. -O1 -g1: sanitizer builds compile about twice as fast as -O2 -g and reports keep
+# test list. No server and no `moestream chat` in these CLIs (no test here uses them). -O1 -g1: sanitizer builds compile about twice as fast as -O2 -g and reports keep
 # function names and line numbers (the CI time budget, docs/reliability.md).
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DMOESTREAM_SANITIZE="$san" \
-  -DMOESTREAM_UNIT_TESTS_ONLY="$tests" >/dev/null
+  -DMOESTREAM_UNIT_TESTS_ONLY="$tests" -DMOESTREAM_SERVE_AND_CHAT=OFF >/dev/null
 t0=$(date +%s)
 # One target: several --target names are built one after the other, a single target's
 # dependencies side by side ("all", or tests/CMakeLists.txt's sanitizer_tests).

@@ -59,9 +59,9 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["flash_bytes_read"] = s.flash_bytes_read;
     j["flash_reads"] = s.flash_reads;
     j["io_s"] = s.io_s;
-    j["time_breakdown"] = {{"decode", server::time_breakdown_json(s.decode_time, false)},
-                           {"decode_per_token", server::time_breakdown_json(s.decode_time, true)},
-                           {"prefill", server::time_breakdown_json(s.prefill_time, false)}};
+    j["time_breakdown"] = {{"decode", tools::time_breakdown_json(s.decode_time, false)},
+                           {"decode_per_token", tools::time_breakdown_json(s.decode_time, true)},
+                           {"prefill", tools::time_breakdown_json(s.prefill_time, false)}};
     j["bytes_per_token"] = s.bytes_per_token;
     j["token_demand_bytes"] = s.token_demand_bytes;
     j["layer_demand_bytes"] = s.layer_demand_bytes;
@@ -262,7 +262,7 @@ int do_run(RunFlags & f) {
             std::fprintf(stderr, "moestream: LRU cache: %s\n",
                          flag_words(set.value("cache_store_reason", "")).c_str());
     }
-    if (const std::string tl = server::time_breakdown_line(s.decode_time); !tl.empty())
+    if (const std::string tl = tools::time_breakdown_line(s.decode_time); !tl.empty())
         std::fprintf(stderr, "moestream: %s\n", tl.c_str());
     std::fprintf(stderr, "moestream: peak RSS %.1f MiB | major faults/token %.2f | %s\n",
                  mib(double(s.peak_rss_bytes)), s.majflt_per_token,

@@ -10,6 +10,9 @@
 #ifndef MOESTREAM_VERSION
 #define MOESTREAM_VERSION "unknown"
 #endif
+#ifndef MOESTREAM_SERVE_AND_CHAT
+#define MOESTREAM_SERVE_AND_CHAT 1
+#endif
 
 namespace moestream::cli {
 void apply_verbosity(int count) {
@@ -34,14 +37,28 @@ int main(int argc, char ** argv) {
     });
     Action action;
     add_run_command(app, &action);
+#if MOESTREAM_SERVE_AND_CHAT
     add_chat_command(app, &action);
+#endif
     add_inspect_command(app, &action);
     add_synth_command(app, &action);
     add_replay_command(app, &action);
     add_eval_command(app, &action);
+#if MOESTREAM_SERVE_AND_CHAT
     add_serve_command(app, &action);
+#endif
     add_fallback_command(app, &action);
     std::vector<std::string> args(argv + 1, argv + argc);
+#if !MOESTREAM_SERVE_AND_CHAT
+    // A CLI configured with -DMOESTREAM_SERVE_AND_CHAT=OFF (the sanitizer and cross builds).
+    if (!args.empty() && (args[0] == "serve" || args[0] == "chat")) {
+        std::fprintf(stderr,
+                     "moestream %s: not in this build (configured with "
+                     "-DMOESTREAM_SERVE_AND_CHAT=OFF); use a default build\n",
+                     args[0].c_str());
+        return 64;
+    }
+#endif
     if (int rc = preprocess_args(app, &args); rc != 0) return rc;
     const std::string cmd = !args.empty() && !args[0].empty() && args[0][0] != '-' ? args[0] : "";
     try {

@@ -946,7 +946,7 @@ private:
         snap_.tok_s = f.tok_s;
         snap_.cache_hit_pct = f.cache_hit_pct;
         snap_.mib_per_token = f.mib_per_token;
-        snap_.decode_time = sum_token_times(s.tokens);
+        snap_.decode_time = tools::sum_token_times(s.tokens);
     }
 
     // After a job (and at start): settings, cache figures, the mean request time.
@@ -1222,7 +1222,7 @@ private:
                     {"tok_s", s.tok_s},
                     {"cache_hit_pct", s.cache_hit_pct},
                     {"mib_per_token", s.mib_per_token},
-                    {"time_per_token", time_breakdown_json(s.decode_time, true)},
+                    {"time_per_token", tools::time_breakdown_json(s.decode_time, true)},
                     {"cache_hit_pct_total", s.cache_hit_pct_total},
                     {"resident_expert_mib", s.resident_expert_mib},
                     {"cache_budget_mib", s.cache_budget_mib},

@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-namespace moestream::server {
+namespace moestream::tools {
 
 TimeBreakdown sum_token_times(const std::vector<TokenStats> & tokens) {
     TimeBreakdown d;
@@ -38,4 +38,4 @@ std::string time_breakdown_line(const TimeBreakdown & t) {
     return b;
 }
 
-}  // namespace moestream::server
+}  // namespace moestream::tools

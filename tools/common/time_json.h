@@ -1,6 +1,6 @@
 // time_json.h — the time breakdown (docs/metrics.md, "Time breakdown") in the shapes the tools
 // print: the JSON object of `run --stats-json` and of the server's /stats, and the summary's
-// "time/token" line.
+// "time/token" line. Shared by the CLI and the server (moestream_tools_common).
 // Thread-safety: pure functions.
 #pragma once
 
@@ -10,7 +10,7 @@
 
 #include "moestream/moestream.h"
 
-namespace moestream::server {
+namespace moestream::tools {
 
 // The decode steps' breakdown summed from their per-token figures (TimeBreakdown::steps =
 // tokens.size()).
@@ -24,4 +24,4 @@ nlohmann::json time_breakdown_json(const TimeBreakdown & t, bool per_step);
 // over the steps, milliseconds); "" without steps.
 std::string time_breakdown_line(const TimeBreakdown & t);
 
-}  // namespace moestream::server
+}  // namespace moestream::tools
