@@ -30,6 +30,7 @@ cd "$repo"
 build="${BUILD_ARM64:-build-arm64}"
 case "$build" in /*) ;; *) build="$repo/$build" ;; esac
 qemu="${QEMU:-qemu-aarch64-static}"
+py="${MOESTREAM_PYTHON:-/usr/bin/python3}"  # Debian's: a PATH shim can take 0.3 s a start
 jobs="${JOBS:-$(nproc)}"
 t0=$(date +%s)
 fail() { echo "arm64-gates: FAIL: $*" >&2; exit 1; }
@@ -115,7 +116,7 @@ run() {
 # same REF NAME: tokens, per-step logits hash and final logits bytes identical
 same() {
   cmp -s "$scratch/$1.logits" "$scratch/$2.logits" || return 1
-  python3 - "$scratch/$1.json" "$scratch/$2.json" <<'EOF'
+  "$py" - "$scratch/$1.json" "$scratch/$2.json" <<'EOF'
 import json, sys
 a, b = (json.load(open(p)) for p in sys.argv[1:3])
 sys.exit(0 if a["tokens"] == b["tokens"] and a["logits_sha"] == b["logits_sha"] else 1)
@@ -123,7 +124,7 @@ EOF
 }
 # paths NAME PAGE: the stats name the paths taken; prints them
 paths() {
-  python3 - "$scratch/$1.json" "$2" <<'EOF'
+  "$py" - "$scratch/$1.json" "$2" <<'EOF'
 import json, sys
 s = json.load(open(sys.argv[1])); st = s["settings"]; page = int(sys.argv[2])
 assert st["stream"], "not streaming"

@@ -26,7 +26,7 @@ synth_once "$model"
 with_template() {
   local out="$models/tiny-qwen3moe-q4_k-api-$1.gguf" tmpl="$src/tests/api/templates/$2.jinja"
   if [ ! -f "$out" ] || [ "$tmpl" -nt "$out" ]; then
-    python3 "$src/tests/tools/gguf_mutate.py" "$model" "$out.tmp.$$" \
+    "${MOESTREAM_PYTHON:-/usr/bin/python3}" "$src/tests/tools/gguf_mutate.py" "$model" "$out.tmp.$$" \
       set-file "tokenizer.chat_template=$tmpl"
     mv "$out.tmp.$$" "$out"
   fi

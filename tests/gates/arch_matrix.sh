@@ -10,13 +10,14 @@
 # of architectures: only those run, and the doc is not checked; the sanitizer build's subset).
 set -euo pipefail
 src="${MOESTREAM_SRC:?}"
+py="${MOESTREAM_PYTHON:-/usr/bin/python3}"  # Debian's: a PATH shim can take 0.3 s a start
 [ -x "${MOESTREAM_BIN:?}" ] || { echo "arch_matrix.sh: no moestream binary at $MOESTREAM_BIN" >&2; exit 1; }
 out="${MOESTREAM_TEST_MODELS:-/tmp}/archs"
 rm -rf "$out"
 if [ -n "${ARCH_MATRIX_ONLY:-}" ]; then
-  python3 "$src/tests/tools/arch_matrix.py" run "$out" --jobs "${ARCH_MATRIX_JOBS:-2}" --only "$ARCH_MATRIX_ONLY"
+  "$py" "$src/tests/tools/arch_matrix.py" run "$out" --jobs "${ARCH_MATRIX_JOBS:-2}" --only "$ARCH_MATRIX_ONLY"
   echo "arch_matrix.sh: subset '$ARCH_MATRIX_ONLY' only; docs/architectures.md not checked"
   exit 0
 fi
-python3 "$src/tests/tools/arch_matrix.py" run "$out" --jobs "${ARCH_MATRIX_JOBS:-2}"
-python3 "$src/tests/tools/arch_matrix.py" check "$out/results.json" "$src/docs/architectures.md"
+"$py" "$src/tests/tools/arch_matrix.py" run "$out" --jobs "${ARCH_MATRIX_JOBS:-2}"
+"$py" "$src/tests/tools/arch_matrix.py" check "$out/results.json" "$src/docs/architectures.md"

@@ -15,6 +15,7 @@
 # Env (set by CTest): MOESTREAM_SRC, LLAMA_TOOL, MOESTREAM_TEST_MODELS (scratch dir).
 set -euo pipefail
 src="${MOESTREAM_SRC:?}"
+py="${MOESTREAM_PYTHON:-/usr/bin/python3}"  # Debian's: a PATH shim can take 0.3 s a start
 tool="${LLAMA_TOOL:-$src/scripts/llama-tool}"
 ref="$src/tests/data/trained/reference.json"
 text="$src/tests/data/trained/val-excerpt.txt"
@@ -24,7 +25,7 @@ trap 'rm -rf "$scratch"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 refget() {  # refget MODELKEY FIELD
-  python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[sys.argv[2]]; v=r[sys.argv[3]]; print(" ".join(map(str,v)) if isinstance(v,list) else v)' "$ref" "$1" "$2"
+  "$py" -c 'import json,sys; r=json.load(open(sys.argv[1]))[sys.argv[2]]; v=r[sys.argv[3]]; print(" ".join(map(str,v)) if isinstance(v,list) else v)' "$ref" "$1" "$2"
 }
 ppl_of() {  # ppl_of MODEL [extra llama-perplexity args] -> prints the final PPL
   local m="$1"; shift
@@ -44,7 +45,7 @@ ppl_of() {  # ppl_of MODEL [extra llama-perplexity args] -> prints the final PPL
 }
 tol=2e-4  # the exact check's relative tolerance; the negative controls must exceed it
 close() {  # close A B RELTOL -> exit 0 if |A-B|/B < RELTOL
-  python3 -c 'import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)/b < t else 1)' "$1" "$2" "$3"
+  "$py" -c 'import sys; a,b,t=map(float,sys.argv[1:]); sys.exit(0 if abs(a-b)/b < t else 1)' "$1" "$2" "$3"
 }
 greedy_ids() {  # greedy_ids MODEL N PROMPT [extra args] -> byte ids of the generated text
   local m="$1" n="$2" p="$3"; shift 3
@@ -58,7 +59,7 @@ greedy_ids() {  # greedy_ids MODEL N PROMPT [extra args] -> byte ids of the gene
       2> "$scratch/gen.log" > "$scratch/gen.out" || { tail -20 "$scratch/gen.log" >&2; fail "llama-completion failed"; }
     # one byte per generated token (byte vocab; control tokens' output rows never win greedy);
     # llama-completion prints a newline of its own after the text: keep the first N bytes
-    v="$(python3 -c 'import sys; b=open(sys.argv[1],"rb").read(); n=int(sys.argv[2]); print(" ".join(str(x) for x in b[:n]) if len(b) >= n else "short-output:%d" % len(b))' "$scratch/gen.out" "$n")"
+    v="$("$py" -c 'import sys; b=open(sys.argv[1],"rb").read(); n=int(sys.argv[2]); print(" ".join(str(x) for x in b[:n]) if len(b) >= n else "short-output:%d" % len(b))' "$scratch/gen.out" "$n")"
     case "$v" in
       short-output:*)
         echo "trained_model: llama-completion printed $v (try $try); its log ends:" >&2
@@ -77,7 +78,7 @@ greedy_ids() {  # greedy_ids MODEL N PROMPT [extra args] -> byte ids of the gene
 for t in "$text" "$src/tests/data/trained/tokenizer-bytes.txt"; do
   "$tool" llama-tokenize -m "$src/models/$(refget q8_0 model)" -f "$t" --ids --no-parse-special --log-disable \
     2> "$scratch/tok.log" | tail -1 > "$scratch/tok.ids" || fail "llama-tokenize failed on $t"
-  python3 -c 'import sys, json; ids=json.loads(open(sys.argv[1]).read()); b=list(open(sys.argv[2],"rb").read()); sys.exit(0 if ids==b else 1)' \
+  "$py" -c 'import sys, json; ids=json.loads(open(sys.argv[1]).read()); b=list(open(sys.argv[2],"rb").read()); sys.exit(0 if ids==b else 1)' \
     "$scratch/tok.ids" "$t" || fail "llama.cpp does not tokenize $t into its bytes"
   echo "tokenizer: $(basename "$t"): $(wc -c < "$t") bytes -> the same $(wc -c < "$t") token ids"
 done

@@ -28,7 +28,7 @@ std::string src_dir() {
 
 // Copies `in` to `out` with the mutator's operations applied (each op is "VERB ARG").
 void mutate(const std::string & in, const std::string & out, const std::vector<std::string> & ops) {
-    std::string cmd = "python3 " + sh_quote(src_dir() + "/tests/tools/gguf_mutate.py") + " " +
+    std::string cmd = python_cmd() + " " + sh_quote(src_dir() + "/tests/tools/gguf_mutate.py") + " " +
                       sh_quote(in) + " " + sh_quote(out);
     for (const std::string & op : ops) cmd += " " + op;
     CmdResult r = run_cmd(cmd);

@@ -1189,7 +1189,7 @@ TEST(Server, HostileToolSchemasAreBoundedAndNeverA500) {
     char dir[] = "/tmp/moestream-hermes-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     const std::string model = std::string(dir) + "/hermes.gguf";
-    CmdResult m = run_cmd("python3 " + sh_quote(std::string(src && *src ? src : MOESTREAM_TEST_SRC) +
+    CmdResult m = run_cmd(python_cmd() + " " + sh_quote(std::string(src && *src ? src : MOESTREAM_TEST_SRC) +
                                                 "/tests/tools/gguf_mutate.py") +
                           " " + sh_quote(tiny_model()) + " " + sh_quote(model) + " set-file " +
                           sh_quote("tokenizer.chat_template=" + tmpl));

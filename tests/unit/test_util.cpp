@@ -95,6 +95,11 @@ std::string cli_bin() {
     return e ? e : "build/bin/moestream";
 }
 
+std::string python_cmd() {
+    const char * e = std::getenv("MOESTREAM_PYTHON");
+    return sh_quote(e && *e ? e : "/usr/bin/python3");
+}
+
 StatsRun run_with_stats(const std::string & model, const std::string & prompt, int n_predict,
                         const std::string & flags, const std::string & env, bool with_logits) {
     static int counter = 0;

@@ -43,6 +43,11 @@ StatsRun run_with_stats(const std::string & model, const std::string & prompt, i
 std::string cli_bin();
 std::string models_dir();
 
+// The Python interpreter of the test tools (tests/tools/*.py), shell-quoted: $MOESTREAM_PYTHON,
+// else Debian's /usr/bin/python3 (a `python3` found on PATH may be a version manager's shim
+// that takes 0.3 s to start; the tools need only the standard library).
+std::string python_cmd();
+
 // Path of a synth model (preset, arch, expert type, seed), generated on first use with
 // `moestream synth`. Safe when several test processes ask at once (write + rename).
 std::string synth_model(const std::string & preset, const std::string & arch,
