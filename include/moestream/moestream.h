@@ -343,6 +343,15 @@ struct ChatMessage {
 // same file into the reference tools, so both run the same kernels. kRuntime: none loads.
 Status cpu_backend_file(std::string * path);
 
+// Why drop-cold cannot be turned on in an open engine (Engine::drop_cold_block).
+enum class DropColdBlock {
+    kNone,          // it can
+    kResident,      // no streaming (RunOptions::stream = false)
+    kMissFallback,  // RunOptions::miss_fallback computes the misses drop-cold would drop
+    kCacheOff,      // no cache: drop-cold drops cache misses only
+    kFixedSlots,    // the fixed-slot cache holds the budget (RunOptions::drop_cold_later not set)
+};
+
 class Engine {
 public:
     virtual ~Engine() = default;
@@ -379,8 +388,12 @@ public:
     // engine and nothing is pending between llama_decode calls, so this is safe whenever no
     // generate is running. kUsage when F is out of range, without streaming, when the cache is
     // off (the policy drops cache misses only) or the fixed-slot cache holds it (open with
-    // RunOptions::drop_cold_later). lossy() and settings_json() follow.
+    // RunOptions::drop_cold_later): the reasons drop_cold_block() names. lossy() and
+    // settings_json() follow.
     virtual Status set_drop_cold(double frac) = 0;
+    // What keeps set_drop_cold(F > 0) from turning drop-cold on (kNone: nothing). Fixed at
+    // open; safe to call while a generate runs.
+    virtual DropColdBlock drop_cold_block() const = 0;
     // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
     virtual std::string chat_template() const = 0;
     // Renders messages with the model's chat template through llama.cpp's template

@@ -218,6 +218,11 @@ Status EngineImpl::init(const RunOptions & opt) {
 
     stats_.load_s = now_s() - t_open_;
     stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
+    drop_cold_block_ = !hook_                         ? DropColdBlock::kResident
+                       : fallback_                    ? DropColdBlock::kMissFallback
+                       : stats_.cache_budget_bytes == 0 ? DropColdBlock::kCacheOff
+                       : slot_rewriter_               ? DropColdBlock::kFixedSlots
+                                                      : DropColdBlock::kNone;
     MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
                 opt.stream ? "streaming" : "resident");
     return Status::Ok();
@@ -540,15 +545,16 @@ Status EngineImpl::set_drop_cold(double frac) {
     if (frac == opt_.drop_cold) return Status::Ok();
     if (frac != 0 && !(frac > 0 && frac <= 1))
         return Status::Usage("drop_cold_experts must be 0 (off) or in (0, 1]");
-    if (!hook_)
+    const DropColdBlock why = drop_cold_block();
+    if (why == DropColdBlock::kResident)  // turning it off too: there is no policy to set
         return Status::Usage("drop_cold_experts needs streaming, and this engine is resident "
                              "(RunOptions::stream = false)");
-    if (frac > 0 && fallback_)
+    if (frac > 0 && why == DropColdBlock::kMissFallback)
         return Status::Usage("drop_cold_experts cannot be combined with RunOptions::miss_fallback");
-    if (frac > 0 && stats_.cache_budget_bytes == 0)
+    if (frac > 0 && why == DropColdBlock::kCacheOff)
         return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
                              stats_.cache_budget_reason + "); " + cache_rule_text(index_, true));
-    if (frac > 0 && slot_rewriter_)
+    if (frac > 0 && why == DropColdBlock::kFixedSlots)
         return Status::Usage("drop_cold_experts needs the LRU cache, and the fixed-slot cache "
                              "holds this run's budget (docs/cache.md, \"Fixed slots\"); open "
                              "with RunOptions::drop_cold_later, or run with "

@@ -69,6 +69,7 @@ public:
 
     // engine.cpp
     Status set_drop_cold(double frac) override;
+    DropColdBlock drop_cold_block() const override { return drop_cold_block_; }
     Status model_file_status() const override { return check_file_unchanged(index_); }
     std::string chat_template() const override;
     Status apply_chat_template(const std::vector<ChatMessage> & messages, bool add_assistant,
@@ -150,6 +151,7 @@ private:
     std::unique_ptr<SlotRewriter> slot_rewriter_;  // MOESTREAM_SLOT_CACHE=1 only
     std::unique_ptr<SubstituteObserver> substitute_;
     std::unique_ptr<MissFallback> fallback_;  // --miss-fallback (null: off)
+    DropColdBlock drop_cold_block_ = DropColdBlock::kResident;  // set once, at the end of init
     std::unique_ptr<ExpertUseCheck> use_check_;  // --cache-debug with the cache on
     std::unique_ptr<RouteTracer> tracer_;  // RunOptions::route_trace
     std::unique_ptr<TraceObserver> trace_observer_;

@@ -147,6 +147,37 @@ TEST(PrefixReuse, DropColdIsRefusedByNameWhenTheFixedSlotsHoldTheBudget) {
     EXPECT_TRUE(lru->set_drop_cold(0.75).ok());
 }
 
+// drop_cold_block() names what set_drop_cold(F > 0) refuses, for each kind of engine, and
+// set_drop_cold succeeds exactly where it says kNone (the LRU cache: the control).
+TEST(PrefixReuse, DropColdBlockNamesWhatSetDropColdRefuses) {
+    struct Case {
+        const char * name;
+        bool stream;
+        int64_t cache_mb;
+        bool drop_cold_later;
+        DropColdBlock want;
+    };
+    for (const Case & c : {Case{"resident", false, -1, false, DropColdBlock::kResident},
+                           Case{"cache off", true, 0, false, DropColdBlock::kCacheOff},
+                           Case{"fixed slots", true, -1, false, DropColdBlock::kFixedSlots},
+                           Case{"lru", true, -1, true, DropColdBlock::kNone}}) {
+        SCOPED_TRACE(c.name);
+        RunOptions o;
+        o.model_path = synth_model("tiny", "qwen3moe", "q4_k");
+        o.stream = c.stream;
+        o.cache_mb = c.cache_mb;
+        o.drop_cold_later = c.drop_cold_later;
+        o.n_ctx = 256;
+        std::unique_ptr<Engine> e;
+        Status st = Engine::open(o, &e);
+        ASSERT_TRUE(st.ok()) << st.message();
+        EXPECT_EQ(e->drop_cold_block(), c.want);
+        st = e->set_drop_cold(0.75);
+        EXPECT_EQ(st.ok(), c.want == DropColdBlock::kNone) << st.message();
+        EXPECT_EQ(e->lossy(), c.want == DropColdBlock::kNone);
+    }
+}
+
 TEST(PrefixReuse, DropColdCanBeSwitchedBetweenGenerations) {
     auto e = open_tiny(/*drop_cold_later=*/true);
     ASSERT_TRUE(e);

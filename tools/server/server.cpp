@@ -214,6 +214,24 @@ std::string basename_of(const std::string & path) {
     return s == std::string::npos ? path : path.substr(s + 1);
 }
 
+// A request's drop_cold_experts refused, in the server's words (its flags).
+std::string drop_cold_refusal(DropColdBlock why) {
+    switch (why) {
+        case DropColdBlock::kFixedSlots:
+            return "drop_cold_experts needs the LRU expert cache, and this server's budget is "
+                   "held by the fixed-slot cache (start it without --lossless, or with "
+                   "MOESTREAM_SLOT_CACHE=0)";
+        case DropColdBlock::kMissFallback:
+            return "drop_cold_experts cannot be combined with --miss-fallback";
+        case DropColdBlock::kResident:
+        case DropColdBlock::kCacheOff:
+        case DropColdBlock::kNone:
+            break;
+    }
+    return "drop_cold_experts needs the expert cache, which is off in this server (--cache-mb / "
+           "--no-stream)";
+}
+
 class Server {
 public:
     Server(const ServeConfig & cfg, std::unique_ptr<Engine> engine)
@@ -227,9 +245,7 @@ public:
             MS_LOG_WARN(
                 "the model's chat template is not one llama.cpp renders: chat completions are "
                 "refused; completions work");
-        cache_on_ = cfg.run.stream && engine_->stats().cache_budget_bytes > 0;
-        const json settings = json::parse(engine_->settings_json());
-        slots_hold_cache_ = settings.value("cache_store", "") == "fixed slots";
+        drop_cold_block_ = engine_->drop_cold_block();
         publish_after_job(0, 0);
     }
 
@@ -465,20 +481,8 @@ private:
         if (auto e = parse_request(req.body, chat, cfg_.defaults, &job->params))
             return send_error(res, *e);
         GenParams & p = job->params;
-        if (p.drop_cold > 0 && !cache_on_) {
-            ApiError e = api_error(400,
-                                   "drop_cold_experts needs the expert cache, which is off in this "
-                                   "server (--cache-mb / --no-stream)",
-                                   "invalid_request_error");
-            e.param = "drop_cold_experts";
-            return send_error(res, e);
-        }
-        if (p.drop_cold > 0 && slots_hold_cache_) {
-            ApiError e = api_error(400,
-                                   "drop_cold_experts needs the LRU expert cache, and this "
-                                   "server's budget is held by the fixed-slot cache (start it "
-                                   "without --lossless, or with MOESTREAM_SLOT_CACHE=0)",
-                                   "invalid_request_error");
+        if (p.drop_cold > 0 && drop_cold_block_ != DropColdBlock::kNone) {
+            ApiError e = api_error(400, drop_cold_refusal(drop_cold_block_), "invalid_request_error");
             e.param = "drop_cold_experts";
             return send_error(res, e);
         }
@@ -1213,7 +1217,7 @@ private:
                       {"drop_cold_experts", cfg_.defaults.drop_cold},
                       {"cache_prompt", true},
                       {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
-                      {"drop_cold_available", cache_on_ && !slots_hold_cache_}};
+                      {"drop_cold_available", drop_cold_block_ == DropColdBlock::kNone}};
         return json{{"generating", s.generating},
                     {"phase", !s.generating ? "idle" : s.prefilling ? "prefill" : "decode"},
                     {"n_prompt", s.n_prompt},
@@ -1249,8 +1253,7 @@ private:
     static constexpr int kHttpThreads = 128;
     int listen_fd_ = -1;  // the listening socket (set_socket_options)
     std::atomic<int> open_streams_{0};  // SSE responses not yet finished
-    bool cache_on_ = false;
-    bool slots_hold_cache_ = false;  // the fixed-slot cache holds the budget: no drop-cold
+    DropColdBlock drop_cold_block_ = DropColdBlock::kResident;  // the engine's, at start
     uint64_t calls_made_ = 0;  // tool calls parsed (next_call_id)
     int64_t started_unix_ = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
