@@ -31,11 +31,6 @@ using namespace moestream::test;
 
 namespace {
 
-std::string src_dir() {
-    const char * e = std::getenv("MOESTREAM_SRC");
-    return e && *e ? e : MOESTREAM_TEST_SRC;
-}
-
 // The shape of Llama 3's template: llama.cpp recognises it (not chatml, the fallback for a
 // model without a template).
 const char * kLlama3Template =
@@ -45,7 +40,7 @@ const char * kLlama3Template =
 // The tiny synth model with tokenizer.chat_template set to `tmpl`, in dir.
 std::string model_with_template(const TempDir & dir, const std::string & tmpl, const std::string & name) {
     const std::string out = dir.path(name);
-    CmdResult r = run_cmd(python_cmd() + " " + sh_quote(src_dir() + "/tests/tools/gguf_mutate.py") + " " +
+    CmdResult r = run_cmd(gguf_mutate_cmd() + " " +
                           sh_quote(synth_model("tiny", "qwen3moe", "q8_0")) + " " + sh_quote(out) +
                           " set " + sh_quote("tokenizer.chat_template=str:" + tmpl));
     EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -9,13 +9,13 @@
 #include <sstream>
 
 #include "chat_format.h"
+#include "test_util.h"
 
 namespace moestream::chat {
 namespace {
 
 std::string read_template(const std::string & name) {
-    const char * e = std::getenv("MOESTREAM_SRC");
-    std::ifstream f(std::string(e && *e ? e : MOESTREAM_TEST_SRC) + "/tests/api/templates/" + name);
+    std::ifstream f(moestream::test::src_dir() + "/tests/api/templates/" + name);
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();

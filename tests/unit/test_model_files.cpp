@@ -21,15 +21,9 @@ using namespace moestream::test;
 
 namespace {
 
-std::string src_dir() {
-    const char * e = std::getenv("MOESTREAM_SRC");
-    return e && *e ? e : MOESTREAM_TEST_SRC;
-}
-
 // Copies `in` to `out` with the mutator's operations applied (each op is "VERB ARG").
 void mutate(const std::string & in, const std::string & out, const std::vector<std::string> & ops) {
-    std::string cmd = python_cmd() + " " + sh_quote(src_dir() + "/tests/tools/gguf_mutate.py") + " " +
-                      sh_quote(in) + " " + sh_quote(out);
+    std::string cmd = gguf_mutate_cmd() + " " + sh_quote(in) + " " + sh_quote(out);
     for (const std::string & op : ops) cmd += " " + op;
     CmdResult r = run_cmd(cmd);
     ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.err;

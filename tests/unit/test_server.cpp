@@ -1183,15 +1183,11 @@ TEST(Server, LogprobsHaveOpenAiShapesAndAreSane) {
 // within seconds; a schema 60 objects deep (within the bounds) is served (the control);
 // /tokenize's with_pieces must be a boolean.
 TEST(Server, HostileToolSchemasAreBoundedAndNeverA500) {
-    const char * src = std::getenv("MOESTREAM_SRC");
-    const std::string tmpl = std::string(src && *src ? src : MOESTREAM_TEST_SRC) +
-                             "/tests/api/templates/hermes-qwen3.jinja";
+    const std::string tmpl = src_dir() + "/tests/api/templates/hermes-qwen3.jinja";
     char dir[] = "/tmp/moestream-hermes-XXXXXX";
     ASSERT_NE(mkdtemp(dir), nullptr);
     const std::string model = std::string(dir) + "/hermes.gguf";
-    CmdResult m = run_cmd(python_cmd() + " " + sh_quote(std::string(src && *src ? src : MOESTREAM_TEST_SRC) +
-                                                "/tests/tools/gguf_mutate.py") +
-                          " " + sh_quote(tiny_model()) + " " + sh_quote(model) + " set-file " +
+    CmdResult m = run_cmd(gguf_mutate_cmd() + " " + sh_quote(tiny_model()) + " " + sh_quote(model) + " set-file " +
                           sh_quote("tokenizer.chat_template=" + tmpl));
     ASSERT_EQ(m.exit_code, 0) << m.err;
     ServerProc s({"--lossless", "-c", "4096"}, {}, model);

@@ -269,8 +269,7 @@ TEST(SplitModels, MalformedSetsAreRefusedNamingTheShard) {
     {  // a wrong split.count in one shard
         const std::string s = dir.path("count");
         copy_set(s);
-        const std::string mut = sh_quote(std::string(MOESTREAM_TEST_SRC) + "/tests/tools/gguf_mutate.py");
-        CmdResult m = run_cmd(python_cmd() + " " + mut + " " + sh_quote(shard(a, 3, 3)) + " " +
+        CmdResult m = run_cmd(gguf_mutate_cmd() + " " + sh_quote(shard(a, 3, 3)) + " " +
                               sh_quote(shard(s, 3, 3) + ".new") + " set split.count=4");
         ASSERT_EQ(m.exit_code, 0) << m.err;
         fs::rename(shard(s, 3, 3) + ".new", shard(s, 3, 3));
@@ -279,10 +278,9 @@ TEST(SplitModels, MalformedSetsAreRefusedNamingTheShard) {
     {  // a NUL byte in a tensor name of a later shard
         const std::string s = dir.path("nul");
         copy_set(s);
-        const std::string mut = sh_quote(std::string(MOESTREAM_TEST_SRC) + "/tests/tools/gguf_mutate.py");
         // Shard 2 holds tensors 20..39 of the file: layer 1's experts among them.
         const std::string first = "blk.1.ffn_up_exps.weight";
-        CmdResult m = run_cmd(python_cmd() + " " + mut + " " + sh_quote(shard(a, 2, 3)) + " " +
+        CmdResult m = run_cmd(gguf_mutate_cmd() + " " + sh_quote(shard(a, 2, 3)) + " " +
                               sh_quote(shard(s, 2, 3) + ".new") + " " +
                               "rename " + sh_quote(first + "=" + first + "\\x00Z"));
         ASSERT_EQ(m.exit_code, 0) << m.err;

@@ -100,6 +100,15 @@ std::string python_cmd() {
     return sh_quote(e && *e ? e : "/usr/bin/python3");
 }
 
+std::string src_dir() {
+    const char * e = std::getenv("MOESTREAM_SRC");
+    return e && *e ? e : MOESTREAM_TEST_SRC;
+}
+
+std::string gguf_mutate_cmd() {
+    return python_cmd() + " " + sh_quote(src_dir() + "/tests/tools/gguf_mutate.py");
+}
+
 StatsRun run_with_stats(const std::string & model, const std::string & prompt, int n_predict,
                         const std::string & flags, const std::string & env, bool with_logits) {
     static int counter = 0;

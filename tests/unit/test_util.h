@@ -42,11 +42,16 @@ StatsRun run_with_stats(const std::string & model, const std::string & prompt, i
 // $MOESTREAM_BIN (the CLI under test) and $MOESTREAM_TEST_MODELS (a cache dir).
 std::string cli_bin();
 std::string models_dir();
+// The source tree: $MOESTREAM_SRC, else the one this test was built from.
+std::string src_dir();
 
 // The Python interpreter of the test tools (tests/tools/*.py), shell-quoted: $MOESTREAM_PYTHON,
 // else Debian's /usr/bin/python3 (a `python3` found on PATH may be a version manager's shim
 // that takes 0.3 s to start; the tools need only the standard library).
 std::string python_cmd();
+// `python_cmd() tests/tools/gguf_mutate.py` (from $MOESTREAM_SRC), shell-quoted: append
+// IN OUT OPS... (the mutator's usage).
+std::string gguf_mutate_cmd();
 
 // Path of a synth model (preset, arch, expert type, seed), generated on first use with
 // `moestream synth`. Safe when several test processes ask at once (write + rename).
