@@ -56,8 +56,8 @@ if ! setup_log=$(scripts/setup-deps.sh --arch arm64 2>&1); then
 fi
 deps="${MOESTREAM_DEPS_DIR:-$repo/.deps}/arm64"
 if [ ! -f "$build/CMakeCache.txt" ]; then
-  # -O1 without debug info (a build 129 s, was 164 at -O2: the CI time budget; the native
-  # build's -O2 is what a native arm64 `make test` checks) and the CLI without serve and chat
+  # -O1 without debug info (a shorter compile for the CI time budget; the native build's -O2
+  # is what a native arm64 `make test` checks) and the CLI without serve and chat
   # (the gates run `run` and `synth`). The kernels computing the compared logits are ggml's,
   # from the arm64 packages, whatever moestream's flags.
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \

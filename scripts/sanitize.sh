@@ -38,8 +38,9 @@ esac
 
 scripts/setup-deps.sh
 # Configured every time (seconds when cached), so an existing build dir picks up a changed
-# test list. No server and no `moestream chat` in these CLIs (no test here uses them). -O1 -g1: sanitizer builds compile about twice as fast as -O2 -g and reports keep
-# function names and line numbers (the CI time budget, docs/reliability.md).
+# test list. No server and no `moestream chat` in these CLIs (no test here uses them). -O1 -g1:
+# sanitizer builds compile about twice as fast as -O2 -g and reports keep function names and
+# line numbers (the CI time budget, docs/reliability.md).
 cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" \
   -DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g1" -DMOESTREAM_SANITIZE="$san" \
   -DMOESTREAM_UNIT_TESTS_ONLY="$tests" -DMOESTREAM_SERVE_AND_CHAT=OFF >/dev/null

@@ -218,11 +218,11 @@ Status EngineImpl::init(const RunOptions & opt) {
 
     stats_.load_s = now_s() - t_open_;
     stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
-    drop_cold_block_ = !hook_                         ? DropColdBlock::kResident
-                       : fallback_                    ? DropColdBlock::kMissFallback
+    drop_cold_block_ = !hook_                           ? DropColdBlock::kResident
+                       : fallback_                      ? DropColdBlock::kMissFallback
                        : stats_.cache_budget_bytes == 0 ? DropColdBlock::kCacheOff
-                       : slot_rewriter_               ? DropColdBlock::kFixedSlots
-                                                      : DropColdBlock::kNone;
+                       : slot_rewriter_                 ? DropColdBlock::kFixedSlots
+                                                        : DropColdBlock::kNone;
     MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
                 opt.stream ? "streaming" : "resident");
     return Status::Ok();
