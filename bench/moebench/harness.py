@@ -544,6 +544,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                        ("prefill_s", lambda m: m.get("prefill_s")),
                        ("flash_bytes_read", lambda m: m.get("flash_bytes_read")),
                        ("dense_read_s", lambda m: (m.get("stats_json") or {}).get("dense_read_s")),
+                       # read latency (docs/metrics.md, "Read latency"), prefill + decode
+                       ("read_p50_s", lambda m: (m.get("stats_json") or {}).get("read_p50_s")),
+                       ("read_max_s", lambda m: (m.get("stats_json") or {}).get("read_max_s")),
                        ("dense_read_bytes", lambda m: ((m.get("stats_json") or {}).get("settings")
                                                        or {}).get("load_bytes_read"))):
             vals = [get(r.get("metrics", {})) for r in ok]

@@ -345,7 +345,10 @@ class MatrixRules(unittest.TestCase):
         hb = report.hidden_bound_table(res)
         # t_compute from the faster res-1000-thp (1/6 s; res-73's 1/8 is another prompt, res-1000's
         # 0.2 is slower), reads 0.1 s at 1000 MiB/s: bound 0.167, measured 0.5
-        self.assertIn("| `s-1000` | 1000 | 0.167 | 100.0 | 0.100 | 0.167 | 0.500 | 3.00 |", hb)
+        self.assertIn("| `s-1000` | 1000 | 0.167 | 100.0 | 0.100 | 0.167 | 0.500 | 3.00 | — |", hb)
+        # Each rep's longest single read, in ms (runs from before the figure existed: —).
+        sm["s-1000"]["read_max_s"] = {"mean": 0.131, "per_rep": [0.012, 0.25]}
+        self.assertIn("| 3.00 | 12, 250 |", report.hidden_bound_table(res))
         pt = report.prefill_table(res)
         # resident prefill 1000 / 25 = 40 s; dense 2000 MiB at fio's 1000 MiB/s = 2 s (not the
         # run's own 5 s): TTFT 110 / (40 + 2) = 2.62
