@@ -573,6 +573,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             ones = [[1.0] * len(x) for x in fb]
             mpt = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], ones, B, seed)
             s["mib_read_per_token"] = stats.public(mpt)
+            # every kept token's MiB, all reps: the per-token bound (report.hidden_bound_table)
+            s["mib_read_each_token"] = [round(v / 2**20, 3) for x in fb for v in x]
             if all(x is not None for x in io) and sum(sum(x) for x in io) > 0:
                 rate = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], io, B, seed)
                 s["engine_read_mib_s"] = stats.public(rate)
