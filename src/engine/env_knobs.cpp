@@ -90,7 +90,7 @@ Status read_env_knobs(EnvKnobs * k) {
     else if (pop == "idle") k->slot_populate = SlotOptions::Populate::kIdle;
     else if (pop == "off") k->slot_populate = SlotOptions::Populate::kOff;
     else if (!pop.empty())
-        return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be nice, idle or off");
+        return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be idle, nice or off");
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

@@ -263,11 +263,12 @@ struct SlotOptions {
     // pages (huge_pages.h). Lossless; false = MOESTREAM_HUGEPAGES=0, for A/B benchmarks.
     bool huge_pages = true;
     // How the slots' pages get their page-table entries before first use (docs/cache.md,
-    // "Fixed slots"): a background thread at nice +10 (kNice) or under SCHED_IDLE, running
-    // only on otherwise idle cores (kIdle); kOff = not at all: reads and copies fault the
-    // pages in. MOESTREAM_SLOT_POPULATE=nice|idle|off, for A/B benchmarks. Lossless either way.
+    // "Fixed slots"): a background thread under SCHED_IDLE, running only on otherwise idle
+    // cores (kIdle, the default), or at nice +10 (kNice); kOff = not at all: reads and copies
+    // fault the pages in. MOESTREAM_SLOT_POPULATE=idle|nice|off, for A/B benchmarks.
+    // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
-    Populate populate = Populate::kNice;
+    Populate populate = Populate::kIdle;
 };
 // Test hooks of the fixed-slot cache: nothing in production sets them.
 struct SlotTestHooks {

@@ -312,10 +312,12 @@ private:
     }
 
     // Every page of the slots gets its page-table entry once, so the matmuls never meet a new
-    // one later. With MADV_POPULATE_WRITE (Linux 5.14+) a low-priority thread does it while
-    // the engine reads the dense weights: it never changes a page's bytes, so the reads and
-    // copies that may already land in the slots are safe. Without it, every page is touched
-    // here, before any read can start.
+    // one later. With MADV_POPULATE_WRITE (Linux 5.14+) a background thread does it from the
+    // dense read on: under SCHED_IDLE (SlotOptions::populate, the default) it runs only on
+    // cores nothing else wants, so it never slows the dense read, the prompt or a decode (where
+    // SCHED_IDLE is refused, or with kNice, at nice +10). It never changes a page's bytes, so
+    // the reads and copies that may already land in the slots are safe. Without
+    // MADV_POPULATE_WRITE, every page is touched here, before any read can start.
     void populate() {
         if (opt_.populate == SlotOptions::Populate::kOff) return;
         if (madvise(mem_, kPage, MADV_POPULATE_WRITE) != 0) {

@@ -122,17 +122,17 @@ TEST(HugePages, AKnobValueOtherThanZeroOrOneIsRefused) {
     EXPECT_NE(bad.err.find("MOESTREAM_HUGEPAGES=yes: must be 0 or 1"), std::string::npos) << bad.err;
 }
 
-// MOESTREAM_SLOT_POPULATE (docs/cache.md, "Fixed slots"): populating the fixed slots' pages at
-// nice +10, under SCHED_IDLE or not at all changes no byte of the output, and the settings say
-// which ran. Negative control: another prompt's logits differ.
+// MOESTREAM_SLOT_POPULATE (docs/cache.md, "Fixed slots"): populating the fixed slots' pages
+// under SCHED_IDLE (the default), at nice +10 or not at all changes no byte of the output, and
+// the settings say which ran. Negative control: another prompt's logits differ.
 TEST(SlotPopulate, EveryModeGivesTheSameBytesAndIsReported) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     StatsRun base = run_with_stats(model, kRouterPrompt, 4, "--cache-mb 64", "", true);
     ASSERT_EQ(base.rc, 0) << base.err;
     const auto js = nlohmann::json::parse(base.stats);
     ASSERT_EQ(js["settings"]["cache_store"], "fixed slots") << base.stats;
-    EXPECT_EQ(js["settings"]["cache_slot_populate"], "nice");
-    for (const char * mode : {"idle", "off"}) {
+    EXPECT_EQ(js["settings"]["cache_slot_populate"], "idle");
+    for (const char * mode : {"nice", "off"}) {
         SCOPED_TRACE(mode);
         StatsRun r = run_with_stats(model, kRouterPrompt, 4, "--cache-mb 64",
                                     std::string("MOESTREAM_SLOT_POPULATE=") + mode + " ", true);
@@ -151,7 +151,7 @@ TEST(SlotPopulate, AnUnknownModeIsRefusedByName) {
     const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
     StatsRun bad = run_with_stats(model, kRouterPrompt, 1, "", "MOESTREAM_SLOT_POPULATE=lazy ");
     EXPECT_EQ(bad.rc, 64) << bad.err;
-    EXPECT_NE(bad.err.find("MOESTREAM_SLOT_POPULATE=lazy: must be nice, idle or off"),
+    EXPECT_NE(bad.err.find("MOESTREAM_SLOT_POPULATE=lazy: must be idle, nice or off"),
               std::string::npos)
         << bad.err;
 }
