@@ -544,6 +544,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                        ("prefill_s", lambda m: m.get("prefill_s")),
                        ("flash_bytes_read", lambda m: m.get("flash_bytes_read")),
                        ("dense_read_s", lambda m: (m.get("stats_json") or {}).get("dense_read_s")),
+                       # read latency (docs/metrics.md, "Read latency"), prefill + decode
+                       ("read_p50_s", lambda m: (m.get("stats_json") or {}).get("read_p50_s")),
+                       ("read_max_s", lambda m: (m.get("stats_json") or {}).get("read_max_s")),
                        ("dense_read_bytes", lambda m: ((m.get("stats_json") or {}).get("settings")
                                                        or {}).get("load_bytes_read"))):
             vals = [get(r.get("metrics", {})) for r in ok]
@@ -570,6 +573,8 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             ones = [[1.0] * len(x) for x in fb]
             mpt = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], ones, B, seed)
             s["mib_read_per_token"] = stats.public(mpt)
+            # every kept token's MiB, all reps: the per-token bound (report.hidden_bound_table)
+            s["mib_read_each_token"] = [round(v / 2**20, 3) for x in fb for v in x]
             if all(x is not None for x in io) and sum(sum(x) for x in io) > 0:
                 rate = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], io, B, seed)
                 s["engine_read_mib_s"] = stats.public(rate)

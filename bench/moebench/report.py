@@ -167,7 +167,9 @@ def _has_prompt_lengths(exp: dict[str, Any]) -> bool:
 
 def hidden_bound_table(res: dict[str, Any]) -> str | None:
     """Reads hidden behind compute: decode time/token against max(t_compute, MiB read per
-    token / fio rate at the cell's lanes). Shown for experiments with prompt lengths."""
+    token / fio rate at the cell's lanes); the same bound taken token by token (the mean over
+    kept tokens of max(t_compute, that token's MiB / fio rate)); each rep's longest single read
+    (a stalled request shows there). Shown for experiments with prompt lengths."""
     if not _has_prompt_lengths(res["experiment"]):
         return None
     rows = []
@@ -175,15 +177,23 @@ def hidden_bound_table(res: dict[str, Any]) -> str | None:
         t_read = mib / f if f else None
         bound = max(tc, t_read) if t_read is not None else None
         meas = 1.0 / s["decode_tok_s"]["value"]
+        # The same bound token by token: a token whose reads take longer than the compute
+        # cannot be hidden within it (its routing is known only once it runs).
+        each = s.get("mib_read_each_token")
+        pt = sum(max(tc, m / f) for m in each) / len(each) if (each and f) else None
+        rmax = (s.get("read_max_s") or {}).get("per_rep")
+        rmax_ms = ", ".join(f"{1e3 * v:.0f}" for v in rmax) if rmax else "—"
         rows.append(f"| `{c['name']}` | {_f(c['params'].get('prompt_tokens'))} | {tc:.3f} | {mib:.1f} | "
                     f"{_f(t_read, 3)} | {_f(bound, 3)} | {meas:.3f} | "
-                    f"{_f(meas / bound if bound else None)} |")
+                    f"{_f(meas / bound if bound else None)} | {_f(pt, 3)} | "
+                    f"{_f(meas / pt if pt else None)} | {rmax_ms} |")
     if not rows:
         return None
     return "\n".join([
         "| cell | prompt tokens | t_compute s/token (resident) | MiB read/token | read s/token at fio rate | "
-        "max(t_compute, read) s/token | measured s/token | measured / bound |",
-        "|---|---|---|---|---|---|---|---|"] + rows)
+        "max(t_compute, read) s/token | measured s/token | measured / bound | "
+        "per-token bound s/token | measured / per-token bound | longest single read ms (per rep) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"] + rows)
 
 
 def prefill_table(res: dict[str, Any]) -> str | None:

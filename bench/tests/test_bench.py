@@ -345,7 +345,16 @@ class MatrixRules(unittest.TestCase):
         hb = report.hidden_bound_table(res)
         # t_compute from the faster res-1000-thp (1/6 s; res-73's 1/8 is another prompt, res-1000's
         # 0.2 is slower), reads 0.1 s at 1000 MiB/s: bound 0.167, measured 0.5
-        self.assertIn("| `s-1000` | 1000 | 0.167 | 100.0 | 0.100 | 0.167 | 0.500 | 3.00 |", hb)
+        self.assertIn("| `s-1000` | 1000 | 0.167 | 100.0 | 0.100 | 0.167 | 0.500 | 3.00 | — | — | — |", hb)
+        # Token by token: 3 tokens of 0 MiB and one of 400 MiB (the same 100 MiB mean): the
+        # 400-MiB token takes 0.4 s of reads, above its compute: (3 x 0.167 + 0.4) / 4 = 0.225.
+        sm["s-1000"]["mib_read_each_token"] = [0, 0, 0, 400]
+        # Each rep's longest single read, in ms (runs from before the figures existed: —).
+        sm["s-1000"]["read_max_s"] = {"mean": 0.131, "per_rep": [0.012, 0.25]}
+        self.assertIn("| 3.00 | 0.225 | 2.22 | 12, 250 |", report.hidden_bound_table(res))
+        # Control: evenly spread reads (100 MiB each, 0.1 s < t_compute) give the plain bound.
+        sm["s-1000"]["mib_read_each_token"] = [100] * 4
+        self.assertIn("| 3.00 | 0.167 | 3.00 |", report.hidden_bound_table(res))
         pt = report.prefill_table(res)
         # resident prefill 1000 / 25 = 40 s; dense 2000 MiB at fio's 1000 MiB/s = 2 s (not the
         # run's own 5 s): TTFT 110 / (40 + 2) = 2.62

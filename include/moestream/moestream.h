@@ -124,6 +124,7 @@ struct TokenStats {
     uint64_t token_demand_bytes = 0;  // distinct expert bytes routed over all layers
     uint64_t layer_demand_bytes = 0;  // the widest layer's routed expert bytes
     uint64_t prefetch_bytes = 0;      // of flash_bytes_read: read ahead of a routing (prefetch)
+    double read_max_s = 0;            // the longest single slice read waited for in it
     double stage_s = 0;  // in the residency store: commits, evictions, page mapping (not io_s)
     // The token's time breakdown (docs/metrics.md, "Time breakdown"): step_s = sampling_s +
     // compute_s + io_s + stage_s + hook_s + other_s, disjoint; decode_s is the part of step_s
@@ -169,6 +170,12 @@ struct RunStats {
     uint64_t flash_bytes_read = 0;  // all reads (prefill + decode)
     uint64_t flash_reads = 0;
     double io_s = 0;                   // time blocked on expert reads (prefill + decode)
+    // Read latency (docs/metrics.md, "Read latency"): single expert slice reads by the lanes
+    // (prefill + decode; the io_uring prefetch tail's are not timed), seconds. The median and
+    // 99th percentile are bucket edges (within 19 % above the true value, never above the
+    // max); the max is exact.
+    uint64_t reads_timed = 0;
+    double read_p50_s = 0, read_p99_s = 0, read_max_s = 0;
     double bytes_per_token = 0;        // decode bytes read / generated tokens
     TimeBreakdown prefill_time;        // the prompt's llama_decodes
     TimeBreakdown decode_time;         // the decode steps (RunStats::tokens summed)

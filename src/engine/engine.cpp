@@ -357,6 +357,7 @@ Status EngineImpl::make_store() {
                         mib_text(2 * shared_slot_set_bytes(index_)).c_str());
         SlotOptions so;
         so.huge_pages = knobs_.huge_pages;
+        so.populate = knobs_.slot_populate;
         store_ = make_slot_cache(index_, d.budget_bytes, slot_two_sets, &st, hooks, so);
     } else if (d.budget_bytes > 0) {
         CacheOptions copt;
@@ -656,6 +657,11 @@ std::string EngineImpl::settings_json() const {
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
     j["cache_slot_warm"] = slot_rewriter_ != nullptr && knobs_.slot_warm;
     j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
+    // How the fixed slots' pages were populated (MOESTREAM_SLOT_POPULATE; docs/cache.md).
+    j["cache_slot_populate"] = !slot_rewriter_ ? "none"
+                               : knobs_.slot_populate == SlotOptions::Populate::kIdle ? "idle"
+                               : knobs_.slot_populate == SlotOptions::Populate::kOff  ? "off"
+                                                                                      : "nice";
     // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): asked for, and the bytes
     // of expert slots and dense copies the kernel accepted the advice for.
     j["huge_pages"] = knobs_.huge_pages;

@@ -85,6 +85,12 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!huge.empty() && huge != "0" && huge != "1")
         return Status::Usage("MOESTREAM_HUGEPAGES=" + huge + ": must be 0 or 1");
     if (!huge.empty()) k->huge_pages = huge == "1";
+    const std::string pop = env("MOESTREAM_SLOT_POPULATE");
+    if (pop == "nice") k->slot_populate = SlotOptions::Populate::kNice;
+    else if (pop == "idle") k->slot_populate = SlotOptions::Populate::kIdle;
+    else if (pop == "off") k->slot_populate = SlotOptions::Populate::kOff;
+    else if (!pop.empty())
+        return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be nice, idle or off");
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

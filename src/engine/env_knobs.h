@@ -61,6 +61,9 @@ struct EnvKnobs {
     // shared slots, dense weight copies) are advised for transparent huge pages
     // (huge_pages.h); 0 = 4 KiB pages (A/B benchmarks). Lossless either way.
     bool huge_pages = true;
+    // MOESTREAM_SLOT_POPULATE=nice|idle|off: how the fixed slots' pages are populated before
+    // first use (residency.h, SlotOptions::populate); A/B benchmarks. Lossless either way.
+    SlotOptions::Populate slot_populate = SlotOptions::Populate::kNice;
     // Tests only. MOESTREAM_DEBUG_SLOT_MISPLACE=1: with MOESTREAM_SLOT_CACHE=1 the expert
     // ids are rewritten to the wrong slots (slot_rewriter.h): the negative control of the rewrite.
     bool slot_misplace = false;

@@ -64,6 +64,7 @@ RunStatsAssembly::RunStatsAssembly(const StatsSources & src, RunStats * s) : src
     fresh.cache_budget_reason = s->cache_budget_reason;
     *s = std::move(fresh);
     majflt0_ = major_faults();
+    if (src_.streamer) latency0_ = src_.streamer->read_latency();
     if (src_.drop_cold) {  // the policy counts since it was enabled: this run reports its share
         const DropCounters & dc = src_.drop_cold->counters();
         routed0_ = dc.routed;
@@ -90,6 +91,7 @@ void RunStatsAssembly::prefill_step() {
     prefill_bytes_ += c.bytes_read;
     prefill_reads_ += c.reads;
     prefill_io_ += c.io_s;
+    read_max_ = std::max(read_max_, c.max_read_s);
 }
 
 void RunStatsAssembly::decode_begins() { majflt0_ = major_faults(); }
@@ -110,6 +112,7 @@ TokenStats RunStatsAssembly::step(int32_t token, double decode_s, double samplin
         t.token_demand_bytes = c.demand_bytes;
         t.layer_demand_bytes = c.layer_demand_bytes;
         t.prefetch_bytes = c.prefetch_bytes;
+        t.read_max_s = c.max_read_s;
         t.stage_s = c.stage_s;
         t.cache_hits = c.hits;
         t.cache_misses = c.misses;
@@ -122,6 +125,7 @@ void RunStatsAssembly::decode_step(const TokenStats & t) {
     dec_bytes_ += t.flash_bytes_read;
     dec_reads_ += t.flash_reads;
     dec_io_ += t.io_s;
+    read_max_ = std::max(read_max_, t.read_max_s);
     demand_sum_ += t.token_demand_bytes;
     layer_demand_max_ = std::max(layer_demand_max_, t.layer_demand_bytes);
     decode_time_.add(t);
@@ -141,6 +145,14 @@ void RunStatsAssembly::finish() {
     s.flash_bytes_read = prefill_bytes_ + dec_bytes_;
     s.flash_reads = prefill_reads_ + dec_reads_;
     s.io_s = prefill_io_ + dec_io_;
+    if (src_.streamer) {
+        const ReadLatencySnapshot lat = src_.streamer->read_latency().since(latency0_);
+        s.reads_timed = lat.count();
+        // Bucket edges, but never above the exact longest read.
+        s.read_p50_s = std::min(lat.quantile(0.50), read_max_);
+        s.read_p99_s = std::min(lat.quantile(0.99), read_max_);
+        s.read_max_s = read_max_;
+    }
     s.prefill_time = prefill_time_;
     s.decode_time = decode_time_;
     s.bytes_per_token = per(double(dec_bytes_), steps);

@@ -15,6 +15,7 @@
 
 #include "miss_fallback.h"
 #include "moestream/moestream.h"
+#include "read_latency.h"
 
 namespace moestream {
 
@@ -78,6 +79,8 @@ private:
     uint64_t logit_hash_ = 0xcbf29ce484222325ull;  // FNV-1a-64 offset basis
     uint64_t prefill_bytes_ = 0, prefill_reads_ = 0;
     double prefill_io_ = 0;
+    double read_max_ = 0;             // the longest read waited for (prefill + decode)
+    ReadLatencySnapshot latency0_;    // the lanes' read times at begin
     double decode_s_ = 0, dec_io_ = 0;
     TimeBreakdown prefill_time_, decode_time_;
     uint64_t dec_bytes_ = 0, dec_reads_ = 0, demand_sum_ = 0, layer_demand_max_ = 0;

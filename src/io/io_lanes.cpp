@@ -308,7 +308,15 @@ void IoLanes::run_lane(int lane, size_t limit) {
         if (staged_ && i >= prefix_ && i < own_) wait_stage(i);
         if (failed_.load(std::memory_order_relaxed)) break;
         const uint64_t before = transferred;
+        const auto t0 = std::chrono::steady_clock::now();
         Status st = read_one(lane, reqs[i], &transferred);
+        const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                         std::chrono::steady_clock::now() - t0)
+                                         .count());
+        latency_.record(double(ns) * 1e-9);
+        for (uint64_t m = max_read_ns_.load(std::memory_order_relaxed);
+             ns > m && !max_read_ns_.compare_exchange_weak(m, ns, std::memory_order_relaxed);) {
+        }
         if (i < own_ && own_ < reqs.size())
             own_bytes_.fetch_add(transferred - before, std::memory_order_relaxed);
         if (!st.ok()) record_failure(st);
@@ -396,6 +404,7 @@ void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t
     cancelled_ = false;
     bytes_.store(0);
     direct_reads_.store(0);
+    max_read_ns_.store(0);
     failed_.store(false);
     own_ = own < reqs.size() ? own : reqs.size();
     prefix_ = prefix < own_ ? prefix : own_;
@@ -455,9 +464,11 @@ Status IoLanes::wait_first(size_t n, const std::atomic<size_t> & done, IoBatchSt
         cv_done_.wait(lk, [&] { return failed_.load() || done.load() >= n || lanes_busy_ == 0; });
         waiting_prefix_ = false;
     }
-    if (stats)
+    if (stats) {
         stats->seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats->max_read_s = std::max(stats->max_read_s, double(max_read_ns_.load()) * 1e-9);
+    }
     if (failed_.load()) return finish(stats);
     return Status::Ok();
 }
@@ -476,6 +487,7 @@ Status IoLanes::finish(IoBatchStats * stats) {
         stats->direct_reads += direct_reads_.load();
         stats->seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        stats->max_read_s = std::max(stats->max_read_s, double(max_read_ns_.load()) * 1e-9);
     }
     if (failed_.load()) {
         // Requests never started by any lane leave their destination untouched: zero them

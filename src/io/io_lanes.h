@@ -48,6 +48,9 @@
 // no wait can block on the gate. cancel_unreleased() fails the batch instead: requests at or
 // past the watermark are never read nor touched (not even zero-filled).
 //
+// Read times: every request's read (its preadv calls, retries included) is timed into
+// read_latency() and the batch's longest into IoBatchStats::max_read_s.
+//
 // Thread-safety: one batch at a time, driven from one thread (start, wait_prefix, finish,
 // read_batch); the batch vector must stay alive and unchanged until finish() returns.
 #pragma once
@@ -62,6 +65,7 @@
 #include <thread>
 #include <vector>
 
+#include "read_latency.h"
 #include "status.h"
 
 struct iovec;
@@ -102,6 +106,7 @@ struct IoBatchStats {
     uint64_t reads = 0;         // requests served
     uint64_t direct_reads = 0;  // of those, read straight into their destination (no copy)
     double seconds = 0;         // wall time of the batch
+    double max_read_s = 0;      // the longest single request's read, seconds (read_latency.h)
 };
 
 // Fault injection for tests (docs/reliability.md): every read (a preadv of iovcnt >= 1
@@ -151,6 +156,8 @@ public:
     // Waits for the whole batch; adds its bytes/reads (and the time waited) to stats.
     Status finish(IoBatchStats * stats);
     bool in_flight() const { return batch_ != nullptr; }
+    // Every request's read time since open (read_latency.h), whichever lane read it.
+    const ReadLatencyHistogram & read_latency() const { return latency_; }
 
     bool direct() const { return direct_; }
     uint64_t dio_alignment() const { return align_; }
@@ -226,6 +233,8 @@ private:
     bool waiting_prefix_ = false;         // guarded by mu_
     std::atomic<uint64_t> bytes_{0};
     std::atomic<uint64_t> direct_reads_{0};
+    std::atomic<uint64_t> max_read_ns_{0};  // the batch's longest request read, ns
+    ReadLatencyHistogram latency_;
     std::atomic<bool> failed_{false};
     std::mutex err_mu_;
     Status err_;

@@ -262,6 +262,12 @@ struct SlotOptions {
     // Map the slots and the shared slots 2 MiB-aligned and advise them for transparent huge
     // pages (huge_pages.h). Lossless; false = MOESTREAM_HUGEPAGES=0, for A/B benchmarks.
     bool huge_pages = true;
+    // How the slots' pages get their page-table entries before first use (docs/cache.md,
+    // "Fixed slots"): a background thread at nice +10 (kNice) or under SCHED_IDLE, running
+    // only on otherwise idle cores (kIdle); kOff = not at all: reads and copies fault the
+    // pages in. MOESTREAM_SLOT_POPULATE=nice|idle|off, for A/B benchmarks. Lossless either way.
+    enum class Populate { kNice, kIdle, kOff };
+    Populate populate = Populate::kNice;
 };
 // Test hooks of the fixed-slot cache: nothing in production sets them.
 struct SlotTestHooks {

@@ -14,6 +14,7 @@
 // shared slots into the layer's slots, so decode does not start with empty slots.
 // Thread-safety: called from the eval callback only (one thread at a time); warm_slots()
 // splits its copies with a helper thread it joins before returning.
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -316,6 +317,7 @@ private:
     // copies that may already land in the slots are safe. Without it, every page is touched
     // here, before any read can start.
     void populate() {
+        if (opt_.populate == SlotOptions::Populate::kOff) return;
         if (madvise(mem_, kPage, MADV_POPULATE_WRITE) != 0) {
             for (uint64_t i = 0; i < mem_bytes_; i += kPage) mem_[i] = 0;
             return;
@@ -323,9 +325,14 @@ private:
         try {
             populate_thread_ = std::thread([this] {
                 const pid_t tid = pid_t(syscall(SYS_gettid));
-                errno = 0;
-                const int nice_now = getpriority(PRIO_PROCESS, id_t(tid));
-                if (errno == 0) setpriority(PRIO_PROCESS, id_t(tid), std::min(19, nice_now + 10));
+                struct sched_param sp {};
+                if (opt_.populate != SlotOptions::Populate::kIdle ||
+                    sched_setscheduler(tid, SCHED_IDLE, &sp) != 0) {
+                    errno = 0;
+                    const int nice_now = getpriority(PRIO_PROCESS, id_t(tid));
+                    if (errno == 0)
+                        setpriority(PRIO_PROCESS, id_t(tid), std::min(19, nice_now + 10));
+                }
                 constexpr uint64_t kStep = 64ull << 20;  // checks for the destructor between steps
                 for (uint64_t o = 0; o < mem_bytes_; o += kStep) {
                     if (stop_populate_.load(std::memory_order_relaxed)) return;

@@ -75,6 +75,7 @@ void Streamer::finish_tail() {
         c->io_s += io.seconds;
         c->prefetch_bytes += io.bytes_read;
         c->prefetch_wait_s += io.seconds;
+        c->max_read_s = std::max(c->max_read_s, io.max_read_s);
     }
     end_prefetch(st.ok());
     if (!st.ok())
@@ -316,6 +317,7 @@ Status Streamer::finish_pending() {
         c->bytes_read += io.bytes_read;
         c->reads += io.reads;
         c->io_s += io.seconds;
+        c->max_read_s = std::max(c->max_read_s, io.max_read_s);
         c->demand_bytes += pending_demand_;
         c->layer_demand_bytes = std::max(c->layer_demand_bytes, pending_demand_);
         c->lookups += ss.lookups;

@@ -89,6 +89,8 @@ struct StepCounters {
     double stage_s = 0;           // time in the store's stage(), prefetch(), end_prefetch()
                                   // and abandon_stage() (commits, evictions, page mapping;
                                   // not part of io_s)
+    double max_read_s = 0;        // the longest single read waited for (the lanes' reads; the
+                                  // io_uring tail's are not timed)
 };
 
 // Test-only behaviour, off by default; the engine fills it from its environment knobs
@@ -138,6 +140,9 @@ public:
     }
     const StepCounters & step() const { return step_; }
     const StepCounters & total() const { return total_; }
+    // Every slice read by the lanes so far, as read times (the dense read at load included:
+    // take differences of snapshots).
+    ReadLatencySnapshot read_latency() const { return lanes_->read_latency().snapshot(); }
 
     void set_test_hooks(const StreamTestHooks & h) { hooks_ = h; }
 

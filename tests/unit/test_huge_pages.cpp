@@ -1,4 +1,5 @@
-// Transparent huge pages for the engine's own buffers (src/util/huge_pages.h, docs/design.md).
+// The pages of the engine's own buffers: transparent huge pages (src/util/huge_pages.h,
+// docs/design.md) and how the fixed slots' pages are populated (MOESTREAM_SLOT_POPULATE).
 #include <sys/mman.h>
 
 #include <gtest/gtest.h>
@@ -119,4 +120,38 @@ TEST(HugePages, AKnobValueOtherThanZeroOrOneIsRefused) {
     StatsRun bad = run_with_stats(model, kRouterPrompt, 1, "", "MOESTREAM_HUGEPAGES=yes ");
     EXPECT_EQ(bad.rc, 64) << bad.err;
     EXPECT_NE(bad.err.find("MOESTREAM_HUGEPAGES=yes: must be 0 or 1"), std::string::npos) << bad.err;
+}
+
+// MOESTREAM_SLOT_POPULATE (docs/cache.md, "Fixed slots"): populating the fixed slots' pages at
+// nice +10, under SCHED_IDLE or not at all changes no byte of the output, and the settings say
+// which ran. Negative control: another prompt's logits differ.
+TEST(SlotPopulate, EveryModeGivesTheSameBytesAndIsReported) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    StatsRun base = run_with_stats(model, kRouterPrompt, 4, "--cache-mb 64", "", true);
+    ASSERT_EQ(base.rc, 0) << base.err;
+    const auto js = nlohmann::json::parse(base.stats);
+    ASSERT_EQ(js["settings"]["cache_store"], "fixed slots") << base.stats;
+    EXPECT_EQ(js["settings"]["cache_slot_populate"], "nice");
+    for (const char * mode : {"idle", "off"}) {
+        SCOPED_TRACE(mode);
+        StatsRun r = run_with_stats(model, kRouterPrompt, 4, "--cache-mb 64",
+                                    std::string("MOESTREAM_SLOT_POPULATE=") + mode + " ", true);
+        ASSERT_EQ(r.rc, 0) << r.err;
+        const auto j = nlohmann::json::parse(r.stats);
+        EXPECT_EQ(j["settings"]["cache_slot_populate"], mode);
+        EXPECT_EQ(j["logits_sha"], js["logits_sha"]);
+        EXPECT_TRUE(r.logits == base.logits);
+    }
+    StatsRun other = run_with_stats(model, "A different prompt entirely", 4, "--cache-mb 64", "", true);
+    ASSERT_EQ(other.rc, 0) << other.err;
+    EXPECT_NE(nlohmann::json::parse(other.stats)["logits_sha"], js["logits_sha"]);
+}
+
+TEST(SlotPopulate, AnUnknownModeIsRefusedByName) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q4_k");
+    StatsRun bad = run_with_stats(model, kRouterPrompt, 1, "", "MOESTREAM_SLOT_POPULATE=lazy ");
+    EXPECT_EQ(bad.rc, 64) << bad.err;
+    EXPECT_NE(bad.err.find("MOESTREAM_SLOT_POPULATE=lazy: must be nice, idle or off"),
+              std::string::npos)
+        << bad.err;
 }

@@ -542,3 +542,79 @@ TEST_F(IoLanesTest, CancelledBatchLeavesUnreleasedDestinationsUntouched) {
         munmap(m, n * 65536);
     }
 }
+
+// Read latency (read_latency.h): quantiles are bucket upper edges, at most 19 % above the true
+// value and never below it.
+TEST(ReadLatency, QuantilesAreBucketEdgesJustAboveTheTrueValue) {
+    ReadLatencyHistogram h;
+    for (int i = 0; i < 99; ++i) h.record(0.001);
+    h.record(0.1);
+    const ReadLatencySnapshot s = h.snapshot();
+    EXPECT_EQ(s.count(), 100u);
+    EXPECT_GE(s.quantile(0.5), 0.001);
+    EXPECT_LT(s.quantile(0.5), 0.001 * 1.19);
+    EXPECT_LT(s.quantile(0.99), 0.001 * 1.19);  // 99 of 100 reads took 1 ms
+    EXPECT_GE(s.quantile(1.0), 0.1);            // the slow one
+    EXPECT_LT(s.quantile(1.0), 0.1 * 1.19);
+    // Edges: nothing below 1 µs is told apart; the slowest bucket holds everything above it.
+    EXPECT_EQ(ReadLatencyHistogram::bucket_of(0), 0);
+    EXPECT_EQ(ReadLatencyHistogram::bucket_of(-1), 0);
+    EXPECT_EQ(ReadLatencyHistogram::bucket_of(1e9), ReadLatencySnapshot::kBuckets - 1);
+    for (double t : {2e-6, 3.7e-4, 0.0123, 4.2}) {
+        const int b = ReadLatencyHistogram::bucket_of(t);
+        EXPECT_GE(ReadLatencyHistogram::upper_edge(b), t) << t;
+        EXPECT_LT(ReadLatencyHistogram::upper_edge(b - 1), t) << t;
+    }
+    EXPECT_EQ(ReadLatencySnapshot{}.quantile(0.5), 0);  // no reads
+}
+
+TEST(ReadLatency, SinceCountsOnlyTheReadsInBetween) {
+    ReadLatencyHistogram h;
+    for (int i = 0; i < 10; ++i) h.record(0.5);  // before: slow
+    const ReadLatencySnapshot before = h.snapshot();
+    for (int i = 0; i < 4; ++i) h.record(0.0002);
+    const ReadLatencySnapshot d = h.snapshot().since(before);
+    EXPECT_EQ(d.count(), 4u);
+    EXPECT_LT(d.quantile(1.0), 0.001);
+    // Negative control: the whole history still has the slow reads.
+    EXPECT_GE(h.snapshot().quantile(1.0), 0.5);
+}
+
+namespace {
+// Delays the read that starts in the 4 KiB block of one request's first byte by 150 ms (direct
+// reads start at the aligned block, buffered ones at the byte).
+struct OneSlowRead {
+    uint64_t slow_off = 0;
+};
+long one_slow_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int, void * ud) {
+    if (off / 4096 == static_cast<OneSlowRead *>(ud)->slow_off / 4096) ::usleep(150000);
+    return ::preadv(fd, iov, iovcnt, off_t(off));
+}
+}  // namespace
+
+// Every request is timed on its own: one stalled request shows as the batch's longest read
+// and in the slowest bucket, while the median stays at the others' speed.
+TEST_F(IoLanesTest, OneStalledRequestIsTheBatchsLongestRead) {
+    IoLanes io;
+    ASSERT_TRUE(io.open(path_, 3, true, 300000).ok());
+    Scratch s(arena_bytes(30));
+    std::vector<ReadRequest> reqs = make_requests(&s, true, 5, 30);
+    OneSlowRead slow{reqs[7].file_offset};
+    io.set_pread_hook(&one_slow_preadv, &slow);
+    const ReadLatencySnapshot before = io.read_latency().snapshot();
+    IoBatchStats st;
+    ASSERT_TRUE(io.read_batch(reqs, &st).ok());
+    EXPECT_TRUE(all_exact(reqs));
+    EXPECT_GE(st.max_read_s, 0.15);
+    const ReadLatencySnapshot d = io.read_latency().snapshot().since(before);
+    EXPECT_EQ(d.count(), reqs.size());
+    EXPECT_GE(d.quantile(1.0), 0.15);
+    // Negative control: the other reads are not charged the stall (the median is theirs).
+    EXPECT_LT(d.quantile(0.5), 0.15);
+    // A batch without the stall reports its own longest read, not the last batch's.
+    io.set_pread_hook(nullptr, nullptr);
+    IoBatchStats fast;
+    ASSERT_TRUE(io.read_batch(reqs, &fast).ok());
+    EXPECT_GT(fast.max_read_s, 0);
+    EXPECT_LT(fast.max_read_s, st.max_read_s);
+}

@@ -263,6 +263,9 @@ TEST(Server, CompletionEqualsRun) {
     ASSERT_EQ(ref.tokens.size(), 12u);
     ServerProc s({"--lossless"});
     ASSERT_GT(s.port(), 0) << s.log();
+    auto st0 = s.client().Get("/stats");
+    ASSERT_TRUE(st0);
+    EXPECT_TRUE(body_json(st0)["read_latency"].is_null()) << "no request has read anything yet";
     auto r = post(
         s, "/v1/completions",
         {{"prompt", prompt}, {"max_tokens", 12}, {"return_tokens", true}, {"cache_prompt", false}});
@@ -287,6 +290,13 @@ TEST(Server, CompletionEqualsRun) {
     }
     EXPECT_GT(tp["compute_s"].get<double>(), 0);
     EXPECT_NEAR(sum, tp["step_s"].get<double>(), 1e-9 + 1e-9 * sum);
+    // /stats: the request's expert read times (docs/metrics.md, "Read latency").
+    const json rl = body_json(st)["read_latency"];
+    ASSERT_TRUE(rl.is_object()) << rl.dump();
+    EXPECT_GT(rl["reads"].get<uint64_t>(), 0u);
+    EXPECT_GT(rl["p50_ms"].get<double>(), 0);
+    EXPECT_LE(rl["p50_ms"].get<double>(), rl["p99_ms"].get<double>());
+    EXPECT_LE(rl["p99_ms"].get<double>(), rl["max_ms"].get<double>());
 
     RunOut other = moestream_run("A different prompt entirely", 12);
     EXPECT_NE(j["moestream"]["tokens"].get<std::vector<int>>(), other.tokens)

@@ -57,6 +57,10 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["flash_bytes_read"] = s.flash_bytes_read;
     j["flash_reads"] = s.flash_reads;
     j["io_s"] = s.io_s;
+    j["reads_timed"] = s.reads_timed;
+    j["read_p50_s"] = s.read_p50_s;
+    j["read_p99_s"] = s.read_p99_s;
+    j["read_max_s"] = s.read_max_s;
     j["time_breakdown"] = {{"decode", tools::time_breakdown_json(s.decode_time, false)},
                            {"decode_per_token", tools::time_breakdown_json(s.decode_time, true)},
                            {"prefill", tools::time_breakdown_json(s.prefill_time, false)}};
@@ -197,10 +201,12 @@ int do_run(RunFlags & f) {
     if (f.opt.stream)
         std::fprintf(stderr,
                      "moestream: flash read %.1f MiB in %llu reads (io %.2f s) | %.2f MiB/token | "
-                     "token demand %.2f MiB | widest layer %.2f MiB\n",
+                     "token demand %.2f MiB | widest layer %.2f MiB | read p50 %.2f ms, p99 %.2f ms, "
+                     "max %.2f ms\n",
                      mib(double(s.flash_bytes_read)), (unsigned long long)s.flash_reads, s.io_s,
                      mib(s.bytes_per_token), mib(double(s.token_demand_bytes)),
-                     mib(double(s.layer_demand_bytes)));
+                     mib(double(s.layer_demand_bytes)), s.read_p50_s * 1e3, s.read_p99_s * 1e3,
+                     s.read_max_s * 1e3);
     if (f.opt.stream) {
         if (s.cache_budget_bytes > 0)
             std::fprintf(stderr,
@@ -299,14 +305,15 @@ int do_run(RunFlags & f) {
         std::ostringstream o;
         o << "step,token,decode_s,io_s,flash_bytes_read,flash_reads,token_demand_bytes,"
              "layer_demand_bytes,cache_hits,cache_misses,prefetch_bytes,stage_s,"
-             "compute_s,hook_s,sampling_s,other_s,step_s\n";
+             "compute_s,hook_s,sampling_s,other_s,step_s,read_max_s\n";
         for (size_t i = 0; i < s.tokens.size(); ++i) {
             const TokenStats & t = s.tokens[i];
             o << i << ',' << t.token << ',' << t.decode_s << ',' << t.io_s << ','
               << t.flash_bytes_read << ',' << t.flash_reads << ',' << t.token_demand_bytes << ','
               << t.layer_demand_bytes << ',' << t.cache_hits << ',' << t.cache_misses << ','
               << t.prefetch_bytes << ',' << t.stage_s << ',' << t.compute_s << ','
-              << t.hook_s << ',' << t.sampling_s << ',' << t.other_s << ',' << t.step_s << '\n';
+              << t.hook_s << ',' << t.sampling_s << ',' << t.other_s << ',' << t.step_s << ','
+              << t.read_max_s << '\n';
         }
         st = write_output_file("--stats-csv", f.stats_csv, o.str());
         if (!st.ok()) return fail(st);

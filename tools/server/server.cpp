@@ -149,6 +149,7 @@ struct Snapshot {
     bool lossy = false;
     json engine_settings;
     json cache;  // the expert cache's counters since start, as of the last finished request
+    json read_latency;  // the last finished request's expert read times (null: not streaming)
 };
 
 // /stats "cache": the expert cache's counters over the engine's life (docs/server.md); null
@@ -970,6 +971,11 @@ private:
         snap_.cache_budget_mib = mib(double(s.cache_budget_bytes));
         snap_.cache_hit_pct_total = s.cache_hit_pct;
         snap_.cache = cache_counters_json(s);
+        snap_.read_latency = s.reads_timed == 0 ? json(nullptr)
+                                                : json{{"reads", s.reads_timed},
+                                                       {"p50_ms", s.read_p50_s * 1e3},
+                                                       {"p99_ms", s.read_p99_s * 1e3},
+                                                       {"max_ms", s.read_max_s * 1e3}};
         if (ok) {
             snap_.served++;
             snap_.avg_request_s = snap_.served == 1 ? dt : 0.8 * snap_.avg_request_s + 0.2 * dt;
@@ -1231,6 +1237,7 @@ private:
                     {"resident_expert_mib", s.resident_expert_mib},
                     {"cache_budget_mib", s.cache_budget_mib},
                     {"cache", s.cache},
+                    {"read_latency", s.read_latency},
                     {"rss_mib", mib(double(current_rss_bytes()))},
                     {"peak_rss_mib", mib(double(peak_rss_bytes()))},
                     {"queue_waiting", waiting},
