@@ -7,6 +7,7 @@
 #include "chat_format_families.h"
 
 namespace moestream::chat {
+namespace harmony {
 namespace {
 
 const char kSystemIntro[] =
@@ -109,8 +110,6 @@ std::string message(const std::string & header, const std::string & body,
 }
 
 }  // namespace
-
-namespace harmony {
 
 bool matches(const std::string & src) {
     return holds_all(src, kFingerprint);

@@ -6,6 +6,7 @@
 #include "chat_format_families.h"
 
 namespace moestream::chat {
+namespace hermes {
 namespace {
 
 const char kToolsIntro[] =
@@ -30,8 +31,6 @@ const char * const kThinkingFingerprint[] = {"<think>", "</think>", "enable_thin
 
 
 }  // namespace
-
-namespace hermes {
 
 bool matches(const std::string & src) {
     return holds_all(src, kFingerprint);

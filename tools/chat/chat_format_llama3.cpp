@@ -6,6 +6,7 @@
 #include "chat_format_families.h"
 
 namespace moestream::chat {
+namespace llama3 {
 namespace {
 
 const char kGiven[] =
@@ -57,8 +58,6 @@ std::string today() {
 }
 
 }  // namespace
-
-namespace llama3 {
 
 bool matches(const std::string & src) {
     return holds_all(src, kFingerprint);

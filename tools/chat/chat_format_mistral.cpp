@@ -8,6 +8,7 @@
 #include "chat_format_families.h"
 
 namespace moestream::chat {
+namespace mistral {
 namespace {
 
 const char * const kFingerprint[] = {
@@ -43,8 +44,6 @@ std::string tools_block(const ojson & tools) {
 }
 
 }  // namespace
-
-namespace mistral {
 
 bool matches(const std::string & src) {
     return holds_all(src, kFingerprint);

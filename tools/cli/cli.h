@@ -7,6 +7,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
@@ -15,6 +16,10 @@
 #include "moestream/moestream.h"
 
 namespace moestream::cli {
+
+// A MiB in bytes, and a byte count in MiB (the unit of the summaries and the JSON figures).
+constexpr uint64_t kMiB = 1ull << 20;
+inline double mib(double bytes) { return bytes / double(kMiB); }
 
 // Each add_* registers a subcommand and sets *action to run it when selected.
 // The action returns the process exit code.

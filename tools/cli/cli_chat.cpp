@@ -51,13 +51,11 @@ struct ChatFlags {
     CLI::App * sub = nullptr;
 };
 
-double mib(double b) { return b / (1024.0 * 1024.0); }
-
 // SIGINT: the first sets the flag (a reply stops at its next token; the prompt reader
 // returns); a second one while the first is still pending ends the process at once.
 volatile std::sig_atomic_t g_sigint = 0;
 
-void on_sigint(int) {
+void on_chat_sigint(int) {
     if (g_sigint) {
         static const char msg[] = "\nmoestream chat: interrupted twice: exiting\n";
         ssize_t w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
@@ -70,7 +68,7 @@ void on_sigint(int) {
 void install_sigint() {
     struct sigaction sa;
     std::memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_sigint;
+    sa.sa_handler = on_chat_sigint;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;  // the engine's threads see no EINTR; poll() below always does
     sigaction(SIGINT, &sa, nullptr);

@@ -36,7 +36,7 @@ struct EvalFlags {
     CLI::App * sub = nullptr;
 };
 
-int fail(const Status & st) {
+int eval_fail(const Status & st) {
     std::fprintf(stderr, "moestream: error: %s\n", flag_words(st.message()).c_str());
     return st.exit_code();
 }
@@ -67,15 +67,15 @@ int do_eval(EvalFlags & f) {
                                     {"--route-trace", f.opt.route_trace},
                                     {"the temporary reference next to -f",
                                      f.ref.empty() && f.save_ref.empty() ? tmp_ref_path : ""}});
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return eval_fail(st);
     std::string text;
     st = read_text(f.text_file, &text);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return eval_fail(st);
     uint64_t model_bytes = 0;
     {
         ModelIndex idx;  // validates the file before llama.cpp sees it, and gives its size
         st = load_model_index(f.opt.model_path, &idx);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return eval_fail(st);
         model_bytes = idx.set_bytes;  // every shard of a split set
     }
 
@@ -111,19 +111,19 @@ int do_eval(EvalFlags & f) {
         if (f.save_ref.empty()) tmp_ref = ref_path;
         std::unique_ptr<Engine> ref;
         st = Engine::open(ref_opt, &ref);
-        if (!st.ok()) return fail(st);
-        if (ref->lossy()) return fail(Status::Runtime("internal: the reference run is lossy"));
+        if (!st.ok()) return eval_fail(st);
+        if (ref->lossy()) return eval_fail(Status::Runtime("internal: the reference run is lossy"));
         st = tokenize_with(*ref);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return eval_fail(st);
         RefLogitsFile w;
         st = w.create(ref_path, nv, uint32_t(toks.size() - 1), uint32_t(f.window),
                       hash_tokens(toks), model_bytes);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return eval_fail(st);
         st = ref->score(toks, uint32_t(f.window),
                         [&](size_t i, const float * lg) { return w.append(toks[i + 1], lg); });
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return eval_fail(st);
         st = w.finish();
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return eval_fail(st);
         ref_info = {
             {"source", f.save_ref.empty() ? "computed" : "computed, saved to " + f.save_ref},
             {"settings", nlohmann::json::parse(ref->settings_json())},
@@ -135,10 +135,10 @@ int do_eval(EvalFlags & f) {
 
     std::unique_ptr<Engine> run;
     st = Engine::open(f.opt, &run);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return eval_fail(st);
     if (toks.empty()) {
         st = tokenize_with(*run);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return eval_fail(st);
     }
     const uint32_t n_pos = uint32_t(toks.size() - 1);
     const uint64_t th = hash_tokens(toks);
@@ -146,7 +146,7 @@ int do_eval(EvalFlags & f) {
     // 2) The configured run, position by position against the reference.
     RefLogitsFile r;
     st = r.open(ref_path, nv, n_pos, uint32_t(f.window), th, model_bytes);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return eval_fail(st);
     std::vector<PositionMetrics> pos;
     pos.reserve(n_pos);
     std::vector<float> ref_logits;
@@ -157,10 +157,10 @@ int do_eval(EvalFlags & f) {
         return Status::Ok();
     });
     if (!tmp_ref.empty()) std::remove(tmp_ref.c_str());
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return eval_fail(st);
     EvalSummary sum;
     st = summarize_eval(pos, f.bootstrap, &sum);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return eval_fail(st);
 
     const RunStats & rs = run->stats();
     nlohmann::json j;

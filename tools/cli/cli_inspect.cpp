@@ -23,7 +23,6 @@ namespace moestream::cli {
 namespace {
 
 constexpr uint64_t kPage = 4096;  // O_DIRECT granularity assumed for flash reads
-constexpr uint64_t kMiB = 1ull << 20;
 
 std::string human_bytes(uint64_t b) {
     char buf[64];

@@ -31,8 +31,6 @@
 namespace moestream::cli {
 namespace {
 
-constexpr double kMiB = 1024.0 * 1024.0;
-
 struct ReplayFlags {
     std::string trace;
     std::string budgets, policies = "lru", drops, ks;
@@ -48,7 +46,7 @@ struct ReplayFlags {
     CLI::App * sub = nullptr;
 };
 
-int fail(const Status & st) {
+int replay_fail(const Status & st) {
     MS_LOG_ERROR("%s", st.message().c_str());
     return st.exit_code();
 }
@@ -270,7 +268,7 @@ Status write_plot(const nlohmann::json & doc, const std::string & png) {
 int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
     RoutingStats rs;
     Status st = routing_stats(trace, 20261129, &rs);
-    if (!st.ok()) return fail(Status::BadInput(f.trace + ": " + st.message()));
+    if (!st.ok()) return replay_fail(Status::BadInput(f.trace + ": " + st.message()));
     if (f.json) {
         nlohmann::json j = {{"trace", f.trace},          {"n_expert", rs.n_expert},
                             {"k", rs.k},                 {"reuse_uniform", rs.reuse_uniform},
@@ -319,11 +317,11 @@ int do_replay(const ReplayFlags & f) {
                                                 "simulates no cache)"))
             return rc;
     Status st = check_output_paths({{"--plot", f.plot}});
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return replay_fail(st);
     RouteTrace trace;
     const auto t_load = std::chrono::steady_clock::now();
     st = read_route_trace(f.trace, &trace);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return replay_fail(st);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     Replayer rp(trace);
@@ -333,7 +331,7 @@ int do_replay(const ReplayFlags & f) {
     std::vector<double> subs;  // --substitute-experts margins
     if (!f.substitute.empty()) {
         st = parse_doubles("--substitute-experts", f.substitute, 0, 1, &subs);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return replay_fail(st);
         if (!h.scores)
             return usage_error(
                 "replay", "--substitute-experts needs the router's scores of every decode row, "
@@ -358,7 +356,7 @@ int do_replay(const ReplayFlags & f) {
         ReplayResult r;
         ValidateReport v;
         st = rp.run(rp.recorded_setting(), &r, &v);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return replay_fail(st);
         std::fprintf(
             stderr,
             "replay --validate: %s: budget %.2f MiB, drop-cold %g, substitute %g%s, k %u: %llu "
@@ -394,32 +392,32 @@ int do_replay(const ReplayFlags & f) {
     std::vector<double> budgets_mib, drops, ks;
     if (!f.budgets.empty()) {
         st = parse_doubles("--budgets", f.budgets, 0, 1e9, &budgets_mib);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return replay_fail(st);
     } else {
         budgets_mib.push_back(double(h.cache_budget_bytes) / kMiB);
     }
     std::vector<ReplayPolicy> policies;
     std::vector<std::string> policy_names;
     st = split("--policy", f.policies, &policy_names);
-    if (!st.ok()) return fail(st);
+    if (!st.ok()) return replay_fail(st);
     for (const std::string & p : policy_names) {
         ReplayPolicy pol;
         if (!parse_policy(p, &pol))
-            return fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
+            return replay_fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
         policies.push_back(pol);
     }
     if (!f.drops.empty()) {
         st = parse_doubles("--drop-cold", f.drops, 0, 1, &drops);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return replay_fail(st);
     } else {
         drops.push_back(h.drop_cold);
     }
     if (!f.ks.empty()) {
         st = parse_doubles("--n-expert-used", f.ks, 1, double(h.k), &ks);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return replay_fail(st);
         for (double k : ks)
             if (k != std::floor(k))
-                return fail(Status::Usage("--n-expert-used: whole numbers only"));
+                return replay_fail(Status::Usage("--n-expert-used: whole numbers only"));
     } else {
         ks.push_back(h.k);
     }
@@ -430,14 +428,14 @@ int do_replay(const ReplayFlags & f) {
     if (!f.fallback.empty()) {
         ModelIndex c;
         st = load_model_index(f.fallback, &c);
-        if (!st.ok()) return fail(Status::BadModel("--miss-fallback " + f.fallback + ": " + st.message()));
+        if (!st.ok()) return replay_fail(Status::BadModel("--miss-fallback " + f.fallback + ": " + st.message()));
         bool match = c.moe_layers.size() == h.moe_layers.size() && c.n_expert == h.n_expert;
         for (size_t i = 0; match && i < c.moe_layers.size(); ++i) {
             match = c.moe_layers[i].layer == h.moe_layers[i].layer;
             fb_bytes.push_back(c.moe_layers[i].expert_bytes);
         }
         if (!match)
-            return fail(Status::BadModel("--miss-fallback " + f.fallback +
+            return replay_fail(Status::BadModel("--miss-fallback " + f.fallback +
                                          ": its MoE layers or expert count differ from the "
                                          "trace's model"));
         uint64_t known = 0;
@@ -507,7 +505,7 @@ int do_replay(const ReplayFlags & f) {
             base_s.k = h.k;
             base_s.drop_in_prefill = in_prefill;
             st = run(base_s, &baselines[key]);
-            if (!st.ok()) return fail(st);
+            if (!st.ok()) return replay_fail(st);
             for (double k : ks)
                 for (double d : drops) {
                     ReplaySetting s = base_s;
@@ -519,7 +517,7 @@ int do_replay(const ReplayFlags & f) {
                         r = baselines[key];
                     } else {
                         st = run(s, &r);
-                        if (!st.ok()) return fail(st);
+                        if (!st.ok()) return replay_fail(st);
                     }
                     results.push_back(result_json(r, &baselines[key]));
                 }
@@ -532,7 +530,7 @@ int do_replay(const ReplayFlags & f) {
                     s.substitute = m;
                     ReplayResult r;
                     st = run(s, &r);
-                    if (!st.ok()) return fail(st);
+                    if (!st.ok()) return replay_fail(st);
                     results.push_back(result_json(r, &baselines[key]));
                 }
         }
@@ -597,7 +595,7 @@ int do_replay(const ReplayFlags & f) {
         (sim_s > 0 ? double(sim_slots) / sim_s : 0) / 1e6, load_s);
     if (!f.plot.empty()) {
         st = write_plot(doc, f.plot);
-        if (!st.ok()) return fail(st);
+        if (!st.ok()) return replay_fail(st);
     }
     return 0;
 }

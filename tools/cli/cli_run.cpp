@@ -38,8 +38,6 @@ struct RunFlags {
     int verbose = 0;
 };
 
-double mib(double b) { return b / (1024.0 * 1024.0); }
-
 nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const Engine & e) {
     nlohmann::json j;
     j["tokens"] = g.tokens;
