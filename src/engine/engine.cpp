@@ -658,10 +658,7 @@ std::string EngineImpl::settings_json() const {
     j["cache_slot_warm"] = slot_rewriter_ != nullptr && knobs_.slot_warm;
     j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
     // How the fixed slots' pages were populated (MOESTREAM_SLOT_POPULATE; docs/cache.md).
-    j["cache_slot_populate"] = !slot_rewriter_ ? "none"
-                               : knobs_.slot_populate == SlotOptions::Populate::kIdle ? "idle"
-                               : knobs_.slot_populate == SlotOptions::Populate::kOff  ? "off"
-                                                                                      : "nice";
+    j["cache_slot_populate"] = slot_rewriter_ ? SlotOptions::name(knobs_.slot_populate) : "none";
     // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): asked for, and the bytes
     // of expert slots and dense copies the kernel accepted the advice for.
     j["huge_pages"] = knobs_.huge_pages;

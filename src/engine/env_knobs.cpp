@@ -1,8 +1,10 @@
 #include "env_knobs.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 
 #include "moestream/log.h"
 
@@ -85,12 +87,15 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!huge.empty() && huge != "0" && huge != "1")
         return Status::Usage("MOESTREAM_HUGEPAGES=" + huge + ": must be 0 or 1");
     if (!huge.empty()) k->huge_pages = huge == "1";
-    const std::string pop = env("MOESTREAM_SLOT_POPULATE");
-    if (pop == "nice") k->slot_populate = SlotOptions::Populate::kNice;
-    else if (pop == "idle") k->slot_populate = SlotOptions::Populate::kIdle;
-    else if (pop == "off") k->slot_populate = SlotOptions::Populate::kOff;
-    else if (!pop.empty())
-        return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be idle, nice or off");
+    if (const std::string pop = env("MOESTREAM_SLOT_POPULATE"); !pop.empty()) {
+        using P = SlotOptions::Populate;
+        const P modes[] = {P::kIdle, P::kNice, P::kOff};
+        const P * m = std::find_if(std::begin(modes), std::end(modes),
+                                   [&](P p) { return pop == SlotOptions::name(p); });
+        if (m == std::end(modes))
+            return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be idle, nice or off");
+        k->slot_populate = *m;
+    }
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

@@ -269,6 +269,10 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
+    // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
+    static constexpr const char * name(Populate p) {
+        return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";
+    }
 };
 // Test hooks of the fixed-slot cache: nothing in production sets them.
 struct SlotTestHooks {
