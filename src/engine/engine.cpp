@@ -276,18 +276,6 @@ bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability &
     return true;
 }
 
-bool EngineImpl::separate_gate_up() const {
-    for (const MoeLayer & L : index_.moe_layers) {
-        bool gate = false, up = false;
-        for (const ExpertTensor & t : L.tensors) {
-            gate = gate || t.proj == Projection::kGate;
-            up = up || t.proj == Projection::kUp;
-        }
-        if (!gate || !up) return false;
-    }
-    return !index_.moe_layers.empty();
-}
-
 // Prefill read-ahead's per-row guesses in the first graph (prefetch.h, preset_router): each
 // MoE layer's router and ffn_norm weights from the dense copies read at load, the bytes the
 // graph will use. A layer whose router is not f32 [n_embd, n_expert] gets none (no guess
@@ -478,10 +466,6 @@ Status EngineImpl::make_store() {
         if (row_guess) preset_routers();
     }
     if (decode_prefetch) {
-        streamer_->set_prefetch_first(knobs_.prefetch_first);
-        if (knobs_.prefetch_first && !prefetch_reads_part())
-            MS_LOG_WARN("MOESTREAM_PREFETCH_PART=first: prefetch reads whole experts in this run "
-                        "(it needs the fixed-slot cache and the three-stage overlap)");
         // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
         // test fault plan is installed (faults are injected at the lanes).
         // knobs_.prefetch_no_uring (for A/B benchmarks): the worker lanes read the tail.
@@ -685,10 +669,6 @@ std::string EngineImpl::settings_json() const {
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();
     j["prefetch_requested"] = opt_.prefetch;
-    // What a decode guess reads ahead (MOESTREAM_PREFETCH_PART; docs/prefetch.md): the first
-    // projection's slices where the store holds part of an expert and the three-stage overlap
-    // runs, else whole experts.
-    j["prefetch_part"] = !prefetch_on() ? "off" : prefetch_reads_part() ? "first" : "whole";
     j["prefill_readahead"] = prefill_readahead_;
     j["prefill_readahead_requested"] = opt_.prefill_readahead == 1;
     j["prefill_readahead_option"] = opt_.prefill_readahead == 1 ? "on" : opt_.prefill_readahead == 0 ? "off" : "where it applies";

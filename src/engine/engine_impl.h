@@ -106,13 +106,6 @@ private:
     bool prefetch_on() const {
         return predictor_ != nullptr && predictor_->decode_guess() && opt_.drop_cold == 0;
     }
-    // Decode guesses read only the first projection (MOESTREAM_PREFETCH_PART=first): asked for,
-    // the store holds parts of experts (the fixed slots), and the three-stage overlap runs.
-    bool prefetch_reads_part() const {
-        return prefetch_on() && knobs_.prefetch_first && overlap_ && knobs_.overlap_stages == 3 &&
-               store_ != nullptr && store_->reads_ahead_parts() && separate_gate_up();
-    }
-    bool separate_gate_up() const;  // engine.cpp: every MoE layer has a gate and an up tensor
     // Prefill read-ahead guesses per row (MOESTREAM_PREFILL_GUESS=rows) when it runs.
     void preset_routers();  // engine.cpp: the predictor's routers before the first graph
     bool prefill_row_guess_possible() const {

@@ -54,10 +54,6 @@ Status read_env_knobs(EnvKnobs * k) {
     if (!no_uring.empty() && no_uring != "0" && no_uring != "1")
         return Status::Usage("MOESTREAM_PREFETCH_NO_URING=" + no_uring + ": must be 0 or 1");
     k->prefetch_no_uring = no_uring == "1";
-    const std::string part = env("MOESTREAM_PREFETCH_PART");
-    if (!part.empty() && part != "first" && part != "whole")
-        return Status::Usage("MOESTREAM_PREFETCH_PART=" + part + ": must be first or whole");
-    if (!part.empty()) k->prefetch_first = part == "first";
     const std::string stages = env("MOESTREAM_OVERLAP_STAGES");
     if (!stages.empty() && stages != "2" && stages != "3")
         return Status::Usage("MOESTREAM_OVERLAP_STAGES=" + stages + ": must be 2 or 3");

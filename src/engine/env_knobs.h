@@ -26,11 +26,6 @@ struct EnvKnobs {
     // MOESTREAM_PREFETCH_NO_URING=1: prefetch tails are read by the worker lanes instead of
     // io_uring (for A/B benchmarks).
     bool prefetch_no_uring = false;
-    // MOESTREAM_PREFETCH_PART=first|whole: what a decode guess of --prefetch reads ahead into
-    // the fixed slots: only the slices of the projection the next layer multiplies first, or
-    // whole experts (streamer.h, "First-projection read-ahead"; docs/prefetch.md). Lossless
-    // either way.
-    bool prefetch_first = false;
     // MOESTREAM_OVERLAP_STAGES=2|3: 2 = the read prefix a routing waits for is gate and up;
     // 3 (default) = only the projection the graph multiplies first, the second waited for
     // before its own matmul (streamer.h, "Three-stage overlap"). Lossless either way.

@@ -191,17 +191,6 @@ public:
     // The prefetch reads finished: ok = they all succeeded (the experts become resident), else
     // they are released (a later routing reads them again and reports any error).
     virtual void end_prefetch(bool /*ok*/) {}
-    // prefetch() of only some of each expert's slices (streamer.h, "First-projection
-    // read-ahead"): the tensors in tensor_mask (bit t: tensor t of the layer). An expert read
-    // ahead in part is not resident (is_resident() is false, no stage counts it a hit): the
-    // stage that routes it returns the reads of its other slices, into the same place; a stage
-    // of its layer that does not route it frees that place. Stores that cannot hold part of an
-    // expert read whole ones (reads_ahead_parts() false).
-    virtual size_t prefetch_part(size_t moe_idx, const std::vector<uint32_t> & experts,
-                                 uint64_t /*tensor_mask*/, std::vector<ReadRequest> * reads) {
-        return prefetch(moe_idx, experts, reads);
-    }
-    virtual bool reads_ahead_parts() const { return false; }
     // Releases resident expert e of MoE layer moe_idx now, so that its next routing reads it
     // again (--miss-fallback: its slot holds a lossy copy). Not while a stage's or prefetch's
     // reads are due. Returns whether it was resident. The default keeps nothing.
@@ -261,8 +250,7 @@ uint64_t shared_slot_set_bytes(const ModelIndex & index);
 // canonical offsets, as with the cache off (two sets when two_sets: prefill read-ahead, whose
 // prefetch() reads into the other set; when every expert has a slot, into free slots). A
 // prefetch() of one token's guess (at most n_expert_used experts: decode's --prefetch) is
-// read into the layer's slots, evicting its least recently used ones; prefetch_part() of one
-// token's guess reads only the given tensors' slices into them (reads_ahead_parts() is true).
+// read into the layer's slots, evicting its least recently used ones.
 // Invariant: the slots and the shared slots together take at most budget_bytes. Fails
 // (Status) when K would be below the routing width n_expert_used or memory cannot be had.
 // The slots per MoE layer make_slot_cache would give `budget_bytes`, with one or two sets of

@@ -124,8 +124,6 @@ public:
         staged_.assign(n_moe, {});
         ever_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
         ahead_flag_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
-        part_.assign(n_moe, std::vector<uint64_t>(index_.n_expert, 0));
-        parted_.assign(n_moe, {});
         bank_holds_.assign(bank_two_sets ? 2 : 1, -1);
         bank_routed_.assign(bank_holds_.size(), std::vector<uint8_t>(index_.n_expert, 0));
         stats_.budget_bytes = budget_;
@@ -140,7 +138,6 @@ public:
                  StageStats * stats) override {
         staged_[m].clear();
         if (experts.size() > k_) {  // wider than the slots: canonical offsets, shared slots
-            drop_parts(m, 0);
             slotted_[m] = 0;
             StageStats bs;
             Status st = bank_->stage(m, experts, reads, &bs);
@@ -163,19 +160,11 @@ public:
                     ++prefetch_used_;
                 }
             }
-        drop_parts(m, now);  // read ahead in part and not routed: the slots are free again
         for (uint32_t e : experts) {
             StageStats one;
             one.lookups = 1;
-            const uint64_t part = slot_of[e] >= 0 ? part_[m][e] : 0;
-            (slot_of[e] >= 0 && part == 0 ? one.hits : one.misses) = 1;
+            (slot_of[e] >= 0 ? one.hits : one.misses) = 1;
             add(stats, one);
-            if (part != 0) {  // read ahead in part: the other slices, into its slot
-                part_[m][e] = 0;
-                staged_[m].push_back(e);
-                push_reads(m, e, size_t(slot_of[e]), ~part, reads);
-                continue;
-            }
             if (slot_of[e] >= 0) continue;
             const size_t v = victim(m, now);
             if (v == SIZE_MAX)
@@ -183,7 +172,7 @@ public:
             if (ever_[m][e]) ++stats_.rereads;
             place(m, e, v, now);
             staged_[m].push_back(e);
-            push_reads(m, e, v, ~uint64_t(0), reads);
+            push_reads(m, e, v, reads);
         }
         return Status::Ok();
     }
@@ -206,15 +195,10 @@ public:
     }
 
     bool is_resident(size_t m, uint32_t e) const override {
-        return (slot_of_[m][e] >= 0 && part_[m][e] == 0) || bank_->is_resident(m, e);
+        return slot_of_[m][e] >= 0 || bank_->is_resident(m, e);
     }
     size_t prefetch(size_t m, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
-        return prefetch_part(m, experts, ~uint64_t(0), reads);
-    }
-    bool reads_ahead_parts() const override { return true; }
-    size_t prefetch_part(size_t m, const std::vector<uint32_t> & experts, uint64_t mask,
-                         std::vector<ReadRequest> * reads) override {
         // A guess of one token's routing goes into the layer's slots, where its stage looks;
         // a wider one (a prompt ubatch's) into the other set of shared slots while a
         // routing can be wider than the slots.
@@ -229,11 +213,6 @@ public:
         // stamp); one token's guess may evict the layer's least recently used slots, a wide
         // guess only fills free ones. end_prefetch(false) forgets what it placed.
         if (!ahead_.empty() || m >= index_.moe_layers.size()) return 0;
-        const MoeLayer & L = index_.moe_layers[m];
-        const uint64_t all = L.tensors.size() >= 64 ? ~uint64_t(0)
-                                                    : (uint64_t(1) << L.tensors.size()) - 1;
-        if (!one_token || (mask & all) == 0) mask = ~uint64_t(0);  // a wide guess: whole experts
-        const uint64_t part = (mask & all) == all ? 0 : mask & all;
         const uint64_t now = ++clock_;
         for (uint32_t e : experts)
             if (e < index_.n_expert && slot_of_[m][e] >= 0) stamp_[m][size_t(slot_of_[m][e])] = now;
@@ -244,11 +223,7 @@ public:
             place(m, e, v, now);
             ahead_.push_back({m, e});
             ahead_flag_[m][e] = 1;
-            if (part != 0) {
-                part_[m][e] = part;
-                parted_[m].push_back(e);
-            }
-            if (!test_.prefetch_skip_read) push_reads(m, e, v, mask, reads);
+            if (!test_.prefetch_skip_read) push_reads(m, e, v, reads);
         }
         prefetched_ += ahead_.size();
         return ahead_.size();
@@ -257,7 +232,6 @@ public:
     size_t warm_slots(size_t m, const std::vector<uint32_t> & recent_first) override {
         const size_t set = m % bank_holds_.size();
         if (slotted_[m] || bank_holds_[set] != int64_t(m)) return 0;
-        drop_parts(m, 0);
         const size_t n = std::min<size_t>(recent_first.size(), k_);
         const MoeLayer & L = index_.moe_layers[m];
         size_t copied = 0;
@@ -416,13 +390,10 @@ private:
         }
         return v;
     }
-    // The reads of expert e of layer m into slot v, one per projection of the tensors in
-    // `mask` (bit t: tensor t).
-    void push_reads(size_t m, uint32_t e, size_t v, uint64_t mask,
-                    std::vector<ReadRequest> * reads) const {
+    // The reads of expert e of layer m into slot v, one per projection.
+    void push_reads(size_t m, uint32_t e, size_t v, std::vector<ReadRequest> * reads) const {
         const MoeLayer & L = index_.moe_layers[m];
         for (size_t t = 0; t < L.tensors.size(); ++t) {
-            if (t < 64 && !(mask >> t & 1)) continue;
             const ExpertTensor & et = L.tensors[t];
             reads->push_back({et.slice_offset(e), et.slice_bytes,
                               base_[m][t] + uint64_t(v) * et.slice_bytes,
@@ -437,29 +408,13 @@ private:
         occupant_[m][size_t(v)] = -1;
         stamp_[m][size_t(v)] = 0;
         slot_of_[m][e] = -1;
-        part_[m][e] = 0;
         return true;
-    }
-    // Frees layer m's slots that hold an expert read ahead in part, unless stamped `now`
-    // (routed in the stage being made: its stage reads the rest).
-    void drop_parts(size_t m, uint64_t now) {
-        for (uint32_t e : parted_[m]) {
-            if (part_[m][e] == 0 || slot_of_[m][e] < 0) continue;
-            if (now != 0 && stamp_[m][size_t(slot_of_[m][e])] == now) continue;
-            if (ahead_flag_[m][e]) {
-                ahead_flag_[m][e] = 0;
-                ++prefetch_dropped_;
-            }
-            unplace(m, e);
-        }
-        parted_[m].clear();
     }
     // Expert e of layer m takes slot v (evicting its occupant), stamped `now`.
     void place(size_t m, uint32_t e, size_t v, uint64_t now) {
         std::vector<int32_t> & occ = occupant_[m];
         if (occ[v] >= 0) {
             slot_of_[m][size_t(occ[v])] = -1;
-            part_[m][size_t(occ[v])] = 0;
             ++stats_.evictions;
             if (ahead_flag_[m][size_t(occ[v])]) {  // read ahead, evicted before any routing
                 ahead_flag_[m][size_t(occ[v])] = 0;
@@ -491,10 +446,6 @@ private:
     std::vector<std::pair<size_t, uint32_t>> ahead_;
     bool bank_ahead_ = false;  // the open prefetch went to the shared slots
     std::vector<std::vector<uint8_t>> ahead_flag_;
-    // [moe layer][expert]: the tensors (bit t) of an expert read ahead in part (prefetch_part);
-    // 0 = whole, or not slotted. Such an expert is not resident.
-    std::vector<std::vector<uint64_t>> part_;
-    std::vector<std::vector<uint32_t>> parted_;  // [moe layer]: experts read ahead in part
     uint64_t prefetched_ = 0, prefetch_used_ = 0, prefetch_dropped_ = 0;
     uint32_t k_ = 0;                        // slots per MoE layer
     uint8_t * mem_ = nullptr;               // every slot of every layer, one mapping

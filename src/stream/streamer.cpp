@@ -154,14 +154,7 @@ Status Streamer::on_routing(const Routing & r) {
     // Then the next layer's predicted experts, as a tail read meanwhile (io_uring or lanes).
     if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
         const int next = moe_slot(uint32_t(hint_layer));
-        int t_first = -1, t_second = -1;
-        if (next >= 0 && next != slot) {
-            const MoeLayer & N = index_.moe_layers[size_t(next)];
-            if (prefetch_first_ && overlap_ && three_stages(N, &t_first, &t_second) && t_first < 64)
-                store_->prefetch_part(size_t(next), hint_, uint64_t(1) << t_first, &reads_);
-            else
-                store_->prefetch(size_t(next), hint_, &reads_);
-        }
+        if (next >= 0 && next != slot) store_->prefetch(size_t(next), hint_, &reads_);
     } else if (prefill_ra_ && r.n_rows > 1 && lanes_->n_lanes() > 1 &&
                size_t(slot) + 2 < index_.moe_layers.size()) {
         // Prefill read-ahead: a ubatch routes (nearly) every expert, so the guess for the

@@ -45,15 +45,6 @@
 // it through io_uring once the own reads are in, and the next routing reaps it; if the ring
 // refuses, the lanes read it as above.
 //
-// First-projection read-ahead (set_prefetch_first; MOESTREAM_PREFETCH_PART=first; with the
-// three-stage overlap and a store whose reads_ahead_parts(): the fixed slots): a decode guess
-// reads only the slices of the projection the next layer multiplies first. A routing waits
-// only for its first projection's reads; its second and down reads overlap the matmuls. So a
-// right guess removes the whole wait of that expert for a third of the bytes of a whole one,
-// and a wrong guess wastes a third. The store returns, at the routing, the reads of the routed
-// guesses' other slices (they are misses, read into the slot the guess took) and frees the
-// slots of the guesses not routed.
-//
 // Prefill read-ahead (opt-in, set_prefill_readahead; docs/prefetch.md, "Prefill read-ahead"):
 // a multi-row routing (a prompt ubatch) routes nearly every expert of every layer, so at layer
 // L's routing the whole bank of the next MoE layer (never the last MoE layer, which computes
@@ -122,9 +113,6 @@ public:
              bool overlap = false);
     // Prefetch tails through io_uring (null: through the worker lanes). Not owned.
     void set_uring(UringTail * u) { uring_ = u; }
-    // First-projection read-ahead (above): a decode guess reads only the slices of the
-    // projection the next layer multiplies first, where the store can hold part of an expert.
-    void set_prefetch_first(bool on) { prefetch_first_ = on; }
     // Prefill read-ahead: at a multi-row routing, prefetch the next MoE layer's whole bank.
     // Needs a worker lane (ignored with one) and a store that can hold it (prefetch() > 0).
     void set_prefill_readahead(bool on) { prefill_ra_ = on; }
@@ -221,7 +209,6 @@ private:
                                          // fallback batch on the lanes)
     StreamTestHooks hooks_;
     bool prefill_ra_ = false;
-    bool prefetch_first_ = false;  // decode guesses read only the first projection
     std::vector<uint32_t> bank_;  // 0..n_expert-1: the prefill read-ahead guess
     MissFallback * fallback_ = nullptr;
     std::vector<uint8_t> fb_flags_;  // per distinct expert: from the low-bit copy (scratch)
