@@ -575,6 +575,10 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             s["mib_read_per_token"] = stats.public(mpt)
             # every kept token's MiB, all reps: the per-token bound (report.hidden_bound_table)
             s["mib_read_each_token"] = [round(v / 2**20, 3) for x in fb for v in x]
+            # ... and its decode time, in the same order (report.read_bound_split_table)
+            de = [_kept(r, "decode_s", trim) for r in ok]
+            if all(d is not None and len(d) == len(x) for d, x in zip(de, fb)):
+                s["decode_s_each_token"] = [round(v, 6) for x in de for v in x]
             if all(x is not None for x in io) and sum(sum(x) for x in io) > 0:
                 rate = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], io, B, seed)
                 s["engine_read_mib_s"] = stats.public(rate)

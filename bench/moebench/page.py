@@ -270,6 +270,12 @@ def section(path: str, res: dict[str, Any], older: list[str], exp_def: config.Ex
         lines += ["Reads hidden behind compute: decode time/token against max(t_compute, MiB read "
                   "per token / fio's rate at the same lanes), t_compute from the resident cell with "
                   "the same prompt:", "", ht, ""]
+    st = report.read_bound_split_table(res)
+    if st:
+        lines += ["The same bound token by token, split: tokens whose reads at fio's rate take "
+                  "longer than t_compute cannot hide them (a token's routing is known only once "
+                  "it runs), so their floor is their read time; the other tokens' floor is "
+                  "t_compute:", "", st, ""]
     pt = report.prefill_table(res)
     if pt:
         lines += ["Prefill against the resident cell with the same prompt (the resident prefill "

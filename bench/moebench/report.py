@@ -196,6 +196,39 @@ def hidden_bound_table(res: dict[str, Any]) -> str | None:
         "|---|---|---|---|---|---|---|---|---|---|---|"] + rows)
 
 
+def read_bound_split_table(res: dict[str, Any]) -> str | None:
+    """The time above max(t_compute, MiB read per token / fio rate), split by token: the kept
+    tokens whose reads at fio's rate outlast t_compute (their routing is known only once they
+    run, so their reads cannot hide within them: their floor is their read time) and the other
+    tokens (their floor is t_compute). Per cell: how many tokens read longer than the compute
+    and their share of the MiB read; those tokens' measured time over their read time at fio's
+    rate; the other tokens' measured time per token over t_compute; and the whole decode over
+    the per-token floor. Shown for experiments with prompt lengths, for cells with per-token
+    decode times."""
+    if not _has_prompt_lengths(res["experiment"]):
+        return None
+    rows = []
+    for c, s, _ref, tc, _mib, f in _bound_inputs(res):
+        each, dec = s.get("mib_read_each_token"), s.get("decode_s_each_token")
+        if not (each and dec and f and len(each) == len(dec)):
+            continue
+        burst = [(m, d) for m, d in zip(each, dec) if m / f > tc]
+        other = [d for m, d in zip(each, dec) if m / f <= tc]
+        share = sum(m for m, _ in burst) / sum(each) if sum(each) > 0 else 0.0
+        b_ratio = sum(d for _, d in burst) / sum(m / f for m, _ in burst) if burst else None
+        o_ratio = sum(other) / len(other) / tc if other else None
+        floor = sum(max(tc, m / f) for m in each)
+        rows.append(f"| `{c['name']}` | {len(burst)} of {len(each)} | {100 * share:.0f}% | "
+                    f"{_f(b_ratio)} | {_f(o_ratio)} | {_f(sum(dec) / floor)} |")
+    if not rows:
+        return None
+    return "\n".join([
+        "| cell | tokens whose reads at fio rate outlast t_compute | their share of MiB read | "
+        "those tokens: measured / their reads at fio rate | other tokens: measured / t_compute | "
+        "all tokens: measured / per-token bound |",
+        "|---|---|---|---|---|---|"] + rows)
+
+
 def prefill_table(res: dict[str, Any]) -> str | None:
     """Prefill against the resident cell with the same prompt: prefill tok/s, time to first
     token, and TTFT against the resident prefill time plus the dense read: the cell's dense

@@ -352,9 +352,17 @@ class MatrixRules(unittest.TestCase):
         # Each rep's longest single read, in ms (runs from before the figures existed: —).
         sm["s-1000"]["read_max_s"] = {"mean": 0.131, "per_rep": [0.012, 0.25]}
         self.assertIn("| 3.00 | 0.225 | 2.22 | 12, 250 |", report.hidden_bound_table(res))
+        # Split: the 400-MiB token (0.4 s of reads) took 0.5 s, the other three 0.2 s each
+        # against t_compute 1/6: 1 of 4 tokens, all the MiB, 1.25 x its reads, 1.20 x compute;
+        # all: 1.1 / (3/6 + 0.4) = 1.22.
+        self.assertIsNone(report.read_bound_split_table(res))  # no per-token decode times
+        sm["s-1000"]["decode_s_each_token"] = [0.2, 0.2, 0.2, 0.5]
+        self.assertIn("| `s-1000` | 1 of 4 | 100% | 1.25 | 1.20 | 1.22 |",
+                      report.read_bound_split_table(res))
         # Control: evenly spread reads (100 MiB each, 0.1 s < t_compute) give the plain bound.
         sm["s-1000"]["mib_read_each_token"] = [100] * 4
         self.assertIn("| 3.00 | 0.167 | 3.00 |", report.hidden_bound_table(res))
+        self.assertIn("| `s-1000` | 0 of 4 | 0% | — | 1.65 | 1.65 |", report.read_bound_split_table(res))
         pt = report.prefill_table(res)
         # resident prefill 1000 / 25 = 40 s; dense 2000 MiB at fio's 1000 MiB/s = 2 s (not the
         # run's own 5 s): TTFT 110 / (40 + 2) = 2.62
