@@ -569,6 +569,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                     s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
         fb = [_kept(r, "flash_bytes_read", trim) for r in ok]
         io = [_kept(r, "io_s", trim) for r in ok]
+        dd = [_kept(r, "decode_s", trim) for r in ok]
         if ok and all(x is not None for x in fb):
             ones = [[1.0] * len(x) for x in fb]
             mpt = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], ones, B, seed)
@@ -576,13 +577,11 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
             # every kept token's MiB, all reps: the per-token bound (report.hidden_bound_table)
             s["mib_read_each_token"] = [round(v / 2**20, 3) for x in fb for v in x]
             # ... and its decode time, in the same order (report.read_bound_split_table)
-            de = [_kept(r, "decode_s", trim) for r in ok]
-            if all(d is not None and len(d) == len(x) for d, x in zip(de, fb)):
-                s["decode_s_each_token"] = [round(v, 6) for x in de for v in x]
+            if all(d is not None and len(d) == len(x) for d, x in zip(dd, fb)):
+                s["decode_s_each_token"] = [round(v, 6) for x in dd for v in x]
             if all(x is not None for x in io) and sum(sum(x) for x in io) > 0:
                 rate = stats.ratio_of_sums([[v / 2**20 for v in x] for x in fb], io, B, seed)
                 s["engine_read_mib_s"] = stats.public(rate)
-                dd = [_kept(r, "decode_s", trim) for r in ok]
                 s["io_share_of_decode"] = sum(sum(x) for x in io) / sum(sum(x) for x in dd)
         cg = [r.get("cgroup", {}).get("max_usage_bytes") for r in runs if r.get("cgroup")]
         if cg:

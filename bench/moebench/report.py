@@ -161,6 +161,12 @@ def _bound_inputs(res: dict[str, Any]):
                s["mib_read_per_token"]["value"], fio.get(str(c["params"]["io_threads"]), {}).get("mean"))
 
 
+def _per_token_floor(each: list[float], tc: float, f: float) -> float:
+    """Σ over tokens of max(t_compute, that token's MiB / fio's MiB/s): the least decode time
+    when no token's reads can start before it runs."""
+    return sum(max(tc, m / f) for m in each)
+
+
 def _has_prompt_lengths(exp: dict[str, Any]) -> bool:
     return any(c["params"].get("prompt_tokens") is not None for c in exp["cells"])
 
@@ -180,7 +186,7 @@ def hidden_bound_table(res: dict[str, Any]) -> str | None:
         # The same bound token by token: a token whose reads take longer than the compute
         # cannot be hidden within it (its routing is known only once it runs).
         each = s.get("mib_read_each_token")
-        pt = sum(max(tc, m / f) for m in each) / len(each) if (each and f) else None
+        pt = _per_token_floor(each, tc, f) / len(each) if (each and f) else None
         rmax = (s.get("read_max_s") or {}).get("per_rep")
         rmax_ms = ", ".join(f"{1e3 * v:.0f}" for v in rmax) if rmax else "—"
         rows.append(f"| `{c['name']}` | {_f(c['params'].get('prompt_tokens'))} | {tc:.3f} | {mib:.1f} | "
