@@ -93,7 +93,9 @@ Status read_env_knobs(EnvKnobs * k) {
         const P * m = std::find_if(std::begin(modes), std::end(modes),
                                    [&](P p) { return pop == SlotOptions::name(p); });
         if (m == std::end(modes))
-            return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be idle, nice or off");
+            return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be " +
+                                 SlotOptions::name(modes[0]) + ", " + SlotOptions::name(modes[1]) +
+                                 " or " + SlotOptions::name(modes[2]));
         k->slot_populate = *m;
     }
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
