@@ -314,8 +314,9 @@ private:
     // Every page of the slots gets its page-table entry once, so the matmuls never meet a new
     // one later. With MADV_POPULATE_WRITE (Linux 5.14+) a background thread does it from the
     // dense read on: under SCHED_IDLE (SlotOptions::populate, the default) it runs only on
-    // cores nothing else wants, so it never slows the dense read, the prompt or a decode (where
-    // SCHED_IDLE is refused, or with kNice, at nice +10). It never changes a page's bytes, so
+    // cores nothing else wants, so it takes no CPU time from the dense read, the prompt or a
+    // decode (where SCHED_IDLE is refused, or with kNice, at nice +10; a host that backs guest
+    // memory lazily can still hold the vCPU while it faults a page in). It never changes a page's bytes, so
     // the reads and copies that may already land in the slots are safe. Without
     // MADV_POPULATE_WRITE, every page is touched here, before any read can start.
     void populate() {
