@@ -22,11 +22,56 @@ Status out_of_range(const char * field, const std::string & range, double got) {
 
 }  // namespace
 
+Status check_grammar_limits(const std::string & g) {
+    if (g.size() > kMaxGrammarBytes)
+        return Status::Usage("grammar: " + std::to_string(g.size()) + " bytes, more than the " +
+                             std::to_string(kMaxGrammarBytes) + " accepted");
+    // GBNF's lexis, only as far as nesting goes: "literal" and [class] with backslash
+    // escapes, <token> references, comments from # to the end of the line.
+    int depth = 0;
+    size_t line = 1, col0 = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+        const char c = g[i];
+        auto skip_to = [&](char close) {  // i at the opening character; leaves i at `close`
+            for (++i; i < g.size() && g[i] != close; ++i) {
+                if (g[i] == '\\') ++i;
+                if (i < g.size() && g[i] == '\n') {
+                    ++line;
+                    col0 = i + 1;
+                }
+            }
+        };
+        if (c == '\n') {
+            ++line;
+            col0 = i + 1;
+        } else if (c == '#') {
+            while (i + 1 < g.size() && g[i + 1] != '\n') ++i;
+        } else if (c == '"') {
+            skip_to('"');
+        } else if (c == '[') {
+            skip_to(']');
+        } else if (c == '(') {
+            if (++depth > kMaxGrammarDepth)
+                return Status::Usage("grammar: groups nest more than " +
+                                     std::to_string(kMaxGrammarDepth) + " deep at line " +
+                                     std::to_string(line) + ", column " +
+                                     std::to_string(i - col0 + 1) + "; use named rules instead");
+        } else if (c == ')') {
+            if (depth > 0) --depth;
+        }
+    }
+    return Status::Ok();
+}
+
 bool is_greedy(const SamplingParams & sp) {
     return sp.temp < SamplingParams::kGreedyBelow;
 }
 
 Status check_sampling(const SamplingParams & sp, int n_vocab) {
+    if (!sp.grammar.empty()) {
+        Status st = check_grammar_limits(sp.grammar);
+        if (!st.ok()) return st;
+    }
     if (!std::isfinite(sp.temp) || sp.temp < 0.0f)
         return out_of_range("temperature", "finite and >= 0", sp.temp);
     if (sp.top_k < 0) return out_of_range("top_k", ">= 0 (0 = off)", sp.top_k);

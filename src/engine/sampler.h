@@ -17,6 +17,15 @@
 
 namespace moestream {
 
+// The limits on grammar text, checked before llama.cpp parses it: its parser and matcher
+// recurse once per nesting level (a group, or an alternative made into a rule), so a deep
+// grammar would overflow the stack of the thread that parses it.
+constexpr size_t kMaxGrammarBytes = size_t(1) << 20;  // the text, in bytes
+constexpr int kMaxGrammarDepth = 256;                 // nested ( ) groups (like JSON's 256)
+// kUsage "grammar: ..." naming the line and column where `gbnf` passes a limit above; Ok
+// otherwise (whether llama.cpp can parse it is checked when the sampler is built).
+Status check_grammar_limits(const std::string & gbnf);
+
 // Checks every field of `sp` (kUsage naming the field and the allowed range). n_vocab bounds
 // the logit_bias token ids.
 Status check_sampling(const SamplingParams & sp, int n_vocab);

@@ -12,6 +12,7 @@
 // do; the controls are a template llama.cpp renders (nothing split) and thinking turned off;
 // endless replies stopped with Ctrl-C show that the split output streams token by token.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
@@ -468,6 +469,55 @@ TEST(ChatCli, ReasoningATemplateCannotDoIsRefusedByName) {
     expect(harmony, "--reasoning on --reasoning-effort low", 0, "");
     expect(qwen3, "-rea off", 0, "");
     expect(l3, "--reasoning off", 0, "");
+}
+
+// A --grammar-file nested past the limit (llama.cpp's parser recursed until SIGSEGV): exit 64
+// naming the grammar before any turn; the limit itself is the control.
+TEST(ChatCli, GrammarFileNestedTooDeepIsAUsageError) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    auto nested = [](int depth) {
+        return "root ::= " + std::string(size_t(depth), '(') + "\"a\"" +
+               std::string(size_t(depth), ')') + "\n";
+    };
+    ASSERT_TRUE(write_bytes(dir.path("deep.gbnf"), nested(20000)));
+    CmdResult r = chat_pipe(m, "Hi\n", "-n 2 --grammar-file " + sh_quote(dir.path("deep.gbnf")));
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find("grammar: groups nest more than 256 deep"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+    ASSERT_TRUE(write_bytes(dir.path("ok.gbnf"), nested(256)));
+    CmdResult ok = chat_pipe(m, "Hi\n", "-n 2 --grammar-file " + sh_quote(dir.path("ok.gbnf")));
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+}
+
+// stdin without newlines (/dev/zero) grew without bound and never answered: one clear error,
+// exit 3, once a line passes the 64 MiB limit (under `timeout`: a regression fails, not
+// hangs). A normal line is the control (the other tests).
+TEST(ChatCli, StdinLineLongerThanTheLimitIsOneError) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    CmdResult r = run_cmd("timeout 120 " + sh_quote(cli_bin()) + " chat -m " + sh_quote(m) +
+                          " -t 1 -c 2048 -n 2 < /dev/zero");
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("stdin: a line longer than 64 MiB"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out, "");
+}
+
+// -sysf and --grammar-file on a FIFO nobody writes to wait like `cat`; Ctrl-C ends that at
+// once (exit 130, whenever the SIGINT comes; the outer timeout only guards against a hang).
+TEST(ChatCli, CtrlCEndsAWaitForAFifoWriter) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, family_template("hermes-qwen3"), "qwen3.gguf");
+    const std::string fifo = dir.path("nowriter.fifo");
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    for (const char * flag : {"-sysf", "--grammar-file"}) {
+        SCOPED_TRACE(flag);
+        CmdResult r = run_cmd("timeout -k 5 60 timeout -s INT --preserve-status 2 " +
+                              sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 " + flag +
+                              " " + sh_quote(fifo) + " < /dev/null");
+        EXPECT_EQ(r.exit_code, 130) << r.err;
+        EXPECT_EQ(r.out, "");
+    }
 }
 
 TEST(ChatCli, ReasoningIsDimmedOnATerminal) {

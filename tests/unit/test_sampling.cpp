@@ -9,6 +9,7 @@
 
 #include "moestream/moestream.h"
 #include "moestream/utf8.h"
+#include "sampler.h"
 #include "stop_strings.h"
 #include "test_util.h"
 
@@ -205,6 +206,40 @@ TEST_F(Sampling, BadGrammarIsRefusedByName) {
     EXPECT_EQ(status_of(r).code(), ErrorCode::kUsage);
     r.sampling.grammar = "root ::= \"a\"";  // control
     EXPECT_TRUE(status_of(r).ok());
+}
+
+// llama.cpp's grammar parser recurses per nested group: 20,000 levels overflowed the stack
+// (a server died of one request). The limit is checked before llama.cpp sees the text.
+TEST_F(Sampling, GrammarNestedDeeperThanTheLimitIsRefusedByName) {
+    auto nested = [](int depth) {
+        return "root ::= " + std::string(size_t(depth), '(') + "\"a\"" +
+               std::string(size_t(depth), ')');
+    };
+    GenerateRequest r = req(2);
+    r.sampling.grammar = nested(20000);
+    Status st = status_of(r);
+    EXPECT_EQ(st.code(), ErrorCode::kUsage);
+    EXPECT_EQ(st.message().rfind("grammar: groups nest more than 256 deep at line 1, column 266", 0), 0u)
+        << st.message();
+    r.sampling.grammar = nested(257);
+    EXPECT_EQ(status_of(r).code(), ErrorCode::kUsage);
+    // Controls: the limit itself, and parentheses that are text, a class or a comment.
+    r.sampling.grammar = nested(256);
+    EXPECT_TRUE(status_of(r).ok()) << status_of(r).message();
+    r.sampling.grammar = "root ::= \"" + std::string(300, '(') + "\\\"\" [(\\]] # " +
+                         std::string(300, '(') + "\n";
+    EXPECT_TRUE(check_grammar_limits(r.sampling.grammar).ok())
+        << check_grammar_limits(r.sampling.grammar).message();
+}
+
+TEST_F(Sampling, GrammarLargerThanTheLimitIsRefusedByName) {
+    std::string g = "root ::= \"a\"\n";
+    g += "# " + std::string(kMaxGrammarBytes - g.size() - 3, 'x') + "\n";
+    EXPECT_TRUE(check_grammar_limits(g).ok());  // control: the limit itself
+    g += "x";
+    Status st = check_grammar_limits(g);
+    EXPECT_EQ(st.code(), ErrorCode::kUsage);
+    EXPECT_EQ(st.message().rfind("grammar: 1048577 bytes", 0), 0u) << st.message();
 }
 
 TEST_F(Sampling, GrammarWithEveryTokenBannedIsAnErrorNotAnAbort) {

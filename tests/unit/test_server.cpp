@@ -552,6 +552,12 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
          "tools"},
         {"/v1/completions", R"({"prompt":"x","stop":)" + std::string(300, '[') + std::string(300, ']') + "}",
          "stop"},
+        // A grammar nested past kMaxGrammarDepth (llama.cpp's parser recurses per level: one
+        // such request used to end the server with SIGSEGV): 400 naming it.
+        {"/v1/completions",
+         R"({"prompt":"hi","max_tokens":2,"grammar":"root ::= )" + std::string(20000, '(') +
+             R"(\"a\")" + std::string(20000, ')') + "\"}",
+         "grammar"},
         {"/v1/chat/completions", "{" + msgs + R"(,"tools":[{"type":5,"function":{"name":"f"}}]})",
          "tools[0]"},
         {"/v1/chat/completions", "{" + msgs + R"(,"tool_choice":{"type":[1],"function":{}}})",

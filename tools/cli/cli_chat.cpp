@@ -83,24 +83,34 @@ public:
 
     Result next(std::string * line) {
         for (;;) {
-            const size_t nl = buf_.find('\n');
+            const size_t nl = buf_.find('\n', scanned_);  // what was scanned has none
             if (nl != std::string::npos) {
                 *line = buf_.substr(0, nl);
                 buf_.erase(0, nl + 1);
+                scanned_ = 0;
                 return kLine;
             }
+            scanned_ = buf_.size();
             if (eof_) {
                 if (buf_.empty()) return kEof;
                 *line = std::move(buf_);
                 buf_.clear();
+                scanned_ = 0;
                 return kLine;
+            }
+            if (buf_.size() > kMaxTextFileBytes) {  // no newline yet: /dev/zero, a binary file
+                buf_.clear();
+                scanned_ = 0;
+                error_ = "stdin: a line longer than " + std::to_string(kMaxTextFileBytes >> 20) +
+                         " MiB, the limit of a turn (a device or a stream without newlines?)";
+                return kError;
             }
             if (g_sigint) return kInterrupted;
             pollfd p{STDIN_FILENO, POLLIN, 0};
             const int r = ::poll(&p, 1, 200);
             if (r < 0 && errno != EINTR) return fail("poll");
             if (r <= 0) continue;
-            char b[4096];
+            char b[1 << 16];
             const ssize_t n = ::read(STDIN_FILENO, b, sizeof b);
             if (n < 0) {
                 if (errno == EINTR || errno == EAGAIN) continue;
@@ -111,6 +121,12 @@ public:
         }
     }
     const std::string & error() const { return error_; }
+    // A turn of joined lines passed the limit: kError with its message.
+    Result too_long() {
+        error_ = "stdin: a turn longer than " + std::to_string(kMaxTextFileBytes >> 20) +
+                 " MiB (lines joined by a final '\\')";
+        return kError;
+    }
 
 private:
     Result fail(const char * what) {
@@ -118,6 +134,7 @@ private:
         return kError;
     }
     std::string buf_;
+    size_t scanned_ = 0;  // bytes of buf_ known to hold no newline
     bool eof_ = false;
     std::string error_;
 };
@@ -217,6 +234,7 @@ LineReader::Result read_turn(LineReader & in, std::string * turn) {
         if (!line.empty() && line.back() == '\\') {
             line.pop_back();
             *turn += line + "\n";
+            if (turn->size() > kMaxTextFileBytes) return in.too_long();
             continue;
         }
         *turn += line;
