@@ -43,13 +43,11 @@ int in_mapping(const void * addr, size_t len) {
     return -1;
 }
 
+// glibc's syscall() already turns a failed call into -1 with errno set (the kernel's -4095..-1
+// never reach the caller): the callers keep that errno as it is.
 void * raw_mmap(void * addr, size_t len, int prot, int flags, int fd, off_t off) {
     long r = syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-    if (r < 0 && r > -4096) {
-        errno = int(-r);
-        return MAP_FAILED;
-    }
-    return reinterpret_cast<void *>(r);
+    return r == -1 ? MAP_FAILED : reinterpret_cast<void *>(r);
 }
 
 }  // namespace
@@ -113,12 +111,7 @@ extern "C" int madvise(void * addr, size_t len, int advice) {
         g_advice_dropped.fetch_add(1);
         return 0;
     }
-    long r = syscall(SYS_madvise, addr, len, advice);
-    if (r < 0) {
-        errno = int(-r);
-        return -1;
-    }
-    return 0;
+    return int(syscall(SYS_madvise, addr, len, advice));  // -1 with errno set, as madvise
 }
 
 extern "C" int posix_madvise(void * addr, size_t len, int advice) {
@@ -127,8 +120,12 @@ extern "C" int posix_madvise(void * addr, size_t len, int advice) {
         g_advice_dropped.fetch_add(1);
         return 0;
     }
-    long r = syscall(SYS_madvise, addr, len, advice);
-    return r < 0 ? int(-r) : 0;
+    // posix_madvise returns the error number instead of setting errno.
+    const int saved = errno;
+    const long r = syscall(SYS_madvise, addr, len, advice);
+    const int e = r == -1 ? errno : 0;
+    errno = saved;
+    return e;
 }
 
 extern "C" int posix_fadvise(int fd, off_t off, off_t len, int advice) {
@@ -136,8 +133,11 @@ extern "C" int posix_fadvise(int fd, off_t off, off_t len, int advice) {
         g_advice_dropped.fetch_add(1);
         return 0;
     }
-    long r = syscall(SYS_fadvise64, fd, off, len, advice);
-    return r < 0 ? int(-r) : 0;
+    const int saved = errno;  // like posix_madvise: the error number is the result
+    const long r = syscall(SYS_fadvise64, fd, off, len, advice);
+    const int e = r == -1 ? errno : 0;
+    errno = saved;
+    return e;
 }
 
 extern "C" int posix_fadvise64(int fd, off_t off, off_t len, int advice) {

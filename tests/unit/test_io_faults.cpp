@@ -6,10 +6,13 @@
 //  - a model file changed while the engine runs is detected and reported: appended to,
 //    truncated or replaced between requests (replaced: even with the same size and mtime),
 //    and truncated or rewritten in the middle of a generation, which stops within one token
-//    with an error, never a SIGBUS (the test process would die) and never wrong text.
+//    with an error, never a SIGBUS (the test process would die) and never wrong text;
+//  - a failed mmap/madvise through the model guard's interposers keeps the kernel's errno
+//    (ENOMEM is what the cache's evict-and-retry looks for).
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -17,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "mmap_guard.h"
 #include "moestream/moestream.h"
 #include "test_util.h"
 
@@ -277,6 +281,28 @@ TEST(IoFaults, ModelFileChangedMidGenerationStopsWithinOneToken) {
             std::filesystem::remove(copy);
         }
     }
+}
+
+// The interposers are the process's mmap/madvise (also in this test program): a failed call
+// must report the kernel's error, not EPERM (errno 1, the -1 glibc's syscall() returns).
+TEST(MmapGuard, FailedCallsKeepTheKernelsErrno) {
+    ASSERT_TRUE(mmap_guard_active());
+    errno = 0;
+    void * p = ::mmap(nullptr, size_t(1) << 62, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                      -1, 0);
+    EXPECT_EQ(p, MAP_FAILED);
+    EXPECT_EQ(errno, ENOMEM);
+    errno = 0;
+    EXPECT_EQ(::mmap(nullptr, 0, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0), MAP_FAILED);
+    EXPECT_EQ(errno, EINVAL);
+    errno = 0;
+    EXPECT_EQ(::madvise(reinterpret_cast<void *>(1), 4096, MADV_DONTNEED), -1);
+    EXPECT_EQ(errno, EINVAL);
+    // The posix_ forms return the error number and leave errno alone.
+    errno = 0;
+    EXPECT_EQ(::posix_madvise(reinterpret_cast<void *>(1), 4096, POSIX_MADV_DONTNEED), EINVAL);
+    EXPECT_EQ(::posix_fadvise(-1, 0, 0, POSIX_FADV_DONTNEED), EBADF);
+    EXPECT_EQ(errno, 0);
 }
 
 TEST(IoFaults, BadFaultSpecIsAUsageError) {
