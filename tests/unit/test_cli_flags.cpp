@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -365,14 +366,99 @@ TEST(CliOutputs, UnwritableOutputsStopEverySubcommandBeforeWork) {
     std::remove(text.c_str());
 }
 
+// An output flag naming an input (the model, a shard of its set, the prompt or text file, the
+// reference, the trace), directly, through a symbolic link or a hard link: exit 3 before any
+// work, every input byte for byte unchanged (the model was overwritten and the run exited 0).
+TEST(CliOutputs, OutputNamingAnInputIsRefusedAndEveryInputUnchanged) {
+    TempDir dir("cliflags-in");
+    const std::string m = dir.path("m.gguf"), p = dir.path("p.txt"), t = dir.path("t.trace");
+    const std::string s1 = dir.path("s-00001-of-00002.gguf"), s2 = dir.path("s-00002-of-00002.gguf");
+    const std::string model_bytes = slurp(synth_model("tiny", "qwen3moe", "q8_0"));
+    ASSERT_FALSE(model_bytes.empty());
+    for (const std::string & f : {m, s1, s2}) ASSERT_TRUE(write_bytes(f, model_bytes));
+    ASSERT_TRUE(write_bytes(p, "One two three four five six seven eight nine ten."));
+    ASSERT_EQ(cli("run -m " + sh_quote(m) + " -p Hi -n 2 --route-trace " + sh_quote(t)).exit_code, 0);
+    ASSERT_EQ(::symlink(m.c_str(), dir.path("link").c_str()), 0);
+    ASSERT_EQ(::link(m.c_str(), dir.path("hard").c_str()), 0);
+    const std::vector<std::string> inputs = {m, s1, s2, p, t};
+    std::vector<std::string> before;
+    for (const std::string & f : inputs) before.push_back(slurp(f));
+    const std::string q = sh_quote(m);
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"run -m " + q + " -p Hi -n 2 --stats-json " + q, "--stats-json " + m + ": is the input -m"},
+        {"run -m " + q + " -p Hi -n 2 --stats-csv " + sh_quote(dir.path("link")), "--stats-csv"},
+        {"run -m " + q + " -p Hi -n 2 --dump-logits " + sh_quote(dir.path("hard")), "--dump-logits"},
+        {"run -m " + q + " -p Hi -n 2 --route-trace " + q, "--route-trace"},
+        {"run -m " + q + " -f " + sh_quote(p) + " -n 2 --stats-json " + sh_quote(p), "is the input -f"},
+        {"run -m " + sh_quote(s1) + " -p Hi -n 2 --stats-json " + sh_quote(s2), "is the input -m (shard 2)"},
+        {"eval -m " + q + " -f " + sh_quote(p) + " --save-ref " + q, "--save-ref"},
+        {"eval -m " + q + " -f " + sh_quote(p) + " --route-trace " + sh_quote(p), "is the input -f"},
+        {"replay " + sh_quote(t) + " --plot " + sh_quote(t), "is the input the trace"},
+    };
+    for (const auto & [args, msg] : cases) {
+        SCOPED_TRACE(args);
+        CmdResult r = cli(args);
+        EXPECT_EQ(r.exit_code, 3) << r.err;
+        EXPECT_NE(r.err.find(msg), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("refusing to overwrite an input"), std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");
+        for (size_t i = 0; i < inputs.size(); ++i) EXPECT_TRUE(slurp(inputs[i]) == before[i]) << inputs[i];
+    }
+    // Control: another path in the same directory is written.
+    CmdResult ok = cli("run -m " + q + " -p Hi -n 2 --stats-json " + sh_quote(dir.path("s.json")));
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_FALSE(slurp(dir.path("s.json")).empty());
+}
+
+// Under a file size limit (prlimit --fsize) SIGXFSZ killed run with its temporary file left
+// and partial --stats-csv files: now every output fails cleanly — the old file unchanged, no
+// temporary file — with exit 3, and the route trace (whose failure never stops inference) is
+// dropped with its warning, exit 0. Control: the same runs without the limit write them.
+TEST(CliOutputs, FileSizeLimitLeavesNoPartOfAnOutputAndNoTemporaryFile) {
+    TempDir dir("cliflags-fsize");
+    const std::string run = sh_quote(cli_bin()) + " run -m " + model() +
+                            " -p Hi -n 48 --ignore-eos --cache-mb 0 -t 1 ";
+    const std::string limit = "prlimit --fsize=1024 -- ";
+    auto temps = [&] {
+        int n = 0;
+        for (const auto & e : std::filesystem::directory_iterator(dir.dir()))
+            n += e.path().filename().string().find(".tmp.") != std::string::npos;
+        return n;
+    };
+    for (const char * flag : {"--stats-csv", "--stats-json", "--dump-logits"}) {
+        SCOPED_TRACE(flag);
+        const std::string out = dir.path("out");
+        ASSERT_TRUE(write_bytes(out, "old\n"));
+        CmdResult r = run_cmd(limit + run + flag + " " + sh_quote(out));
+        EXPECT_EQ(r.exit_code, 3) << r.err;
+        EXPECT_NE(r.err.find("File too large"), std::string::npos) << r.err;
+        EXPECT_EQ(slurp(out), "old\n");
+        EXPECT_EQ(temps(), 0);
+        CmdResult ok = run_cmd(run + flag + " " + sh_quote(out));  // control
+        EXPECT_EQ(ok.exit_code, 0) << ok.err;
+        EXPECT_GT(slurp(out).size(), 1024u);
+    }
+    const std::string trace = dir.path("t.trace");
+    CmdResult r = run_cmd(limit + run + "--route-trace " + sh_quote(trace));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("tracing is off, inference continues"), std::string::npos) << r.err;
+    EXPECT_FALSE(std::filesystem::exists(trace));
+    EXPECT_EQ(temps(), 0);
+}
+
 // --- Ctrl-C during run: the summary of what ran, the outputs written, exit 130.
 
 TEST(CliInterrupt, CtrlCDuringRunPrintsTheSummaryAndExits130) {
     const std::string js = "/tmp/moestream-cliflags-int-" + std::to_string(getpid()) + ".json";
-    // 16384 tokens take far longer than the 2 s before the SIGINT on the tiny model.
-    CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + model() +
-                          " -p Hi -n -1 -c 16384 --ignore-eos -t 1 --stats-json " + js +
-                          " & pid=$!; sleep 2; kill -INT $pid; wait $pid");
+    // The SIGINT goes when the first generated byte reaches stdout (the prompt is not shown),
+    // not after a fixed sleep: on a loaded machine the model may still be loading after any
+    // fixed time. stdout goes on being read, so the run never sees a closed pipe.
+    TempDir dir("cliflags-int");
+    const std::string out = sh_quote(dir.path("out.fifo"));
+    CmdResult r = run_cmd("mkfifo " + out + " && { " + sh_quote(cli_bin()) + " run -m " + model() +
+                          " -p Hi -n -1 -c 16384 --ignore-eos -t 1 --stats-json " + js + " > " +
+                          out + " & pid=$!; { head -c 1 && kill -INT $pid && cat; } < " + out +
+                          " > /dev/null; wait $pid; }");
     EXPECT_EQ(r.exit_code, 130) << r.err;
     EXPECT_NE(r.err.find("interrupted (Ctrl-C) after"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("decode "), std::string::npos) << r.err;

@@ -84,8 +84,15 @@ int default_threads();
 // llama.cpp's escapes (\n \t \r \\ \' \" \xHH ...) in place; `flag` names the source.
 Status process_escapes(const std::string & flag, std::string * s);
 // Output files, checked before any work: the directory exists and is writable, the path is
-// no directory, no two flags name the same file. kBadInput (exit 3), like a failed write.
-Status check_output_paths(const std::vector<std::pair<std::string, std::string>> & flag_paths);
+// no directory, no two flags name the same file, and no output is one of `inputs` (flag, path)
+// by identity (device + inode, through symbolic and hard links). kBadInput (exit 3), like a
+// failed write.
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>> & flag_paths,
+                          const std::vector<std::pair<std::string, std::string>> & inputs = {});
+// The model's files as inputs for check_output_paths: `path` and, when it is named as a shard
+// of a split set (NAME-0000K-of-0000N.gguf), every shard of the set.
+std::vector<std::pair<std::string, std::string>> model_inputs(const std::string & flag,
+                                                              const std::string & path);
 Status write_output_file(const std::string & flag, const std::string & path, const std::string & data);
 // Prints "moestream: error: MSG" on stderr; returns st.exit_code().
 int report(const Status & st);

@@ -2,6 +2,7 @@
 // CLI11 reads them), the validators with readable messages, the thread default, the prompt
 // reader, escapes, output checks and the one-line error format (docs/cli.md).
 #include <sched.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -325,25 +327,68 @@ Status check_output_path(const std::string & flag, const std::string & path) {
     return Status::Ok();
 }
 
-Status check_output_paths(const std::vector<std::pair<std::string, std::string>> & outs) {
+std::vector<std::pair<std::string, std::string>> model_inputs(const std::string & flag,
+                                                              const std::string & path) {
+    std::vector<std::pair<std::string, std::string>> v;
+    if (path.empty()) return v;
+    v.push_back({flag, path});
+    // llama.cpp's split names, NAME-0000K-of-0000N.gguf: every shard is read.
+    static const std::regex kShard(R"(^(.*)-(\d{5})-of-(\d{5})\.gguf$)");
+    std::smatch m;
+    if (!std::regex_match(path, m, kShard)) return v;
+    const int n = std::stoi(m[3].str());
+    for (int k = 1; k <= n && k <= 99999; ++k) {
+        char tail[32];
+        std::snprintf(tail, sizeof tail, "-%05d-of-%05d.gguf", k, n);
+        const std::string shard = m[1].str() + tail;
+        if (shard != path) v.push_back({flag + " (shard " + std::to_string(k) + ")", shard});
+    }
+    return v;
+}
+
+Status check_output_paths(const std::vector<std::pair<std::string, std::string>> & outs,
+                          const std::vector<std::pair<std::string, std::string>> & inputs) {
     std::set<std::string> seen;
+    // Inputs by identity (device + inode: symbolic and hard links are the same file).
+    std::vector<std::pair<std::pair<dev_t, ino_t>, const std::pair<std::string, std::string> *>> ids;
+    for (const auto & in : inputs) {
+        struct stat st;
+        if (!in.second.empty() && in.second != "-" && ::stat(in.second.c_str(), &st) == 0)
+            ids.push_back({{st.st_dev, st.st_ino}, &in});
+    }
     for (const auto & [flag, path] : outs) {
         if (path.empty()) continue;
         Status st = check_output_path(flag, path);
         if (!st.ok()) return st;
         if (!seen.insert(std::filesystem::weakly_canonical(path).string()).second)
             return Status::Usage(flag + " " + path + ": the same file is named by two output flags");
+        struct stat os;
+        if (::stat(path.c_str(), &os) != 0) continue;  // not there yet: no input is
+        for (const auto & [id, in] : ids)
+            if (id.first == os.st_dev && id.second == os.st_ino)
+                return Status::BadInput(flag + " " + path + ": is the input " + in->first + " " +
+                                        in->second + " (the same file); refusing to overwrite "
+                                        "an input");
     }
     return Status::Ok();
 }
 
 Status write_output_file(const std::string & flag, const std::string & path, const std::string & data) {
-    std::ofstream f(path, std::ios::binary | std::ios::trunc);
-    if (!f) return Status::BadInput(flag + " " + path + ": cannot open for writing: " + std::strerror(errno));
-    f.write(data.data(), std::streamsize(data.size()));
-    f.close();
-    if (!f) return Status::BadInput(flag + " " + path + ": write failed");
-    return Status::Ok();
+    // Through a temporary file renamed over `path`: a full disk or a file size limit
+    // (SIGXFSZ is ignored: the write fails with EFBIG) leaves the old file, never a part.
+    moestream::AtomicFile out;
+    Status st = out.create(path, flag);
+    if (!st.ok()) return Status::BadInput(st.message());
+    for (size_t at = 0; at < data.size();) {
+        const ssize_t n = ::write(out.fd(), data.data() + at, data.size() - at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0)
+            return Status::BadInput(flag + " " + path + ": write failed: " +
+                                    std::strerror(n < 0 ? errno : ENOSPC));
+        at += size_t(n);
+    }
+    st = out.commit();
+    return st.ok() ? st : Status::BadInput(st.message());
 }
 
 namespace {

@@ -63,10 +63,15 @@ int do_eval(EvalFlags & f) {
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
     // Outputs before any work: the reference file (kept or temporary) and the trace.
     const std::string tmp_ref_path = f.text_file + ".moestream-ref." + std::to_string(getpid());
+    auto inputs = model_inputs("-m", f.opt.model_path);
+    inputs.push_back({"-f", f.text_file});
+    inputs.push_back({"--ref", f.ref});
+    inputs.push_back({"--miss-fallback", f.opt.miss_fallback});
     Status st = check_output_paths({{"--save-ref", f.save_ref},
                                     {"--route-trace", f.opt.route_trace},
                                     {"the temporary reference next to -f",
-                                     f.ref.empty() && f.save_ref.empty() ? tmp_ref_path : ""}});
+                                     f.ref.empty() && f.save_ref.empty() ? tmp_ref_path : ""}},
+                                   inputs);
     if (!st.ok()) return eval_fail(st);
     std::string text;
     st = read_text(f.text_file, &text);

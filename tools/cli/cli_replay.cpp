@@ -316,7 +316,8 @@ int do_replay(const ReplayFlags & f) {
         if (int rc = refuse_given(f.sub, sweep, "has no effect with --routing-stats (it "
                                                 "simulates no cache)"))
             return rc;
-    Status st = check_output_paths({{"--plot", f.plot}});
+    Status st = check_output_paths({{"--plot", f.plot}},
+                                   {{"the trace", f.trace}, {"--miss-fallback", f.fallback}});
     if (!st.ok()) return replay_fail(st);
     RouteTrace trace;
     const auto t_load = std::chrono::steady_clock::now();

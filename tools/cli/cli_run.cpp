@@ -143,10 +143,14 @@ int do_run(RunFlags & f) {
                                   "applies to -p, and the prompt comes from -f (read as is)"))
             return rc;
     if (int rc = check_sampling_flags(f.sub, f.opt)) return rc;
+    auto inputs = model_inputs("-m", f.opt.model_path);
+    inputs.push_back({"-f", f.prompt_file});
+    inputs.push_back({"--miss-fallback", f.opt.miss_fallback});
     Status st = check_output_paths({{"--stats-json", f.stats_json},
                                     {"--stats-csv", f.stats_csv},
                                     {"--dump-logits", f.dump_logits},
-                                    {"--route-trace", f.opt.route_trace}});
+                                    {"--route-trace", f.opt.route_trace}},
+                                   inputs);
     if (!st.ok()) return fail(st);
     if (!f.prompt_file.empty()) {
         Status rs = read_text_file(f.prompt_file, "prompt", &f.prompt);

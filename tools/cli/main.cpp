@@ -1,4 +1,5 @@
 // moestream CLI entry point: dispatches to the subcommands (run, inspect, synth, ...).
+#include <csignal>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -23,6 +24,10 @@ void apply_verbosity(int count) {
 
 int main(int argc, char ** argv) {
     using namespace moestream::cli;
+    // A file size limit (ulimit -f) makes the write that passes it fail with EFBIG, which every
+    // writer reports (outputs go through a temporary file: none is left half written), instead
+    // of SIGXFSZ ending the process with its temporary files behind.
+    std::signal(SIGXFSZ, SIG_IGN);
     CLI::App app{"moestream: run Mixture-of-Experts GGUF models whose experts do not fit in RAM,\n"
                  "reading from flash only the experts each token is routed to."};
     app.require_subcommand(1);
