@@ -1,6 +1,7 @@
 // eval.cpp — see eval.h.
 #include "moestream/eval.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -202,8 +203,16 @@ Status RefLogitsFile::open(const std::string & path, int n_vocab, uint32_t n_pos
     path_ = path;
     n_vocab_ = n_vocab;
     n_pos_ = n_pos;
+    // A reference is a file --save-ref wrote: a FIFO would block the open, a device never end.
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return err(std::string("cannot open: ") + std::strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return err(std::string("is ") + file_kind(st.st_mode) + ", not a regular file (a reference "
+                   "is a file --save-ref wrote)");
     f_ = std::fopen(path.c_str(), "rb");
     if (!f_) return err(std::string("cannot open: ") + std::strerror(errno));
+    if (::fstat(::fileno(f_), &st) != 0 || !S_ISREG(st.st_mode))
+        return err("is not a regular file (replaced while opening)");
     char magic[8];
     uint32_t hdr[4];
     uint64_t th = 0, mb = 0;
@@ -253,6 +262,13 @@ Status RefLogitsFile::read(int32_t next, std::vector<float> * logits) {
         return err("offset " + std::to_string(at) + ": position " + std::to_string(done_) +
                    " predicts token " + std::to_string(t) + ", the text has " +
                    std::to_string(next));
+    // A model's logits are finite: inf or NaN here is a damaged file, and would make every
+    // statistic inf or NaN.
+    for (int v = 0; v < n_vocab_; ++v)
+        if (!std::isfinite((*logits)[size_t(v)]))
+            return err("offset " + std::to_string(at + 4 + 4 * uint64_t(v)) + ": the logit of token " +
+                       std::to_string(v) + " at position " + std::to_string(done_) +
+                       " is not finite (" + std::to_string((*logits)[size_t(v)]) + ")");
     ++done_;
     return Status::Ok();
 }

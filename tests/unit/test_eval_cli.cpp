@@ -6,8 +6,10 @@
 //  - --window N empties the context every N tokens: a window as long as the text changes
 //    nothing, a shorter one changes the reference's perplexity, fits a smaller -c, and a
 //    reference saved with one window is refused for another;
-//  - bad input: a reference for another text, an empty or missing text, a one-token text.
+//  - bad input: a reference for another text, an empty or missing text, a one-token text, a
+//    reference with non-finite logits or that is no regular file.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -169,4 +171,37 @@ TEST(EvalCli, BadTextIsOneClearError) {
     }
     std::remove(empty.c_str());
     std::remove(one.c_str());
+}
+
+// A reference whose logits are not finite (0xff bytes: NaN; +inf) is refused by offset, exit
+// 3 (it gave "mean KL inf", exit 0); a FIFO as --ref is refused at once instead of waiting for
+// a writer (under `timeout`: a regression fails instead of hanging). The intact reference
+// is the control.
+TEST(EvalCli, ReferenceThatIsNotFiniteOrNotAFileIsRefused) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    TempDir dir("eval-ref");
+    const std::string text = dir.path("t.txt"), ref = dir.path("r.ref");
+    ASSERT_TRUE(write_bytes(text, kText));
+    const std::string base = "-m " + sh_quote(model) + " -f " + sh_quote(text) + " --cache-mb 0";
+    ASSERT_EQ(eval(base + " --save-ref " + sh_quote(ref)).exit_code, 0);
+    const std::string good = slurp(ref);
+    ASSERT_GT(good.size(), 64u);
+    EXPECT_EQ(eval(base + " --ref " + sh_quote(ref)).exit_code, 0);  // control
+    const size_t logit3 = 40 + 4 + 4 * 3;  // header, the first record's token id, token 3
+    for (const std::string & bytes : {std::string(4, '\xff'), std::string("\x00\x00\x80\x7f", 4)}) {
+        std::string bad = good;
+        bad.replace(logit3, 4, bytes);
+        ASSERT_TRUE(write_bytes(ref, bad));
+        CmdResult r = eval(base + " --ref " + sh_quote(ref));
+        EXPECT_EQ(r.exit_code, 3) << r.err;
+        EXPECT_NE(r.err.find(ref + ": offset 56: the logit of token 3 at position 0 is not finite"),
+                  std::string::npos) << r.err;
+        EXPECT_EQ(r.out, "");
+    }
+    const std::string fifo = dir.path("fifo.ref");
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    CmdResult f = run_cmd("timeout 60 " + sh_quote(cli_bin()) + " eval -t 1 --max-tokens 64 " +
+                          base + " --ref " + sh_quote(fifo));
+    EXPECT_EQ(f.exit_code, 3) << f.err;
+    EXPECT_NE(f.err.find("is a FIFO, not a regular file"), std::string::npos) << f.err;
 }
