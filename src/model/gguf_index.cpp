@@ -473,7 +473,22 @@ private:
                 check_array_len(key, v.arr_len, lat);
                 const uint64_t esize = gguf_scalar_size(v.arr_type);
                 const bool integer = gguf_is_int(v.arr_type);
-                if (integer && v.arr_len <= kMaxStoredIntArray &&
+                if (key == "tokenizer.ggml.token_type") {
+                    // llama.cpp reads it as int32 per token and keeps a type outside its
+                    // LLAMA_TOKEN_TYPE_* (0..6) as is: such tokens then print nothing.
+                    if (v.arr_type != kI32)
+                        fail(lat - 4, "tokenizer.ggml.token_type must be an array of int32, is "
+                                      "of " + std::string(gguf_type_str(v.arr_type)));
+                    r_.need(v.arr_len * esize);
+                    for (uint64_t k = 0; k < v.arr_len; ++k) {
+                        const uint64_t eat = r_.pos();
+                        const int64_t t = read_int(v.arr_type);
+                        if (t < 0 || t > 6)
+                            fail(eat, "tokenizer.ggml.token_type[" + std::to_string(k) + "] = " +
+                                          std::to_string(t) +
+                                          " is not one of llama.cpp's token types (0..6)");
+                    }
+                } else if (integer && v.arr_len <= kMaxStoredIntArray &&
                     stored_ + v.arr_len * 8 <= kMaxStoredBytes) {
                     r_.need(v.arr_len * esize);
                     v.arr_i.reserve(v.arr_len);
@@ -685,6 +700,9 @@ private:
                                    " (not a MoE model: no expert_used_count)");
         m_.n_layer = int_key(p + ".block_count", true, 1, kMaxLayers);
         m_.n_embd = int_key(p + ".embedding_length", true, 1, INT32_MAX);
+        // The trained context: the default -c and the bound of every context; 0 or none would
+        // leave no context at all (a fault of the file, not of the flags).
+        if (find_kv(p + ".context_length")) int_key(p + ".context_length", false, 1, INT32_MAX);
         // Expert FFN width: a scalar, or one value per layer; 0 means "not given".
         const std::string ffk = p + ".expert_feed_forward_length";
         const KvValue * ff = find_kv(ffk);
@@ -968,6 +986,16 @@ private:
                                                 " " + quoted(a));
                 }
             }
+        }
+        if (const KvValue * types = find_kv("tokenizer.ggml.token_type")) {
+            if (types->type != kArray)
+                fail(kv_offset("tokenizer.ggml.token_type"),
+                     "tokenizer.ggml.token_type must be an array of int32, is " +
+                         std::string(gguf_type_str(types->type)));
+            if (types->arr_len != vocab_.size())
+                fail(kv_offset("tokenizer.ggml.token_type"),
+                     "tokenizer.ggml.token_type has " + std::to_string(types->arr_len) +
+                         " entries, tokenizer.ggml.tokens " + std::to_string(vocab_.size()));
         }
         if (!model || vocab_.empty()) return;
         if (model->s == "llama") {

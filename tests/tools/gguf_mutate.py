@@ -16,8 +16,11 @@ Operations (VALUE keeps the key's existing GGUF type unless TYPE: is given, e.g.
   rename TENSOR=NEW      rename a tensor (escapes as above)
   token I=TEXT           tokenizer.ggml.tokens[I] = TEXT (escapes as above)
   dup-token I=J          tokenizer.ggml.tokens[I] = tokenizer.ggml.tokens[J]
+  token-type I=N         tokenizer.ggml.token_type[I] = N (an int32)
   alignment N            general.alignment = N (u32), data re-padded to N
   nan-data TENSOR        fill an f32 tensor's data with NaN
+  fill SELECTOR=BYTE     fill the data of the tensors SELECTOR picks (as for type) with BYTE
+                         (0xff: NaN scales and weights in f16/f32 and the quantized types)
 Exit 0 on success, 2 on a bad operation or input (one line naming it).
 """
 import math
@@ -155,7 +158,8 @@ def select(tensors, sel, kvs):
 
 def apply(op, arg, st):
     ver, kvs, tensors, data = st
-    if op in ("set", "set-file", "rename-key", "type", "rename", "token", "dup-token") and "=" not in arg:
+    if op in ("set", "set-file", "rename-key", "type", "rename", "token", "dup-token",
+              "token-type", "fill") and "=" not in arg:
         raise Bad("%s needs X=Y, got '%s'" % (op, arg))
     if op == "set":
         k, val = arg.split("=", 1)
@@ -208,16 +212,20 @@ def apply(op, arg, st):
     elif op == "rename":
         old, new = arg.split("=", 1)
         select(tensors, old, kvs)[0][0] = unescape(new)
-    elif op in ("token", "dup-token"):
+    elif op in ("token", "dup-token", "token-type"):
         i, val = arg.split("=", 1)
-        kv = find_kv(kvs, b"tokenizer.ggml.tokens")
+        key = b"tokenizer.ggml.token_type" if op == "token-type" else b"tokenizer.ggml.tokens"
+        kv = find_kv(kvs, key)
         if not kv:
-            raise Bad("no tokenizer.ggml.tokens")
-        toks = kv[2][1]
+            raise Bad("no %s" % key.decode())
+        items = kv[2][1]
         i = int(i)
-        if not 0 <= i < len(toks):
-            raise Bad("token index %d outside [0, %d)" % (i, len(toks)))
-        toks[i] = toks[int(val)] if op == "dup-token" else unescape(val)
+        if not 0 <= i < len(items):
+            raise Bad("token index %d outside [0, %d)" % (i, len(items)))
+        if op == "token-type":
+            items[i] = int(val, 0)
+        else:
+            items[i] = items[int(val)] if op == "dup-token" else unescape(val)
     elif op == "alignment":
         kv = find_kv(kvs, b"general.alignment")
         if kv:
@@ -233,6 +241,12 @@ def apply(op, arg, st):
             n *= d
         nan = struct.pack("<f", math.nan)
         data = data[:t[3]] + nan * n + data[t[3] + 4 * n:]
+    elif op == "fill":
+        sel, byte = arg.split("=", 1)
+        offs = sorted(t[3] for t in tensors) + [len(data)]
+        for t in select(tensors, sel, kvs):
+            end = next(o for o in offs if o > t[3])  # up to the next tensor (padding included)
+            data = data[:t[3]] + bytes([int(byte, 0)]) * (end - t[3]) + data[end:]
     else:
         raise Bad("unknown operation '%s'" % op)
     return ver, kvs, tensors, data

@@ -220,6 +220,7 @@ std::vector<MatrixCase> matrix_cases() {
         {"q8", {"set qwen3moe.expert_used_count=0"}, R, "expert_used_count"},
         {"q8", {"set qwen3moe.expert_used_count=99"}, R, "expert_used_count"},
         {"q8", {"set qwen3moe.expert_count=1"}, R, "expert_count"},
+        {"q8", {"set qwen3moe.context_length=0"}, R, "qwen3moe.context_length"},  // was exit 64
         {"glm", {"set glm4moe.expert_gating_func=5"}, R, "glm4moe.expert_gating_func"},
         {"glm", {"set glm4moe.expert_gating_func=4"}, OK, ""},  // sqrt_softplus (deepseek4)
         {"glm", {"set glm4moe.expert_gating_func=4294967295"}, R, "glm4moe.expert_gating_func"},
@@ -241,6 +242,11 @@ std::vector<MatrixCase> matrix_cases() {
         {"q8", {"dup-token 258=3"}, R, "duplicates token 3"},
         {"q8", {"token 200="}, OK, ""},  // llama.cpp keys an empty token as [EMPTY_200]
         {"q8", {"del tokenizer.ggml.merges"}, R, "cannot find tokenizer merges"},
+        // a token type outside llama.cpp's 0..6 (the token printed nothing)
+        {"q8", {"token-type 200=7"}, R, "tokenizer.ggml.token_type[200] = 7"},
+        {"q8", {"token-type 201=-1"}, R, "tokenizer.ggml.token_type[201] = -1"},
+        {"q8", {"token-type 202=3"}, OK, ""},  // LLAMA_TOKEN_TYPE_CONTROL: in range
+        {"q8", {"set tokenizer.ggml.token_type=u32:1"}, R, "tokenizer.ggml.token_type must be an array"},
         // names and keys
         {"q8", {"rename-key general.name='general.na\\x00me'"}, R, "contains a NUL byte"},
         {"q8", {"rename output_norm.weight='output_norm\\x00.weight'"}, R, "contains a NUL byte"},
