@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -247,6 +248,14 @@ Status MissFallback::convert(size_t slot, const Job & j) {
     const int64_t n = lo.ne[0] * lo.ne[1];
     floats_.resize(size_t(n));
     ggml_get_type_traits(ggml_type(lo.type))->to_float(scratch_.data(), floats_.data(), n);
+    // The companion's own data: a non-finite scale or weight would quietly spoil every token
+    // computed from it (its fingerprint identifies the source model, not these bytes).
+    for (int64_t i = 0; i < n; ++i)
+        if (!std::isfinite(floats_[size_t(i)]))
+            return Status::BadModel("RunOptions::miss_fallback " + path_ + ": tensor '" + lo.name +
+                                    "', expert " + std::to_string(j.e) +
+                                    ": a weight is not finite (element " + std::to_string(i) +
+                                    "); the companion's data is damaged: make it again");
     if (plant_skip_) {  // tests only: the slot keeps what it was committed with
         plant_skip_ = false;
     } else if (hi.type == GGML_TYPE_F32) {

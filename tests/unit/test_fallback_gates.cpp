@@ -126,6 +126,27 @@ TEST(FallbackGate, RefusesACompanionOfAnotherModelATruncatedOneAndAModel) {
     std::remove(cut.c_str());
 }
 
+// A companion whose expert data is NaN (0xff bytes: NaN scales) but whose source fingerprint
+// is right was accepted and quietly spoiled the output; every slice is checked as it is
+// converted, so the step that would use it stops (exit 1, like NaN weights in a model, naming
+// the companion and the tensor) before its token. The intact companion is the control.
+TEST(FallbackGate, CompanionWithNonFiniteWeightsIsRefused) {
+    const std::string m = model();
+    const std::string c = companion(m, "a");
+    TempDir dir("fallback-nan");
+    const std::string bad = dir.path("nan-q4_0.gguf");
+    CmdResult mk = run_cmd(gguf_mutate_cmd() + " " + sh_quote(c) + " " + sh_quote(bad) +
+                           " fill role:experts=0xff");
+    ASSERT_EQ(mk.exit_code, 0) << mk.err;
+    const std::string flags = std::string(kSmall) + "--fallback-threshold 1 --miss-fallback ";
+    CliRun good = run(m, flags + c);
+    EXPECT_EQ(good.rc, 0) << good.err;
+    CliRun r = run(m, flags + bad);
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("--miss-fallback " + bad + ": tensor '"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("a weight is not finite"), std::string::npos) << r.err;
+}
+
 TEST(FallbackGate, FlagsRefusedWhereTheyDoNotApply) {
     const std::string m = model();
     CliRun r = run(m, "--fallback-threshold 0.2");
