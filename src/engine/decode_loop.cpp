@@ -180,6 +180,12 @@ Status EngineImpl::generate(const GenerateRequest & req,
         const double t_step = now_s();  // the step: sampling, emitting, the decode
         const float * logits = llama_get_logits_ith(ctx_.get(), -1);
         if (Status fin = check_logits_finite(logits, n_vocab, size_t(i)); !fin.ok()) return fin;
+        if (streamer_) {
+            // These logits came from reads of the file: a change while they were read (a hole
+            // punched, a rewrite) stops here, before their token is emitted.
+            Status st = check_file_unchanged(index_);
+            if (!st.ok()) return st;
+        }
         stats.hash_logits(logits, n_vocab);
         llama_token tok = 0;
         Status sst = sampler.sample(ctx_.get(), -1, &tok);
