@@ -66,7 +66,7 @@ void add_fallback_command(CLI::App & app, Action * action) {
             Status st = check_fallback_type(o.type);
             if (!st.ok()) return usage_error("make-fallback", "--type: " + st.message());
             // The directory exists and is writable before llama-quantize runs (exit 3).
-            st = check_output_paths({{"-o", o.out_path}}, model_inputs("-m", o.model_path));
+            st = check_output_paths({{"-o", o.out_path}});
             if (!st.ok()) return report(st);
             remove_on_signals(make_fallback_temp_paths(o));
             MakeFallbackResult r;
