@@ -512,7 +512,7 @@ TEST(ChatCli, CtrlCEndsAWaitForAFifoWriter) {
     ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
     for (const char * flag : {"-sysf", "--grammar-file"}) {
         SCOPED_TRACE(flag);
-        CmdResult r = run_cmd("timeout -k 5 60 timeout -s INT --preserve-status 2 " +
+        CmdResult r = run_cmd("timeout -k 5 60 timeout -s INT --preserve-status 0.5 " +
                               sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 " + flag +
                               " " + sh_quote(fifo) + " < /dev/null");
         EXPECT_EQ(r.exit_code, 130) << r.err;

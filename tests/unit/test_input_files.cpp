@@ -140,7 +140,7 @@ TEST(TextFile, RunAndEvalRefuseEndlessAndSpecialInputs) {
 
 // A FIFO nobody writes to: the text readers wait like `cat` (so `-f <(cmd)` works), and Ctrl-C
 // ends the wait at once: exit 130 whenever the SIGINT comes (`timeout -s INT` sends it after
-// 2 s; the outer timeout only turns a regression into a failure instead of a hang).
+// 0.5 s; the outer timeout only turns a regression into a failure instead of a hang).
 TEST(TextFile, CtrlCEndsAWaitForAFifoWriter) {
     setenv("GGML_BACKEND_PATH", MOESTREAM_TEST_BACKEND, 0);
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
@@ -148,7 +148,7 @@ TEST(TextFile, CtrlCEndsAWaitForAFifoWriter) {
     ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
     for (const char * cmd : {"run", "eval"}) {
         SCOPED_TRACE(cmd);
-        CmdResult r = run_cmd("timeout -k 5 60 timeout -s INT --preserve-status 2 " +
+        CmdResult r = run_cmd("timeout -k 5 60 timeout -s INT --preserve-status 0.5 " +
                               sh_quote(cli_bin()) + " " + cmd + " -m " + sh_quote(model) +
                               " -f " + sh_quote(fifo));
         EXPECT_EQ(r.exit_code, 130) << r.err;
