@@ -52,6 +52,18 @@ struct EnvDefaults {
                                          << "], moestream [" << ::testing::PrintToString(b) << "]";
 }
 
+std::vector<int32_t> session_file_tokens(const std::string & path) {
+    // llama_state_save_file: u32 magic 'ggsn', u32 version, u32 n, n x i32 ids, the state.
+    const std::string b = slurp(path);
+    uint32_t head[3];
+    if (b.size() < sizeof head) return {};
+    std::memcpy(head, b.data(), sizeof head);
+    if (head[0] != 0x6767736Eu || b.size() < sizeof head + 4 * uint64_t(head[2])) return {};
+    std::vector<int32_t> ids(head[2]);
+    std::memcpy(ids.data(), b.data() + sizeof head, 4 * ids.size());
+    return ids;
+}
+
 std::string sh_quote(const std::string & s) {
     std::string r = "'";
     for (char c : s) {

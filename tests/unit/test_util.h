@@ -58,6 +58,12 @@ std::string gguf_mutate_cmd();
 std::string synth_model(const std::string & preset, const std::string & arch,
                         const std::string & type, int seed = 1, int alignment = 32);
 
+// The token ids in a llama.cpp session file (`llama-completion --prompt-cache FILE
+// --prompt-cache-all` writes the prompt's ids and every generated one just before it exits):
+// a channel that does not depend on the tool's stdout, whose end its asynchronous logger can
+// lose on a loaded machine (docs/reliability.md). Empty when FILE is not a session file.
+std::vector<int32_t> session_file_tokens(const std::string & path);
+
 // Compares llama-completion's printed generation with moestream's (see test_util.cpp).
 ::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out);
 
