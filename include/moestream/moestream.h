@@ -110,6 +110,12 @@ struct RunOptions {
     // (n_expert per MoE layer; docs/route-trace.md), so `replay --substitute-experts` can
     // decide substitutions. Needs route_trace.
     bool route_trace_scores = false;
+    // --prompt-cache DIR (docs/prompt-cache.md; lossless): after a prefill, the KV of the
+    // prompt (and of its longest prefix that is a multiple of n_batch) is written to DIR; a
+    // later generation whose prompt starts with a stored prefix restores it and prefills only
+    // the rest, byte-identical to a cold run. "" = off. DIR is made (one level) if missing.
+    std::string prompt_cache;
+    int64_t prompt_cache_mb = 4096;  // --prompt-cache-mb: DIR's files at most, MiB (LRU)
 };
 
 // Per generated token (one llama_decode of one token).
@@ -239,6 +245,14 @@ struct RunStats {
     double fallback_convert_s = 0;       // time converting low-bit slices into the bank type
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
     int n_prompt_reused = 0;          // prompt tokens whose KV came from the previous generation
+    // --prompt-cache (docs/prompt-cache.md): prompt tokens whose KV was restored from a file,
+    // the file's bytes, the time reading, checking and restoring it, why a found file was
+    // ignored ("" = none), and the bytes written for this prompt (files written at the end).
+    int prompt_cache_tokens = 0;
+    uint64_t prompt_cache_read_bytes = 0;
+    double prompt_cache_restore_s = 0;
+    std::string prompt_cache_refused;
+    uint64_t prompt_cache_written_bytes = 0;
     std::vector<TokenStats> tokens;   // decode steps, in order
 };
 

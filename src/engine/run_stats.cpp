@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "hash.h"
 #include "moestream/sysinfo.h"
 #include "policy_drop_cold.h"
 #include "miss_fallback.h"
@@ -17,15 +18,6 @@
 
 namespace moestream {
 namespace {
-
-uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
-    const uint8_t * p = static_cast<const uint8_t *>(data);
-    for (size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 std::string hex64(uint64_t v) {
     char b[17];
@@ -133,7 +125,7 @@ void RunStatsAssembly::decode_step(const TokenStats & t) {
 }
 
 void RunStatsAssembly::hash_logits(const float * logits, int n_vocab) {
-    logit_hash_ = fnv1a(logit_hash_, logits, sizeof(float) * size_t(n_vocab));
+    logit_hash_ = fnv1a64(logit_hash_, logits, sizeof(float) * size_t(n_vocab));
 }
 
 void RunStatsAssembly::finish() {

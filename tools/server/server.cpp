@@ -1044,6 +1044,9 @@ private:
         const DecodeFigures f = decode_figures(s);
         json st{{"n_prompt", s.n_prompt},
                 {"n_prompt_reused", s.n_prompt_reused},
+                {"prompt_cache_tokens", s.prompt_cache_tokens},
+                {"prompt_cache_read_bytes", s.prompt_cache_read_bytes},
+                {"prompt_cache_restore_s", s.prompt_cache_restore_s},
                 {"n_generated", s.n_generated},
                 {"prefill_s", s.prefill_s},
                 {"prefill_tok_s", s.prefill_tok_s},
