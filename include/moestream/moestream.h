@@ -436,6 +436,18 @@ public:
     // also while a generation runs (the server's /health reports it).
     virtual Status model_file_status() const = 0;
 
+    // --- The context's KV as a file (serve's /slots/{id}?action=save|restore) ---
+    // Writes the KV the context holds (the last generation's prompt and generated tokens) to
+    // `path` atomically, in the prompt cache's checked format (docs/prompt-cache.md);
+    // *n_tokens: the tokens it holds, *bytes: the file's size. kRuntime when it cannot.
+    virtual Status save_kv(const std::string & path, int * n_tokens, uint64_t * bytes) = 0;
+    // Restores a file save_kv wrote, checked like a prompt cache file (checksum, model files,
+    // the settings that change the KV, lossiness): kBadInput naming the file and why, the
+    // context then empty. A following generate with reuse_prefix continues from it.
+    virtual Status restore_kv(const std::string & path, int * n_tokens, uint64_t * bytes) = 0;
+    // Empties the context's KV; returns the tokens it held.
+    virtual int erase_kv() = 0;
+
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.
     virtual bool lossy() const = 0;

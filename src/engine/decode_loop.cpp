@@ -298,6 +298,35 @@ Status EngineImpl::generate(const GenerateRequest & req,
     return Status::Ok();
 }
 
+Status EngineImpl::save_kv(const std::string & path, int * n_tokens, uint64_t * bytes) {
+    Status st = save_state_file(ctx_.get(), prompt_cache_key(), kv_tokens_, path, bytes);
+    if (st.ok() && n_tokens) *n_tokens = int(kv_tokens_.size());
+    return st;
+}
+
+Status EngineImpl::restore_kv(const std::string & path, int * n_tokens, uint64_t * bytes) {
+    std::vector<llama_token> toks;
+    kv_tokens_.clear();
+    Status st = load_state_file(ctx_.get(), prompt_cache_key(), path, &toks, bytes);
+    if (!st.ok() || int(toks.size()) >= opt_.n_ctx) {
+        llama_memory_clear(llama_get_memory(ctx_.get()), true);
+        return st.ok() ? Status::BadInput(path + ": KV not restored: it holds more tokens than "
+                                                 "the context")
+                       : st;
+    }
+    kv_tokens_ = std::move(toks);
+    kv_lossy_ = lossy();
+    if (n_tokens) *n_tokens = int(kv_tokens_.size());
+    return Status::Ok();
+}
+
+int EngineImpl::erase_kv() {
+    const int n = int(kv_tokens_.size());
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    kv_tokens_.clear();
+    return n;
+}
+
 Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,
                          const std::function<Status(size_t, const float *)> & on_logits) {
     if (tokens.size() < 2) return Status::BadInput("scoring needs at least two tokens");

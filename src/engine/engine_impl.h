@@ -68,6 +68,10 @@ public:
     Status score(const std::vector<int32_t> & tokens, uint32_t window,
                  const std::function<Status(size_t, const float *)> & on_logits) override;
 
+    Status save_kv(const std::string & path, int * n_tokens, uint64_t * bytes) override;
+    Status restore_kv(const std::string & path, int * n_tokens, uint64_t * bytes) override;
+    int erase_kv() override;
+
     // engine.cpp
     Status set_drop_cold(double frac) override;
     DropColdBlock drop_cold_block() const override { return drop_cold_block_; }

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 
@@ -158,6 +159,125 @@ size_t PromptCache::lookup(const PromptCacheKey & key, const std::vector<int32_t
     return 0;
 }
 
+namespace {
+
+// Where the parts of a checked file are.
+struct Parsed {
+    bool lossy = false;
+    size_t tokens_at = 0, n_tokens = 0, logits_at = 0, n_logits = 0, state_at = 0, state = 0;
+};
+
+// Checks a whole file's format, checksum, model identity, lossiness and settings against key;
+// false with *why otherwise.
+bool parse(const std::vector<uint8_t> & b, const PromptCacheKey & key, Parsed * p,
+           std::string * why) {
+    auto no = [&](const std::string & w) {
+        *why = w;
+        return false;
+    };
+    if (b.size() < kHeader + kTrailer) return no("truncated (" + std::to_string(b.size()) + " bytes)");
+    if (std::memcmp(b.data(), kMagic, sizeof kMagic) != 0)
+        return no("not a moestream prompt cache file of this format");
+    if (get<uint64_t>(b, 8) != b.size())
+        return no("truncated or extended (" + std::to_string(b.size()) + " bytes, header says " +
+                  std::to_string(get<uint64_t>(b, 8)) + ")");
+    const uint64_t sum = fnv1a64(kFnv1a64Basis, b.data(), b.size() - kTrailer);
+    if (get<uint64_t>(b, b.size() - kTrailer) != sum) return no("checksum mismatch (corrupt)");
+    p->lossy = get<uint32_t>(b, 16) != 0;
+    const uint64_t nt = get<uint32_t>(b, 20), ml = get<uint32_t>(b, 24), sl = get<uint32_t>(b, 28);
+    const uint64_t state = get<uint64_t>(b, 32), nl = get<uint64_t>(b, 40);
+    if (nl > b.size() || state > b.size() ||
+        kHeader + ml + sl + nt * 4 + nl * 4 + state + kTrailer != b.size())
+        return no("inconsistent lengths in the header");
+    const char * m = reinterpret_cast<const char *>(b.data() + kHeader);
+    if (std::string(m, ml) != key.model)
+        return no("written for another model file (or the file changed since)");
+    if (p->lossy && !key.lossy) return no("lossy KV is never restored into a lossless run");
+    if (std::string(m + ml, sl) != key.settings)
+        return no("written with other settings (" + std::string(m + ml, sl) + ")");
+    if (p->lossy != key.lossy) return no("written by a lossless run, this run is lossy");
+    p->tokens_at = kHeader + ml + sl;
+    p->n_tokens = nt;
+    p->logits_at = p->tokens_at + nt * 4;
+    p->n_logits = nl;
+    p->state_at = p->logits_at + nl * 4;
+    p->state = state;
+    return true;
+}
+
+// Hands a parsed file's state to llama.cpp; false with *why when it refuses it.
+bool set_state(llama_context * ctx, const std::vector<uint8_t> & b, const Parsed & p,
+               std::string * why) {
+    llama_errors_begin();
+    const size_t used = llama_state_set_data(ctx, b.data() + p.state_at, p.state);
+    const std::string lwhy = llama_errors_end();
+    if (used == p.state) return true;
+    *why = "llama.cpp refused the state" + (lwhy.empty() ? "" : ": " + lwhy);
+    return false;
+}
+
+// The whole file of tokens[0, n) (and n_logits logits) with ctx's state; false with *why.
+bool serialize(llama_context * ctx, const PromptCacheKey & key, const int32_t * tokens, size_t n,
+               const float * logits, size_t n_logits, uint64_t max_bytes,
+               std::vector<uint8_t> * out, std::string * why) {
+    const size_t state = llama_state_get_size(ctx);
+    const uint64_t size = kHeader + key.model.size() + key.settings.size() + n * 4 +
+                          n_logits * 4 + state + kTrailer;
+    if (state == 0) {
+        *why = "llama.cpp gives no state";
+        return false;
+    }
+    if (size > max_bytes) {
+        *why = "the state (" + std::to_string(size) + " bytes) exceeds the budget";
+        return false;
+    }
+    out->assign(size, 0);
+    std::vector<uint8_t> & b = *out;
+    std::memcpy(b.data(), kMagic, sizeof kMagic);
+    put<uint64_t>(&b, 8, size);
+    put<uint32_t>(&b, 16, key.lossy ? 1 : 0);
+    put<uint32_t>(&b, 20, uint32_t(n));
+    put<uint32_t>(&b, 24, uint32_t(key.model.size()));
+    put<uint32_t>(&b, 28, uint32_t(key.settings.size()));
+    put<uint64_t>(&b, 32, uint64_t(state));
+    put<uint64_t>(&b, 40, uint64_t(n_logits));
+    size_t at = kHeader;
+    std::memcpy(b.data() + at, key.model.data(), key.model.size());
+    at += key.model.size();
+    std::memcpy(b.data() + at, key.settings.data(), key.settings.size());
+    at += key.settings.size();
+    if (n) std::memcpy(b.data() + at, tokens, n * 4);
+    at += n * 4;
+    if (n_logits) std::memcpy(b.data() + at, logits, n_logits * 4);
+    at += n_logits * 4;
+    if (llama_state_get_data(ctx, b.data() + at, state) != state) {
+        *why = "llama.cpp wrote less state than it announced";
+        out->clear();
+        return false;
+    }
+    put<uint64_t>(&b, size - kTrailer, fnv1a64(kFnv1a64Basis, b.data(), size - kTrailer));
+    return true;
+}
+
+Status write_atomic(const std::string & path, const std::vector<uint8_t> & bytes,
+                    const std::string & what) {
+    AtomicFile af;
+    Status st = af.create(path, what);
+    if (!st.ok()) return st;
+    size_t done = 0;
+    while (done < bytes.size()) {
+        const ssize_t w = ::write(af.fd(), bytes.data() + done, bytes.size() - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0)
+            return Status::Runtime(path + ": not written: " +
+                                   std::strerror(w < 0 ? errno : ENOSPC));
+        done += size_t(w);
+    }
+    return af.commit();
+}
+
+}  // namespace
+
 bool PromptCache::restore(llama_context * ctx, const PromptCacheKey & key,
                           const std::vector<int32_t> & tokens, size_t n, int n_vocab,
                           PromptCacheRestore * out) {
@@ -168,46 +288,24 @@ bool PromptCache::restore(llama_context * ctx, const PromptCacheKey & key,
     std::string why;
     auto refuse = [&](const std::string & w) {
         out->refused = path + ": prompt cache file ignored and removed: " + w;
+        out->logits.clear();
         MS_LOG_WARN("%s", out->refused.c_str());
         ::unlink(path.c_str());  // the cold prefill that follows writes it afresh
         return false;
     };
     if (!read_whole(path, budget_, &b, &why)) return refuse(why);
     out->bytes = b.size();
-    if (b.size() < kHeader + kTrailer) return refuse("truncated (" + std::to_string(b.size()) + " bytes)");
-    if (std::memcmp(b.data(), kMagic, sizeof kMagic) != 0)
-        return refuse("not a moestream prompt cache file of this format");
-    if (get<uint64_t>(b, 8) != b.size())
-        return refuse("truncated or extended (" + std::to_string(b.size()) + " bytes, header says " +
-                      std::to_string(get<uint64_t>(b, 8)) + ")");
-    const uint64_t sum = fnv1a64(kFnv1a64Basis, b.data(), b.size() - kTrailer);
-    if (get<uint64_t>(b, b.size() - kTrailer) != sum) return refuse("checksum mismatch (corrupt)");
-    const bool lossy = get<uint32_t>(b, 16) != 0;
-    const uint64_t nt = get<uint32_t>(b, 20), ml = get<uint32_t>(b, 24), sl = get<uint32_t>(b, 28);
-    const uint64_t state = get<uint64_t>(b, 32), nl = get<uint64_t>(b, 40);
-    if (nl > b.size() || kHeader + ml + sl + nt * 4 + nl * 4 + state + kTrailer != b.size())
-        return refuse("inconsistent lengths in the header");
-    const char * m = reinterpret_cast<const char *>(b.data() + kHeader);
-    if (std::string(m, ml) != key.model) return refuse("written for another model file (or the file changed since)");
-    if (lossy && !key.lossy) return refuse("lossy KV is never restored into a lossless run");
-    if (std::string(m + ml, sl) != key.settings)
-        return refuse("written with other settings (" + std::string(m + ml, sl) + ")");
-    if (lossy != key.lossy) return refuse("written by a lossless run, this run is lossy");
-    if (nt != n || std::memcmp(b.data() + kHeader + ml + sl, tokens.data(), n * 4) != 0)
+    Parsed p;
+    if (!parse(b, key, &p, &why)) return refuse(why);
+    if (p.n_tokens != n || std::memcmp(b.data() + p.tokens_at, tokens.data(), n * 4) != 0)
         return refuse("written for another prompt");
-    if (nl != (n == tokens.size() ? uint64_t(n_vocab) : 0))
-        return refuse("holds " + std::to_string(nl) + " logits, expected " +
-                      std::to_string(n == tokens.size() ? n_vocab : 0));
-    out->logits.resize(nl);
-    std::memcpy(out->logits.data(), b.data() + kHeader + ml + sl + nt * 4, nl * 4);
-    const uint8_t * s = b.data() + kHeader + ml + sl + nt * 4 + nl * 4;
-    llama_errors_begin();
-    const size_t used = llama_state_set_data(ctx, s, state);
-    const std::string lwhy = llama_errors_end();
-    if (used != state) {
-        out->logits.clear();
-        return refuse("llama.cpp refused the state" + (lwhy.empty() ? "" : ": " + lwhy));
-    }
+    const size_t want = n == tokens.size() ? size_t(n_vocab) : 0;
+    if (p.n_logits != want)
+        return refuse("holds " + std::to_string(p.n_logits) + " logits, expected " +
+                      std::to_string(want));
+    out->logits.resize(p.n_logits);
+    if (p.n_logits) std::memcpy(out->logits.data(), b.data() + p.logits_at, p.n_logits * 4);
+    if (!set_state(ctx, b, p, &why)) return refuse(why);
     ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // most recently used
     out->n_tokens = int(n);
     out->seconds = now_s() - t0;
@@ -222,63 +320,17 @@ PromptCache::File PromptCache::capture(llama_context * ctx, const PromptCacheKey
     std::string w;
     const std::string path = file_path(key, tokens.data(), n);
     struct stat st;
-    const size_t state = llama_state_get_size(ctx);
-    const uint64_t size = kHeader + key.model.size() + key.settings.size() + n * 4 +
-                          n_logits * 4 + state + kTrailer;
     if (::stat(path.c_str(), &st) == 0)
         w = "a file for this prefix exists";
-    else if (state == 0)
-        w = "llama.cpp gives no state";
-    else if (size > budget_)
-        w = "the state (" + std::to_string(size) + " bytes) exceeds --prompt-cache-mb";
-    if (!w.empty()) {
-        if (why) *why = w;
-        return f;
-    }
-    f.bytes.assign(size, 0);
-    std::vector<uint8_t> & b = f.bytes;
-    std::memcpy(b.data(), kMagic, sizeof kMagic);
-    put<uint64_t>(&b, 8, size);
-    put<uint32_t>(&b, 16, key.lossy ? 1 : 0);
-    put<uint32_t>(&b, 20, uint32_t(n));
-    put<uint32_t>(&b, 24, uint32_t(key.model.size()));
-    put<uint32_t>(&b, 28, uint32_t(key.settings.size()));
-    put<uint64_t>(&b, 32, uint64_t(state));
-    put<uint64_t>(&b, 40, uint64_t(n_logits));
-    size_t at = kHeader;
-    std::memcpy(b.data() + at, key.model.data(), key.model.size());
-    at += key.model.size();
-    std::memcpy(b.data() + at, key.settings.data(), key.settings.size());
-    at += key.settings.size();
-    std::memcpy(b.data() + at, tokens.data(), n * 4);
-    at += n * 4;
-    if (n_logits) std::memcpy(b.data() + at, logits, n_logits * 4);
-    at += n_logits * 4;
-    if (llama_state_get_data(ctx, b.data() + at, state) != state) {
-        if (why) *why = "llama.cpp wrote less state than it announced";
-        f.bytes.clear();
-        return f;
-    }
-    put<uint64_t>(&b, size - kTrailer, fnv1a64(kFnv1a64Basis, b.data(), size - kTrailer));
-    f.path = path;
+    else if (serialize(ctx, key, tokens.data(), n, logits, n_logits, budget_, &f.bytes, &w))
+        f.path = path;
+    if (why) *why = w;
     return f;
 }
 
 Status PromptCache::write(const File & file, uint64_t * evicted) {
     if (evicted) *evicted = 0;
-    AtomicFile af;
-    Status st = af.create(file.path, "--prompt-cache");
-    if (!st.ok()) return st;
-    size_t done = 0;
-    while (done < file.bytes.size()) {
-        const ssize_t w = ::write(af.fd(), file.bytes.data() + done, file.bytes.size() - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0)
-            return Status::Runtime(file.path + ": prompt cache file not written: " +
-                                   std::strerror(w < 0 ? errno : ENOSPC));
-        done += size_t(w);
-    }
-    st = af.commit();
+    Status st = write_atomic(file.path, file.bytes, "--prompt-cache");
     if (!st.ok()) return st;
 
     // Least recently used first, until the rest fits the budget.
@@ -312,6 +364,32 @@ Status PromptCache::write(const File & file, uint64_t * evicted) {
             if (evicted) ++*evicted;
         }
     }
+    return Status::Ok();
+}
+
+Status save_state_file(llama_context * ctx, const PromptCacheKey & key,
+                       const std::vector<int32_t> & tokens, const std::string & path,
+                       uint64_t * bytes) {
+    std::vector<uint8_t> b;
+    std::string why;
+    if (!serialize(ctx, key, tokens.data(), tokens.size(), nullptr, 0, UINT64_MAX, &b, &why))
+        return Status::Runtime(path + ": KV not saved: " + why);
+    Status st = write_atomic(path, b, "the slot file");
+    if (st.ok() && bytes) *bytes = b.size();
+    return st;
+}
+
+Status load_state_file(llama_context * ctx, const PromptCacheKey & key, const std::string & path,
+                       std::vector<int32_t> * tokens, uint64_t * bytes) {
+    std::vector<uint8_t> b;
+    std::string why;
+    Parsed p;
+    if (!read_whole(path, UINT64_MAX, &b, &why) || !parse(b, key, &p, &why))
+        return Status::BadInput(path + ": KV not restored: " + why);
+    if (!set_state(ctx, b, p, &why)) return Status::BadInput(path + ": KV not restored: " + why);
+    tokens->resize(p.n_tokens);
+    if (p.n_tokens) std::memcpy(tokens->data(), b.data() + p.tokens_at, p.n_tokens * 4);
+    if (bytes) *bytes = b.size();
     return Status::Ok();
 }
 

@@ -101,4 +101,14 @@ private:
     uint64_t budget_ = 0;
 };
 
+// A file at a path the caller chose (serve's /slots/{id}?action=save|restore), in the same
+// checked format: the context's whole KV for `tokens` (what it holds), written atomically.
+// load_state_file checks it like a cache file (checksum, model, settings, lossiness; kBadInput
+// naming the file and why) and hands back the tokens it holds.
+Status save_state_file(llama_context * ctx, const PromptCacheKey & key,
+                       const std::vector<int32_t> & tokens, const std::string & path,
+                       uint64_t * bytes);
+Status load_state_file(llama_context * ctx, const PromptCacheKey & key, const std::string & path,
+                       std::vector<int32_t> * tokens, uint64_t * bytes);
+
 }  // namespace moestream

@@ -14,6 +14,8 @@
 #include <memory>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "moestream/moestream.h"
 #include "prompt_cache.h"
 #include "test_util.h"
@@ -218,6 +220,25 @@ TEST_F(PromptCacheRefusal, FileOfAnotherModelIsRefused) {
 TEST_F(PromptCacheRefusal, LossyFileIsNeverRestoredIntoLosslessRun) {
     ASSERT_FALSE(lossy_.empty());
     expect_refused(run_with_file(lossy_), "lossy KV is never restored");
+}
+
+// --- The command line ---
+
+TEST(PromptCacheCli, SecondRunRestoresTheWholePromptWithTheSameOutput) {
+    TempDir dir("pcache-cli");
+    const std::string flags = "--prompt-cache " + sh_quote(dir.path("kv"));
+    const StatsRun a = run_with_stats(gate_model("demo"), kPrompt, 8, flags);
+    const StatsRun b = run_with_stats(gate_model("demo"), kPrompt, 8, flags);
+    ASSERT_EQ(a.rc, 0) << a.err;
+    ASSERT_EQ(b.rc, 0) << b.err;
+    const auto ja = nlohmann::json::parse(a.stats), jb = nlohmann::json::parse(b.stats);
+    EXPECT_EQ(ja["prompt_cache_tokens"], 0);
+    EXPECT_GT(ja["prompt_cache_written_bytes"].get<uint64_t>(), 0u);
+    EXPECT_EQ(jb["prompt_cache_tokens"], jb["n_prompt"]);
+    EXPECT_EQ(jb["tokens"], ja["tokens"]);
+    EXPECT_EQ(jb["logits_sha"], ja["logits_sha"]);
+    EXPECT_NE(b.err.find("prompt cache: " + jb["n_prompt"].dump() + " of"), std::string::npos)
+        << b.err;
 }
 
 // --- The directory's bound ---

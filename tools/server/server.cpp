@@ -129,6 +129,9 @@ struct Job {
     std::vector<TokenLogprob> unsent_logprobs;  // streamed: not yet written
     size_t logprobs_offset = 0;  // streamed completions: text_offset of the next token
     json moestream;  // settings, lossy, per-request stats
+    // A slot action (POST /slots/{id}) instead of a generation: run on the worker, which
+    // owns the engine; it fills `moestream` with the response.
+    std::function<Status(json *)> action;
     int n_prompt = 0, n_generated = 0;
 };
 
@@ -453,6 +456,10 @@ private:
             http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
                 generate_route(req, res, false);
             });
+        http_.Post(R"(/slots/(\d+))", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            slots_route(req, res);
+        });
         http_.Post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
             if (!authorized(req, res) || !json_body(req, res)) return;
             tokenize_route(req, res);
@@ -543,6 +550,75 @@ private:
                                         http_status(job->status) == 400 ? "invalid_request_error"
                                                                         : "server_error"));
         send_json(res, 200, final_json(*job));
+    }
+
+    // POST /slots/{id}?action=save|restore|erase, llama-server's slot files: the KV the
+    // context holds, to and from --slot-save-path DIR/filename (one slot: id 0).
+    void slots_route(const httplib::Request & req, httplib::Response & res) {
+        if (cfg_.slot_save_path.empty())
+            return send_error(res, api_error(501,
+                                             "This server does not support slots action. Start "
+                                             "it with `--slot-save-path`",
+                                             "not_supported_error"));
+        const std::string id_text = req.matches.size() > 1 ? req.matches[1].str() : "";
+        if (id_text != "0")
+            return send_error(res, api_error(400, "Invalid slot ID: " + id_text +
+                                                      " (this server has one slot: 0)",
+                                             "invalid_request_error"));
+        const std::string action = req.get_param_value("action");
+        if (action != "save" && action != "restore" && action != "erase")
+            return send_error(res, api_error_param(400, "Invalid action '" + action +
+                                                            "' (save, restore or erase)",
+                                                   "action"));
+        std::string filename;
+        if (action != "erase") {
+            if (!json_body(req, res)) return;
+            const json body = json::parse(req.body, nullptr, false);
+            if (!body.is_object() || !body.contains("filename") || !body["filename"].is_string())
+                return send_error(res, api_error_param(400, "filename (a string) is required",
+                                                       "filename"));
+            filename = body["filename"].get<std::string>();
+            // A plain name inside the directory: no separators, no . or .., no NUL.
+            if (filename.empty() || filename.size() > 255 || filename == "." ||
+                filename == ".." || filename.find('/') != std::string::npos ||
+                filename.find('\0') != std::string::npos)
+                return send_error(res, api_error_param(400, "Invalid filename", "filename"));
+        }
+        const std::string path = cfg_.slot_save_path + "/" + filename;
+        auto job = std::make_shared<Job>();
+        job->action = [this, action, filename, path](json * out) {
+            const double t0 = now_s();
+            int n = 0;
+            uint64_t bytes = 0;
+            Status st;
+            if (action == "save") {
+                st = engine_->save_kv(path, &n, &bytes);
+                if (st.ok())
+                    *out = json{{"id_slot", 0},  {"filename", filename}, {"n_saved", n},
+                                {"n_written", bytes}, {"timings", {{"save_ms", (now_s() - t0) * 1e3}}}};
+            } else if (action == "restore") {
+                st = engine_->restore_kv(path, &n, &bytes);
+                if (st.ok())
+                    *out = json{{"id_slot", 0},  {"filename", filename}, {"n_restored", n},
+                                {"n_read", bytes}, {"timings", {{"restore_ms", (now_s() - t0) * 1e3}}}};
+            } else {
+                n = engine_->erase_kv();
+                *out = json{{"id_slot", 0}, {"n_erased", n}};
+            }
+            return st;
+        };
+        if (!enqueue(job)) {
+            res.set_header("Retry-After", std::to_string(retry_after_s()));
+            return send_error(res, api_error(503, "the server is busy; retry later", "server_busy"));
+        }
+        std::unique_lock<std::mutex> lk(job->m);
+        job->cv.wait(lk, [&] { return job->done; });
+        if (!job->status.ok())
+            return send_error(res, api_error(http_status(job->status), job->status.message(),
+                                             http_status(job->status) == 400
+                                                 ? "invalid_request_error"
+                                                 : "server_error"));
+        send_json(res, 200, job->moestream);
     }
 
     // The client went away: cancel its job; a waiting one leaves the queue at once (and is
@@ -834,6 +910,7 @@ private:
             }
             return finish(job, Status::Runtime("cancelled"));
         }
+        if (job.action) return finish(job, job.action(&job.moestream));
         Status st = cfg_.run.stream ? engine_->set_drop_cold(p.drop_cold) : Status::Ok();
         if (!st.ok()) {
             {
