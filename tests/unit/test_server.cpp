@@ -1256,7 +1256,7 @@ namespace {
 TEST(Server, PromptCacheRestoresAPromptAcrossRestarts) {
     TempDir dir("serve-pcache");
     const json req{{"prompt", "Once upon a time in a quiet town by the sea"}, {"max_tokens", 6}};
-    json first, second;
+    json first, second, second_stats;
     for (json * out : {&first, &second}) {
         ServerProc s({"--lossless", "--prompt-cache", dir.path("kv")});
         ASSERT_GT(s.port(), 0) << s.log();
@@ -1265,6 +1265,9 @@ TEST(Server, PromptCacheRestoresAPromptAcrossRestarts) {
         ASSERT_EQ(r->status, 200) << r->body;
         *out = body_json(r);
         if (out == &second) {
+            auto st = s.client().Get("/stats");
+            ASSERT_TRUE(st);
+            second_stats = body_json(st);
             auto slot = post(s, "/slots/0?action=save", json{{"filename", "a.bin"}});
             ASSERT_TRUE(slot);
             EXPECT_EQ(slot->status, 501) << slot->body;
@@ -1274,6 +1277,8 @@ TEST(Server, PromptCacheRestoresAPromptAcrossRestarts) {
     EXPECT_EQ(second["moestream"]["stats"]["prompt_cache_tokens"],
               second["moestream"]["stats"]["n_prompt"]);
     EXPECT_EQ(second["choices"][0]["text"], first["choices"][0]["text"]);
+    EXPECT_EQ(second_stats["prompt_cache"]["tokens_restored"],
+              second["moestream"]["stats"]["n_prompt"]);
 }
 
 // --slot-save-path: save, erase, restore (the next request reuses the restored KV); a bad

@@ -153,6 +153,7 @@ struct Snapshot {
     json engine_settings;
     json cache;  // the expert cache's counters since start, as of the last finished request
     json read_latency;  // the last finished request's expert read times (null: not streaming)
+    json prompt_cache;  // the last finished request's --prompt-cache restore (null: off)
 };
 
 // /stats "cache": the expert cache's counters over the engine's life (docs/server.md); null
@@ -1048,6 +1049,12 @@ private:
         snap_.cache_budget_mib = mib(double(s.cache_budget_bytes));
         snap_.cache_hit_pct_total = s.cache_hit_pct;
         snap_.cache = cache_counters_json(s);
+        if (!cfg_.run.prompt_cache.empty())
+            snap_.prompt_cache = json{{"tokens_restored", s.prompt_cache_tokens},
+                                      {"read_mib", mib(double(s.prompt_cache_read_bytes))},
+                                      {"restore_s", s.prompt_cache_restore_s},
+                                      {"written_mib", mib(double(s.prompt_cache_written_bytes))},
+                                      {"refused", s.prompt_cache_refused}};
         snap_.read_latency = s.reads_timed == 0 ? json(nullptr)
                                                 : json{{"reads", s.reads_timed},
                                                        {"p50_ms", s.read_p50_s * 1e3},
@@ -1319,6 +1326,7 @@ private:
                     {"cache", s.cache},
                     {"read_latency", s.read_latency},
                     {"rss_mib", mib(double(current_rss_bytes()))},
+                    {"prompt_cache", s.prompt_cache},
                     {"peak_rss_mib", mib(double(peak_rss_bytes()))},
                     {"queue_waiting", waiting},
                     {"queue_max", cfg_.queue_max},
