@@ -192,6 +192,7 @@ struct RunStats {
     int64_t cache_budget_bytes = 0;   // 0 = cache off
     std::string cache_budget_reason;  // why this budget (auto, explicit, ...)
     double cache_hit_pct = 0;         // hits / lookups
+    double first16_hit_pct = 0;       // hits / lookups over the first 16 decode steps (0: none)
     uint64_t cache_lookups = 0, cache_hits = 0, cache_misses = 0;
     uint64_t evictions = 0;
     uint64_t rereads = 0;                 // reads of experts that had been resident before

@@ -105,6 +105,13 @@ Status EngineImpl::init(const RunOptions & opt) {
 
     st = load_model_index(opt.model_path, &index_);
     if (!st.ok()) return st;
+    if (!opt_.prompt_cache.empty()) {  // before the load: a bad directory is said at once
+        if (opt_.prompt_cache_mb <= 0 || opt_.prompt_cache_mb > (int64_t(1) << 40))
+            return Status::Usage("RunOptions::prompt_cache_mb must be in 1..2^40 MiB");
+        st = PromptCache::open(opt_.prompt_cache, uint64_t(opt_.prompt_cache_mb) << 20,
+                               &prompt_cache_);
+        if (!st.ok()) return st;
+    }
     st = read_env_knobs(&knobs_);
     if (!st.ok()) return st;
     st = init_backend(knobs_);
@@ -213,14 +220,6 @@ Status EngineImpl::init(const RunOptions & opt) {
 
     if (opt.stream) {
         st = make_store();
-        if (!st.ok()) return st;
-    }
-
-    if (!opt_.prompt_cache.empty()) {
-        if (opt_.prompt_cache_mb <= 0 || opt_.prompt_cache_mb > (int64_t(1) << 40))
-            return Status::Usage("RunOptions::prompt_cache_mb must be in 1..2^40 MiB");
-        st = PromptCache::open(opt_.prompt_cache, uint64_t(opt_.prompt_cache_mb) << 20,
-                               &prompt_cache_);
         if (!st.ok()) return st;
     }
 

@@ -153,6 +153,14 @@ void RunStatsAssembly::finish() {
     s.peak_rss_bytes = peak_rss_bytes();
     s.anon_huge_bytes = anon_huge_bytes();
     s.logits_sha = hex64(logit_hash_);
+    {   // the first decode tokens: how warm the cache was when decode began
+        uint64_t hits = 0, lookups = 0;
+        for (size_t i = 0; i < std::min<size_t>(s.tokens.size(), 16); ++i) {
+            hits += s.tokens[i].cache_hits;
+            lookups += s.tokens[i].cache_hits + s.tokens[i].cache_misses;
+        }
+        s.first16_hit_pct = lookups ? 100.0 * double(hits) / double(lookups) : 0;
+    }
     s.prefetch = src_.prefetch_on;
     if (src_.streamer && src_.store) {  // the cache, over the whole run so far
         const StepCounters & tot = src_.streamer->total();

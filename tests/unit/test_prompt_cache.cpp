@@ -239,6 +239,23 @@ TEST(PromptCacheCli, SecondRunRestoresTheWholePromptWithTheSameOutput) {
     EXPECT_EQ(jb["logits_sha"], ja["logits_sha"]);
     EXPECT_NE(b.err.find("prompt cache: " + jb["n_prompt"].dump() + " of"), std::string::npos)
         << b.err;
+    // No prefill warmed the expert cache of the restored run: its first decode tokens hit less.
+    EXPECT_LT(jb["first16_hit_pct"].get<double>(), ja["first16_hit_pct"].get<double>());
+}
+
+TEST(PromptCacheCli, BadDirectoryOrLoneBudgetIsOneClearError) {
+    TempDir dir("pcache-bad");
+    ASSERT_TRUE(write_bytes(dir.path("file"), "x"));
+    const std::string run = sh_quote(cli_bin()) + " run -m " + sh_quote(gate_model("demo")) +
+                            " -p hi -n 1 ";
+    const CmdResult file = run_cmd(run + "--prompt-cache " + sh_quote(dir.path("file")));
+    EXPECT_EQ(file.exit_code, 3) << file.err;
+    EXPECT_NE(file.err.find("not a directory"), std::string::npos) << file.err;
+    const CmdResult lone = run_cmd(run + "--prompt-cache-mb 10");
+    EXPECT_EQ(lone.exit_code, 64) << lone.err;
+    EXPECT_NE(lone.err.find("--prompt-cache"), std::string::npos) << lone.err;
+    const CmdResult ok = run_cmd(run + "--prompt-cache " + sh_quote(dir.path("made")));
+    EXPECT_EQ(ok.exit_code, 0) << "control: " << ok.err;
 }
 
 // --- The directory's bound ---

@@ -77,6 +77,7 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_budget_bytes"] = s.cache_budget_bytes;
     j["cache_budget_reason"] = s.cache_budget_reason;
     j["cache_hit_pct"] = s.cache_hit_pct;
+    j["first16_hit_pct"] = s.first16_hit_pct;
     j["cache_lookups"] = s.cache_lookups;
     j["cache_hits"] = s.cache_hits;
     j["cache_misses"] = s.cache_misses;

@@ -1136,6 +1136,7 @@ private:
                 {"prefill_tok_s", s.prefill_tok_s},
                 {"decode_tok_s", f.tok_s},
                 {"cache_hit_pct", f.cache_hit_pct},
+                {"first16_hit_pct", s.first16_hit_pct},
                 {"flash_mib_per_token", f.mib_per_token},
                 {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
                 {"experts_dropped", s.experts_dropped},
