@@ -571,9 +571,9 @@ private:
             return send_error(res, api_error_param(400, "Invalid action '" + action +
                                                             "' (save, restore or erase)",
                                                    "action"));
+        if (!json_body(req, res)) return;  // application/json, as every POST (docs/server.md)
         std::string filename;
         if (action != "erase") {
-            if (!json_body(req, res)) return;
             const json body = json::parse(req.body, nullptr, false);
             if (!body.is_object() || !body.contains("filename") || !body["filename"].is_string())
                 return send_error(res, api_error_param(400, "filename (a string) is required",
