@@ -245,7 +245,9 @@ struct RunStats {
     uint64_t fallback_bytes_saved = 0;   // full expert bytes not read, minus the companion's
     double fallback_convert_s = 0;       // time converting low-bit slices into the bank type
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
-    int n_prompt_reused = 0;          // prompt tokens whose KV came from the previous generation
+    // Prompt tokens not prefilled: their KV came from the previous generation, or from a file
+    // of the prompt cache (prompt_cache_tokens of them).
+    int n_prompt_reused = 0;
     // --prompt-cache (docs/prompt-cache.md): prompt tokens whose KV was restored from a file,
     // the file's bytes, the time reading, checking and restoring it, why a found file was
     // ignored ("" = none), and the bytes written for this prompt (files written at the end).
