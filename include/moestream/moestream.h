@@ -110,6 +110,12 @@ struct RunOptions {
     // (n_expert per MoE layer; docs/route-trace.md), so `replay --substitute-experts` can
     // decide substitutions. Needs route_trace.
     bool route_trace_scores = false;
+    // --prompt-cache DIR (docs/prompt-cache.md; lossless): after a prefill, the KV of the
+    // prompt (and of its longest prefix that is a multiple of n_batch) is written to DIR; a
+    // later generation whose prompt starts with a stored prefix restores it and prefills only
+    // the rest, byte-identical to a cold run. "" = off. DIR is made (one level) if missing.
+    std::string prompt_cache;
+    int64_t prompt_cache_mb = 4096;  // --prompt-cache-mb: DIR's files at most, MiB (LRU)
 };
 
 // Per generated token (one llama_decode of one token).
@@ -186,6 +192,7 @@ struct RunStats {
     int64_t cache_budget_bytes = 0;   // 0 = cache off
     std::string cache_budget_reason;  // why this budget (auto, explicit, ...)
     double cache_hit_pct = 0;         // hits / lookups
+    double first16_hit_pct = 0;       // hits / lookups over the first 16 decode steps (0: none)
     uint64_t cache_lookups = 0, cache_hits = 0, cache_misses = 0;
     uint64_t evictions = 0;
     uint64_t rereads = 0;                 // reads of experts that had been resident before
@@ -238,7 +245,17 @@ struct RunStats {
     uint64_t fallback_bytes_saved = 0;   // full expert bytes not read, minus the companion's
     double fallback_convert_s = 0;       // time converting low-bit slices into the bank type
     std::string logits_sha;           // FNV-1a-64 over every step's logits (hex)
-    int n_prompt_reused = 0;          // prompt tokens whose KV came from the previous generation
+    // Prompt tokens not prefilled: their KV came from the previous generation, or from a file
+    // of the prompt cache (prompt_cache_tokens of them).
+    int n_prompt_reused = 0;
+    // --prompt-cache (docs/prompt-cache.md): prompt tokens whose KV was restored from a file,
+    // the file's bytes, the time reading, checking and restoring it, why a found file was
+    // ignored ("" = none), and the bytes written for this prompt (files written at the end).
+    int prompt_cache_tokens = 0;
+    uint64_t prompt_cache_read_bytes = 0;
+    double prompt_cache_restore_s = 0;
+    std::string prompt_cache_refused;
+    uint64_t prompt_cache_written_bytes = 0;
     std::vector<TokenStats> tokens;   // decode steps, in order
 };
 
@@ -421,6 +438,18 @@ public:
     // changed (size, mtime, ctime, or another file at the path). One stat; safe from any thread,
     // also while a generation runs (the server's /health reports it).
     virtual Status model_file_status() const = 0;
+
+    // --- The context's KV as a file (serve's /slots/{id}?action=save|restore) ---
+    // Writes the KV the context holds (the last generation's prompt and generated tokens) to
+    // `path` atomically, in the prompt cache's checked format (docs/prompt-cache.md);
+    // *n_tokens: the tokens it holds, *bytes: the file's size. kRuntime when it cannot.
+    virtual Status save_kv(const std::string & path, int * n_tokens, uint64_t * bytes) = 0;
+    // Restores a file save_kv wrote, checked like a prompt cache file (checksum, model files,
+    // the settings that change the KV, lossiness): kBadInput naming the file and why, the
+    // context then empty. A following generate with reuse_prefix continues from it.
+    virtual Status restore_kv(const std::string & path, int * n_tokens, uint64_t * bytes) = 0;
+    // Empties the context's KV; returns the tokens it held.
+    virtual int erase_kv() = 0;
 
     virtual const RunStats & stats() const = 0;
     // True when an opt-in lossy knob changes the output vs the all-resident model.

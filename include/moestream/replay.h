@@ -109,4 +109,22 @@ private:
     const std::vector<uint32_t> & next_use(uint32_t k);
 };
 
+// Warm-start estimate (`replay --warm-split N`, docs/replay.md): what a warm expert set learned
+// from an earlier run does to the first decode tokens of a later one. The trace is split after
+// its Nth decode token: the first part (the prompt and N decode tokens) counts how often each
+// expert was routed; the second part is replayed twice from an empty cache under `s` (lossless
+// settings only): cold, and with the most routed experts of the first part that fit in 90 % of
+// the budget made resident before it starts (loaded in count order, as a warm start would).
+// The hit rates are over the first `measure` decode tokens of the second part.
+struct WarmEstimate {
+    uint64_t experts_preloaded = 0, bytes_preloaded = 0;
+    uint64_t tokens = 0;                       // decode tokens measured
+    uint64_t lookups = 0;                      // their routed (layer, expert) lookups
+    uint64_t cold_hits = 0, warm_hits = 0;
+    double cold_hit_pct = 0, warm_hit_pct = 0;
+};
+// kUsage: lossy settings, a cache off, or fewer than split + 1 decode tokens in the trace.
+Status estimate_warm_start(const RouteTrace & t, const ReplaySetting & s, uint32_t split,
+                           uint32_t measure, WarmEstimate * out);
+
 }  // namespace moestream

@@ -6,6 +6,7 @@
 
 #include "engine_impl.h"
 #include "logprobs.h"
+#include "moestream/log.h"
 #include "moestream/sysinfo.h"
 #include "stop_strings.h"
 
@@ -146,9 +147,50 @@ Status EngineImpl::generate(const GenerateRequest & req,
         if (p > 0 && llama_memory_seq_rm(mem, 0, llama_pos(p), -1)) reused = int(p);
     }
     if (reused == 0) llama_memory_clear(mem, true);
+    // The prompt cache (prompt_cache.h): a stored prefix longer than what the context holds is
+    // restored. Its KV, like a cold prefill's, is exact: only then is the prompt's KV stored.
+    bool kv_exact = reused == 0;
+    PromptCacheKey pc_key;
+    PromptCacheRestore pc_restore;
+    if (prompt_cache_) {
+        pc_key = prompt_cache_key();
+        const size_t p = prompt_cache_->lookup(pc_key, toks, opt_.n_batch);
+        if (p > size_t(reused)) {
+            if (prompt_cache_->restore(ctx_.get(), pc_key, toks, p, n_vocab(), &pc_restore)) {
+                reused = int(p);
+                kv_exact = true;
+                kv_lossy_ = pc_key.lossy;
+            } else {
+                llama_memory_clear(mem, true);
+                reused = 0;
+                kv_exact = true;
+            }
+        }
+    }
     kv_tokens_.clear();  // refilled as decodes succeed; an error leaves it empty
     kv_lossy_ = (reused > 0 && kv_lossy_) || lossy();
     RunStatsAssembly stats(stats_sources(), &stats_);
+    stats_.prompt_cache_tokens = pc_restore.n_tokens;
+    stats_.prompt_cache_read_bytes = pc_restore.bytes;
+    stats_.prompt_cache_restore_s = pc_restore.seconds;
+    stats_.prompt_cache_refused = pc_restore.refused;
+    // Files of this prompt's KV, written once the generation is done.
+    std::vector<PromptCache::File> pc_files;
+    auto pc_capture = [&](size_t p) {
+        std::string why;
+        // The whole prompt's file carries its last logits: llama.cpp's state does not
+        // restore them.
+        const float * last = p == toks.size() ? llama_get_logits_ith(ctx_.get(), -1) : nullptr;
+        PromptCache::File f = prompt_cache_->capture(ctx_.get(), pc_key, toks, p, last,
+                                                     last ? size_t(n_vocab()) : 0, &why);
+        if (!f.path.empty())
+            pc_files.push_back(std::move(f));
+        else
+            MS_LOG_INFO("prompt cache: %zu-token prefix not stored: %s", p, why.c_str());
+    };
+    const bool pc_store = prompt_cache_ && kv_exact;
+    // The longest prefix below the prompt whose rest a cold run batches alike.
+    const int pc_aligned = ((n - 1) / opt_.n_batch) * opt_.n_batch;
     trace_pos_ = reused;
     {   // the penalties' window reaches back into the prompt
         const size_t tail = std::min<size_t>(toks.size(), size_t(opt_.n_ctx));
@@ -169,6 +211,8 @@ Status EngineImpl::generate(const GenerateRequest & req,
         Status st = decode(llama_batch_get_one(toks.data() + i, m), false, i + m == n);
         stats.prefill_step();
         if (!st.ok()) return st;  // kv_tokens_ is empty: the next generate clears
+        if (pc_store && i + m == pc_aligned) pc_capture(size_t(pc_aligned));
+        if (pc_store && i + m == n) pc_capture(size_t(n));
     }
     s.prefill_s = now_s() - t0;
     s.prefill_tok_s = s.prefill_s > 0 ? (n - reused) / s.prefill_s : 0;
@@ -178,7 +222,10 @@ Status EngineImpl::generate(const GenerateRequest & req,
     // Decode: sample from the last logits, emit, feed back one token at a time.
     for (int i = 0; i < n_predict; ++i) {
         const double t_step = now_s();  // the step: sampling, emitting, the decode
-        const float * logits = llama_get_logits_ith(ctx_.get(), -1);
+        // A whole prompt restored from the prompt cache: its stored last logits.
+        const float * logits = i == 0 && !pc_restore.logits.empty()
+                                   ? pc_restore.logits.data()
+                                   : llama_get_logits_ith(ctx_.get(), -1);
         if (Status fin = check_logits_finite(logits, n_vocab, size_t(i)); !fin.ok()) return fin;
         if (streamer_) {
             // These logits came from reads of the file: a change while they were read (a hole
@@ -188,7 +235,7 @@ Status EngineImpl::generate(const GenerateRequest & req,
         }
         stats.hash_logits(logits, n_vocab);
         llama_token tok = 0;
-        Status sst = sampler.sample(ctx_.get(), -1, &tok);
+        Status sst = sampler.sample(logits, &tok);
         if (!sst.ok()) return sst;
         if (i == n_predict - 1 || llama_vocab_is_eog(vcb, tok))
             result->final_logits.assign(logits, logits + n_vocab);
@@ -243,7 +290,47 @@ Status EngineImpl::generate(const GenerateRequest & req,
     }
     stats.finish();
     if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
+    for (const PromptCache::File & f : pc_files) {
+        uint64_t evicted = 0;
+        Status wst = prompt_cache_->write(f, &evicted);
+        if (!wst.ok()) {
+            MS_LOG_WARN("prompt cache: %s", wst.message().c_str());
+            continue;
+        }
+        s.prompt_cache_written_bytes += f.bytes.size();
+        if (evicted) MS_LOG_INFO("prompt cache: %llu least recently used file(s) removed",
+                                 (unsigned long long)evicted);
+    }
     return Status::Ok();
+}
+
+Status EngineImpl::save_kv(const std::string & path, int * n_tokens, uint64_t * bytes) {
+    Status st = save_state_file(ctx_.get(), prompt_cache_key(), kv_tokens_, path, bytes);
+    if (st.ok() && n_tokens) *n_tokens = int(kv_tokens_.size());
+    return st;
+}
+
+Status EngineImpl::restore_kv(const std::string & path, int * n_tokens, uint64_t * bytes) {
+    std::vector<llama_token> toks;
+    kv_tokens_.clear();
+    Status st = load_state_file(ctx_.get(), prompt_cache_key(), path, &toks, bytes);
+    if (!st.ok() || int(toks.size()) >= opt_.n_ctx) {
+        llama_memory_clear(llama_get_memory(ctx_.get()), true);
+        return st.ok() ? Status::BadInput(path + ": KV not restored: it holds more tokens than "
+                                                 "the context")
+                       : st;
+    }
+    kv_tokens_ = std::move(toks);
+    kv_lossy_ = lossy();
+    if (n_tokens) *n_tokens = int(kv_tokens_.size());
+    return Status::Ok();
+}
+
+int EngineImpl::erase_kv() {
+    const int n = int(kv_tokens_.size());
+    llama_memory_clear(llama_get_memory(ctx_.get()), true);
+    kv_tokens_.clear();
+    return n;
 }
 
 Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,

@@ -105,6 +105,13 @@ Status EngineImpl::init(const RunOptions & opt) {
 
     st = load_model_index(opt.model_path, &index_);
     if (!st.ok()) return st;
+    if (!opt_.prompt_cache.empty()) {  // before the load: a bad directory is said at once
+        if (opt_.prompt_cache_mb <= 0 || opt_.prompt_cache_mb > (int64_t(1) << 40))
+            return Status::Usage("RunOptions::prompt_cache_mb must be in 1..2^40 MiB");
+        st = PromptCache::open(opt_.prompt_cache, uint64_t(opt_.prompt_cache_mb) << 20,
+                               &prompt_cache_);
+        if (!st.ok()) return st;
+    }
     st = read_env_knobs(&knobs_);
     if (!st.ok()) return st;
     st = init_backend(knobs_);
@@ -685,10 +692,30 @@ std::string EngineImpl::settings_json() const {
         j["miss_fallback"] = opt_.miss_fallback;
         j["fallback_threshold"] = opt_.fallback_threshold;
     }
+    j["prompt_cache"] = opt_.prompt_cache;
+    j["prompt_cache_mb"] = prompt_cache_ ? opt_.prompt_cache_mb : 0;
     j["arch"] = index_.arch;
     j["n_expert"] = index_.n_expert;
     j["use_extra_bufts"] = false;
     return j.dump();
+}
+
+PromptCacheKey EngineImpl::prompt_cache_key() const {
+    PromptCacheKey k;
+    k.model = prompt_cache_model_identity(index_);
+    std::string backend;
+    (void)cpu_backend_file(&backend);  // another kernel variant computes other bits
+    char b[512];
+    std::snprintf(b, sizeof b,
+                  "n_ctx=%d n_batch=%d n_ubatch=%u k=%u drop_cold=%.17g drop_in_prefill=%d "
+                  "drop_renorm=%d substitute=%.17g fallback_threshold=%.17g",
+                  opt_.n_ctx, opt_.n_batch, unsigned(llama_n_ubatch(ctx_.get())), k_eff_,
+                  opt_.drop_cold, int(opt_.drop_in_prefill), int(opt_.drop_renorm),
+                  opt_.substitute, opt_.miss_fallback.empty() ? 0.0 : opt_.fallback_threshold);
+    k.settings = std::string(b) + " miss_fallback=" + opt_.miss_fallback +
+                 " backend=" + backend + " cpu=" + llama_print_system_info();
+    k.lossy = lossy();
+    return k;
 }
 
 Status EngineImpl::tokenize(const std::string & text, std::vector<int32_t> * out) const {

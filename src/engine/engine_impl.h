@@ -29,6 +29,7 @@
 #include "miss_fallback.h"
 #include "policy_substitute.h"
 #include "prefetch.h"
+#include "prompt_cache.h"
 #include "residency.h"
 #include "route_tracer.h"
 #include "router_hook.h"
@@ -66,6 +67,10 @@ public:
     Status check_request(const GenerateRequest & req, int * n_prompt) const override;
     Status score(const std::vector<int32_t> & tokens, uint32_t window,
                  const std::function<Status(size_t, const float *)> & on_logits) override;
+
+    Status save_kv(const std::string & path, int * n_tokens, uint64_t * bytes) override;
+    Status restore_kv(const std::string & path, int * n_tokens, uint64_t * bytes) override;
+    int erase_kv() override;
 
     // engine.cpp
     Status set_drop_cold(double frac) override;
@@ -160,6 +165,10 @@ private:
     int64_t trace_pos_ = 0;               // position of the next token fed to llama_decode
     StepTiming timing_;                   // the last decode()'s boundaries (time breakdown)
     std::vector<llama_token> kv_tokens_;  // tokens whose KV the context holds (prefix reuse)
+    std::unique_ptr<PromptCache> prompt_cache_;  // RunOptions::prompt_cache (null: off)
+    // What the context's KV is computed with, as the prompt cache keys it (engine.cpp): the
+    // model's files and every setting that changes the KV, as they are now.
+    PromptCacheKey prompt_cache_key() const;
     ChatTemplate chat_;                   // apply_chat_template
     std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen
     bool kv_lossy_ = false;     // the KV cache holds state computed with lossy settings

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "hash.h"
 #include "moestream/sysinfo.h"
 #include "policy_drop_cold.h"
 #include "miss_fallback.h"
@@ -17,15 +18,6 @@
 
 namespace moestream {
 namespace {
-
-uint64_t fnv1a(uint64_t h, const void * data, size_t n) {
-    const uint8_t * p = static_cast<const uint8_t *>(data);
-    for (size_t i = 0; i < n; ++i) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
 
 std::string hex64(uint64_t v) {
     char b[17];
@@ -133,7 +125,7 @@ void RunStatsAssembly::decode_step(const TokenStats & t) {
 }
 
 void RunStatsAssembly::hash_logits(const float * logits, int n_vocab) {
-    logit_hash_ = fnv1a(logit_hash_, logits, sizeof(float) * size_t(n_vocab));
+    logit_hash_ = fnv1a64(logit_hash_, logits, sizeof(float) * size_t(n_vocab));
 }
 
 void RunStatsAssembly::finish() {
@@ -161,6 +153,14 @@ void RunStatsAssembly::finish() {
     s.peak_rss_bytes = peak_rss_bytes();
     s.anon_huge_bytes = anon_huge_bytes();
     s.logits_sha = hex64(logit_hash_);
+    {   // the first decode tokens: how warm the cache was when decode began
+        uint64_t hits = 0, lookups = 0;
+        for (size_t i = 0; i < std::min<size_t>(s.tokens.size(), 16); ++i) {
+            hits += s.tokens[i].cache_hits;
+            lookups += s.tokens[i].cache_hits + s.tokens[i].cache_misses;
+        }
+        s.first16_hit_pct = lookups ? 100.0 * double(hits) / double(lookups) : 0;
+    }
     s.prefetch = src_.prefetch_on;
     if (src_.streamer && src_.store) {  // the cache, over the whole run so far
         const StepCounters & tot = src_.streamer->total();

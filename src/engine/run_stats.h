@@ -76,7 +76,7 @@ private:
     uint64_t substituted0_ = 0, subst_bytes0_ = 0;
     FallbackCounters fallback0_;
     double weight_total0_ = 0, weight_dropped0_ = 0;
-    uint64_t logit_hash_ = 0xcbf29ce484222325ull;  // FNV-1a-64 offset basis
+    uint64_t logit_hash_ = 0xcbf29ce484222325ull;  // FNV-1a-64 offset basis (hash.h)
     uint64_t prefill_bytes_ = 0, prefill_reads_ = 0;
     double prefill_io_ = 0;
     double read_max_ = 0;             // the longest read waited for (prefill + decode)

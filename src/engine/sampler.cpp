@@ -193,6 +193,10 @@ Status Sampler::sample(llama_context * ctx, int32_t idx, llama_token * out) {
     // samplers excluded (logit -inf) must not reach the grammar's accept, which aborts.
     const float * logits = llama_get_logits_ith(ctx, idx);
     if (!logits) return Status::Runtime("llama.cpp returned no logits to sample from");
+    return sample(logits, out);
+}
+
+Status Sampler::sample(const float * logits, llama_token * out) {
     cur_.resize(size_t(n_vocab_));
     for (int t = 0; t < n_vocab_; ++t) cur_[size_t(t)] = llama_token_data{t, logits[t], 0.0f};
     if (!pieces_.empty())  // a grammar: only tokens that keep the output valid UTF-8

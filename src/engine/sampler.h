@@ -49,6 +49,8 @@ public:
     // it. kBadInput when no token is left (a grammar and logit_bias excluded them all);
     // kRuntime when llama.cpp refuses (its message).
     Status sample(llama_context * ctx, int32_t idx, llama_token * out);
+    // The same from given logits (n_vocab of them: the prompt cache's stored last logits).
+    Status sample(const float * logits, llama_token * out);
 
 private:
     Sampler() = default;

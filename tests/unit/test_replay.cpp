@@ -504,4 +504,49 @@ TEST(ReplayCli, UsageErrorsAndPlot) {
     std::remove(path.c_str());
 }
 
+// --- The warm-start estimate (estimate_warm_start, replay --warm-split) ---
+
+TEST(Replay, WarmStartRaisesTheHitRateOfTheFirstTokensAfterTheSplit) {
+    const RouteTrace t = synthetic_30b(128, 7);
+    ReplaySetting s;
+    s.budget_bytes = 4000ull << 20;
+    WarmEstimate w;
+    ASSERT_TRUE(estimate_warm_start(t, s, 64, 16, &w).ok());
+    EXPECT_EQ(w.tokens, 16u);
+    EXPECT_EQ(w.lookups, 16u * 48 * 8);
+    EXPECT_GT(w.experts_preloaded, 0u);
+    EXPECT_LE(w.bytes_preloaded, s.budget_bytes / 10 * 9);
+    EXPECT_GT(w.warm_hits, w.cold_hits);
+    EXPECT_GT(w.warm_hit_pct, w.cold_hit_pct);
+}
+
+// The control: the first part routes only experts 64..127 and the rest only 0..63, so what
+// is preloaded is never routed after the split: no hit is gained.
+TEST(Replay, WarmStartLearnedFromOtherExpertsGainsNothing) {
+    RouteTrace t = synthetic_30b(128, 7);
+    for (const TraceRouting & r : t.routings)
+        for (uint64_t j = 0; j < uint64_t(r.n_rows) * r.k; ++j) {
+            int32_t & e = t.expert[r.first_slot + j];
+            e = r.graph < 64 ? 64 + e % 64 : e % 64;
+        }
+    ReplaySetting s;
+    s.budget_bytes = 4000ull << 20;
+    WarmEstimate w;
+    ASSERT_TRUE(estimate_warm_start(t, s, 64, 16, &w).ok());
+    EXPECT_GT(w.experts_preloaded, 0u);
+    EXPECT_EQ(w.warm_hits, w.cold_hits);
+}
+
+TEST(Replay, WarmStartRefusesLossySettingsAndASplitPastTheTrace) {
+    const RouteTrace t = synthetic_30b(8, 7);
+    ReplaySetting s;
+    s.budget_bytes = 4000ull << 20;
+    WarmEstimate w;
+    EXPECT_EQ(estimate_warm_start(t, s, 8, 16, &w).code(), ErrorCode::kUsage);
+    s.drop_cold = 0.5;
+    EXPECT_EQ(estimate_warm_start(t, s, 4, 4, &w).code(), ErrorCode::kUsage);
+    s.drop_cold = 0;
+    EXPECT_TRUE(estimate_warm_start(t, s, 4, 4, &w).ok()) << "control";
+}
+
 }  // namespace

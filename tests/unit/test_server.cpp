@@ -1269,3 +1269,86 @@ TEST(Server, HostileToolSchemasAreBoundedAndNeverA500) {
 }
 
 }  // namespace moestream::test
+
+namespace moestream::test {
+namespace {
+
+// --prompt-cache: a second server on the same directory restores the first one's prompt (the
+// same completion, nothing prefilled); a server without --slot-save-path refuses slot actions.
+TEST(Server, PromptCacheRestoresAPromptAcrossRestarts) {
+    TempDir dir("serve-pcache");
+    const json req{{"prompt", "Once upon a time in a quiet town by the sea"}, {"max_tokens", 6}};
+    json first, second, second_stats;
+    for (json * out : {&first, &second}) {
+        ServerProc s({"--lossless", "--prompt-cache", dir.path("kv")});
+        ASSERT_GT(s.port(), 0) << s.log();
+        auto r = post(s, "/v1/completions", req);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        *out = body_json(r);
+        if (out == &second) {
+            auto st = s.client().Get("/stats");
+            ASSERT_TRUE(st);
+            second_stats = body_json(st);
+            auto slot = post(s, "/slots/0?action=save", json{{"filename", "a.bin"}});
+            ASSERT_TRUE(slot);
+            EXPECT_EQ(slot->status, 501) << slot->body;
+        }
+    }
+    EXPECT_EQ(first["moestream"]["stats"]["prompt_cache_tokens"], 0);
+    EXPECT_EQ(second["moestream"]["stats"]["prompt_cache_tokens"],
+              second["moestream"]["stats"]["n_prompt"]);
+    EXPECT_EQ(second["choices"][0]["text"], first["choices"][0]["text"]);
+    EXPECT_EQ(second_stats["prompt_cache"]["tokens_restored"],
+              second["moestream"]["stats"]["n_prompt"]);
+}
+
+// --slot-save-path: save, erase, restore (the next request reuses the restored KV); a bad
+// filename, action or slot id and a corrupt file are 400, and the server stays up.
+TEST(Server, SlotSaveEraseRestoreAndRefusals) {
+    TempDir dir("serve-slots");
+    ServerProc s({"--lossless", "--slot-save-path", dir.dir()});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json req{{"prompt", "Once upon a time in a quiet town by the sea"}, {"max_tokens", 4}};
+    auto g = post(s, "/v1/completions", req);
+    ASSERT_TRUE(g);
+    ASSERT_EQ(g->status, 200);
+    auto sv = post(s, "/slots/0?action=save", json{{"filename", "a.bin"}});
+    ASSERT_TRUE(sv);
+    ASSERT_EQ(sv->status, 200) << sv->body;
+    const json saved = body_json(sv);
+    EXPECT_EQ(saved["filename"], "a.bin");
+    EXPECT_GT(saved["n_saved"].get<int>(), 0);
+    struct stat st;
+    ASSERT_EQ(stat(dir.path("a.bin").c_str(), &st), 0);
+    EXPECT_EQ(uint64_t(st.st_size), saved["n_written"].get<uint64_t>());
+    auto er = post(s, "/slots/0?action=erase", json::object());
+    ASSERT_TRUE(er);
+    EXPECT_EQ(body_json(er)["n_erased"], saved["n_saved"]);
+    auto rs = post(s, "/slots/0?action=restore", json{{"filename", "a.bin"}});
+    ASSERT_TRUE(rs);
+    ASSERT_EQ(rs->status, 200) << rs->body;
+    EXPECT_EQ(body_json(rs)["n_restored"], saved["n_saved"]);
+    auto g2 = post(s, "/v1/completions", req);
+    ASSERT_TRUE(g2);
+    EXPECT_GT(body_json(g2)["moestream"]["stats"]["n_prompt_reused"].get<int>(), 0)
+        << "the restored KV is reused";
+
+    ASSERT_TRUE(write_bytes(dir.path("bad.bin"), "not a KV file at all"));
+    for (const auto & [path, body] : std::vector<std::pair<std::string, json>>{
+             {"/slots/0?action=restore", json{{"filename", "bad.bin"}}},
+             {"/slots/0?action=save", json{{"filename", "../escape.bin"}}},
+             {"/slots/0?action=fly", json{{"filename", "a.bin"}}},
+             {"/slots/1?action=save", json{{"filename", "a.bin"}}}}) {
+        auto r = post(s, path, body);
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status, 400) << path << " " << r->body;
+    }
+    EXPECT_NE(stat((dir.dir() + "/../escape.bin").c_str(), &st), 0);
+    auto h = s.client().Get("/health");
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->status, 200);
+}
+
+}  // namespace
+}  // namespace moestream::test

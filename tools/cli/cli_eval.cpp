@@ -56,7 +56,8 @@ nlohmann::json interval_json(const Interval & iv) {
 int do_eval(EvalFlags & f) {
     apply_verbosity(f.verbose);
     if (int rc = refuse_given(f.sub,
-                              {"--temp", "--seed", "--batch-size", "--ubatch-size", "--threads-batch"},
+                              {"--temp", "--seed", "--batch-size", "--ubatch-size", "--threads-batch",
+                               "--prompt-cache", "--prompt-cache-mb"},
                               "has no effect on eval: it scores the text's own tokens one decode "
                               "at a time (no sampling, no prompt batches)"))
         return rc;

@@ -42,6 +42,8 @@ struct ReplayFlags {
     std::string plot;
     bool validate = false;
     bool routing_stats = false;
+    int warm_split = -1;    // --warm-split N: the warm-start estimate (-1 = off)
+    int warm_measure = 64;  // --warm-measure M
     int verbose = 0;
     CLI::App * sub = nullptr;
 };
@@ -299,6 +301,54 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
     return 0;
 }
 
+// --warm-split: per budget and policy, the hit rate of the first --warm-measure decode tokens
+// after the split, cold vs with the first part's hottest experts preloaded (replay.h).
+int print_warm_estimate(const ReplayFlags & f, const RouteTrace & trace) {
+    std::vector<double> budgets_mib;
+    Status st = parse_doubles("--budgets", f.budgets.empty() ? "2000,4000" : f.budgets, 1, 1e9,
+                              &budgets_mib);
+    if (!st.ok()) return replay_fail(st);
+    std::vector<std::string> names;
+    st = split("--policy", f.policies, &names);
+    if (!st.ok()) return replay_fail(st);
+    nlohmann::json rows = nlohmann::json::array();
+    for (const std::string & p : names) {
+        ReplaySetting s;
+        if (!parse_policy(p, &s.policy))
+            return replay_fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
+        for (double mib : budgets_mib) {
+            s.budget_bytes = uint64_t(mib * double(kMiB));
+            WarmEstimate w;
+            st = estimate_warm_start(trace, s, uint32_t(f.warm_split), uint32_t(f.warm_measure), &w);
+            if (!st.ok()) return replay_fail(st);
+            rows.push_back({{"policy", p},
+                            {"budget_mib", mib},
+                            {"warm_split", f.warm_split},
+                            {"tokens", w.tokens},
+                            {"lookups", w.lookups},
+                            {"experts_preloaded", w.experts_preloaded},
+                            {"preloaded_mib", double(w.bytes_preloaded) / kMiB},
+                            {"cold_hit_pct", w.cold_hit_pct},
+                            {"warm_hit_pct", w.warm_hit_pct}});
+        }
+    }
+    if (f.json) {
+        std::printf("%s\n", nlohmann::json{{"warm_start", rows}}.dump(2).c_str());
+        return 0;
+    }
+    std::printf("warm start estimate: %s, split after decode token %d, the next %d decode tokens "
+                "measured\n%-7s %10s %10s %12s %10s %10s\n",
+                f.trace.c_str(), f.warm_split, f.warm_measure, "policy", "budget MiB", "preloaded",
+                "preload MiB", "cold hit%", "warm hit%");
+    for (const auto & r : rows)
+        std::printf("%-7s %10.0f %10llu %12.1f %10.1f %10.1f\n",
+                    r["policy"].get<std::string>().c_str(), r["budget_mib"].get<double>(),
+                    (unsigned long long)r["experts_preloaded"].get<uint64_t>(),
+                    r["preloaded_mib"].get<double>(), r["cold_hit_pct"].get<double>(),
+                    r["warm_hit_pct"].get<double>());
+    return 0;
+}
+
 int do_replay(const ReplayFlags & f) {
     apply_verbosity(f.verbose);
     const std::vector<std::string> sweep = {"--budgets",           "--policy",
@@ -306,6 +356,18 @@ int do_replay(const ReplayFlags & f) {
                                             "--drop-in-prefill",   "--plot",
                                             "--miss-fallback",     "--fallback-threshold",
                                             "--substitute-experts"};
+    if (f.warm_split >= 0) {
+        if (f.validate || f.routing_stats)
+            return usage_error("replay", "--warm-split excludes --validate and --routing-stats");
+        if (int rc = refuse_given(f.sub,
+                                  {"--drop-cold", "--n-expert-used", "--drop-in-prefill", "--plot",
+                                   "--miss-fallback", "--fallback-threshold",
+                                   "--substitute-experts"},
+                                  "has no effect with --warm-split (it estimates lossless "
+                                  "warm starts: --budgets and --policy only)"))
+            return rc;
+    } else if (int rc = refuse_given(f.sub, {"--warm-measure"}, "needs --warm-split N"))
+        return rc;
     if (f.validate && f.routing_stats)
         return usage_error("replay", "--validate and --routing-stats exclude each other");
     if (f.validate)
@@ -329,6 +391,7 @@ int do_replay(const ReplayFlags & f) {
     const TraceHeader & h = trace.header;
 
     if (f.routing_stats) return print_routing_stats(f, trace);
+    if (f.warm_split >= 0) return print_warm_estimate(f, trace);
     std::vector<double> subs;  // --substitute-experts margins
     if (!f.substitute.empty()) {
         st = parse_doubles("--substitute-experts", f.substitute, 0, 1, &subs);
@@ -638,6 +701,15 @@ void add_replay_command(CLI::App & app, Action * action) {
     sub->add_flag("--routing-stats", f->routing_stats,
                   "print how the model routes (expert usage, reuse by the next token vs "
                   "shuffled) instead of simulating");
+    sub->add_option("--warm-split", f->warm_split,
+                    "estimate a warm expert set: learn it from the prompt and the first N decode "
+                    "tokens, then replay the rest cold and with it preloaded (lossless; "
+                    "--budgets default 2000,4000)")
+        ->check(int_range(0, 1 << 30));
+    sub->add_option("--warm-measure", f->warm_measure,
+                    "with --warm-split: decode tokens measured after the split")
+        ->check(int_range(1, 1 << 30))
+        ->capture_default_str();
     sub->add_flag("-v,--verbose", f->verbose, "more log");
     sub->callback([f, action] { *action = [f] { return do_replay(*f); }; });
 }

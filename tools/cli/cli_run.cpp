@@ -49,6 +49,11 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["ttft_s"] = s.ttft_s;
     j["prefill_s"] = s.prefill_s;
     j["prefill_tok_s"] = s.prefill_tok_s;
+    j["prompt_cache_tokens"] = s.prompt_cache_tokens;
+    j["prompt_cache_read_bytes"] = s.prompt_cache_read_bytes;
+    j["prompt_cache_restore_s"] = s.prompt_cache_restore_s;
+    j["prompt_cache_refused"] = s.prompt_cache_refused;
+    j["prompt_cache_written_bytes"] = s.prompt_cache_written_bytes;
     j["decode_s"] = s.decode_s;
     j["decode_tok_s"] = s.decode_tok_s;
     j["peak_rss_bytes"] = s.peak_rss_bytes;
@@ -72,6 +77,7 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["cache_budget_bytes"] = s.cache_budget_bytes;
     j["cache_budget_reason"] = s.cache_budget_reason;
     j["cache_hit_pct"] = s.cache_hit_pct;
+    j["first16_hit_pct"] = s.first16_hit_pct;
     j["cache_lookups"] = s.cache_lookups;
     j["cache_hits"] = s.cache_hits;
     j["cache_misses"] = s.cache_misses;
@@ -202,6 +208,12 @@ int do_run(RunFlags & f) {
                  "decode %d tok %.2f tok/s\n",
                  f.opt.stream ? "streaming" : "resident (--no-stream)", s.load_s, s.ttft_s,
                  s.n_prompt, s.prefill_tok_s, s.n_generated, s.decode_tok_s);
+    if (!f.opt.prompt_cache.empty())
+        std::fprintf(stderr,
+                     "moestream: prompt cache: %d of %d prompt tokens restored (%.1f MiB read in "
+                     "%.2f s) | %.1f MiB written\n",
+                     s.prompt_cache_tokens, s.n_prompt, mib(double(s.prompt_cache_read_bytes)),
+                     s.prompt_cache_restore_s, mib(double(s.prompt_cache_written_bytes)));
     if (f.opt.stream)
         std::fprintf(stderr,
                      "moestream: flash read %.1f MiB in %llu reads (io %.2f s) | %.2f MiB/token | "
@@ -466,6 +478,18 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_option("--fallback-threshold", opt->fallback_threshold,
                     "final router weight below which --miss-fallback applies (W in (0, 1])")
         ->check(real_range(0.0, 1.0, true));
+    auto * pc = sub->add_option(
+                       "--prompt-cache", opt->prompt_cache,
+                       "keep the prompt's KV in DIR (made if missing) and restore the longest "
+                       "stored prefix of a later prompt instead of prefilling it (lossless: "
+                       "byte-identical to a cold run; docs/prompt-cache.md); off by default")
+                  ->type_name("DIR");
+    sub->add_option("--prompt-cache-mb", opt->prompt_cache_mb,
+                    "what --prompt-cache's files may take on disk, MiB (least recently used "
+                    "removed first)")
+        ->check(int_range(1, 1ll << 40))
+        ->needs(pc)
+        ->capture_default_str();
 }
 
 namespace {
@@ -502,6 +526,8 @@ constexpr std::pair<const char *, const char *> kFieldFlags[] = {
     {"fallback_threshold", "--fallback-threshold"},
     {"route_trace", "--route-trace"},
     {"route_trace_scores", "--route-trace-scores"},
+    {"prompt_cache", "--prompt-cache"},
+    {"prompt_cache_mb", "--prompt-cache-mb"},
 };
 
 bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }

@@ -47,6 +47,11 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->add_option("--max-body", f->cfg.body_limit_bytes,
                     "largest request body in bytes (413 above)")
         ->check(int_range(1024, 1ll << 30));
+    sub->add_option("--slot-save-path", f->cfg.slot_save_path,
+                    "directory of POST /slots/0?action=save|restore files (llama-server's slot "
+                    "save/restore: the KV the context holds; docs/server.md)")
+        ->type_name("DIR")
+        ->check(CLI::ExistingDirectory);
     sub->add_flag("--lossless", f->lossless,
                   "start without the app's lossy defaults (no drop-cold)");
     add_engine_flags(sub, &f->cfg.run);

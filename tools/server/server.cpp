@@ -129,6 +129,9 @@ struct Job {
     std::vector<TokenLogprob> unsent_logprobs;  // streamed: not yet written
     size_t logprobs_offset = 0;  // streamed completions: text_offset of the next token
     json moestream;  // settings, lossy, per-request stats
+    // A slot action (POST /slots/{id}) instead of a generation: run on the worker, which
+    // owns the engine; it fills `moestream` with the response.
+    std::function<Status(json *)> action;
     int n_prompt = 0, n_generated = 0;
 };
 
@@ -150,6 +153,7 @@ struct Snapshot {
     json engine_settings;
     json cache;  // the expert cache's counters since start, as of the last finished request
     json read_latency;  // the last finished request's expert read times (null: not streaming)
+    json prompt_cache;  // the last finished request's --prompt-cache restore (null: off)
 };
 
 // /stats "cache": the expert cache's counters over the engine's life (docs/server.md); null
@@ -453,6 +457,10 @@ private:
             http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
                 generate_route(req, res, false);
             });
+        http_.Post(R"(/slots/(\d+))", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            slots_route(req, res);
+        });
         http_.Post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
             if (!authorized(req, res) || !json_body(req, res)) return;
             tokenize_route(req, res);
@@ -543,6 +551,75 @@ private:
                                         http_status(job->status) == 400 ? "invalid_request_error"
                                                                         : "server_error"));
         send_json(res, 200, final_json(*job));
+    }
+
+    // POST /slots/{id}?action=save|restore|erase, llama-server's slot files: the KV the
+    // context holds, to and from --slot-save-path DIR/filename (one slot: id 0).
+    void slots_route(const httplib::Request & req, httplib::Response & res) {
+        if (cfg_.slot_save_path.empty())
+            return send_error(res, api_error(501,
+                                             "This server does not support slots action. Start "
+                                             "it with `--slot-save-path`",
+                                             "not_supported_error"));
+        const std::string id_text = req.matches.size() > 1 ? req.matches[1].str() : "";
+        if (id_text != "0")
+            return send_error(res, api_error(400, "Invalid slot ID: " + id_text +
+                                                      " (this server has one slot: 0)",
+                                             "invalid_request_error"));
+        const std::string action = req.get_param_value("action");
+        if (action != "save" && action != "restore" && action != "erase")
+            return send_error(res, api_error_param(400, "Invalid action '" + action +
+                                                            "' (save, restore or erase)",
+                                                   "action"));
+        if (!json_body(req, res)) return;  // application/json, as every POST (docs/server.md)
+        std::string filename;
+        if (action != "erase") {
+            const json body = json::parse(req.body, nullptr, false);
+            if (!body.is_object() || !body.contains("filename") || !body["filename"].is_string())
+                return send_error(res, api_error_param(400, "filename (a string) is required",
+                                                       "filename"));
+            filename = body["filename"].get<std::string>();
+            // A plain name inside the directory: no separators, no . or .., no NUL.
+            if (filename.empty() || filename.size() > 255 || filename == "." ||
+                filename == ".." || filename.find('/') != std::string::npos ||
+                filename.find('\0') != std::string::npos)
+                return send_error(res, api_error_param(400, "Invalid filename", "filename"));
+        }
+        const std::string path = cfg_.slot_save_path + "/" + filename;
+        auto job = std::make_shared<Job>();
+        job->action = [this, action, filename, path](json * out) {
+            const double t0 = now_s();
+            int n = 0;
+            uint64_t bytes = 0;
+            Status st;
+            if (action == "save") {
+                st = engine_->save_kv(path, &n, &bytes);
+                if (st.ok())
+                    *out = json{{"id_slot", 0},  {"filename", filename}, {"n_saved", n},
+                                {"n_written", bytes}, {"timings", {{"save_ms", (now_s() - t0) * 1e3}}}};
+            } else if (action == "restore") {
+                st = engine_->restore_kv(path, &n, &bytes);
+                if (st.ok())
+                    *out = json{{"id_slot", 0},  {"filename", filename}, {"n_restored", n},
+                                {"n_read", bytes}, {"timings", {{"restore_ms", (now_s() - t0) * 1e3}}}};
+            } else {
+                n = engine_->erase_kv();
+                *out = json{{"id_slot", 0}, {"n_erased", n}};
+            }
+            return st;
+        };
+        if (!enqueue(job)) {
+            res.set_header("Retry-After", std::to_string(retry_after_s()));
+            return send_error(res, api_error(503, "the server is busy; retry later", "server_busy"));
+        }
+        std::unique_lock<std::mutex> lk(job->m);
+        job->cv.wait(lk, [&] { return job->done; });
+        if (!job->status.ok())
+            return send_error(res, api_error(http_status(job->status), job->status.message(),
+                                             http_status(job->status) == 400
+                                                 ? "invalid_request_error"
+                                                 : "server_error"));
+        send_json(res, 200, job->moestream);
     }
 
     // The client went away: cancel its job; a waiting one leaves the queue at once (and is
@@ -834,6 +911,7 @@ private:
             }
             return finish(job, Status::Runtime("cancelled"));
         }
+        if (job.action) return finish(job, job.action(&job.moestream));
         Status st = cfg_.run.stream ? engine_->set_drop_cold(p.drop_cold) : Status::Ok();
         if (!st.ok()) {
             {
@@ -971,6 +1049,12 @@ private:
         snap_.cache_budget_mib = mib(double(s.cache_budget_bytes));
         snap_.cache_hit_pct_total = s.cache_hit_pct;
         snap_.cache = cache_counters_json(s);
+        if (!cfg_.run.prompt_cache.empty())
+            snap_.prompt_cache = json{{"tokens_restored", s.prompt_cache_tokens},
+                                      {"read_mib", mib(double(s.prompt_cache_read_bytes))},
+                                      {"restore_s", s.prompt_cache_restore_s},
+                                      {"written_mib", mib(double(s.prompt_cache_written_bytes))},
+                                      {"refused", s.prompt_cache_refused}};
         snap_.read_latency = s.reads_timed == 0 ? json(nullptr)
                                                 : json{{"reads", s.reads_timed},
                                                        {"p50_ms", s.read_p50_s * 1e3},
@@ -1044,11 +1128,15 @@ private:
         const DecodeFigures f = decode_figures(s);
         json st{{"n_prompt", s.n_prompt},
                 {"n_prompt_reused", s.n_prompt_reused},
+                {"prompt_cache_tokens", s.prompt_cache_tokens},
+                {"prompt_cache_read_bytes", s.prompt_cache_read_bytes},
+                {"prompt_cache_restore_s", s.prompt_cache_restore_s},
                 {"n_generated", s.n_generated},
                 {"prefill_s", s.prefill_s},
                 {"prefill_tok_s", s.prefill_tok_s},
                 {"decode_tok_s", f.tok_s},
                 {"cache_hit_pct", f.cache_hit_pct},
+                {"first16_hit_pct", s.first16_hit_pct},
                 {"flash_mib_per_token", f.mib_per_token},
                 {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
                 {"experts_dropped", s.experts_dropped},
@@ -1239,6 +1327,7 @@ private:
                     {"cache", s.cache},
                     {"read_latency", s.read_latency},
                     {"rss_mib", mib(double(current_rss_bytes()))},
+                    {"prompt_cache", s.prompt_cache},
                     {"peak_rss_mib", mib(double(peak_rss_bytes()))},
                     {"queue_waiting", waiting},
                     {"queue_max", cfg_.queue_max},

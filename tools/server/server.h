@@ -34,6 +34,9 @@ struct ServeConfig {
     size_t body_limit_bytes = 1 << 20;
     int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
     std::string cors_origin;  // --cors ORIGIN: allow that web origin ("" = no CORS headers)
+    // --slot-save-path DIR: POST /slots/0?action=save|restore|erase with {"filename": NAME}
+    // saves / restores the KV the context holds to DIR/NAME (docs/server.md); "" = refused (501).
+    std::string slot_save_path;
     // How the caller words an error of Engine::open (the library names RunOptions fields; the
     // CLI maps them to its flags); unset = the library's words.
     std::function<std::string(const std::string &)> option_words;
