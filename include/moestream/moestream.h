@@ -110,6 +110,19 @@ struct RunOptions {
     // (n_expert per MoE layer; docs/route-trace.md), so `replay --substitute-experts` can
     // decide substitutions. Needs route_trace.
     bool route_trace_scores = false;
+    // Experiments: A/B switches of benchmarks not yet settled, lossless either way. Each is
+    // also set by its environment variable at open (settings.h, apply_env_overlay); the
+    // registry (settings.cpp) and docs/cli.md, "Settings", say what each does.
+    bool prefetch_uring = true;          // MOESTREAM_PREFETCH_NO_URING=1: false
+    int overlap_stages = 3;              // MOESTREAM_OVERLAP_STAGES: 2 or 3
+    bool staged_reads = true;            // MOESTREAM_STAGED_READS
+    bool stage_split = true;             // MOESTREAM_STAGE_SPLIT
+    std::string prefill_guess = "rows";  // MOESTREAM_PREFILL_GUESS: rows or bank
+    bool pool_warm = false;              // MOESTREAM_POOL_WARM
+    std::string slot_cache = "auto";     // MOESTREAM_SLOT_CACHE: auto, 1 (fixed slots), 0 (LRU)
+    bool slot_warm = true;               // MOESTREAM_SLOT_WARM
+    bool huge_pages = true;              // MOESTREAM_HUGEPAGES
+    std::string slot_populate = "idle";  // MOESTREAM_SLOT_POPULATE: idle, nice or off
 };
 
 // Per generated token (one llama_decode of one token).

@@ -9,6 +9,7 @@
 #include "llama.h"
 #include "moestream/atomic_file.h"
 #include "moestream/cache_budget.h"
+#include "moestream/settings.h"
 #include "moestream/sysinfo.h"
 
 namespace moestream {
@@ -69,6 +70,7 @@ Status check_prefill_readahead(const RunOptions & opt) {
 }
 
 Status check_run_options(const RunOptions & opt) {
+    if (Status cs = check_setting_choices(opt); !cs.ok()) return cs;
     if (opt.n_threads < 1 || opt.n_threads > 512)
         return usage("RunOptions::n_threads must be in 1..512");
     if (opt.n_ctx != 0 && opt.n_ctx < 16)
