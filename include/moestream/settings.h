@@ -95,4 +95,13 @@ std::string option_words(const std::string & msg);
 // between its `<!-- settings:begin -->` and `<!-- settings:end -->` markers.
 std::string settings_markdown();
 
+// The plan a run with these options would get on this machine now (inspect --plan), without
+// loading the model into llama.cpp: the model's index read and validated, the environment
+// overlaid, the options checked, the context and batch chosen, then the rules of the engine's
+// resolve with the memory available now, io_threads lanes and O_DIRECT as asked for. *json:
+// the array `settings.plan` of a run has ({name, value, reason} per choice). A run's own plan
+// may differ where the machine does (memory once the context is made, O_DIRECT refused by the
+// file system). Errors as Engine::open's for the same options.
+Status describe_plan(const RunOptions & opt, std::string * json);
+
 }  // namespace moestream

@@ -175,7 +175,7 @@ Status EngineImpl::init(const RunOptions & opt) {
     }
 
     if (opt_.n_ctx == 0) {
-        opt_.n_ctx = model_context(model_.get(), &n_ctx_reason_);
+        opt_.n_ctx = model_context(index_, memory_availability(), &n_ctx_reason_);
         // A chosen batch is chosen again now that the context (its cap) is known.
         if (opt.n_batch == 0) {
             opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);

@@ -1,6 +1,8 @@
 // run_plan.cpp — see run_plan.h.
 #include "run_plan.h"
 
+#include <nlohmann/json.hpp>
+
 #include "moestream/cache_budget.h"
 #include "moestream/settings.h"
 #include "prefetch.h"
@@ -53,7 +55,8 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
     p.k_eff = opt.n_expert_used > 0 ? uint32_t(opt.n_expert_used) : index.n_expert_used;
     choose(&p, "n_ctx", std::to_string(opt.n_ctx),
            in.n_ctx_reason.empty() ? "requested" : in.n_ctx_reason);
-    choose(&p, "n_batch", std::to_string(opt.n_batch), in.n_batch_reason);
+    choose(&p, "n_batch", std::to_string(opt.n_batch),
+           in.n_batch_reason.empty() ? "requested" : in.n_batch_reason);
     p.prefill_ra_wanted = prefill_readahead_wanted(opt, &p.prefill_ra_off);
 
     // Prefetch asked for, a worker lane to read the tail and no route trace (a trace records
@@ -150,7 +153,8 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
                                              : "one set of shared slots in the budget")
            : p.store == RunPlan::Store::kLru ? p.store_reason
            : p.two_slot_sets                 ? "a second set of shared slots for read-ahead"
-                                             : p.two_slots_refused);
+           : !p.two_slots_refused.empty()    ? p.two_slots_refused
+                                             : "one set of shared slots: no read-ahead wants a second");
 
     // The lossy knobs that need resident experts: with the cache off every lookup misses.
     if (opt.drop_cold > 0 && d.budget_bytes == 0)
@@ -206,6 +210,38 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
     choose(&p, "lossy", p.lossy ? "yes" : "no",
            p.lossy ? lossy_knobs_text(opt, index.n_expert_used) : "no lossy knob in effect");
     *out = std::move(p);
+    return Status::Ok();
+}
+
+Status describe_plan(const RunOptions & given, std::string * json) {
+    RunOptions opt = given;
+    Status st = apply_env_overlay(&opt);
+    if (st.ok()) st = check_run_options(opt);
+    ModelIndex index;
+    if (st.ok()) st = load_model_index(opt.model_path, &index);
+    if (st.ok()) st = check_n_expert_used(opt, index);
+    if (!st.ok()) return st;
+    if (!opt.stream)
+        return Status::Usage("a plan describes a streaming run, not RunOptions::stream = false");
+    PlanInputs in;
+    in.mem = memory_availability();
+    in.page_bytes = system_page_bytes();
+    in.n_lanes = opt.io_threads;
+    in.direct = opt.odirect;
+    if (opt.n_ctx == 0) opt.n_ctx = model_context(index, in.mem, &in.n_ctx_reason);
+    if (opt.n_batch == 0)
+        opt.n_batch = choose_n_batch(opt, index, in.mem, &in.n_batch_reason);
+    else
+        in.n_batch_reason = "requested";
+    st = check_context_fits(opt, index);
+    if (!st.ok()) return st;
+    RunPlan plan;
+    st = resolve(opt, index, in, &plan);
+    if (!st.ok()) return st;
+    nlohmann::json j = nlohmann::json::array();
+    for (const PlanChoice & c : plan.choices)
+        j.push_back({{"name", c.name}, {"value", c.value}, {"reason", c.reason}});
+    *json = j.dump();
     return Status::Ok();
 }
 

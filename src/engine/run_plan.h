@@ -32,7 +32,7 @@ struct PlanInputs {
     bool io_fault_planted = false;  // a test fault plan is installed at the lanes
     bool no_budget_clamp = false;   // MOESTREAM_DEBUG_NO_BUDGET_CLAMP (tests only)
     std::string n_ctx_reason;     // how RunOptions::n_ctx was chosen ("" = requested)
-    std::string n_batch_reason;   // how RunOptions::n_batch was chosen
+    std::string n_batch_reason;   // how RunOptions::n_batch was chosen ("" = requested)
 };
 
 // One decision: what was chosen and why (settings.plan).

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <nlohmann/json.hpp>
+
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -44,8 +46,12 @@ TEST(Settings, DocsTablesMatchTheRegistry) {
 TEST(Settings, FieldsAndVariablesAreUnique) {
     std::set<std::string> fields, envs;
     for (const Setting & s : settings_registry()) {
-        if (*s.field) EXPECT_TRUE(fields.insert(s.field).second) << s.field;
-        if (*s.env) EXPECT_TRUE(envs.insert(s.env).second) << s.env;
+        if (*s.field) {
+            EXPECT_TRUE(fields.insert(s.field).second) << s.field;
+        }
+        if (*s.env) {
+            EXPECT_TRUE(envs.insert(s.env).second) << s.env;
+        }
         EXPECT_NE(std::string(s.doc), "") << s.field << s.env;
     }
     EXPECT_EQ(find_setting("no_such_field"), nullptr);  // control
@@ -112,4 +118,55 @@ TEST(Settings, OptionWordsNameFlagsAndVariables) {
               "MOESTREAM_SLOT_CACHE=1: x with --cache-no-move");
     EXPECT_EQ(option_words("RunOptions::pool_warm = true"), "MOESTREAM_POOL_WARM=1");
     EXPECT_EQ(option_words("RunOptions::drop_cold_later"), "RunOptions::drop_cold_later");
+}
+
+// Every registry key is in a run's `settings`, and the plan is there with a reason per choice.
+// Control: a key the registry does not have is absent.
+TEST(Settings, EveryRegistryKeyIsInTheSettings) {
+    const std::string model = moestream::test::synth_model("tiny", "qwen3moe", "q8_0");
+    const moestream::test::StatsRun ok = moestream::test::run_with_stats(model, "hello", 2, "");
+    ASSERT_EQ(ok.rc, 0) << ok.err;
+    const nlohmann::json set = nlohmann::json::parse(ok.stats)["settings"];
+    for (const Setting & s : settings_registry()) {
+        const std::string key = s.key;
+        // miss_fallback and fallback_threshold are reported with --miss-fallback only.
+        if (key.empty() || key == "miss_fallback" || key == "fallback_threshold") continue;
+        EXPECT_TRUE(set.contains(key)) << key;
+    }
+    EXPECT_FALSE(set.contains("no_such_key"));
+    ASSERT_TRUE(set.contains("plan"));
+    EXPECT_GE(set["plan"].size(), 8u);
+    for (const auto & c : set["plan"]) EXPECT_FALSE(c["reason"].get<std::string>().empty()) << c;
+}
+
+// `inspect --plan` prints the plan a run with the same flags gets (the store, the overlap and
+// the read-ahead choices agree with the run's settings.plan); engine flags without --plan are
+// refused by name. Control: different flags give a different plan.
+TEST(Settings, InspectPlanIsTheRunsPlan) {
+    using namespace moestream::test;
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string flags = "--cache-mb 0 --io-threads 2";
+    const StatsRun run = run_with_stats(model, "hello", 2, flags);
+    ASSERT_EQ(run.rc, 0) << run.err;
+    const nlohmann::json ran = nlohmann::json::parse(run.stats)["settings"]["plan"];
+    const std::string inspect = sh_quote(cli_bin()) + " inspect --json --plan -m " +
+                                sh_quote(model) + " ";
+    const CmdResult r = run_cmd(inspect + flags);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const nlohmann::json planned = nlohmann::json::parse(r.out);
+    auto value = [](const nlohmann::json & plan, const std::string & name) {
+        for (const auto & c : plan)
+            if (c["name"] == name) return c["value"].get<std::string>();
+        return std::string("<none>");
+    };
+    for (const char * name : {"store", "io_overlap", "prefill_readahead", "prefetch", "lossy"})
+        EXPECT_EQ(value(planned, name), value(ran, name)) << name;
+    const CmdResult lru = run_cmd(inspect + "--cache-mb 8 --force-cache --cache-no-move");
+    ASSERT_EQ(lru.exit_code, 0) << lru.err;
+    EXPECT_EQ(value(nlohmann::json::parse(lru.out), "store"), "lru");
+    EXPECT_NE(value(planned, "store"), "lru");
+    const CmdResult refused = run_cmd(sh_quote(cli_bin()) + " inspect -m " + sh_quote(model) +
+                                      " --cache-mb 0");
+    EXPECT_EQ(refused.exit_code, 64);
+    EXPECT_NE(refused.err.find("--cache-mb applies to --plan"), std::string::npos) << refused.err;
 }
