@@ -60,9 +60,6 @@ struct RunOptions {
     // Keep a layer's down-projection reads in flight while its gate/up matmuls compute (needs
     // io_threads >= 2; off under cache_debug). --no-io-overlap turns it off.
     bool io_overlap = true;
-    // O_DIRECT reads straight into the expert's place (false: through a bounce buffer plus a
-    // copy, the path before in-place reads; --io-copy, for A/B benchmarks).
-    bool io_in_place = true;
     // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
     // (shared slots, every routed slice re-read), N = a cache of N MiB: the fixed-slot cache
     // where it can run, else the LRU cache (settings.cache_store says which, and why).

@@ -147,7 +147,6 @@ Status EngineImpl::init(const RunOptions & opt) {
         for (const auto & L : index_.moe_layers)
             for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
         st = lanes_.open(shard_paths(index_), opt.io_threads, opt.odirect, max_slice);
-        lanes_.set_in_place(opt.io_in_place);
         if (!st.ok()) return st;
         // Planted I/O faults (tests only; env_knobs.h): checked against the lanes now, so
         // a bad plan fails before loading; the lanes' hook goes in once the dense weights
@@ -516,7 +515,6 @@ std::string EngineImpl::settings_json() const {
     j["io_overlap_stages"] = overlap_ ? opt_.overlap_stages : 0;
     j["io_staged_reads"] = overlap_ && opt_.staged_reads;
     j["io_stage_split"] = opt_.stage_split;
-    j["io_in_place"] = opt_.io_in_place;
     if (overlap_waiter_) {
         const auto & oc = overlap_waiter_->counters();
         j["io_overlap_waits_at_input"] = oc.waits_at_input;

@@ -117,10 +117,6 @@ const std::vector<Setting> kSettings = {
      C::kLossy, "final router weight below which --miss-fallback applies (W in (0, 1])",
      "fallback_threshold"},
     // --- experiments ---
-    {"io_in_place", &R::io_in_place, "--io-copy", "", "", false, "in place", C::kExperiment,
-     "read through a bounce buffer and copy (default: O_DIRECT straight into the expert's "
-     "place)",
-     "io_in_place"},
     {"cache_recycle", &R::cache_recycle, "--cache-no-recycle", "", "", false, "recycle",
      C::kExperiment,
      "commit fresh zero-filled pages for every cache miss and free them on eviction (default: "

@@ -389,8 +389,6 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                   help("odirect"));
     sub->add_flag("--no-io-overlap", [opt](int64_t) { opt->io_overlap = false; },
                   help("io_overlap"));
-    sub->add_flag("--io-copy", [opt](int64_t) { opt->io_in_place = false; },
-                  help("io_in_place"));
     sub->add_option_function<std::string>(
            "--cache-mb",
            [opt](const std::string & v) {
@@ -454,7 +452,7 @@ std::string flag_words(const std::string & msg) { return option_words(msg); }
 int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
     if (!opt.stream)
         return refuse_given(sub,
-                            {"--io-threads", "--no-odirect", "--no-io-overlap", "--io-copy",
+                            {"--io-threads", "--no-odirect", "--no-io-overlap",
                              "--cache-mb", "--force-cache", "--cache-no-recycle", "--cache-no-move",
                              "--prefetch", "--cache-debug", "--route-trace"},
                             "applies to streaming; remove --no-stream");
