@@ -33,13 +33,13 @@ enum class SettingClass {
     kLossy,       // opt-in: changes the output vs the all-resident model (docs/lossy-knobs.md)
     kTestOnly,    // negative controls and fault injection of the tests; nothing else sets it
 };
-const char * setting_class_name(SettingClass c);  // "production", "experiment", "lossy", "test-only"
+const char * setting_class_name(
+    SettingClass c);  // "production", "experiment", "lossy", "test-only"
 
 // A typed accessor of one RunOptions field (std::monostate: no field, an environment-only row).
-using SettingField =
-    std::variant<std::monostate, int RunOptions::*, int64_t RunOptions::*, uint32_t RunOptions::*,
-                 bool RunOptions::*, float RunOptions::*, double RunOptions::*,
-                 std::string RunOptions::*>;
+using SettingField = std::variant<std::monostate, int RunOptions::*, int64_t RunOptions::*,
+                                  uint32_t RunOptions::*, bool RunOptions::*, float RunOptions::*,
+                                  double RunOptions::*, std::string RunOptions::*>;
 
 struct Setting {
     const char * field;    // RunOptions member ("" = none: read from the environment only)
@@ -52,8 +52,8 @@ struct Setting {
     bool env_inverted;     // a 0|1 variable that sets the bool field to its negation
     const char * dflt;     // the default as the user sees it
     SettingClass cls;
-    const char * doc;      // one line: what it does (the --help text of its flag)
-    const char * key;      // its key in the `settings` JSON ("" = not reported)
+    const char * doc;  // one line: what it does (the --help text of its flag)
+    const char * key;  // its key in the `settings` JSON ("" = not reported)
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).
     std::string flag() const;

@@ -12,7 +12,9 @@
 namespace moestream {
 namespace {
 
-std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
+std::string mib_text(uint64_t b) {
+    return std::to_string((b + (1 << 19)) >> 20) + " MiB";
+}
 
 void choose(RunPlan * p, const std::string & name, const std::string & value,
             const std::string & reason) {
@@ -68,8 +70,7 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
     // when a predictor can run its int8 router copies.
     const uint64_t predictor_est =
         prefetch_possible || row_guess_possible
-            ? RoutePredictor::copy_bytes_for(index.moe_layers.size(), index.n_expert,
-                                             index.n_embd)
+            ? RoutePredictor::copy_bytes_for(index.moe_layers.size(), index.n_expert, index.n_embd)
             : 0;
     p.needs_bytes = auto_needs_bytes(index, uint32_t(opt.n_batch)) + predictor_est;
     MemoryAvailability mem = in.mem;
@@ -122,9 +123,12 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
         if (mem.available_bytes > 0 && mem.available_bytes < hold)
             return Status::Usage(
                 "the memory available cannot hold the run with the cache off: the dense "
-                "weights (" + mib_text(index.dense_bytes_total) + ") and one layer's expert "
-                "slots (" + mib_text(slots) + ") need " + mib_text(hold) +
-                ", but " + mib_text(mem.available_bytes) + " is available (" + mem.source +
+                "weights (" +
+                mib_text(index.dense_bytes_total) +
+                ") and one layer's expert "
+                "slots (" +
+                mib_text(slots) + ") need " + mib_text(hold) + ", but " +
+                mib_text(mem.available_bytes) + " is available (" + mem.source +
                 ") once the context is made; lower RunOptions::n_ctx or RunOptions::n_batch, "
                 "or run with more memory");
         // Prefill read-ahead and prefetch with the cache off: a second set of shared slots,
@@ -153,8 +157,9 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
                                              : "one set of shared slots in the budget")
            : p.store == RunPlan::Store::kLru ? p.store_reason
            : p.two_slot_sets                 ? "a second set of shared slots for read-ahead"
-           : !p.two_slots_refused.empty()    ? p.two_slots_refused
-                                             : "one set of shared slots: no read-ahead wants a second");
+           : !p.two_slots_refused.empty()
+               ? p.two_slots_refused
+               : "one set of shared slots: no read-ahead wants a second");
 
     // The lossy knobs that need resident experts: with the cache off every lookup misses.
     if (opt.drop_cold > 0 && d.budget_bytes == 0)
@@ -162,34 +167,38 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
             "RunOptions::drop_cold needs the LRU cache: with the cache off every lookup "
             "misses, so the policy would silently become an unconditional cut of weakly "
             "weighted experts (" +
-            d.reason + "). Give RunOptions::cache_mb " +
-            std::to_string(cache_rule_min_mib(index)) + " or more (the cache rule: " +
-            cache_rule_text(index) + "), or auto with enough memory");
+            d.reason + "). Give RunOptions::cache_mb " + std::to_string(cache_rule_min_mib(index)) +
+            " or more (the cache rule: " + cache_rule_text(index) +
+            "), or auto with enough memory");
     if (opt.substitute > 0 && d.budget_bytes == 0)
-        return Status::Usage("RunOptions::substitute needs the LRU cache: with the cache off "
-                             "no expert is resident to substitute (" + d.reason + ")");
+        return Status::Usage(
+            "RunOptions::substitute needs the LRU cache: with the cache off "
+            "no expert is resident to substitute (" +
+            d.reason + ")");
     p.use_check = opt.cache_debug && d.budget_bytes > 0;
 
     // Overlap of down reads with gate/up compute needs a worker lane, and stays off under
     // RunOptions::cache_debug, whose check must see every slice before the layer's first matmul.
     p.overlap = opt.io_overlap && !opt.cache_debug && in.n_lanes > 1;
-    choose(&p, "io_overlap", p.overlap ? "on, " + std::to_string(opt.overlap_stages) + " stages"
-                                       : "off",
-           !opt.io_overlap     ? "RunOptions::io_overlap = false"
-           : opt.cache_debug   ? "RunOptions::cache_debug checks every slice before the matmul"
-           : in.n_lanes <= 1   ? "one read lane"
-                               : "a worker lane reads while the gate/up matmuls compute");
+    choose(&p, "io_overlap",
+           p.overlap ? "on, " + std::to_string(opt.overlap_stages) + " stages" : "off",
+           !opt.io_overlap   ? "RunOptions::io_overlap = false"
+           : opt.cache_debug ? "RunOptions::cache_debug checks every slice before the matmul"
+           : in.n_lanes <= 1 ? "one read lane"
+                             : "a worker lane reads while the gate/up matmuls compute");
     choose(&p, "io_staged_reads", p.overlap && opt.staged_reads ? "on" : "off",
-           !p.overlap ? "needs the overlap" : opt.staged_reads ? "default" : "RunOptions::staged_reads = false");
+           !p.overlap         ? "needs the overlap"
+           : opt.staged_reads ? "default"
+                              : "RunOptions::staged_reads = false");
     // Read-ahead needs a place to read into: the cache, or with it off the second slot set.
     const bool place = d.budget_bytes > 0 || p.two_slot_sets;
     p.prefill_readahead = p.prefill_ra_wanted && place;
     p.row_guess = p.prefill_readahead && row_guess_possible;
     choose(&p, "prefill_readahead", p.prefill_readahead ? "on" : "off",
-           !p.prefill_ra_wanted ? (opt.prefill_readahead == 0 ? "RunOptions::prefill_readahead 0"
-                                                               : p.prefill_ra_off)
-           : !place             ? p.two_slots_refused
-                                : (p.row_guess ? "guesses per ubatch row" : "the whole bank"));
+           !p.prefill_ra_wanted
+               ? (opt.prefill_readahead == 0 ? "RunOptions::prefill_readahead 0" : p.prefill_ra_off)
+           : !place ? p.two_slots_refused
+                    : (p.row_guess ? "guesses per ubatch row" : "the whole bank"));
     p.decode_prefetch = prefetch_possible && place;
     if (opt.prefetch && !p.decode_prefetch && prefetch_possible)
         p.prefetch_off = d.reason + "; " + p.two_slots_refused;
@@ -199,13 +208,15 @@ Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInput
     // the worker lanes read it.
     p.want_uring = p.decode_prefetch && in.direct && !in.io_fault_planted && opt.prefetch_uring;
     choose(&p, "prefetch",
-           !p.decode_prefetch ? "off" : p.want_uring ? "on, io_uring" : "on, lanes",
-           !opt.prefetch                  ? "not asked for (RunOptions::prefetch)"
-           : !p.prefetch_off.empty()      ? p.prefetch_off
-           : !prefetch_possible           ? "needs a worker lane and no route trace"
-           : p.want_uring                 ? "the tail through io_uring (lanes if it cannot open)"
-           : !opt.prefetch_uring          ? "RunOptions::prefetch_uring = false"
-                                          : "the lanes read the tail (buffered reads or a fault plan)");
+           !p.decode_prefetch ? "off"
+           : p.want_uring     ? "on, io_uring"
+                              : "on, lanes",
+           !opt.prefetch             ? "not asked for (RunOptions::prefetch)"
+           : !p.prefetch_off.empty() ? p.prefetch_off
+           : !prefetch_possible      ? "needs a worker lane and no route trace"
+           : p.want_uring            ? "the tail through io_uring (lanes if it cannot open)"
+           : !opt.prefetch_uring     ? "RunOptions::prefetch_uring = false"
+                                     : "the lanes read the tail (buffered reads or a fault plan)");
     p.lossy = lossy_options(opt, index.n_expert_used);
     choose(&p, "lossy", p.lossy ? "yes" : "no",
            p.lossy ? lossy_knobs_text(opt, index.n_expert_used) : "no lossy knob in effect");

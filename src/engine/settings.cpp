@@ -42,8 +42,7 @@ const std::vector<Setting> kSettings = {
      "sampling seed; -1 = random (printed)", "seed"},
     {"stream", &R::stream, "--no-stream", "", "", false, "streaming", C::kProduction,
      "llama.cpp's own loading, everything resident (the reference)", "stream"},
-    {"resident_mmap", &R::resident_mmap, "--no-mmap", "", "", false, "map the file",
-     C::kProduction,
+    {"resident_mmap", &R::resident_mmap, "--no-mmap", "", "", false, "map the file", C::kProduction,
      "with --no-stream: read every tensor into memory at load instead of mapping the file (no "
      "first-touch cost in the first decodes)",
      "mmap"},
@@ -85,24 +84,55 @@ const std::vector<Setting> kSettings = {
      "also record each decode row's full router scores in the trace (n_expert per layer; for "
      "`replay --substitute-experts`)",
      ""},
-    {"", {}, "", "GGML_BACKEND_PATH", "", false, "unset", C::kProduction,
+    {"",
+     {},
+     "",
+     "GGML_BACKEND_PATH",
+     "",
+     false,
+     "unset",
+     C::kProduction,
      "load exactly this ggml CPU backend .so (the gates pin the same one for moestream and "
      "llama.cpp's tools)",
      ""},
-    {"", {}, "", "MOESTREAM_GGML_BACKEND_DIR", "", false, "the prefix's backends",
-     C::kProduction, "where ggml picks a backend variant for this CPU", ""},
-    {"", {}, "", "MOESTREAM_LOG", "", false, "warn", C::kProduction,
-     "the log level before any flag is read (error, warn, info, debug)", ""},
-    {"", {}, "", "MOESTREAM_API_KEY", "", false, "unset", C::kProduction,
-     "`serve`: the API key requests must carry (as --api-key)", ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_GGML_BACKEND_DIR",
+     "",
+     false,
+     "the prefix's backends",
+     C::kProduction,
+     "where ggml picks a backend variant for this CPU",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_LOG",
+     "",
+     false,
+     "warn",
+     C::kProduction,
+     "the log level before any flag is read (error, warn, info, debug)",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_API_KEY",
+     "",
+     false,
+     "unset",
+     C::kProduction,
+     "`serve`: the API key requests must carry (as --api-key)",
+     ""},
     // --- lossy ---
     {"n_expert_used", &R::n_expert_used, "--n-expert-used", "", "", false, "the model's top-k",
      C::kLossy, "experts per token, 1..the model's top-k (0 = the model's)", "n_expert_used"},
     {"drop_cold", &R::drop_cold, "--drop-cold-experts", "", "", false, "0", C::kLossy,
      "skip a routed expert that is a cache miss with final weight < F/k (F in (0, 1]; 0 = off)",
      "drop_cold_experts"},
-    {"drop_in_prefill", &R::drop_in_prefill, "--drop-in-prefill", "", "", false, "off",
-     C::kLossy, "also drop during prefill", "drop_in_prefill"},
+    {"drop_in_prefill", &R::drop_in_prefill, "--drop-in-prefill", "", "", false, "off", C::kLossy,
+     "also drop during prefill", "drop_in_prefill"},
     {"drop_renorm", &R::drop_renorm, "--drop-renorm", "", "", false, "off", C::kLossy,
      "renormalize the remaining weights after a drop", "drop_renorm"},
     {"substitute", &R::substitute, "--substitute-experts", "", "", false, "0", C::kLossy,
@@ -139,13 +169,12 @@ const std::vector<Setting> kSettings = {
      C::kExperiment,
      "1: the read lanes start a stage's reads only once the earlier stages' reads are in",
      "io_staged_reads"},
-    {"stage_split", &R::stage_split, "", "MOESTREAM_STAGE_SPLIT", "0|1", false, "1",
-     C::kExperiment,
+    {"stage_split", &R::stage_split, "", "MOESTREAM_STAGE_SPLIT", "0|1", false, "1", C::kExperiment,
      "1: a routing's reads start once the first stage's slices are committed, the rest "
      "committed while they read (docs/cache.md, \"Split staging\")",
      "io_stage_split"},
-    {"prefill_guess", &R::prefill_guess, "", "MOESTREAM_PREFILL_GUESS", "rows|bank", false,
-     "rows", C::kExperiment,
+    {"prefill_guess", &R::prefill_guess, "", "MOESTREAM_PREFILL_GUESS", "rows|bank", false, "rows",
+     C::kExperiment,
      "what prefill read-ahead reads for the next MoE layer: the union of the ubatch rows' "
      "guesses, or the layer's whole bank (docs/prefetch.md)",
      "prefill_guess"},
@@ -174,30 +203,108 @@ const std::vector<Setting> kSettings = {
      "cache_slot_populate"},
     // --- test-only ---
     {"cache_debug", &R::cache_debug, "--cache-debug", "", "", false, "off", C::kTestOnly,
-     "poison released/fresh cache pages and check every routed slice is resident",
-     "cache_debug"},
-    {"", {}, "", "MOESTREAM_DEBUG_CORRUPT_EXPERT", "", false, "unset", C::kTestOnly,
+     "poison released/fresh cache pages and check every routed slice is resident", "cache_debug"},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_CORRUPT_EXPERT",
+     "",
+     false,
+     "unset",
+     C::kTestOnly,
      "`<layer>:<expert>` or `<layer>:*`: corrupt those expert slices after each read (the gates' "
      "negative control)",
      ""},
-    {"", {}, "", "MOESTREAM_DEBUG_IO_FAULT", "", false, "unset", C::kTestOnly,
-     "inject I/O faults at the read lanes (src/io/io_faults.h)", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_NO_BUDGET_CLAMP", "0|1", false, "0", C::kTestOnly,
-     "an explicit --cache-mb is not clamped to the memory limit", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_SKIP_SECOND_WAIT", "0|1", false, "0", C::kTestOnly,
-     "do not wait for the second projection's reads", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED", "0|1", false, "0", C::kTestOnly,
-     "--substitute-experts substitutes a non-resident expert", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT", "0|1", false, "0", C::kTestOnly,
-     "--miss-fallback leaves its first converted slot unwritten", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_SLOT_MISPLACE", "0|1", false, "0", C::kTestOnly,
-     "the fixed-slot cache rewrites expert ids to the wrong slots", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY", "0|1", false, "0", C::kTestOnly,
-     "the slots' warm start records its experts without copying them", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_SLOT_PREFETCH_SKIP_READ", "0|1", false, "0", C::kTestOnly,
-     "a prefetch into slots records its experts without reading them", ""},
-    {"", {}, "", "MOESTREAM_DEBUG_TOKEN_DELAY_MS", "", false, "0", C::kTestOnly,
-     "`serve`: sleep this long after each token (the queue tests)", ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_IO_FAULT",
+     "",
+     false,
+     "unset",
+     C::kTestOnly,
+     "inject I/O faults at the read lanes (src/io/io_faults.h)",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_NO_BUDGET_CLAMP",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "an explicit --cache-mb is not clamped to the memory limit",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SKIP_SECOND_WAIT",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "do not wait for the second projection's reads",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "--substitute-experts substitutes a non-resident expert",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "--miss-fallback leaves its first converted slot unwritten",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SLOT_MISPLACE",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "the fixed-slot cache rewrites expert ids to the wrong slots",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "the slots' warm start records its experts without copying them",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SLOT_PREFETCH_SKIP_READ",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "a prefetch into slots records its experts without reading them",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_TOKEN_DELAY_MS",
+     "",
+     false,
+     "0",
+     C::kTestOnly,
+     "`serve`: sleep this long after each token (the queue tests)",
+     ""},
 };
 
 // "a|b|c" -> {"a", "b", "c"}.
@@ -308,10 +415,14 @@ std::string md_cell(const std::string & s) {
 
 const char * setting_class_name(SettingClass c) {
     switch (c) {
-        case C::kProduction: return "production";
-        case C::kExperiment: return "experiment";
-        case C::kLossy: return "lossy";
-        case C::kTestOnly: return "test-only";
+        case C::kProduction:
+            return "production";
+        case C::kExperiment:
+            return "experiment";
+        case C::kLossy:
+            return "lossy";
+        case C::kTestOnly:
+            return "test-only";
     }
     return "?";
 }
@@ -336,7 +447,9 @@ std::string Setting::flag() const {
     return names.empty() ? std::string() : names[0];
 }
 
-const std::vector<Setting> & settings_registry() { return kSettings; }
+const std::vector<Setting> & settings_registry() {
+    return kSettings;
+}
 
 const Setting * find_setting(std::string_view field) {
     for (const Setting & s : kSettings)
@@ -407,7 +520,8 @@ RunOptions without_lossy_knobs(RunOptions opt) {
         if (s.cls == C::kLossy)
             std::visit(
                 [&opt](auto m) {
-                    if constexpr (!std::is_same_v<decltype(m), std::monostate>) opt.*m = kDefaults.*m;
+                    if constexpr (!std::is_same_v<decltype(m), std::monostate>)
+                        opt.*m = kDefaults.*m;
                 },
                 s.member);
     return opt;
@@ -454,10 +568,11 @@ std::string settings_markdown() {
     std::string md;
     const SettingClass order[] = {C::kProduction, C::kLossy, C::kExperiment, C::kTestOnly};
     for (SettingClass c : order) {
-        md += std::string("\n### ") + (c == C::kProduction   ? "Production"
-                                       : c == C::kLossy      ? "Lossy (opt-in)"
-                                       : c == C::kExperiment ? "Experiments (A/B)"
-                                                             : "Test-only") +
+        md += std::string("\n### ") +
+              (c == C::kProduction   ? "Production"
+               : c == C::kLossy      ? "Lossy (opt-in)"
+               : c == C::kExperiment ? "Experiments (A/B)"
+                                     : "Test-only") +
               "\n\n| Flag | Environment | RunOptions | Default | `settings` key | What it does |\n"
               "|---|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {

@@ -81,8 +81,9 @@ TEST(RunPlan, SlotCacheOneIsRefusedByNameWhereItCannotRun) {
     RunPlan p;
     const Status st = resolve(o, index4(), lanes(), &p);
     EXPECT_EQ(st.code(), ErrorCode::kUsage);
-    EXPECT_EQ(st.message(), "RunOptions::slot_cache = 1: the fixed-slot cache cannot be combined "
-                            "with RunOptions::cache_move = false");
+    EXPECT_EQ(st.message(),
+              "RunOptions::slot_cache = 1: the fixed-slot cache cannot be combined "
+              "with RunOptions::cache_move = false");
     o = cached();
     o.slot_cache = "0";
     const RunPlan lru = plan_of(o);
@@ -165,10 +166,10 @@ TEST(RunPlan, PrefillReadaheadWhereItAppliesAndWhyNot) {
 // Every decision carries a reason (the settings print them).
 TEST(RunPlan, EveryChoiceHasAReason) {
     for (const RunOptions & o : {cached(), [] {
-             RunOptions c = cached();
-             c.cache_mb = 0;
-             return c;
-         }()}) {
+                                     RunOptions c = cached();
+                                     c.cache_mb = 0;
+                                     return c;
+                                 }()}) {
         const RunPlan p = plan_of(o);
         EXPECT_GE(p.choices.size(), 8u);
         for (const PlanChoice & c : p.choices) EXPECT_FALSE(c.reason.empty()) << c.name;

@@ -149,8 +149,8 @@ TEST(Settings, InspectPlanIsTheRunsPlan) {
     const StatsRun run = run_with_stats(model, "hello", 2, flags);
     ASSERT_EQ(run.rc, 0) << run.err;
     const nlohmann::json ran = nlohmann::json::parse(run.stats)["settings"]["plan"];
-    const std::string inspect = sh_quote(cli_bin()) + " inspect --json --plan -m " +
-                                sh_quote(model) + " ";
+    const std::string inspect =
+        sh_quote(cli_bin()) + " inspect --json --plan -m " + sh_quote(model) + " ";
     const CmdResult r = run_cmd(inspect + flags);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const nlohmann::json planned = nlohmann::json::parse(r.out);
@@ -165,8 +165,8 @@ TEST(Settings, InspectPlanIsTheRunsPlan) {
     ASSERT_EQ(lru.exit_code, 0) << lru.err;
     EXPECT_EQ(value(nlohmann::json::parse(lru.out), "store"), "lru");
     EXPECT_NE(value(planned, "store"), "lru");
-    const CmdResult refused = run_cmd(sh_quote(cli_bin()) + " inspect -m " + sh_quote(model) +
-                                      " --cache-mb 0");
+    const CmdResult refused =
+        run_cmd(sh_quote(cli_bin()) + " inspect -m " + sh_quote(model) + " --cache-mb 0");
     EXPECT_EQ(refused.exit_code, 64);
     EXPECT_NE(refused.err.find("--cache-mb applies to --plan"), std::string::npos) << refused.err;
 }
