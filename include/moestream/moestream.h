@@ -60,9 +60,6 @@ struct RunOptions {
     // Keep a layer's down-projection reads in flight while its gate/up matmuls compute (needs
     // io_threads >= 2; off under cache_debug). --no-io-overlap turns it off.
     bool io_overlap = true;
-    // O_DIRECT reads straight into the expert's place (false: through a bounce buffer plus a
-    // copy, the path before in-place reads; --io-copy, for A/B benchmarks).
-    bool io_in_place = true;
     // Residency (docs/cache.md). cache_mb: -1 = auto (default of `run`), 0 = cache off
     // (shared slots, every routed slice re-read), N = a cache of N MiB: the fixed-slot cache
     // where it can run, else the LRU cache (settings.cache_store says which, and why).
@@ -116,6 +113,19 @@ struct RunOptions {
     // the rest, byte-identical to a cold run. "" = off. DIR is made (one level) if missing.
     std::string prompt_cache;
     int64_t prompt_cache_mb = 4096;  // --prompt-cache-mb: DIR's files at most, MiB (LRU)
+    // Experiments: A/B switches of benchmarks not yet settled, lossless either way. Each is
+    // also set by its environment variable at open (settings.h, apply_env_overlay); the
+    // registry (settings.cpp) and docs/cli.md, "Settings", say what each does.
+    bool prefetch_uring = true;          // MOESTREAM_PREFETCH_NO_URING=1: false
+    int overlap_stages = 3;              // MOESTREAM_OVERLAP_STAGES: 2 or 3
+    bool staged_reads = true;            // MOESTREAM_STAGED_READS
+    bool stage_split = true;             // MOESTREAM_STAGE_SPLIT
+    std::string prefill_guess = "rows";  // MOESTREAM_PREFILL_GUESS: rows or bank
+    bool pool_warm = false;              // MOESTREAM_POOL_WARM
+    std::string slot_cache = "auto";     // MOESTREAM_SLOT_CACHE: auto, 1 (fixed slots), 0 (LRU)
+    bool slot_warm = true;               // MOESTREAM_SLOT_WARM
+    bool huge_pages = true;              // MOESTREAM_HUGEPAGES
+    std::string slot_populate = "idle";  // MOESTREAM_SLOT_POPULATE: idle, nice or off
 };
 
 // Per generated token (one llama_decode of one token).

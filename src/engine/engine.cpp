@@ -16,8 +16,10 @@
 #include "ggml-backend.h"
 #include "moestream/cache_budget.h"
 #include "moestream/log.h"
+#include "moestream/settings.h"
 #include "moestream/sysinfo.h"
 #include "run_config.h"
+#include "run_plan.h"
 
 namespace moestream {
 namespace {
@@ -94,14 +96,13 @@ Status tokenize_text(const llama_vocab * vocab, const std::string & text, bool p
 Status EngineImpl::init(const RunOptions & opt) {
     t_open_ = now_s();
     opt_ = opt;
-    Status st = check_run_options(opt);
+    // The environment overlays the registry's fields (settings.h); everything below reads opt_.
+    Status st = apply_env_overlay(&opt_);
     if (!st.ok()) return st;
-    prefill_ra_wanted_ = opt.prefill_readahead == 1;
-    if (opt.prefill_readahead == -1) {  // on where it applies (moestream.h)
-        const Status why = check_prefill_readahead(opt);
-        prefill_ra_wanted_ = why.ok();
-        if (!why.ok()) MS_LOG_INFO("prefill read-ahead off: %s", why.message().c_str());
-    }
+    st = check_run_options(opt_);
+    if (!st.ok()) return st;
+    if (std::string why; !prefill_readahead_wanted(opt_, &why) && !why.empty())
+        MS_LOG_INFO("prefill read-ahead off: %s", why.c_str());
 
     st = load_model_index(opt.model_path, &index_);
     if (!st.ok()) return st;
@@ -153,7 +154,6 @@ Status EngineImpl::init(const RunOptions & opt) {
         for (const auto & L : index_.moe_layers)
             for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
         st = lanes_.open(shard_paths(index_), opt.io_threads, opt.odirect, max_slice);
-        lanes_.set_in_place(opt.io_in_place);
         if (!st.ok()) return st;
         // Planted I/O faults (tests only; env_knobs.h): checked against the lanes now, so
         // a bad plan fails before loading; the lanes' hook goes in once the dense weights
@@ -181,7 +181,7 @@ Status EngineImpl::init(const RunOptions & opt) {
     }
 
     if (opt_.n_ctx == 0) {
-        opt_.n_ctx = model_context(model_.get(), &n_ctx_reason_);
+        opt_.n_ctx = model_context(index_, memory_availability(), &n_ctx_reason_);
         // A chosen batch is chosen again now that the context (its cap) is known.
         if (opt.n_batch == 0) {
             opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
@@ -235,53 +235,9 @@ Status EngineImpl::init(const RunOptions & opt) {
     return Status::Ok();
 }
 
-// What the fixed-slot cache cannot run with, by name (Ok: it can run). With
-// MOESTREAM_SLOT_CACHE=1 that is refused; by default the LRU cache holds the budget instead.
-Status EngineImpl::check_slot_cache() const {
-    const char * other = opt_.drop_cold > 0            ? "RunOptions::drop_cold"
-                         : opt_.drop_cold_later        ? "RunOptions::drop_cold_later"
-                         : opt_.substitute > 0         ? "RunOptions::substitute"
-                         : !opt_.miss_fallback.empty() ? "RunOptions::miss_fallback"
-                         : opt_.cache_debug            ? "RunOptions::cache_debug"
-                         : !opt_.route_trace.empty()   ? "RunOptions::route_trace"
-                         : !opt_.cache_recycle         ? "RunOptions::cache_recycle = false"
-                         : !opt_.cache_move            ? "RunOptions::cache_move = false"
-                         : knobs_.pool_warm            ? "MOESTREAM_POOL_WARM=1"
-                                                       : nullptr;
-    if (other != nullptr)
-        return Status::Usage(std::string("the fixed-slot cache cannot be combined with ") + other);
-    for (const TensorInfo & t : index_.tensors)
-        if (t.name.find("_exps.bias") != std::string::npos)
-            return Status::Usage("the fixed-slot cache cannot run this model: " + t.name +
-                                 " is added by expert id, which the slots would rewrite");
-    return Status::Ok();
-}
-
 namespace {
 std::string mib_text(uint64_t b) { return std::to_string((b + (1 << 19)) >> 20) + " MiB"; }
 }  // namespace
-
-// Prefill read-ahead and prefetch with the cache off (docs/prefetch.md), and prefill read-ahead
-// with the fixed-slot cache (its prompt ubatches use shared slots): a second set of
-// shared slots, one layer of expert memory more, when what is available holds it besides what
-// the run needs; otherwise both stay off and -v says why (prefetch, when asked for, warns).
-bool EngineImpl::second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem) {
-    two_slot_sets_ = false;
-    if (!prefill_ra_wanted_ && !prefetch_possible()) return false;
-    const uint64_t set = shared_slot_set_bytes(index_);
-    const uint64_t avail = mem.available_bytes;
-    if (avail > 0 && avail < needs + 2 * set) {
-        two_slots_refused_ = "cache off, and a second set of expert slots (" + mib_text(set) +
-                             ") does not fit: " + mib_text(avail) + " available (" +
-                             mem.source + "), the run needs " + mib_text(needs) +
-                             " and the first set " + mib_text(set);
-        MS_LOG_INFO("read-ahead: off (%s)", two_slots_refused_.c_str());
-        return false;
-    }
-    MS_LOG_INFO("read-ahead: a second set of shared expert slots (%s)", mib_text(set).c_str());
-    two_slot_sets_ = true;
-    return true;
-}
 
 // Prefill read-ahead's per-row guesses in the first graph (prefetch.h, preset_router): each
 // MoE layer's router and ffn_norm weights from the dense copies read at load, the bytes the
@@ -305,109 +261,67 @@ void EngineImpl::preset_routers() {
     }
 }
 
-// Chooses the residency store (cache budget: docs/cache.md) and connects the streamer.
+// Resolves the run's plan (run_plan.h: every combination rule) and builds what it says: the
+// residency store, the streamer and the router hook with its observers. Nothing here decides.
 Status EngineImpl::make_store() {
-    // Besides cached experts the run needs: dense weights (read into RAM below, once the
-    // budget is chosen), compute buffers not yet touched (estimate: logits and activations of
-    // one batch), one layer's routed set above the budget, and when prefetch can run the
-    // predictor's int8 router copies (12 MiB on the 30B preset).
-    const uint64_t predictor_est =
-        prefetch_possible() || prefill_row_guess_possible()
-            ? RoutePredictor::copy_bytes_for(index_.moe_layers.size(),
-                                                             index_.n_expert, index_.n_embd)
-                            : 0;
-    const uint64_t needs = auto_needs_bytes(index_, uint32_t(opt_.n_batch)) + predictor_est;
-    BudgetDecision d;
-    MemoryAvailability mem = memory_availability();
-    if (knobs_.no_budget_clamp && opt_.cache_mb > 0) {
+    PlanInputs in;
+    in.mem = memory_availability();
+    in.page_bytes = system_page_bytes();
+    in.n_lanes = lanes_.n_lanes();
+    in.direct = lanes_.direct();
+    in.io_fault_planted = fault_plan_.kind != IoFaultPlan::Kind::kNone;
+    in.no_budget_clamp = knobs_.no_budget_clamp;
+    in.n_ctx_reason = n_ctx_reason_;
+    in.n_batch_reason = n_batch_reason_;
+    Status st = resolve(opt_, index_, in, &plan_);
+    if (!st.ok()) return st;
+    const RunPlan & p = plan_;
+    if (p.budget_clamp_skipped)
         MS_LOG_WARN("MOESTREAM_DEBUG_NO_BUDGET_CLAMP: the cache budget ignores the memory limit "
                     "(tests only)");
-        mem = MemoryAvailability{};
-    }
-    Status st = decide_cache_budget(index_, opt_.cache_mb, opt_.force_cache, needs, mem,
-                                    system_page_bytes(), &d);
-    if (!st.ok()) return st;
-    if (d.clamped) MS_LOG_WARN("expert cache: %s", d.reason.c_str());
-    // The fixed-slot cache where it can run (MOESTREAM_SLOT_CACHE=1: or a refusal), else LRU.
-    // Its shared slots for prompt batches come out of the budget: two sets (prefill
-    // read-ahead) while that leaves twice the routing width of slots per layer, else one.
-    using SlotMode = EnvKnobs::SlotCacheMode;
-    bool slot_cache = false, slot_two_sets = false;
-    if (d.budget_bytes > 0 && knobs_.slot_cache == SlotMode::kOff) {
-        cache_store_reason_ = "MOESTREAM_SLOT_CACHE=0";
-    } else if (d.budget_bytes > 0) {
-        Status why = check_slot_cache();
-        if (knobs_.slot_cache == SlotMode::kOn && !why.ok())
-            return Status::Usage("MOESTREAM_SLOT_CACHE=1: " + why.message());
-        slot_two_sets = prefill_ra_wanted_ && slot_cache_slots(index_, d.budget_bytes, true) >=
-                                                  2 * index_.n_expert_used;
-        const uint32_t k = slot_cache_slots(index_, d.budget_bytes, slot_two_sets);
-        if (why.ok() && k < index_.n_expert_used)
-            why = Status::Usage("the budget holds " + std::to_string(k) +
-                                " expert slots per MoE layer besides the shared slots, fewer "
-                                "than the routing width " +
-                                std::to_string(index_.n_expert_used));
-        // MOESTREAM_SLOT_CACHE=1 with too few slots: make_slot_cache refuses, naming the
-        // budget needed.
-        slot_cache = why.ok() || knobs_.slot_cache == SlotMode::kOn;
-        if (!slot_cache) {
-            cache_store_reason_ = why.message();
-            MS_LOG_INFO("expert cache: the LRU cache: %s", cache_store_reason_.c_str());
-        }
-    }
+    if (p.budget_clamped) MS_LOG_WARN("expert cache: %s", p.budget_reason.c_str());
+    if (p.store == RunPlan::Store::kLru && !p.store_reason.empty() &&
+        opt_.slot_cache != "0")
+        MS_LOG_INFO("expert cache: the LRU cache: %s", p.store_reason.c_str());
+    const bool slot_cache = p.store == RunPlan::Store::kFixedSlots;
     if (slot_cache) {
         SlotTestHooks hooks;
         hooks.warm_skip_copy = knobs_.slot_warm_skip_copy;
         hooks.prefetch_skip_read = knobs_.slot_prefetch_skip_read;
-        if (slot_two_sets)
+        if (p.slot_two_sets)
             MS_LOG_INFO("read-ahead: two sets of shared expert slots in the budget (%s)",
                         mib_text(2 * shared_slot_set_bytes(index_)).c_str());
         SlotOptions so;
-        so.huge_pages = knobs_.huge_pages;
-        so.populate = knobs_.slot_populate;
-        store_ = make_slot_cache(index_, d.budget_bytes, slot_two_sets, &st, hooks, so);
-    } else if (d.budget_bytes > 0) {
+        so.huge_pages = opt_.huge_pages;
+        so.populate = opt_.slot_populate == "nice"  ? SlotOptions::Populate::kNice
+                      : opt_.slot_populate == "off" ? SlotOptions::Populate::kOff
+                                                    : SlotOptions::Populate::kIdle;
+        store_ = make_slot_cache(index_, p.budget_bytes, p.slot_two_sets, &st, hooks, so);
+    } else if (p.store == RunPlan::Store::kLru) {
         CacheOptions copt;
         copt.recycle_pages = opt_.cache_recycle;
         copt.move_pages = opt_.cache_move;
-        copt.warm_pool = knobs_.pool_warm;
+        copt.warm_pool = opt_.pool_warm;
         CacheDebug dbg;
         dbg.poison = dbg.check_residency = opt_.cache_debug;
-        store_ = make_lru_cache(index_, d.budget_bytes, copt, dbg, &st);
+        store_ = make_lru_cache(index_, p.budget_bytes, copt, dbg, &st);
     } else {
-        // What the cache off will hold besides what is allocated now: the dense weights, read
-        // next, and one layer's expert slots, which the routings fill. Less than that
-        // available ends in an OOM kill mid-run: refuse now, before reading anything.
-        const uint64_t slots = shared_slot_set_bytes(index_);
-        const uint64_t hold = index_.dense_bytes_total + slots;
-        if (mem.available_bytes > 0 && mem.available_bytes < hold)
-            return Status::Usage(
-                "the memory available cannot hold the run with the cache off: the dense "
-                "weights (" + mib_text(index_.dense_bytes_total) + ") and one layer's expert "
-                "slots (" + mib_text(slots) + ") need " + mib_text(hold) +
-                ", but " + mib_text(mem.available_bytes) + " is available (" + mem.source +
-                ") once the context is made; lower RunOptions::n_ctx or RunOptions::n_batch, "
-                "or run with more memory");
-        store_ = make_shared_slots(index_, &st, second_slot_set_fits(needs, mem), knobs_.huge_pages);
+        if (!p.two_slots_refused.empty())
+            MS_LOG_INFO("read-ahead: off (%s)", p.two_slots_refused.c_str());
+        if (p.two_slot_sets)
+            MS_LOG_INFO("read-ahead: a second set of shared expert slots (%s)",
+                        mib_text(shared_slot_set_bytes(index_)).c_str());
+        store_ = make_shared_slots(index_, &st, p.two_slot_sets, opt_.huge_pages);
     }
     if (!st.ok()) return st;
-    stats_.cache_budget_bytes = int64_t(d.budget_bytes);
-    stats_.cache_budget_reason = d.reason;
-    MS_LOG_INFO("cache: %s -> %s", d.reason.c_str(),
-                d.budget_bytes ? (std::to_string(d.budget_bytes >> 20) +
+    stats_.cache_budget_bytes = int64_t(p.budget_bytes);
+    stats_.cache_budget_reason = p.budget_reason;
+    MS_LOG_INFO("cache: %s -> %s", p.budget_reason.c_str(),
+                p.budget_bytes ? (std::to_string(p.budget_bytes >> 20) +
                                   (slot_cache ? " MiB fixed slots" : " MiB LRU")).c_str()
                                : "off");
-    DropColdConfig dc;  // off unless asked for
+    DropColdConfig dc;  // off unless asked for (resolve refused it with the cache off)
     if (opt_.drop_cold > 0) {
-        if (d.budget_bytes == 0)
-            return Status::Usage(
-                "RunOptions::drop_cold needs the LRU cache: with the cache off every lookup "
-                "misses, so the policy would silently become an unconditional cut of weakly "
-                "weighted experts (" +
-                d.reason + "). Give RunOptions::cache_mb " +
-                std::to_string(cache_rule_min_mib(index_)) +
-                " or more (the cache rule: " + cache_rule_text(index_) +
-                "), or auto with enough memory");
         dc.frac = opt_.drop_cold;
         dc.in_prefill = opt_.drop_in_prefill;
         dc.renorm = opt_.drop_renorm;
@@ -424,11 +338,8 @@ Status EngineImpl::make_store() {
         };
     }
     drop_cold_ = std::make_unique<DropColdObserver>(dc);
-    if (opt_.substitute > 0 && d.budget_bytes == 0)
-        return Status::Usage("RunOptions::substitute needs the LRU cache: with the cache off "
-                             "no expert is resident to substitute (" + d.reason + ")");
     substitute_ = std::make_unique<SubstituteObserver>(opt_.substitute, knobs_.substitute_unrouted);
-    if (opt_.cache_debug && d.budget_bytes > 0) {
+    if (p.use_check) {
         std::unordered_set<std::string> streamed;
         for (const MoeLayer & L : index_.moe_layers)
             for (const ExpertTensor & t : L.tensors) streamed.insert(t.name);
@@ -437,56 +348,39 @@ Status EngineImpl::make_store() {
     binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
     // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
     st = binder_->read_dense(&lanes_, WeightBinder::kDenseChunkBytes,
-                             WeightBinder::kDenseBatchBytes, knobs_.huge_pages);
+                             WeightBinder::kDenseBatchBytes, opt_.huge_pages);
     if (!st.ok()) return st;
     stats_.dense_read_s = binder_->dense_read_s();
     if (fault_plan_.kind != IoFaultPlan::Kind::kNone)
         lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
     // Overlap of down reads with gate/up compute needs a worker lane, and stays off under
     // RunOptions::cache_debug, whose check must see every slice before the layer's first matmul.
-    overlap_ = opt_.io_overlap && !opt_.cache_debug && lanes_.n_lanes() > 1;
+    overlap_ = p.overlap;
     streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
     streamer_->set_test_hooks(knobs_.stream_hooks);
-    streamer_->set_overlap_stages(knobs_.overlap_stages);
-    lanes_.set_staged(overlap_ && knobs_.staged_reads);
-    streamer_->set_stage_split(knobs_.stage_split);
-    prefill_readahead_ = prefill_ra_wanted_ && (d.budget_bytes > 0 || two_slot_sets_);
-    streamer_->set_prefill_readahead(prefill_readahead_);
+    streamer_->set_overlap_stages(opt_.overlap_stages);
+    lanes_.set_staged(overlap_ && opt_.staged_reads);
+    streamer_->set_stage_split(opt_.stage_split);
+    streamer_->set_prefill_readahead(p.prefill_readahead);
     streamer_->set_fallback(fallback_.get());
     overlap_waiter_ = std::make_unique<OverlapWaiter>();
-    // Prefetch (docs/prefetch.md): a place to read into (the cache, or with the cache off the
-    // second set of shared slots) and a worker lane to read with.
-    // Not while drop-cold is on: the policy drops misses, and a read-ahead expert is none.
-    // Not with a route trace: a trace records what a cache without read-ahead does, so
-    // that `moestream replay` reproduces it exactly (docs/route-trace.md).
-    const bool decode_prefetch = prefetch_possible() && (d.budget_bytes > 0 || two_slot_sets_);
-    if (opt_.prefetch && !decode_prefetch && prefetch_possible())
-        MS_LOG_WARN("prefetch is off for this run: %s",
-                    (d.reason + "; " + two_slots_refused_).c_str());
-    // Prefill read-ahead's per-row guesses (knobs_.prefill_guess_rows) use the same predictor.
-    const bool row_guess = prefill_readahead_ && prefill_row_guess_possible();
-    if (decode_prefetch || row_guess) {
+    if (!p.prefetch_off.empty())
+        MS_LOG_WARN("prefetch is off for this run: %s", p.prefetch_off.c_str());
+    if (p.predictor) {  // decode prefetch and prefill read-ahead's per-row guesses
         predictor_ = std::make_unique<RoutePredictor>();
         predictor_->set_enabled(opt_.drop_cold == 0 && !fallback_);
-        predictor_->set_decode_guess(decode_prefetch);
-        predictor_->set_prefill_rows(row_guess);
-        if (row_guess) preset_routers();
+        predictor_->set_decode_guess(p.decode_prefetch);
+        predictor_->set_prefill_rows(p.row_guess);
+        if (p.row_guess) preset_routers();
     }
-    if (decode_prefetch) {
-        // The tail goes through io_uring (uring_tail.h) when the lanes read O_DIRECT and no
-        // test fault plan is installed (faults are injected at the lanes).
-        // knobs_.prefetch_no_uring (for A/B benchmarks): the worker lanes read the tail.
-        if (lanes_.direct() && fault_plan_.kind == IoFaultPlan::Kind::kNone &&
-            !knobs_.prefetch_no_uring) {
-            std::string why;
-            uring_ = UringTail::create(shard_paths(index_), lanes_.dio_alignment(), &why);
-            if (uring_)
-                streamer_->set_uring(uring_.get());
-            else
-                MS_LOG_INFO("prefetch: io_uring unavailable (%s); the lanes read ahead",
-                            why.c_str());
-            if (!uring_) uring_fallback_ = why;
-        }
+    if (p.want_uring) {  // the prefetch tail through io_uring (uring_tail.h), else the lanes
+        std::string why;
+        uring_ = UringTail::create(shard_paths(index_), lanes_.dio_alignment(), &why);
+        if (uring_)
+            streamer_->set_uring(uring_.get());
+        else
+            MS_LOG_INFO("prefetch: io_uring unavailable (%s); the lanes read ahead", why.c_str());
+        if (!uring_) uring_fallback_ = why;
     }
     if (!opt_.route_trace.empty()) open_trace();
     // The router hook's observers, in the order they see each event (node_observer.h):
@@ -497,7 +391,7 @@ Status EngineImpl::make_store() {
     if (slot_cache) {
         slot_rewriter_ = std::make_unique<SlotRewriter>(index_, store_.get(), streamer_.get());
         slot_rewriter_->plant_misplace(knobs_.slot_misplace);
-        slot_rewriter_->set_warm(knobs_.slot_warm);
+        slot_rewriter_->set_warm(opt_.slot_warm);
         observers.push_back(slot_rewriter_.get());
     }
     if (predictor_) observers.push_back(predictor_.get());
@@ -565,8 +459,7 @@ Status EngineImpl::set_drop_cold(double frac) {
     if (frac > 0 && why == DropColdBlock::kFixedSlots)
         return Status::Usage("drop_cold_experts needs the LRU cache, and the fixed-slot cache "
                              "holds this run's budget (docs/cache.md, \"Fixed slots\"); open "
-                             "with RunOptions::drop_cold_later, or run with "
-                             "MOESTREAM_SLOT_CACHE=0");
+                             "with RunOptions::drop_cold_later, or RunOptions::slot_cache = 0");
     DropColdConfig dc;
     dc.frac = frac;
     if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;
@@ -626,10 +519,9 @@ std::string EngineImpl::settings_json() const {
     j["odirect_requested"] = opt_.odirect;
     j["odirect"] = opt_.stream && lanes_.direct();
     j["io_overlap"] = overlap_;
-    j["io_overlap_stages"] = overlap_ ? knobs_.overlap_stages : 0;
-    j["io_staged_reads"] = overlap_ && knobs_.staged_reads;
-    j["io_stage_split"] = knobs_.stage_split;
-    j["io_in_place"] = opt_.io_in_place;
+    j["io_overlap_stages"] = overlap_ ? opt_.overlap_stages : 0;
+    j["io_staged_reads"] = overlap_ && opt_.staged_reads;
+    j["io_stage_split"] = opt_.stage_split;
     if (overlap_waiter_) {
         const auto & oc = overlap_waiter_->counters();
         j["io_overlap_waits_at_input"] = oc.waits_at_input;
@@ -645,7 +537,7 @@ std::string EngineImpl::settings_json() const {
     j["cache_rule_min_mib"] = cache_rule_min_mib(index_);
     j["cache_debug"] = opt_.cache_debug;
     j["cache_recycle"] = opt_.cache_recycle;
-    j["cache_pool_warm"] = knobs_.pool_warm;
+    j["cache_pool_warm"] = opt_.pool_warm;
     j["cache_move"] = opt_.cache_move;
     // The paths taken where the kernel (or an emulator) may lack a feature: the cache's
     // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.
@@ -660,15 +552,15 @@ std::string EngineImpl::settings_json() const {
     j["cache_store"] = !store_ || stats_.cache_budget_bytes == 0 ? "off"
                        : slot_rewriter_                          ? "fixed slots"
                                                                  : "lru";
-    j["cache_store_reason"] = cache_store_reason_;
+    j["cache_store_reason"] = plan_.store_reason;
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
-    j["cache_slot_warm"] = slot_rewriter_ != nullptr && knobs_.slot_warm;
+    j["cache_slot_warm"] = slot_rewriter_ != nullptr && opt_.slot_warm;
     j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
     // How the fixed slots' pages were populated (MOESTREAM_SLOT_POPULATE; docs/cache.md).
-    j["cache_slot_populate"] = slot_rewriter_ ? SlotOptions::name(knobs_.slot_populate) : "none";
+    j["cache_slot_populate"] = slot_rewriter_ ? opt_.slot_populate : std::string("none");
     // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): asked for, and the bytes
     // of expert slots and dense copies the kernel accepted the advice for.
-    j["huge_pages"] = knobs_.huge_pages;
+    j["huge_pages"] = opt_.huge_pages;
     j["huge_page_bytes"] = (store_ ? store_->cache_stats().slot_huge_bytes : 0) +
                            (binder_ ? binder_->dense_huge_bytes() : 0);
     j["cache_slot_warm_s"] = store_ ? store_->cache_stats().slot_warm_s : 0.0;
@@ -676,10 +568,10 @@ std::string EngineImpl::settings_json() const {
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();
     j["prefetch_requested"] = opt_.prefetch;
-    j["prefill_readahead"] = prefill_readahead_;
+    j["prefill_readahead"] = plan_.prefill_readahead;
     j["prefill_readahead_requested"] = opt_.prefill_readahead == 1;
     j["prefill_readahead_option"] = opt_.prefill_readahead == 1 ? "on" : opt_.prefill_readahead == 0 ? "off" : "where it applies";
-    j["prefill_guess"] = prefill_readahead_ && predictor_ && predictor_->prefill_rows() ? "rows"
+    j["prefill_guess"] = plan_.prefill_readahead && predictor_ && predictor_->prefill_rows() ? "rows"
                                                                                      : "bank";
     j["n_expert_used"] = k_eff_;
     j["n_expert_used_model"] = index_.n_expert_used;
@@ -697,6 +589,11 @@ std::string EngineImpl::settings_json() const {
     j["arch"] = index_.arch;
     j["n_expert"] = index_.n_expert;
     j["use_extra_bufts"] = false;
+    // The run's plan (run_plan.h): every decision with its reason, in the order resolve made it.
+    nlohmann::json plan = nlohmann::json::array();
+    for (const PlanChoice & c : plan_.choices)
+        plan.push_back({{"name", c.name}, {"value", c.value}, {"reason", c.reason}});
+    j["plan"] = plan;
     return j.dump();
 }
 

@@ -23,6 +23,7 @@
 #include "model_loader.h"
 #include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
+#include "moestream/settings.h"
 #include "moestream/sysinfo.h"
 #include "overlap_waiter.h"
 #include "policy_drop_cold.h"
@@ -32,6 +33,7 @@
 #include "prompt_cache.h"
 #include "residency.h"
 #include "route_tracer.h"
+#include "run_plan.h"
 #include "router_hook.h"
 #include "run_stats.h"
 #include "sampler.h"
@@ -83,10 +85,7 @@ public:
     void special_texts(std::string * bos, std::string * eos, bool * bos_added) const override;
     int n_ctx() const override { return opt_.n_ctx; }
     const RunStats & stats() const override { return stats_; }
-    bool lossy() const override {
-        return k_eff_ != index_.n_expert_used || opt_.drop_cold > 0 || opt_.substitute > 0 ||
-               !opt_.miss_fallback.empty();
-    }
+    bool lossy() const override { return lossy_options(opt_, index_.n_expert_used); }
     std::string settings_json() const override;
     Status tokenize(const std::string & text, std::vector<int32_t> * out) const override;
     Status detokenize(const std::vector<int32_t> & tokens, std::string * out) const override;
@@ -96,32 +95,12 @@ private:
     // engine.cpp: wiring.
     Status make_store();  // the residency store, the streamer and the router hook's observers
     void open_trace();    // RunOptions::route_trace
-    // Cache off, prefill read-ahead or prefetch wanted (docs/prefetch.md): a second set of
-    // shared slots fits (make_store); sets two_slot_sets_, or two_slots_refused_ with why not.
-    bool second_slot_set_fits(uint64_t needs, const MemoryAvailability & mem);
-    Status check_slot_cache() const;  // what the fixed-slot cache cannot run with (Ok: none)
-    std::string cache_store_reason_;  // why the LRU cache holds the budget, not fixed slots
-    bool prefill_readahead_ = false;  // on for this run
-    // RunOptions::prefill_readahead 1, or -1 where it applies (check_prefill_readahead);
-    // the cache or the second slot set decides prefill_readahead_ from it.
-    bool prefill_ra_wanted_ = false;
+    RunPlan plan_;  // every decision of make_store, with its reason (run_plan.h)
     std::string n_batch_reason_;      // how RunOptions::n_batch was chosen (settings)
-    bool two_slot_sets_ = false;      // cache off: the shared slots have a second set
-    std::string two_slots_refused_;   // why they have not, though wanted (else empty)
     bool prefetch_on() const {
         return predictor_ != nullptr && predictor_->decode_guess() && opt_.drop_cold == 0;
     }
-    // Prefill read-ahead guesses per row (MOESTREAM_PREFILL_GUESS=rows) when it runs.
     void preset_routers();  // engine.cpp: the predictor's routers before the first graph
-    bool prefill_row_guess_possible() const {
-        return prefill_ra_wanted_ && knobs_.prefill_guess_rows;
-    }
-    // RunOptions::prefetch asked for, a worker lane to read the tail and no route trace
-    // (make_store: it also needs the cache or, with the cache off, a second set of shared
-    // slots). The budget's estimate and the predictor follow the same rule.
-    bool prefetch_possible() const {
-        return opt_.prefetch && lanes_.n_lanes() > 1 && opt_.route_trace.empty();
-    }
     const llama_vocab * vocab() const { return llama_model_get_vocab(model_.get()); }
     StatsSources stats_sources() const;  // run_stats.h: what RunStats is read from
 

@@ -1,10 +1,8 @@
 #include "env_knobs.h"
 
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 
 #include "moestream/log.h"
 
@@ -50,54 +48,6 @@ Status test_switch(const char * name, const char * warning, bool * on) {
 Status read_env_knobs(EnvKnobs * k) {
     k->ggml_backend_path = env("GGML_BACKEND_PATH");
     k->ggml_backend_dir = env("MOESTREAM_GGML_BACKEND_DIR");
-    const std::string no_uring = env("MOESTREAM_PREFETCH_NO_URING");
-    if (!no_uring.empty() && no_uring != "0" && no_uring != "1")
-        return Status::Usage("MOESTREAM_PREFETCH_NO_URING=" + no_uring + ": must be 0 or 1");
-    k->prefetch_no_uring = no_uring == "1";
-    const std::string stages = env("MOESTREAM_OVERLAP_STAGES");
-    if (!stages.empty() && stages != "2" && stages != "3")
-        return Status::Usage("MOESTREAM_OVERLAP_STAGES=" + stages + ": must be 2 or 3");
-    if (!stages.empty()) k->overlap_stages = stages[0] - '0';
-    const std::string staged = env("MOESTREAM_STAGED_READS");
-    if (!staged.empty() && staged != "0" && staged != "1")
-        return Status::Usage("MOESTREAM_STAGED_READS=" + staged + ": must be 0 or 1");
-    if (!staged.empty()) k->staged_reads = staged == "1";
-    const std::string split = env("MOESTREAM_STAGE_SPLIT");
-    if (!split.empty() && split != "0" && split != "1")
-        return Status::Usage("MOESTREAM_STAGE_SPLIT=" + split + ": must be 0 or 1");
-    if (!split.empty()) k->stage_split = split == "1";
-    const std::string guess = env("MOESTREAM_PREFILL_GUESS");
-    if (!guess.empty() && guess != "bank" && guess != "rows")
-        return Status::Usage("MOESTREAM_PREFILL_GUESS=" + guess + ": must be bank or rows");
-    if (!guess.empty()) k->prefill_guess_rows = guess == "rows";
-    const std::string warm = env("MOESTREAM_POOL_WARM");
-    if (!warm.empty() && warm != "0" && warm != "1")
-        return Status::Usage("MOESTREAM_POOL_WARM=" + warm + ": must be 0 or 1");
-    if (!warm.empty()) k->pool_warm = warm == "1";
-    const std::string slots = env("MOESTREAM_SLOT_CACHE");
-    if (!slots.empty() && slots != "0" && slots != "1")
-        return Status::Usage("MOESTREAM_SLOT_CACHE=" + slots + ": must be 0 or 1");
-    if (!slots.empty())
-        k->slot_cache = slots == "1" ? EnvKnobs::SlotCacheMode::kOn : EnvKnobs::SlotCacheMode::kOff;
-    const std::string slot_warm = env("MOESTREAM_SLOT_WARM");
-    if (!slot_warm.empty() && slot_warm != "0" && slot_warm != "1")
-        return Status::Usage("MOESTREAM_SLOT_WARM=" + slot_warm + ": must be 0 or 1");
-    if (!slot_warm.empty()) k->slot_warm = slot_warm == "1";
-    const std::string huge = env("MOESTREAM_HUGEPAGES");
-    if (!huge.empty() && huge != "0" && huge != "1")
-        return Status::Usage("MOESTREAM_HUGEPAGES=" + huge + ": must be 0 or 1");
-    if (!huge.empty()) k->huge_pages = huge == "1";
-    if (const std::string pop = env("MOESTREAM_SLOT_POPULATE"); !pop.empty()) {
-        using P = SlotOptions::Populate;
-        const P modes[] = {P::kIdle, P::kNice, P::kOff};
-        const P * m = std::find_if(std::begin(modes), std::end(modes),
-                                   [&](P p) { return pop == SlotOptions::name(p); });
-        if (m == std::end(modes))
-            return Status::Usage("MOESTREAM_SLOT_POPULATE=" + pop + ": must be " +
-                                 SlotOptions::name(modes[0]) + ", " + SlotOptions::name(modes[1]) +
-                                 " or " + SlotOptions::name(modes[2]));
-        k->slot_populate = *m;
-    }
     const std::string no_clamp = env("MOESTREAM_DEBUG_NO_BUDGET_CLAMP");
     if (!no_clamp.empty() && no_clamp != "0" && no_clamp != "1")
         return Status::Usage("MOESTREAM_DEBUG_NO_BUDGET_CLAMP=" + no_clamp + ": must be 0 or 1");

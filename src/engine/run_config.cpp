@@ -6,9 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "llama.h"
 #include "moestream/atomic_file.h"
 #include "moestream/cache_budget.h"
+#include "moestream/settings.h"
 #include "moestream/sysinfo.h"
 
 namespace moestream {
@@ -69,6 +69,7 @@ Status check_prefill_readahead(const RunOptions & opt) {
 }
 
 Status check_run_options(const RunOptions & opt) {
+    if (Status cs = check_setting_choices(opt); !cs.ok()) return cs;
     if (opt.n_threads < 1 || opt.n_threads > 512)
         return usage("RunOptions::n_threads must be in 1..512");
     if (opt.n_ctx != 0 && opt.n_ctx < 16)
@@ -222,22 +223,15 @@ int choose_n_batch(const RunOptions & opt, const ModelIndex & m, const MemoryAva
     return u;
 }
 
-int model_context(const llama_model * model, std::string * reason) {
-    const int train = std::max(16, llama_model_n_ctx_train(model));
-    char arch[128] = {0}, buf[64];
-    llama_model_meta_val_str(model, "general.architecture", arch, sizeof arch);
-    auto meta_int = [&](const char * key, int fallback) {
-        const std::string k = std::string(arch) + "." + key;
-        return llama_model_meta_val_str(model, k.c_str(), buf, sizeof buf) > 0 ? std::atoi(buf)
-                                                                              : fallback;
-    };
-    const int n_head = std::max(1, llama_model_n_head(model));
-    const int head_k = meta_int("attention.key_length", llama_model_n_embd(model) / n_head);
-    const int head_v = meta_int("attention.value_length", head_k);
-    const uint64_t kv_per_token = uint64_t(std::max(1, llama_model_n_layer(model))) *
-                                  uint64_t(std::max(1, llama_model_n_head_kv(model))) *
-                                  uint64_t(head_k + head_v) * 2;
-    const MemoryAvailability mem = memory_availability();
+int model_context(const ModelIndex & m, const MemoryAvailability & mem, std::string * reason) {
+    const std::string p = m.arch + ".";
+    const int train = int(std::max<uint64_t>(16, std::min<uint64_t>(kv_uint(m, p + "context_length", 0), INT32_MAX)));
+    const uint64_t n_head = std::max<uint64_t>(1, kv_uint(m, p + "attention.head_count", 1));
+    const uint64_t head_k = kv_uint(m, p + "attention.key_length", m.n_embd / n_head);
+    const uint64_t head_v = kv_uint(m, p + "attention.value_length", head_k);
+    const uint64_t n_head_kv = kv_uint(m, p + "attention.head_count_kv", n_head);
+    const uint64_t kv_per_token = std::max<uint64_t>(1, m.n_layer) * std::max<uint64_t>(1, n_head_kv) *
+                                  (head_k + head_v) * 2;
     const uint64_t cap_tokens = mem.available_bytes / 4 / std::max<uint64_t>(1, kv_per_token);
     int n = train;
     if (mem.available_bytes > 0 && cap_tokens < uint64_t(train))

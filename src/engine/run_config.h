@@ -4,8 +4,8 @@
 // `RunOptions::<field>` (a boolean turned off as `RunOptions::<field> = false`) and say what
 // is wrong. Front ends that expose the fields under other names rewrite these names where they
 // print the message (the CLI maps them to its flags: tools/cli, flag_words).
-// Thread-safety: pure functions of their arguments (check_run_options_for_model and
-// model_context also read the memory available now).
+// Thread-safety: pure functions of their arguments (check_context_fits also reads the memory
+// available now).
 #pragma once
 
 #include <string>
@@ -13,8 +13,6 @@
 #include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
 #include "moestream/sysinfo.h"
-
-struct llama_model;
 
 namespace moestream {
 
@@ -46,9 +44,9 @@ Status check_context_fits(const RunOptions & opt, const ModelIndex & m);
 int choose_n_batch(const RunOptions & opt, const ModelIndex & m, const MemoryAvailability & mem,
                    std::string * reason);
 
-// RunOptions::n_ctx 0: the model's training context, capped so that the KV cache (f16 K and
-// V for every layer and KV head) takes at most a quarter of the memory available now.
-// *reason says how it was chosen.
-int model_context(const llama_model * model, std::string * reason);
+// RunOptions::n_ctx 0: the model's training context (<arch>.context_length, as llama.cpp
+// reads it), capped so that the KV cache (f16 K and V for every layer and KV head, from the
+// same keys llama.cpp reads) takes at most a quarter of mem. *reason says how it was chosen.
+int model_context(const ModelIndex & m, const MemoryAvailability & mem, std::string * reason);
 
 }  // namespace moestream

@@ -178,7 +178,7 @@ void InPlaceRead::copy_ends(const ReadRequest & r, const uint8_t * bounce, uint6
 
 int IoLanes::read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err) {
     InPlaceRead p;
-    if (!direct_ || !in_place_ || !InPlaceRead::plan(r, align_, &p)) return 0;
+    if (!direct_ || !InPlaceRead::plan(r, align_, &p)) return 0;
     Lane & l = lanes_[lane];
     struct iovec iov[3];
     const int n = p.iov(r, l.bounce, align_, iov);

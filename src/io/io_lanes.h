@@ -166,8 +166,6 @@ public:
         hook_ = fn;
         hook_ud_ = ud;
     }
-    // false: every request goes through the bounce buffer and a copy (benchmarks' A/B).
-    void set_in_place(bool on) { in_place_ = on; }
     // true: later stages wait for the earlier ones to complete (above, "Staged reads").
     void set_staged(bool on) { staged_ = on; }
 
@@ -205,7 +203,6 @@ private:
     std::vector<Lane> lanes_;
     std::vector<std::thread> threads_;
     PreadvFn hook_ = nullptr;
-    bool in_place_ = true;
     bool staged_ = false;
     int stage_waiters_ = 0;  // lanes sleeping in wait_stage (guarded by mu_)
     int gate_waiters_ = 0;   // lanes sleeping in wait_gate (guarded by mu_)

@@ -93,10 +93,10 @@ struct CacheOptions {
     // thread started with the store zero-fills up to the budget's worth of new chunks while
     // the engine reads the dense weights; commits take its completed chunks (mapped
     // populated) instead of new ones faulted in by the read lanes, and the first commit that
-    // finds none ready stops it. Nothing waits for it. Lossless; false =
-    // MOESTREAM_POOL_WARM=0, for A/B benchmarks. An error (ENOMEM, ENOSPC) stops the warm-up,
-    // never the run.
-    bool warm_pool = true;
+    // finds none ready stops it. Nothing waits for it. Lossless; opt-in, as the engine's
+    // RunOptions::pool_warm (MOESTREAM_POOL_WARM=1), an experiment for A/B benchmarks. An error
+    // (ENOMEM, ENOSPC) stops the warm-up, never the run.
+    bool warm_pool = false;
 };
 
 // Debug knobs of the LRU cache (docs/cache.md, "Debug mode"; `--cache-debug`).

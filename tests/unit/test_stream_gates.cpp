@@ -5,7 +5,7 @@
 //   token ids AND every step's logits (FNV hash) AND the final logits (raw bytes) identical
 //   between (a) --no-stream (llama.cpp's own loading, all resident), (b) streaming with
 //   O_DIRECT, (c) streaming with buffered reads, (d) --io-threads 1 and 4, the read path without
-//   overlap (--no-io-overlap) and through bounce buffers (--io-copy), (f) the LRU cache
+//   overlap (--no-io-overlap), (f) the LRU cache
 //   with a budget holding everything, with a 1 MiB budget that evicts on every token (poison
 //   and residency checks on), and cache off, and the default (auto);
 //   and generated text identical to (e) Debian's llama-completion run greedily (the tiny
@@ -133,7 +133,6 @@ TEST_P(StreamGate, ByteIdenticalToResidentAndToLlamaCompletion) {
                 {"", "--cache-mb 0 --io-threads 1", "off"},
                 {"", "--cache-mb 0 --io-threads 4", "off"},
                 {"", "--cache-mb 0 --no-io-overlap", "off"},            // every read before gate/up
-                {"", "--cache-mb 0 --io-copy --no-io-overlap", "off"},  // bounce buffer + copy
                 {"", "--cache-mb 0 --prefetch", "off"},                 // second slot set
                 {"", "--cache-mb 0 --io-threads 4 --prefetch", "off"},
                 // The LRU cache: everything fits; evictions; + read-ahead; every token evicts.

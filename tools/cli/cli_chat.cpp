@@ -26,6 +26,7 @@
 
 #include "chat_format.h"
 #include "cli.h"
+#include "moestream/settings.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
 #include "reply_printer.h"
@@ -150,21 +151,12 @@ struct Session {
     bool lossy = false;
 };
 
-// The opt-in lossy knobs in effect, by name ("" when none is).
+// The opt-in lossy knobs in effect, by name ("" when none is; the registry's, settings.h).
+// --n-expert-used only when the engine is lossy (it may equal the model's top-k).
 std::string lossy_knobs(const RunOptions & o, bool engine_lossy) {
-    std::string k;
-    auto add = [&k](const std::string & s) { k += (k.empty() ? "" : " ") + s; };
-    if (o.n_expert_used > 0 && engine_lossy) add("--n-expert-used " + std::to_string(o.n_expert_used));
-    if (o.drop_cold > 0) {
-        add("--drop-cold-experts " + fmt_num(o.drop_cold));
-        if (o.drop_in_prefill) add("--drop-in-prefill");
-        if (o.drop_renorm) add("--drop-renorm");
-    }
-    if (o.substitute > 0) add("--substitute-experts " + fmt_num(o.substitute));
-    if (!o.miss_fallback.empty())
-        add("--miss-fallback " + o.miss_fallback + " --fallback-threshold " +
-            fmt_num(o.fallback_threshold));
-    return k;
+    RunOptions shown = o;
+    if (!engine_lossy) shown.n_expert_used = 0;
+    return lossy_knobs_text(shown, 0);
 }
 
 std::string quality_label(const RunOptions & o, bool engine_lossy, bool reply_lossy) {

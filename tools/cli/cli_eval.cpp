@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "moestream/settings.h"
 #include "moestream/eval.h"
 #include "moestream/gguf_index.h"
 #include "moestream/moestream.h"
@@ -85,12 +86,8 @@ int do_eval(EvalFlags & f) {
         model_bytes = idx.set_bytes;  // every shard of a split set
     }
 
-    RunOptions ref_opt = f.opt;  // the same model and residency, lossy knobs off
-    ref_opt.n_expert_used = 0;
-    ref_opt.drop_cold = 0;
-    ref_opt.drop_in_prefill = ref_opt.drop_renorm = false;
-    ref_opt.substitute = 0;
-    ref_opt.miss_fallback.clear();
+    // The same model and residency, the registry's lossy knobs off (settings.h).
+    RunOptions ref_opt = without_lossy_knobs(f.opt);
     ref_opt.route_trace.clear();
     ref_opt.route_trace_scores = false;
 
@@ -200,22 +197,10 @@ int do_eval(EvalFlags & f) {
         };
         const std::string win =
             f.window ? ", windows of " + std::to_string(f.window) + " tokens" : std::string();
-        // The lossy knobs by name (docs/lossy-knobs.md), from the resolved settings.
+        // The lossy knobs by name (docs/lossy-knobs.md), from the registry (settings.h).
         const nlohmann::json & set = j["settings"];
-        std::string knobs;
-        if (set.value("n_expert_used", 0) != set.value("n_expert_used_model", 0))
-            knobs += " --n-expert-used " + std::to_string(set.value("n_expert_used", 0)) +
-                     " (the model's " + std::to_string(set.value("n_expert_used_model", 0)) + ")";
-        if (set.value("drop_cold_experts", 0.0) > 0) {
-            knobs += " --drop-cold-experts " + fmt_num(set.value("drop_cold_experts", 0.0));
-            if (set.value("drop_in_prefill", false)) knobs += " --drop-in-prefill";
-            if (set.value("drop_renorm", false)) knobs += " --drop-renorm";
-        }
-        if (set.value("substitute_experts", 0.0) > 0)
-            knobs += " --substitute-experts " + fmt_num(set.value("substitute_experts", 0.0));
-        if (set.contains("miss_fallback"))
-            knobs += " --miss-fallback " + set.value("miss_fallback", std::string()) +
-                     " --fallback-threshold " + fmt_num(set.value("fallback_threshold", 0.0));
+        const std::string knobs =
+            " " + lossy_knobs_text(f.opt, set.value("n_expert_used_model", 0u));
         std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
                     toks.size(), (unsigned long long)sum.positions, win.c_str(),
                     run->lossy() ? ("LOSSY:" + knobs).c_str() : "lossless settings");

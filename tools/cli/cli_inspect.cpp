@@ -14,6 +14,7 @@
 
 #include "moestream/cache_budget.h"
 #include "cli.h"
+#include "moestream/settings.h"
 #include "ggml.h"
 #include "moestream/gguf_index.h"
 #include "moestream/sysinfo.h"
@@ -300,12 +301,42 @@ void add_inspect_command(CLI::App & app, Action * action) {
     struct Opts {
         std::string model;
         bool json = false;
+        bool plan = false;
+        RunOptions run;  // --plan: the run's engine flags
     };
     auto opts = std::make_shared<Opts>();
     sub->add_option("-m,--model", opts->model, "GGUF model file (or any shard of a split set)")->required();
     sub->add_flag("--json", opts->json, "machine-readable output (exact byte counts)");
-    sub->callback([action, opts] {
-        *action = [opts] {
+    sub->add_flag("--plan", opts->plan,
+                  "print the plan `run` would get with the engine flags given here, on this "
+                  "machine now: each choice (store, budget, overlap, read-ahead, prefetch, "
+                  "lossy) and why (as --stats-json settings.plan)");
+    const size_t before = sub->get_options().size();
+    add_engine_flags(sub, &opts->run);
+    std::vector<std::string> engine_flags;
+    for (size_t i = before; i < sub->get_options().size(); ++i)
+        engine_flags.push_back(sub->get_options()[i]->get_name());
+    sub->callback([action, opts, sub, engine_flags] {
+        *action = [opts, sub, engine_flags] {
+            if (!opts->plan)  // the engine flags only shape a plan
+                if (int rc = refuse_given(sub, engine_flags, "applies to --plan")) return rc;
+            if (opts->plan) {
+                if (int rc = check_engine_flags(sub, opts->run)) return rc;
+                opts->run.model_path = opts->model;
+                std::string plan;
+                Status st = describe_plan(opts->run, &plan);
+                if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
+                const nlohmann::json j = nlohmann::json::parse(plan);
+                if (opts->json) {
+                    std::printf("%s\n", j.dump(2).c_str());
+                } else {
+                    for (const auto & c : j)
+                        std::printf("%-18s %s  (%s)\n", c["name"].get<std::string>().c_str(),
+                                    c["value"].get<std::string>().c_str(),
+                                    flag_words(c["reason"].get<std::string>()).c_str());
+                }
+                return 0;
+            }
             ModelIndex m;
             Status st = load_model_index(opts->model, &m);
             if (!st.ok()) {

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "cli.h"
+#include "moestream/settings.h"
 #include "moestream/log.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
@@ -346,17 +347,17 @@ int do_run(RunFlags & f) {
 }  // namespace
 
 void add_engine_flags(CLI::App * sub, RunOptions * opt) {
+    const auto help = [](const char * field) { return setting_help(field); };  // the registry's
     opt->n_threads = default_threads();
     opt->n_ctx = 0;
     sub->add_option("-t,--threads", opt->n_threads,
-                    "compute threads (default: the physical cores this process may use)")
+                    help("n_threads"))
         ->check(int_range(1, 512));
     sub->add_option("--threads-batch", opt->n_threads_batch,
-                    "threads for prompt batches (-tb; 0 = as -t)")
+                    help("n_threads_batch"))
         ->check(int_range(0, 512));
     sub->add_option("-c,--ctx-size", opt->n_ctx,
-                    "context length; 0 = the model's training context, capped so the KV cache "
-                    "takes at most 1/8 of the memory available")
+                    help("n_ctx"))
         ->check(CLI::Validator(
             [](std::string & v) -> std::string {
                 std::string c = v;
@@ -365,13 +366,12 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
             },
             "0|16..4194304"));
     sub->add_option("-b,--batch-size,--batch", opt->n_batch,
-                    "prompt tokens per decode (0 = chosen for the memory: 512, or more when "
-                    "streaming and the cache cannot hold every expert; -v says why)")
+                    help("n_batch"))
         ->check(int_range(0, 1 << 16));
     sub->add_option("--ubatch-size", opt->n_ubatch,
-                    "llama.cpp's physical batch (-ub; 0 = as -b; at most -b)")
+                    help("n_ubatch"))
         ->check(int_range(0, 1 << 16));
-    sub->add_option("--temp", opt->temp, "sampling temperature; 0 = greedy")
+    sub->add_option("--temp", opt->temp, help("temp"))
         ->check(real_range(0.0, 100.0));
     sub->add_option_function<std::string>(
            "-s,--seed",
@@ -391,25 +391,20 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                }
                opt->seed = uint32_t(n);
            },
-           "sampling seed; -1 = random (printed)")
+           setting_help("seed"))
         ->default_str(std::to_string(opt->seed));
     sub->add_flag("--no-stream", [opt](int64_t) { opt->stream = false; },
-                  "llama.cpp's own loading, everything resident (the reference)");
+                  help("stream"));
     sub->add_flag(
         "--no-mmap", [opt](int64_t) { opt->resident_mmap = false; },
-        "with --no-stream: read every tensor into memory at load instead of mapping "
-        "the file (no first-touch cost in the first decodes)");
+        help("resident_mmap"));
     sub->add_option("--io-threads", opt->io_threads,
-                    "parallel read lanes (calling thread included)")
+                    help("io_threads"))
         ->check(int_range(1, 64));
     sub->add_flag("--no-odirect", [opt](int64_t) { opt->odirect = false; },
-                  "buffered reads instead of O_DIRECT");
+                  help("odirect"));
     sub->add_flag("--no-io-overlap", [opt](int64_t) { opt->io_overlap = false; },
-                  "wait for every read of a layer before its first expert matmul (default: "
-                  "the down-projection reads overlap the gate/up matmuls)");
-    sub->add_flag("--io-copy", [opt](int64_t) { opt->io_in_place = false; },
-                  "read through a bounce buffer and copy (default: O_DIRECT straight into "
-                  "the expert's place); for A/B benchmarks");
+                  help("io_overlap"));
     sub->add_option_function<std::string>(
            "--cache-mb",
            [opt](const std::string & v) {
@@ -427,146 +422,58 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                    throw CLI::ValidationError("--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
                opt->cache_mb = n;
            },
-           "expert cache budget in MiB: auto, 0 = off, N")
+           setting_help("cache_mb"))
         ->type_name("auto|N")
         ->default_str("auto");
     sub->add_flag("--force-cache", opt->force_cache,
-                  "allow a --cache-mb below 1.5 x the model's per-token working set (moestream inspect: cache rule)");
+                  help("force_cache"));
     sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
-                  "commit fresh zero-filled pages for every cache miss and free them on "
-                  "eviction (default: reuse the evicted expert's pages); for A/B benchmarks");
+                  help("cache_recycle"));
     sub->add_flag(
         "--cache-no-move", [opt](int64_t) { opt->cache_move = false; },
-        "unmap an evicted expert's recycled pages and map them afresh for the next "
-        "miss (default: move the mapping with mremap); for A/B benchmarks");
+        help("cache_move"));
     sub->add_flag("--prefetch", opt->prefetch,
-                  "read the experts predicted for the next layer while this layer computes "
-                  "(lossless; needs 2+ io threads, and with --cache-mb 0 a second set of expert slots if "
-                  "memory allows; reads more bytes; docs/prefetch.md)");
+                  help("prefetch"));
     auto * ra_on = sub->add_flag(
         "--prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 1; },
-        "in prefill, read the next layer's experts guessed for the ubatch's rows while this "
-        "layer computes (lossless; on by default where it applies: streaming, 2+ io threads, no "
-        "--route-trace / --drop-cold-experts / --substitute-experts; given, it is refused where "
-        "it cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
-        "docs/prefetch.md)");
+        help("prefill_readahead"));
     sub->add_flag("--no-prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 0; },
                   "no prefill read-ahead (reads only what each prompt ubatch routes)")
         ->excludes(ra_on);
     sub->add_flag("--cache-debug", opt->cache_debug,
-                  "poison released/fresh cache pages and check every routed slice is resident");
+                  help("cache_debug"));
     sub->add_option("--n-expert-used", opt->n_expert_used,
-                    "LOSSY: experts per token, 1..the model's top-k (0 = the model's)")
+                    help("n_expert_used"))
         ->check(int_range(1, 1 << 16));
     sub->add_option("--drop-cold-experts", opt->drop_cold,
-                    "LOSSY: skip a routed expert that is a cache miss with final weight < F/k "
-                    "(F in (0, 1]; 0 = off)")
+                    help("drop_cold"))
         ->check(real_range(0.0, 1.0, true));
-    sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, "also drop during prefill (LOSSY)");
+    sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, help("drop_in_prefill"));
     sub->add_flag("--drop-renorm", opt->drop_renorm,
-                  "renormalize the remaining weights after a drop (LOSSY)");
+                  help("drop_renorm"));
     sub->add_option("--substitute-experts", opt->substitute,
-                    "LOSSY: compute a routed cache miss (never the top expert) with the best "
-                    "resident unselected expert whose router probability is less than M below "
-                    "it (M in [0, 1]; 0 = off)")
+                    help("substitute"))
         ->check(real_range(0.0, 1.0, false));
     sub->add_option("--miss-fallback", opt->miss_fallback,
-                    "LOSSY: compute a decode cache miss whose final router weight is below "
-                    "--fallback-threshold from the low-bit copy in FILE (made by `moestream "
-                    "make-fallback`)")
+                    help("miss_fallback"))
         ->type_name("FILE");
     sub->add_option("--fallback-threshold", opt->fallback_threshold,
-                    "final router weight below which --miss-fallback applies (W in (0, 1])")
+                    help("fallback_threshold"))
         ->check(real_range(0.0, 1.0, true));
-    auto * pc = sub->add_option(
-                       "--prompt-cache", opt->prompt_cache,
-                       "keep the prompt's KV in DIR (made if missing) and restore the longest "
-                       "stored prefix of a later prompt instead of prefilling it (lossless: "
-                       "byte-identical to a cold run; docs/prompt-cache.md); off by default")
-                  ->type_name("DIR");
-    sub->add_option("--prompt-cache-mb", opt->prompt_cache_mb,
-                    "what --prompt-cache's files may take on disk, MiB (least recently used "
-                    "removed first)")
+    auto * pc = sub->add_option("--prompt-cache", opt->prompt_cache, help("prompt_cache"))
+                    ->type_name("DIR");
+    sub->add_option("--prompt-cache-mb", opt->prompt_cache_mb, help("prompt_cache_mb"))
         ->check(int_range(1, 1ll << 40))
-        ->needs(pc)
-        ->capture_default_str();
+        ->needs(pc);
 }
 
-namespace {
-
-// RunOptions' fields as the library names them -> the flags that set them.
-constexpr std::pair<const char *, const char *> kFieldFlags[] = {
-    {"model_path", "-m"},
-    {"n_threads", "-t"},
-    {"n_threads_batch", "--threads-batch"},
-    {"n_ctx", "-c"},
-    {"n_batch", "--batch"},
-    {"n_ubatch", "--ubatch-size"},
-    {"temp", "--temp"},
-    {"seed", "--seed"},
-    {"stream = false", "--no-stream"},
-    {"resident_mmap = false", "--no-mmap"},
-    {"io_threads", "--io-threads"},
-    {"odirect = false", "--no-odirect"},
-    {"io_overlap = false", "--no-io-overlap"},
-    {"io_in_place = false", "--io-copy"},
-    {"cache_mb", "--cache-mb"},
-    {"force_cache", "--force-cache"},
-    {"cache_debug", "--cache-debug"},
-    {"cache_recycle = false", "--cache-no-recycle"},
-    {"cache_move = false", "--cache-no-move"},
-    {"prefetch", "--prefetch"},
-    {"prefill_readahead", "--prefill-readahead"},
-    {"n_expert_used", "--n-expert-used"},
-    {"drop_cold", "--drop-cold-experts"},
-    {"drop_in_prefill", "--drop-in-prefill"},
-    {"drop_renorm", "--drop-renorm"},
-    {"substitute", "--substitute-experts"},
-    {"miss_fallback", "--miss-fallback"},
-    {"fallback_threshold", "--fallback-threshold"},
-    {"route_trace", "--route-trace"},
-    {"route_trace_scores", "--route-trace-scores"},
-    {"prompt_cache", "--prompt-cache"},
-    {"prompt_cache_mb", "--prompt-cache-mb"},
-};
-
-bool ident_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; }
-
-}  // namespace
-
-std::string flag_words(const std::string & msg) {
-    static const std::string kPrefix = "RunOptions::";
-    std::string out;
-    size_t i = 0;
-    for (size_t at; (at = msg.find(kPrefix, i)) != std::string::npos;) {
-        out.append(msg, i, at - i);
-        const size_t name = at + kPrefix.size();
-        const char * flag = nullptr;
-        size_t len = 0;
-        for (const auto & [field, fl] : kFieldFlags) {  // the longest field that ends here
-            const size_t n = std::strlen(field);
-            if (n > len && msg.compare(name, n, field) == 0 &&
-                (name + n == msg.size() || !ident_char(msg[name + n]))) {
-                flag = fl;
-                len = n;
-            }
-        }
-        if (flag) {
-            out += flag;
-            i = name + len;
-        } else {  // a field without a flag keeps the library's name
-            out += kPrefix;
-            i = name;
-        }
-    }
-    out.append(msg, i, std::string::npos);
-    return out;
-}
+// The registry rewrites the library's RunOptions names (settings.h, option_words).
+std::string flag_words(const std::string & msg) { return option_words(msg); }
 
 int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
     if (!opt.stream)
         return refuse_given(sub,
-                            {"--io-threads", "--no-odirect", "--no-io-overlap", "--io-copy",
+                            {"--io-threads", "--no-odirect", "--no-io-overlap",
                              "--cache-mb", "--force-cache", "--cache-no-recycle", "--cache-no-move",
                              "--prefetch", "--cache-debug", "--route-trace"},
                             "applies to streaming; remove --no-stream");
@@ -638,7 +545,7 @@ void add_run_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<RunFlags>();
     auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file (or any shard of a split set)")->required();
+    sub->add_option("-m,--model", f->opt.model_path, setting_help("model_path"))->required();
     auto * p = sub->add_option("-p,--prompt", f->prompt,
                                "prompt text, completed as is (no chat template)");
     sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file; - = stdin")
@@ -655,11 +562,9 @@ void add_run_command(CLI::App & app, Action * action) {
                   "print only the generated text (the default)");
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
-    sub->add_option("--route-trace", f->opt.route_trace,
-                    "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)");
+    sub->add_option("--route-trace", f->opt.route_trace, setting_help("route_trace"));
     sub->add_flag("--route-trace-scores", f->opt.route_trace_scores,
-                  "also record each decode row's full router scores in the trace (n_expert "
-                  "per layer; for `replay --substitute-experts`)");
+                  setting_help("route_trace_scores"));
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
     sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
     sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");

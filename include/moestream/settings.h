@@ -1,0 +1,107 @@
+// settings.h — the one registry of the engine's settings, and what is generated from it.
+//
+// Every RunOptions field and every environment variable the library or the CLI reads is one
+// row of kSettings (settings.cpp): the field, the CLI flag(s), the environment name, the
+// default, its class, one doc line and its key in the `settings` JSON. From the rows come:
+// the --help text of the engine flags, the CLI's rewriting of `RunOptions::<field>` into flags
+// (flag_words), the lossy-knob text of run / chat / eval / serve, Engine::lossy(), the
+// environment overlay (apply_env_overlay) and the settings tables of docs/cli.md
+// (settings_markdown; a test fails when the doc and the registry differ).
+//
+// Invariants: field names are unique; a row with a field has a value accessor of the field's
+// type; an environment name is set by exactly one row; the env overlay parses only the values
+// a row's `choices` lists (or, without choices, a value of the field's type).
+// Thread-safety: the registry is immutable; apply_env_overlay reads the process environment
+// (not safe against a concurrent setenv).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "moestream/moestream.h"
+#include "moestream/status.h"
+
+namespace moestream {
+
+// What a setting is for (docs/cli.md, "Settings").
+enum class SettingClass {
+    kProduction,  // a setting users choose
+    kExperiment,  // an A/B switch kept for a benchmark not yet settled; lossless either way
+    kLossy,       // opt-in: changes the output vs the all-resident model (docs/lossy-knobs.md)
+    kTestOnly,    // negative controls and fault injection of the tests; nothing else sets it
+};
+const char * setting_class_name(
+    SettingClass c);  // "production", "experiment", "lossy", "test-only"
+
+// A typed accessor of one RunOptions field (std::monostate: no field, an environment-only row).
+using SettingField = std::variant<std::monostate, int RunOptions::*, int64_t RunOptions::*,
+                                  uint32_t RunOptions::*, bool RunOptions::*, float RunOptions::*,
+                                  double RunOptions::*, std::string RunOptions::*>;
+
+struct Setting {
+    const char * field;    // RunOptions member ("" = none: read from the environment only)
+    SettingField member;   // the same member, typed
+    const char * flags;    // CLI11 names ("-c,--ctx-size"; "" = none). A bool whose flag
+                           // clears it names the flag that does (--no-stream)
+    const char * env;      // environment variable ("" = none)
+    const char * choices;  // the values env (and the field) may take, '|'-separated ("" = any
+                           // value of the field's type)
+    bool env_inverted;     // a 0|1 variable that sets the bool field to its negation
+    const char * dflt;     // the default as the user sees it
+    SettingClass cls;
+    const char * doc;  // one line: what it does (the --help text of its flag)
+    const char * key;  // its key in the `settings` JSON ("" = not reported)
+    // The flag a message names for this field: its short name (-c), else its first long name
+    // ("" = none).
+    std::string flag() const;
+};
+
+// Every row, in the order docs/cli.md lists them.
+const std::vector<Setting> & settings_registry();
+// The row of a RunOptions field (nullptr: none).
+const Setting * find_setting(std::string_view field);
+// The --help text of a field's flag: its doc line and, for experiments and test-only rows,
+// what class it is in. The field must have a row (else "").
+std::string setting_help(std::string_view field);
+
+// The environment overlay: every row with an environment name that is set in the process
+// environment sets its field. A malformed value is kUsage naming the variable and the values
+// it may take. Rows without a field (test-only variables, the backend path) are read where they
+// are used (env_knobs.h).
+Status apply_env_overlay(RunOptions * opt);
+// The fields with `choices` hold one of them (an embedding program sets fields, so they are
+// checked like any option): Ok, or kUsage naming `RunOptions::<field>` and its values.
+Status check_setting_choices(const RunOptions & opt);
+
+// The lossy knobs in effect, as flags with their values ("--drop-cold-experts 0.5
+// --drop-renorm"; "" when none is). model_top_k: the model's top-k (n_expert_used equal to it
+// is lossless); 0 when unknown (then any n_expert_used > 0 is listed).
+std::string lossy_knobs_text(const RunOptions & opt, uint32_t model_top_k);
+// True when an opt-in lossy knob changes the output (lossy_knobs_text is not empty).
+bool lossy_options(const RunOptions & opt, uint32_t model_top_k);
+// The options with every lossy knob at its default (eval's reference run).
+RunOptions without_lossy_knobs(RunOptions opt);
+
+// The library's `RunOptions::<field>` in a message rewritten as the CLI writes it: the field's
+// flag (`RunOptions::stream = false` -> `--no-stream`), or for a field set only from the
+// environment, the variable (`RunOptions::slot_cache = 1` -> `MOESTREAM_SLOT_CACHE=1`).
+// A field without either keeps the library's name.
+std::string option_words(const std::string & msg);
+
+// The settings tables of docs/cli.md (one per class, Markdown), exactly as the doc has them
+// between its `<!-- settings:begin -->` and `<!-- settings:end -->` markers.
+std::string settings_markdown();
+
+// The plan a run with these options would get on this machine now (inspect --plan), without
+// loading the model into llama.cpp: the model's index read and validated, the environment
+// overlaid, the options checked, the context and batch chosen, then the rules of the engine's
+// resolve with the memory available now, io_threads lanes and O_DIRECT as asked for. *json:
+// the array `settings.plan` of a run has ({name, value, reason} per choice). A run's own plan
+// may differ where the machine does (memory once the context is made, O_DIRECT refused by the
+// file system). Errors as Engine::open's for the same options.
+Status describe_plan(const RunOptions & opt, std::string * json);
+
+}  // namespace moestream

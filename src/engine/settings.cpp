@@ -1,0 +1,598 @@
+// settings.cpp — the registry of settings (include/moestream/settings.h) and what is generated
+// from it. Adding a setting: one row here, the field in RunOptions, the feature, its test.
+#include "moestream/settings.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_set>
+
+#include "moestream/log.h"
+
+namespace moestream {
+namespace {
+
+using C = SettingClass;
+using R = RunOptions;
+
+// One row per setting. Order: as docs/cli.md lists them (by class, then as here).
+const std::vector<Setting> kSettings = {
+    // --- production ---
+    {"model_path", &R::model_path, "-m,--model", "", "", false, "(required)", C::kProduction,
+     "GGUF model file (or any shard of a split set)", "model"},
+    {"n_threads", &R::n_threads, "-t,--threads", "", "", false,
+     "the physical cores this process may use", C::kProduction,
+     "compute threads (default: the physical cores this process may use)", "n_threads"},
+    {"n_threads_batch", &R::n_threads_batch, "--threads-batch", "", "", false, "0", C::kProduction,
+     "threads for prompt batches (-tb; 0 = as -t)", "n_threads_batch"},
+    {"n_ctx", &R::n_ctx, "-c,--ctx-size", "", "", false, "0", C::kProduction,
+     "context length; 0 = the model's training context, capped so the KV cache takes at most "
+     "1/4 of the memory available",
+     "n_ctx"},
+    {"n_batch", &R::n_batch, "-b,--batch-size,--batch", "", "", false, "0", C::kProduction,
+     "prompt tokens per decode (0 = chosen for the memory: 512, or more when streaming and the "
+     "cache cannot hold every expert; -v says why)",
+     "n_batch"},
+    {"n_ubatch", &R::n_ubatch, "--ubatch-size", "", "", false, "0", C::kProduction,
+     "llama.cpp's physical batch (-ub; 0 = as -b; at most -b)", "n_ubatch"},
+    {"temp", &R::temp, "--temp", "", "", false, "0", C::kProduction,
+     "sampling temperature; 0 = greedy", "temp"},
+    {"seed", &R::seed, "-s,--seed", "", "", false, "1", C::kProduction,
+     "sampling seed; -1 = random (printed)", "seed"},
+    {"stream", &R::stream, "--no-stream", "", "", false, "streaming", C::kProduction,
+     "llama.cpp's own loading, everything resident (the reference)", "stream"},
+    {"resident_mmap", &R::resident_mmap, "--no-mmap", "", "", false, "map the file", C::kProduction,
+     "with --no-stream: read every tensor into memory at load instead of mapping the file (no "
+     "first-touch cost in the first decodes)",
+     "mmap"},
+    {"io_threads", &R::io_threads, "--io-threads", "", "", false, "4", C::kProduction,
+     "parallel read lanes (calling thread included)", "io_threads"},
+    {"odirect", &R::odirect, "--no-odirect", "", "", false, "O_DIRECT", C::kProduction,
+     "buffered reads instead of O_DIRECT", "odirect_requested"},
+    {"io_overlap", &R::io_overlap, "--no-io-overlap", "", "", false, "overlap", C::kProduction,
+     "wait for every read of a layer before its first expert matmul (default: the "
+     "down-projection reads overlap the gate/up matmuls)",
+     "io_overlap"},
+    {"cache_mb", &R::cache_mb, "--cache-mb", "", "", false, "auto", C::kProduction,
+     "expert cache budget in MiB: auto, 0 = off, N", "cache_mb_requested"},
+    {"force_cache", &R::force_cache, "--force-cache", "", "", false, "off", C::kProduction,
+     "allow a --cache-mb below 1.5 x the model's per-token working set (moestream inspect: "
+     "cache rule)",
+     ""},
+    {"drop_cold_later", &R::drop_cold_later, "", "", "", false, "false", C::kProduction,
+     "library only: the caller may turn drop-cold on later (set_drop_cold), so the LRU cache "
+     "holds the budget",
+     ""},
+    {"prefetch", &R::prefetch, "--prefetch", "", "", false, "off", C::kProduction,
+     "read the experts predicted for the next layer while this layer computes (lossless; needs "
+     "2+ io threads, and with --cache-mb 0 a second set of expert slots if memory allows; reads "
+     "more bytes; docs/prefetch.md)",
+     "prefetch_requested"},
+    {"prefill_readahead", &R::prefill_readahead, "--prefill-readahead", "", "", false,
+     "where it applies", C::kProduction,
+     "in prefill, read the next layer's experts guessed for the ubatch's rows while this layer "
+     "computes (lossless; on by default where it applies: streaming, 2+ io threads, no "
+     "--route-trace / --drop-cold-experts / --substitute-experts; given, it is refused where it "
+     "cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
+     "docs/prefetch.md)",
+     "prefill_readahead_option"},
+    {"route_trace", &R::route_trace, "--route-trace", "", "", false, "none", C::kProduction,
+     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)", ""},
+    {"route_trace_scores", &R::route_trace_scores, "--route-trace-scores", "", "", false, "off",
+     C::kProduction,
+     "also record each decode row's full router scores in the trace (n_expert per layer; for "
+     "`replay --substitute-experts`)",
+     ""},
+    {"prompt_cache", &R::prompt_cache, "--prompt-cache", "", "", false, "off", C::kProduction,
+     "keep the prompt's KV in DIR (made if missing) and restore the longest stored prefix of a "
+     "later prompt instead of prefilling it (lossless: byte-identical to a cold run; "
+     "docs/prompt-cache.md)",
+     "prompt_cache"},
+    {"prompt_cache_mb", &R::prompt_cache_mb, "--prompt-cache-mb", "", "", false, "4096",
+     C::kProduction,
+     "what --prompt-cache's files may take on disk, MiB (least recently used removed first)",
+     "prompt_cache_mb"},
+    {"",
+     {},
+     "",
+     "GGML_BACKEND_PATH",
+     "",
+     false,
+     "unset",
+     C::kProduction,
+     "load exactly this ggml CPU backend .so (the gates pin the same one for moestream and "
+     "llama.cpp's tools)",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_GGML_BACKEND_DIR",
+     "",
+     false,
+     "the prefix's backends",
+     C::kProduction,
+     "where ggml picks a backend variant for this CPU",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_LOG",
+     "",
+     false,
+     "warn",
+     C::kProduction,
+     "the log level before any flag is read (error, warn, info, debug)",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_API_KEY",
+     "",
+     false,
+     "unset",
+     C::kProduction,
+     "`serve`: the API key requests must carry (as --api-key)",
+     ""},
+    // --- lossy ---
+    {"n_expert_used", &R::n_expert_used, "--n-expert-used", "", "", false, "the model's top-k",
+     C::kLossy, "experts per token, 1..the model's top-k (0 = the model's)", "n_expert_used"},
+    {"drop_cold", &R::drop_cold, "--drop-cold-experts", "", "", false, "0", C::kLossy,
+     "skip a routed expert that is a cache miss with final weight < F/k (F in (0, 1]; 0 = off)",
+     "drop_cold_experts"},
+    {"drop_in_prefill", &R::drop_in_prefill, "--drop-in-prefill", "", "", false, "off", C::kLossy,
+     "also drop during prefill", "drop_in_prefill"},
+    {"drop_renorm", &R::drop_renorm, "--drop-renorm", "", "", false, "off", C::kLossy,
+     "renormalize the remaining weights after a drop", "drop_renorm"},
+    {"substitute", &R::substitute, "--substitute-experts", "", "", false, "0", C::kLossy,
+     "compute a routed cache miss (never the top expert) with the best resident unselected "
+     "expert whose router probability is less than M below it (M in [0, 1]; 0 = off)",
+     "substitute_experts"},
+    {"miss_fallback", &R::miss_fallback, "--miss-fallback", "", "", false, "none", C::kLossy,
+     "compute a decode cache miss whose final router weight is below --fallback-threshold from "
+     "the low-bit copy in FILE (made by `moestream make-fallback`)",
+     "miss_fallback"},
+    {"fallback_threshold", &R::fallback_threshold, "--fallback-threshold", "", "", false, "0.1",
+     C::kLossy, "final router weight below which --miss-fallback applies (W in (0, 1])",
+     "fallback_threshold"},
+    // --- experiments ---
+    {"cache_recycle", &R::cache_recycle, "--cache-no-recycle", "", "", false, "recycle",
+     C::kExperiment,
+     "commit fresh zero-filled pages for every cache miss and free them on eviction (default: "
+     "reuse the evicted expert's pages)",
+     "cache_recycle"},
+    {"cache_move", &R::cache_move, "--cache-no-move", "", "", false, "move", C::kExperiment,
+     "unmap an evicted expert's recycled pages and map them afresh for the next miss (default: "
+     "move the mapping with mremap)",
+     "cache_move"},
+    {"prefetch_uring", &R::prefetch_uring, "", "MOESTREAM_PREFETCH_NO_URING", "0|1", true, "0",
+     C::kExperiment, "1: --prefetch tails are read by the worker lanes instead of io_uring",
+     "prefetch_io"},
+    {"overlap_stages", &R::overlap_stages, "", "MOESTREAM_OVERLAP_STAGES", "2|3", false, "3",
+     C::kExperiment,
+     "which expert reads a layer waits for before its first expert matmul: 2 gate and up; 3 "
+     "only the projection the graph multiplies first, the second waited for before its own "
+     "matmul (docs/design.md). Off with the overlap",
+     "io_overlap_stages"},
+    {"staged_reads", &R::staged_reads, "", "MOESTREAM_STAGED_READS", "0|1", false, "1",
+     C::kExperiment,
+     "1: the read lanes start a stage's reads only once the earlier stages' reads are in",
+     "io_staged_reads"},
+    {"stage_split", &R::stage_split, "", "MOESTREAM_STAGE_SPLIT", "0|1", false, "1", C::kExperiment,
+     "1: a routing's reads start once the first stage's slices are committed, the rest "
+     "committed while they read (docs/cache.md, \"Split staging\")",
+     "io_stage_split"},
+    {"prefill_guess", &R::prefill_guess, "", "MOESTREAM_PREFILL_GUESS", "rows|bank", false, "rows",
+     C::kExperiment,
+     "what prefill read-ahead reads for the next MoE layer: the union of the ubatch rows' "
+     "guesses, or the layer's whole bank (docs/prefetch.md)",
+     "prefill_guess"},
+    {"pool_warm", &R::pool_warm, "", "MOESTREAM_POOL_WARM", "0|1", false, "0", C::kExperiment,
+     "1: the LRU cache's page pool zero-fills up to the budget's worth of pages in a "
+     "low-priority thread from the cache's creation on (docs/cache.md, \"Pool warm-up\")",
+     "cache_pool_warm"},
+    {"slot_cache", &R::slot_cache, "", "MOESTREAM_SLOT_CACHE", "auto|0|1", false, "auto",
+     C::kExperiment,
+     "which store holds a cache budget: auto, the fixed-slot cache where it can run, else the "
+     "LRU cache; 0 the LRU cache; 1 the fixed-slot cache, refused by name where it cannot run "
+     "(docs/cache.md)",
+     "cache_store"},
+    {"slot_warm", &R::slot_warm, "", "MOESTREAM_SLOT_WARM", "0|1", false, "1", C::kExperiment,
+     "1: with the fixed-slot cache, the prompt's last ubatch fills the slots from the shared "
+     "slots; 0 starts decode with empty slots",
+     "cache_slot_warm"},
+    {"huge_pages", &R::huge_pages, "", "MOESTREAM_HUGEPAGES", "0|1", false, "1", C::kExperiment,
+     "1: the engine's own large buffers (expert slots, shared slots, dense weight copies) are "
+     "advised for transparent huge pages; 0: 4 KiB pages",
+     "huge_pages"},
+    {"slot_populate", &R::slot_populate, "", "MOESTREAM_SLOT_POPULATE", "idle|nice|off", false,
+     "idle", C::kExperiment,
+     "how the fixed slots' pages are populated before first use: a SCHED_IDLE thread, a nice "
+     "+10 thread, or not at all (docs/cache.md, \"Fixed slots\")",
+     "cache_slot_populate"},
+    // --- test-only ---
+    {"cache_debug", &R::cache_debug, "--cache-debug", "", "", false, "off", C::kTestOnly,
+     "poison released/fresh cache pages and check every routed slice is resident", "cache_debug"},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_CORRUPT_EXPERT",
+     "",
+     false,
+     "unset",
+     C::kTestOnly,
+     "`<layer>:<expert>` or `<layer>:*`: corrupt those expert slices after each read (the gates' "
+     "negative control)",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_IO_FAULT",
+     "",
+     false,
+     "unset",
+     C::kTestOnly,
+     "inject I/O faults at the read lanes (src/io/io_faults.h)",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_NO_BUDGET_CLAMP",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "an explicit --cache-mb is not clamped to the memory limit",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SKIP_SECOND_WAIT",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "do not wait for the second projection's reads",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "--substitute-experts substitutes a non-resident expert",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_FALLBACK_SKIP_CONVERT",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "--miss-fallback leaves its first converted slot unwritten",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SLOT_MISPLACE",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "the fixed-slot cache rewrites expert ids to the wrong slots",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SLOT_WARM_SKIP_COPY",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "the slots' warm start records its experts without copying them",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_SLOT_PREFETCH_SKIP_READ",
+     "0|1",
+     false,
+     "0",
+     C::kTestOnly,
+     "a prefetch into slots records its experts without reading them",
+     ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_TOKEN_DELAY_MS",
+     "",
+     false,
+     "0",
+     C::kTestOnly,
+     "`serve`: sleep this long after each token (the queue tests)",
+     ""},
+};
+
+// "a|b|c" -> {"a", "b", "c"}.
+std::vector<std::string> split_choices(const char * choices) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (const char * p = choices; *p; ++p) {
+        if (*p == '|') {
+            out.push_back(cur);
+            cur.clear();
+        } else {
+            cur += *p;
+        }
+    }
+    if (*choices) out.push_back(cur);
+    return out;
+}
+
+// "2, 3 or 4" from {"2", "3", "4"}.
+std::string choices_text(const std::vector<std::string> & c) {
+    std::string s;
+    for (size_t i = 0; i < c.size(); ++i)
+        s += (i == 0 ? "" : i + 1 == c.size() ? " or " : ", ") + c[i];
+    return s;
+}
+
+std::string num_text(double v) {
+    char b[64];
+    std::snprintf(b, sizeof b, "%g", v);
+    return b;
+}
+
+// A field's value as a flag or variable value ("0.5", "1", "rows"; bools "1" / "0").
+std::string value_text(const Setting & s, const RunOptions & o) {
+    return std::visit(
+        [&o](auto m) -> std::string {
+            using M = decltype(m);
+            if constexpr (std::is_same_v<M, std::monostate>) {
+                return "";
+            } else {
+                const auto & v = o.*m;
+                using V = std::decay_t<decltype(v)>;
+                if constexpr (std::is_same_v<V, std::string>)
+                    return v;
+                else if constexpr (std::is_same_v<V, bool>)
+                    return v ? "1" : "0";
+                else if constexpr (std::is_floating_point_v<V>)
+                    return num_text(double(v));
+                else
+                    return std::to_string(v);
+            }
+        },
+        s.member);
+}
+
+// Sets a field from a variable's text (already one of its choices when it has any); false
+// when the text is no value of the field's type.
+bool set_from_text(const Setting & s, const std::string & t, RunOptions * o) {
+    return std::visit(
+        [&](auto m) -> bool {
+            using M = decltype(m);
+            if constexpr (std::is_same_v<M, std::monostate>) {
+                return false;
+            } else {
+                auto & v = o->*m;
+                using V = std::decay_t<decltype(v)>;
+                if constexpr (std::is_same_v<V, std::string>) {
+                    v = t;
+                    return true;
+                } else if constexpr (std::is_same_v<V, bool>) {
+                    if (t != "0" && t != "1") return false;
+                    v = (t == "1") != s.env_inverted;
+                    return true;
+                } else {
+                    char * end = nullptr;
+                    const double d = std::strtod(t.c_str(), &end);
+                    if (t.empty() || end != t.c_str() + t.size()) return false;
+                    v = V(d);
+                    return double(v) == d;
+                }
+            }
+        },
+        s.member);
+}
+
+bool is_default(const Setting & s, const RunOptions & o) {
+    static const RunOptions kDefaults;
+    return value_text(s, o) == value_text(s, kDefaults);
+}
+
+// A lossy row in effect: its value is not the default (fallback_threshold: with miss_fallback,
+// whose threshold it is; n_expert_used: unless it equals the model's top-k).
+bool lossy_in_effect(const Setting & s, const RunOptions & o, uint32_t top_k) {
+    const std::string f = s.field;
+    if (f == "fallback_threshold") return !o.miss_fallback.empty();
+    if (f == "n_expert_used")
+        return o.n_expert_used > 0 && (top_k == 0 || uint32_t(o.n_expert_used) != top_k);
+    return !is_default(s, o);
+}
+
+std::string md_cell(const std::string & s) {
+    std::string out;
+    for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+    return out;
+}
+
+}  // namespace
+
+const char * setting_class_name(SettingClass c) {
+    switch (c) {
+        case C::kProduction:
+            return "production";
+        case C::kExperiment:
+            return "experiment";
+        case C::kLossy:
+            return "lossy";
+        case C::kTestOnly:
+            return "test-only";
+    }
+    return "?";
+}
+
+std::string Setting::flag() const {
+    const std::vector<std::string> names = [this] {
+        std::vector<std::string> n;
+        std::string cur;
+        for (const char * p = flags;; ++p) {
+            if (*p == ',' || *p == 0) {
+                if (!cur.empty()) n.push_back(cur);
+                cur.clear();
+                if (*p == 0) break;
+            } else {
+                cur += *p;
+            }
+        }
+        return n;
+    }();
+    for (const std::string & n : names)  // the short name, as llama.cpp's users write it
+        if (n.rfind("--", 0) != 0) return n;
+    return names.empty() ? std::string() : names[0];
+}
+
+const std::vector<Setting> & settings_registry() {
+    return kSettings;
+}
+
+const Setting * find_setting(std::string_view field) {
+    for (const Setting & s : kSettings)
+        if (*s.field && field == s.field) return &s;
+    return nullptr;
+}
+
+std::string setting_help(std::string_view field) {
+    const Setting * s = find_setting(field);
+    if (s == nullptr) return "";
+    std::string h = s->doc;
+    if (s->cls == C::kLossy) h = "LOSSY: " + h;
+    if (s->cls == C::kExperiment) h += "; an experiment, for A/B benchmarks";
+    return h;
+}
+
+Status apply_env_overlay(RunOptions * opt) {
+    for (const Setting & s : kSettings) {
+        if (!*s.env || !*s.field) continue;
+        const char * v = std::getenv(s.env);
+        if (v == nullptr || *v == 0) continue;
+        const std::string t = v;
+        const std::vector<std::string> c = split_choices(s.choices);
+        bool ok = c.empty();
+        for (const std::string & x : c) ok = ok || x == t;
+        if (!ok || !set_from_text(s, t, opt))
+            return Status::Usage(std::string(s.env) + "=" + t + ": must be " +
+                                 (c.empty() ? std::string("a number") : choices_text(c)));
+        MS_LOG_INFO("%s=%s: RunOptions::%s set from the environment", s.env, v, s.field);
+    }
+    return Status::Ok();
+}
+
+Status check_setting_choices(const RunOptions & opt) {
+    for (const Setting & s : kSettings) {
+        if (!*s.field || !*s.choices) continue;
+        const std::vector<std::string> c = split_choices(s.choices);
+        const std::string v = value_text(s, opt);
+        bool ok = false;
+        for (const std::string & x : c) ok = ok || x == v;
+        if (!ok)
+            return Status::Usage("RunOptions::" + std::string(s.field) + " " + v + " is not " +
+                                 choices_text(c));
+    }
+    return Status::Ok();
+}
+
+std::string lossy_knobs_text(const RunOptions & opt, uint32_t model_top_k) {
+    std::string k;
+    for (const Setting & s : kSettings) {
+        if (s.cls != C::kLossy || !*s.field || !lossy_in_effect(s, opt, model_top_k)) continue;
+        std::string part = s.flag();
+        if (!std::holds_alternative<bool RunOptions::*>(s.member)) part += " " + value_text(s, opt);
+        if (std::string(s.field) == "n_expert_used" && model_top_k > 0)
+            part += " (the model's " + std::to_string(model_top_k) + ")";
+        k += (k.empty() ? "" : " ") + part;
+    }
+    return k;
+}
+
+bool lossy_options(const RunOptions & opt, uint32_t model_top_k) {
+    return !lossy_knobs_text(opt, model_top_k).empty();
+}
+
+RunOptions without_lossy_knobs(RunOptions opt) {
+    static const RunOptions kDefaults;
+    for (const Setting & s : kSettings)
+        if (s.cls == C::kLossy)
+            std::visit(
+                [&opt](auto m) {
+                    if constexpr (!std::is_same_v<decltype(m), std::monostate>)
+                        opt.*m = kDefaults.*m;
+                },
+                s.member);
+    return opt;
+}
+
+std::string option_words(const std::string & msg) {
+    static const std::string kPrefix = "RunOptions::";
+    auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+    std::string out;
+    size_t i = 0;
+    for (size_t at; (at = msg.find(kPrefix, i)) != std::string::npos;) {
+        out.append(msg, i, at - i);
+        const size_t name = at + kPrefix.size();
+        size_t end = name;
+        while (end < msg.size() && ident(msg[end])) ++end;
+        const Setting * s = find_setting(std::string_view(msg).substr(name, end - name));
+        const bool is_bool = s && std::holds_alternative<bool RunOptions::*>(s->member);
+        // "<field> = <value>" (a boolean turned off, or a variable's value).
+        size_t vend = end;
+        std::string value;
+        if (msg.compare(end, 3, " = ") == 0) {
+            vend = end + 3;
+            while (vend < msg.size() && (ident(msg[vend]) || msg[vend] == '-')) ++vend;
+            value = msg.substr(end + 3, vend - end - 3);
+        }
+        if (s && *s->flags && (!is_bool || value.empty() || value == "false")) {
+            out += s->flag();  // a bool's flag sets what the message says
+            i = value.empty() ? end : vend;
+        } else if (s && *s->env) {
+            std::string v = value == "true" ? "1" : value == "false" ? "0" : value;
+            if (s->env_inverted && (v == "0" || v == "1")) v = v == "1" ? "0" : "1";
+            out += std::string(s->env) + (value.empty() ? "" : "=" + v);
+            i = value.empty() ? end : vend;
+        } else {  // a field without a flag keeps the library's name
+            out += kPrefix;
+            i = name;
+        }
+    }
+    out.append(msg, i, std::string::npos);
+    return out;
+}
+
+std::string settings_markdown() {
+    std::string md;
+    const SettingClass order[] = {C::kProduction, C::kLossy, C::kExperiment, C::kTestOnly};
+    for (SettingClass c : order) {
+        md += std::string("\n### ") +
+              (c == C::kProduction   ? "Production"
+               : c == C::kLossy      ? "Lossy (opt-in)"
+               : c == C::kExperiment ? "Experiments (A/B)"
+                                     : "Test-only") +
+              "\n\n| Flag | Environment | RunOptions | Default | `settings` key | What it does |\n"
+              "|---|---|---|---|---|---|\n";
+        for (const Setting & s : kSettings) {
+            if (s.cls != c) continue;
+            auto code = [](const std::string & x) { return x.empty() ? "" : "`" + x + "`"; };
+            md += "| " + code(*s.flags ? s.flags : "") + " | " + code(s.env) + " | " +
+                  code(s.field) + " | " + md_cell(s.dflt) + " | " + code(s.key) + " | " +
+                  md_cell(s.doc) + " |\n";
+        }
+    }
+    return md;
+}
+
+}  // namespace moestream
