@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include "chat_format_families.h"
+#include "chat_jinja.h"
 #include "json_schema_grammar.h"
 
 namespace moestream::chat {
@@ -57,8 +58,44 @@ ChatFormat detect_chat_format(const std::string & src) {
     return f;
 }
 
+namespace {
+
+// ChatTurns as OpenAI chat messages (what a template reads).
+ojson turns_json(const std::vector<ChatTurn> & turns) {
+    ojson a = ojson::array();
+    for (const ChatTurn & t : turns) {
+        ojson m = {{"role", t.role}, {"content", t.content}};
+        if (!t.reasoning.empty()) m["reasoning_content"] = t.reasoning;
+        if (!t.tool_calls.empty()) {
+            ojson calls = ojson::array();
+            for (const ToolCall & c : t.tool_calls)
+                calls.push_back({{"id", c.id},
+                                 {"type", "function"},
+                                 {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+            m["tool_calls"] = calls;
+        }
+        if (!t.tool_call_id.empty()) m["tool_call_id"] = t.tool_call_id;
+        a.push_back(std::move(m));
+    }
+    return a;
+}
+
+}  // namespace
+
 bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
                         std::string * err) {
+    if (f.jinja) {
+        ojson kw = f.default_kwargs;
+        kw["enable_thinking"] = in.enable_thinking;
+        if (!in.reasoning_effort.empty()) kw["reasoning_effort"] = in.reasoning_effort;
+        if (f.date_string) kw["date_string"] = local_date("%d %b %Y");
+        for (auto it = in.kwargs.begin(); in.kwargs.is_object() && it != in.kwargs.end(); ++it)
+            kw[it.key()] = *it;
+        const ojson msgs = in.messages_json.is_array() ? in.messages_json : turns_json(in.messages);
+        if (f.jinja->render(msgs, in.tools, in.add_generation_prompt, kw, out, err)) return true;
+        *err = "the chat template raised an error on these messages: " + *err;
+        return false;
+    }
     switch (f.family) {
         case ChatFamily::kHermes:
             return hermes::render(f, in, out, err);
@@ -85,11 +122,12 @@ std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
                            const ThinkingRequest & t, std::string * param) {
     const std::string name = tmpl_name.empty() ? "none" : tmpl_name;
     const bool harmony = f.family == ChatFamily::kHarmony;
+    const bool effort = f.jinja ? f.effort : harmony;
     if (t.enable_thinking && *t.enable_thinking && !f.thinking) {
         *param = t.thinking_name;
         return "this model's chat template has no thinking to enable (" + name + ")";
     }
-    if (!t.reasoning_effort.empty() && !harmony) {
+    if (!t.reasoning_effort.empty() && !effort) {
         *param = t.effort_name;
         return "this model's chat template has no reasoning effort (" + name +
                "); templates with thinking take " + t.thinking_name;

@@ -11,12 +11,15 @@
 // Thread-safety: pure functions; a ReplyParser is used by one thread at a time.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace moestream::chat {
+
+class JinjaTemplate;  // chat_jinja.h
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
@@ -30,10 +33,30 @@ struct ChatFormat {
     std::string bos_token;  // the model's start and end token texts (templates write them)
     std::string eos_token;
     bool bos_added = false; // the engine puts the start token before a prompt itself
+    // The template itself, run by minja (chat_jinja.h): every prompt is rendered by it. Null
+    // only in a ChatFormat made by detect_chat_format (reply syntax without a template).
+    std::shared_ptr<const JinjaTemplate> jinja;
+    bool thinking_default = true;  // enable_thinking when a request leaves it unset
+    bool effort = false;           // the template reads reasoning_effort
+    bool date_string = false;      // the template reads date_string (given today, "%d %b %Y")
+    ojson default_kwargs = ojson::object();  // template variables set unless a request sets them
 };
 
 // The family of a model template (its source text); kNone when no family's fingerprint matches.
 ChatFormat detect_chat_format(const std::string & template_source);
+
+// The model's chat template, parsed by minja, with what it does derived by rendering probe
+// conversations through it (docs/server.md, "Chat templates"): the reply family from where a
+// known tool call lands (kNone: prompts render, replies are not split), whether it has
+// thinking (enable_thinking changes the prompt) and reasoning effort, the thinking default
+// llama-server gives it, and a variable that keeps earlier turns' reasoning when the template
+// has one. source "" = the model carries no template: ChatML (kChatmlTemplate), as llama-server.
+// False with *err (naming minja's construct and line) when minja cannot parse the template.
+bool load_chat_format(const std::string & source, const std::string & bos_token,
+                      const std::string & eos_token, bool bos_added, ChatFormat * out,
+                      std::string * err);
+// ChatML as a Jinja template (what a model without a template is rendered with).
+extern const char kChatmlTemplate[];
 
 struct ToolCall {
     std::string id;
@@ -52,6 +75,10 @@ struct ChatTurn {
 
 struct RenderInput {
     std::vector<ChatTurn> messages;
+    // The messages as the client sent them (OpenAI JSON, with content parts, name, ...); when
+    // null, the template gets `messages` above.
+    ojson messages_json;
+    ojson kwargs = ojson::object();  // chat_template_kwargs other than the two below
     ojson tools = ojson::array();  // the request's tools, as sent
     bool add_generation_prompt = true;
     bool enable_thinking = true;

@@ -34,6 +34,10 @@ struct ServeConfig {
     size_t body_limit_bytes = 1 << 20;
     int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
     std::string cors_origin;  // --cors ORIGIN: allow that web origin ("" = no CORS headers)
+    // --chat-template / --chat-template-file: the template text used instead of the model's
+    // ("" = the model's), and where it came from (a file's path or a name) for messages.
+    std::string chat_template;
+    std::string chat_template_from;
     // How the caller words an error of Engine::open (the library names RunOptions fields; the
     // CLI maps them to its flags); unset = the library's words.
     std::function<std::string(const std::string &)> option_words;
