@@ -131,6 +131,8 @@ std::optional<ApiError> parse_reasoning(const ojson & j, ChatExtras * x) {
 std::optional<ApiError> parse_turns(const ojson & j, ChatExtras * x) {
     const ojson & ms = j["messages"];
     x->messages_json = ms;
+    for (auto & m : x->messages_json)  // as parse_messages names it
+        if (m["role"] == "developer") m["role"] = "system";
     for (size_t i = 0; i < ms.size(); ++i) {
         const ojson & m = ms[i];
         const std::string pm = "messages[" + std::to_string(i) + "]";
