@@ -27,10 +27,11 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
                               "' is not a variable of this model's chat template (" + name + ")");
     if (x.uses_tools() && !f.tools && !(render_only && f.jinja))
         return refuse(x.tools.empty() ? "messages" : "tools",
-                      f.jinja ? "moestream does not parse the tool calls of this model's chat "
-                                "template (" + name + "); /apply-template renders them"
-                              : "tools are not supported by this model's chat template (" +
-                                    name + ")");
+                      f.jinja && f.jinja->supports_tools()
+                          ? "moestream does not parse the tool calls of this model's chat "
+                            "template (" + name + "); /apply-template renders them"
+                          : "tools are not supported by this model's chat template (" + name +
+                                ")");
     ThinkingRequest think;
     think.enable_thinking = x.enable_thinking;
     think.reasoning_effort = x.reasoning_effort;
