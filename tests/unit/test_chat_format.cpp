@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "chat_format.h"
+#include "chat_jinja.h"
 #include "test_util.h"
 
 namespace moestream::chat {
@@ -318,6 +319,90 @@ TEST(ChatFormat, RandomRepliesSplitAlikeAtEveryPieceSize) {
         }
     }
     EXPECT_EQ(compared, 4 * 300 * 2 * 3);
+}
+
+}  // namespace
+}  // namespace moestream::chat
+
+// --- The template run by minja (chat_jinja.h) and what load_chat_format learns by probing it.
+namespace moestream::chat {
+namespace {
+
+ChatFormat load_ok(const std::string & src) {
+    ChatFormat f;
+    std::string err;
+    EXPECT_TRUE(load_chat_format(src, "<s>", "</s>", false, &f, &err)) << err;
+    return f;
+}
+
+TEST(ChatTemplateLoad, FamilyIsWhereAProbeCallLands) {
+    const std::string t = hermes_template();
+    ASSERT_FALSE(t.empty());
+    EXPECT_EQ(load_ok(t).family, ChatFamily::kHermes);
+    // Negative control: the same template writing its calls under another tag is no family.
+    std::string other = t;
+    for (size_t at; (at = other.find("<tool_call>")) != std::string::npos;)
+        other.replace(at, 11, "<tool_use>");
+    EXPECT_EQ(load_ok(other).family, ChatFamily::kNone);
+}
+
+TEST(ChatTemplateLoad, UnparsableTemplateIsRefusedNamingTheConstruct) {
+    ChatFormat f;
+    std::string err;
+    EXPECT_FALSE(load_chat_format("{{ nothing minja parses }}", "", "", false, &f, &err));
+    EXPECT_NE(err.find("Expected closing expression tag"), std::string::npos) << err;
+    // A template that raises on one user message renders nothing: refused too.
+    err.clear();
+    EXPECT_FALSE(load_chat_format("{{ raise_exception('no way') }}", "", "", false, &f, &err));
+    EXPECT_NE(err.find("no way"), std::string::npos) << err;
+    // Control: a template that renders loads.
+    EXPECT_TRUE(load_chat_format("{{ messages[0].content }}", "", "", false, &f, &err)) << err;
+}
+
+TEST(ChatTemplateLoad, ThinkingDefaultIsOnWhereTheSwitchChangesAMarker) {
+    const ChatFormat marker =
+        load_ok("{{ messages[0].content }}{% if enable_thinking %}<think>{% else %}</think>{% endif %}");
+    EXPECT_TRUE(marker.thinking);
+    EXPECT_TRUE(marker.thinking_default);
+    const ChatFormat words = load_ok(
+        "Deliberation: {% if enable_thinking %}enabled{% else %}disabled{% endif %}\n"
+        "{{ messages[0].content }}");
+    EXPECT_TRUE(words.thinking);
+    EXPECT_FALSE(words.thinking_default);
+    // Control: a template that never reads enable_thinking has no thinking.
+    EXPECT_FALSE(load_ok("{{ messages[0].content }}").thinking);
+}
+
+TEST(ChatTemplateLoad, VariableThatKeepsEarlierReasoningIsSet) {
+    const std::string keeps =
+        "{% for m in messages %}{% if m.reasoning_content and (keep_thoughts is defined and "
+        "keep_thoughts) %}[{{ m.reasoning_content }}]{% endif %}{{ m.content }}|{% endfor %}";
+    const ChatFormat f = load_ok(keeps);
+    EXPECT_EQ(f.default_kwargs.value("keep_thoughts", ojson()), ojson(true)) << f.default_kwargs.dump();
+    // Control: a template that always drops it has no such variable.
+    EXPECT_TRUE(load_ok("{% for m in messages %}{{ m.content }}|{% endfor %}").default_kwargs.empty());
+}
+
+TEST(ChatJinja, MessagesReachTheTemplateAsLlamaServerGivesThem) {
+    std::string err;
+    auto t = JinjaTemplate::parse(
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}"
+        "={{ m.tool_calls[0].function.arguments.city }}{% endif %};{% endfor %}{{ bos_token }}",
+        "<s>", "</s>", &err);
+    ASSERT_TRUE(t) << err;
+    const ojson msgs = ojson::parse(
+        R"([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}}]}])");
+    std::string out;
+    ASSERT_TRUE(t->render(msgs, ojson(), false, ojson::object(), &out, &err)) << err;
+    // Parts joined, null content as "", arguments as the object they hold.
+    EXPECT_EQ(out, "user:ab;assistant:=Paris;<s>");
+    // Control: a template error is returned, not thrown.
+    auto bad = JinjaTemplate::parse("{{ raise_exception('stop here') }}", "", "", &err);
+    ASSERT_TRUE(bad) << err;
+    EXPECT_FALSE(bad->render(msgs, ojson(), true, ojson::object(), &out, &err));
+    EXPECT_NE(err.find("stop here"), std::string::npos) << err;
 }
 
 }  // namespace
