@@ -341,7 +341,7 @@ TEST(ChatCli, BadInputIsOneLineAndItsExitCode) {
     // A template minja cannot parse: refused, naming the construct.
     const std::string odd = model_with_template(dir, "{{ nothing minja parses }}", "odd.gguf");
     expect("-m " + sh_quote(odd), 2,
-           "the chat template (the model's) cannot be parsed by minja: Expected closing "
+           "the chat template (the model's) cannot be rendered (minja: Expected closing "
            "expression tag");
     // `run` points llama.cpp's conversation flag at chat.
     CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(m) + " -cnv");

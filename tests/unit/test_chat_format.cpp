@@ -374,13 +374,18 @@ TEST(ChatTemplateLoad, ThinkingDefaultIsOnWhereTheSwitchChangesAMarker) {
 }
 
 TEST(ChatTemplateLoad, VariableThatKeepsEarlierReasoningIsSet) {
-    const std::string keeps =
-        "{% for m in messages %}{% if m.reasoning_content and (keep_thoughts is defined and "
-        "keep_thoughts) %}[{{ m.reasoning_content }}]{% endif %}{{ m.content }}|{% endfor %}";
-    const ChatFormat f = load_ok(keeps);
-    EXPECT_EQ(f.default_kwargs.value("keep_thoughts", ojson()), ojson(true)) << f.default_kwargs.dump();
-    // Control: a template that always drops it has no such variable.
+    const std::string drops =
+        "{% for m in messages %}{% if m.reasoning_content and drop_thinking is defined and not "
+        "drop_thinking %}[{{ m.reasoning_content }}]{% endif %}{{ m.content }}|{% endfor %}";
+    const ChatFormat f = load_ok(drops);
+    EXPECT_EQ(f.default_kwargs.value("drop_thinking", ojson()), ojson(false)) << f.default_kwargs.dump();
+    // Controls: a template that always drops it has no such variable, and one that keeps it
+    // only when a variable is true is left alone (as llama-server leaves it).
     EXPECT_TRUE(load_ok("{% for m in messages %}{{ m.content }}|{% endfor %}").default_kwargs.empty());
+    const std::string keeps_when_true =
+        "{% for m in messages %}{% if m.reasoning_content and preserved_thinking is defined and "
+        "preserved_thinking %}[{{ m.reasoning_content }}]{% endif %}{{ m.content }}|{% endfor %}";
+    EXPECT_TRUE(load_ok(keeps_when_true).default_kwargs.empty());
 }
 
 TEST(ChatJinja, MessagesReachTheTemplateAsLlamaServerGivesThem) {

@@ -118,7 +118,9 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
                probe(*t, user, ojson(), true, with("reasoning_effort", "high"));
 
     // Earlier turns' reasoning: where the template drops it by default but one of its optional
-    // variables keeps it, llama-server sets that variable; so does this.
+    // thinking variables set to false keeps it (truncate_history_thinking, drop_thinking),
+    // llama-server sets it false; so does this. A variable that keeps it only when true
+    // (Hy3's preserved_thinking) is left alone, as llama-server leaves it.
     const std::string thought = "moestream probe thought";
     const ojson history = ojson::array(
         {{{"role", "user"}, {"content", "U"}},
@@ -127,24 +129,24 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
     const ojson base_kw = with("enable_thinking", f.thinking_default);
     if (probe(*t, history, ojson(), true, base_kw).find(thought) == std::string::npos) {
         for (const std::string & v : defined_tests(src)) {
-            if (v == "enable_thinking" || v == "tools" || v == "messages") continue;
-            for (bool value : {false, true}) {
-                ojson kw = base_kw;
-                kw[v] = value;
-                if (probe(*t, history, ojson(), true, kw).find(thought) != std::string::npos) {
-                    f.default_kwargs[v] = value;
-                    break;
-                }
+            if (v == "enable_thinking" ||
+                (v.find("think") == std::string::npos && v.find("reason") == std::string::npos))
+                continue;
+            ojson kw = base_kw;
+            kw[v] = false;
+            if (probe(*t, history, ojson(), true, kw).find(thought) != std::string::npos) {
+                f.default_kwargs[v] = false;
+                break;
             }
-            if (!f.default_kwargs.empty()) break;
         }
     }
 
     static const char * const kFamilies[] = {"", "hermes", "llama3.x", "mistral", "harmony"};
     const std::string fam = kFamilies[static_cast<int>(f.family)];
-    f.name = source.empty() ? "chatml (the model carries no chat template; minja)"
-             : fam.empty()  ? "the model's template (minja; tool calls not parsed)"
-                            : fam + " (the model's template, minja)";
+    const std::string r = t->renderer();
+    f.name = source.empty() ? "chatml (the model carries no chat template; " + r + ")"
+             : fam.empty()  ? "the model's template (" + r + "; tool calls not parsed)"
+                            : fam + " (the model's template, " + r + ")";
     *out = std::move(f);
     return true;
 }

@@ -6,11 +6,16 @@
 
 #include <exception>
 
+#include "jinja2_helper.h"
+
 namespace moestream::chat {
 
 struct JinjaTemplate::Impl {
-    std::unique_ptr<minja::chat_template> t;
+    std::unique_ptr<minja::chat_template> t;  // null: minja cannot parse it (python3-jinja2 renders)
+    std::string minja_error;                  // ... why
     std::string source, bos, eos;
+    // Python's Jinja: renders what minja cannot parse or raises on (started on first use).
+    mutable Jinja2Helper py;
 };
 
 JinjaTemplate::JinjaTemplate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -29,10 +34,19 @@ std::shared_ptr<const JinjaTemplate> JinjaTemplate::parse(const std::string & so
         // messages and tool calls (rendering small conversations through it).
         impl->t = std::make_unique<minja::chat_template>(source, bos_token, eos_token);
     } catch (const std::exception & e) {
-        *err = e.what();
-        return nullptr;
+        impl->minja_error = e.what();
     }
-    return std::shared_ptr<const JinjaTemplate>(new JinjaTemplate(std::move(impl)));
+    std::shared_ptr<const JinjaTemplate> t(new JinjaTemplate(std::move(impl)));
+    if (t->impl_->t) t->cross_check();
+    if (!t->impl_->t) {  // python3-jinja2 must at least parse it
+        std::string out, perr;
+        const ojson user = ojson::array({{{"role", "user"}, {"content", "U"}}});
+        if (!t->render(user, ojson(), true, ojson{{"enable_thinking", true}}, &out, &perr)) {
+            *err = perr;
+            return nullptr;
+        }
+    }
+    return t;
 }
 
 namespace {
@@ -77,24 +91,99 @@ bool JinjaTemplate::render(const ojson & messages, const ojson & tools, bool add
     // it either); what a template cannot express, it renders or raises as written.
     minja::chat_template_options opts;
     opts.apply_polyfills = false;
-    try {
-        *out = impl_->t->apply(in, opts);
-    } catch (const std::exception & e) {
-        *err = e.what();
-        return false;
+    std::string minja_err = impl_->minja_error;
+    if (impl_->t) {
+        try {
+            *out = impl_->t->apply(in, opts);
+            return true;
+        } catch (const std::exception & e) {
+            minja_err = e.what();
+        }
     }
-    return true;
+    // What minja cannot do (a construct it lacks, or the template's own error): Python's Jinja
+    // renders it with the same variables, or says why not.
+    ojson ctx = in.extra_context;
+    ctx["messages"] = in.messages;
+    if (!in.tools.is_null()) ctx["tools"] = in.tools;
+    ctx["add_generation_prompt"] = add_generation_prompt;
+    ctx["bos_token"] = impl_->bos;
+    ctx["eos_token"] = impl_->eos;
+    std::string perr;
+    if (impl_->py.render(impl_->source, ctx, out, &perr)) return true;
+    *err = "minja: " + minja_err + "; python3-jinja2: " + perr;
+    return false;
+}
+
+void JinjaTemplate::cross_check() const {
+    // Conversations that reach a template's main branches: plain turns, a system message,
+    // tools with a described parameter, a tool call and its result, reasoning in the history.
+    const ojson probes = ojson::parse(R"([
+      [{"role": "user", "content": "U"}],
+      [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+       {"role": "assistant", "content": "A", "reasoning_content": "R"},
+       {"role": "user", "content": "V"}],
+      [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
+       {"role": "assistant", "content": "", "tool_calls": [{"id": "call00001", "type": "function",
+         "function": {"name": "f", "arguments": "{\"a\": 1}"}}]},
+       {"role": "tool", "tool_call_id": "call00001", "content": "2"}]
+    ])");
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f",
+      "description": "Adds one.", "parameters": {"type": "object", "properties": {"a":
+      {"type": "integer", "description": "a number"}}, "required": ["a"]}}}])");
+    const ojson kw = {{"enable_thinking", true}};
+    for (const auto & msgs : probes)
+        for (const ojson & tl : {ojson(), tools}) {
+            std::string by_minja, by_python, err;
+            minja::chat_template_inputs in;
+            in.messages = ojson::array();
+            for (const auto & m : msgs) in.messages.push_back(template_message(m));
+            in.tools = tl;
+            in.extra_context = kw;
+            minja::chat_template_options opts;
+            opts.apply_polyfills = false;
+            try {
+                by_minja = impl_->t->apply(in, opts);
+            } catch (const std::exception &) {
+                continue;  // minja raises: python3-jinja2 renders that request anyway
+            }
+            ojson ctx = kw;
+            ctx["messages"] = in.messages;
+            if (!tl.is_null()) ctx["tools"] = tl;
+            ctx["add_generation_prompt"] = true;
+            ctx["bos_token"] = impl_->bos;
+            ctx["eos_token"] = impl_->eos;
+            if (!impl_->py.render(impl_->source, ctx, &by_python, &err)) {
+                if (err.rfind("python3-jinja2 helper", 0) == 0 || err.find("not installed") !=
+                                                                       std::string::npos)
+                    return;  // no Python to compare with: minja renders it
+                continue;
+            }
+            if (by_minja != by_python) {
+                impl_->t.reset();
+                impl_->minja_error = "minja renders it differently from python3-jinja2";
+                return;
+            }
+        }
+}
+
+std::string JinjaTemplate::renderer() const {
+    return impl_->t ? "minja" : "python3-jinja2";
 }
 
 const std::string & JinjaTemplate::source() const { return impl_->source; }
 const std::string & JinjaTemplate::bos_token() const { return impl_->bos; }
 const std::string & JinjaTemplate::eos_token() const { return impl_->eos; }
-bool JinjaTemplate::supports_tools() const { return impl_->t->original_caps().supports_tools; }
+// Without minja's probes (a template only python3-jinja2 parses): from the template's text.
+bool JinjaTemplate::supports_tools() const {
+    return impl_->t ? impl_->t->original_caps().supports_tools
+                    : impl_->source.find("tools") != std::string::npos;
+}
 bool JinjaTemplate::supports_tool_calls() const {
-    return impl_->t->original_caps().supports_tool_calls;
+    return impl_->t ? impl_->t->original_caps().supports_tool_calls
+                    : impl_->source.find("tool_calls") != std::string::npos;
 }
 bool JinjaTemplate::supports_system_role() const {
-    return impl_->t->original_caps().supports_system_role;
+    return impl_->t ? impl_->t->original_caps().supports_system_role : true;
 }
 
 }  // namespace moestream::chat

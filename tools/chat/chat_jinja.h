@@ -4,9 +4,13 @@
 // add_generation_prompt, bos_token / eos_token, enable_thinking and the other
 // chat_template_kwargs, strftime_now and raise_exception. docs/server.md, "Chat templates".
 //
-// Invariants: a template minja cannot parse is refused at parse() with minja's own message
-// (naming the construct and where); render() never aborts: a template error (raise_exception,
-// a type error) is returned as *err. render() output depends only on its inputs and the date.
+// What minja cannot parse or raises on, and a template minja renders differently from Python's
+// own Jinja on probe conversations at parse(), is rendered by Python's Jinja (jinja2_helper.h,
+// Debian's python3-jinja2 set up as Hugging Face transformers renders templates).
+//
+// Invariants: a template neither parses is refused at parse() with both messages (naming the
+// construct and where); render() never aborts: a template error (raise_exception, a type
+// error) is returned as *err. render() output depends only on its inputs and the date.
 // Thread-safety: a parsed JinjaTemplate is immutable; render() may run on several threads.
 #pragma once
 
@@ -22,7 +26,8 @@ using ojson = nlohmann::ordered_json;
 class JinjaTemplate {
 public:
     // Parses source (the template text) with the model's start and end token texts. Null with
-    // *err (minja's parse error: the construct and its line) when minja cannot parse it.
+    // *err ("minja: ...; python3-jinja2: ...": the construct and its line) when neither minja
+    // parses it nor python3-jinja2 renders one user message with it.
     static std::shared_ptr<const JinjaTemplate> parse(const std::string & source,
                                                       const std::string & bos_token,
                                                       const std::string & eos_token,
@@ -36,6 +41,8 @@ public:
                 const ojson & kwargs, std::string * out, std::string * err) const;
 
     const std::string & source() const;
+    // "minja", or "python3-jinja2" for a template minja cannot parse.
+    std::string renderer() const;
     const std::string & bos_token() const;
     const std::string & eos_token() const;
     // What the template does with its inputs (minja's probes of it).
@@ -47,6 +54,9 @@ public:
 
 private:
     explicit JinjaTemplate(std::unique_ptr<Impl> impl);
+    // Renders probe conversations with minja and with python3-jinja2; where they differ, the
+    // template is python3-jinja2's from then on (it is the engine templates are written for).
+    void cross_check() const;
     std::unique_ptr<Impl> impl_;
 };
 

@@ -272,8 +272,8 @@ int do_chat(ChatFlags & f) {
         if (!chat::load_chat_format(text.empty() ? engine->chat_template() : text, bos, eos,
                                     bos_added, &fmt, &err)) {
             std::fprintf(stderr,
-                         "moestream: error: %s: the chat template (%s) cannot be parsed by "
-                         "minja: %s (give one that renders with --chat-template-file)\n",
+                         "moestream: error: %s: the chat template (%s) cannot be rendered "
+                         "(%s); give one that renders with --chat-template-file\n",
                          f.opt.model_path.c_str(), from.empty() ? "the model's" : from.c_str(),
                          err.c_str());
             return 2;

@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "chat_jinja.h"
 #include "chat_request.h"
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
@@ -250,8 +251,8 @@ public:
             tmpl_error_ = "the chat template (" +
                           (cfg.chat_template_from.empty() ? std::string("the model's")
                                                           : cfg.chat_template_from) +
-                          ") cannot be parsed by minja: " + err +
-                          " (give a template that renders with --chat-template-file)";
+                          ") cannot be rendered (" + err + ")" +
+                          "; give a template that renders with --chat-template-file";
         }
         drop_cold_block_ = engine_->drop_cold_block();
         publish_after_job(0, 0);
@@ -1035,7 +1036,7 @@ private:
     // How a chat request's prompt was made and its reply read.
     json chat_format_json(const GenParams & p) const {
         const ChatExtras & x = p.extras;
-        return json{{"renderer", fmt_.jinja ? "minja" : "llama.cpp"},
+        return json{{"renderer", fmt_.jinja ? fmt_.jinja->renderer() : "llama.cpp"},
                     {"tools", x.tools.size()},
                     {"tool_choice", x.tools.empty() ? json(nullptr)
                                     : x.tool_choice == "function" ? json(x.tool_name)
@@ -1165,7 +1166,8 @@ private:
                     {"n_vocab", engine_->n_vocab()},
                     {"total_slots", 1},
                     {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
-                    {"chat_template_renderer", fmt_.jinja ? json("minja") : json(nullptr)},
+                    {"chat_template_renderer",
+                     fmt_.jinja ? json(fmt_.jinja->renderer()) : json(nullptr)},
                     {"default_generation_settings", st["defaults"]},
                     {"lossy", st["lossy"]},
                     {"settings", st["settings"]}};
