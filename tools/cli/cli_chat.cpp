@@ -25,7 +25,9 @@
 #include <vector>
 
 #include "chat_format.h"
+#include "chat_jinja.h"
 #include "cli.h"
+#include "gguf.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
 #include "reply_printer.h"
@@ -471,6 +473,48 @@ int do_chat(ChatFlags & f) {
 }
 
 }  // namespace
+
+nlohmann::ordered_json inspect_chat_template(const std::string & path) {
+    nlohmann::ordered_json j;
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gguf_context * g = gguf_init_from_file(path.c_str(), gp);
+    if (g == nullptr) {
+        j["renders"] = false;
+        j["error"] = "the file's metadata cannot be read";
+        return j;
+    }
+    auto str = [g](const char * key) {
+        const int64_t k = gguf_find_key(g, key);
+        return k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING ? std::string(gguf_get_val_str(g, k))
+                                                                   : std::string();
+    };
+    auto token = [g](const char * id_key) {  // the text of the token a *_token_id key names
+        const int64_t k = gguf_find_key(g, id_key), t = gguf_find_key(g, "tokenizer.ggml.tokens");
+        if (k < 0 || t < 0 || gguf_get_kv_type(g, k) != GGUF_TYPE_UINT32 ||
+            gguf_get_arr_type(g, t) != GGUF_TYPE_STRING)
+            return std::string();
+        const uint32_t id = gguf_get_val_u32(g, k);
+        return id < gguf_get_arr_n(g, t) ? std::string(gguf_get_arr_str(g, t, id)) : std::string();
+    };
+    const std::string src = str("tokenizer.chat_template");
+    const std::string bos = token("tokenizer.ggml.bos_token_id");
+    const std::string eos = token("tokenizer.ggml.eos_token_id");
+    gguf_free(g);
+    chat::ChatFormat f;
+    std::string err;
+    j["present"] = !src.empty();
+    j["bytes"] = src.size();
+    j["renders"] = chat::load_chat_format(src, bos, eos, false, &f, &err);
+    if (j["renders"]) {
+        j["name"] = f.name;
+        j["renderer"] = f.jinja->renderer();
+        j["thinking"] = f.thinking;
+    } else {
+        j["error"] = err;
+    }
+    return j;
+}
 
 void add_chat_template_flags(CLI::App * sub, ChatTemplateFlags * f) {
     auto * t = sub->add_option("--chat-template", f->value,
