@@ -1,11 +1,12 @@
-// test_chat_format.cpp — the chat-format library (tools/chat/chat_format*, shared by `serve` and `chat`): family
-// recognition by fingerprint, template-style JSON, and the reply parser, which must split a
-// reply the same way however it is cut into pieces. Rendering itself is checked against
-// llama-server by tests/api/template_fidelity.py.
+// test_chat_format.cpp — the chat-format library (tools/chat/, shared by `serve` and `chat`):
+// the template run by minja and what loading it learns, template-style JSON, and the reply
+// parser, which must split a reply the same way however it is cut into pieces. Rendering
+// itself is checked against llama-server by tests/api/template_fidelity.py.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "chat_format.h"
@@ -24,28 +25,16 @@ std::string read_template(const std::string & name) {
 std::string hermes_template() {
     return read_template("hermes-qwen3.jinja");
 }
-
-TEST(ChatFormat, HermesRecognisedOnlyWithEveryFingerprintPiece) {
-    const std::string t = hermes_template();
-    ASSERT_FALSE(t.empty());
-    const ChatFormat f = detect_chat_format(t);
-    EXPECT_EQ(f.family, ChatFamily::kHermes);
-    EXPECT_TRUE(f.tools);
-    EXPECT_TRUE(f.thinking);
-    EXPECT_EQ(f.name.rfind("hermes-qwen3", 0), 0u) << f.name;
-    // Reworded tool prompt: not the family (the renderer would write other words).
-    std::string reworded = t;
-    const std::string s = "You may call one or more functions";
-    reworded.replace(reworded.find(s), s.size(), "You can call functions");
-    EXPECT_EQ(detect_chat_format(reworded).family, ChatFamily::kNone);
-    // Without the thinking pieces: the family without thinking.
-    std::string no_think = t;
-    for (size_t p; (p = no_think.find("enable_thinking")) != std::string::npos;)
-        no_think.replace(p, 15, "other_flag");
-    const ChatFormat nt = detect_chat_format(no_think);
-    EXPECT_EQ(nt.family, ChatFamily::kHermes);
-    EXPECT_FALSE(nt.thinking);
-    EXPECT_EQ(detect_chat_format("{{ messages }}").family, ChatFamily::kNone);
+// The chat format a template loads as (load_chat_format: the family from a probe call),
+// loaded once per template text (the parser tests split thousands of replies).
+ChatFormat format_of(const std::string & tmpl) {
+    static std::map<std::string, ChatFormat> loaded;
+    auto it = loaded.find(tmpl);
+    if (it != loaded.end()) return it->second;
+    ChatFormat f;
+    std::string err;
+    EXPECT_TRUE(load_chat_format(tmpl, "<s>", "</s>", false, &f, &err)) << err;
+    return loaded[tmpl] = f;
 }
 
 TEST(ChatFormat, TemplateJsonIsPythonStyleInOrder) {
@@ -60,7 +49,7 @@ struct Split {
 
 Split parse(const std::string & reply, size_t piece, bool tools, bool thinking,
             const std::string & tmpl = hermes_template()) {
-    ReplyParser p(detect_chat_format(tmpl), tools, thinking);
+    ReplyParser p(format_of(tmpl), tools, thinking);
     Split s;
     auto add = [&](const ReplyDelta & d) {
         s.content += d.content;
@@ -115,12 +104,22 @@ TEST(ChatFormat, ReplyParserSplitsAlikeForEveryPieceSize) {
     EXPECT_EQ(off.content, call);
 }
 
+TEST(ChatFormat, HarmonyTemplateIsTheHarmonyFamily) {
+    const ChatFormat f = format_of(read_template("harmony.jinja"));
+    ASSERT_EQ(f.family, ChatFamily::kHarmony) << f.name;
+    EXPECT_TRUE(f.tools);
+    EXPECT_TRUE(f.thinking);
+    EXPECT_TRUE(f.effort);
+    EXPECT_TRUE(one_call_per_reply(f));
+    EXPECT_NE(format_of(hermes_template()).family, ChatFamily::kHarmony) << "control";
+}
+
 TEST(ChatFormat, Llama3ReplyIsOneJsonCallOrText) {
     const std::string t = read_template("llama3.jinja");
-    const ChatFormat f = detect_chat_format(t);
+    const ChatFormat f = format_of(t);
     ASSERT_EQ(f.family, ChatFamily::kLlama3) << f.name;
     EXPECT_FALSE(f.thinking);
-    EXPECT_EQ(detect_chat_format(hermes_template()).family, ChatFamily::kHermes) << "not llama3";
+    EXPECT_EQ(format_of(hermes_template()).family, ChatFamily::kHermes) << "not llama3";
     const std::string call = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
     for (size_t piece : {size_t(1), size_t(5), call.size()}) {
         Split s = parse(call, piece, true, false, t);
@@ -143,7 +142,7 @@ TEST(ChatFormat, Llama3ReplyIsOneJsonCallOrText) {
 
 TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
     const std::string t = read_template("mistral.jinja");
-    ASSERT_EQ(detect_chat_format(t).family, ChatFamily::kMistral);
+    ASSERT_EQ(format_of(t).family, ChatFamily::kMistral);
     const std::string calls = "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": 1}}, "
                               "{\"name\": \"get_weather\", \"arguments\": {}}]";
     for (size_t piece : {size_t(1), size_t(4), calls.size()}) {
@@ -158,57 +157,6 @@ TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
         EXPECT_TRUE(s.calls.empty());
         EXPECT_EQ(s.content, "[TOOL_CALLS] [oops") << "not calls: as generated";
     }
-}
-
-TEST(ChatFormat, HarmonyRecognisedOnlyWithEveryFingerprintPiece) {
-    const std::string t = read_template("harmony.jinja");
-    ASSERT_FALSE(t.empty());
-    const ChatFormat f = detect_chat_format(t);
-    ASSERT_EQ(f.family, ChatFamily::kHarmony) << f.name;
-    EXPECT_TRUE(f.tools);
-    EXPECT_TRUE(f.thinking);
-    EXPECT_EQ(f.name.rfind("harmony", 0), 0u) << f.name;
-    EXPECT_TRUE(one_call_per_reply(f));
-    // Another way of declaring tools: not the family.
-    std::string other = t;
-    const std::string s = "namespace functions {";
-    other.replace(other.find(s), s.size(), "module functions {");
-    EXPECT_EQ(detect_chat_format(other).family, ChatFamily::kNone);
-    EXPECT_NE(detect_chat_format(hermes_template()).family, ChatFamily::kHarmony);
-}
-
-TEST(ChatFormat, HarmonyRendersChannelsEffortAndNamedResults) {
-    const ChatFormat f = detect_chat_format(read_template("harmony.jinja"));
-    RenderInput in;
-    in.messages = {{"system", "Be terse.", "", {}, ""},
-                   {"user", "Weather?", "", {}, ""},
-                   {"assistant", "", "Need it.", {{"abc", "get_weather", "{\"city\":\"Rome\"}"}}, ""},
-                   {"tool", "{\"t\": 3}", "", {}, "abc"}};
-    in.tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
-        "description": "Weather", "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "n": {"type": "array",
-        "items": {"type": "integer"}, "default": [1]}}, "required": ["city"]}}}])");
-    in.reasoning_effort = "high";
-    std::string out, err;
-    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
-    for (const char * piece :
-         {"\n\nReasoning: high\n\n", "<|start|>developer<|message|># Instructions\n\nBe terse.\n\n"
-          "# Tools\n\n## functions\n\nnamespace functions {\n\n// Weather\ntype get_weather = (_: "
-          "{\ncity: \"Paris\" | \"Rome\",\nn?: number[], // default: [1]\n}) => any;\n\n} // "
-          "namespace functions<|end|>",
-          "<|start|>assistant<|channel|>analysis<|message|>Need it.<|end|>",
-          "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-          "<|message|>{\"city\": \"Rome\"}<|call|>",
-          "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"t\": 3}"
-          "<|end|><|start|>assistant"})
-        EXPECT_NE(out.find(piece), std::string::npos) << piece << "\n--- in ---\n" << out;
-    in.reasoning_effort = "";
-    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
-    EXPECT_NE(out.find("Reasoning: medium"), std::string::npos) << "the default effort";
-    // A result that answers no call cannot be named: refused, naming the message.
-    in.messages[3].tool_call_id = "zzz";
-    EXPECT_FALSE(render_chat_format(f, in, &out, &err));
-    EXPECT_NE(err.find("messages[3].tool_call_id 'zzz'"), std::string::npos) << err;
 }
 
 TEST(ChatFormat, HarmonyReplySplitsChannelsAlikeForEveryPieceSize) {
@@ -263,7 +211,7 @@ TEST(ChatFormat, JsonCallsAreSentOnceComplete) {
     for (const Case & c : cases) {
         const std::string t = read_template(c.tmpl);
         for (size_t piece : {size_t(1), size_t(3), c.reply.size()}) {
-            ReplyParser p(detect_chat_format(t), true, false);
+            ReplyParser p(format_of(t), true, false);
             Split s;
             size_t before_end = 0;
             for (size_t i = 0; i < c.reply.size(); i += piece) {

@@ -1,5 +1,6 @@
-// chat_format.cpp — family detection, the shared JSON printing and the grammar helpers of
-// chat_format.h; each family's renderer and reply syntax is in chat_format_<family>.cpp.
+// chat_format.cpp — rendering through the model's template, the shared JSON printing and the
+// grammar helpers of chat_format.h; each family's reply syntax is in chat_format_<family>.cpp,
+// the template's loading and probing in chat_format_load.cpp.
 #include "chat_format.h"
 
 #include <cctype>
@@ -11,12 +12,6 @@
 #include "json_schema_grammar.h"
 
 namespace moestream::chat {
-
-std::string trim_blank(const std::string & s) {
-    const char * ws = " \t\n\r\v\f";
-    const size_t a = s.find_first_not_of(ws);
-    return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
-}
 
 std::string local_date(const char * fmt) {
     const std::time_t t = std::time(nullptr);
@@ -43,19 +38,6 @@ std::string template_json(const ojson & j) {
         return s + "]";
     }
     return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
-}
-
-ChatFormat detect_chat_format(const std::string & src) {
-    ChatFormat f;
-    if (hermes::matches(src))
-        f = hermes::format(src);
-    else if (llama3::matches(src))
-        f = llama3::format(src);
-    else if (mistral::matches(src))
-        f = mistral::format(src);
-    else if (harmony::matches(src))
-        f = harmony::format(src);
-    return f;
 }
 
 namespace {
@@ -96,19 +78,7 @@ bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::strin
         *err = "the chat template raised an error on these messages: " + *err;
         return false;
     }
-    switch (f.family) {
-        case ChatFamily::kHermes:
-            return hermes::render(f, in, out, err);
-        case ChatFamily::kLlama3:
-            return llama3::render(f, in, out, err);
-        case ChatFamily::kMistral:
-            return mistral::render(f, in, out, err);
-        case ChatFamily::kHarmony:
-            return harmony::render(f, in, out, err);
-        case ChatFamily::kNone:
-            break;
-    }
-    *err = "the chat template has no renderer in moestream";
+    *err = "no chat template was loaded (load_chat_format)";
     return false;
 }
 

@@ -1,14 +1,15 @@
-// chat_format.h — chat template families that have tool-call and thinking syntax, rendered
-// and parsed by project code (docs/server.md, "Tools and reasoning"). A family is recognised
-// from the model's own tokenizer.chat_template source: every literal piece the family's
-// renderer emits must appear in it (its fingerprint), so a template that words its tool
-// prompt differently is not taken for the family. Rendering is checked byte for byte against
-// llama-server's Jinja rendering (/apply-template) of templates of each family
-// (tests/api/template_fidelity.py).
+// chat_format.h — the model's chat template as serve and chat use it (docs/server.md, "Chat
+// template", "Tools and reasoning"): every prompt is the template's own rendering
+// (chat_jinja.h: minja, python3-jinja2 where minja falls short), checked byte for byte against
+// llama-server's (tests/api/template_fidelity.py); the reply syntax of the families whose tool
+// calls and thinking moestream parses, learned by rendering a probe call through the template
+// (load_chat_format), and the grammar of a forced call.
 //
-// Invariants: render() output depends only on its inputs; a reply parsed by ReplyParser is
-// split into content, reasoning and tool calls without losing or duplicating text.
-// Thread-safety: pure functions; a ReplyParser is used by one thread at a time.
+// Invariants: render output depends only on its inputs and the date; a reply parsed by
+// ReplyParser is split into content, reasoning and tool calls without losing or duplicating
+// text.
+// Thread-safety: a loaded ChatFormat is immutable and shared; a ReplyParser is used by one
+// thread at a time.
 #pragma once
 
 #include <memory>
@@ -33,17 +34,13 @@ struct ChatFormat {
     std::string bos_token;  // the model's start and end token texts (templates write them)
     std::string eos_token;
     bool bos_added = false; // the engine puts the start token before a prompt itself
-    // The template itself, run by minja (chat_jinja.h): every prompt is rendered by it. Null
-    // only in a ChatFormat made by detect_chat_format (reply syntax without a template).
+    // The template itself, run by minja (chat_jinja.h): every prompt is rendered by it.
     std::shared_ptr<const JinjaTemplate> jinja;
     bool thinking_default = true;  // enable_thinking when a request leaves it unset
     bool effort = false;           // the template reads reasoning_effort
     bool date_string = false;      // the template reads date_string (given today, "%d %b %Y")
     ojson default_kwargs = ojson::object();  // template variables set unless a request sets them
 };
-
-// The family of a model template (its source text); kNone when no family's fingerprint matches.
-ChatFormat detect_chat_format(const std::string & template_source);
 
 // The model's chat template, parsed by minja, with what it does derived by rendering probe
 // conversations through it (docs/server.md, "Chat templates"): the reply family from where a
@@ -85,8 +82,8 @@ struct RenderInput {
     std::string reasoning_effort;  // "low" | "medium" | "high" ("": the template's default)
 };
 
-// Renders a conversation in the family's syntax. False with *err naming the message when the
-// family cannot express it (e.g. a system message after the first).
+// Renders a conversation with the model's template (f.jinja). False with *err when the
+// template raises on it (its own raise_exception: e.g. roles that do not alternate).
 bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
                         std::string * err);
 // The rendered text as the engine takes it: without the start token's text when the engine
