@@ -159,6 +159,41 @@ TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
     }
 }
 
+// A Qwen3-Coder-style template: calls as <function=NAME> with <parameter=KEY> values.
+const char kXmlTemplate[] =
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{%- if m.tool_calls %}"
+    "{%- for tc in m.tool_calls %}\n<tool_call>\n<function={{ tc.function.name }}>\n"
+    "{%- for k, v in tc.function.arguments|items %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n"
+    "{%- endfor %}</function>\n</tool_call>{%- endfor %}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}";
+
+TEST(ChatFormat, XmlFunctionCallsAreParsed) {
+    ASSERT_EQ(format_of(kXmlTemplate).family, ChatFamily::kXml) << format_of(kXmlTemplate).name;
+    std::string other = kXmlTemplate;  // control: another call syntax is not the family
+    other.replace(other.find("<function="), 10, "<func=");
+    EXPECT_EQ(format_of(other).family, ChatFamily::kNone);
+    const std::string call =
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";
+    for (size_t piece : {size_t(1), size_t(7), call.size()}) {
+        Split s = parse("Checking.\n" + call, piece, true, false, kXmlTemplate);
+        ASSERT_EQ(s.calls.size(), 1u) << piece;
+        EXPECT_EQ(s.calls[0].name, "get_weather");
+        EXPECT_EQ(s.calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}");
+        EXPECT_EQ(s.content, "Checking.");
+        // Negative controls: another family's call text is no call, either way round.
+        const std::string hermes_call =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        s = parse(hermes_call, piece, true, false, kXmlTemplate);
+        EXPECT_TRUE(s.calls.empty()) << piece;
+        EXPECT_EQ(s.content, hermes_call) << "not a call: as generated";
+        s = parse(call, piece, true, false, hermes_template());
+        EXPECT_TRUE(s.calls.empty()) << piece;
+        s = parse(call, piece, false, false, kXmlTemplate);  // control: no tools offered
+        EXPECT_TRUE(s.calls.empty());
+    }
+}
+
 TEST(ChatFormat, HarmonyReplySplitsChannelsAlikeForEveryPieceSize) {
     const std::string t = read_template("harmony.jinja");
     const std::string call = "<|channel|>commentary to=functions.get_weather <|constrain|>json"

@@ -112,7 +112,7 @@ std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
 
 ReplyMarkers reply_markers(const ChatFormat & f) {
     ReplyMarkers m;
-    if (f.family == ChatFamily::kHermes) {
+    if (f.family == ChatFamily::kHermes || f.family == ChatFamily::kXml) {
         m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = "<tool_call>", m.call_close = "</tool_call>";
         m.grammar_separator = gbnf::literal("\n");
@@ -137,6 +137,7 @@ bool one_call_per_reply(const ChatFormat & f) {
 }
 
 bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
+    if (f.family == ChatFamily::kXml) return xml::parse_call(body, out);
     return f.family == ChatFamily::kHermes && hermes::parse_call(body, out);
 }
 
@@ -156,6 +157,8 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return mistral::call_rule(name, args);
         case ChatFamily::kHarmony:
             return harmony::call_rule(name, args);
+        case ChatFamily::kXml:
+            return xml::call_rule(name);
         default:
             return hermes::call_rule(name, args);
     }

@@ -24,7 +24,7 @@ class JinjaTemplate;  // chat_jinja.h
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
-enum class ChatFamily { kNone, kHermes, kLlama3, kMistral, kHarmony };
+enum class ChatFamily { kNone, kHermes, kLlama3, kMistral, kHarmony, kXml };
 
 struct ChatFormat {
     ChatFamily family = ChatFamily::kNone;

@@ -52,6 +52,11 @@ bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace mistral
 
+namespace xml {  // Qwen3-Coder / Qwen3.5 / Nemotron-3: <tool_call><function=..><parameter=..>
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name);  // parameters' values not enforced
+}  // namespace xml
+
 namespace harmony {  // gpt-oss: <|start|>role<|message|>...<|end|>, channels, namespace functions
 std::string call_rule(const std::string & name, const std::string & args_rule);
 std::string think_rule();  // an analysis message before the call

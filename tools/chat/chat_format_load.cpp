@@ -42,6 +42,9 @@ ChatFamily family_of(const JinjaTemplate & t) {
     if (out.empty() || !has(name)) return ChatFamily::kNone;
     if (has("to=functions." + name) && has("<|channel|>")) return ChatFamily::kHarmony;
     if (has("[TOOL_CALLS]")) return ChatFamily::kMistral;
+    // XML functions: <tool_call> around <function=NAME> with <parameter=KEY> values.
+    if (has("<tool_call>") && has("<function=" + name + ">") && has("<parameter=a>"))
+        return ChatFamily::kXml;
     // Hermes: the call is {"name": ..., "arguments": ...} JSON inside <tool_call></tool_call>.
     const size_t tc = out.find("<tool_call>");
     if (tc != std::string::npos && out.find("\"name\": \"" + name + "\"", tc) != std::string::npos)
@@ -141,7 +144,8 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
         }
     }
 
-    static const char * const kFamilies[] = {"", "hermes", "llama3.x", "mistral", "harmony"};
+    static const char * const kFamilies[] = {"", "hermes", "llama3.x", "mistral", "harmony",
+                                             "xml-function"};
     const std::string fam = kFamilies[static_cast<int>(f.family)];
     const std::string r = t->renderer();
     f.name = source.empty() ? "chatml (the model carries no chat template; " + r + ")"
