@@ -89,7 +89,10 @@ bool Jinja2Helper::start(std::string * err) {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, sv[1], 0);
     posix_spawn_file_actions_adddup2(&fa, sv[1], 1);
-    const char * argv[] = {kPython, "-c", kScript, nullptr};
+    posix_spawn_file_actions_addclosefrom_np(&fa, 3);  // none of the server's sockets or files
+    // -I: isolated from PYTHON* variables and the user's site packages (Debian's jinja2 only);
+    // -B: no bytecode files written.
+    const char * argv[] = {kPython, "-I", "-B", "-c", kScript, nullptr};
     pid_t pid = -1;
     const int rc = posix_spawn(&pid, kPython, &fa, nullptr, const_cast<char * const *>(argv), environ);
     posix_spawn_file_actions_destroy(&fa);

@@ -3,7 +3,7 @@
 // /usr/bin/python3 child process started on first use, fed one JSON request per line over a
 // socket pair. docs/server.md, "Chat template".
 //
-// Invariants: the child gets no file but its socket; its death or a malformed answer is an
+// Invariants: the child gets no file but its socket (and stderr), writes none; its death or a malformed answer is an
 // error (*err), never a crash, and the next render starts a new child. Stopped (end of input,
 // then SIGTERM) when the helper is destroyed.
 // Thread-safety: render() is serialised by an internal mutex.
