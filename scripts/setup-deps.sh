@@ -4,7 +4,8 @@
 # What it does, in order:
 #   1. Host build tools and header-only libraries from Debian 12 (bookworm) via apt-get,
 #      only when missing: cmake, g++, libgtest-dev, libcli11-dev, nlohmann-json3-dev,
-#      libcpp-httplib-dev (+ pkg-config to find it), python3-matplotlib (`moestream replay --plot` and its test). These
+#      libcpp-httplib-dev (+ pkg-config to find it), python3-matplotlib (`moestream replay --plot` and its test),
+#      python3-jinja2 (the reference renderer of the chat-template fidelity test). These
 #      are ordinary bookworm packages; nothing is upgraded.
 #   2. The llama.cpp 0.7.0 / ggml 0.27.0 .debs pinned in deps/debian.lock (Debian sid) for
 #      the architecture being assembled, plus the runtime they need (glibc 2.43, libstdc++ 16,
@@ -80,7 +81,7 @@ if [ "$cross" = 1 ]; then
   # user-mode emulator that runs the target's binaries here (scripts/arm64-gates.sh).
   host_pkgs=(cmake make pkg-config nlohmann-json3-dev libcli11-dev "g++-${triplet//_/-}" qemu-user-static)
 else
-  host_pkgs=(cmake g++ make pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib liburing-dev)
+  host_pkgs=(cmake g++ make pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib python3-jinja2 liburing-dev)
 fi
 missing=()
 for p in "${host_pkgs[@]}"; do

@@ -197,8 +197,8 @@ TEST(ChatCli, SecondTurnReusesTheFirstTurnsKv) {
     // -v before -sys: a flag's position must not swallow the next option.
     const std::vector<Footer> f = two_turns(m, "-v", "/exit\r", &out);
     ASSERT_EQ(f.size(), 2u) << out;
-    // The model's own template, recognised by llama.cpp (not the chatml fallback).
-    EXPECT_NE(out.find("template llama3 (recognised from the model's template)"), std::string::npos) << out;
+    // The model's own template, run by minja (not the chatml fallback).
+    EXPECT_NE(out.find("template the model's template (minja; tool calls not parsed)"), std::string::npos) << out;
     EXPECT_NE(out.find("KV reuse on"), std::string::npos) << out;
     EXPECT_EQ(f[0].reused, 0);
     EXPECT_GT(f[0].generated, 0);
@@ -339,9 +339,11 @@ TEST(ChatCli, BadInputIsOneLineAndItsExitCode) {
     expect("-m " + sh_quote(m) + " -ngl 99", 64, "not supported by moestream: -ngl (CPU only)");
     expect("-m " + sh_quote(m) + " --top-k 4", 64, "--top-k shapes sampling");
     expect("-m " + sh_quote(m) + " -sysf " + dir.path("none.txt"), 3, "none.txt");
-    // A template llama.cpp does not recognise: refused as a model that cannot chat.
-    const std::string odd = model_with_template(dir, "{{ nothing llama.cpp knows }}", "odd.gguf");
-    expect("-m " + sh_quote(odd), 2, "chat needs a chat template llama.cpp renders");
+    // A template minja cannot parse: refused, naming the construct.
+    const std::string odd = model_with_template(dir, "{{ nothing minja parses }}", "odd.gguf");
+    expect("-m " + sh_quote(odd), 2,
+           "the chat template (the model's) cannot be rendered (minja: Expected closing "
+           "expression tag");
     // `run` points llama.cpp's conversation flag at chat.
     CmdResult r = run_cmd(sh_quote(cli_bin()) + " run -m " + sh_quote(m) + " -cnv");
     EXPECT_EQ(r.exit_code, 64);
@@ -363,7 +365,7 @@ TEST(ChatCli, ThinkingIsSplitFromTheAnswerAndLeftOutOfTheHistory) {
     const std::string fixed = "-n 200 --grammar " + sh_quote(kThinkReply) + " --verbose-prompt";
     CmdResult r = chat_pipe(m, "Hi\nAgain\n", fixed + " -v");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_NE(r.err.find("renderer moestream | reasoning split, shown"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("renderer minja | reasoning split, shown"), std::string::npos) << r.err;
     // stdout: the answers only; the thinking on stderr, each line prefixed.
     EXPECT_EQ(r.out, "Hello friend.\nHello friend.\n");
     EXPECT_EQ(footers(r.err).size(), 2u) << r.err;
@@ -393,12 +395,12 @@ TEST(ChatCli, ThinkingIsSplitFromTheAnswerAndLeftOutOfTheHistory) {
     p = turn_prompts(off.err);
     ASSERT_EQ(p.size(), 1u) << off.err;
     EXPECT_EQ(p[0], "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
-    // A template llama.cpp renders (no family of moestream's): the reply is printed and kept
-    // as generated, so turn 2's prompt carries the thinking.
+    // A template without thinking: the reply is printed and kept as generated, so turn 2's
+    // prompt carries the thinking.
     const std::string l3 = model_with_template(dir, kLlama3Template, "llama3.gguf");
     CmdResult raw = chat_pipe(l3, "Hi\nAgain\n", fixed + " -v");
     ASSERT_EQ(raw.exit_code, 0) << raw.err;
-    EXPECT_NE(raw.err.find("renderer llama.cpp | reasoning not split"), std::string::npos) << raw.err;
+    EXPECT_NE(raw.err.find("renderer minja | reasoning none (the template has no thinking)"), std::string::npos) << raw.err;
     EXPECT_EQ(raw.out, "<think>\nI should greet.\n</think>\n\nHello friend.\n"
                        "<think>\nI should greet.\n</think>\n\nHello friend.\n");
     EXPECT_EQ(raw.err.find("thinking: "), std::string::npos) << raw.err;
@@ -460,8 +462,8 @@ TEST(ChatCli, ReasoningATemplateCannotDoIsRefusedByName) {
         }
     };
     expect(harmony, "--reasoning off", 64, "--reasoning: this model's chat template cannot turn its thinking off (harmony");
-    expect(l3, "-rea on", 64, "--reasoning: this model's chat template has no thinking to enable (llama3");
-    expect(qwen3, "--reasoning-effort low", 64, "--reasoning-effort: this model's chat template has no reasoning effort (hermes-qwen3");
+    expect(l3, "-rea on", 64, "--reasoning: this model's chat template has no thinking to enable (the model's template");
+    expect(qwen3, "--reasoning-effort low", 64, "--reasoning-effort: this model's chat template has no reasoning effort (hermes");
     expect(l3, "--reasoning maybe", 64, "--reasoning");
     expect(qwen3, "--reasoning-format none", 64, "not supported by moestream: --reasoning-format");
     expect(qwen3, "--grammar " + sh_quote("root ::= ("), 64, "grammar");

@@ -1,14 +1,16 @@
-// test_chat_format.cpp — the chat-format library (tools/chat/chat_format*, shared by `serve` and `chat`): family
-// recognition by fingerprint, template-style JSON, and the reply parser, which must split a
-// reply the same way however it is cut into pieces. Rendering itself is checked against
-// llama-server by tests/api/template_fidelity.py.
+// test_chat_format.cpp — the chat-format library (tools/chat/, shared by `serve` and `chat`):
+// the template run by minja and what loading it learns, template-style JSON, and the reply
+// parser, which must split a reply the same way however it is cut into pieces. Rendering
+// itself is checked against llama-server by tests/api/template_fidelity.py.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "chat_format.h"
+#include "chat_jinja.h"
 #include "test_util.h"
 
 namespace moestream::chat {
@@ -23,28 +25,16 @@ std::string read_template(const std::string & name) {
 std::string hermes_template() {
     return read_template("hermes-qwen3.jinja");
 }
-
-TEST(ChatFormat, HermesRecognisedOnlyWithEveryFingerprintPiece) {
-    const std::string t = hermes_template();
-    ASSERT_FALSE(t.empty());
-    const ChatFormat f = detect_chat_format(t);
-    EXPECT_EQ(f.family, ChatFamily::kHermes);
-    EXPECT_TRUE(f.tools);
-    EXPECT_TRUE(f.thinking);
-    EXPECT_EQ(f.name.rfind("hermes-qwen3", 0), 0u) << f.name;
-    // Reworded tool prompt: not the family (the renderer would write other words).
-    std::string reworded = t;
-    const std::string s = "You may call one or more functions";
-    reworded.replace(reworded.find(s), s.size(), "You can call functions");
-    EXPECT_EQ(detect_chat_format(reworded).family, ChatFamily::kNone);
-    // Without the thinking pieces: the family without thinking.
-    std::string no_think = t;
-    for (size_t p; (p = no_think.find("enable_thinking")) != std::string::npos;)
-        no_think.replace(p, 15, "other_flag");
-    const ChatFormat nt = detect_chat_format(no_think);
-    EXPECT_EQ(nt.family, ChatFamily::kHermes);
-    EXPECT_FALSE(nt.thinking);
-    EXPECT_EQ(detect_chat_format("{{ messages }}").family, ChatFamily::kNone);
+// The chat format a template loads as (load_chat_format: the family from a probe call),
+// loaded once per template text (the parser tests split thousands of replies).
+ChatFormat format_of(const std::string & tmpl) {
+    static std::map<std::string, ChatFormat> loaded;
+    auto it = loaded.find(tmpl);
+    if (it != loaded.end()) return it->second;
+    ChatFormat f;
+    std::string err;
+    EXPECT_TRUE(load_chat_format(tmpl, "<s>", "</s>", false, &f, &err)) << err;
+    return loaded[tmpl] = f;
 }
 
 TEST(ChatFormat, TemplateJsonIsPythonStyleInOrder) {
@@ -59,7 +49,7 @@ struct Split {
 
 Split parse(const std::string & reply, size_t piece, bool tools, bool thinking,
             const std::string & tmpl = hermes_template()) {
-    ReplyParser p(detect_chat_format(tmpl), tools, thinking);
+    ReplyParser p(format_of(tmpl), tools, thinking);
     Split s;
     auto add = [&](const ReplyDelta & d) {
         s.content += d.content;
@@ -114,12 +104,22 @@ TEST(ChatFormat, ReplyParserSplitsAlikeForEveryPieceSize) {
     EXPECT_EQ(off.content, call);
 }
 
+TEST(ChatFormat, HarmonyTemplateIsTheHarmonyFamily) {
+    const ChatFormat f = format_of(read_template("harmony.jinja"));
+    ASSERT_EQ(f.family, ChatFamily::kHarmony) << f.name;
+    EXPECT_TRUE(f.tools);
+    EXPECT_TRUE(f.thinking);
+    EXPECT_TRUE(f.effort);
+    EXPECT_TRUE(one_call_per_reply(f));
+    EXPECT_NE(format_of(hermes_template()).family, ChatFamily::kHarmony) << "control";
+}
+
 TEST(ChatFormat, Llama3ReplyIsOneJsonCallOrText) {
     const std::string t = read_template("llama3.jinja");
-    const ChatFormat f = detect_chat_format(t);
+    const ChatFormat f = format_of(t);
     ASSERT_EQ(f.family, ChatFamily::kLlama3) << f.name;
     EXPECT_FALSE(f.thinking);
-    EXPECT_EQ(detect_chat_format(hermes_template()).family, ChatFamily::kHermes) << "not llama3";
+    EXPECT_EQ(format_of(hermes_template()).family, ChatFamily::kHermes) << "not llama3";
     const std::string call = "{\"name\": \"add\", \"parameters\": {\"a\": 1, \"b\": 2}}";
     for (size_t piece : {size_t(1), size_t(5), call.size()}) {
         Split s = parse(call, piece, true, false, t);
@@ -142,7 +142,7 @@ TEST(ChatFormat, Llama3ReplyIsOneJsonCallOrText) {
 
 TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
     const std::string t = read_template("mistral.jinja");
-    ASSERT_EQ(detect_chat_format(t).family, ChatFamily::kMistral);
+    ASSERT_EQ(format_of(t).family, ChatFamily::kMistral);
     const std::string calls = "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": 1}}, "
                               "{\"name\": \"get_weather\", \"arguments\": {}}]";
     for (size_t piece : {size_t(1), size_t(4), calls.size()}) {
@@ -159,55 +159,39 @@ TEST(ChatFormat, MistralReplyIsTheMarkedCallList) {
     }
 }
 
-TEST(ChatFormat, HarmonyRecognisedOnlyWithEveryFingerprintPiece) {
-    const std::string t = read_template("harmony.jinja");
-    ASSERT_FALSE(t.empty());
-    const ChatFormat f = detect_chat_format(t);
-    ASSERT_EQ(f.family, ChatFamily::kHarmony) << f.name;
-    EXPECT_TRUE(f.tools);
-    EXPECT_TRUE(f.thinking);
-    EXPECT_EQ(f.name.rfind("harmony", 0), 0u) << f.name;
-    EXPECT_TRUE(one_call_per_reply(f));
-    // Another way of declaring tools: not the family.
-    std::string other = t;
-    const std::string s = "namespace functions {";
-    other.replace(other.find(s), s.size(), "module functions {");
-    EXPECT_EQ(detect_chat_format(other).family, ChatFamily::kNone);
-    EXPECT_NE(detect_chat_format(hermes_template()).family, ChatFamily::kHarmony);
-}
+// A Qwen3-Coder-style template: calls as <function=NAME> with <parameter=KEY> values.
+const char kXmlTemplate[] =
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{%- if m.tool_calls %}"
+    "{%- for tc in m.tool_calls %}\n<tool_call>\n<function={{ tc.function.name }}>\n"
+    "{%- for k, v in tc.function.arguments|items %}<parameter={{ k }}>\n{{ v }}\n</parameter>\n"
+    "{%- endfor %}</function>\n</tool_call>{%- endfor %}{%- endif %}<|im_end|>\n{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}";
 
-TEST(ChatFormat, HarmonyRendersChannelsEffortAndNamedResults) {
-    const ChatFormat f = detect_chat_format(read_template("harmony.jinja"));
-    RenderInput in;
-    in.messages = {{"system", "Be terse.", "", {}, ""},
-                   {"user", "Weather?", "", {}, ""},
-                   {"assistant", "", "Need it.", {{"abc", "get_weather", "{\"city\":\"Rome\"}"}}, ""},
-                   {"tool", "{\"t\": 3}", "", {}, "abc"}};
-    in.tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
-        "description": "Weather", "parameters": {"type": "object", "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome"]}, "n": {"type": "array",
-        "items": {"type": "integer"}, "default": [1]}}, "required": ["city"]}}}])");
-    in.reasoning_effort = "high";
-    std::string out, err;
-    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
-    for (const char * piece :
-         {"\n\nReasoning: high\n\n", "<|start|>developer<|message|># Instructions\n\nBe terse.\n\n"
-          "# Tools\n\n## functions\n\nnamespace functions {\n\n// Weather\ntype get_weather = (_: "
-          "{\ncity: \"Paris\" | \"Rome\",\nn?: number[], // default: [1]\n}) => any;\n\n} // "
-          "namespace functions<|end|>",
-          "<|start|>assistant<|channel|>analysis<|message|>Need it.<|end|>",
-          "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json"
-          "<|message|>{\"city\": \"Rome\"}<|call|>",
-          "<|start|>functions.get_weather to=assistant<|channel|>commentary<|message|>{\"t\": 3}"
-          "<|end|><|start|>assistant"})
-        EXPECT_NE(out.find(piece), std::string::npos) << piece << "\n--- in ---\n" << out;
-    in.reasoning_effort = "";
-    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
-    EXPECT_NE(out.find("Reasoning: medium"), std::string::npos) << "the default effort";
-    // A result that answers no call cannot be named: refused, naming the message.
-    in.messages[3].tool_call_id = "zzz";
-    EXPECT_FALSE(render_chat_format(f, in, &out, &err));
-    EXPECT_NE(err.find("messages[3].tool_call_id 'zzz'"), std::string::npos) << err;
+TEST(ChatFormat, XmlFunctionCallsAreParsed) {
+    ASSERT_EQ(format_of(kXmlTemplate).family, ChatFamily::kXml) << format_of(kXmlTemplate).name;
+    std::string other = kXmlTemplate;  // control: another call syntax is not the family
+    other.replace(other.find("<function="), 10, "<func=");
+    EXPECT_EQ(format_of(other).family, ChatFamily::kNone);
+    const std::string call =
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+        "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>";
+    for (size_t piece : {size_t(1), size_t(7), call.size()}) {
+        Split s = parse("Checking.\n" + call, piece, true, false, kXmlTemplate);
+        ASSERT_EQ(s.calls.size(), 1u) << piece;
+        EXPECT_EQ(s.calls[0].name, "get_weather");
+        EXPECT_EQ(s.calls[0].arguments, "{\"city\":\"Paris\",\"days\":2}");
+        EXPECT_EQ(s.content, "Checking.");
+        // Negative controls: another family's call text is no call, either way round.
+        const std::string hermes_call =
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        s = parse(hermes_call, piece, true, false, kXmlTemplate);
+        EXPECT_TRUE(s.calls.empty()) << piece;
+        EXPECT_EQ(s.content, hermes_call) << "not a call: as generated";
+        s = parse(call, piece, true, false, hermes_template());
+        EXPECT_TRUE(s.calls.empty()) << piece;
+        s = parse(call, piece, false, false, kXmlTemplate);  // control: no tools offered
+        EXPECT_TRUE(s.calls.empty());
+    }
 }
 
 TEST(ChatFormat, HarmonyReplySplitsChannelsAlikeForEveryPieceSize) {
@@ -262,7 +246,7 @@ TEST(ChatFormat, JsonCallsAreSentOnceComplete) {
     for (const Case & c : cases) {
         const std::string t = read_template(c.tmpl);
         for (size_t piece : {size_t(1), size_t(3), c.reply.size()}) {
-            ReplyParser p(detect_chat_format(t), true, false);
+            ReplyParser p(format_of(t), true, false);
             Split s;
             size_t before_end = 0;
             for (size_t i = 0; i < c.reply.size(); i += piece) {
@@ -318,6 +302,95 @@ TEST(ChatFormat, RandomRepliesSplitAlikeAtEveryPieceSize) {
         }
     }
     EXPECT_EQ(compared, 4 * 300 * 2 * 3);
+}
+
+}  // namespace
+}  // namespace moestream::chat
+
+// --- The template run by minja (chat_jinja.h) and what load_chat_format learns by probing it.
+namespace moestream::chat {
+namespace {
+
+ChatFormat load_ok(const std::string & src) {
+    ChatFormat f;
+    std::string err;
+    EXPECT_TRUE(load_chat_format(src, "<s>", "</s>", false, &f, &err)) << err;
+    return f;
+}
+
+TEST(ChatTemplateLoad, FamilyIsWhereAProbeCallLands) {
+    const std::string t = hermes_template();
+    ASSERT_FALSE(t.empty());
+    EXPECT_EQ(load_ok(t).family, ChatFamily::kHermes);
+    // Negative control: the same template writing its calls under another tag is no family.
+    std::string other = t;
+    for (size_t at; (at = other.find("<tool_call>")) != std::string::npos;)
+        other.replace(at, 11, "<tool_use>");
+    EXPECT_EQ(load_ok(other).family, ChatFamily::kNone);
+}
+
+TEST(ChatTemplateLoad, UnparsableTemplateIsRefusedNamingTheConstruct) {
+    ChatFormat f;
+    std::string err;
+    EXPECT_FALSE(load_chat_format("{{ nothing minja parses }}", "", "", false, &f, &err));
+    EXPECT_NE(err.find("Expected closing expression tag"), std::string::npos) << err;
+    // A template that raises on one user message renders nothing: refused too.
+    err.clear();
+    EXPECT_FALSE(load_chat_format("{{ raise_exception('no way') }}", "", "", false, &f, &err));
+    EXPECT_NE(err.find("no way"), std::string::npos) << err;
+    // Control: a template that renders loads.
+    EXPECT_TRUE(load_chat_format("{{ messages[0].content }}", "", "", false, &f, &err)) << err;
+}
+
+TEST(ChatTemplateLoad, ThinkingDefaultIsOnWhereTheSwitchChangesAMarker) {
+    const ChatFormat marker =
+        load_ok("{{ messages[0].content }}{% if enable_thinking %}<think>{% else %}</think>{% endif %}");
+    EXPECT_TRUE(marker.thinking);
+    EXPECT_TRUE(marker.thinking_default);
+    const ChatFormat words = load_ok(
+        "Deliberation: {% if enable_thinking %}enabled{% else %}disabled{% endif %}\n"
+        "{{ messages[0].content }}");
+    EXPECT_TRUE(words.thinking);
+    EXPECT_FALSE(words.thinking_default);
+    // Control: a template that never reads enable_thinking has no thinking.
+    EXPECT_FALSE(load_ok("{{ messages[0].content }}").thinking);
+}
+
+TEST(ChatTemplateLoad, VariableThatKeepsEarlierReasoningIsSet) {
+    const std::string drops =
+        "{% for m in messages %}{% if m.reasoning_content and drop_thinking is defined and not "
+        "drop_thinking %}[{{ m.reasoning_content }}]{% endif %}{{ m.content }}|{% endfor %}";
+    const ChatFormat f = load_ok(drops);
+    EXPECT_EQ(f.default_kwargs.value("drop_thinking", ojson()), ojson(false)) << f.default_kwargs.dump();
+    // Controls: a template that always drops it has no such variable, and one that keeps it
+    // only when a variable is true is left alone (as llama-server leaves it).
+    EXPECT_TRUE(load_ok("{% for m in messages %}{{ m.content }}|{% endfor %}").default_kwargs.empty());
+    const std::string keeps_when_true =
+        "{% for m in messages %}{% if m.reasoning_content and preserved_thinking is defined and "
+        "preserved_thinking %}[{{ m.reasoning_content }}]{% endif %}{{ m.content }}|{% endfor %}";
+    EXPECT_TRUE(load_ok(keeps_when_true).default_kwargs.empty());
+}
+
+TEST(ChatJinja, MessagesReachTheTemplateAsLlamaServerGivesThem) {
+    std::string err;
+    auto t = JinjaTemplate::parse(
+        "{% for m in messages %}{{ m.role }}:{{ m.content }}{% if m.tool_calls %}"
+        "={{ m.tool_calls[0].function.arguments.city }}{% endif %};{% endfor %}{{ bos_token }}",
+        "<s>", "</s>", &err);
+    ASSERT_TRUE(t) << err;
+    const ojson msgs = ojson::parse(
+        R"([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+             "function": {"name": "w", "arguments": "{\"city\": \"Paris\"}"}}]}])");
+    std::string out;
+    ASSERT_TRUE(t->render(msgs, ojson(), false, ojson::object(), &out, &err)) << err;
+    // Parts joined, null content as "", arguments as the object they hold.
+    EXPECT_EQ(out, "user:ab;assistant:=Paris;<s>");
+    // Control: a template error is returned, not thrown.
+    auto bad = JinjaTemplate::parse("{{ raise_exception('stop here') }}", "", "", &err);
+    ASSERT_TRUE(bad) << err;
+    EXPECT_FALSE(bad->render(msgs, ojson(), true, ojson::object(), &out, &err));
+    EXPECT_NE(err.find("stop here"), std::string::npos) << err;
 }
 
 }  // namespace

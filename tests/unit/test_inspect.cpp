@@ -294,6 +294,31 @@ TEST(Inspect, SynthModel) {
     EXPECT_EQ(j.at("projections")[0].at("type"), "q4_K");
 }
 
+TEST(Inspect, NamesTheChatTemplateAndWhetherItRenders) {
+    TempDir dir("inspect");
+    const std::string base = moestream::test::synth_model("tiny", "qwen3moe", "q4_k");
+    auto with_template = [&](const std::string & text, const std::string & name) {
+        std::ofstream(dir.path(name + ".jinja")) << text;
+        CmdResult r = run_cmd(gguf_mutate_cmd() + " " + sh_quote(base) + " " +
+                              sh_quote(dir.path(name + ".gguf")) + " set-file " +
+                              sh_quote("tokenizer.chat_template=" + dir.path(name + ".jinja")));
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return dir.path(name + ".gguf");
+    };
+    CmdResult bad = inspect("-m " + sh_quote(with_template("{{ x", "bad")));
+    ASSERT_EQ(bad.exit_code, 0) << bad.err;
+    EXPECT_NE(bad.out.find("chat template does not render: minja: Expected closing expression tag"),
+              std::string::npos) << bad.out;
+    // Control: a template that renders is named, with its renderer.
+    CmdResult good = inspect("-m " + sh_quote(with_template("{{ messages[0].content }}", "good")) +
+                             " --json");
+    ASSERT_EQ(good.exit_code, 0) << good.err;
+    const json t = json::parse(good.out).at("chat_template");
+    EXPECT_EQ(t.at("renders"), true) << t.dump();
+    EXPECT_EQ(t.at("renderer"), "minja") << t.dump();
+    EXPECT_EQ(t.at("name"), "the model's template (minja; tool calls not parsed)") << t.dump();
+}
+
 // Debian's test-llama-archs qwen3moe model (skipped when the tool is not available).
 TEST(Inspect, TestLlamaArchsModel) {
     const char * tool = std::getenv("LLAMA_TOOL");

@@ -1,5 +1,6 @@
-// chat_format.cpp — family detection, the shared JSON printing and the grammar helpers of
-// chat_format.h; each family's renderer and reply syntax is in chat_format_<family>.cpp.
+// chat_format.cpp — rendering through the model's template, the shared JSON printing and the
+// grammar helpers of chat_format.h; each family's reply syntax is in chat_format_<family>.cpp,
+// the template's loading and probing in chat_format_load.cpp.
 #include "chat_format.h"
 
 #include <cctype>
@@ -7,15 +8,10 @@
 #include <ctime>
 
 #include "chat_format_families.h"
+#include "chat_jinja.h"
 #include "json_schema_grammar.h"
 
 namespace moestream::chat {
-
-std::string trim_blank(const std::string & s) {
-    const char * ws = " \t\n\r\v\f";
-    const size_t a = s.find_first_not_of(ws);
-    return a == std::string::npos ? "" : s.substr(a, s.find_last_not_of(ws) - a + 1);
-}
 
 std::string local_date(const char * fmt) {
     const std::time_t t = std::time(nullptr);
@@ -44,34 +40,45 @@ std::string template_json(const ojson & j) {
     return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
 }
 
-ChatFormat detect_chat_format(const std::string & src) {
-    ChatFormat f;
-    if (hermes::matches(src))
-        f = hermes::format(src);
-    else if (llama3::matches(src))
-        f = llama3::format(src);
-    else if (mistral::matches(src))
-        f = mistral::format(src);
-    else if (harmony::matches(src))
-        f = harmony::format(src);
-    return f;
+namespace {
+
+// ChatTurns as OpenAI chat messages (what a template reads).
+ojson turns_json(const std::vector<ChatTurn> & turns) {
+    ojson a = ojson::array();
+    for (const ChatTurn & t : turns) {
+        ojson m = {{"role", t.role}, {"content", t.content}};
+        if (!t.reasoning.empty()) m["reasoning_content"] = t.reasoning;
+        if (!t.tool_calls.empty()) {
+            ojson calls = ojson::array();
+            for (const ToolCall & c : t.tool_calls)
+                calls.push_back({{"id", c.id},
+                                 {"type", "function"},
+                                 {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+            m["tool_calls"] = calls;
+        }
+        if (!t.tool_call_id.empty()) m["tool_call_id"] = t.tool_call_id;
+        a.push_back(std::move(m));
+    }
+    return a;
 }
+
+}  // namespace
 
 bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
                         std::string * err) {
-    switch (f.family) {
-        case ChatFamily::kHermes:
-            return hermes::render(f, in, out, err);
-        case ChatFamily::kLlama3:
-            return llama3::render(f, in, out, err);
-        case ChatFamily::kMistral:
-            return mistral::render(f, in, out, err);
-        case ChatFamily::kHarmony:
-            return harmony::render(f, in, out, err);
-        case ChatFamily::kNone:
-            break;
+    if (f.jinja) {
+        ojson kw = f.default_kwargs;
+        kw["enable_thinking"] = in.enable_thinking;
+        if (!in.reasoning_effort.empty()) kw["reasoning_effort"] = in.reasoning_effort;
+        if (f.date_string) kw["date_string"] = local_date("%d %b %Y");
+        for (auto it = in.kwargs.begin(); in.kwargs.is_object() && it != in.kwargs.end(); ++it)
+            kw[it.key()] = *it;
+        const ojson msgs = in.messages_json.is_array() ? in.messages_json : turns_json(in.messages);
+        if (f.jinja->render(msgs, in.tools, in.add_generation_prompt, kw, out, err)) return true;
+        *err = "the chat template raised an error on these messages: " + *err;
+        return false;
     }
-    *err = "the chat template has no renderer in moestream";
+    *err = "no chat template was loaded (load_chat_format)";
     return false;
 }
 
@@ -85,11 +92,12 @@ std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
                            const ThinkingRequest & t, std::string * param) {
     const std::string name = tmpl_name.empty() ? "none" : tmpl_name;
     const bool harmony = f.family == ChatFamily::kHarmony;
+    const bool effort = f.jinja ? f.effort : harmony;
     if (t.enable_thinking && *t.enable_thinking && !f.thinking) {
         *param = t.thinking_name;
         return "this model's chat template has no thinking to enable (" + name + ")";
     }
-    if (!t.reasoning_effort.empty() && !harmony) {
+    if (!t.reasoning_effort.empty() && !effort) {
         *param = t.effort_name;
         return "this model's chat template has no reasoning effort (" + name +
                "); templates with thinking take " + t.thinking_name;
@@ -104,7 +112,7 @@ std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
 
 ReplyMarkers reply_markers(const ChatFormat & f) {
     ReplyMarkers m;
-    if (f.family == ChatFamily::kHermes) {
+    if (f.family == ChatFamily::kHermes || f.family == ChatFamily::kXml) {
         m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = "<tool_call>", m.call_close = "</tool_call>";
         m.grammar_separator = gbnf::literal("\n");
@@ -129,6 +137,7 @@ bool one_call_per_reply(const ChatFormat & f) {
 }
 
 bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
+    if (f.family == ChatFamily::kXml) return xml::parse_call(body, out);
     return f.family == ChatFamily::kHermes && hermes::parse_call(body, out);
 }
 
@@ -148,6 +157,8 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return mistral::call_rule(name, args);
         case ChatFamily::kHarmony:
             return harmony::call_rule(name, args);
+        case ChatFamily::kXml:
+            return xml::call_rule(name);
         default:
             return hermes::call_rule(name, args);
     }

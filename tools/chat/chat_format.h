@@ -1,16 +1,18 @@
-// chat_format.h — chat template families that have tool-call and thinking syntax, rendered
-// and parsed by project code (docs/server.md, "Tools and reasoning"). A family is recognised
-// from the model's own tokenizer.chat_template source: every literal piece the family's
-// renderer emits must appear in it (its fingerprint), so a template that words its tool
-// prompt differently is not taken for the family. Rendering is checked byte for byte against
-// llama-server's Jinja rendering (/apply-template) of templates of each family
-// (tests/api/template_fidelity.py).
+// chat_format.h — the model's chat template as serve and chat use it (docs/server.md, "Chat
+// template", "Tools and reasoning"): every prompt is the template's own rendering
+// (chat_jinja.h: minja, python3-jinja2 where minja falls short), checked byte for byte against
+// llama-server's (tests/api/template_fidelity.py); the reply syntax of the families whose tool
+// calls and thinking moestream parses, learned by rendering a probe call through the template
+// (load_chat_format), and the grammar of a forced call.
 //
-// Invariants: render() output depends only on its inputs; a reply parsed by ReplyParser is
-// split into content, reasoning and tool calls without losing or duplicating text.
-// Thread-safety: pure functions; a ReplyParser is used by one thread at a time.
+// Invariants: render output depends only on its inputs and the date; a reply parsed by
+// ReplyParser is split into content, reasoning and tool calls without losing or duplicating
+// text.
+// Thread-safety: a loaded ChatFormat is immutable and shared; a ReplyParser is used by one
+// thread at a time.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -18,9 +20,11 @@
 
 namespace moestream::chat {
 
+class JinjaTemplate;  // chat_jinja.h
+
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
-enum class ChatFamily { kNone, kHermes, kLlama3, kMistral, kHarmony };
+enum class ChatFamily { kNone, kHermes, kLlama3, kMistral, kHarmony, kXml };
 
 struct ChatFormat {
     ChatFamily family = ChatFamily::kNone;
@@ -30,10 +34,26 @@ struct ChatFormat {
     std::string bos_token;  // the model's start and end token texts (templates write them)
     std::string eos_token;
     bool bos_added = false; // the engine puts the start token before a prompt itself
+    // The template itself, run by minja (chat_jinja.h): every prompt is rendered by it.
+    std::shared_ptr<const JinjaTemplate> jinja;
+    bool thinking_default = true;  // enable_thinking when a request leaves it unset
+    bool effort = false;           // the template reads reasoning_effort
+    bool date_string = false;      // the template reads date_string (given today, "%d %b %Y")
+    ojson default_kwargs = ojson::object();  // template variables set unless a request sets them
 };
 
-// The family of a model template (its source text); kNone when no family's fingerprint matches.
-ChatFormat detect_chat_format(const std::string & template_source);
+// The model's chat template, parsed by minja, with what it does derived by rendering probe
+// conversations through it (docs/server.md, "Chat templates"): the reply family from where a
+// known tool call lands (kNone: prompts render, replies are not split), whether it has
+// thinking (enable_thinking changes the prompt) and reasoning effort, the thinking default
+// llama-server gives it, and a variable that keeps earlier turns' reasoning when the template
+// has one. source "" = the model carries no template: ChatML (kChatmlTemplate), as llama-server.
+// False with *err (naming minja's construct and line) when minja cannot parse the template.
+bool load_chat_format(const std::string & source, const std::string & bos_token,
+                      const std::string & eos_token, bool bos_added, ChatFormat * out,
+                      std::string * err);
+// ChatML as a Jinja template (what a model without a template is rendered with).
+extern const char kChatmlTemplate[];
 
 struct ToolCall {
     std::string id;
@@ -52,14 +72,18 @@ struct ChatTurn {
 
 struct RenderInput {
     std::vector<ChatTurn> messages;
+    // The messages as the client sent them (OpenAI JSON, with content parts, name, ...); when
+    // null, the template gets `messages` above.
+    ojson messages_json;
+    ojson kwargs = ojson::object();  // chat_template_kwargs other than the two below
     ojson tools = ojson::array();  // the request's tools, as sent
     bool add_generation_prompt = true;
     bool enable_thinking = true;
     std::string reasoning_effort;  // "low" | "medium" | "high" ("": the template's default)
 };
 
-// Renders a conversation in the family's syntax. False with *err naming the message when the
-// family cannot express it (e.g. a system message after the first).
+// Renders a conversation with the model's template (f.jinja). False with *err when the
+// template raises on it (its own raise_exception: e.g. roles that do not alternate).
 bool render_chat_format(const ChatFormat & f, const RenderInput & in, std::string * out,
                         std::string * err);
 // The rendered text as the engine takes it: without the start token's text when the engine

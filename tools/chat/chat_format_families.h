@@ -1,5 +1,6 @@
 // chat_format_families.h — what chat_format.cpp asks of each family (internal to this library):
-// its fingerprint, renderer and reply syntax. One chat_format_<family>.cpp per family.
+// its reply syntax (the prompt is always the model's template, chat_jinja.h). One
+// chat_format_<family>.cpp per family.
 #pragma once
 
 #include <cstddef>
@@ -33,46 +34,30 @@ namespace gbnf {
 std::string literal(const std::string & s);  // a GBNF string literal for s
 }
 
-// Whether src holds every piece (a family's fingerprint).
-template <size_t N>
-bool holds_all(const std::string & src, const char * const (&pieces)[N]) {
-    for (const char * p : pieces)
-        if (src.find(p) == std::string::npos) return false;
-    return true;
-}
-// s without blank text at either end (what Jinja's trim removes).
-std::string trim_blank(const std::string & s);
 // Today in local time, as strftime formats it (what llama.cpp gives templates).
 std::string local_date(const char * strftime_format);
 
 namespace hermes {  // Qwen3 / Qwen2.5 / Hermes 2 Pro: <tool_call> JSON </tool_call>, <think>
-bool matches(const std::string & src);
-ChatFormat format(const std::string & src);
-bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
 bool parse_call(const std::string & body, ToolCall * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace hermes
 
 namespace llama3 {  // Llama 3.1 / 3.2 / 3.3: {"name", "parameters"} turns, ipython results
-bool matches(const std::string & src);
-ChatFormat format(const std::string & src);
-bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
 bool parse_call(const std::string & body, ToolCall * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace llama3
 
 namespace mistral {  // [INST] turns, [AVAILABLE_TOOLS], [TOOL_CALLS] [...], [TOOL_RESULTS]
-bool matches(const std::string & src);
-ChatFormat format(const std::string & src);
-bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
 bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace mistral
 
+namespace xml {  // Qwen3-Coder / Qwen3.5 / Nemotron-3: <tool_call><function=..><parameter=..>
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name);  // parameters' values not enforced
+}  // namespace xml
+
 namespace harmony {  // gpt-oss: <|start|>role<|message|>...<|end|>, channels, namespace functions
-bool matches(const std::string & src);
-ChatFormat format(const std::string & src);
-bool render(const ChatFormat & f, const RenderInput & in, std::string * out, std::string * err);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 std::string think_rule();  // an analysis message before the call
 }  // namespace harmony

@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include <nlohmann/json.hpp>
 
 #include "moestream/moestream.h"
 
@@ -64,6 +65,20 @@ Status process_reverse_prompts(bool escape, std::vector<std::string> * stop);
 
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);
+
+// --- chat and serve (cli_chat.cpp): the chat template given instead of the model's ---
+struct ChatTemplateFlags {
+    std::string value;  // --chat-template NAME|FILE|TEXT ("chatml", a file, or Jinja text)
+    std::string file;   // --chat-template-file FILE
+};
+void add_chat_template_flags(CLI::App * sub, ChatTemplateFlags * f);
+// The template text (*text; "" = the model's own) and how to name it in messages (*from).
+// kBadInput naming the flag and the file when a file cannot be read.
+Status resolve_chat_template(const ChatTemplateFlags & f, std::string * text, std::string * from);
+
+// `inspect`: the model's chat template (first file of a split set) as serve would take it:
+// {"present", "bytes", "renders", "name", "renderer", "thinking"} or {"renders": false, "error"}.
+nlohmann::ordered_json inspect_chat_template(const std::string & path);
 
 // --- Shared by the subcommands (cli_common.cpp; docs/cli.md) ---
 extern const char * const kSubcommands[8];

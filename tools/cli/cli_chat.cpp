@@ -1,7 +1,7 @@
 // `moestream chat` — a conversation in the terminal (docs/cli.md, "Chat"): each user turn is
-// rendered with the model's chat template as `moestream serve` renders it (the families of the
-// chat-format library, tools/chat/, by moestream's renderer; any other template through
-// Engine::apply_chat_template), the reply streams to stdout as it is generated, split into
+// rendered with the model's chat template as `moestream serve` renders it (the template run
+// by minja, tools/chat/chat_jinja.h; --chat-template / --chat-template-file replace it), the
+// reply streams to stdout as it is generated, split into
 // reasoning and answer as serve splits it (ReplyPrinter shows the reasoning apart; the
 // conversation keeps what the family's template expects), and a one-line footer per reply
 // goes to stderr. The engine keeps
@@ -25,8 +25,10 @@
 #include <vector>
 
 #include "chat_format.h"
+#include "chat_jinja.h"
 #include "cli.h"
 #include "moestream/settings.h"
+#include "gguf.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
 #include "reply_printer.h"
@@ -47,6 +49,7 @@ struct ChatFlags {
     bool verbose_prompt = false;
     std::string reasoning = "auto";  // --reasoning on | off | auto
     std::string reasoning_effort;    // --reasoning-effort ("" = the template's default)
+    ChatTemplateFlags tmpl;          // --chat-template, --chat-template-file
     bool show_reasoning = true;
     std::string grammar_file;
     CLI::App * sub = nullptr;
@@ -234,19 +237,13 @@ LineReader::Result read_turn(LineReader & in, std::string * turn) {
     }
 }
 
-// The prompt of the conversation so far, ending with the assistant's opener: by the family's
-// renderer (as serve renders it), else by llama.cpp's recogniser (content only).
+// The prompt of the conversation so far, ending with the assistant's opener: by the model's
+// template (as serve renders it).
 Status render_prompt(const chat::ChatFormat & fmt, const chat::ThinkingRequest & think,
-                     const std::vector<chat::ChatTurn> & messages, const Engine & engine,
-                     std::string * prompt) {
-    if (fmt.family == chat::ChatFamily::kNone) {
-        std::vector<ChatMessage> plain;
-        for (const chat::ChatTurn & m : messages) plain.push_back({m.role, m.content});
-        return engine.apply_chat_template(plain, true, prompt);
-    }
+                     const std::vector<chat::ChatTurn> & messages, std::string * prompt) {
     chat::RenderInput in;
     in.messages = messages;
-    in.enable_thinking = think.enable_thinking.value_or(true);
+    in.enable_thinking = think.enable_thinking.value_or(fmt.thinking_default);
     in.reasoning_effort = think.reasoning_effort;
     std::string shown, err;
     if (!chat::render_chat_format(fmt, in, &shown, &err)) return Status::BadInput(err);
@@ -274,21 +271,26 @@ int do_chat(ChatFlags & f) {
     st = Engine::open(f.opt, &engine);
     // The library names RunOptions fields; chat says the flags that set them.
     if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
-    // The template as serve takes it: a family of the chat-format library is rendered and its
-    // replies split by moestream; any other goes to llama.cpp's recogniser.
-    chat::ChatFormat fmt = chat::detect_chat_format(engine->chat_template());
-    std::string tmpl = engine->chat_template_name();
-    if (fmt.family != chat::ChatFamily::kNone) tmpl = fmt.name;
-    engine->special_texts(&fmt.bos_token, &fmt.eos_token, &fmt.bos_added);
-    if (tmpl.empty()) {
-        std::string probe;
-        Status why = engine->apply_chat_template({{"user", "hi"}}, true, &probe);
-        std::fprintf(stderr,
-                     "moestream: error: %s: chat needs a chat template llama.cpp renders (%s); "
-                     "`moestream run` completes raw text\n",
-                     f.opt.model_path.c_str(),
-                     why.ok() ? "none found" : why.message().c_str());
-        return 2;
+    // The template as serve takes it: the model's own (or --chat-template's), run by minja;
+    // replies of a family whose calls moestream parses are split into reasoning and calls.
+    chat::ChatFormat fmt;
+    std::string tmpl;
+    {
+        std::string text, from, bos, eos, err;
+        bool bos_added = false;
+        st = resolve_chat_template(f.tmpl, &text, &from);
+        if (!st.ok()) return report(st);
+        engine->special_texts(&bos, &eos, &bos_added);
+        if (!chat::load_chat_format(text.empty() ? engine->chat_template() : text, bos, eos,
+                                    bos_added, &fmt, &err)) {
+            std::fprintf(stderr,
+                         "moestream: error: %s: the chat template (%s) cannot be rendered "
+                         "(%s); give one that renders with --chat-template-file\n",
+                         f.opt.model_path.c_str(), from.empty() ? "the model's" : from.c_str(),
+                         err.c_str());
+            return 2;
+        }
+        tmpl = fmt.name + (from.empty() ? "" : " from " + from);
     }
     if (tmpl.find("no chat template") != std::string::npos)
         std::fprintf(stderr, "moestream chat: warning: using %s\n",
@@ -303,9 +305,8 @@ int do_chat(ChatFlags & f) {
         const std::string why = chat::check_thinking(fmt, tmpl, think, &param);
         if (!why.empty()) return usage_error("chat", param + ": " + why);
     }
-    const bool rendered = fmt.family != chat::ChatFamily::kNone;
     // Whether a reply starts in the thinking block (serve's ChatPlan::thinking).
-    const bool thinking = fmt.thinking && think.enable_thinking.value_or(true);
+    const bool thinking = fmt.thinking && think.enable_thinking.value_or(fmt.thinking_default);
     {  // the sampling settings (a grammar llama.cpp cannot parse...) before the first turn
         GenerateRequest probe;
         probe.prompt = "hi";
@@ -325,9 +326,8 @@ int do_chat(ChatFlags & f) {
         std::fprintf(stderr,
                      "moestream chat: template %s | renderer %s | reasoning %s | context %d "
                      "tokens | KV reuse %s\n",
-                     tmpl.c_str(), rendered ? "moestream" : "llama.cpp",
-                     !rendered ? "not split (llama.cpp renders this template)"
-                     : !fmt.thinking ? "none (the template has no thinking)"
+                     tmpl.c_str(), "minja",
+                     !fmt.thinking ? "none (the template has no thinking)"
                      : !thinking     ? "off"
                      : f.show_reasoning ? "split, shown" : "split, hidden",
                      engine->n_ctx(), f.cache_prompt ? "on" : "off (--no-cache-prompt)");
@@ -401,7 +401,7 @@ int do_chat(ChatFlags & f) {
         req.sampling.seed = f.opt.seed + uint32_t(t.replies);
         req.stop = f.stop;
         req.reuse_prefix = f.cache_prompt;
-        st = render_prompt(fmt, think, messages, *engine, &req.prompt);
+        st = render_prompt(fmt, think, messages, &req.prompt);
         if (st.ok() && f.verbose_prompt)
             std::fprintf(stderr, "moestream chat: prompt of turn %d (%zu bytes):\n%s\nmoestream chat: end of prompt\n",
                          t.replies + 1, req.prompt.size(), req.prompt.c_str());
@@ -424,7 +424,7 @@ int do_chat(ChatFlags & f) {
         // Split as it streams (serve's worker does the same): reasoning and answer are shown
         // token by token, each as ReplyPrinter shows it.
         std::unique_ptr<chat::ReplyParser> parser;
-        if (rendered) parser = std::make_unique<chat::ReplyParser>(fmt, false, thinking);
+        parser = std::make_unique<chat::ReplyParser>(fmt, false, thinking);
         ReplyPrinter out(shown, stdout, stderr);
         std::string content, reasoning;
         auto show = [&](const chat::ReplyDelta & d) {
@@ -484,6 +484,86 @@ int do_chat(ChatFlags & f) {
 
 }  // namespace
 
+nlohmann::ordered_json inspect_chat_template(const std::string & path) {
+    nlohmann::ordered_json j;
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gguf_context * g = gguf_init_from_file(path.c_str(), gp);
+    if (g == nullptr) {
+        j["renders"] = false;
+        j["error"] = "the file's metadata cannot be read";
+        return j;
+    }
+    auto str = [g](const char * key) {
+        const int64_t k = gguf_find_key(g, key);
+        return k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING ? std::string(gguf_get_val_str(g, k))
+                                                                   : std::string();
+    };
+    auto token = [g](const char * id_key) {  // the text of the token a *_token_id key names
+        const int64_t k = gguf_find_key(g, id_key), t = gguf_find_key(g, "tokenizer.ggml.tokens");
+        if (k < 0 || t < 0 || gguf_get_kv_type(g, k) != GGUF_TYPE_UINT32 ||
+            gguf_get_arr_type(g, t) != GGUF_TYPE_STRING)
+            return std::string();
+        const uint32_t id = gguf_get_val_u32(g, k);
+        return id < gguf_get_arr_n(g, t) ? std::string(gguf_get_arr_str(g, t, id)) : std::string();
+    };
+    const std::string src = str("tokenizer.chat_template");
+    const std::string bos = token("tokenizer.ggml.bos_token_id");
+    const std::string eos = token("tokenizer.ggml.eos_token_id");
+    gguf_free(g);
+    chat::ChatFormat f;
+    std::string err;
+    j["present"] = !src.empty();
+    j["bytes"] = src.size();
+    j["renders"] = chat::load_chat_format(src, bos, eos, false, &f, &err);
+    if (j["renders"]) {
+        j["name"] = f.name;
+        j["renderer"] = f.jinja->renderer();
+        j["thinking"] = f.thinking;
+    } else {
+        j["error"] = err;
+    }
+    return j;
+}
+
+void add_chat_template_flags(CLI::App * sub, ChatTemplateFlags * f) {
+    auto * t = sub->add_option("--chat-template", f->value,
+                               "use this chat template instead of the model's: the name chatml, "
+                               "a file, or the Jinja text itself")
+                   ->default_str("");
+    sub->add_option("--chat-template-file", f->file,
+                    "read the chat template (Jinja) from a file instead of the model's")
+        ->excludes(t)
+        ->default_str("");
+}
+
+Status resolve_chat_template(const ChatTemplateFlags & f, std::string * text, std::string * from) {
+    text->clear();
+    from->clear();
+    if (!f.file.empty()) {
+        *from = "--chat-template-file " + f.file;
+        return read_text_file(f.file, "chat template", text);
+    }
+    if (f.value.empty()) return Status::Ok();
+    if (f.value == "chatml") {
+        *text = chat::kChatmlTemplate;
+        *from = "--chat-template chatml";
+        return Status::Ok();
+    }
+    if (f.value.find("{{") != std::string::npos || f.value.find("{%") != std::string::npos) {
+        *text = f.value;
+        *from = "--chat-template (its text)";
+        return Status::Ok();
+    }
+    *from = "--chat-template " + f.value;
+    Status st = read_text_file(f.value, "chat template", text);
+    if (!st.ok())
+        return Status::BadInput("--chat-template '" + f.value +
+                                "': not the name chatml, not Jinja text, and not a file (" +
+                                st.message() + ")");
+    return st;
+}
+
 void add_chat_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<ChatFlags>();
     auto * sub = app.add_subcommand(
@@ -506,6 +586,7 @@ void add_chat_command(CLI::App & app, Action * action) {
     add_flag_pair(sub, "--cache-prompt", "--no-cache-prompt", &f->cache_prompt,
                   "reuse the previous turn's KV cache: prefill only the new tokens (the default)",
                   "prefill the whole conversation every turn");
+    add_chat_template_flags(sub, &f->tmpl);
     sub->add_option("--reasoning", f->reasoning,
                     "thinking (-rea): on, off or auto (the template's default); off on a template "
                     "that cannot turn it off, and on for one without thinking, are refused")

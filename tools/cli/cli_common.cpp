@@ -95,8 +95,8 @@ constexpr const char * kChatIsConversation =
     "%s is not needed: `moestream chat` is always a conversation";
 constexpr const char * kChatRunOnly = "%s: not available in chat; `moestream run` has it";
 constexpr const char * kChatTemplate =
-    "not supported by moestream: %s (chat renders the model's own template, as `moestream "
-    "serve` does)";
+    "not supported by moestream: %s (chat renders the model's own template with minja, as "
+    "`moestream serve` does; --chat-template-file replaces it)";
 constexpr const char * kChatReasoning =
     "not supported by moestream: %s (chat splits a reply's reasoning where serve does: "
     "--reasoning on|off, --reasoning-effort, --hide-reasoning)";
@@ -111,7 +111,6 @@ const Refusal kChatRefused[] = {
             "echo TEXT | moestream chat -m MODEL"},
     {"--single-turn", "%s: not supported by `moestream chat`; for one turn from a script: "
                       "echo TEXT | moestream chat -m MODEL"},
-    {"--chat-template", kChatTemplate}, {"--chat-template-file", kChatTemplate},
     {"--jinja", kChatTemplate},
     {"--reasoning-format", kChatReasoning}, {"--reasoning-budget", kChatReasoning},
     {"--chat-template-kwargs", kChatReasoning},

@@ -208,6 +208,9 @@ nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     j["cache_all_experts_mib"] = r.cache_all_mib;
     j["cache_rule"] = cache_rule_text(m);
     j["cache_auto_mib_now"] = r.auto_mib;
+#if MOESTREAM_SERVE_AND_CHAT
+    j["chat_template"] = inspect_chat_template(m.shards.empty() ? m.path : m.shards[0].path);
+#endif
     return j;
 }
 
@@ -225,6 +228,15 @@ void print_human(const ModelIndex & m, const Report & r) {
                         human_bytes(m.shards[i].file_size).c_str(), m.shards[i].n_tensors);
     }
     line("architecture", m.arch + (m.name.empty() ? "" : "  \"" + m.name + "\""));
+#if MOESTREAM_SERVE_AND_CHAT
+    {  // the chat template as serve and chat take it
+        const auto t = inspect_chat_template(m.shards.empty() ? m.path : m.shards[0].path);
+        line("chat template",
+             t["renders"].get<bool>()
+                 ? t["name"].get<std::string>() + ": renders"
+                 : "does not render: " + t["error"].get<std::string>());
+    }
+#endif
     line("layers",
          std::to_string(m.n_layer) + " (" + std::to_string(m.moe_layers.size()) + " MoE)");
     line("streams", "yes by the index: experts " + r.layouts +

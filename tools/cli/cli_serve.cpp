@@ -4,6 +4,7 @@
 // response says which settings produced it and whether they were lossy.
 // Env knobs (read here): MOESTREAM_API_KEY (the key, instead of --api-key, which `ps` shows),
 // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only: sleep before each token is handed out).
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 
@@ -17,6 +18,7 @@ constexpr double kAppDropCold = 0.75;  // the app's performance default (docs/se
 
 struct ServeFlags {
     server::ServeConfig cfg;
+    ChatTemplateFlags tmpl;  // --chat-template, --chat-template-file
     bool lossless = false;
     int verbose = 0;
 };
@@ -52,6 +54,7 @@ void add_serve_command(CLI::App & app, Action * action) {
                     "save/restore: the KV the context holds; docs/server.md)")
         ->type_name("DIR")
         ->check(CLI::ExistingDirectory);
+    add_chat_template_flags(sub, &f->tmpl);
     sub->add_flag("--lossless", f->lossless,
                   "start without the app's lossy defaults (no drop-cold)");
     add_engine_flags(sub, &f->cfg.run);
@@ -65,6 +68,12 @@ void add_serve_command(CLI::App & app, Action * action) {
                                       "is not available in serve (use run, chat or eval)"))
                 return rc;
             server::ServeConfig cfg = f->cfg;
+            if (Status st = resolve_chat_template(f->tmpl, &cfg.chat_template,
+                                                  &cfg.chat_template_from);
+                !st.ok()) {
+                std::fprintf(stderr, "moestream serve: error: %s\n", st.message().c_str());
+                return st.exit_code();
+            }
             if (cfg.api_key.empty()) {
                 const char * k = std::getenv("MOESTREAM_API_KEY");
                 if (k && *k) cfg.api_key = k;

@@ -40,6 +40,8 @@ struct ChatExtras {
     bool parallel_tool_calls = true;
     std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
     std::string reasoning_effort;         // "" = not given
+    ojson messages_json;                  // the messages as sent (what the template reads)
+    ojson kwargs = ojson::object();       // the other chat_template_kwargs, as sent
     bool uses_tools() const;   // tools offered, or tool calls/results in the messages
     bool forces_call() const;  // tool_choice required or named
 };

@@ -113,10 +113,10 @@ std::optional<ApiError> parse_reasoning(const ojson & j, ChatExtras * x) {
                 if (auto e = parse_effort(*k, "chat_template_kwargs.reasoning_effort", x)) return e;
                 continue;
             }
-            if (k.key() != "enable_thinking")
-                return bad_field("chat_template_kwargs." + k.key(),
-                                 "is not supported: this server renders templates with its own "
-                                 "code and takes only enable_thinking and reasoning_effort");
+            if (k.key() != "enable_thinking") {  // a variable of the template: plan_chat
+                x->kwargs[k.key()] = *k;
+                continue;
+            }
             if (!k->is_boolean())
                 return bad_field("chat_template_kwargs.enable_thinking", "must be true or false");
             x->enable_thinking = k->get<bool>();
@@ -130,6 +130,9 @@ std::optional<ApiError> parse_reasoning(const ojson & j, ChatExtras * x) {
 // messages[i] with its tool fields; role, content and the field checks are parse_messages'.
 std::optional<ApiError> parse_turns(const ojson & j, ChatExtras * x) {
     const ojson & ms = j["messages"];
+    x->messages_json = ms;
+    for (auto & m : x->messages_json)  // as parse_messages names it
+        if (m["role"] == "developer") m["role"] = "system";
     for (size_t i = 0; i < ms.size(); ++i) {
         const ojson & m = ms[i];
         const std::string pm = "messages[" + std::to_string(i) + "]";

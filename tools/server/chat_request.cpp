@@ -1,6 +1,8 @@
 // chat_request.cpp — see chat_request.h.
 #include "chat_request.h"
 
+#include "chat_jinja.h"
+
 namespace moestream::server {
 namespace {
 
@@ -14,12 +16,22 @@ ApiError refuse(const std::string & param, const std::string & message) {
 }  // namespace
 
 std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl_name,
-                                  GenParams * p, ChatPlan * plan) {
+                                  GenParams * p, ChatPlan * plan, bool render_only) {
     ChatExtras & x = p->extras;
     const std::string name = tmpl_name.empty() ? "none" : tmpl_name;
-    if (x.uses_tools() && !f.tools)
+    // A template variable the template never names would be ignored: refused instead.
+    for (auto k = x.kwargs.begin(); k != x.kwargs.end(); ++k)
+        if (!f.jinja || f.jinja->source().find(k.key()) == std::string::npos)
+            return refuse("chat_template_kwargs." + k.key(),
+                          "'chat_template_kwargs." + k.key() +
+                              "' is not a variable of this model's chat template (" + name + ")");
+    if (x.uses_tools() && !f.tools && !(render_only && f.jinja))
         return refuse(x.tools.empty() ? "messages" : "tools",
-                      "tools are not supported by this model's chat template (" + name + ")");
+                      f.jinja && f.jinja->supports_tools()
+                          ? "moestream does not parse the tool calls of this model's chat "
+                            "template (" + name + "); /apply-template renders them"
+                          : "tools are not supported by this model's chat template (" + name +
+                                ")");
     ThinkingRequest think;
     think.enable_thinking = x.enable_thinking;
     think.reasoning_effort = x.reasoning_effort;
@@ -32,13 +44,15 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
         return refuse("tool_choice", "tool_choice '" + x.tool_choice +
                                          "' constrains the output with a grammar; 'grammar' and "
                                          "'response_format' cannot be combined with it");
-    if (f.family == ChatFamily::kNone) return std::nullopt;
+    if (!f.jinja && f.family == ChatFamily::kNone) return std::nullopt;
 
     RenderInput in;
     in.messages = x.turns;
     in.tools = x.tools;
-    in.enable_thinking = x.enable_thinking.value_or(true);
+    in.enable_thinking = x.enable_thinking.value_or(f.thinking_default);
     in.reasoning_effort = x.reasoning_effort;
+    in.messages_json = x.messages_json;
+    in.kwargs = x.kwargs;
     std::string err;
     if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
     p->prompt = engine_prompt(f, plan->shown);

@@ -26,8 +26,10 @@ struct ChatPlan {
 // f: the model's chat format (kNone: the template is llama.cpp's business, and tools,
 // enable_thinking and reasoning_effort are refused naming tmpl_name). Fills p->prompt when
 // the format renders it, and p->sampling.grammar when a call is forced.
+// render_only (/apply-template): the prompt is all that is asked, so tools are rendered for
+// a template whose calls moestream does not parse (a generation refuses them).
 std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl_name,
-                                  GenParams * p, ChatPlan * plan);
+                                  GenParams * p, ChatPlan * plan, bool render_only = false);
 
 // The message of a chat response from a parsed reply (content null when it is only calls).
 nlohmann::json reply_message(const std::string & content, const std::string & reasoning,

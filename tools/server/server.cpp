@@ -24,6 +24,7 @@
 #include <mutex>
 #include <thread>
 
+#include "chat_jinja.h"
 #include "chat_request.h"
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
@@ -242,17 +243,27 @@ public:
     Server(const ServeConfig & cfg, std::unique_ptr<Engine> engine)
         : cfg_(cfg), engine_(std::move(engine)) {
         model_name_ = basename_of(cfg.run.model_path);
-        tmpl_ = engine_->chat_template_name();
-        fmt_ = detect_chat_format(engine_->chat_template());
-        if (fmt_.family != ChatFamily::kNone) tmpl_ = fmt_.name;
-        engine_->special_texts(&fmt_.bos_token, &fmt_.eos_token, &fmt_.bos_added);
-        if (tmpl_.empty())
-            MS_LOG_WARN(
-                "the model's chat template is not one llama.cpp renders: chat completions are "
-                "refused; completions work");
+        std::string bos, eos, err;
+        bool bos_added = false;
+        engine_->special_texts(&bos, &eos, &bos_added);
+        const std::string src =
+            cfg.chat_template.empty() ? engine_->chat_template() : cfg.chat_template;
+        if (load_chat_format(src, bos, eos, bos_added, &fmt_, &err)) {
+            tmpl_ = fmt_.name;
+            if (!cfg.chat_template_from.empty()) tmpl_ += " from " + cfg.chat_template_from;
+        } else {
+            tmpl_error_ = "the chat template (" +
+                          (cfg.chat_template_from.empty() ? std::string("the model's")
+                                                          : cfg.chat_template_from) +
+                          ") cannot be rendered (" + err + ")" +
+                          "; give a template that renders with --chat-template-file";
+        }
         drop_cold_block_ = engine_->drop_cold_block();
         publish_after_job(0, 0);
     }
+
+    // Why the chat template cannot be used ("" = it renders): the server does not start.
+    const std::string & template_error() const { return tmpl_error_; }
 
     int serve() {
         setup_routes();
@@ -1109,14 +1120,14 @@ private:
     // How a chat request's prompt was made and its reply read.
     json chat_format_json(const GenParams & p) const {
         const ChatExtras & x = p.extras;
-        return json{{"renderer", fmt_.family != ChatFamily::kNone ? "moestream" : "llama.cpp"},
+        return json{{"renderer", fmt_.jinja ? fmt_.jinja->renderer() : "llama.cpp"},
                     {"tools", x.tools.size()},
                     {"tool_choice", x.tools.empty() ? json(nullptr)
                                     : x.tool_choice == "function" ? json(x.tool_name)
                                                                   : json(x.tool_choice)},
                     {"thinking", fmt_.thinking ? json(x.enable_thinking.value_or(true))
                                                : json(nullptr)},
-                    {"reasoning_effort", fmt_.family == ChatFamily::kHarmony
+                    {"reasoning_effort", fmt_.effort
                                              ? json(x.reasoning_effort.empty()
                                                         ? "medium" : x.reasoning_effort)
                                              : json(nullptr)}};
@@ -1226,7 +1237,7 @@ private:
                                                    "llama.cpp renders",
                                                    "messages"));
         ChatPlan plan;
-        if (auto e = plan_chat(fmt_, tmpl_, &p, &plan)) return send_error(res, *e);
+        if (auto e = plan_chat(fmt_, tmpl_, &p, &plan, true)) return send_error(res, *e);
         std::string prompt = plan.shown;
         Status st = plan.rendered ? Status::Ok()
                                   : engine_->apply_chat_template(p.messages, true, &prompt);
@@ -1243,6 +1254,8 @@ private:
                     {"n_vocab", engine_->n_vocab()},
                     {"total_slots", 1},
                     {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
+                    {"chat_template_renderer",
+                     fmt_.jinja ? json(fmt_.jinja->renderer()) : json(nullptr)},
                     {"default_generation_settings", st["defaults"]},
                     {"lossy", st["lossy"]},
                     {"settings", st["settings"]}};
@@ -1345,6 +1358,7 @@ private:
     std::unique_ptr<Engine> engine_;  // worker thread only (and the constructor)
     std::string model_name_;
     std::string tmpl_;  // the chat template's name; "" = chat refused
+    std::string tmpl_error_;  // why the template cannot be parsed ("" = it renders)
     ChatFormat fmt_;    // the model template's family when moestream renders it
     static constexpr int kHttpThreads = 128;
     int listen_fd_ = -1;  // the listening socket (set_socket_options)
@@ -1406,6 +1420,10 @@ int run_server(const ServeConfig & cfg_in) {
                     cfg.token_delay_ms);
 
     Server server(cfg, std::move(engine));
+    if (!server.template_error().empty()) {
+        MS_LOG_ERROR("%s", server.template_error().c_str());
+        return Status::BadInput("").exit_code();
+    }
     std::thread sig([&server, set] {
         int signo = 0;
         sigwait(&set, &signo);

@@ -37,6 +37,10 @@ struct ServeConfig {
     // --slot-save-path DIR: POST /slots/0?action=save|restore|erase with {"filename": NAME}
     // saves / restores the KV the context holds to DIR/NAME (docs/server.md); "" = refused (501).
     std::string slot_save_path;
+    // --chat-template / --chat-template-file: the template text used instead of the model's
+    // ("" = the model's), and where it came from (a file's path or a name) for messages.
+    std::string chat_template;
+    std::string chat_template_from;
     // How the caller words an error of Engine::open (the library names RunOptions fields; the
     // CLI maps them to its flags); unset = the library's words.
     std::function<std::string(const std::string &)> option_words;
