@@ -11,6 +11,10 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
 import OpenAI from "openai";
+import { zodResponseFormat } from "openai/helpers/zod";
+import { Ajv } from "ajv";
+import addFormatsModule from "ajv-formats";
+import { models as zodModels } from "./zod_models.mjs";
 
 const [fastUrl, slowUrl, slowPid, toolsUrl, harmonyUrl] = process.argv.slice(2);
 const fast = new OpenAI({ baseURL: fastUrl + "v1", apiKey: "none", maxRetries: 0 });
@@ -97,7 +101,7 @@ await check("unsupported fields are refused by name", async () => {
   assert.equal(ok.choices.length, 1, "control: the plain request is served");
   assert.match(ok.moestream.settings.request.chat_template, /chatml/);
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
-    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a" } } } }), "response_format");
+    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a(?=b)" } } } }), "response_format");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
     tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }), "tools");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, n: 2 }), "n");
@@ -132,6 +136,45 @@ await check("parse() with a json_schema returns an object of the schema", async 
     assert.ok(!isPerson(v), "control: without the schema the model writes no such object");
   }
   assert.ok(parsed > 0, "some replies end by themselves and parse");
+});
+
+await check(`parse() with zod: ${zodModels.length} ordinary models, every finished reply valid by ajv`, async () => {
+  const ajv = new Ajv({ strict: false, allErrors: true });
+  (addFormatsModule.default ?? addFormatsModule)(ajv);
+  for (const m of zodModels) {
+    const format = zodResponseFormat(m.schema, m.name.replace(/\W/g, "_"));
+    const valid = ajv.compile(format.json_schema.schema);
+    // Controls: the validators refuse an instance that breaks one bound, and a reply
+    // written without the schema.
+    assert.equal(valid(m.bad), false, `${m.name}: ajv refuses ${JSON.stringify(m.bad)}`);
+    assert.equal(m.schema.safeParse(m.bad).success, false, `${m.name}: zod refuses the bad instance`);
+    let finished = 0;
+    for (const seed of [1, 2, 3, 4]) {
+      const req = { model: "m", messages: [{ role: "user", content: `a ${m.name}` }], max_tokens: 300,
+        temperature: 1, seed };
+      let r;
+      try {
+        r = await fast.chat.completions.parse({ ...req, response_format: format });  // zod parses it too
+      } catch (e) {
+        if (e.constructor.name === "LengthFinishReasonError") continue;  // cut at max_tokens
+        throw new Error(`${m.name}, seed ${seed}: ${e.message}`);
+      }
+      const v = r.choices[0].message.parsed;
+      assert.ok(valid(JSON.parse(r.choices[0].message.content)),
+        `${m.name}, seed ${seed}: ${r.choices[0].message.content}: ${ajv.errorsText(valid.errors)}`);
+      assert.ok(v !== null && typeof v === "object", m.name);
+      finished++;
+      if (finished === 2) break;
+    }
+    assert.ok(finished > 0, `${m.name}: some replies end by themselves`);
+    if (m === zodModels[0]) {
+      const plain = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "a person" }],
+        max_tokens: 60, temperature: 1, seed: 1 });
+      let v = null;
+      try { v = JSON.parse(plain.choices[0].message.content); } catch { /* not JSON */ }
+      assert.equal(valid(v), false, "control: without the schema the reply is no such object");
+    }
+  }
 });
 
 await check("logprobs: the OpenAI shapes, sane values, streaming too", async () => {
