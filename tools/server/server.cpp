@@ -130,6 +130,7 @@ struct Job {
     size_t logprobs_offset = 0;  // streamed completions: text_offset of the next token
     json moestream;  // settings, lossy, per-request stats
     int n_prompt = 0, n_generated = 0;
+    bool llama_shape = false;  // llama-server's /completion reply shape (set before it runs)
 };
 
 // The worker's view for /stats, published under Server::stats_m_.
@@ -237,7 +238,7 @@ class Server {
 public:
     Server(const ServeConfig & cfg, std::unique_ptr<Engine> engine)
         : cfg_(cfg), engine_(std::move(engine)) {
-        model_name_ = basename_of(cfg.run.model_path);
+        model_name_ = cfg.alias.empty() ? basename_of(cfg.run.model_path) : cfg.alias;
         tmpl_ = engine_->chat_template_name();
         fmt_ = detect_chat_format(engine_->chat_template());
         if (fmt_.family != ChatFamily::kNone) tmpl_ = fmt_.name;
@@ -340,19 +341,33 @@ private:
             scheme = std::tolower(static_cast<unsigned char>(h[i])) == prefix[i];
         if (scheme && same_key(h.substr(prefix.size()), cfg_.api_key)) return true;
         res.set_header("WWW-Authenticate", "Bearer");
-        send_error(res, api_error(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                  "authentication_error"));
+        ApiError e = api_error(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                               "authentication_error");
+        e.code = "invalid_api_key";
+        send_error(res, e);
         return false;
     }
 
-    // Browsers send a cross-origin POST without asking first only for form content types:
-    // requiring application/json keeps other web sites from driving this server.
+    // Browsers send a cross-origin POST without asking first only for form content types (or
+    // none): requiring application/json from a browser keeps other web sites from driving this
+    // server. A request without an Origin header does not come from a web page (curl -d, SDKs):
+    // its body is read as JSON whatever its Content-Type says.
     static bool json_body(const httplib::Request & req, httplib::Response & res) {
         const std::string ct = req.get_header_value("Content-Type");
         if (ct.compare(0, 16, "application/json") == 0) return true;
-        send_error(
-            res, api_error(415, "Content-Type must be application/json", "invalid_request_error"));
+        if (!req.has_header("Origin")) return true;
+        send_error(res, api_error(415,
+                                  "Content-Type must be application/json for a request from a "
+                                  "web page (one with an Origin header)",
+                                  "invalid_request_error"));
         return false;
+    }
+
+    // The routes, for the 404 that names them.
+    static const char * routes_text() {
+        return "GET /health, /stats, /props, /metrics, /slots, /v1/models, /v1/models/{id}, / "
+               "(the web page); POST /v1/chat/completions, /v1/completions, /completion, "
+               "/tokenize, /detokenize, /apply-template";
     }
 
     void setup_routes() {
@@ -389,10 +404,12 @@ private:
         http_.set_logger([](const httplib::Request & req, const httplib::Response & res) {
             MS_LOG_INFO("%s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
         });
-        http_.set_error_handler([](const httplib::Request &, httplib::Response & res) {
+        http_.set_error_handler([](const httplib::Request & req, httplib::Response & res) {
             if (!res.body.empty()) return;
             std::string msg = "HTTP error " + std::to_string(res.status);
-            if (res.status == 404) msg = "not found";
+            if (res.status == 404)
+                msg = "Invalid URL (" + req.method + " " + req.path + "); this server has " +
+                      routes_text();
             if (res.status == 405) msg = "method not allowed";
             if (res.status == 413) msg = "the request body is larger than the limit (--max-body)";
             send_json(res, res.status,
@@ -411,7 +428,8 @@ private:
                 send_json(res, 500, error_json(api_error(500, what, "server_error")));
             });
 
-        for (const WebAsset & a : web_assets()) {
+        static const std::vector<WebAsset> no_assets;
+        for (const WebAsset & a : cfg_.webui ? web_assets() : no_assets) {
             const std::string path = a.path == "/index.html" ? "/" : a.path;
             const WebAsset * ap = &a;
             auto handler = [ap](const httplib::Request &, httplib::Response & res) {
@@ -445,6 +463,40 @@ private:
                    {"owned_by", "moestream"}};
             send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
         });
+        http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            const std::string id = req.matches[1];
+            if (id != model_name_) {
+                ApiError e = api_error(404, "The model '" + id + "' does not exist (this server has '" +
+                                                model_name_ + "')",
+                                       "invalid_request_error");
+                e.param = "model";
+                e.code = "model_not_found";
+                return send_error(res, e);
+            }
+            send_json(res, 200, json{{"id", model_name_},
+                                     {"object", "model"},
+                                     {"created", started_unix_},
+                                     {"owned_by", "moestream"}});
+        });
+        // llama-server's slot listing: this server has one slot (one generation at a time;
+        // others wait in the queue).
+        http_.Get("/slots", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            bool busy;
+            {
+                std::lock_guard<std::mutex> lk(q_m_);
+                busy = running_ != nullptr;
+            }
+            send_json(res, 200, json::array({json{{"id", 0},
+                                                  {"n_ctx", engine_->n_ctx()},
+                                                  {"is_processing", busy},
+                                                  {"speculative", false}}}));
+        });
+        // llama-server's native completion: the completions request, llama-server's reply shape.
+        http_.Post("/completion", [this](const httplib::Request & req, httplib::Response & res) {
+            generate_route(req, res, false, true);
+        });
         for (const char * path : {"/v1/chat/completions", "/chat/completions"})
             http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
                 generate_route(req, res, true);
@@ -476,9 +528,11 @@ private:
         });
     }
 
-    void generate_route(const httplib::Request & req, httplib::Response & res, bool chat) {
+    void generate_route(const httplib::Request & req, httplib::Response & res, bool chat,
+                        bool llama_shape = false) {
         if (!authorized(req, res) || !json_body(req, res)) return;
         auto job = std::make_shared<Job>();
+        job->llama_shape = llama_shape;
         if (auto e = parse_request(req.body, chat, cfg_.defaults, &job->params))
             return send_error(res, *e);
         GenParams & p = job->params;
@@ -502,7 +556,7 @@ private:
         if (p.stream) {
             res.set_header("Cache-Control", "no-cache");
             res.set_header("X-Accel-Buffering", "no");
-            auto sent_role = std::make_shared<bool>(false);
+            auto sent_role = std::make_shared<bool>(llama_shape);  // llama-server: no role chunk
             open_streams_++;
             res.set_chunked_content_provider(
                 "text/event-stream",
@@ -542,7 +596,7 @@ private:
                               api_error(http_status(job->status), job->status.message(),
                                         http_status(job->status) == 400 ? "invalid_request_error"
                                                                         : "server_error"));
-        send_json(res, 200, final_json(*job));
+        send_json(res, 200, job->llama_shape ? llama_final_json(*job) : final_json(*job));
     }
 
     // The client went away: cancel its job; a waiting one leaves the queue at once (and is
@@ -641,6 +695,7 @@ private:
     }
 
     json chunk_json(const Job & job, const json & delta_or_text, const json & finish) const {
+        if (job.llama_shape) return json{{"content", delta_or_text}, {"stop", false}};
         json c;
         c["index"] = 0;
         if (job.params.chat)
@@ -712,6 +767,7 @@ private:
                     chunk_json(job, job.params.chat ? json::object() : json(""), job.finish_reason);
                 last["usage"] = usage_json(job);
                 last["moestream"] = job.moestream;
+                if (job.llama_shape) last = llama_final_json(job, false);
                 out = sse(last);
             } else {
                 ApiError e = api_error(
@@ -720,7 +776,7 @@ private:
                 out = sse(error_json(e));
             }
             lk.unlock();
-            out += "data: [DONE]\n\n";
+            if (!job.llama_shape) out += "data: [DONE]\n\n";  // llama-server's /completion ends with stop: true
             if (!write_str(sink, out)) return fail();
             sink.done();
             return true;
@@ -757,6 +813,23 @@ private:
                     {"model", model_name_},
                     {"choices", json::array({c})},
                     {"usage", usage_json(job)},
+                    {"moestream", job.moestream}};
+    }
+
+    // llama-server's /completion reply (with_text: the whole content; streamed, the last event
+    // carries none).
+    json llama_final_json(const Job & job, bool with_text = true) const {
+        const std::string stop_type = job.finish_reason == "length" ? "limit"
+                                      : !job.stop_string.empty()    ? "word"
+                                      : job.finish_reason == "stop" ? "eos"
+                                                                    : job.finish_reason;
+        return json{{"content", with_text ? job.text : std::string()},
+                    {"stop", true},
+                    {"model", model_name_},
+                    {"tokens_predicted", job.n_generated},
+                    {"tokens_evaluated", job.n_prompt},
+                    {"stop_type", stop_type},
+                    {"stopping_word", job.stop_string},
                     {"moestream", job.moestream}};
     }
 
@@ -1219,6 +1292,13 @@ private:
                       {"max_tokens_limit", engine_->n_ctx() - 1},
                       {"n_ctx", engine_->n_ctx()},
                       {"temperature", float_json(cfg_.defaults.temperature)},
+                      {"top_k", cfg_.defaults.sampling.top_k},
+                      {"top_p", float_json(cfg_.defaults.sampling.top_p)},
+                      {"min_p", float_json(cfg_.defaults.sampling.min_p)},
+                      {"repeat_penalty", float_json(cfg_.defaults.sampling.repeat_penalty)},
+                      {"repeat_last_n", cfg_.defaults.sampling.repeat_last_n},
+                      {"presence_penalty", float_json(cfg_.defaults.sampling.presence_penalty)},
+                      {"frequency_penalty", float_json(cfg_.defaults.sampling.frequency_penalty)},
                       {"seed", cfg_.defaults.seed},
                       {"drop_cold_experts", cfg_.defaults.drop_cold},
                       {"cache_prompt", true},

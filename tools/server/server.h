@@ -34,6 +34,8 @@ struct ServeConfig {
     size_t body_limit_bytes = 1 << 20;
     int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
     std::string cors_origin;  // --cors ORIGIN: allow that web origin ("" = no CORS headers)
+    std::string alias;        // --alias: the model's name in the API ("" = the file's name)
+    bool webui = true;        // false (--no-webui): no web page; GET / is a 404
     // How the caller words an error of Engine::open (the library names RunOptions fields; the
     // CLI maps them to its flags); unset = the library's words.
     std::function<std::string(const std::string &)> option_words;
