@@ -64,6 +64,8 @@ Status process_reverse_prompts(bool escape, std::vector<std::string> * stop);
 
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);
+// --log-disable was given (preprocess_args takes it out): errors only, whatever -v says.
+bool log_disabled();
 
 // --- Shared by the subcommands (cli_common.cpp; docs/cli.md) ---
 extern const char * const kSubcommands[8];

@@ -338,9 +338,14 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_option("--threads-batch", opt->n_threads_batch,
                     "threads for prompt batches (-tb; 0 = as -t)")
         ->check(int_range(0, 512));
+    sub->add_option_function<std::string>(
+           "--flash-attn",
+           [opt](const std::string & v) { opt->flash_attn = v == "on" ? 1 : v == "off" ? 0 : -1; },
+           "llama.cpp's flash attention (-fa): on, off or auto (default auto: llama.cpp's choice)")
+        ->check(CLI::IsMember({"on", "off", "auto"}));
     sub->add_option("-c,--ctx-size", opt->n_ctx,
                     "context length; 0 = the model's training context, capped so the KV cache "
-                    "takes at most 1/8 of the memory available")
+                    "takes at most a quarter of the memory available")
         ->check(CLI::Validator(
             [](std::string & v) -> std::string {
                 std::string c = v;

@@ -16,7 +16,8 @@
 
 namespace moestream::cli {
 void apply_verbosity(int count) {
-    if (count >= 2) log_set_level(LogLevel::kDebug);
+    if (log_disabled()) log_set_level(LogLevel::kError);
+    else if (count >= 2) log_set_level(LogLevel::kDebug);
     else if (count == 1) log_set_level(LogLevel::kInfo);
 }
 }  // namespace moestream::cli
