@@ -251,6 +251,27 @@ TEST(Server, LlamaServerFlagsAliasNoWebuiAndSamplingDefaults) {
     EXPECT_EQ(ppage->status, 200);
 }
 
+// --api-key-file: the key is the file's first line; without it 401 with code
+// "invalid_api_key"; an unreadable file is refused at start, naming it.
+TEST(Server, ApiKeyFileTakesTheKeyFromItsFirstLine) {
+    TempDir dir("keyfile");
+    ASSERT_TRUE(write_bytes(dir.path("key"), "  K9secret \nignored\n"));
+    ServerProc s({"--lossless", "--api-key-file", dir.path("key")});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json body{{"prompt", "Hi"}, {"max_tokens", 1}};
+    auto no = post(s, "/v1/completions", body);
+    ASSERT_TRUE(no);
+    EXPECT_EQ(no->status, 401);
+    EXPECT_EQ(body_json(no)["error"]["code"], "invalid_api_key");
+    auto yes = post(s, "/v1/completions", body, {{"Authorization", "Bearer K9secret"}});
+    ASSERT_TRUE(yes);
+    EXPECT_EQ(yes->status, 200) << yes->body;
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " serve -m " + sh_quote(tiny_model()) +
+                          " --api-key-file " + sh_quote(dir.path("missing")));
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find("--api-key-file " + dir.path("missing") + ": cannot be read"), std::string::npos) << r.err;
+}
+
 // llama-server's POST /completion: the same generation as /v1/completions in llama-server's
 // shape (content, stop, tokens_predicted, stop_type), streamed as content events ending with
 // stop: true and no [DONE].
