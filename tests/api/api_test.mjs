@@ -418,6 +418,67 @@ await check("harmony: reasoning_effort goes where the template puts it; other te
     reasoning_effort: "low" }), "reasoning_effort");
 });
 
+await check("responses: text as chat gives it, instructions, input items, streaming events", async () => {
+  const base = { model: "m", max_output_tokens: 12, temperature: 0, store: false };
+  const r = await fast.responses.create({ ...base, instructions: "Be brief.", input: "Say hello" });
+  const chat = await fast.chat.completions.create({ model: "m", max_tokens: 12, temperature: 0,
+    messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Say hello" }] });
+  assert.equal(r.object, "response");
+  assert.equal(r.output_text, chat.choices[0].message.content, "the same generation as chat");
+  assert.equal(r.usage.output_tokens, chat.usage.completion_tokens);
+  assert.equal(r.status, chat.choices[0].finish_reason === "length" ? "incomplete" : "completed");
+  const other = await fast.responses.create({ ...base, input: "Say hello" });
+  assert.notEqual(other.usage.input_tokens, r.usage.input_tokens, "control: instructions reach the prompt");
+  // Input items (text parts) mean the same as the string.
+  const items = await fast.responses.create({ ...base, instructions: "Be brief.",
+    input: [{ type: "message", role: "user", content: [{ type: "input_text", text: "Say hello" }] }] });
+  assert.equal(items.output_text, r.output_text);
+  // Streamed: the event sequence, its deltas adding up to the same text.
+  const stream = await fast.responses.create({ ...base, instructions: "Be brief.", input: "Say hello", stream: true });
+  const types = [];
+  let text = "", final = null;
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === "response.output_text.delta") text += ev.delta;
+    if (ev.type === "response.completed" || ev.type === "response.incomplete") final = ev.response;
+  }
+  assert.equal(types[0], "response.created");
+  assert.ok(types.includes("response.output_item.added") && types.includes("response.output_text.done"), types.join());
+  assert.equal(text, r.output_text);
+  assert.equal(final.output[0].content[0].text, r.output_text);
+  assert.equal(types.filter((t) => t === "response.output_text.delta").length > 1, true, "streamed in pieces");
+  await refusedWith(fast.responses.create({ ...base, input: "x", previous_response_id: "resp_1" }), "previous_response_id");
+  await refusedWith(fast.responses.create({ ...base, input: "x", tools: [{ type: "web_search" }] }), "tools[0]");
+  await refusedWith(fast.responses.create({ ...base, input: "x", max_output_tokens: -1 }), "max_output_tokens");
+});
+
+await check("responses: a forced function call, then its output sent back as input items", async () => {
+  const tools = [{ type: "function", ...weather }];
+  const req = { model: "m", max_output_tokens: 200, tools, ...noThink };
+  const input = [{ role: "user", content: "Weather in Paris?" }];
+  const r = await tooled.responses.create({ ...req, input, tool_choice: { type: "function", name: "get_weather" } });
+  const calls = r.output.filter((o) => o.type === "function_call");
+  assert.equal(calls.length, 1, JSON.stringify(r.output));
+  assert.equal(calls[0].name, "get_weather");
+  assert.ok(["Paris", "Rome"].includes(JSON.parse(calls[0].arguments).city));
+  const back = [...input, calls[0], { type: "function_call_output", call_id: calls[0].call_id, output: '{"temp_c":21}' }];
+  const next = await tooled.responses.create({ ...req, input: back, tool_choice: "none", max_output_tokens: 4 });
+  assert.equal(next.output.filter((o) => o.type === "function_call").length, 0);
+  // The call and its output reach the prompt in the template's syntax.
+  const t = await applyTemplate(toolsUrl, { messages: [input[0],
+    { role: "assistant", content: null, tool_calls: [{ id: calls[0].call_id, type: "function",
+      function: { name: "get_weather", arguments: calls[0].arguments } }] },
+    { role: "tool", tool_call_id: calls[0].call_id, content: '{"temp_c":21}' }], tools: [{ type: "function", function: weather }] });
+  assert.equal(next.usage.input_tokens > r.usage.input_tokens, true, "control: the turn grew");
+  assert.ok(t.prompt.includes('{"temp_c":21}'));
+  // Streamed: the call arrives as a function_call item with its arguments.
+  const stream = await tooled.responses.create({ ...req, input, stream: true,
+    tool_choice: { type: "function", name: "get_weather" } });
+  let args = null;
+  for await (const ev of stream) if (ev.type === "response.function_call_arguments.done") args = ev.arguments;
+  assert.deepEqual(JSON.parse(args), JSON.parse(calls[0].arguments));
+});
+
 await check("response_format json_object gives a JSON object", async () => {
   let complete = 0;
   for (const seed of [1, 2, 3, 5]) {

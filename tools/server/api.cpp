@@ -17,11 +17,7 @@ namespace {
 using nlohmann::json;
 
 ApiError bad(const std::string & param, const std::string & message) {
-    ApiError e;
-    e.status = 400;
-    e.param = param;
-    e.message = message;
-    return e;
+    return bad_request(param, message);
 }
 
 // The deepest nesting of arrays and objects in v (v itself at 1), counted without recursion:
@@ -534,6 +530,14 @@ nlohmann::json float_json(float f) {
         if (std::strtof(buf, nullptr) == f) break;
     }
     return json(std::strtod(buf, nullptr));
+}
+
+ApiError bad_request(const std::string & param, const std::string & message) {
+    ApiError e;
+    e.status = 400;
+    e.param = param;
+    e.message = message;
+    return e;
 }
 
 nlohmann::json error_json(const ApiError & e) {

@@ -98,6 +98,8 @@ std::optional<ApiError> parse_chat_extras(const std::string & body, ChatExtras *
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_json(const ApiError & e);
+// A 400 invalid_request_error naming `param`.
+ApiError bad_request(const std::string & param, const std::string & message);
 
 // Turns a stream of token pieces (arbitrary bytes: a piece may end inside a UTF-8 sequence)
 // into valid UTF-8: complete sequences pass through, an unfinished trailing sequence is held

@@ -1,6 +1,7 @@
 // server.cpp — `moestream serve` (see server.h and docs/server.md): HTTP routes, the job
 // queue, the worker thread that owns the Engine, and the stats snapshots.
 #include "server.h"
+#include "responses.h"
 
 #include <httplib.h>
 #include <pthread.h>
@@ -131,6 +132,17 @@ struct Job {
     json moestream;  // settings, lossy, per-request stats
     int n_prompt = 0, n_generated = 0;
     bool llama_shape = false;  // llama-server's /completion reply shape (set before it runs)
+    bool responses = false;    // /v1/responses: a Response object and its events
+};
+
+// Where a /v1/responses stream is (responses.h): the items opened so far and their text.
+struct ResponsesStream {
+    int seq = 0;  // sequence_number of the next event
+    bool created = false;
+    int next_index = 0;  // output_index of the next item
+    int reasoning_index = -1, message_index = -1;
+    bool reasoning_closed = false;
+    std::string text, reasoning;
 };
 
 // The worker's view for /stats, published under Server::stats_m_.
@@ -366,7 +378,7 @@ private:
     // The routes, for the 404 that names them.
     static const char * routes_text() {
         return "GET /health, /stats, /props, /metrics, /slots, /v1/models, /v1/models/{id}, / "
-               "(the web page); POST /v1/chat/completions, /v1/completions, /completion, "
+               "(the web page); POST /v1/chat/completions, /v1/completions, /v1/responses, /completion, "
                "/tokenize, /detokenize, /apply-template";
     }
 
@@ -493,6 +505,14 @@ private:
                                                   {"is_processing", busy},
                                                   {"speculative", false}}}));
         });
+        // OpenAI's Responses API, translated to chat completions (responses.h).
+        for (const char * path : {"/v1/responses", "/responses"})
+            http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
+                if (!authorized(req, res) || !json_body(req, res)) return;
+                std::string chat_body;
+                if (auto e = responses_to_chat(req.body, &chat_body)) return send_error(res, *e);
+                generate_route(req, res, true, false, &chat_body);
+            });
         // llama-server's native completion: the completions request, llama-server's reply shape.
         http_.Post("/completion", [this](const httplib::Request & req, httplib::Response & res) {
             generate_route(req, res, false, true);
@@ -528,12 +548,25 @@ private:
         });
     }
 
+    // responses_body: the chat completions body a /v1/responses request was translated to
+    // (authorization and content type already checked); errors then name its fields.
     void generate_route(const httplib::Request & req, httplib::Response & res, bool chat,
-                        bool llama_shape = false) {
-        if (!authorized(req, res) || !json_body(req, res)) return;
+                        bool llama_shape = false, const std::string * responses_body = nullptr) {
+        if (!responses_body && (!authorized(req, res) || !json_body(req, res))) return;
         auto job = std::make_shared<Job>();
         job->llama_shape = llama_shape;
-        if (auto e = parse_request(req.body, chat, cfg_.defaults, &job->params))
+        job->responses = responses_body != nullptr;
+        auto send_error = [&](httplib::Response & r, ApiError e) {
+            if (job->responses && responses_param(e.param) != e.param) {  // its own field names
+                const std::string from = "'" + e.param + "'";
+                e.param = responses_param(e.param);
+                for (size_t at; (at = e.message.find(from)) != std::string::npos;)
+                    e.message.replace(at, from.size(), "'" + e.param + "'");
+            }
+            Server::send_error(r, e);
+        };
+        if (auto e = parse_request(responses_body ? *responses_body : req.body, chat, cfg_.defaults,
+                                   &job->params))
             return send_error(res, *e);
         GenParams & p = job->params;
         if (p.drop_cold > 0 && drop_cold_block_ != DropColdBlock::kNone) {
@@ -558,6 +591,19 @@ private:
             res.set_header("X-Accel-Buffering", "no");
             auto sent_role = std::make_shared<bool>(llama_shape);  // llama-server: no role chunk
             open_streams_++;
+            if (job->responses) {
+                auto rs = std::make_shared<ResponsesStream>();
+                res.set_chunked_content_provider(
+                    "text/event-stream",
+                    [this, job, rs](size_t, httplib::DataSink & sink) {
+                        return responses_stream_step(*job, sink, rs.get());
+                    },
+                    [this, job](bool success) {
+                        if (!success) client_left(job);
+                        open_streams_--;
+                    });
+                return;
+            }
             res.set_chunked_content_provider(
                 "text/event-stream",
                 [this, job, sent_role](size_t, httplib::DataSink & sink) {
@@ -596,6 +642,11 @@ private:
                               api_error(http_status(job->status), job->status.message(),
                                         http_status(job->status) == 400 ? "invalid_request_error"
                                                                         : "server_error"));
+        if (job->responses) {
+            json r = response_json(response_state(*job, true));
+            r["moestream"] = job->moestream;
+            return send_json(res, 200, r);
+        }
         send_json(res, 200, job->llama_shape ? llama_final_json(*job) : final_json(*job));
     }
 
@@ -814,6 +865,157 @@ private:
                     {"choices", json::array({c})},
                     {"usage", usage_json(job)},
                     {"moestream", job.moestream}};
+    }
+
+    // The Response of a /v1/responses job (done: its final status; else in progress).
+    ResponseState response_state(const Job & job, bool done) const {
+        ResponseState r;
+        r.id = "resp_" + std::to_string(job.id);
+        r.created = job.created;
+        r.model = model_name_;
+        r.status = !done                              ? "in_progress"
+                   : job.finish_reason == "length"    ? "incomplete"
+                   : job.finish_reason == "cancelled" ? "cancelled"
+                                                      : "completed";
+        r.length_cut = done && job.finish_reason == "length";
+        if (done) {
+            r.text = job.text;
+            r.reasoning = job.reasoning;
+            r.calls = job.calls;
+            r.input_tokens = job.n_prompt;
+            r.output_tokens = job.n_generated;
+        }
+        return r;
+    }
+
+    // One call of the chunked content provider of a /v1/responses stream: the Responses
+    // API's events (response.created, output items opened, text deltas, items done,
+    // response.completed), as stream_step writes chat chunks.
+    bool responses_stream_step(Job & job, httplib::DataSink & sink, ResponsesStream * st) {
+        auto fail = [&] {
+            job.cancelled = true;
+            return false;
+        };
+        auto ev = [&](const std::string & type, json j) {
+            j["type"] = type;
+            j["sequence_number"] = st->seq++;
+            return "event: " + type + "\ndata: " + dump(j) + "\n\n";
+        };
+        if (!st->created) {
+            st->created = true;
+            const json r = response_json(response_state(job, false));
+            std::string first = ev("response.created", {{"response", r}});
+            first += ev("response.in_progress", {{"response", r}});
+            return write_str(sink, first) ? true : fail();
+        }
+        std::unique_lock<std::mutex> lk(job.m);
+        job.cv.wait_for(lk, std::chrono::milliseconds(500), [&] {
+            return !job.unsent.empty() || !job.unsent_reasoning.empty() ||
+                   job.calls_sent < job.calls.size() || job.done;
+        });
+        ResponseState r = response_state(job, false);
+        std::string out;
+        auto close_reasoning = [&] {
+            if (st->reasoning_index < 0 || st->reasoning_closed) return;
+            st->reasoning_closed = true;
+            r.reasoning = st->reasoning;
+            out += ev("response.reasoning_text.done", {{"item_id", reasoning_item_id(r)},
+                                                       {"output_index", st->reasoning_index},
+                                                       {"content_index", 0},
+                                                       {"text", st->reasoning}});
+            out += ev("response.output_item.done",
+                      {{"output_index", st->reasoning_index}, {"item", reasoning_item(r)}});
+        };
+        auto open_message = [&] {
+            if (st->message_index >= 0) return;
+            st->message_index = st->next_index++;
+            out += ev("response.output_item.added",
+                      {{"output_index", st->message_index}, {"item", message_item(r, "in_progress")}});
+            out += ev("response.content_part.added",
+                      {{"item_id", message_item_id(r)},
+                       {"output_index", st->message_index},
+                       {"content_index", 0},
+                       {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+        };
+        if (!job.unsent_reasoning.empty()) {
+            if (st->reasoning_index < 0) {
+                st->reasoning_index = st->next_index++;
+                json item = reasoning_item(r);
+                item["content"] = json::array();
+                out += ev("response.output_item.added", {{"output_index", st->reasoning_index}, {"item", item}});
+            }
+            out += ev("response.reasoning_text.delta", {{"item_id", reasoning_item_id(r)},
+                                                        {"output_index", st->reasoning_index},
+                                                        {"content_index", 0},
+                                                        {"delta", job.unsent_reasoning}});
+            st->reasoning += job.unsent_reasoning;
+            job.unsent_reasoning.clear();
+        }
+        if (!job.unsent.empty()) {
+            close_reasoning();
+            open_message();
+            out += ev("response.output_text.delta", {{"item_id", message_item_id(r)},
+                                                     {"output_index", st->message_index},
+                                                     {"content_index", 0},
+                                                     {"delta", job.unsent},
+                                                     {"logprobs", json::array()}});
+            st->text += job.unsent;
+            job.unsent.clear();
+        }
+        job.unsent_logprobs.clear();
+        for (; job.calls_sent < job.calls.size(); ++job.calls_sent) {
+            close_reasoning();
+            r.calls = job.calls;
+            const size_t i = job.calls_sent;
+            const int index = st->next_index++;
+            json item = call_item(r, i);
+            const std::string args = item["arguments"];
+            item["arguments"] = "";
+            item["status"] = "in_progress";
+            out += ev("response.output_item.added", {{"output_index", index}, {"item", item}});
+            out += ev("response.function_call_arguments.delta",
+                      {{"item_id", call_item_id(r, i)}, {"output_index", index}, {"delta", args}});
+            out += ev("response.function_call_arguments.done",
+                      {{"item_id", call_item_id(r, i)}, {"output_index", index}, {"arguments", args}});
+            out += ev("response.output_item.done", {{"output_index", index}, {"item", call_item(r, i)}});
+        }
+        if (job.done) {
+            if (job.status.ok()) {
+                const ResponseState fin = response_state(job, true);
+                close_reasoning();
+                if (job.calls.empty() || !st->text.empty()) {
+                    open_message();
+                    json part{{"type", "output_text"}, {"text", st->text}, {"annotations", json::array()}};
+                    out += ev("response.output_text.done", {{"item_id", message_item_id(r)},
+                                                            {"output_index", st->message_index},
+                                                            {"content_index", 0},
+                                                            {"text", st->text}});
+                    out += ev("response.content_part.done", {{"item_id", message_item_id(r)},
+                                                             {"output_index", st->message_index},
+                                                             {"content_index", 0},
+                                                             {"part", part}});
+                    out += ev("response.output_item.done",
+                              {{"output_index", st->message_index},
+                               {"item", message_item(fin, fin.status == "completed" ? "completed" : "incomplete")}});
+                }
+                json final = response_json(fin);
+                final["moestream"] = job.moestream;
+                out += ev(fin.status == "completed" ? "response.completed" : "response.incomplete",
+                          {{"response", final}});
+            } else {
+                const ApiError e = api_error(
+                    http_status(job.status), job.status.message(),
+                    http_status(job.status) == 400 ? "invalid_request_error" : "server_error");
+                out += ev("error", {{"message", e.message}, {"code", nullptr}, {"param", nullptr}});
+            }
+            lk.unlock();
+            if (!write_str(sink, out)) return fail();
+            sink.done();
+            return true;
+        }
+        lk.unlock();
+        if (out.empty()) out = ": waiting\n\n";
+        return write_str(sink, out) ? true : fail();
     }
 
     // llama-server's /completion reply (with_text: the whole content; streamed, the last event
