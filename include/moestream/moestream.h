@@ -296,6 +296,11 @@ struct GenerateRequest {
     // Log probabilities of the generated tokens (GenerateResult::logprobs): -1 = off; N in
     // [0, n_vocab]: each token's and its N most likely alternatives'.
     int logprobs = -1;
+    // Called after each prompt micro-batch (RunOptions::n_batch tokens) with the prompt tokens
+    // done so far (reused ones included) and the prompt's total; returning false stops the
+    // generation there (FinishReason::kCancelled, nothing generated, the partial KV dropped).
+    // Called on the generating thread. Unset: none.
+    std::function<bool(int done, int total)> on_prefill;
 };
 
 // Why a generation ended.

@@ -87,6 +87,27 @@ TEST(CliFlags, GpuLayersAcceptedWithOneLineAndFlashAttnPassedOn) {
     expect_refused("run -m " + model() + " -fa maybe", "--flash-attn");
 }
 
+// The live prefill line (tokens done/total, tok/s, ETA) is drawn on a terminal only (util-linux
+// `script` gives the run one), and --log-disable keeps it off there too.
+TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
+    TempDir dir("progress");
+    std::string prompt;
+    for (int i = 0; i < 60; ++i) prompt += "word ";
+    ASSERT_TRUE(write_bytes(dir.path("p.txt"), prompt));
+    const std::string run = sh_quote(cli_bin()) + " run -m " + model() + " -t 1 -c 512 -b 16 -n 1 -f " +
+                            sh_quote(dir.path("p.txt"));
+    CmdResult tty = run_cmd("script -qec " + sh_quote(run) + " /dev/null");
+    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+    EXPECT_NE(tty.out.find("moestream: prefill 16/300 tokens | "), std::string::npos) << tty.out;
+    EXPECT_NE(tty.out.find(" tok/s | ETA "), std::string::npos) << tty.out;
+    CmdResult quiet = run_cmd("script -qec " + sh_quote(run + " --log-disable") + " /dev/null");
+    EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
+    EXPECT_EQ(quiet.out.find("moestream: prefill 16/"), std::string::npos) << quiet.out;
+    CmdResult pipe = run_cmd(run);  // stderr is a pipe here
+    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
+    EXPECT_EQ(pipe.err.find("moestream: prefill 16/"), std::string::npos) << pipe.err;
+}
+
 TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {
     json j = run_stats("-p Hi -n 2 -tb 1 -ub 8 -b 16 -c 64 -s 5 --temp 0.7 --top-k 4 --top-p 0.9 "
                        "--ctx-size 64 --batch-size 16 --threads 1 --seed 9 -s 5");

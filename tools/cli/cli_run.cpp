@@ -1,7 +1,10 @@
 // `moestream run` — generate text, streaming the routed experts from the model file.
 // Text goes to stdout as produced; the summary goes to stderr; --stats-json / --stats-csv
 // write the same figures to files (docs/metrics.md defines every field).
+#include <unistd.h>
+
 #include <cctype>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -174,6 +177,24 @@ int do_run(RunFlags & f) {
     req.sampling.temp = f.opt.temp;
     req.sampling.seed = f.opt.seed;
     req.stop = f.stop;
+    // On a terminal (and without --log-disable) a live prefill line: tokens done of the
+    // prompt, rate, time left. Ctrl-C is looked at after each micro-batch.
+    const bool progress = ::isatty(STDERR_FILENO) != 0 && !log_disabled();
+    const auto t_prefill = std::chrono::steady_clock::now();
+    bool progress_shown = false;
+    int prompt_done = 0, prompt_total = 0;
+    req.on_prefill = [&](int done, int total) {
+        prompt_done = done;
+        prompt_total = total;
+        if (progress && done < total) {
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_prefill).count();
+            const double rate = s > 0 ? done / s : 0;
+            std::fprintf(stderr, "\rmoestream: prefill %d/%d tokens | %.1f tok/s | ETA %.0f s\033[K", done,
+                         total, rate, rate > 0 ? (total - done) / rate : 0.0);
+            progress_shown = true;
+        }
+        return g_interrupted == 0;
+    };
     GenerateResult g;
     g_interrupted = 0;
     std::signal(SIGINT, on_sigint);
@@ -185,12 +206,16 @@ int do_run(RunFlags & f) {
                           },
                           &g);
     const bool interrupted = g_interrupted != 0;
+    if (progress_shown) std::fputs("\r\033[K", stderr);  // the prefill line goes
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!st.ok()) return fail(st);
     const RunStats & s = engine->stats();
 
-    if (interrupted)
+    if (interrupted && prompt_done < prompt_total)
+        std::fprintf(stderr, "\nmoestream: interrupted (Ctrl-C) during prefill, after %d of %d prompt tokens\n",
+                     prompt_done, prompt_total);
+    else if (interrupted)
         std::fprintf(stderr, "\nmoestream: interrupted (Ctrl-C) after %d generated tokens\n",
                      s.n_generated);
     std::fprintf(stderr,
