@@ -108,6 +108,19 @@ TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
     EXPECT_EQ(pipe.err.find("moestream: prefill 16/"), std::string::npos) << pipe.err;
 }
 
+// --help says what the code does: serve's drop-cold default is the app's 0.75 (not run's 0), a
+// required option shows no default, usage lines name the program.
+TEST(CliFlags, HelpShowsTheDefaultsTheCodeUses) {
+    CmdResult serve = cli("serve --help");
+    EXPECT_NE(serve.out.find("--drop-cold-experts FLOAT:(0, 1]=0.75 (the app default"), std::string::npos) << serve.out;
+    CmdResult run = cli("run --help");
+    EXPECT_NE(run.out.find("--drop-cold-experts FLOAT:(0, 1]=0\n"), std::string::npos) << "control: run's is 0";
+    CmdResult synth = cli("synth --help");
+    EXPECT_NE(synth.out.find("Usage: moestream synth [OPTIONS]"), std::string::npos) << synth.out;
+    EXPECT_EQ(synth.out.find("=tiny REQUIRED"), std::string::npos) << synth.out;
+    EXPECT_NE(run.out.find("takes at most a quarter of the memory"), std::string::npos) << run.out;
+}
+
 TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {
     json j = run_stats("-p Hi -n 2 -tb 1 -ub 8 -b 16 -c 64 -s 5 --temp 0.7 --top-k 4 --top-p 0.9 "
                        "--ctx-size 64 --batch-size 16 --threads 1 --seed 9 -s 5");

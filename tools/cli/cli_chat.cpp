@@ -200,7 +200,8 @@ std::string footer(const ChatFlags & f, const Engine & e, const GenerateResult &
 
 void print_summary(const Session & t, const ChatFlags & f, const Engine & e) {
     char b[768];
-    int n = std::snprintf(b, sizeof b, "moestream chat: %d replies | load %.2f s", t.replies, t.load_s);
+    int n = std::snprintf(b, sizeof b, "moestream chat: %d repl%s | load %.2f s", t.replies,
+                          t.replies == 1 ? "y" : "ies", t.load_s);
     if (t.replies > 0) {
         n += std::snprintf(b + n, sizeof b - size_t(n),
                            " | prefill %lld tok (%lld reused) | decode %lld tok %.2f tok/s",
@@ -541,6 +542,7 @@ int do_chat(ChatFlags & f) {
         req.sampling.seed = f.opt.seed + uint32_t(t.replies);
         req.stop = f.stop;
         req.reuse_prefix = f.cache_prompt;
+        req.on_prefill = [](int, int) { return g_sigint == 0; };  // Ctrl-C between micro-batches
         // A full context drops the oldest turns after the system prompt (as llama.cpp's
         // context shift does), leaving room for a reply: a quarter of the context, or -n.
         const int room = f.n_predict > 0 ? std::min(f.n_predict, engine->n_ctx() / 4) : engine->n_ctx() / 4;

@@ -81,6 +81,7 @@ void add_serve_command(CLI::App & app, Action * action) {
                   "start without the app's lossy defaults (no drop-cold)");
     add_engine_flags(sub, &f->cfg.run);
     auto * dc = sub->get_option("--drop-cold-experts");
+    dc->default_str(fmt_num(kAppDropCold) + " (the app default; --lossless: off)");
     sub->add_flag("-v,--verbose", f->verbose, "more log (-v: one line per request; -vv: debug)");
     sub->callback([f, action, sub, dc] {
         *action = [f, sub, dc] {

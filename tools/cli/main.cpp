@@ -25,7 +25,8 @@ void apply_verbosity(int count) {
 int main(int argc, char ** argv) {
     using namespace moestream::cli;
     CLI::App app{"moestream: run Mixture-of-Experts GGUF models whose experts do not fit in RAM,\n"
-                 "reading from flash only the experts each token is routed to."};
+                 "reading from flash only the experts each token is routed to.",
+                 "moestream"};  // usage lines name the program: "moestream synth [OPTIONS]"
     app.require_subcommand(1);
     app.option_defaults()->always_capture_default();
     // A repeated option: the last one wins (as in llama.cpp).

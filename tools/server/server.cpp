@@ -1119,7 +1119,9 @@ private:
             if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
             return finish(job, st);
         }
-        const GenerateRequest r = engine_request(p);
+        GenerateRequest r = engine_request(p);
+        // A client that leaves (or SIGTERM) during a long prompt stops it between micro-batches.
+        r.on_prefill = [&job](int, int) { return !job.cancelled; };
         int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
         if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
         {
