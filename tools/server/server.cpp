@@ -378,7 +378,7 @@ private:
     // The routes, for the 404 that names them.
     static const char * routes_text() {
         return "GET /health, /stats, /props, /metrics, /slots, /v1/models, /v1/models/{id}, / "
-               "(the web page); POST /v1/chat/completions, /v1/completions, /v1/responses, /completion, "
+               "(the web page, /favicon.ico); POST /v1/chat/completions, /v1/completions, /v1/responses, /completion, "
                "/tokenize, /detokenize, /apply-template";
     }
 
@@ -456,6 +456,15 @@ private:
             http_.Get(path, handler);
             if (path == "/") http_.Get("/index.html", handler);
         }
+        if (cfg_.webui)  // the page's icon: browsers ask for /favicon.ico whatever the page says
+            http_.Get("/favicon.ico", [](const httplib::Request &, httplib::Response & res) {
+                res.set_header("Cache-Control", "max-age=86400");
+                res.set_content(
+                    "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\"><rect width=\"16\" "
+                    "height=\"16\" rx=\"3\" fill=\"#24303c\"/><path d=\"M3 12V5h2l3 4 3-4h2v7h-2V8l-3 "
+                    "4-3-4v4z\" fill=\"#fff\"/></svg>",
+                    "image/svg+xml");
+            });
         http_.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
             const Status fs = engine_->model_file_status();  // a changed file fails every request
             if (!fs.ok())
