@@ -233,11 +233,13 @@ int do_run(RunFlags & f) {
                      mib(double(s.layer_demand_bytes)), s.read_p50_s * 1e3, s.read_p99_s * 1e3,
                      s.read_max_s * 1e3);
     if (f.opt.stream) {
+        // The budget's source in a word ("auto", "--cache-mb 4"); -v logs the whole reason.
+        const std::string source = s.cache_budget_reason.substr(0, s.cache_budget_reason.find(':'));
         if (s.cache_budget_bytes > 0)
             std::fprintf(stderr,
                          "moestream: cache %lld MiB (%s) | hit %.1f%% of %llu lookups | %llu evictions | "
                          "%llu rereads | resident %.1f MiB (peak %.1f)\n",
-                         (long long)(s.cache_budget_bytes >> 20), s.cache_budget_reason.c_str(),
+                         (long long)(s.cache_budget_bytes >> 20), source.c_str(),
                          s.cache_hit_pct, (unsigned long long)s.cache_lookups,
                          (unsigned long long)s.evictions, (unsigned long long)s.rereads,
                          mib(double(s.resident_expert_bytes)), mib(double(s.peak_resident_expert_bytes)));
