@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # setup-api-tests.sh — what the API test (tests/api/) needs, installed when missing: Node.js
-# >= 20 with npm (Debian's packages when absent) and the official `openai` npm package exactly
+# >= 20 with npm (Debian's packages when absent) and the official `openai` npm package (with zod, ajv, ajv-formats) exactly
 # as pinned in tests/api/package-lock.json (`npm ci`, into tests/api/node_modules).
 # Idempotent and quick when everything is there (make test runs it every time).
 # Env knob (read here): MOESTREAM_SKIP_APT=1 (do not apt-get install; fail if missing).

@@ -46,6 +46,7 @@ struct RunOptions {
     // experts fewer times (docs/prefetch.md, "Prompt batch"; the settings say why).
     int n_batch = 0;
     int n_ubatch = 0;     // physical batch of llama.cpp (-ub); 0 = n_batch; capped at n_batch
+    int flash_attn = -1;  // llama.cpp's flash attention (-fa): -1 auto (llama.cpp's choice), 0 off, 1 on
     float temp = 0.0f;    // 0 = greedy
     uint32_t seed = 1;    // sampling seed (temp > 0)
     bool stream = true;   // false: llama.cpp loads everything resident (--no-stream)
@@ -322,6 +323,11 @@ struct GenerateRequest {
     // Log probabilities of the generated tokens (GenerateResult::logprobs): -1 = off; N in
     // [0, n_vocab]: each token's and its N most likely alternatives'.
     int logprobs = -1;
+    // Called after each prompt micro-batch (RunOptions::n_batch tokens) with the prompt tokens
+    // done so far (reused ones included) and the prompt's total; returning false stops the
+    // generation there (FinishReason::kCancelled, nothing generated, the partial KV dropped).
+    // Called on the generating thread. Unset: none.
+    std::function<bool(int done, int total)> on_prefill;
 };
 
 // Why a generation ended.

@@ -206,6 +206,8 @@ Status EngineImpl::generate(const GenerateRequest & req,
 
     // Prefill.
     double t0 = now_s();
+    bool stop_asked = false;  // on_prefill said stop
+    int prefilled = n;        // prompt tokens whose KV the context holds
     for (int i = reused; i < n; i += opt_.n_batch) {
         int m = std::min(opt_.n_batch, n - i);
         Status st = decode(llama_batch_get_one(toks.data() + i, m), false, i + m == n);
@@ -213,11 +215,20 @@ Status EngineImpl::generate(const GenerateRequest & req,
         if (!st.ok()) return st;  // kv_tokens_ is empty: the next generate clears
         if (pc_store && i + m == pc_aligned) pc_capture(size_t(pc_aligned));
         if (pc_store && i + m == n) pc_capture(size_t(n));
+        if (req.on_prefill && !req.on_prefill(i + m, n)) {
+            stop_asked = true;
+            prefilled = i + m;
+            break;
+        }
     }
     s.prefill_s = now_s() - t0;
-    s.prefill_tok_s = s.prefill_s > 0 ? (n - reused) / s.prefill_s : 0;
-    kv_tokens_.assign(toks.begin(), toks.end());
+    s.prefill_tok_s = s.prefill_s > 0 ? (prefilled - reused) / s.prefill_s : 0;
+    if (prefilled == n) kv_tokens_.assign(toks.begin(), toks.end());  // else the next clears
     stats.decode_begins();
+    if (stop_asked) {
+        n_predict = 0;
+        result->finish = FinishReason::kCancelled;
+    }
 
     // Decode: sample from the last logits, emit, feed back one token at a time.
     for (int i = 0; i < n_predict; ++i) {

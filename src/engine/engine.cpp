@@ -197,6 +197,9 @@ Status EngineImpl::init(const RunOptions & opt) {
     cp.n_threads = opt.n_threads;
     cp.n_threads_batch = opt.n_threads_batch > 0 ? opt.n_threads_batch : opt.n_threads;
     cp.no_perf = true;
+    cp.flash_attn_type = opt.flash_attn < 0    ? LLAMA_FLASH_ATTN_TYPE_AUTO
+                         : opt.flash_attn == 0 ? LLAMA_FLASH_ATTN_TYPE_DISABLED
+                                               : LLAMA_FLASH_ATTN_TYPE_ENABLED;
     if (opt.stream) {  // the router hook goes into the slot once built (make_store)
         cp.cb_eval = &HookSlot::eval_callback;
         cp.cb_eval_user_data = &hook_slot_;
@@ -510,6 +513,7 @@ std::string EngineImpl::settings_json() const {
     j["n_ctx"] = opt_.n_ctx;
     j["n_ctx_reason"] = n_ctx_reason_.empty() ? "requested" : n_ctx_reason_;
     j["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
+    j["flash_attn"] = opt_.flash_attn < 0 ? "auto" : opt_.flash_attn ? "on" : "off";
     j["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
     j["n_batch"] = opt_.n_batch;
     j["n_batch_reason"] = n_batch_reason_;

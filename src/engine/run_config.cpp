@@ -78,6 +78,8 @@ Status check_run_options(const RunOptions & opt) {
         return usage("RunOptions::n_batch must be >= 0 (0: chosen at open for the memory)");
     if (opt.n_ubatch < 0)
         return usage("RunOptions::n_ubatch must be >= 0 (0: as RunOptions::n_batch)");
+    if (opt.flash_attn < -1 || opt.flash_attn > 1)
+        return usage("RunOptions::flash_attn must be -1 (auto), 0 (off) or 1 (on)");
     if (opt.n_threads_batch < 0 || opt.n_threads_batch > 512)
         return usage("RunOptions::n_threads_batch must be in 0..512 (0: as RunOptions::n_threads)");
     if (opt.io_threads < 1 || opt.io_threads > 64)

@@ -26,6 +26,8 @@ const std::vector<Setting> kSettings = {
      "compute threads (default: the physical cores this process may use)", "n_threads"},
     {"n_threads_batch", &R::n_threads_batch, "--threads-batch", "", "", false, "0", C::kProduction,
      "threads for prompt batches (-tb; 0 = as -t)", "n_threads_batch"},
+    {"flash_attn", &R::flash_attn, "--flash-attn", "", "", false, "auto", C::kProduction,
+     "llama.cpp's flash attention (-fa): on, off or auto (llama.cpp's choice)", "flash_attn"},
     {"n_ctx", &R::n_ctx, "-c,--ctx-size", "", "", false, "0", C::kProduction,
      "context length; 0 = the model's training context, capped so the KV cache takes at most "
      "1/4 of the memory available",

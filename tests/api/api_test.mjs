@@ -11,6 +11,10 @@ import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";
 import OpenAI from "openai";
+import { zodResponseFormat } from "openai/helpers/zod";
+import { Ajv } from "ajv";
+import addFormatsModule from "ajv-formats";
+import { models as zodModels } from "./zod_models.mjs";
 
 const [fastUrl, slowUrl, slowPid, toolsUrl, harmonyUrl] = process.argv.slice(2);
 const fast = new OpenAI({ baseURL: fastUrl + "v1", apiKey: "none", maxRetries: 0 });
@@ -97,7 +101,7 @@ await check("unsupported fields are refused by name", async () => {
   assert.equal(ok.choices.length, 1, "control: the plain request is served");
   assert.match(ok.moestream.settings.request.chat_template, /chatml/);
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
-    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a" } } } }), "response_format");
+    response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "a(?=b)" } } } }), "response_format");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2,
     tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] }), "tools");
   await refusedWith(fast.chat.completions.create({ model: "m", messages: msgs, max_tokens: 2, n: 2 }), "n");
@@ -132,6 +136,45 @@ await check("parse() with a json_schema returns an object of the schema", async 
     assert.ok(!isPerson(v), "control: without the schema the model writes no such object");
   }
   assert.ok(parsed > 0, "some replies end by themselves and parse");
+});
+
+await check(`parse() with zod: ${zodModels.length} ordinary models, every finished reply valid by ajv`, async () => {
+  const ajv = new Ajv({ strict: false, allErrors: true });
+  (addFormatsModule.default ?? addFormatsModule)(ajv);
+  for (const m of zodModels) {
+    const format = zodResponseFormat(m.schema, m.name.replace(/\W/g, "_"));
+    const valid = ajv.compile(format.json_schema.schema);
+    // Controls: the validators refuse an instance that breaks one bound, and a reply
+    // written without the schema.
+    assert.equal(valid(m.bad), false, `${m.name}: ajv refuses ${JSON.stringify(m.bad)}`);
+    assert.equal(m.schema.safeParse(m.bad).success, false, `${m.name}: zod refuses the bad instance`);
+    let finished = 0;
+    for (const seed of [1, 2, 3, 4]) {
+      const req = { model: "m", messages: [{ role: "user", content: `a ${m.name}` }], max_tokens: 300,
+        temperature: 1, seed };
+      let r;
+      try {
+        r = await fast.chat.completions.parse({ ...req, response_format: format });  // zod parses it too
+      } catch (e) {
+        if (e.constructor.name === "LengthFinishReasonError") continue;  // cut at max_tokens
+        throw new Error(`${m.name}, seed ${seed}: ${e.message}`);
+      }
+      const v = r.choices[0].message.parsed;
+      assert.ok(valid(JSON.parse(r.choices[0].message.content)),
+        `${m.name}, seed ${seed}: ${r.choices[0].message.content}: ${ajv.errorsText(valid.errors)}`);
+      assert.ok(v !== null && typeof v === "object", m.name);
+      finished++;
+      if (finished === 2) break;
+    }
+    assert.ok(finished > 0, `${m.name}: some replies end by themselves`);
+    if (m === zodModels[0]) {
+      const plain = await fast.chat.completions.create({ model: "m", messages: [{ role: "user", content: "a person" }],
+        max_tokens: 60, temperature: 1, seed: 1 });
+      let v = null;
+      try { v = JSON.parse(plain.choices[0].message.content); } catch { /* not JSON */ }
+      assert.equal(valid(v), false, "control: without the schema the reply is no such object");
+    }
+  }
 });
 
 await check("logprobs: the OpenAI shapes, sane values, streaming too", async () => {
@@ -373,6 +416,67 @@ await check("harmony: reasoning_effort goes where the template puts it; other te
     chat_template_kwargs: { enable_thinking: false } }), "chat_template_kwargs.enable_thinking");
   await refusedWith(tooled.chat.completions.create({ model: "m", messages: msgs, max_tokens: 1,
     reasoning_effort: "low" }), "reasoning_effort");
+});
+
+await check("responses: text as chat gives it, instructions, input items, streaming events", async () => {
+  const base = { model: "m", max_output_tokens: 12, temperature: 0, store: false };
+  const r = await fast.responses.create({ ...base, instructions: "Be brief.", input: "Say hello" });
+  const chat = await fast.chat.completions.create({ model: "m", max_tokens: 12, temperature: 0,
+    messages: [{ role: "system", content: "Be brief." }, { role: "user", content: "Say hello" }] });
+  assert.equal(r.object, "response");
+  assert.equal(r.output_text, chat.choices[0].message.content, "the same generation as chat");
+  assert.equal(r.usage.output_tokens, chat.usage.completion_tokens);
+  assert.equal(r.status, chat.choices[0].finish_reason === "length" ? "incomplete" : "completed");
+  const other = await fast.responses.create({ ...base, input: "Say hello" });
+  assert.notEqual(other.usage.input_tokens, r.usage.input_tokens, "control: instructions reach the prompt");
+  // Input items (text parts) mean the same as the string.
+  const items = await fast.responses.create({ ...base, instructions: "Be brief.",
+    input: [{ type: "message", role: "user", content: [{ type: "input_text", text: "Say hello" }] }] });
+  assert.equal(items.output_text, r.output_text);
+  // Streamed: the event sequence, its deltas adding up to the same text.
+  const stream = await fast.responses.create({ ...base, instructions: "Be brief.", input: "Say hello", stream: true });
+  const types = [];
+  let text = "", final = null;
+  for await (const ev of stream) {
+    types.push(ev.type);
+    if (ev.type === "response.output_text.delta") text += ev.delta;
+    if (ev.type === "response.completed" || ev.type === "response.incomplete") final = ev.response;
+  }
+  assert.equal(types[0], "response.created");
+  assert.ok(types.includes("response.output_item.added") && types.includes("response.output_text.done"), types.join());
+  assert.equal(text, r.output_text);
+  assert.equal(final.output[0].content[0].text, r.output_text);
+  assert.equal(types.filter((t) => t === "response.output_text.delta").length > 1, true, "streamed in pieces");
+  await refusedWith(fast.responses.create({ ...base, input: "x", previous_response_id: "resp_1" }), "previous_response_id");
+  await refusedWith(fast.responses.create({ ...base, input: "x", tools: [{ type: "web_search" }] }), "tools[0]");
+  await refusedWith(fast.responses.create({ ...base, input: "x", max_output_tokens: -1 }), "max_output_tokens");
+});
+
+await check("responses: a forced function call, then its output sent back as input items", async () => {
+  const tools = [{ type: "function", ...weather }];
+  const req = { model: "m", max_output_tokens: 200, tools, ...noThink };
+  const input = [{ role: "user", content: "Weather in Paris?" }];
+  const r = await tooled.responses.create({ ...req, input, tool_choice: { type: "function", name: "get_weather" } });
+  const calls = r.output.filter((o) => o.type === "function_call");
+  assert.equal(calls.length, 1, JSON.stringify(r.output));
+  assert.equal(calls[0].name, "get_weather");
+  assert.ok(["Paris", "Rome"].includes(JSON.parse(calls[0].arguments).city));
+  const back = [...input, calls[0], { type: "function_call_output", call_id: calls[0].call_id, output: '{"temp_c":21}' }];
+  const next = await tooled.responses.create({ ...req, input: back, tool_choice: "none", max_output_tokens: 4 });
+  assert.equal(next.output.filter((o) => o.type === "function_call").length, 0);
+  // The call and its output reach the prompt in the template's syntax.
+  const t = await applyTemplate(toolsUrl, { messages: [input[0],
+    { role: "assistant", content: null, tool_calls: [{ id: calls[0].call_id, type: "function",
+      function: { name: "get_weather", arguments: calls[0].arguments } }] },
+    { role: "tool", tool_call_id: calls[0].call_id, content: '{"temp_c":21}' }], tools: [{ type: "function", function: weather }] });
+  assert.equal(next.usage.input_tokens > r.usage.input_tokens, true, "control: the turn grew");
+  assert.ok(t.prompt.includes('{"temp_c":21}'));
+  // Streamed: the call arrives as a function_call item with its arguments.
+  const stream = await tooled.responses.create({ ...req, input, stream: true,
+    tool_choice: { type: "function", name: "get_weather" } });
+  let args = null;
+  for await (const ev of stream) if (ev.type === "response.function_call_arguments.done") args = ev.arguments;
+  assert.deepEqual(JSON.parse(args), JSON.parse(calls[0].arguments));
 });
 
 await check("response_format json_object gives a JSON object", async () => {

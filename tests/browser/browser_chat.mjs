@@ -23,6 +23,9 @@
 //  13. finish_reason "length" (max tokens 3 on the real server) shows "cut at max_tokens";
 //  14. prefill: while /stats says phase "prefill", the page says "processing prompt (N tokens)";
 //  15. reload keeps the conversations (and the system prompt); corrupt storage gives a notice;
+//  17. at 1280x800, 768x1024 and 390x844 after 10 turns: Send, Stop, New chat, temperature and
+//      max tokens on screen, the page not scrolled; Regenerate sends the page's temperature 0.7;
+//      /favicon.ico served;
 // and at a desktop viewport against KEY_URL:
 //  16. the API key prompt appears on 401; with the key entered the message goes, as Bearer, and
 //      the key is kept across a reload; markdown and a folded <think> at this size too.
@@ -412,6 +415,46 @@ try {
   assert.ok(overflow <= 0, `no horizontal overflow at 390 px (${overflow} px)`);
   await page.screenshot({ path: path.join(artDir, "browser-chat.png"), fullPage: true });
   assert.ok(!failed, "no JavaScript error on the page");
+
+  // 17. At 1280x800, 768x1024 and 390x844, after 10 turns: Send, Stop and New chat are on
+  // screen (the page itself does not scroll: only the message box does); temperature (the
+  // page's 0.7) and max tokens sit by the message box, and Regenerate sends that temperature;
+  // the icon is served.
+  for (const viewport of [{ width: 1280, height: 800 }, { width: 768, height: 1024 }, { width: 390, height: 844 }]) {
+    const p = await browser.newPage({ viewport });
+    p.on("pageerror", (e) => { failed = true; console.error("page error (" + viewport.width + "):", e.message); });
+    const bodies = [];
+    await p.route("**/v1/chat/completions", (route) => {
+      bodies.push(route.request().postDataJSON());
+      route.fulfill({ status: 200, contentType: "text/event-stream",
+        body: fakeReply(Array.from({ length: 6 }, (_, i) => "reply line " + i).join("\n\n")) });
+    });
+    await p.goto(url);
+    await p.waitForFunction(() => document.getElementById("model").textContent.length > 0);
+    for (let i = 0; i < 10; i++) {
+      await p.fill("#prompt", "turn " + i);
+      await p.click("#send");
+      await p.waitForFunction((n) => document.querySelectorAll(".msg.assistant:not(.streaming)").length === n, i + 1);
+    }
+    for (const id of ["#send", "#stop", "#clear", "#composer #set-temperature", "#composer #set-max-tokens"]) {
+      const b = await p.locator(id).boundingBox();
+      assert.ok(b && b.y >= 0 && b.y + b.height <= viewport.height,
+        `${id} on screen at ${viewport.width}x${viewport.height} after 10 turns (y ${b && b.y})`);
+    }
+    assert.equal(await p.evaluate(() => window.scrollY), 0, "the page did not scroll");
+    assert.equal(await p.inputValue("#set-temperature"), "0.7");
+    await p.click(".msg.assistant:last-child .regen");
+    await p.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 10);
+    assert.equal(bodies.length, 11);
+    assert.equal(bodies[10].temperature, 0.7, "Regenerate at the page's temperature");
+    assert.equal(bodies[0].temperature, 0.7, "every send carries it");
+    await p.screenshot({ path: path.join(artDir, "browser-chat-10-turns-" + viewport.width + ".png") });
+    await p.close();
+  }
+  const icon = await fetch(url + "favicon.ico");
+  assert.equal(icon.status, 200, "/favicon.ico");
+  assert.match(icon.headers.get("content-type"), /image\/svg\+xml/);
+  log("10 turns at three sizes: composer on screen; temperature 0.7 by the box, sent by Regenerate; icon served");
 
   // 16. Desktop, a server with an API key: the page asks for it on 401, then the send works.
   const desk = await browser.newPage({ viewport: { width: 1280, height: 800 } });

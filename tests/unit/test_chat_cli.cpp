@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <chrono>
 #include <cstdlib>
 #include <regex>
@@ -282,6 +283,81 @@ TEST(ChatCli, PipedStdinIsOneTurnPerLine) {
     EXPECT_EQ(footers(r.err).size(), 1u) << r.err;
 }
 
+// /help, /clear, /save FILE and /load FILE are commands, never turns: /clear keeps the system
+// prompt and forgets the rest, /load brings a saved conversation back, //TEXT sends /TEXT, an
+// unknown command in a piped chat ends it with exit 64 naming it.
+TEST(ChatCli, SlashCommandsClearSaveAndLoadTheConversation) {
+    TempDir dir("chat-cmd");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    const std::string saved = dir.path("conv.json");
+    CmdResult r = chat_pipe(m,
+                            "Hello there\n/help\n/save " + saved + "\n/clear\nSecond words\n/load " +
+                                saved + "\n//slash turn\n/exit\n",
+                            "-n 4 -sys 'Be terse.' --verbose-prompt");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(footers(r.err).size(), 3u) << r.err;
+    EXPECT_NE(r.err.find("/save FILE"), std::string::npos) << "the /help list: " << r.err;
+    const std::vector<std::string> p = turn_prompts(r.err);
+    ASSERT_EQ(p.size(), 3u) << r.err;
+    EXPECT_NE(p[0].find("Hello there"), std::string::npos);
+    EXPECT_EQ(p[1].find("Hello there"), std::string::npos) << "/clear forgot the first turn: " << p[1];
+    EXPECT_NE(p[1].find("Be terse."), std::string::npos) << "/clear kept the system prompt";
+    EXPECT_NE(p[2].find("Hello there"), std::string::npos) << "/load brought it back: " << p[2];
+    EXPECT_EQ(p[2].find("Second words"), std::string::npos) << p[2];
+    EXPECT_NE(p[2].find("/slash turn"), std::string::npos) << p[2];
+    EXPECT_EQ(p[2].find("//slash"), std::string::npos) << p[2];
+    for (const std::string & q : p) EXPECT_EQ(q.find("/help"), std::string::npos) << "never sent: " << q;
+    const auto j = nlohmann::json::parse(slurp(saved), nullptr, false);
+    ASSERT_TRUE(j.is_object()) << slurp(saved);
+    ASSERT_EQ(j["messages"].size(), 3u) << j.dump();
+    EXPECT_EQ(j["messages"][0]["role"], "system");
+    EXPECT_EQ(j["messages"][1]["content"], "Hello there");
+    EXPECT_EQ(j["messages"][2]["role"], "assistant");
+    // Bad commands in a piped chat: named, exit 64 (usage) or 3 (a file that is not a
+    // conversation); nothing sent.
+    CmdResult u = chat_pipe(m, "/nope\nHello\n", "-n 2");
+    EXPECT_EQ(u.exit_code, 64) << u.err;
+    EXPECT_NE(u.err.find("unknown command '/nope'"), std::string::npos) << u.err;
+    EXPECT_EQ(footers(u.err).size(), 0u);
+    const std::string junk = dir.path("junk.json");
+    ASSERT_TRUE(write_bytes(junk, "[{\"role\": \"robot\", \"content\": \"x\"}]"));
+    CmdResult l = chat_pipe(m, "/load " + junk + "\n", "-n 2");
+    EXPECT_EQ(l.exit_code, 3) << l.err;
+    EXPECT_NE(l.err.find("messages[0]: role 'robot'"), std::string::npos) << l.err;
+}
+
+// A conversation that outgrows the context loses its oldest turns after the system prompt,
+// with one line saying so, and goes on (the context of 512 tokens holds about two turns).
+TEST(ChatCli, AFullContextDropsTheOldestTurnsAndGoesOn) {
+    TempDir dir("chat-ctx");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    std::string input;
+    for (int i = 0; i < 5; ++i)
+        input += "turn " + std::to_string(i) + " with some more words to fill it, and then some "
+                 "more words again, so that a few of these turns fill the context\n";
+    auto run = [&](const std::string & ctx) {
+        return run_cmd("printf '%s' " + sh_quote(input) + " | " + sh_quote(cli_bin()) + " chat -m " +
+                       sh_quote(m) + " -t 1 -n 8 -sys 'Be terse.' --verbose-prompt -c " + ctx);
+    };
+    CmdResult r = run("512");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(footers(r.err).size(), 5u) << r.err;
+    EXPECT_NE(r.err.find("moestream chat: the context (512 tokens) was full: dropped the"), std::string::npos)
+        << r.err;
+    const std::vector<std::string> p = turn_prompts(r.err);
+    ASSERT_EQ(p.size(), 5u) << r.err;
+    EXPECT_EQ(p[4].find("turn 0 "), std::string::npos) << "the oldest turn is gone: " << p[4];
+    EXPECT_NE(p[4].find("Be terse."), std::string::npos) << "the system prompt stays: " << p[4];
+    EXPECT_NE(p[4].find("turn 4 "), std::string::npos);
+    // Control: a context that holds everything drops nothing.
+    CmdResult big = run("2048");
+    EXPECT_EQ(big.exit_code, 0) << big.err;
+    EXPECT_EQ(big.err.find("dropped"), std::string::npos) << big.err;
+    const std::vector<std::string> q = turn_prompts(big.err);
+    ASSERT_EQ(q.size(), 5u);
+    EXPECT_NE(q[4].find("turn 0 "), std::string::npos);
+}
+
 // Reply i of a session is sampled with seed --seed + i (docs/cli.md, "Chat"). At --temp 100
 // the tiny random-weight model's next-token distribution is so flat that the draw is decided
 // by the sampler's random numbers, not by the context (measured: 0 of 160 tokens differ
@@ -336,7 +412,7 @@ TEST(ChatCli, BadInputIsOneLineAndItsExitCode) {
     expect("-m " + sh_quote(m) + " -cnv", 64, "-cnv is not needed");
     expect("-m " + sh_quote(m) + " --stats-json x.json", 64, "--stats-json: not available in chat");
     expect("-m " + sh_quote(m) + " --jinja", 64, "not supported by moestream: --jinja");
-    expect("-m " + sh_quote(m) + " -ngl 99", 64, "not supported by moestream: -ngl (CPU only)");
+    expect("-m " + sh_quote(m) + " -dev none", 64, "not supported by moestream: -dev (CPU only)");
     expect("-m " + sh_quote(m) + " --top-k 4", 64, "--top-k shapes sampling");
     expect("-m " + sh_quote(m) + " -sysf " + dir.path("none.txt"), 3, "none.txt");
     // A template minja cannot parse: refused, naming the construct.

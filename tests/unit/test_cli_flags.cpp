@@ -52,21 +52,74 @@ void expect_refused(const std::string & args, const std::string & msg) {
 
 TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
     const std::string m = " -m " + model();
-    expect_refused("run" + m + " -ngl 99", "not supported by moestream: -ngl (CPU only)");
     expect_refused("run" + m + " -cnv", "-cnv: for a chat use `moestream chat -m MODEL`");
     expect_refused("run" + m + " -no-cnv", "-no-cnv is not needed");
-    expect_refused("run" + m + " -fa on", "not supported by moestream: -fa");
     expect_refused("run" + m + " -dev none", "not supported by moestream: -dev (CPU only)");
     expect_refused("run" + m + " --mlock", "not supported by moestream: --mlock");
-    expect_refused("serve" + m + " -ngl 99", "not supported by moestream: -ngl");
-    // Sampling flags the library cannot apply yet are refused, never accepted and ignored.
-    // serve takes sampling per request: its command line refuses them by name.
-    expect_refused("serve" + m + " --min-p 0.05", "not supported yet by moestream: --min-p");
-    expect_refused("serve" + m + " -r User:", "not supported yet by moestream: -r");
+    // serve: a stop string and ignore_eos are a request's; refused on its command line.
+    expect_refused("serve" + m + " -r User:", "-r is not a serve flag");
+    expect_refused("serve" + m + " --ignore-eos", "--ignore-eos is not a serve flag");
+    // Any other long option is named, never CLI11's "arguments were not expected".
+    expect_refused("serve" + m + " --frobnicate 40", "unknown option '--frobnicate'");
+    expect_refused("run" + m + " -ngl lots", "-ngl 'lots': expected a layer count, auto or all");
     // A single-dash word CLI11 would split into short flags is named as typed.
     expect_refused("run" + m + " -foo", "unknown option '-foo'");
     // Control: the same position with an accepted spelling runs.
     EXPECT_FALSE(run_stats("-n 1").is_null());
+}
+
+// -ngl (any count) is accepted with one line saying the build is CPU only, and the run goes
+// on; -fa reaches llama.cpp (the settings say which); --log-disable silences the line.
+TEST(CliFlags, GpuLayersAcceptedWithOneLineAndFlashAttnPassedOn) {
+    CmdResult r;
+    json j = run_stats("-p Hi -n 1 -ngl 99 -fa off --no-warmup", &r);
+    ASSERT_FALSE(j.is_null());
+    EXPECT_NE(r.err.find("-ngl 99: this build computes on the CPU (GPU layers: none)"), std::string::npos)
+        << r.err;
+    EXPECT_EQ(j["settings"]["flash_attn"], "off");
+    json on = run_stats("-p Hi -n 1 --flash-attn on");
+    ASSERT_FALSE(on.is_null());
+    EXPECT_EQ(on["settings"]["flash_attn"], "on");
+    CmdResult q;
+    json d = run_stats("-p Hi -n 1 --n-gpu-layers 0 --log-disable", &q);
+    ASSERT_FALSE(d.is_null());
+    EXPECT_EQ(d["settings"]["flash_attn"], "auto") << "control: llama.cpp's choice without -fa";
+    EXPECT_EQ(q.err.find("GPU layers"), std::string::npos) << "--log-disable: " << q.err;
+    expect_refused("run -m " + model() + " -fa maybe", "--flash-attn");
+}
+
+// The live prefill line (tokens done/total, tok/s, ETA) is drawn on a terminal only (util-linux
+// `script` gives the run one), and --log-disable keeps it off there too.
+TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
+    TempDir dir("progress");
+    std::string prompt;
+    for (int i = 0; i < 60; ++i) prompt += "word ";
+    ASSERT_TRUE(write_bytes(dir.path("p.txt"), prompt));
+    const std::string run = sh_quote(cli_bin()) + " run -m " + model() + " -t 1 -c 512 -b 16 -n 1 -f " +
+                            sh_quote(dir.path("p.txt"));
+    CmdResult tty = run_cmd("script -qec " + sh_quote(run) + " /dev/null");
+    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+    EXPECT_NE(tty.out.find("moestream: prefill 16/300 tokens | "), std::string::npos) << tty.out;
+    EXPECT_NE(tty.out.find(" tok/s | ETA "), std::string::npos) << tty.out;
+    CmdResult quiet = run_cmd("script -qec " + sh_quote(run + " --log-disable") + " /dev/null");
+    EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
+    EXPECT_EQ(quiet.out.find("moestream: prefill 16/"), std::string::npos) << quiet.out;
+    CmdResult pipe = run_cmd(run);  // stderr is a pipe here
+    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
+    EXPECT_EQ(pipe.err.find("moestream: prefill 16/"), std::string::npos) << pipe.err;
+}
+
+// --help says what the code does: serve's drop-cold default is the app's 0.75 (not run's 0), a
+// required option shows no default, usage lines name the program.
+TEST(CliFlags, HelpShowsTheDefaultsTheCodeUses) {
+    CmdResult serve = cli("serve --help");
+    EXPECT_NE(serve.out.find("--drop-cold-experts FLOAT:(0, 1]=0.75 (the app default"), std::string::npos) << serve.out;
+    CmdResult run = cli("run --help");
+    EXPECT_NE(run.out.find("--drop-cold-experts FLOAT:(0, 1]=0\n"), std::string::npos) << "control: run's is 0";
+    CmdResult synth = cli("synth --help");
+    EXPECT_NE(synth.out.find("Usage: moestream synth [OPTIONS]"), std::string::npos) << synth.out;
+    EXPECT_EQ(synth.out.find("=tiny REQUIRED"), std::string::npos) << synth.out;
+    EXPECT_NE(run.out.find("takes at most a quarter of the memory"), std::string::npos) << run.out;
 }
 
 TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {

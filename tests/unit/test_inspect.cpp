@@ -307,7 +307,7 @@ TEST(Inspect, NamesTheChatTemplateAndWhetherItRenders) {
     };
     CmdResult bad = inspect("-m " + sh_quote(with_template("{{ x", "bad")));
     ASSERT_EQ(bad.exit_code, 0) << bad.err;
-    EXPECT_NE(bad.out.find("chat template does not render: minja: Expected closing expression tag"),
+    EXPECT_NE(bad.out.find("does not render: minja: Expected closing expression tag"),
               std::string::npos) << bad.out;
     // Control: a template that renders is named, with its renderer.
     CmdResult good = inspect("-m " + sh_quote(with_template("{{ messages[0].content }}", "good")) +
@@ -317,6 +317,24 @@ TEST(Inspect, NamesTheChatTemplateAndWhetherItRenders) {
     EXPECT_EQ(t.at("renders"), true) << t.dump();
     EXPECT_EQ(t.at("renderer"), "minja") << t.dump();
     EXPECT_EQ(t.at("name"), "the model's template (minja; tool calls not parsed)") << t.dump();
+}
+
+// inspect names the training context and whether the file carries a chat template (the synth
+// model: 512 tokens, none; the same file with a template set: its size).
+TEST(Inspect, ContextLengthAndChatTemplate) {
+    const std::string path = moestream::test::synth_model("tiny", "qwen3moe", "q4_k");
+    json j = inspect_json(path);
+    EXPECT_EQ(j.at("context_length"), 512);
+    EXPECT_TRUE(j.at("chat_template_bytes").is_null());
+    CmdResult r = inspect("-m " + sh_quote(path));
+    EXPECT_NE(r.out.find("context       512 tokens (the model's training context"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("chat template none in the file"), std::string::npos) << r.out;
+    TempDir tmp;
+    const std::string with = tmp.path("t.gguf");
+    CmdResult m = run_cmd(gguf_mutate_cmd() + " " + sh_quote(path) + " " + sh_quote(with) + " set " +
+                          sh_quote("tokenizer.chat_template=str:{{ messages }}"));
+    ASSERT_EQ(m.exit_code, 0) << m.err;
+    EXPECT_EQ(inspect_json(with).at("chat_template_bytes"), 14) << "control: a template is seen";
 }
 
 // Debian's test-llama-archs qwen3moe model (skipped when the tool is not available).

@@ -13,7 +13,9 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <cmath>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <vector>
@@ -151,6 +153,54 @@ bool is_type(const ojson & v, const std::string & t) {
     return false;
 }
 
+// The formats by their RFC 3339 / RFC 4122 / HTML email definitions, the calendar checked
+// with arithmetic (not with the converter's expressions).
+bool format_ok(const std::string & f, const std::string & v) {
+    auto date_ok = [](const std::string & d) {
+        std::smatch m;
+        if (!std::regex_match(d, m, std::regex(R"((\d{4})-(\d{2})-(\d{2}))"))) return false;
+        const int y = std::stoi(m[1]), mo = std::stoi(m[2]), day = std::stoi(m[3]);
+        const bool leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        const int days[] = {31, leap ? 29 : 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+        return mo >= 1 && mo <= 12 && day >= 1 && day <= days[mo - 1];
+    };
+    auto time_ok = [](const std::string & t) {
+        std::smatch m;
+        if (!std::regex_match(t, m, std::regex(R"((\d{2}):(\d{2}):(\d{2})(\.\d+)?(Z|z|[+-](\d{2}):(\d{2})))")))
+            return false;
+        const bool tz_ok = m[6].length() == 0 || (std::stoi(m[6]) < 24 && std::stoi(m[7]) < 60);
+        return std::stoi(m[1]) < 24 && std::stoi(m[2]) < 60 && std::stoi(m[3]) < 60 && tz_ok;
+    };
+    if (f == "date") return date_ok(v);
+    if (f == "time") return time_ok(v);
+    if (f == "date-time") {
+        const size_t t = v.find_first_of("Tt");
+        return t != std::string::npos && date_ok(v.substr(0, t)) && time_ok(v.substr(t + 1));
+    }
+    if (f == "uuid") return std::regex_match(v, std::regex("[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}"));
+    if (f == "email") {
+        const size_t at = v.find('@');
+        if (at == std::string::npos || at == 0 || v.find('@', at + 1) != std::string::npos) return false;
+        const std::string local = v.substr(0, at), domain = v.substr(at + 1);
+        const std::regex atom("[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+");
+        size_t a = 0;  // local: atoms separated by single dots
+        for (size_t d; (d = local.find('.', a)), true; a = d + 1) {
+            if (!std::regex_match(local.substr(a, d == std::string::npos ? std::string::npos : d - a), atom)) return false;
+            if (d == std::string::npos) break;
+        }
+        const std::regex label("[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?");
+        int labels = 0;
+        a = 0;
+        for (size_t d; (d = domain.find('.', a)), true; a = d + 1) {
+            if (!std::regex_match(domain.substr(a, d == std::string::npos ? std::string::npos : d - a), label)) return false;
+            ++labels;
+            if (d == std::string::npos) break;
+        }
+        return labels >= 2;
+    }
+    return false;
+}
+
 bool validate(const ojson & root, const ojson & s, const ojson & v, std::string * why);
 
 bool validate_all(const ojson & root, const ojson & s, const ojson & v, std::string * why) {
@@ -189,6 +239,19 @@ bool validate_all(const ojson & root, const ojson & s, const ojson & v, std::str
         for (const auto & b : s["oneOf"]) n += validate(root, b, v, &w);
         if (n != 1) return no(std::to_string(n) + " oneOf branches");
     }
+    if (v.is_number()) {
+        const double x = v.get<double>();
+        auto num = [&](const char * k) { return s[k].get<double>(); };
+        if (s.contains("minimum") && x < num("minimum")) return no("below minimum");
+        if (s.contains("maximum") && x > num("maximum")) return no("above maximum");
+        if (s.contains("exclusiveMinimum") && x <= num("exclusiveMinimum")) return no("not above exclusiveMinimum");
+        if (s.contains("exclusiveMaximum") && x >= num("exclusiveMaximum")) return no("not below exclusiveMaximum");
+    }
+    if (v.is_string() && s.contains("pattern") &&
+        !std::regex_search(v.get<std::string>(), std::regex(s["pattern"].get<std::string>())))
+        return no("does not match the pattern");
+    if (v.is_string() && s.contains("format") && !format_ok(s["format"].get<std::string>(), v.get<std::string>()))
+        return no("not a " + s["format"].get<std::string>());
     if (v.is_string()) {
         const size_t n = code_points(v.get<std::string>());
         if (s.contains("minLength") && n < s["minLength"].get<size_t>()) return no("too short");
@@ -288,6 +351,49 @@ std::vector<Case> cases() {
          {R"({"c":"r"})"}, {R"({"c":"b"})", "{}"}},
         {"untyped with annotations", ojson::parse(R"({"title":"anything","description":"d"})"),
          {"1", R"("s")", "[]", "{}", "null"}, {"[1", "nul"}},
+        {"bounded integer", ojson::parse(R"({"type":"integer","minimum":0,"maximum":120})"),
+         {"0", "7", "99", "100", "120"}, {"-1", "121", "1000", "007", "12.5"}},
+        {"integer, odd bounds", ojson::parse(R"({"type":"integer","minimum":-37,"exclusiveMaximum":1234})"),
+         {"-37", "-9", "0", "999", "1233", "1099"}, {"-38", "-40", "1234", "1300", "99999"}},
+        {"negative integers", ojson::parse(R"({"type":"integer","exclusiveMinimum":-500,"maximum":-20})"),
+         {"-499", "-20", "-100", "-21"}, {"-500", "-19", "0", "5", "-1000"}},
+        {"integer above", ojson::parse(R"({"type":"integer","minimum":18})"),
+         {"18", "19", "25", "100", "123456789"}, {"17", "0", "-18", "9"}},
+        {"bounded number", ojson::parse(R"({"type":"number","minimum":0,"maximum":10})"),
+         {"0", "0.5", "9.99", "10", "10.000", "3"}, {"-0.5", "10.01", "11", "100"}},
+        {"positive number", ojson::parse(R"({"type":"number","exclusiveMinimum":0})"),
+         {"0.001", "1", "42.5", "1000000"}, {"0", "0.0", "-1", "-0.5"}},
+        {"number in (-2, 3)", ojson::parse(R"({"type":"number","exclusiveMinimum":-2,"exclusiveMaximum":3})"),
+         {"-1.99", "-1", "0", "2.999", "-0.5"}, {"-2", "3", "3.0", "-2.0", "-2.5", "4"}},
+        {"number at most -1", ojson::parse(R"({"type":"number","maximum":-1.0})"),
+         {"-1", "-1.0", "-1.5", "-300"}, {"-0.99", "0", "1", "-0.5"}},
+        {"pattern", ojson::parse(R"({"type":"string","pattern":"^[A-Z]{3}-\\d{2}$"})"),
+         {R"("ABC-12")", R"("XYZ-00")"}, {R"("AB-12")", R"("ABC-123")", R"("abc-12")", R"(" ABC-12")"}},
+        {"unanchored pattern", ojson::parse(R"({"type":"string","pattern":"[0-9]"})"),
+         {R"("7")", R"("a1b")", R"("\u0001 2")"}, {R"("ab")", R"("")"}},
+        {"pattern with quotes", ojson::parse(R"({"type":"string","pattern":"^(\"|\\\\|[a\\n])+$"})"),
+         {R"("\"")", R"("\\a\n")"}, {R"("b")", R"("")"}},
+        {"pattern and lengths", ojson::parse(R"({"type":"string","pattern":"^[a-z]*$","minLength":2,"maxLength":4})"),
+         {R"("ab")", R"("abcd")"}, {R"("a")", R"("abcde")", R"("AB")"}},
+        {"date", ojson::parse(R"({"type":"string","format":"date"})"),
+         {R"("2024-01-31")", R"("1999-12-01")", R"("2023-02-28")"},
+         {R"("2024-02-30")", R"("2024-13-01")", R"("2024-04-31")", R"("24-01-01")"}},
+        {"date-time", ojson::parse(R"({"type":"string","format":"date-time"})"),
+         {R"("2024-01-31T23:59:59Z")", R"("2024-06-01T00:00:00.123+05:30")"},
+         {R"("2024-01-31T24:00:00Z")", R"("2024-01-31T10:00:00")", R"("2024-01-31 10:00Z")"}},
+        {"time", ojson::parse(R"({"type":"string","format":"time"})"),
+         {R"("12:30:00Z")", R"("23:59:59.5-08:00")"}, {R"("12:60:00Z")", R"("12:30")", R"("25:00:00Z")"}},
+        {"uuid", ojson::parse(R"({"type":"string","format":"uuid"})"),
+         {R"("123e4567-e89b-12d3-a456-426614174000")"},
+         {R"("123e4567e89b12d3a456426614174000")", R"("123e4567-e89b-12d3-a456-42661417400g")"}},
+        {"email", ojson::parse(R"({"type":"string","format":"email"})"),
+         {R"("ann@example.com")", R"("a.b+c@x-y.co")"}, {R"("ann@")", R"("@x.com")", R"("a..b@x.com")", R"("ann@x")"}},
+        {"zod uuid: format and pattern", ojson::parse(R"({"type":"string","format":"uuid","pattern":
+            "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"})"),
+         {R"("123e4567-e89b-12d3-a456-426614174000")", R"("00000000-0000-0000-0000-000000000000")"},
+         {R"("123e4567-e89b-92d3-a456-426614174000")", R"("123e4567-e89b-12d3-c456-426614174000")"}},
+        {"nullable bounded integer", ojson::parse(R"({"type":["integer","null"],"minimum":1,"maximum":5})"),
+         {"null", "1", "5"}, {"0", "6", "\"1\""}},
         {"key escaping", ojson::parse(R"({"type":"object","properties":{"a\"b\\c/é":{"type":"boolean"}},
             "required":["a\"b\\c/é"],"additionalProperties":false})"),
          {R"({"a\"b\\c/é":true})"}, {R"({"ab":true})", R"({"a\"b\\c/é":null})"}},
@@ -355,10 +461,15 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreRefusedWithTheirPointer) {
         const char * word;
     };
     const Bad bad[] = {
-        {R"({"type":"object","properties":{"email":{"type":"string","pattern":"^a"}}})",
-         "#/properties/email/pattern", "pattern"},
-        {R"({"type":"string","format":"email"})", "#/format", "format"},
-        {R"({"type":"integer","minimum":0})", "#/minimum", "minimum"},
+        {R"j({"type":"object","properties":{"email":{"type":"string","pattern":"^a(?=b)"}}})j",
+         "#/properties/email/pattern", "look-around"},
+        {R"({"type":"string","pattern":"(a)\\1"})", "#/pattern", "back-reference"},
+        {R"({"type":"string","pattern":"a^b"})", "#/pattern", "'^'"},
+        {R"({"type":"string","format":"hostname"})", "#/format", "hostname"},
+        {R"({"type":"string","format":"uuid","pattern":"^x$"})", "#/pattern", "no string"},
+        {R"({"type":"number","minimum":0.5})", "#/minimum", "whole number"},
+        {R"({"type":"integer","minimum":5,"maximum":4})", "#/minimum", "no integer"},
+        {R"({"type":"number","multipleOf":2})", "#/multipleOf", "multipleOf"},
         {R"({"if":{"type":"string"},"then":{"maxLength":2}})", "#/if", "if"},
         {R"({"type":"array","prefixItems":[{"type":"string"}]})", "#/prefixItems", "prefixItems"},
         {R"({"type":"array","items":[{"type":"string"}]})", "#/items", "items"},
@@ -386,6 +497,7 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreRefusedWithTheirPointer) {
     }
     // Control: the supported neighbours of those schemas convert.
     for (const char * ok : {R"({"type":"string"})", R"({"type":"integer"})",
+                            R"({"type":"string","pattern":"^ab"})", R"({"type":"number","minimum":0})",
                             R"({"type":"array","items":{"type":"string"}})",
                             R"({"type":"object","additionalProperties":false})"}) {
         std::string g;
@@ -405,7 +517,7 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
             "required": ["tags"], "additionalProperties": false}},
         "required": ["item"]}}},
       {"type": "function", "function": {"name": "flat", "parameters": {"type": "object",
-        "properties": {"x": {"type": "integer", "minimum": 1}}, "required": ["x"]}}},
+        "properties": {"x": {"type": "integer", "multipleOf": 2}}, "required": ["x"]}}},
       {"type": "function", "function": {"name": "odd", "parameters": {"type": "object",
         "properties": {"v": {"type": "object", "properties": {"n": {"type": "integer"}},
         "required": ["n"], "not": {}}}, "required": ["v"]}}}])");
@@ -429,12 +541,12 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
     EXPECT_TRUE(accepts(gt, think + ok)) << gt;
     EXPECT_TRUE(accepts(gt, ok));
     EXPECT_FALSE(accepts(g, think + ok)) << "control: no thinking block without think_first";
-    // Value bounds the converter does not enforce (minimum) are left out: the structure and
-    // types still hold, the bound is the model's (0 passes).
+    // Value bounds the converter does not enforce (multipleOf) are left out: the structure and
+    // types still hold, the bound is the model's (5 passes).
     const std::string gf = chat::tool_call_grammar(hermes, tools, "flat", true, false);
     const std::string fc = "<tool_call>\n{\"name\": \"flat\", \"arguments\": ";
     EXPECT_TRUE(accepts(gf, fc + "{\"x\": 5}" + end));
-    EXPECT_TRUE(accepts(gf, fc + "{\"x\": 0}" + end));
+    EXPECT_TRUE(accepts(gf, fc + "{\"x\": 3}" + end));
     EXPECT_TRUE(accepts(gf, fc + "{\"x\":5}" + end)) << "the converter's grammar (the flat rule "
                                                         "writes \": \")";
     EXPECT_FALSE(accepts(gf, fc + "{\"x\": \"5\"}" + end));

@@ -89,6 +89,49 @@ TEST(StopMatcher, EarliestOfSeveralStopStringsWins) {
 
 // ---- Engine ---------------------------------------------------------------------------
 
+// GenerateRequest::on_prefill: called once per prompt micro-batch (-b 8: a 60-token prompt is
+// 8 of them) with the tokens done; returning false at the first stops there, before the
+// second micro-batch, with nothing generated, and the next generation (reusing the KV it can)
+// gives the same tokens as an uninterrupted one. The stop is a callback's answer, not a time.
+TEST(Prefill, OnPrefillSeesEachMicroBatchAndFalseStopsBeforeTheNext) {
+    RunOptions o;
+    o.model_path = synth_model("tiny", "qwen3moe", "q4_k");
+    o.n_ctx = 128;
+    o.n_batch = 8;
+    std::unique_ptr<Engine> e;
+    ASSERT_TRUE(Engine::open(o, &e).ok());
+    GenerateRequest r;
+    r.prompt = std::string(60, 'a');
+    r.n_predict = 4;
+    std::vector<std::pair<int, int>> calls;
+    r.on_prefill = [&](int done, int total) {
+        calls.emplace_back(done, total);
+        return true;
+    };
+    GenerateResult full;
+    ASSERT_TRUE(e->generate(r, nullptr, &full).ok());
+    ASSERT_EQ(calls.size(), 8u) << "control: eight micro-batches of 8 for 60 tokens";
+    EXPECT_EQ(calls[0], std::make_pair(8, 60));
+    EXPECT_EQ(calls.back(), std::make_pair(60, 60));
+    EXPECT_EQ(full.tokens.size(), 4u);
+    calls.clear();
+    r.on_prefill = [&](int done, int total) {
+        calls.emplace_back(done, total);
+        return false;  // as Ctrl-C after the first micro-batch
+    };
+    GenerateResult stopped;
+    ASSERT_TRUE(e->generate(r, nullptr, &stopped).ok());
+    EXPECT_EQ(calls.size(), 1u) << "stopped before the second micro-batch";
+    EXPECT_EQ(stopped.finish, FinishReason::kCancelled);
+    EXPECT_TRUE(stopped.tokens.empty());
+    EXPECT_EQ(e->stats().n_generated, 0);
+    r.on_prefill = nullptr;
+    r.reuse_prefix = true;
+    GenerateResult again;
+    ASSERT_TRUE(e->generate(r, nullptr, &again).ok());
+    EXPECT_EQ(again.tokens, full.tokens) << "the partial KV was not taken for a prompt";
+}
+
 TEST_F(Sampling, StopStringAcrossTokensEndsBeforeIt) {
     const GenerateResult base = run(req());
     ASSERT_GE(base.text.size(), 12u);

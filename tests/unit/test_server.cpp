@@ -154,6 +154,172 @@ json body_json(const httplib::Result & r) {
     return json::parse(r->body, nullptr, false);
 }
 
+// One server for the llama-server and OpenAI-shape checks below.
+const ServerProc & habits_server() {
+    static ServerProc s({"--lossless"});
+    return s;
+}
+
+// What SDKs send by default (store, metadata, service_tier) is accepted without effect, a
+// wrong type of them refused by name; error objects carry OpenAI's `code`: a string or null.
+TEST(Server, SdkDefaultFieldsAcceptedAndErrorCodesAreStringsOrNull) {
+    const ServerProc & s = habits_server();
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json base{{"prompt", "Once"}, {"max_tokens", 4}, {"cache_prompt", false}};
+    auto plain = post(s, "/v1/completions", base);
+    ASSERT_TRUE(plain);
+    ASSERT_EQ(plain->status, 200) << plain->body;
+    json with = base;
+    with["store"] = false;
+    with["metadata"] = {{"app", "x"}};
+    with["service_tier"] = "auto";
+    auto r = post(s, "/v1/completions", with);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(body_json(r)["choices"][0]["text"], body_json(plain)["choices"][0]["text"])
+        << "no effect on the output";
+    for (const auto & [k, v] : {std::pair<std::string, json>{"store", "yes"}, {"metadata", 3},
+                                {"service_tier", json::array()}}) {
+        json bad = base;
+        bad[k] = v;
+        auto b = post(s, "/v1/completions", bad);
+        ASSERT_TRUE(b);
+        EXPECT_EQ(b->status, 400) << k;
+        EXPECT_EQ(body_json(b)["error"]["param"], k);
+        EXPECT_TRUE(body_json(b)["error"]["code"].is_null()) << b->body;
+    }
+    auto nf = s.client().Get("/v1/models/other");
+    ASSERT_TRUE(nf);
+    EXPECT_EQ(nf->status, 404);
+    EXPECT_EQ(body_json(nf)["error"]["code"], "model_not_found") << nf->body;
+}
+
+// GET /v1/models/{id} answers the served model; an unknown URL's 404 names the routes there
+// are; GET /slots lists the one slot as llama-server does.
+TEST(Server, ModelByIdSlotsAndA404ThatNamesTheRoutes) {
+    const ServerProc & s = habits_server();
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto c = s.client();
+    auto list = c.Get("/v1/models");
+    ASSERT_TRUE(list);
+    const std::string id = body_json(list)["data"][0]["id"];
+    auto one = c.Get(("/v1/models/" + id).c_str());
+    ASSERT_TRUE(one);
+    EXPECT_EQ(one->status, 200) << one->body;
+    EXPECT_EQ(body_json(one)["id"], id);
+    EXPECT_EQ(body_json(one)["object"], "model");
+    auto other = c.Get(("/v1/models/" + id + "x").c_str());
+    ASSERT_TRUE(other);
+    EXPECT_EQ(other->status, 404) << "control: another id";
+    auto nf = c.Post("/v1/nothing", "{}", "application/json");
+    ASSERT_TRUE(nf);
+    EXPECT_EQ(nf->status, 404);
+    const std::string msg = body_json(nf)["error"]["message"];
+    EXPECT_NE(msg.find("POST /v1/nothing"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("/v1/chat/completions"), std::string::npos) << msg;
+    auto slots = c.Get("/slots");
+    ASSERT_TRUE(slots);
+    ASSERT_EQ(slots->status, 200);
+    const json sj = body_json(slots);
+    ASSERT_TRUE(sj.is_array() && sj.size() == 1) << slots->body;
+    EXPECT_EQ(sj[0]["id"], 0);
+    EXPECT_EQ(sj[0]["n_ctx"], 512);
+    EXPECT_EQ(sj[0]["is_processing"], false);
+}
+
+// llama-server's serve flags: --alias names the model, --no-webui drops the page, the sampling
+// flags become every request's defaults (shown in /stats and each reply's settings, a
+// request's own value still wins), --metrics, --slots and --jinja are accepted.
+TEST(Server, LlamaServerFlagsAliasNoWebuiAndSamplingDefaults) {
+    ServerProc s({"--lossless", "--alias", "my-model", "--no-webui", "--top-k", "7", "--min-p",
+                  "0.05", "--repeat-penalty", "1.1", "--metrics", "--slots", "--jinja"});
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto c = s.client();
+    auto models = c.Get("/v1/models");
+    ASSERT_TRUE(models);
+    EXPECT_EQ(body_json(models)["data"][0]["id"], "my-model");
+    auto page = c.Get("/");
+    ASSERT_TRUE(page);
+    EXPECT_EQ(page->status, 404) << "--no-webui";
+    auto st = c.Get("/stats");
+    ASSERT_TRUE(st);
+    const json d = body_json(st)["defaults"];
+    EXPECT_EQ(d["top_k"], 7);
+    EXPECT_NEAR(d["min_p"].get<double>(), 0.05, 1e-6);
+    EXPECT_NEAR(d["repeat_penalty"].get<double>(), 1.1, 1e-6);
+    auto r = post(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json req = body_json(r)["moestream"]["settings"]["request"];
+    EXPECT_EQ(req["top_k"], 7);
+    EXPECT_EQ(body_json(r)["model"], "my-model");
+    auto own = post(s, "/v1/completions", {{"prompt", "Hi"}, {"max_tokens", 1}, {"top_k", 3}});
+    ASSERT_TRUE(own);
+    EXPECT_EQ(body_json(own)["moestream"]["settings"]["request"]["top_k"], 3);
+    // Control: a server without the flags has llama.cpp's off values and its page.
+    const ServerProc & plain = habits_server();
+    auto pst = plain.client().Get("/stats");
+    ASSERT_TRUE(pst);
+    EXPECT_EQ(body_json(pst)["defaults"]["top_k"], 0);
+    auto ppage = plain.client().Get("/");
+    ASSERT_TRUE(ppage);
+    EXPECT_EQ(ppage->status, 200);
+}
+
+// --api-key-file: the key is the file's first line; without it 401 with code
+// "invalid_api_key"; an unreadable file is refused at start, naming it.
+TEST(Server, ApiKeyFileTakesTheKeyFromItsFirstLine) {
+    TempDir dir("keyfile");
+    ASSERT_TRUE(write_bytes(dir.path("key"), "  K9secret \nignored\n"));
+    ServerProc s({"--lossless", "--api-key-file", dir.path("key")});
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json body{{"prompt", "Hi"}, {"max_tokens", 1}};
+    auto no = post(s, "/v1/completions", body);
+    ASSERT_TRUE(no);
+    EXPECT_EQ(no->status, 401);
+    EXPECT_EQ(body_json(no)["error"]["code"], "invalid_api_key");
+    auto yes = post(s, "/v1/completions", body, {{"Authorization", "Bearer K9secret"}});
+    ASSERT_TRUE(yes);
+    EXPECT_EQ(yes->status, 200) << yes->body;
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " serve -m " + sh_quote(tiny_model()) +
+                          " --api-key-file " + sh_quote(dir.path("missing")));
+    EXPECT_EQ(r.exit_code, 64) << r.err;
+    EXPECT_NE(r.err.find("--api-key-file " + dir.path("missing") + ": cannot be read"), std::string::npos) << r.err;
+}
+
+// llama-server's POST /completion: the same generation as /v1/completions in llama-server's
+// shape (content, stop, tokens_predicted, stop_type), streamed as content events ending with
+// stop: true and no [DONE].
+TEST(Server, LlamaServerCompletionEndpointMatchesCompletions) {
+    const ServerProc & s = habits_server();
+    ASSERT_GT(s.port(), 0) << s.log();
+    auto ref = post(s, "/v1/completions", {{"prompt", "Once upon"}, {"max_tokens", 8}, {"cache_prompt", false}});
+    ASSERT_TRUE(ref);
+    const std::string text = body_json(ref)["choices"][0]["text"];
+    auto r = post(s, "/completion", {{"prompt", "Once upon"}, {"n_predict", 8}, {"cache_prompt", false}});
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = body_json(r);
+    EXPECT_EQ(j["content"], text);
+    EXPECT_EQ(j["stop"], true);
+    EXPECT_EQ(j["tokens_predicted"], 8);
+    EXPECT_EQ(j["stop_type"], "limit");
+    EXPECT_FALSE(j.contains("choices")) << "control: not the OpenAI shape";
+    auto st = post(s, "/completion", {{"prompt", "Once upon"}, {"n_predict", 8}, {"stream", true}, {"cache_prompt", false}});
+    ASSERT_TRUE(st);
+    std::string streamed;
+    int stops = 0;
+    for (size_t a = 0; (a = st->body.find("data: ", a)) != std::string::npos; a += 6) {
+        const json e = json::parse(st->body.substr(a + 6, st->body.find('\n', a) - a - 6), nullptr, false);
+        ASSERT_FALSE(e.is_discarded()) << st->body;
+        streamed += e["content"].get<std::string>();
+        stops += e["stop"].get<bool>();
+    }
+    EXPECT_EQ(streamed, text);
+    EXPECT_EQ(stops, 1);
+    EXPECT_EQ(st->body.find("[DONE]"), std::string::npos);
+}
+
 // The generation of `moestream run` for the same prompt (greedy, lossless): token ids and text.
 struct RunOut {
     std::vector<int> tokens;
@@ -526,7 +692,7 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
          "response_format.type"},
         {"/v1/chat/completions",
          "{" + msgs + R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)" +
-             R"("schema":{"type":"string","pattern":"a"}}}})",
+             R"j("schema":{"type":"string","pattern":"a(?=b)"}}}})j",
          "response_format"},
         {"/v1/chat/completions",
          "{" + msgs + R"(,"response_format":{"type":"json_object"},"json_schema":{}})",
@@ -589,9 +755,16 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
             EXPECT_EQ(j["error"]["param"], k.param) << k.body;
         }
     }
-    auto ct = c.Post("/v1/completions", R"({"prompt":"x"})", "text/plain");
+    // A form content type from a web page (an Origin header): 415; the same body from curl -d
+    // (no Origin) is read as JSON.
+    auto ct = c.Post("/v1/completions", {{"Origin", "http://elsewhere.example"}},
+                     R"({"prompt":"x","max_tokens":1})", "text/plain");
     ASSERT_TRUE(ct);
     EXPECT_EQ(ct->status, 415);
+    auto curl = c.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})",
+                       "application/x-www-form-urlencoded");
+    ASSERT_TRUE(curl);
+    EXPECT_EQ(curl->status, 200) << curl->body;
     // A prompt longer than the context (the synth model's 512 tokens): 400 naming the prompt;
     // the same prompt within the context is served (the control).
     auto lc = post(s, "/v1/completions", {{"prompt", std::string(600, 'x')}, {"max_tokens", 1}});
@@ -1083,7 +1256,7 @@ TEST(Server, JsonSchemaResponseFormatFollowsTheSchema) {
         {"type", "json_schema"},
         {"json_schema",
          {{"name", "x"},
-          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"email"}}})")}}}};
+          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"hostname"}}})")}}}};
     auto b = post(s, "/v1/chat/completions", bad);
     ASSERT_TRUE(b);
     EXPECT_EQ(b->status, 400);

@@ -196,9 +196,10 @@ json-number ::= "-"? ( "0" | [1-9] [0-9]* ) ( "." [0-9]+ )? ( [eE] [-+]? [0-9]+ 
 json-int    ::= "-"? ( "0" | [1-9] [0-9]* )
 )gbnf";
 
-// `s` without the value bounds the JSON Schema converter does not enforce (numeric bounds,
-// string patterns and formats, property counts, unique items): a tool's arguments keep their
-// structure enforced while those bounds are left to the model.
+// `s` without value bounds (numeric bounds, string patterns and formats, property counts,
+// unique items): when a tool's schema is outside the converter's subset only because of a
+// bound (multipleOf, a pattern with a look-ahead...), its arguments keep their structure
+// enforced while the bounds are left to the model.
 ojson without_bounds(const ojson & s) {
     static const char * const kBounds[] = {
         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "pattern",
@@ -234,7 +235,8 @@ std::string schema_rules(const ojson & params, const std::string & prefix, std::
     if (!params.is_object() || !params.contains("type") || params["type"] != "object") return "";
     std::string g;
     SchemaError e;
-    if (!json_schema_to_gbnf(without_bounds(params), &g, &e)) return "";
+    if (!json_schema_to_gbnf(params, &g, &e) && !json_schema_to_gbnf(without_bounds(params), &g, &e))
+        return "";
     std::vector<std::string> names;
     for (size_t a = 0; a < g.size();) {  // "name ::= body" lines
         const size_t sp = g.find(" ::= ", a);

@@ -108,8 +108,8 @@ std::string check_thinking(const ChatFormat & f, const std::string & tmpl_name,
 // A GBNF grammar that makes the reply one or more tool calls (forced_name: only that
 // function; one_call: exactly one), after an optional thinking block when think_first and the
 // family has one. Argument objects follow each tool's "parameters" when the schema is in the
-// structured-output subset (json_schema_grammar.h) once value bounds outside it (minimum,
-// pattern, format...) are left out; else, where it is a flat object, its required
+// structured-output subset (json_schema_grammar.h), bounds included; else the same once value
+// bounds (multipleOf, uniqueItems...) are left out; else, where it is a flat object, its required
 // string/number/integer/boolean/enum properties; else any JSON object.
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
                               const std::string & forced_name, bool one_call,

@@ -4,9 +4,12 @@
 #include "json_schema_grammar.h"
 
 #include <cctype>
+#include <cmath>
 #include <map>
 #include <set>
 #include <vector>
+
+#include "string_grammar.h"
 
 namespace moestream::chat {
 namespace {
@@ -21,11 +24,99 @@ const std::set<std::string> kAnnotations = {
 const std::set<std::string> kSupported = {
     "type",  "properties", "required", "additionalProperties", "items",     "enum",
     "const", "anyOf",      "oneOf",    "$ref",                 "minItems",  "maxItems",
-    "minLength", "maxLength"};
+    "minLength", "maxLength", "minimum",              "maximum",   "exclusiveMinimum",
+    "exclusiveMaximum", "pattern", "format"};
 const std::set<std::string> kTypes = {"object", "array",   "string", "number",
                                       "integer", "boolean", "null"};
 
 constexpr int kMaxDepth = 64;  // nesting of schemas inside schemas
+
+// `format` values and the anchored expressions (string_grammar.h) the grammar writes for them:
+// each a subset of what the format's RFC allows (dates to the 28th of February, times with
+// a time zone, no leap second), so that strict validators accept every output.
+const std::map<std::string, std::string> & formats() {
+    static const std::string date =
+        "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"
+        "02-(?:0[1-9]|1\\d|2[0-8]))";
+    static const std::string time =
+        "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d{1,9})?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
+    static const std::string atext = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
+    static const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?";
+    static const std::map<std::string, std::string> m = {
+        {"date", "^" + date + "$"},
+        {"time", "^" + time + "$"},
+        {"date-time", "^" + date + "T" + time + "$"},
+        {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
+        {"email", "^" + atext + "+(?:\\." + atext + "+)*@(?:" + label + "\\.)+" + label + "$"},
+    };
+    return m;
+}
+
+// The largest magnitude the number grammars write (16 integer digits).
+constexpr int64_t kMaxMagnitude = 9999999999999999;
+
+// The decimal spellings (no leading zeros) of the integers in [lo, hi], both of n digits.
+std::string same_length_range(const std::string & lo, const std::string & hi) {
+    if (lo == hi) return "\"" + lo + "\"";
+    const size_t n = lo.size();
+    if (lo[0] == hi[0])
+        return "\"" + lo.substr(0, 1) + "\" " + same_length_range(lo.substr(1), hi.substr(1));
+    const bool lo_zeros = lo.find_first_not_of('0', 1) == std::string::npos;
+    const bool hi_nines = hi.find_first_not_of('9', 1) == std::string::npos;
+    char a = lo[0], b = hi[0];
+    std::vector<std::string> alts;
+    const std::string rest = n > 1 ? " [0-9]{" + std::to_string(n - 1) + "}" : "";
+    if (!lo_zeros) {
+        alts.push_back("\"" + lo.substr(0, 1) + "\" " +
+                       same_length_range(lo.substr(1), std::string(n - 1, '9')));
+        ++a;
+    }
+    std::string last;
+    if (!hi_nines) {
+        last = "\"" + hi.substr(0, 1) + "\" " + same_length_range(std::string(n - 1, '0'), hi.substr(1));
+        --b;
+    }
+    if (a <= b) alts.push_back(std::string("[") + a + "-" + b + "]" + rest);
+    if (!last.empty()) alts.push_back(last);
+    std::string out;
+    for (const auto & x : alts) out += (out.empty() ? "" : " | ") + x;
+    return alts.size() == 1 ? out : "( " + out + " )";
+}
+
+// The decimal spellings of the integers in [lo, hi], 0 <= lo <= hi <= kMaxMagnitude.
+std::string uint_range(int64_t lo, int64_t hi) {
+    const std::string a = std::to_string(lo), b = std::to_string(hi);
+    std::vector<std::string> alts;
+    for (size_t d = a.size(); d <= b.size(); ++d) {
+        const std::string l = d == a.size() ? a : "1" + std::string(d - 1, '0');
+        const std::string h = d == b.size() ? b : std::string(d, '9');
+        alts.push_back(same_length_range(l, h));
+    }
+    std::string out;
+    for (const auto & x : alts) out += (out.empty() ? "" : " | ") + x;
+    return alts.size() == 1 ? out : "( " + out + " )";
+}
+
+// Spellings of the magnitudes m (an integer part and an optional fraction, no exponent) with
+// L <= m (L < m when !l_in) and m <= H (m < H when !h_in; H < 0: no upper bound). "" if none.
+std::string magnitude_range(int64_t L, bool l_in, int64_t H, bool h_in) {
+    static const std::string any_frac = "( \".\" [0-9]{1,16} )?";
+    static const std::string nonzero_frac = "\".\" \"0\"{0,15} [1-9] [0-9]{0,15}";
+    static const std::string zero_frac = "( \".\" \"0\"{1,16} )?";
+    std::vector<std::string> alts;
+    if (H >= 0 && H < L) return "";
+    if (H >= 0 && L == H) {
+        if (l_in && h_in) alts.push_back(uint_range(L, L) + " " + zero_frac);
+    } else {
+        alts.push_back(uint_range(L, L) + " " + (l_in ? any_frac : nonzero_frac));
+        const int64_t mid_hi = H >= 0 ? H - 1 : kMaxMagnitude;
+        if (L + 1 <= mid_hi) alts.push_back(uint_range(L + 1, mid_hi) + " " + any_frac);
+        if (H >= 0 && h_in) alts.push_back(uint_range(H, H) + " " + zero_frac);
+    }
+    std::string out;
+    for (const auto & x : alts) out += (out.empty() ? "" : " | ") + x;
+    return alts.size() > 1 ? "( " + out + " )" : out;
+}
 
 // A GBNF string literal for raw bytes.
 std::string literal(const std::string & s) {
@@ -298,7 +389,10 @@ private:
             if (has("properties") || has("required") || has("additionalProperties"))
                 types.push_back("object");
             if (has("items") || has("minItems") || has("maxItems")) types.push_back("array");
-            if (has("minLength") || has("maxLength")) types.push_back("string");
+            if (has("minLength") || has("maxLength") || has("pattern") || has("format"))
+                types.push_back("string");
+            if (has("minimum") || has("maximum") || has("exclusiveMinimum") || has("exclusiveMaximum"))
+                types.push_back("number");
             if (types.empty()) {
                 *out = builtin("value");
                 return true;
@@ -322,6 +416,38 @@ private:
             if (!count_of(s, "minLength", ptr, &lo) || !count_of(s, "maxLength", ptr, &hi)) return false;
             if (hi >= 0 && lo > hi)
                 return fail(ptr + "/minLength", "'minLength' at " + ptr + "/minLength is larger than 'maxLength': no string matches");
+            std::vector<std::string> regexes;
+            std::string regex_key;  // the keyword an unsatisfiable combination is reported at
+            if (s.contains("format")) {
+                const ojson & f = s["format"];
+                const std::string p = ptr + "/format";
+                auto it = f.is_string() ? formats().find(f.get<std::string>()) : formats().end();
+                if (it == formats().end())
+                    return unsupported(p, "format", f.dump() +
+                                                        " (supported: date, date-time, time, uuid, email)");
+                regexes.push_back(it->second);
+                regex_key = "format";
+            }
+            if (s.contains("pattern")) {
+                if (!s["pattern"].is_string())
+                    return fail(ptr + "/pattern", "'pattern' at " + ptr + "/pattern must be a string");
+                regexes.push_back(s["pattern"].get<std::string>());
+                regex_key = "pattern";
+            }
+            if (!regexes.empty()) {
+                std::string prefix = unique_name(hint + "-re");
+                while (true) {  // a prefix no rule name starts with
+                    auto it = names_.lower_bound(prefix + "-");
+                    if (it == names_.end() || it->rfind(prefix + "-", 0) != 0) break;
+                    prefix = unique_name(hint + "-re");
+                }
+                const size_t first = rules_.size();
+                std::string why;
+                if (!string_grammar(regexes, lo, hi, prefix, &rules_, out, &why))
+                    return unsupported(ptr + "/" + regex_key, regex_key, why);
+                for (size_t i = first; i < rules_.size(); ++i) names_.insert(rules_[i].first);
+                return true;
+            }
             if (lo == 0 && hi < 0) {
                 *out = builtin("string");
                 return true;
@@ -330,12 +456,91 @@ private:
             *out = add_rule(hint, "\"\\\"\" " + repeat("char", lo, hi) + " \"\\\"\"");
             return true;
         }
-        if (type == "number" || type == "integer" || type == "boolean" || type == "null") {
+        if (type == "number" || type == "integer") return visit_number(s, type, ptr, hint, out);
+        if (type == "boolean" || type == "null") {
             *out = builtin(type);
             return true;
         }
         if (type == "array") return visit_array(s, ptr, hint, depth, out);
         return visit_object(s, ptr, hint, depth, out);
+    }
+
+    // A lower or upper bound of a number: minimum/maximum and their exclusive forms (numbers,
+    // or draft 4's booleans that make minimum/maximum exclusive); the stronger one wins.
+    struct Bound {
+        bool set = false;
+        double v = 0;
+        bool excl = false;
+        std::string key;
+    };
+    bool bound_of(const ojson & s, const std::string & ptr, bool lower, Bound * b) {
+        const std::string inc = lower ? "minimum" : "maximum";
+        const std::string exc = lower ? "exclusiveMinimum" : "exclusiveMaximum";
+        const bool old_excl = s.contains(exc) && s[exc].is_boolean() && s[exc].get<bool>();
+        for (const std::string & k : {inc, exc}) {
+            if (!s.contains(k) || (k == exc && s[k].is_boolean())) continue;
+            const std::string p = ptr + "/" + k;
+            if (!s[k].is_number()) return fail(p, "'" + k + "' at " + p + " must be a number");
+            const double v = s[k].get<double>();
+            const bool excl = k == exc || old_excl;
+            const bool stronger = !b->set || (lower ? v > b->v : v < b->v) || (v == b->v && excl);
+            if (stronger) *b = {true, v, excl, k};
+        }
+        return true;
+    }
+
+    bool visit_number(const ojson & s, const std::string & type, const std::string & ptr,
+                      const std::string & hint, std::string * out) {
+        Bound lo, hi;
+        if (!bound_of(s, ptr, true, &lo) || !bound_of(s, ptr, false, &hi)) return false;
+        if (!lo.set && !hi.set) {
+            *out = builtin(type);
+            return true;
+        }
+        const double cap = double(kMaxMagnitude);
+        const bool integer = type == "integer";
+        for (const Bound * b : {&lo, &hi}) {
+            if (!integer && b->set && std::fabs(b->v) <= cap && std::floor(b->v) != b->v)
+                return unsupported(ptr + "/" + b->key, b->key,
+                                   "a bound that is not a whole number on a 'number' (a grammar "
+                                   "enforces whole-number bounds exactly; use one, or 'integer')");
+        }
+        // Whole-number bounds; beyond the 16 digits the grammar writes, a bound is no limit.
+        const double lo_v = !lo.set ? -HUGE_VAL : integer ? (lo.excl ? std::floor(lo.v) + 1 : std::ceil(lo.v)) : lo.v;
+        const double hi_v = !hi.set ? HUGE_VAL : integer ? (hi.excl ? std::ceil(hi.v) - 1 : std::floor(hi.v)) : hi.v;
+        const bool lo_ex = !integer && lo.excl, hi_ex = !integer && hi.excl;
+        const bool has_lo = lo_v >= -cap, has_hi = hi_v <= cap;
+        const std::string where = ptr + "/" + (lo.set ? lo.key : hi.key);
+        if (lo_v > hi_v || (lo_v == hi_v && (lo_ex || hi_ex)) || lo_v > cap || hi_v < -cap)
+            return fail(where, "'" + (lo.set ? lo.key : hi.key) + "' at " + where + ": the bounds leave no " +
+                                   type + " a grammar can write (at most 16 integer digits)");
+        const int64_t L = has_lo ? int64_t(lo_v) : 0, H = has_hi ? int64_t(hi_v) : 0;
+        std::vector<std::string> alts;
+        if (integer) {
+            if (!has_hi || H >= 0) alts.push_back(uint_range(has_lo && L > 0 ? L : 0, has_hi ? H : kMaxMagnitude));
+            if (!has_lo || L < 0)
+                alts.push_back("\"-\" " + uint_range(has_hi && H < 0 ? -H : 1, has_lo ? -L : kMaxMagnitude));
+        } else {
+            if (!has_hi || H > 0 || (H == 0 && !hi_ex)) {
+                const bool pos_lo = has_lo && L >= 0;
+                const std::string m = magnitude_range(pos_lo ? L : 0, pos_lo ? !lo_ex : true,
+                                                      has_hi ? H : -1, !hi_ex);
+                if (!m.empty()) alts.push_back(m);
+            }
+            if (!has_lo || L < 0) {
+                const bool neg_lo = has_hi && H < 0;
+                const std::string m = magnitude_range(neg_lo ? -H : 0, neg_lo ? !hi_ex : false,
+                                                      has_lo ? -L : -1, !lo_ex);
+                if (!m.empty()) alts.push_back("\"-\" " + m);
+            }
+        }
+        if (alts.empty())
+            return fail(where, "'" + (lo.set ? lo.key : hi.key) + "' at " + where + ": the bounds leave no " +
+                                   type + " a grammar can write");
+        std::string body;
+        for (const auto & a : alts) body += (body.empty() ? "" : " | ") + a;
+        *out = add_rule(hint, body);
+        return true;
     }
 
     bool visit_array(const ojson & s, const std::string & ptr, const std::string & hint, int depth,

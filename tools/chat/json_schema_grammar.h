@@ -6,7 +6,9 @@
 // schema's language where a bound keeps a model from writing forever: object properties
 // come in the schema's order, only declared properties appear when `properties` is given,
 // numbers have at most 16 integer and 16 fraction digits and 3 exponent digits, and at most
-// one whitespace run (a space, or a newline and up to 20 spaces or tabs) separates tokens.
+// one whitespace run (a space, or a newline and up to 20 spaces or tabs) separates tokens;
+// a number with bounds is written without an exponent; `format` values are written as a
+// subset of their RFC (string_grammar.h holds `pattern`, `format` and lengths together).
 // `oneOf` is generated like `anyOf` (an output matches at least one branch; branches that
 // overlap can both match). Any keyword outside the subset is refused, never ignored: the
 // error names the keyword and its JSON pointer. Strings: llama.cpp's grammar decodes UTF-8

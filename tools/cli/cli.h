@@ -65,6 +65,8 @@ Status process_reverse_prompts(bool escape, std::vector<std::string> * stop);
 
 // Applies -v / -vv to the logger.
 void apply_verbosity(int count);
+// --log-disable was given (preprocess_args takes it out): errors only, whatever -v says.
+bool log_disabled();
 
 // --- chat and serve (cli_chat.cpp): the chat template given instead of the model's ---
 struct ChatTemplateFlags {

@@ -8,10 +8,15 @@
 // the previous turn's KV cache (GenerateRequest::reuse_prefix, as the server does), so a turn
 // prefills only what follows the longest common token prefix of the conversation.
 // Input: a terminal (prompt "> ") or any other stdin, one user turn per line; a line ending
-// in '\' continues on the next. /exit or end of input ends (exit 0). Ctrl-C during a reply
+// in '\' continues on the next. /exit or end of input ends (exit 0); /help, /clear, /save FILE,
+// /load FILE are commands (never sent; //TEXT sends /TEXT). A conversation longer than the
+// context loses its oldest turns after the system prompt, with one line saying so. At a
+// terminal, text typed while a reply streams is not echoed and is discarded with a notice
+// when the reply ends. Ctrl-C during a reply
 // stops it and returns to the prompt; Ctrl-C at the prompt prints the session summary and
 // exits 130; a second Ctrl-C before a reply has stopped exits 130 at once.
 #include <poll.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +26,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -29,6 +36,7 @@
 #include "cli.h"
 #include "moestream/settings.h"
 #include "gguf.h"
+#include "moestream/atomic_file.h"
 #include "moestream/moestream.h"
 #include "moestream/text_file.h"
 #include "reply_printer.h"
@@ -204,7 +212,8 @@ std::string footer(const ChatFlags & f, const Engine & e, const GenerateResult &
 
 void print_summary(const Session & t, const ChatFlags & f, const Engine & e) {
     char b[768];
-    int n = std::snprintf(b, sizeof b, "moestream chat: %d replies | load %.2f s", t.replies, t.load_s);
+    int n = std::snprintf(b, sizeof b, "moestream chat: %d repl%s | load %.2f s", t.replies,
+                          t.replies == 1 ? "y" : "ies", t.load_s);
     if (t.replies > 0) {
         n += std::snprintf(b + n, sizeof b - size_t(n),
                            " | prefill %lld tok (%lld reused) | decode %lld tok %.2f tok/s",
@@ -216,6 +225,110 @@ void print_summary(const Session & t, const ChatFlags & f, const Engine & e) {
         n += std::snprintf(b + n, sizeof b - size_t(n), " | peak RSS %.1f MiB", mib(double(t.peak_rss)));
     }
     std::fprintf(stderr, "%s | %s\n", b, quality_label(f.opt, e.lossy(), t.lossy).c_str());
+}
+
+// The terminal does not echo while a reply streams (typed-ahead text would land inside the
+// reply); restored on destruction. No-op when stdin is not a terminal.
+class EchoOff {
+public:
+    explicit EchoOff(bool tty) {
+        if (tty && ::tcgetattr(STDIN_FILENO, &saved_) == 0) {
+            termios t = saved_;
+            t.c_lflag &= ~tcflag_t(ECHO);
+            active_ = ::tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+        }
+    }
+    ~EchoOff() {
+        if (active_) ::tcsetattr(STDIN_FILENO, TCSANOW, &saved_);
+    }
+    EchoOff(const EchoOff &) = delete;
+    EchoOff & operator=(const EchoOff &) = delete;
+
+private:
+    termios saved_{};
+    bool active_ = false;
+};
+
+// Input typed at a terminal while a reply streamed: discarded, with a notice (it was never
+// shown, so it is not sent as a turn the screen did not show).
+void discard_typed_ahead() {
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    if (::poll(&p, 1, 0) > 0 && (p.revents & POLLIN)) {
+        ::tcflush(STDIN_FILENO, TCIFLUSH);
+        std::fprintf(stderr,
+                     "moestream chat: text typed while the reply streamed was discarded: type "
+                     "at the prompt\n");
+    }
+}
+
+const char kChatHelp[] =
+    "moestream chat commands:\n"
+    "  /help        this list\n"
+    "  /clear       a new conversation (the system prompt stays)\n"
+    "  /save FILE   write the conversation as JSON ({\"messages\": [{\"role\", \"content\"}]})\n"
+    "  /load FILE   replace the conversation with one /save wrote\n"
+    "  /exit        end (also Ctrl-D)\n"
+    "  //TEXT       send /TEXT as a turn\n";
+
+// The conversation as /save writes it.
+std::string conversation_json(const std::vector<chat::ChatTurn> & messages) {
+    nlohmann::ordered_json a = nlohmann::ordered_json::array();
+    for (const chat::ChatTurn & m : messages) {
+        nlohmann::ordered_json j{{"role", m.role}, {"content", m.content}};
+        if (!m.reasoning.empty()) j["reasoning_content"] = m.reasoning;
+        a.push_back(j);
+    }
+    return nlohmann::ordered_json{{"messages", a}}.dump(2, ' ', false,
+                                                        nlohmann::json::error_handler_t::replace) +
+           "\n";
+}
+
+Status save_conversation(const std::string & path, const std::vector<chat::ChatTurn> & messages) {
+    AtomicFile f;
+    Status st = f.create(path, "/save");
+    if (!st.ok()) return st;
+    const std::string text = conversation_json(messages);
+    for (size_t off = 0; off < text.size();) {
+        const ssize_t n = ::write(f.fd(), text.data() + off, text.size() - off);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return Status::Runtime("/save " + path + ": write failed: " + std::strerror(errno));
+        off += size_t(n);
+    }
+    return f.commit();
+}
+
+// A conversation /save wrote (or any {"messages": [{"role", "content"}]}): roles system, user,
+// assistant; content a string; reasoning_content optional.
+Status load_conversation(const std::string & path, std::vector<chat::ChatTurn> * out) {
+    std::string text;
+    Status st = read_text_file(path, "conversation", &text);
+    if (!st.ok()) return st;
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    auto bad = [&](const std::string & why) { return Status::BadInput("/load " + path + ": " + why); };
+    if (j.is_discarded()) return bad("not JSON");
+    const nlohmann::json & msgs = j.is_object() && j.contains("messages") ? j["messages"] : j;
+    if (!msgs.is_array()) return bad("expected {\"messages\": [...]}");
+    std::vector<chat::ChatTurn> v;
+    for (size_t i = 0; i < msgs.size(); ++i) {
+        const nlohmann::json & m = msgs[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object() || !m.contains("role") || !m["role"].is_string())
+            return bad(at + ": an object with a \"role\" is expected");
+        const std::string role = m["role"];
+        if (role != "system" && role != "user" && role != "assistant")
+            return bad(at + ": role '" + role + "' (system, user or assistant)");
+        if (!m.contains("content") || !m["content"].is_string())
+            return bad(at + ": \"content\" must be a string");
+        chat::ChatTurn t;
+        t.role = role;
+        t.content = m["content"];
+        if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
+            t.reasoning = m["reasoning_content"];
+        if (t.content.find('\0') != std::string::npos) return bad(at + ": a NUL character");
+        v.push_back(std::move(t));
+    }
+    *out = std::move(v);
+    return Status::Ok();
 }
 
 // Reads one user turn: a line, joined with the next while it ends in '\'.
@@ -332,7 +445,7 @@ int do_chat(ChatFlags & f) {
                      : f.show_reasoning ? "split, shown" : "split, hidden",
                      engine->n_ctx(), f.cache_prompt ? "on" : "off (--no-cache-prompt)");
     if (tty)
-        std::fprintf(stderr, "moestream chat: /exit or Ctrl-D ends; Ctrl-C stops a reply\n");
+        std::fprintf(stderr, "moestream chat: /exit or Ctrl-D ends; Ctrl-C stops a reply; /help lists the commands\n");
 
     // The conversation: each assistant turn keeps its content and reasoning apart; the
     // renderer decides what of it the next prompt shows (as for serve's messages).
@@ -380,6 +493,44 @@ int do_chat(ChatFlags & f) {
         }
         if (turn == "/exit") break;
         if (turn.find_first_not_of(" \t\n") == std::string::npos) continue;
+        if (turn[0] == '/' && turn.rfind("//", 0) != 0) {  // a command, never sent to the model
+            const size_t sp = turn.find(' ');
+            const std::string cmd = turn.substr(0, sp);
+            std::string arg = sp == std::string::npos ? "" : turn.substr(sp + 1);
+            while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t')) arg.pop_back();
+            Status cs = Status::Ok();
+            if (cmd == "/help") {
+                std::fputs(kChatHelp, stderr);
+            } else if (cmd == "/clear") {
+                messages.erase(std::remove_if(messages.begin(), messages.end(),
+                                              [](const chat::ChatTurn & m) { return m.role != "system"; }),
+                               messages.end());
+                std::fprintf(stderr, "moestream chat: a new conversation (the system prompt stays)\n");
+            } else if ((cmd == "/save" || cmd == "/load") && arg.empty()) {
+                cs = Status::Usage(cmd + " needs a file name: " + cmd + " FILE");
+            } else if (cmd == "/save") {
+                cs = save_conversation(arg, messages);
+                if (cs.ok())
+                    std::fprintf(stderr, "moestream chat: saved %zu messages to %s\n", messages.size(), arg.c_str());
+            } else if (cmd == "/load") {
+                std::vector<chat::ChatTurn> loaded;
+                cs = load_conversation(arg, &loaded);
+                if (cs.ok()) {
+                    messages = std::move(loaded);
+                    std::fprintf(stderr, "moestream chat: loaded %zu messages from %s\n", messages.size(), arg.c_str());
+                }
+            } else {
+                cs = Status::Usage("unknown command '" + cmd + "' (/help lists them; //TEXT sends /TEXT)");
+            }
+            if (!cs.ok()) {
+                std::fprintf(stderr, "moestream chat: %s\n", cs.message().c_str());
+                if (tty) continue;  // in a terminal the conversation goes on
+                print_summary(t, f, *engine);
+                return cs.exit_code();
+            }
+            continue;
+        }
+        if (turn.rfind("//", 0) == 0) turn.erase(0, 1);
         if (f.escape) {
             Status es = process_escapes("input", &turn);
             if (!es.ok()) {
@@ -401,18 +552,39 @@ int do_chat(ChatFlags & f) {
         req.sampling.seed = f.opt.seed + uint32_t(t.replies);
         req.stop = f.stop;
         req.reuse_prefix = f.cache_prompt;
-        st = render_prompt(fmt, think, messages, &req.prompt);
+        req.on_prefill = [](int, int) { return g_sigint == 0; };  // Ctrl-C between micro-batches
+        // A full context drops the oldest turns after the system prompt (as llama.cpp's
+        // context shift does), leaving room for a reply: a quarter of the context, or -n.
+        const int room = f.n_predict > 0 ? std::min(f.n_predict, engine->n_ctx() / 4) : engine->n_ctx() / 4;
+        int n_prompt = 0, dropped = 0;
+        for (;;) {
+            st = render_prompt(fmt, think, messages, &req.prompt);
+            n_prompt = 0;
+            if (st.ok()) st = engine->check_request(req, &n_prompt);
+            if (st.ok() && n_prompt + room <= engine->n_ctx()) break;
+            if (!st.ok() && n_prompt < engine->n_ctx()) break;  // not a length problem
+            size_t first = 0;  // the oldest turn after the system prompt
+            while (first < messages.size() && messages[first].role == "system") ++first;
+            if (first + 1 >= messages.size()) break;  // only this turn is left
+            size_t end = first + 1;  // up to the next user turn
+            while (end + 1 < messages.size() && messages[end].role != "user") ++end;
+            messages.erase(messages.begin() + long(first), messages.begin() + long(end));
+            ++dropped;
+        }
+        if (dropped > 0)
+            std::fprintf(stderr,
+                         "moestream chat: the context (%d tokens) was full: dropped the %d "
+                         "oldest turn%s (the system prompt stays)\n",
+                         engine->n_ctx(), dropped, dropped == 1 ? "" : "s");
         if (st.ok() && f.verbose_prompt)
             std::fprintf(stderr, "moestream chat: prompt of turn %d (%zu bytes):\n%s\nmoestream chat: end of prompt\n",
                          t.replies + 1, req.prompt.size(), req.prompt.c_str());
-        int n_prompt = 0;
-        if (st.ok()) st = engine->check_request(req, &n_prompt);
         if (!st.ok()) {  // this turn is not taken
             messages.pop_back();
             if (n_prompt >= engine->n_ctx())
                 std::fprintf(stderr,
-                             "moestream chat: the conversation with this turn is %d tokens, more "
-                             "than the context (%d tokens): start again, with a larger -c\n",
+                             "moestream chat: this turn alone is %d tokens, more than the "
+                             "context (%d tokens): shorten it, or start with a larger -c\n",
                              n_prompt, engine->n_ctx());
             else
                 std::fprintf(stderr, "moestream chat: %s\n", st.message().c_str());
@@ -433,6 +605,8 @@ int do_chat(ChatFlags & f) {
             reasoning += d.reasoning;
             content += d.content;
         };
+        std::optional<EchoOff> echo_off;
+        echo_off.emplace(tty);
         st = engine->generate(req,
                               [&](const std::string & piece) {
                                   if (parser) {
@@ -444,6 +618,8 @@ int do_chat(ChatFlags & f) {
                                   return g_sigint == 0;
                               },
                               &g);
+        echo_off.reset();
+        if (tty) discard_typed_ahead();
         if (parser) show(parser->finish());
         out.finish();
         const bool interrupted = g.finish == FinishReason::kCancelled;

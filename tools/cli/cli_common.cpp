@@ -41,13 +41,10 @@ constexpr const char * kNoChat =
 constexpr const char * kNotYet = "not supported yet by moestream: %s";
 
 const Refusal kRefused[] = {
-    {"-ngl", kCpuOnly}, {"--gpu-layers", kCpuOnly}, {"--n-gpu-layers", kCpuOnly},
     {"-dev", kCpuOnly}, {"--device", kCpuOnly}, {"--list-devices", kCpuOnly},
     {"-sm", kCpuOnly}, {"--split-mode", kCpuOnly}, {"-ts", kCpuOnly},
     {"--tensor-split", kCpuOnly}, {"-mg", kCpuOnly}, {"--main-gpu", kCpuOnly},
     {"-nkvo", kCpuOnly}, {"--no-kv-offload", kCpuOnly}, {"--no-op-offload", kCpuOnly},
-    {"-fa", "not supported by moestream: %s (llama.cpp's default attention on the CPU)"},
-    {"--flash-attn", "not supported by moestream: %s (llama.cpp's default attention on the CPU)"},
     {"-ot", "not supported by moestream: %s (moestream places the expert tensors itself)"},
     {"--override-tensor", "not supported by moestream: %s (moestream places the expert tensors itself)"},
     {"-cmoe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
@@ -127,7 +124,24 @@ const std::pair<const char *, const char *> kAliases[] = {
     {"-sys", "--system-prompt"},
     {"-sysf", "--system-prompt-file"},
     {"-rea", "--reasoning"},
+    {"-fa", "--flash-attn"},
 };
+
+// llama.cpp flags that ask for nothing moestream does not already do: taken out of the
+// arguments before CLI11 reads them (after a subcommand's own option of that name).
+struct Accepted {
+    const char * cmd;   // the subcommand, or "" for every one
+    const char * flag;
+    const char * note;  // printed once on stderr ("" = nothing to say)
+};
+const Accepted kAccepted[] = {
+    {"", "--no-warmup", ""},  // moestream runs no warm-up decode
+    {"serve", "--jinja", ""},  // serve always renders the model's chat template
+    {"serve", "--metrics", ""},  // GET /metrics is always on
+    {"serve", "--slots", ""},    // GET /slots is always on
+};
+
+bool g_log_disabled = false;  // --log-disable given
 
 std::string fmt1(const char * f, const std::string & a) {
     char buf[512];
@@ -136,6 +150,8 @@ std::string fmt1(const char * f, const std::string & a) {
 }
 
 }  // namespace
+
+bool log_disabled() { return g_log_disabled; }
 
 std::string fmt_num(double v) {
     char b[64];
@@ -168,6 +184,10 @@ int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
     }
     if (!sub) return 0;
     const std::string cmd = sub->get_name();
+    for (const std::string & a : *args) {  // before any note is printed
+        if (a == "--") break;
+        if (a == "--log-disable") g_log_disabled = true;
+    }
     bool value_next = false;  // this token is the value of the option before it
     for (size_t i = 1; i < args->size(); ++i) {
         std::string & a = (*args)[i];
@@ -187,6 +207,43 @@ int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
             value_next = o->get_items_expected_min() > 0 && a.find('=') == std::string::npos;
             continue;
         }
+        // llama.cpp's GPU layer count: accepted with one line (a copied command line works).
+        if (n2 == "-ngl" || n2 == "--n-gpu-layers" || n2 == "--gpu-layers") {
+            size_t take = 1;
+            std::string v;
+            if (a.find('=') != std::string::npos) {
+                v = a.substr(a.find('=') + 1);
+            } else if (i + 1 < args->size()) {
+                v = (*args)[i + 1];
+                take = 2;
+            }
+            const bool count = !v.empty() && v.find_first_not_of("0123456789") == std::string::npos;
+            if (!(count || v == "-1" || v == "auto" || v == "all"))
+                return usage_error(cmd, n2 + " '" + v + "': expected a layer count, auto or all");
+            if (!g_log_disabled)
+                std::fprintf(stderr, "moestream: %s %s: this build computes on the CPU (GPU layers: none)\n",
+                             n2.c_str(), v.c_str());
+            args->erase(args->begin() + long(i), args->begin() + long(i + take));
+            --i;
+            continue;
+        }
+        if (n2 == "--log-disable") {
+            g_log_disabled = true;
+            args->erase(args->begin() + long(i));
+            --i;
+            continue;
+        }
+        bool accepted = false;
+        for (const Accepted & ac : kAccepted)
+            if (n2 == ac.flag && (ac.cmd[0] == 0 || cmd == ac.cmd)) {
+                if (ac.note[0] && !g_log_disabled) std::fprintf(stderr, "moestream: %s\n", ac.note);
+                accepted = true;
+            }
+        if (accepted) {
+            args->erase(args->begin() + long(i));
+            --i;
+            continue;
+        }
         if (cmd == "chat")
             for (const Refusal & r : kChatRefused)
                 if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
@@ -202,6 +259,11 @@ int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
             return usage_error(cmd, "unknown option '" + n2 +
                                         "' (long options take two dashes; a short option's "
                                         "value goes after a space)");
+        // Any other long option: named here, not as CLI11's "arguments were not expected".
+        if (n2.size() > 2 && n2[1] == '-' && !app.get_option_no_throw(n2))
+            return usage_error(cmd, "unknown option '" + n2 + "' (`moestream " + cmd +
+                                        " --help` lists the options; docs/cli.md lists the "
+                                        "llama.cpp flags moestream does not have, with reasons)");
     }
     return 0;
 }

@@ -16,6 +16,7 @@
 #include "cli.h"
 #include "moestream/settings.h"
 #include "ggml.h"
+#include "gguf.h"
 #include "moestream/gguf_index.h"
 #include "moestream/sysinfo.h"
 
@@ -139,6 +140,29 @@ Report make_report(const ModelIndex & m) {
     return r;
 }
 
+// What the file's metadata says beyond the index: the training context and the chat template.
+struct Meta {
+    int64_t context_length = -1;       // ARCH.context_length; -1: absent
+    int64_t chat_template_bytes = -1;  // tokenizer.chat_template; -1: absent
+};
+
+Meta read_meta(const ModelIndex & m) {
+    Meta out;
+    gguf_init_params gp{};
+    gp.no_alloc = true;
+    gp.ctx = nullptr;
+    gguf_context * g = gguf_init_from_file(m.path.c_str(), gp);
+    if (!g) return out;
+    const int64_t k = gguf_find_key(g, (m.arch + ".context_length").c_str());
+    if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_UINT32) out.context_length = gguf_get_val_u32(g, k);
+    else if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_UINT64) out.context_length = int64_t(gguf_get_val_u64(g, k));
+    const int64_t t = gguf_find_key(g, "tokenizer.chat_template");
+    if (t >= 0 && gguf_get_kv_type(g, t) == GGUF_TYPE_STRING)
+        out.chat_template_bytes = int64_t(std::string(gguf_get_val_str(g, t)).size());
+    gguf_free(g);
+    return out;
+}
+
 nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     nlohmann::ordered_json j;
     j["path"] = m.path;
@@ -165,6 +189,11 @@ nlohmann::ordered_json to_json(const ModelIndex & m, const Report & r) {
     j["n_embd"] = m.n_embd;
     j["n_ff_exp"] = m.n_ff_exp;
     j["n_vocab"] = m.n_vocab;
+    const Meta meta = read_meta(m);
+    j["context_length"] = meta.context_length < 0 ? nlohmann::ordered_json(nullptr)
+                                                  : nlohmann::ordered_json(meta.context_length);
+    j["chat_template_bytes"] = meta.chat_template_bytes < 0 ? nlohmann::ordered_json(nullptr)
+                                                            : nlohmann::ordered_json(meta.chat_template_bytes);
     j["n_tensors"] = m.tensors.size();
     j["expert_bytes_total"] = m.expert_bytes_total;
     j["dense_bytes_total"] = m.dense_bytes_total;
@@ -231,10 +260,13 @@ void print_human(const ModelIndex & m, const Report & r) {
 #if MOESTREAM_SERVE_AND_CHAT
     {  // the chat template as serve and chat take it
         const auto t = inspect_chat_template(m.shards.empty() ? m.path : m.shards[0].path);
+        const std::string what = t["present"].get<bool>()
+                                     ? std::to_string(t["bytes"].get<size_t>()) + " bytes, "
+                                     : std::string("none in the file: ");
         line("chat template",
              t["renders"].get<bool>()
-                 ? t["name"].get<std::string>() + ": renders"
-                 : "does not render: " + t["error"].get<std::string>());
+                 ? what + t["name"].get<std::string>() + ": renders"
+                 : what + "does not render: " + t["error"].get<std::string>());
     }
 #endif
     line("layers",
@@ -261,6 +293,17 @@ void print_human(const ModelIndex & m, const Report & r) {
         one = human_bytes(r.expert_bytes_min) + " .. " + one + " (varies by layer)";
     }
     std::printf("  one expert, all projections: %s\n", one.c_str());
+    const Meta meta = read_meta(m);
+    line("context", meta.context_length < 0
+                        ? std::string("not in the file (run and serve need -c)")
+                        : std::to_string(meta.context_length) +
+                              " tokens (the model's training context; run and serve without -c: "
+                              "this, capped by memory)");
+#if !MOESTREAM_SERVE_AND_CHAT  // (with chat and serve built, the line above says more)
+    line("chat template", meta.chat_template_bytes < 0
+                              ? std::string("none in the file")
+                              : std::to_string(meta.chat_template_bytes) + " bytes");
+#endif
     char buf[512];
     std::snprintf(buf, sizeof buf, "%s (%.1f%% of file), %s per MoE layer",
                   human_bytes(m.expert_bytes_total).c_str(), pct(m.expert_bytes_total, m.set_bytes),

@@ -1,7 +1,10 @@
 // `moestream run` — generate text, streaming the routed experts from the model file.
 // Text goes to stdout as produced; the summary goes to stderr; --stats-json / --stats-csv
 // write the same figures to files (docs/metrics.md defines every field).
+#include <unistd.h>
+
 #include <cctype>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
@@ -185,6 +188,24 @@ int do_run(RunFlags & f) {
     req.sampling.temp = f.opt.temp;
     req.sampling.seed = f.opt.seed;
     req.stop = f.stop;
+    // On a terminal (and without --log-disable) a live prefill line: tokens done of the
+    // prompt, rate, time left. Ctrl-C is looked at after each micro-batch.
+    const bool progress = ::isatty(STDERR_FILENO) != 0 && !log_disabled();
+    const auto t_prefill = std::chrono::steady_clock::now();
+    bool progress_shown = false;
+    int prompt_done = 0, prompt_total = 0;
+    req.on_prefill = [&](int done, int total) {
+        prompt_done = done;
+        prompt_total = total;
+        if (progress && done < total) {
+            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_prefill).count();
+            const double rate = s > 0 ? done / s : 0;
+            std::fprintf(stderr, "\rmoestream: prefill %d/%d tokens | %.1f tok/s | ETA %.0f s\033[K", done,
+                         total, rate, rate > 0 ? (total - done) / rate : 0.0);
+            progress_shown = true;
+        }
+        return g_interrupted == 0;
+    };
     GenerateResult g;
     g_interrupted = 0;
     std::signal(SIGINT, on_sigint);
@@ -196,12 +217,16 @@ int do_run(RunFlags & f) {
                           },
                           &g);
     const bool interrupted = g_interrupted != 0;
+    if (progress_shown) std::fputs("\r\033[K", stderr);  // the prefill line goes
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!st.ok()) return fail(st);
     const RunStats & s = engine->stats();
 
-    if (interrupted)
+    if (interrupted && prompt_done < prompt_total)
+        std::fprintf(stderr, "\nmoestream: interrupted (Ctrl-C) during prefill, after %d of %d prompt tokens\n",
+                     prompt_done, prompt_total);
+    else if (interrupted)
         std::fprintf(stderr, "\nmoestream: interrupted (Ctrl-C) after %d generated tokens\n",
                      s.n_generated);
     std::fprintf(stderr,
@@ -225,11 +250,13 @@ int do_run(RunFlags & f) {
                      mib(double(s.layer_demand_bytes)), s.read_p50_s * 1e3, s.read_p99_s * 1e3,
                      s.read_max_s * 1e3);
     if (f.opt.stream) {
+        // The budget's source in a word ("auto", "--cache-mb 4"); -v logs the whole reason.
+        const std::string source = s.cache_budget_reason.substr(0, s.cache_budget_reason.find(':'));
         if (s.cache_budget_bytes > 0)
             std::fprintf(stderr,
                          "moestream: cache %lld MiB (%s) | hit %.1f%% of %llu lookups | %llu evictions | "
                          "%llu rereads | resident %.1f MiB (peak %.1f)\n",
-                         (long long)(s.cache_budget_bytes >> 20), s.cache_budget_reason.c_str(),
+                         (long long)(s.cache_budget_bytes >> 20), source.c_str(),
                          s.cache_hit_pct, (unsigned long long)s.cache_lookups,
                          (unsigned long long)s.evictions, (unsigned long long)s.rereads,
                          mib(double(s.resident_expert_bytes)), mib(double(s.peak_resident_expert_bytes)));
@@ -356,6 +383,11 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->add_option("--threads-batch", opt->n_threads_batch,
                     help("n_threads_batch"))
         ->check(int_range(0, 512));
+    sub->add_option_function<std::string>(
+           "--flash-attn",
+           [opt](const std::string & v) { opt->flash_attn = v == "on" ? 1 : v == "off" ? 0 : -1; },
+           help("flash_attn"))
+        ->check(CLI::IsMember({"on", "off", "auto"}));
     sub->add_option("-c,--ctx-size", opt->n_ctx,
                     help("n_ctx"))
         ->check(CLI::Validator(

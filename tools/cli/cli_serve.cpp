@@ -5,7 +5,10 @@
 // Env knobs (read here): MOESTREAM_API_KEY (the key, instead of --api-key, which `ps` shows),
 // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only: sleep before each token is handed out).
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
 #include <memory>
 
 #include "cli.h"
@@ -21,7 +24,27 @@ struct ServeFlags {
     ChatTemplateFlags tmpl;  // --chat-template, --chat-template-file
     bool lossless = false;
     int verbose = 0;
+    std::string api_key_file;
+    bool no_webui = false;
+    std::vector<std::string> stop;  // -r: refused (a request's `stop`)
 };
+
+// The first line of FILE without surrounding blanks; "" and *why on failure.
+std::string read_key_file(const std::string & path, std::string * why) {
+    std::ifstream f(path);
+    if (!f) {
+        *why = "--api-key-file " + path + ": cannot be read (" + std::strerror(errno) + ")";
+        return "";
+    }
+    std::string line;
+    std::getline(f, line);
+    const size_t a = line.find_first_not_of(" \t\r"), b = line.find_last_not_of(" \t\r");
+    if (a == std::string::npos) {
+        *why = "--api-key-file " + path + ": the first line holds no key";
+        return "";
+    }
+    return line.substr(a, b - a + 1);
+}
 
 }  // namespace
 
@@ -55,10 +78,18 @@ void add_serve_command(CLI::App & app, Action * action) {
         ->type_name("DIR")
         ->check(CLI::ExistingDirectory);
     add_chat_template_flags(sub, &f->tmpl);
+    sub->add_option("--api-key-file", f->api_key_file,
+                    "read the API key from the first line of this file (not shown by `ps`)");
+    sub->add_option("--alias", f->cfg.alias,
+                    "the model's name in the API (/v1/models, `model` of replies; default: the "
+                    "file's name)");
+    sub->add_flag("--no-webui", f->no_webui, "serve the API only: no web page (GET / is a 404)");
+    add_sampling_flags(sub, &f->cfg.defaults.sampling, &f->stop);
     sub->add_flag("--lossless", f->lossless,
                   "start without the app's lossy defaults (no drop-cold)");
     add_engine_flags(sub, &f->cfg.run);
     auto * dc = sub->get_option("--drop-cold-experts");
+    dc->default_str(fmt_num(kAppDropCold) + " (the app default; --lossless: off)");
     sub->add_flag("-v,--verbose", f->verbose, "more log (-v: one line per request; -vv: debug)");
     sub->callback([f, action, sub, dc] {
         *action = [f, sub, dc] {
@@ -67,12 +98,23 @@ void add_serve_command(CLI::App & app, Action * action) {
             if (int rc = refuse_given(sub, {"--miss-fallback"},
                                       "is not available in serve (use run, chat or eval)"))
                 return rc;
+            if (int rc = refuse_given(sub, {"-r", "--ignore-eos"},
+                                      "is not a serve flag: a request sets it (`stop`, `ignore_eos`)"))
+                return rc;
+            if (!f->api_key_file.empty() && sub->get_option("--api-key")->count() > 0)
+                return usage_error("serve", "--api-key and --api-key-file contradict");
             server::ServeConfig cfg = f->cfg;
             if (Status st = resolve_chat_template(f->tmpl, &cfg.chat_template,
                                                   &cfg.chat_template_from);
                 !st.ok()) {
                 std::fprintf(stderr, "moestream serve: error: %s\n", st.message().c_str());
                 return st.exit_code();
+            }
+            cfg.webui = !f->no_webui;
+            if (!f->api_key_file.empty()) {
+                std::string why;
+                cfg.api_key = read_key_file(f->api_key_file, &why);
+                if (cfg.api_key.empty()) return usage_error("serve", why);
             }
             if (cfg.api_key.empty()) {
                 const char * k = std::getenv("MOESTREAM_API_KEY");

@@ -53,6 +53,7 @@ void add_synth_command(CLI::App & app, Action * action) {
     auto verbosity = std::make_shared<int>(0);
     sub->add_option("--preset", opt->preset, "model shapes")
         ->required()
+        ->default_str("")  // required: no default to show
         ->transform(one_of(synth_presets(), "preset"));
     sub->add_option("--arch", opt->arch, "architecture (router gating differs)")
         ->transform(one_of(synth_archs(), "architecture"))

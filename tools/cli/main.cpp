@@ -17,7 +17,8 @@
 
 namespace moestream::cli {
 void apply_verbosity(int count) {
-    if (count >= 2) log_set_level(LogLevel::kDebug);
+    if (log_disabled()) log_set_level(LogLevel::kError);
+    else if (count >= 2) log_set_level(LogLevel::kDebug);
     else if (count == 1) log_set_level(LogLevel::kInfo);
 }
 }  // namespace moestream::cli
@@ -29,7 +30,8 @@ int main(int argc, char ** argv) {
     // of SIGXFSZ ending the process with its temporary files behind.
     std::signal(SIGXFSZ, SIG_IGN);
     CLI::App app{"moestream: run Mixture-of-Experts GGUF models whose experts do not fit in RAM,\n"
-                 "reading from flash only the experts each token is routed to."};
+                 "reading from flash only the experts each token is routed to.",
+                 "moestream"};  // usage lines name the program: "moestream synth [OPTIONS]"
     app.require_subcommand(1);
     app.option_defaults()->always_capture_default();
     // A repeated option: the last one wins (as in llama.cpp).

@@ -17,11 +17,7 @@ namespace {
 using nlohmann::json;
 
 ApiError bad(const std::string & param, const std::string & message) {
-    ApiError e;
-    e.status = 400;
-    e.param = param;
-    e.message = message;
-    return e;
+    return bad_request(param, message);
 }
 
 // The deepest nesting of arrays and objects in v (v itself at 1), counted without recursion:
@@ -116,7 +112,7 @@ const char * const kCommonFields[] = {
     "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n",
     "presence_penalty", "frequency_penalty", "logit_bias", "seed", "stop", "grammar",
     "ignore_eos", "n", "drop_cold_experts", "cache_prompt", "return_tokens", "user",
-    "response_format", "json_schema", "logprobs"};
+    "response_format", "json_schema", "logprobs", "store", "metadata", "service_tier"};
 const char * const kChatFields[] = {"messages", "top_logprobs", "tools", "tool_choice",
                                     "parallel_tool_calls", "functions", "function_call",
                                     "chat_template_kwargs", "reasoning_effort"};
@@ -443,6 +439,7 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
     GenParams p;
     p.chat = chat;
     p.max_tokens = d.max_tokens;
+    p.sampling = d.sampling;
     p.sampling.temp = d.temperature;
     p.sampling.seed = d.seed;
     p.drop_cold = d.drop_cold;
@@ -453,6 +450,13 @@ std::optional<ApiError> parse_request(const std::string & body, bool chat,
     }
     if (auto it = j.find("user"); it != j.end() && !it->is_null() && !it->is_string())
         return bad("user", "'user' must be a string");
+    // Accepted without effect (docs/server.md): nothing is stored, there is one service tier.
+    if (auto it = j.find("store"); it != j.end() && !it->is_null() && !it->is_boolean())
+        return bad("store", "'store' must be true or false");
+    if (auto it = j.find("metadata"); it != j.end() && !it->is_null() && !it->is_object())
+        return bad("metadata", "'metadata' must be an object");
+    if (auto it = j.find("service_tier"); it != j.end() && !it->is_null() && !it->is_string())
+        return bad("service_tier", "'service_tier' must be a string");
     if (chat) {
         if (auto e = parse_messages(j, &p.messages)) return e;
         if (auto e = parse_chat_extras(body, &p.extras)) return e;
@@ -528,12 +532,20 @@ nlohmann::json float_json(float f) {
     return json(std::strtod(buf, nullptr));
 }
 
+ApiError bad_request(const std::string & param, const std::string & message) {
+    ApiError e;
+    e.status = 400;
+    e.param = param;
+    e.message = message;
+    return e;
+}
+
 nlohmann::json error_json(const ApiError & e) {
     json err;
     err["message"] = sanitize_utf8(e.message);
     err["type"] = e.type;
     err["param"] = e.param.empty() ? json(nullptr) : json(e.param);
-    err["code"] = e.status;
+    err["code"] = e.code.empty() ? json(nullptr) : json(e.code);  // OpenAI's shape: a string or null
     return json{{"error", err}};
 }
 

@@ -29,6 +29,9 @@ struct RequestDefaults {
     float temperature = 0.0f;  // --temp
     uint32_t seed = 1;         // --seed
     double drop_cold = 0.0;    // the server's --drop-cold-experts (0.75 unless --lossless)
+    // --top-k, --top-p, --min-p, --repeat-penalty, --repeat-last-n, --presence-penalty,
+    // --frequency-penalty (llama-server's sampling flags); temp and seed: the fields above.
+    SamplingParams sampling;
 };
 
 // The tool and reasoning fields of a chat request (api_tools.cpp).
@@ -77,6 +80,7 @@ struct ApiError {
     std::string message;
     std::string param;  // the offending field, "" if none
     std::string type = "invalid_request_error";
+    std::string code;   // the OpenAI error code ("invalid_api_key", "model_not_found"), "" = null
 };
 
 // Parses a body for /v1/chat/completions (chat = true) or /v1/completions. Returns the error
@@ -96,6 +100,8 @@ std::optional<ApiError> parse_chat_extras(const std::string & body, ChatExtras *
 
 // {"error": {"message", "type", "param", "code"}}
 nlohmann::json error_json(const ApiError & e);
+// A 400 invalid_request_error naming `param`.
+ApiError bad_request(const std::string & param, const std::string & message);
 
 // Turns a stream of token pieces (arbitrary bytes: a piece may end inside a UTF-8 sequence)
 // into valid UTF-8: complete sequences pass through, an unfinished trailing sequence is held

@@ -1,6 +1,7 @@
 // server.cpp — `moestream serve` (see server.h and docs/server.md): HTTP routes, the job
 // queue, the worker thread that owns the Engine, and the stats snapshots.
 #include "server.h"
+#include "responses.h"
 
 #include <httplib.h>
 #include <pthread.h>
@@ -134,6 +135,18 @@ struct Job {
     // owns the engine; it fills `moestream` with the response.
     std::function<Status(json *)> action;
     int n_prompt = 0, n_generated = 0;
+    bool llama_shape = false;  // llama-server's /completion reply shape (set before it runs)
+    bool responses = false;    // /v1/responses: a Response object and its events
+};
+
+// Where a /v1/responses stream is (responses.h): the items opened so far and their text.
+struct ResponsesStream {
+    int seq = 0;  // sequence_number of the next event
+    bool created = false;
+    int next_index = 0;  // output_index of the next item
+    int reasoning_index = -1, message_index = -1;
+    bool reasoning_closed = false;
+    std::string text, reasoning;
 };
 
 // The worker's view for /stats, published under Server::stats_m_.
@@ -242,7 +255,7 @@ class Server {
 public:
     Server(const ServeConfig & cfg, std::unique_ptr<Engine> engine)
         : cfg_(cfg), engine_(std::move(engine)) {
-        model_name_ = basename_of(cfg.run.model_path);
+        model_name_ = cfg.alias.empty() ? basename_of(cfg.run.model_path) : cfg.alias;
         std::string bos, eos, err;
         bool bos_added = false;
         engine_->special_texts(&bos, &eos, &bos_added);
@@ -355,19 +368,33 @@ private:
             scheme = std::tolower(static_cast<unsigned char>(h[i])) == prefix[i];
         if (scheme && same_key(h.substr(prefix.size()), cfg_.api_key)) return true;
         res.set_header("WWW-Authenticate", "Bearer");
-        send_error(res, api_error(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                                  "authentication_error"));
+        ApiError e = api_error(401, "missing or wrong API key (Authorization: Bearer KEY)",
+                               "authentication_error");
+        e.code = "invalid_api_key";
+        send_error(res, e);
         return false;
     }
 
-    // Browsers send a cross-origin POST without asking first only for form content types:
-    // requiring application/json keeps other web sites from driving this server.
+    // Browsers send a cross-origin POST without asking first only for form content types (or
+    // none): requiring application/json from a browser keeps other web sites from driving this
+    // server. A request without an Origin header does not come from a web page (curl -d, SDKs):
+    // its body is read as JSON whatever its Content-Type says.
     static bool json_body(const httplib::Request & req, httplib::Response & res) {
         const std::string ct = req.get_header_value("Content-Type");
         if (ct.compare(0, 16, "application/json") == 0) return true;
-        send_error(
-            res, api_error(415, "Content-Type must be application/json", "invalid_request_error"));
+        if (!req.has_header("Origin")) return true;
+        send_error(res, api_error(415,
+                                  "Content-Type must be application/json for a request from a "
+                                  "web page (one with an Origin header)",
+                                  "invalid_request_error"));
         return false;
+    }
+
+    // The routes, for the 404 that names them.
+    static const char * routes_text() {
+        return "GET /health, /stats, /props, /metrics, /slots, /v1/models, /v1/models/{id}, / "
+               "(the web page, /favicon.ico); POST /v1/chat/completions, /v1/completions, /v1/responses, /completion, "
+               "/tokenize, /detokenize, /apply-template";
     }
 
     void setup_routes() {
@@ -404,10 +431,12 @@ private:
         http_.set_logger([](const httplib::Request & req, const httplib::Response & res) {
             MS_LOG_INFO("%s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
         });
-        http_.set_error_handler([](const httplib::Request &, httplib::Response & res) {
+        http_.set_error_handler([](const httplib::Request & req, httplib::Response & res) {
             if (!res.body.empty()) return;
             std::string msg = "HTTP error " + std::to_string(res.status);
-            if (res.status == 404) msg = "not found";
+            if (res.status == 404)
+                msg = "Invalid URL (" + req.method + " " + req.path + "); this server has " +
+                      routes_text();
             if (res.status == 405) msg = "method not allowed";
             if (res.status == 413) msg = "the request body is larger than the limit (--max-body)";
             send_json(res, res.status,
@@ -426,7 +455,8 @@ private:
                 send_json(res, 500, error_json(api_error(500, what, "server_error")));
             });
 
-        for (const WebAsset & a : web_assets()) {
+        static const std::vector<WebAsset> no_assets;
+        for (const WebAsset & a : cfg_.webui ? web_assets() : no_assets) {
             const std::string path = a.path == "/index.html" ? "/" : a.path;
             const WebAsset * ap = &a;
             auto handler = [ap](const httplib::Request &, httplib::Response & res) {
@@ -441,6 +471,15 @@ private:
             http_.Get(path, handler);
             if (path == "/") http_.Get("/index.html", handler);
         }
+        if (cfg_.webui)  // the page's icon: browsers ask for /favicon.ico whatever the page says
+            http_.Get("/favicon.ico", [](const httplib::Request &, httplib::Response & res) {
+                res.set_header("Cache-Control", "max-age=86400");
+                res.set_content(
+                    "<svg xmlns=\"http://www.w3.org/2000/svg\" viewBox=\"0 0 16 16\"><rect width=\"16\" "
+                    "height=\"16\" rx=\"3\" fill=\"#24303c\"/><path d=\"M3 12V5h2l3 4 3-4h2v7h-2V8l-3 "
+                    "4-3-4v4z\" fill=\"#fff\"/></svg>",
+                    "image/svg+xml");
+            });
         http_.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
             const Status fs = engine_->model_file_status();  // a changed file fails every request
             if (!fs.ok())
@@ -459,6 +498,48 @@ private:
                    {"created", started_unix_},
                    {"owned_by", "moestream"}};
             send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
+        });
+        http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            const std::string id = req.matches[1];
+            if (id != model_name_) {
+                ApiError e = api_error(404, "The model '" + id + "' does not exist (this server has '" +
+                                                model_name_ + "')",
+                                       "invalid_request_error");
+                e.param = "model";
+                e.code = "model_not_found";
+                return send_error(res, e);
+            }
+            send_json(res, 200, json{{"id", model_name_},
+                                     {"object", "model"},
+                                     {"created", started_unix_},
+                                     {"owned_by", "moestream"}});
+        });
+        // llama-server's slot listing: this server has one slot (one generation at a time;
+        // others wait in the queue).
+        http_.Get("/slots", [this](const httplib::Request & req, httplib::Response & res) {
+            if (!authorized(req, res)) return;
+            bool busy;
+            {
+                std::lock_guard<std::mutex> lk(q_m_);
+                busy = running_ != nullptr;
+            }
+            send_json(res, 200, json::array({json{{"id", 0},
+                                                  {"n_ctx", engine_->n_ctx()},
+                                                  {"is_processing", busy},
+                                                  {"speculative", false}}}));
+        });
+        // OpenAI's Responses API, translated to chat completions (responses.h).
+        for (const char * path : {"/v1/responses", "/responses"})
+            http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
+                if (!authorized(req, res) || !json_body(req, res)) return;
+                std::string chat_body;
+                if (auto e = responses_to_chat(req.body, &chat_body)) return send_error(res, *e);
+                generate_route(req, res, true, false, &chat_body);
+            });
+        // llama-server's native completion: the completions request, llama-server's reply shape.
+        http_.Post("/completion", [this](const httplib::Request & req, httplib::Response & res) {
+            generate_route(req, res, false, true);
         });
         for (const char * path : {"/v1/chat/completions", "/chat/completions"})
             http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
@@ -495,10 +576,25 @@ private:
         });
     }
 
-    void generate_route(const httplib::Request & req, httplib::Response & res, bool chat) {
-        if (!authorized(req, res) || !json_body(req, res)) return;
+    // responses_body: the chat completions body a /v1/responses request was translated to
+    // (authorization and content type already checked); errors then name its fields.
+    void generate_route(const httplib::Request & req, httplib::Response & res, bool chat,
+                        bool llama_shape = false, const std::string * responses_body = nullptr) {
+        if (!responses_body && (!authorized(req, res) || !json_body(req, res))) return;
         auto job = std::make_shared<Job>();
-        if (auto e = parse_request(req.body, chat, cfg_.defaults, &job->params))
+        job->llama_shape = llama_shape;
+        job->responses = responses_body != nullptr;
+        auto send_error = [&](httplib::Response & r, ApiError e) {
+            if (job->responses && responses_param(e.param) != e.param) {  // its own field names
+                const std::string from = "'" + e.param + "'";
+                e.param = responses_param(e.param);
+                for (size_t at; (at = e.message.find(from)) != std::string::npos;)
+                    e.message.replace(at, from.size(), "'" + e.param + "'");
+            }
+            Server::send_error(r, e);
+        };
+        if (auto e = parse_request(responses_body ? *responses_body : req.body, chat, cfg_.defaults,
+                                   &job->params))
             return send_error(res, *e);
         GenParams & p = job->params;
         if (p.drop_cold > 0 && drop_cold_block_ != DropColdBlock::kNone) {
@@ -521,8 +617,21 @@ private:
         if (p.stream) {
             res.set_header("Cache-Control", "no-cache");
             res.set_header("X-Accel-Buffering", "no");
-            auto sent_role = std::make_shared<bool>(false);
+            auto sent_role = std::make_shared<bool>(llama_shape);  // llama-server: no role chunk
             open_streams_++;
+            if (job->responses) {
+                auto rs = std::make_shared<ResponsesStream>();
+                res.set_chunked_content_provider(
+                    "text/event-stream",
+                    [this, job, rs](size_t, httplib::DataSink & sink) {
+                        return responses_stream_step(*job, sink, rs.get());
+                    },
+                    [this, job](bool success) {
+                        if (!success) client_left(job);
+                        open_streams_--;
+                    });
+                return;
+            }
             res.set_chunked_content_provider(
                 "text/event-stream",
                 [this, job, sent_role](size_t, httplib::DataSink & sink) {
@@ -561,7 +670,12 @@ private:
                               api_error(http_status(job->status), job->status.message(),
                                         http_status(job->status) == 400 ? "invalid_request_error"
                                                                         : "server_error"));
-        send_json(res, 200, final_json(*job));
+        if (job->responses) {
+            json r = response_json(response_state(*job, true));
+            r["moestream"] = job->moestream;
+            return send_json(res, 200, r);
+        }
+        send_json(res, 200, job->llama_shape ? llama_final_json(*job) : final_json(*job));
     }
 
     // POST /slots/{id}?action=save|restore|erase, llama-server's slot files: the KV the
@@ -729,6 +843,7 @@ private:
     }
 
     json chunk_json(const Job & job, const json & delta_or_text, const json & finish) const {
+        if (job.llama_shape) return json{{"content", delta_or_text}, {"stop", false}};
         json c;
         c["index"] = 0;
         if (job.params.chat)
@@ -800,6 +915,7 @@ private:
                     chunk_json(job, job.params.chat ? json::object() : json(""), job.finish_reason);
                 last["usage"] = usage_json(job);
                 last["moestream"] = job.moestream;
+                if (job.llama_shape) last = llama_final_json(job, false);
                 out = sse(last);
             } else {
                 ApiError e = api_error(
@@ -808,7 +924,7 @@ private:
                 out = sse(error_json(e));
             }
             lk.unlock();
-            out += "data: [DONE]\n\n";
+            if (!job.llama_shape) out += "data: [DONE]\n\n";  // llama-server's /completion ends with stop: true
             if (!write_str(sink, out)) return fail();
             sink.done();
             return true;
@@ -845,6 +961,174 @@ private:
                     {"model", model_name_},
                     {"choices", json::array({c})},
                     {"usage", usage_json(job)},
+                    {"moestream", job.moestream}};
+    }
+
+    // The Response of a /v1/responses job (done: its final status; else in progress).
+    ResponseState response_state(const Job & job, bool done) const {
+        ResponseState r;
+        r.id = "resp_" + std::to_string(job.id);
+        r.created = job.created;
+        r.model = model_name_;
+        r.status = !done                              ? "in_progress"
+                   : job.finish_reason == "length"    ? "incomplete"
+                   : job.finish_reason == "cancelled" ? "cancelled"
+                                                      : "completed";
+        r.length_cut = done && job.finish_reason == "length";
+        if (done) {
+            r.text = job.text;
+            r.reasoning = job.reasoning;
+            r.calls = job.calls;
+            r.input_tokens = job.n_prompt;
+            r.output_tokens = job.n_generated;
+        }
+        return r;
+    }
+
+    // One call of the chunked content provider of a /v1/responses stream: the Responses
+    // API's events (response.created, output items opened, text deltas, items done,
+    // response.completed), as stream_step writes chat chunks.
+    bool responses_stream_step(Job & job, httplib::DataSink & sink, ResponsesStream * st) {
+        auto fail = [&] {
+            job.cancelled = true;
+            return false;
+        };
+        auto ev = [&](const std::string & type, json j) {
+            j["type"] = type;
+            j["sequence_number"] = st->seq++;
+            return "event: " + type + "\ndata: " + dump(j) + "\n\n";
+        };
+        if (!st->created) {
+            st->created = true;
+            const json r = response_json(response_state(job, false));
+            std::string first = ev("response.created", {{"response", r}});
+            first += ev("response.in_progress", {{"response", r}});
+            return write_str(sink, first) ? true : fail();
+        }
+        std::unique_lock<std::mutex> lk(job.m);
+        job.cv.wait_for(lk, std::chrono::milliseconds(500), [&] {
+            return !job.unsent.empty() || !job.unsent_reasoning.empty() ||
+                   job.calls_sent < job.calls.size() || job.done;
+        });
+        ResponseState r = response_state(job, false);
+        std::string out;
+        auto close_reasoning = [&] {
+            if (st->reasoning_index < 0 || st->reasoning_closed) return;
+            st->reasoning_closed = true;
+            r.reasoning = st->reasoning;
+            out += ev("response.reasoning_text.done", {{"item_id", reasoning_item_id(r)},
+                                                       {"output_index", st->reasoning_index},
+                                                       {"content_index", 0},
+                                                       {"text", st->reasoning}});
+            out += ev("response.output_item.done",
+                      {{"output_index", st->reasoning_index}, {"item", reasoning_item(r)}});
+        };
+        auto open_message = [&] {
+            if (st->message_index >= 0) return;
+            st->message_index = st->next_index++;
+            out += ev("response.output_item.added",
+                      {{"output_index", st->message_index}, {"item", message_item(r, "in_progress")}});
+            out += ev("response.content_part.added",
+                      {{"item_id", message_item_id(r)},
+                       {"output_index", st->message_index},
+                       {"content_index", 0},
+                       {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", json::array()}}}});
+        };
+        if (!job.unsent_reasoning.empty()) {
+            if (st->reasoning_index < 0) {
+                st->reasoning_index = st->next_index++;
+                json item = reasoning_item(r);
+                item["content"] = json::array();
+                out += ev("response.output_item.added", {{"output_index", st->reasoning_index}, {"item", item}});
+            }
+            out += ev("response.reasoning_text.delta", {{"item_id", reasoning_item_id(r)},
+                                                        {"output_index", st->reasoning_index},
+                                                        {"content_index", 0},
+                                                        {"delta", job.unsent_reasoning}});
+            st->reasoning += job.unsent_reasoning;
+            job.unsent_reasoning.clear();
+        }
+        if (!job.unsent.empty()) {
+            close_reasoning();
+            open_message();
+            out += ev("response.output_text.delta", {{"item_id", message_item_id(r)},
+                                                     {"output_index", st->message_index},
+                                                     {"content_index", 0},
+                                                     {"delta", job.unsent},
+                                                     {"logprobs", json::array()}});
+            st->text += job.unsent;
+            job.unsent.clear();
+        }
+        job.unsent_logprobs.clear();
+        for (; job.calls_sent < job.calls.size(); ++job.calls_sent) {
+            close_reasoning();
+            r.calls = job.calls;
+            const size_t i = job.calls_sent;
+            const int index = st->next_index++;
+            json item = call_item(r, i);
+            const std::string args = item["arguments"];
+            item["arguments"] = "";
+            item["status"] = "in_progress";
+            out += ev("response.output_item.added", {{"output_index", index}, {"item", item}});
+            out += ev("response.function_call_arguments.delta",
+                      {{"item_id", call_item_id(r, i)}, {"output_index", index}, {"delta", args}});
+            out += ev("response.function_call_arguments.done",
+                      {{"item_id", call_item_id(r, i)}, {"output_index", index}, {"arguments", args}});
+            out += ev("response.output_item.done", {{"output_index", index}, {"item", call_item(r, i)}});
+        }
+        if (job.done) {
+            if (job.status.ok()) {
+                const ResponseState fin = response_state(job, true);
+                close_reasoning();
+                if (job.calls.empty() || !st->text.empty()) {
+                    open_message();
+                    json part{{"type", "output_text"}, {"text", st->text}, {"annotations", json::array()}};
+                    out += ev("response.output_text.done", {{"item_id", message_item_id(r)},
+                                                            {"output_index", st->message_index},
+                                                            {"content_index", 0},
+                                                            {"text", st->text}});
+                    out += ev("response.content_part.done", {{"item_id", message_item_id(r)},
+                                                             {"output_index", st->message_index},
+                                                             {"content_index", 0},
+                                                             {"part", part}});
+                    out += ev("response.output_item.done",
+                              {{"output_index", st->message_index},
+                               {"item", message_item(fin, fin.status == "completed" ? "completed" : "incomplete")}});
+                }
+                json final = response_json(fin);
+                final["moestream"] = job.moestream;
+                out += ev(fin.status == "completed" ? "response.completed" : "response.incomplete",
+                          {{"response", final}});
+            } else {
+                const ApiError e = api_error(
+                    http_status(job.status), job.status.message(),
+                    http_status(job.status) == 400 ? "invalid_request_error" : "server_error");
+                out += ev("error", {{"message", e.message}, {"code", nullptr}, {"param", nullptr}});
+            }
+            lk.unlock();
+            if (!write_str(sink, out)) return fail();
+            sink.done();
+            return true;
+        }
+        lk.unlock();
+        if (out.empty()) out = ": waiting\n\n";
+        return write_str(sink, out) ? true : fail();
+    }
+
+    // llama-server's /completion reply (with_text: the whole content; streamed, the last event
+    // carries none).
+    json llama_final_json(const Job & job, bool with_text = true) const {
+        const std::string stop_type = job.finish_reason == "length" ? "limit"
+                                      : !job.stop_string.empty()    ? "word"
+                                      : job.finish_reason == "stop" ? "eos"
+                                                                    : job.finish_reason;
+        return json{{"content", with_text ? job.text : std::string()},
+                    {"stop", true},
+                    {"model", model_name_},
+                    {"tokens_predicted", job.n_generated},
+                    {"tokens_evaluated", job.n_prompt},
+                    {"stop_type", stop_type},
+                    {"stopping_word", job.stop_string},
                     {"moestream", job.moestream}};
     }
 
@@ -933,7 +1217,9 @@ private:
             if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
             return finish(job, st);
         }
-        const GenerateRequest r = engine_request(p);
+        GenerateRequest r = engine_request(p);
+        // A client that leaves (or SIGTERM) during a long prompt stops it between micro-batches.
+        r.on_prefill = [&job](int, int) { return !job.cancelled; };
         int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
         if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
         {
@@ -1320,6 +1606,13 @@ private:
                       {"max_tokens_limit", engine_->n_ctx() - 1},
                       {"n_ctx", engine_->n_ctx()},
                       {"temperature", float_json(cfg_.defaults.temperature)},
+                      {"top_k", cfg_.defaults.sampling.top_k},
+                      {"top_p", float_json(cfg_.defaults.sampling.top_p)},
+                      {"min_p", float_json(cfg_.defaults.sampling.min_p)},
+                      {"repeat_penalty", float_json(cfg_.defaults.sampling.repeat_penalty)},
+                      {"repeat_last_n", cfg_.defaults.sampling.repeat_last_n},
+                      {"presence_penalty", float_json(cfg_.defaults.sampling.presence_penalty)},
+                      {"frequency_penalty", float_json(cfg_.defaults.sampling.frequency_penalty)},
                       {"seed", cfg_.defaults.seed},
                       {"drop_cold_experts", cfg_.defaults.drop_cold},
                       {"cache_prompt", true},

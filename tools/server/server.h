@@ -41,6 +41,8 @@ struct ServeConfig {
     // ("" = the model's), and where it came from (a file's path or a name) for messages.
     std::string chat_template;
     std::string chat_template_from;
+    std::string alias;        // --alias: the model's name in the API ("" = the file's name)
+    bool webui = true;        // false (--no-webui): no web page; GET / is a 404
     // How the caller words an error of Engine::open (the library names RunOptions fields; the
     // CLI maps them to its flags); unset = the library's words.
     std::function<std::string(const std::string &)> option_words;

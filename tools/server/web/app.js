@@ -490,6 +490,10 @@ async function streamReply(chat, undo) {
   } catch (e) {
     if (e.name === "AbortError") {
       msg.finish = "stopped";
+      // The server's report of a stopped reply never comes: say what this request asked for.
+      const asked = requestSettings();
+      $("last-settings").textContent = "stopped before the end; asked for " +
+        (Object.keys(asked).length ? Object.entries(asked).map(([k, v]) => k + " " + v).join(", ") : "the server's defaults");
     } else {
       // Not answered: the reply leaves the conversation and undo() restores what was there.
       chat.messages.splice(chat.messages.indexOf(msg), 1);
