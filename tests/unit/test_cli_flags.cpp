@@ -119,7 +119,7 @@ TEST(CliFlags, HelpShowsTheDefaultsTheCodeUses) {
     CmdResult synth = cli("synth --help");
     EXPECT_NE(synth.out.find("Usage: moestream synth [OPTIONS]"), std::string::npos) << synth.out;
     EXPECT_EQ(synth.out.find("=tiny REQUIRED"), std::string::npos) << synth.out;
-    EXPECT_NE(run.out.find("takes at most a quarter of the memory"), std::string::npos) << run.out;
+    EXPECT_NE(run.out.find("takes at most 1/4 of the memory"), std::string::npos) << run.out;
 }
 
 TEST(CliFlags, LlamaCppSpellingsOfMoestreamOptionsTakeEffect) {
