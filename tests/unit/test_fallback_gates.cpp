@@ -209,11 +209,6 @@ TEST(FallbackGate, TraceMarksFallbacksAndReplayEstimatesThem) {
 
 namespace {
 
-std::string llama_tool() {
-    const char * t = std::getenv("LLAMA_TOOL");
-    return t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
-}
-
 std::string file_bytes(const std::string & path) {
     std::ifstream f(path, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
