@@ -283,6 +283,53 @@ TEST(IoFaults, ModelFileChangedMidGenerationStopsWithinOneToken) {
     }
 }
 
+// The check before a token is emitted, made deterministic: the model file changes (its ctime,
+// touch:N: the N-th expert read first fchmods the file) inside a step's reads, after that
+// step's check before its reads. No token may be emitted once the file has changed: every
+// piece callback sees the file's ctime as validated, and the run stops naming the change.
+// N = half the clean run's reads, and all of them: mid-decode and near the end. Control: a
+// touch that never fires (N past every read) emits every token.
+TEST(IoFaults, FileChangedDuringAStepsReadsNeverEmitsThatStepsToken) {
+    const std::string src = synth_model("tiny", "qwen3moe", "q8_0");
+    auto ref_e = open_engine(src, nullptr, 0, true, 1);
+    Out ref = generate(*ref_e);
+    ASSERT_TRUE(ref.st.ok()) << ref.st.message();
+    const uint64_t reads = ref_e->stats().flash_reads;
+    ASSERT_GT(reads, 2u);
+    auto ctime_of = [](const std::string & path) {
+        struct stat st {};
+        EXPECT_EQ(::stat(path.c_str(), &st), 0);
+        return int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+    };
+    for (uint64_t at : {reads / 2, reads, uint64_t(1) << 40}) {
+        SCOPED_TRACE("touch:" + std::to_string(at));
+        const std::string copy = private_copy(src, "touch");
+        auto e = open_engine(copy, ("touch:" + std::to_string(at)).c_str(), 0, true, 1);
+        const int64_t validated = ctime_of(copy);
+        size_t pieces = 0, after_change = 0;
+        GenerateResult g;
+        Status st = e->generate("Once upon a time", 24, [&](const std::string &) {
+            ++pieces;
+            after_change += ctime_of(copy) != validated;
+            return true;
+        }, &g);
+        EXPECT_EQ(after_change, 0u) << "a token was emitted after the model file changed";
+        EXPECT_EQ(pieces, g.tokens.size());
+        EXPECT_TRUE(std::equal(g.tokens.begin(), g.tokens.end(), ref.g.tokens.begin()));
+        if (at <= reads) {
+            EXPECT_FALSE(st.ok());
+            EXPECT_NE(st.message().find("the model file changed"), std::string::npos) << st.message();
+            EXPECT_NE(ctime_of(copy), validated) << "the fault did not fire";
+            EXPECT_GT(g.tokens.size(), 0u) << "the change came before any token: not mid-decode";
+            EXPECT_LT(g.tokens.size(), ref.g.tokens.size());
+        } else {
+            EXPECT_TRUE(st.ok()) << st.message();
+            EXPECT_EQ(g.tokens.size(), ref.g.tokens.size());
+        }
+        std::filesystem::remove(copy);
+    }
+}
+
 // The interposers are the process's mmap/madvise (also in this test program): a failed call
 // must report the kernel's error, not EPERM (errno 1, the -1 glibc's syscall() returns).
 TEST(MmapGuard, FailedCallsKeepTheKernelsErrno) {
@@ -311,6 +358,7 @@ TEST(IoFaults, BadFaultSpecIsAUsageError) {
                           "eintr,p=1",     "short,lane=x", "short,seed=2", "eio-after:3,p=0.5",
                           "short,lane=1,lane=1", "short,bogus=1", "eio,p=0.1,seed=-1",
                           "delay:0",       "delay:x",      "delay:2000000",
+                          "touch:0",       "touch:x",      "touch:3,p=0.5",
                           "short,lane=2"};  // 2 lanes open: lanes 0 and 1
     for (const char * spec : bad) {
         SCOPED_TRACE(spec);
