@@ -8,7 +8,8 @@
 //    and truncated or rewritten in the middle of a generation, which stops within one token
 //    with an error, never a SIGBUS (the test process would die) and never wrong text;
 //  - a failed mmap/madvise through the model guard's interposers keeps the kernel's errno
-//    (ENOMEM is what the cache's evict-and-retry looks for).
+//    (ENOMEM is what the cache's evict-and-retry looks for), and end to end a commit the
+//    kernel refuses (strace's fault injection) is evicted for and retried, tokens unchanged.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -19,6 +20,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "mmap_guard.h"
 #include "moestream/moestream.h"
@@ -456,3 +459,46 @@ TEST(IoFaults, RandomEioNeverGivesWrongText) {
 }
 
 }  // namespace
+
+// The cache's evict-and-retry end to end: strace makes the kernel refuse (ENOMEM) the first
+// mmap of a cache commit (the page pool's MAP_SHARED|MAP_FIXED map, located in a traced clean
+// run: the n-th mmap of the main thread). The guard passes ENOMEM on, the ledger evicts and
+// commits again, and the run gives the clean run's tokens and logits. Non-blind: the stats
+// count the refused commit.
+TEST(CacheEnomem, InjectedMmapEnomemIsEvictedAndRetriedWithIdenticalTokens) {
+    if (std::system("command -v strace >/dev/null 2>&1") != 0)
+        GTEST_SKIP() << "strace is not installed (scripts/setup-deps.sh installs it)";
+    const std::string copy = private_copy(synth_model("tiny", "qwen3moe", "q8_0"), "enomem");
+    TempDir dir("enomem");
+    const std::string run = sh_quote(cli_bin()) + " run -m " + sh_quote(copy) +
+                            " -p 'Once upon a time' -n 16 -t 1 --cache-mb 5 --force-cache --stats-json ";
+    CmdResult clean = run_cmd("strace -f -qq -e trace=mmap -o " + sh_quote(dir.path("t")) + " " +
+                              run + sh_quote(dir.path("c.json")));
+    if (clean.exit_code != 0 && clean.err.find("ptrace") != std::string::npos)
+        GTEST_SKIP() << "strace cannot trace here: " << clean.err;
+    ASSERT_EQ(clean.exit_code, 0) << clean.err;
+    // The main thread's mmap calls, in order (strace -f prefixes each line with the thread id).
+    std::istringstream lines(slurp(dir.path("t")));
+    std::string line, main_tid;
+    long n = 0, at = 0;
+    while (std::getline(lines, line) && at == 0) {
+        const std::string tid = line.substr(0, line.find(' '));
+        if (main_tid.empty()) main_tid = tid;
+        if (tid != main_tid) continue;
+        ++n;
+        if (line.find("PROT_READ|PROT_WRITE, MAP_SHARED|MAP_FIXED, ") != std::string::npos) at = n;
+    }
+    ASSERT_GT(at, 0) << "no cache commit map in the trace";
+    CmdResult inj = run_cmd("strace -f -qq -e trace=mmap -o /dev/null -e inject=mmap:error=ENOMEM:when=" +
+                            std::to_string(at) + " " + run + sh_quote(dir.path("i.json")));
+    ASSERT_EQ(inj.exit_code, 0) << inj.err;
+    const nlohmann::json a = nlohmann::json::parse(slurp(dir.path("c.json")));
+    const nlohmann::json b = nlohmann::json::parse(slurp(dir.path("i.json")));
+    EXPECT_EQ(a["cache_commit_failures"].get<uint64_t>(), 0u);
+    EXPECT_GE(b["cache_commit_failures"].get<uint64_t>(), 1u) << "the injected ENOMEM hit no commit";
+    EXPECT_NE(inj.err.find("the system refused to commit memory (Cannot allocate memory)"),
+              std::string::npos) << inj.err;
+    EXPECT_EQ(b["tokens"], a["tokens"]);
+    EXPECT_EQ(b["logits_sha"], a["logits_sha"]);
+    std::filesystem::remove(copy);
+}
