@@ -82,6 +82,7 @@ if [ "$cross" = 1 ]; then
   host_pkgs=(cmake make pkg-config nlohmann-json3-dev libcli11-dev "g++-${triplet//_/-}" qemu-user-static)
 else
   host_pkgs=(cmake g++ make pkg-config libgtest-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev python3-matplotlib python3-jinja2 liburing-dev)
+  host_pkgs+=(strace)  # the tests' fault injection into system calls (CacheEnomem.*)
 fi
 missing=()
 for p in "${host_pkgs[@]}"; do

@@ -1,5 +1,6 @@
 #include "io_faults.h"
 
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -16,7 +17,7 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
     auto bad = [&](const std::string & why) {
         return Status::Usage("MOESTREAM_DEBUG_IO_FAULT='" + all + "': " + why +
                              " (expected KIND[,lane=L][,p=P][,seed=S], KIND = short, eintr, "
-                             "eio, eio-once:N, eio-after:N or delay:US; see io_faults.h)");
+                             "eio, eio-once:N, eio-after:N, touch:N or delay:US; see io_faults.h)");
     };
     // A whole decimal number in [lo, hi], or false.
     auto number = [](const std::string & t, long lo, long hi, long * out) {
@@ -48,6 +49,9 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
         if (!number(kind.substr(once ? 9 : 10), 1, 1L << 40, &p->n))
             return bad("N must be a whole number >= 1");
         p->kind = once ? IoFaultPlan::Kind::kEioOnce : IoFaultPlan::Kind::kEioAfter;
+    } else if (kind.rfind("touch:", 0) == 0) {
+        if (!number(kind.substr(6), 1, 1L << 40, &p->n)) return bad("N must be a whole number >= 1");
+        p->kind = IoFaultPlan::Kind::kTouch;
     } else if (kind.rfind("delay:", 0) == 0) {
         if (!number(kind.substr(6), 1, 1000000, &p->n))
             return bad("US must be a whole number of microseconds in 1..1000000");
@@ -81,7 +85,8 @@ Status parse_io_fault(const char * v, IoFaultPlan * p) {
         }
     }
     if (p->kind == IoFaultPlan::Kind::kEio && !have_p) return bad("eio needs p=");
-    if (have_p && (p->kind == IoFaultPlan::Kind::kEioOnce || p->kind == IoFaultPlan::Kind::kEioAfter))
+    if (have_p && (p->kind == IoFaultPlan::Kind::kEioOnce || p->kind == IoFaultPlan::Kind::kEioAfter ||
+                   p->kind == IoFaultPlan::Kind::kTouch))
         return bad("p= applies to short, eintr, eio and delay");
     if (have_seed && !have_p) return bad("seed= needs p=");
     if (p->kind == IoFaultPlan::Kind::kEintr && p->p >= 1)
@@ -147,6 +152,7 @@ long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off,
                 hit = call % 2 == 1;
                 break;
             case IoFaultPlan::Kind::kEioOnce:
+            case IoFaultPlan::Kind::kTouch:
                 hit = call == p->n;
                 break;
             case IoFaultPlan::Kind::kEioAfter:
@@ -172,6 +178,11 @@ long io_fault_preadv(int fd, const struct iovec * iov, int iovcnt, uint64_t off,
         case IoFaultPlan::Kind::kDelay:
             ::usleep(useconds_t(p->n));
             break;
+        case IoFaultPlan::Kind::kTouch: {  // the file's ctime moves; its bytes stay
+            struct stat st;
+            if (::fstat(fd, &st) == 0) (void)::fchmod(fd, st.st_mode & 07777);
+            break;
+        }
         case IoFaultPlan::Kind::kNone:
             break;
     }

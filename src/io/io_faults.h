@@ -8,6 +8,9 @@
 //   eio            a read fails with EIO (needs p=)
 //   eio-once:N     the N-th read fails with EIO, later reads succeed
 //   eio-after:N    every read from the N-th on fails with EIO
+//   touch:N        the N-th read first changes the model file's ctime (fchmod to its own
+//                  mode; the bytes stay), then succeeds: a file changed in the middle of a
+//                  step's reads, for the check before a token is emitted
 //   delay:US       every read sleeps US microseconds (1..1000000) first, then succeeds: slow
 //                  reads for the time breakdown's tests (docs/metrics.md)
 // lane=L   only reads on lane L (0 = the calling thread; L < --io-threads), and N counts that
@@ -34,8 +37,8 @@ namespace moestream {
 constexpr int kIoFaultMaxLanes = 64;  // --io-threads' upper bound
 
 struct IoFaultPlan {
-    enum class Kind { kNone, kShort, kEintr, kEio, kEioOnce, kEioAfter, kDelay } kind = Kind::kNone;
-    long n = 0;  // eio-once / eio-after: the read call; delay: microseconds
+    enum class Kind { kNone, kShort, kEintr, kEio, kEioOnce, kEioAfter, kTouch, kDelay } kind = Kind::kNone;
+    long n = 0;  // eio-once / eio-after / touch: the read call; delay: microseconds
     int lane = -1;         // -1 = every lane
     double p = 0;          // 0 = not random
     uint64_t seed = 1;

@@ -114,10 +114,33 @@ Status strip(const ModelIndex & m, const std::string & full, const std::string &
     }
     for (const auto & [ty, n] : type_count)
         res->types += (res->types.empty() ? "" : ", ") + ty + " x " + std::to_string(n);
-    AtomicFile af;
-    if (st.ok()) st = af.create(out, "MakeFallbackOptions::out_path");
     const int in = st.ok() ? ::open(full.c_str(), O_RDONLY | O_CLOEXEC) : -1;
     if (st.ok() && in < 0) st = Status::BadInput(full + ": " + std::strerror(errno));
+    // The hash of every expert slice of the data written (kFallbackSliceHashKey's order: MoE
+    // layer, the model's expert tensors, expert), in the header before the data.
+    std::vector<uint64_t> hashes;
+    std::vector<uint8_t> slice;
+    for (size_t s = 0; st.ok() && s < m.moe_layers.size(); ++s)
+        for (const ExpertTensor & t : m.moe_layers[s].tensors) {
+            const int64_t id = gguf_find_tensor(src, t.name.c_str());
+            if (id < 0) {
+                st = Status::Runtime(full + ": llama-quantize's output has no tensor '" + t.name + "'");
+                break;
+            }
+            const uint64_t n = gguf_get_tensor_size(src, id) / uint64_t(m.n_expert);
+            slice.resize(size_t(n));
+            const uint64_t base = gguf_get_data_offset(src) + gguf_get_tensor_offset(src, id);
+            for (uint32_t e = 0; st.ok() && e < m.n_expert; ++e) {
+                if (pread(in, slice.data(), size_t(n), off_t(base + e * n)) != ssize_t(n))
+                    st = Status::BadInput(full + ": read failed");
+                else
+                    hashes.push_back(fallback_slice_hash(slice.data(), size_t(n)));
+            }
+        }
+    if (st.ok())
+        gguf_set_arr_data(dst, kFallbackSliceHashKey, GGUF_TYPE_UINT64, hashes.data(), hashes.size());
+    AtomicFile af;
+    if (st.ok()) st = af.create(out, "MakeFallbackOptions::out_path");
     if (st.ok()) {
         std::vector<uint8_t> head(gguf_get_meta_size(dst));
         gguf_get_meta_data(dst, head.data());

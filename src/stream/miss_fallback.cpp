@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "ggml.h"
+#include "gguf.h"
 
 namespace moestream {
 
@@ -27,6 +28,16 @@ struct Fnv {
     void add(const std::string & s) { add(s.data(), s.size() + 1); }
     void add_u64(uint64_t v) { add(&v, sizeof v); }
 };
+
+}  // namespace
+
+uint64_t fallback_slice_hash(const void * data, size_t n) {
+    Fnv f;
+    f.add(data, n);
+    return f.h;
+}
+
+namespace {
 
 Status read_exact(int fd, const std::string & path, uint64_t off, void * dst, uint64_t len) {
     auto * p = static_cast<uint8_t *>(dst);
@@ -168,6 +179,30 @@ Status MissFallback::open(const std::string & path, const ModelIndex & main,
         fb->lo_expert_bytes_.push_back(eb);
         fb->lossy_.emplace_back(size_t(main.n_expert), 0);
     }
+    // The slice hashes (an array too large for the index's KV budget: read from the header).
+    size_t n_slices = 0;
+    for (size_t s = 0; s < main.moe_layers.size(); ++s) {
+        fb->hash_base_.push_back(n_slices);
+        n_slices += main.moe_layers[s].tensors.size() * size_t(main.n_expert);
+    }
+    {
+        gguf_init_params ip{/*no_alloc=*/true, nullptr};
+        gguf_context * g = gguf_init_from_file(path.c_str(), ip);
+        const int64_t k = g ? gguf_find_key(g, kFallbackSliceHashKey) : -1;
+        const bool ok = k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_ARRAY &&
+                        gguf_get_arr_type(g, k) == GGUF_TYPE_UINT64 &&
+                        gguf_get_arr_n(g, k) == n_slices;
+        if (ok) {
+            const auto * h = static_cast<const uint64_t *>(gguf_get_arr_data(g, k));
+            fb->slice_hash_.assign(h, h + n_slices);
+        }
+        if (g) gguf_free(g);
+        if (!ok)
+            return Status::BadModel(where + ": no hash of its data (key " +
+                                    std::string(kFallbackSliceHashKey) + ", " +
+                                    std::to_string(n_slices) +
+                                    " u64 entries); make it again with `moestream make-fallback`");
+    }
     fb->fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fb->fd_ < 0) return Status::BadInput(where + ": cannot open: " + std::strerror(errno));
     *out = std::move(fb);
@@ -256,6 +291,14 @@ Status MissFallback::convert(size_t slot, const Job & j) {
                                     "', expert " + std::to_string(j.e) +
                                     ": a weight is not finite (element " + std::to_string(i) +
                                     "); the companion's data is damaged: make it again");
+    // Its identity: the bytes make-fallback wrote (a finite but altered slice, or a slice of
+    // another companion of the same shape, is not this companion's data).
+    const size_t hi_idx = hash_base_[slot] + j.t * size_t(main_->n_expert) + j.e;
+    if (fallback_slice_hash(scratch_.data(), lo.slice_bytes) != slice_hash_[hi_idx])
+        return Status::BadModel("RunOptions::miss_fallback " + path_ + ": tensor '" + lo.name +
+                                "', expert " + std::to_string(j.e) +
+                                ": the data differs from what make-fallback wrote (hash "
+                                "mismatch); the companion's data is damaged: make it again");
     if (plant_skip_) {  // tests only: the slot keeps what it was committed with
         plant_skip_ = false;
     } else if (hi.type == GGML_TYPE_F32) {

@@ -19,7 +19,9 @@
 // known types) and against the model: every expert tensor of the model exists in it with
 // the same shape and a type that dequantizes, the model's bank types re-quantize without an
 // importance matrix, and the fingerprint of the source model it was made from (key
-// moestream.fallback.source_fingerprint, written by make-fallback) equals this model's.
+// moestream.fallback.source_fingerprint, written by make-fallback) equals this model's. Its
+// own data is bound to it by a hash per expert slice (kFallbackSliceHashKey), checked as the
+// slice is read, with the slice's weights checked finite.
 //
 // Thread-safety: driven from the llama_decode thread only.
 #pragma once
@@ -42,6 +44,13 @@ inline constexpr char kFallbackFingerprintKey[] = "moestream.fallback.source_fin
 inline constexpr char kFallbackSourceSizeKey[] = "moestream.fallback.source_bytes";
 inline constexpr char kFallbackSourceNameKey[] = "moestream.fallback.source_file";
 inline constexpr char kFallbackTypeKey[] = "moestream.fallback.type";
+// u64 array: the FNV-1a hash of every expert slice of the companion's own data, in the order
+// MoE layer, expert tensor (the model's order), expert. Written by make-fallback, checked as
+// each slice is read, so the companion's identity covers its data, not only its source's.
+inline constexpr char kFallbackSliceHashKey[] = "moestream.fallback.slice_fnv1a";
+
+// The 64-bit FNV-1a hash of n bytes (kFallbackSliceHashKey's entries).
+uint64_t fallback_slice_hash(const void * data, size_t n);
 
 // The fingerprint of a model: a 64-bit FNV-1a hash (16 hex digits) over its expert tensors'
 // names, types and shapes, its total file size and the first and last 4 KiB of its first and
@@ -112,6 +121,8 @@ private:
     ModelIndex lo_;                   // the companion's index
     const ModelIndex * main_ = nullptr;
     std::vector<std::vector<const ExpertTensor *>> lo_tensors_;  // [slot][t]
+    std::vector<uint64_t> slice_hash_;  // kFallbackSliceHashKey: [slot][t][e], flattened
+    std::vector<size_t> hash_base_;     // [slot]: index of the slot's first hash
     std::vector<uint64_t> lo_expert_bytes_;
     std::vector<std::vector<uint8_t>> lossy_;  // [slot][e]
     std::vector<Job> jobs_;

@@ -30,8 +30,13 @@ refget() {  # refget MODELKEY FIELD
 ppl_of() {  # ppl_of MODEL [extra llama-perplexity args] -> prints the final PPL
   local m="$1"; shift
   local try v
-  # Known flake (unexplained, seen 3 times under parallel load): llama-perplexity exits 0
-  # without its "Final estimate" line. Then its log goes to stderr and it runs once more.
+  # The PPL reaches us only through the tool's log: llama-perplexity writes no result file
+  # (--kl-divergence-base saves quantized log-probs, not the PPL) and exits 0 either way, and
+  # --log-file is written by the same asynchronous logger thread, whose queue is lost when the
+  # process exits on a loaded machine (the cause measured for llama-completion's short stdout,
+  # docs/reliability.md). So a run whose log lacks the "Final estimate" line runs once more:
+  # only a missing line is retried, never a differing value (the value is deterministic), and
+  # a missing line on both runs fails the gate.
   for try in 1 2; do
     "$tool" llama-perplexity -m "$m" -f "$text" -c "$(refget q8_0 ctx)" -b 2048 -t 2 \
       --no-warmup -lm mmap --no-repack -fit off "$@" > "$scratch/ppl.log" 2>&1 \

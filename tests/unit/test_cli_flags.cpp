@@ -584,30 +584,34 @@ TEST(CliEval, NamesTheKnobsAndBothReadFigures) {
 // scripts/llama-tool, which loads moestream's CPU backend, with --no-repack) print the same text.
 
 TEST(CliReference, RunAndLlamaCompletionGiveTheSameText) {
-    const char * t = std::getenv("LLAMA_TOOL");
-    const std::string tool = t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
     const std::string m = sh_quote(synth_model("tiny", "qwen3moe", "q4_k"));
-    const std::string unpinned = "env -u GGML_BACKEND_PATH MOESTREAM_BIN=" + sh_quote(cli_bin()) + " ";
-    const std::string llama = " llama-completion -m " + m +
-                              " -p Hello -n 32 --temp 0 -no-cnv --no-display-prompt -fit off";
-    CmdResult ours = run_cmd(unpinned + sh_quote(cli_bin()) + " run -m " + m + " -p Hello -n 32");
+    const std::string unpinned = "env -u GGML_BACKEND_PATH MOESTREAM_BIN=" + sh_quote(cli_bin());
+    const std::string llama = "-m " + m + " -p Hello -n 32 --temp 0 -no-cnv --no-display-prompt -fit off";
+    TempDir dir("cliref");
+    CmdResult ours = run_cmd(unpinned + " " + sh_quote(cli_bin()) + " run -m " + m +
+                             " -p Hello -n 32 --stats-json " + sh_quote(dir.path("s.json")));
     ASSERT_EQ(ours.exit_code, 0) << ours.err;
-    CmdResult ref = run_cmd(unpinned + sh_quote(tool) + llama + " --no-repack");
+    const json st = json::parse(slurp(dir.path("s.json")));
+    const int n_prompt = st["n_prompt"].get<int>();
+    const std::vector<int32_t> tokens = st["tokens"].get<std::vector<int32_t>>();
+    // The ids come from llama-completion's session file, not its stdout (docs/reliability.md).
+    LlamaCompletionIds ref = llama_completion_ids(llama + " --no-repack", unpinned);
     ASSERT_EQ(ref.exit_code, 0) << ref.err;
-    EXPECT_TRUE(same_generation(ref.out, ours.out));
+    EXPECT_TRUE(same_generation(ref.ids, n_prompt, tokens));
     // Controls: where moestream's backend is not the conservative haswell pin, the pin gives
-    // other text, and so does repacking (both are what the comparison has to rule out).
-    CmdResult ver = run_cmd(unpinned + sh_quote(cli_bin()) + " --version");
+    // other ids, and so does repacking (both are what the comparison has to rule out).
+    CmdResult ver = run_cmd(unpinned + " " + sh_quote(cli_bin()) + " --version");
     if (ver.out.find("libggml-cpu-haswell.so") == std::string::npos) {
-        CmdResult pinned = run_cmd("MOESTREAM_BIN=" + sh_quote(cli_bin()) + " GGML_BACKEND_PATH=$(" +
-                                   sh_quote(std::string(MOESTREAM_TEST_SRC) + "/scripts/ggml-backend-path") +
-                                   ") " + sh_quote(tool) + llama + " --no-repack");
+        LlamaCompletionIds pinned = llama_completion_ids(
+            llama + " --no-repack",
+            "MOESTREAM_BIN=" + sh_quote(cli_bin()) + " GGML_BACKEND_PATH=$(" +
+                sh_quote(std::string(MOESTREAM_TEST_SRC) + "/scripts/ggml-backend-path") + ")");
         ASSERT_EQ(pinned.exit_code, 0) << pinned.err;
-        EXPECT_FALSE(same_generation(pinned.out, ours.out)) << "the haswell pin gave the same text";
+        EXPECT_FALSE(same_generation(pinned.ids, n_prompt, tokens)) << "the haswell pin gave the same ids";
     }
-    CmdResult repacked = run_cmd(unpinned + sh_quote(tool) + llama);
+    LlamaCompletionIds repacked = llama_completion_ids(llama, unpinned);
     ASSERT_EQ(repacked.exit_code, 0) << repacked.err;
-    EXPECT_FALSE(same_generation(repacked.out, ours.out)) << "repacking changed nothing here";
+    EXPECT_FALSE(same_generation(repacked.ids, n_prompt, tokens)) << "repacking changed nothing here";
 }
 
 // --- replay --plot errors: one line with the decoded exit code, never a raw wait status.

@@ -130,21 +130,42 @@ TEST(FallbackGate, RefusesACompanionOfAnotherModelATruncatedOneAndAModel) {
 // is right was accepted and quietly spoiled the output; every slice is checked as it is
 // converted, so the step that would use it stops (exit 1, like NaN weights in a model, naming
 // the companion and the tensor) before its token. The intact companion is the control.
-TEST(FallbackGate, CompanionWithNonFiniteWeightsIsRefused) {
+// Runs the model with every expert from a copy of its companion whose expert data is all
+// `byte` (gguf_mutate fill), written to `bad` in `dir`, after the control: the companion as
+// make-fallback wrote it runs (exit 0).
+namespace {
+CliRun run_with_filled_companion(const TempDir & dir, const std::string & byte, std::string * bad) {
     const std::string m = model();
     const std::string c = companion(m, "a");
-    TempDir dir("fallback-nan");
-    const std::string bad = dir.path("nan-q4_0.gguf");
-    CmdResult mk = run_cmd(gguf_mutate_cmd() + " " + sh_quote(c) + " " + sh_quote(bad) +
-                           " fill role:experts=0xff");
-    ASSERT_EQ(mk.exit_code, 0) << mk.err;
+    *bad = dir.path("filled-q4_0.gguf");
+    CmdResult mk = run_cmd(gguf_mutate_cmd() + " " + sh_quote(c) + " " + sh_quote(*bad) +
+                           " fill role:experts=" + byte);
+    EXPECT_EQ(mk.exit_code, 0) << mk.err;
     const std::string flags = std::string(kSmall) + "--fallback-threshold 1 --miss-fallback ";
     CliRun good = run(m, flags + c);
     EXPECT_EQ(good.rc, 0) << good.err;
-    CliRun r = run(m, flags + bad);
+    return run(m, flags + *bad);
+}
+}  // namespace
+
+TEST(FallbackGate, CompanionWithNonFiniteWeightsIsRefused) {
+    TempDir dir("fallback-nan");
+    std::string bad;
+    CliRun r = run_with_filled_companion(dir, "0xff", &bad);  // NaN scales
     EXPECT_EQ(r.rc, 1) << r.err;
     EXPECT_NE(r.err.find("--miss-fallback " + bad + ": tensor '"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("a weight is not finite"), std::string::npos) << r.err;
+}
+
+// The companion's identity covers its own data: finite but altered bytes (zeros: Q4_0 blocks of
+// scale 0) under the right source fingerprint fail the slice hash make-fallback recorded.
+TEST(FallbackGate, CompanionWithAlteredDataIsRefused) {
+    TempDir dir("fallback-altered");
+    std::string bad;
+    CliRun r = run_with_filled_companion(dir, "0x00", &bad);
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_NE(r.err.find("--miss-fallback " + bad + ": tensor '"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("the data differs from what make-fallback wrote"), std::string::npos) << r.err;
 }
 
 TEST(FallbackGate, FlagsRefusedWhereTheyDoNotApply) {
@@ -208,11 +229,6 @@ TEST(FallbackGate, TraceMarksFallbacksAndReplayEstimatesThem) {
 // inputs") ----------------------------------------------------------------------------------
 
 namespace {
-
-std::string llama_tool() {
-    const char * t = std::getenv("LLAMA_TOOL");
-    return t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
-}
 
 std::string file_bytes(const std::string & path) {
     std::ifstream f(path, std::ios::binary);

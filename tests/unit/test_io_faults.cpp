@@ -8,7 +8,8 @@
 //    and truncated or rewritten in the middle of a generation, which stops within one token
 //    with an error, never a SIGBUS (the test process would die) and never wrong text;
 //  - a failed mmap/madvise through the model guard's interposers keeps the kernel's errno
-//    (ENOMEM is what the cache's evict-and-retry looks for).
+//    (ENOMEM is what the cache's evict-and-retry looks for), and end to end a commit the
+//    kernel refuses (strace's fault injection) is evicted for and retried, tokens unchanged.
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
@@ -19,6 +20,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "mmap_guard.h"
 #include "moestream/moestream.h"
@@ -283,6 +286,53 @@ TEST(IoFaults, ModelFileChangedMidGenerationStopsWithinOneToken) {
     }
 }
 
+// The check before a token is emitted, made deterministic: the model file changes (its ctime,
+// touch:N: the N-th expert read first fchmods the file) inside a step's reads, after that
+// step's check before its reads. No token may be emitted once the file has changed: every
+// piece callback sees the file's ctime as validated, and the run stops naming the change.
+// N = half the clean run's reads, and all of them: mid-decode and near the end. Control: a
+// touch that never fires (N past every read) emits every token.
+TEST(IoFaults, FileChangedDuringAStepsReadsNeverEmitsThatStepsToken) {
+    const std::string src = synth_model("tiny", "qwen3moe", "q8_0");
+    auto ref_e = open_engine(src, nullptr, 0, true, 1);
+    Out ref = generate(*ref_e);
+    ASSERT_TRUE(ref.st.ok()) << ref.st.message();
+    const uint64_t reads = ref_e->stats().flash_reads;
+    ASSERT_GT(reads, 2u);
+    auto ctime_of = [](const std::string & path) {
+        struct stat st {};
+        EXPECT_EQ(::stat(path.c_str(), &st), 0);
+        return int64_t(st.st_ctim.tv_sec) * 1000000000 + st.st_ctim.tv_nsec;
+    };
+    for (uint64_t at : {reads / 2, reads, uint64_t(1) << 40}) {
+        SCOPED_TRACE("touch:" + std::to_string(at));
+        const std::string copy = private_copy(src, "touch");
+        auto e = open_engine(copy, ("touch:" + std::to_string(at)).c_str(), 0, true, 1);
+        const int64_t validated = ctime_of(copy);
+        size_t pieces = 0, after_change = 0;
+        GenerateResult g;
+        Status st = e->generate("Once upon a time", 24, [&](const std::string &) {
+            ++pieces;
+            after_change += ctime_of(copy) != validated;
+            return true;
+        }, &g);
+        EXPECT_EQ(after_change, 0u) << "a token was emitted after the model file changed";
+        EXPECT_EQ(pieces, g.tokens.size());
+        EXPECT_TRUE(std::equal(g.tokens.begin(), g.tokens.end(), ref.g.tokens.begin()));
+        if (at <= reads) {
+            EXPECT_FALSE(st.ok());
+            EXPECT_NE(st.message().find("the model file changed"), std::string::npos) << st.message();
+            EXPECT_NE(ctime_of(copy), validated) << "the fault did not fire";
+            EXPECT_GT(g.tokens.size(), 0u) << "the change came before any token: not mid-decode";
+            EXPECT_LT(g.tokens.size(), ref.g.tokens.size());
+        } else {
+            EXPECT_TRUE(st.ok()) << st.message();
+            EXPECT_EQ(g.tokens.size(), ref.g.tokens.size());
+        }
+        std::filesystem::remove(copy);
+    }
+}
+
 // The interposers are the process's mmap/madvise (also in this test program): a failed call
 // must report the kernel's error, not EPERM (errno 1, the -1 glibc's syscall() returns).
 TEST(MmapGuard, FailedCallsKeepTheKernelsErrno) {
@@ -311,6 +361,7 @@ TEST(IoFaults, BadFaultSpecIsAUsageError) {
                           "eintr,p=1",     "short,lane=x", "short,seed=2", "eio-after:3,p=0.5",
                           "short,lane=1,lane=1", "short,bogus=1", "eio,p=0.1,seed=-1",
                           "delay:0",       "delay:x",      "delay:2000000",
+                          "touch:0",       "touch:x",      "touch:3,p=0.5",
                           "short,lane=2"};  // 2 lanes open: lanes 0 and 1
     for (const char * spec : bad) {
         SCOPED_TRACE(spec);
@@ -408,3 +459,46 @@ TEST(IoFaults, RandomEioNeverGivesWrongText) {
 }
 
 }  // namespace
+
+// The cache's evict-and-retry end to end: strace makes the kernel refuse (ENOMEM) the first
+// mmap of a cache commit (the page pool's MAP_SHARED|MAP_FIXED map, located in a traced clean
+// run: the n-th mmap of the main thread). The guard passes ENOMEM on, the ledger evicts and
+// commits again, and the run gives the clean run's tokens and logits. Non-blind: the stats
+// count the refused commit.
+TEST(CacheEnomem, InjectedMmapEnomemIsEvictedAndRetriedWithIdenticalTokens) {
+    if (std::system("command -v strace >/dev/null 2>&1") != 0)
+        GTEST_SKIP() << "strace is not installed (scripts/setup-deps.sh installs it)";
+    const std::string copy = private_copy(synth_model("tiny", "qwen3moe", "q8_0"), "enomem");
+    TempDir dir("enomem");
+    const std::string run = sh_quote(cli_bin()) + " run -m " + sh_quote(copy) +
+                            " -p 'Once upon a time' -n 16 -t 1 --cache-mb 5 --force-cache --stats-json ";
+    CmdResult clean = run_cmd("strace -f -qq -e trace=mmap -o " + sh_quote(dir.path("t")) + " " +
+                              run + sh_quote(dir.path("c.json")));
+    if (clean.exit_code != 0 && clean.err.find("ptrace") != std::string::npos)
+        GTEST_SKIP() << "strace cannot trace here: " << clean.err;
+    ASSERT_EQ(clean.exit_code, 0) << clean.err;
+    // The main thread's mmap calls, in order (strace -f prefixes each line with the thread id).
+    std::istringstream lines(slurp(dir.path("t")));
+    std::string line, main_tid;
+    long n = 0, at = 0;
+    while (std::getline(lines, line) && at == 0) {
+        const std::string tid = line.substr(0, line.find(' '));
+        if (main_tid.empty()) main_tid = tid;
+        if (tid != main_tid) continue;
+        ++n;
+        if (line.find("PROT_READ|PROT_WRITE, MAP_SHARED|MAP_FIXED, ") != std::string::npos) at = n;
+    }
+    ASSERT_GT(at, 0) << "no cache commit map in the trace";
+    CmdResult inj = run_cmd("strace -f -qq -e trace=mmap -o /dev/null -e inject=mmap:error=ENOMEM:when=" +
+                            std::to_string(at) + " " + run + sh_quote(dir.path("i.json")));
+    ASSERT_EQ(inj.exit_code, 0) << inj.err;
+    const nlohmann::json a = nlohmann::json::parse(slurp(dir.path("c.json")));
+    const nlohmann::json b = nlohmann::json::parse(slurp(dir.path("i.json")));
+    EXPECT_EQ(a["cache_commit_failures"].get<uint64_t>(), 0u);
+    EXPECT_GE(b["cache_commit_failures"].get<uint64_t>(), 1u) << "the injected ENOMEM hit no commit";
+    EXPECT_NE(inj.err.find("the system refused to commit memory (Cannot allocate memory)"),
+              std::string::npos) << inj.err;
+    EXPECT_EQ(b["tokens"], a["tokens"]);
+    EXPECT_EQ(b["logits_sha"], a["logits_sha"]);
+    std::filesystem::remove(copy);
+}

@@ -51,11 +51,6 @@ RunOut run(const std::string & model, const std::string & flags, const std::stri
     return out;
 }
 
-std::string llama_tool() {
-    const char * t = std::getenv("LLAMA_TOOL");
-    return t && *t ? t : MOESTREAM_TEST_LLAMA_TOOL;
-}
-
 // Splits `model` into dir/prefix-0000K-of-0000N.gguf with llama-gguf-split's `how` options.
 void split(const std::string & model, const std::string & how, const std::string & prefix) {
     CmdResult r = run_cmd(sh_quote(llama_tool()) + " llama-gguf-split --split " + how + " " +

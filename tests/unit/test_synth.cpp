@@ -34,11 +34,6 @@ using namespace moestream::test;
 
 namespace {
 
-std::string llama_tool() {
-    const char * e = std::getenv("LLAMA_TOOL");
-    return e ? e : "scripts/llama-tool";
-}
-
 // A fresh temp directory, removed at the end of the test.
 
 CmdResult synth(const std::string & args) {

@@ -33,23 +33,31 @@ struct EnvDefaults {
 } g_env_defaults;
 }  // namespace
 
-// llama-completion prints its pieces through a UTF-8 assembler: a trailing incomplete UTF-8
-// sequence is never flushed (random byte-level tokens often end in one), and a NUL piece
-// disappears in printf("%s"). So its text must equal ours with NULs removed, except that at the
-// very end ours may carry up to 3 more bytes (one unfinished sequence) — everything before is
-// compared byte for byte.
-::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out) {
-    auto clean = [](std::string s) {
-        s.erase(std::remove(s.begin(), s.end(), '\0'), s.end());
-        while (!s.empty() && s.back() == '\n') s.pop_back();
-        return s;
-    };
-    const std::string a = clean(llama_out), b = clean(ours_out);
-    if (a.size() <= b.size() && b.size() - a.size() <= 3 && b.compare(0, a.size(), a) == 0 &&
-        !a.empty())
+std::string llama_tool() {
+    const char * e = std::getenv("LLAMA_TOOL");
+    return e && *e ? e : "scripts/llama-tool";
+}
+
+LlamaCompletionIds llama_completion_ids(const std::string & args, const std::string & env) {
+    TempDir dir("llama-session");
+    const std::string session = dir.path("session.bin");
+    CmdResult r = run_cmd(env + " " + sh_quote(llama_tool()) + " llama-completion " + args +
+                          " --prompt-cache " + sh_quote(session) + " --prompt-cache-all");
+    LlamaCompletionIds out;
+    out.exit_code = r.exit_code;
+    out.err = r.err.substr(r.err.size() > 4000 ? r.err.size() - 4000 : 0);
+    out.ids = session_file_tokens(session);
+    return out;
+}
+
+::testing::AssertionResult same_generation(const std::vector<int32_t> & session_ids, int n_prompt,
+                                           const std::vector<int32_t> & tokens) {
+    if (!tokens.empty() && n_prompt >= 0 && session_ids.size() == size_t(n_prompt) + tokens.size() &&
+        std::equal(tokens.begin(), tokens.end(), session_ids.begin() + n_prompt))
         return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "llama-completion printed [" << ::testing::PrintToString(a)
-                                         << "], moestream [" << ::testing::PrintToString(b) << "]";
+    return ::testing::AssertionFailure()
+           << "llama-completion's session ids " << ::testing::PrintToString(session_ids)
+           << ", moestream's " << n_prompt << " prompt ids then " << ::testing::PrintToString(tokens);
 }
 
 std::vector<int32_t> session_file_tokens(const std::string & path) {

@@ -64,8 +64,24 @@ std::string synth_model(const std::string & preset, const std::string & arch,
 // lose on a loaded machine (docs/reliability.md). Empty when FILE is not a session file.
 std::vector<int32_t> session_file_tokens(const std::string & path);
 
-// Compares llama-completion's printed generation with moestream's (see test_util.cpp).
-::testing::AssertionResult same_generation(const std::string & llama_out, const std::string & ours_out);
+// Debian's llama.cpp tools: $LLAMA_TOOL (scripts/llama-tool of the source tree by default).
+std::string llama_tool();
+
+// Runs `[env] llama-tool llama-completion ARGS --prompt-cache F --prompt-cache-all` (F a
+// temporary session file, removed) and returns its exit code, stderr and the token ids of the
+// session file (the prompt's, then every generated one): the tool's greedy output without
+// reading its stdout, whose end its asynchronous logger can lose at exit on a loaded machine.
+struct LlamaCompletionIds {
+    int exit_code = -1;
+    std::string err;            // the tool's stderr (its log)
+    std::vector<int32_t> ids;   // empty when no session file was written
+};
+LlamaCompletionIds llama_completion_ids(const std::string & args, const std::string & env = "");
+
+// The session ids of llama-completion are exactly moestream's n_prompt prompt tokens followed
+// by its generated `tokens` (stats-json "n_prompt" and "tokens"): same length, same ids.
+::testing::AssertionResult same_generation(const std::vector<int32_t> & session_ids, int n_prompt,
+                                           const std::vector<int32_t> & tokens);
 
 // A hand-made model index (no file): one MoE layer per entry of `layers`, each with a gate, up
 // and down projection (cycling) of the given slice sizes in bytes (type i8: any size is a valid
