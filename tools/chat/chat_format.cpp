@@ -116,6 +116,28 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = "<tool_call>", m.call_close = "</tool_call>";
         m.grammar_separator = gbnf::literal("\n");
+    } else if (f.family == ChatFamily::kGlm || f.family == ChatFamily::kSeed) {
+        const bool seed = f.family == ChatFamily::kSeed;
+        m.think_open = seed ? "<seed:think>" : "<think>";
+        m.think_close = seed ? "</seed:think>" : "</think>";
+        m.call_open = seed ? "<seed:tool_call>" : "<tool_call>";
+        m.call_close = seed ? "</seed:tool_call>" : "</tool_call>";
+        m.grammar_separator = gbnf::literal("\n");
+    } else if (f.family == ChatFamily::kDeepseek || f.family == ChatFamily::kKimi) {
+        // One calls block holding every call (each between its own markers).
+        const bool ds = f.family == ChatFamily::kDeepseek;
+        if (ds) m.think_open = "<think>", m.think_close = "</think>";
+        m.call_open = ds ? deepseek::kCallsBegin : kimi::kCallsBegin;
+        m.call_close = ds ? deepseek::kCallsEnd : kimi::kCallsEnd;
+        m.grammar_open = gbnf::literal(m.call_open);
+        m.grammar_close = gbnf::literal(m.call_close);
+    } else if (f.family == ChatFamily::kMinimax || f.family == ChatFamily::kDsml) {
+        const bool mm = f.family == ChatFamily::kMinimax;
+        m.think_open = "<think>", m.think_close = "</think>";
+        m.call_open = mm ? "<minimax:tool_call>" : "<｜DSML｜tool_calls>";
+        m.call_close = mm ? "</minimax:tool_call>" : "</｜DSML｜tool_calls>";
+        m.grammar_open = gbnf::literal(m.call_open + "\n");
+        m.grammar_close = gbnf::literal(m.call_close);
     } else if (f.family == ChatFamily::kLlama3) {
         m.call_open = "<|python_tag|>";
         m.json_reply = true;
@@ -129,6 +151,8 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
     } else if (f.family == ChatFamily::kHarmony) {
         m.parallel = false;  // a call ends the reply (<|call|>)
     }
+    if (f.family == ChatFamily::kNone && f.think_tags)
+        m.think_open = "<think>", m.think_close = "</think>";
     return m;
 }
 
@@ -136,9 +160,25 @@ bool one_call_per_reply(const ChatFormat & f) {
     return !reply_markers(f).parallel;
 }
 
-bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
-    if (f.family == ChatFamily::kXml) return xml::parse_call(body, out);
-    return f.family == ChatFamily::kHermes && hermes::parse_call(body, out);
+bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
+    switch (f.family) {
+        case ChatFamily::kDeepseek:
+            return deepseek::parse_calls(body, out);
+        case ChatFamily::kKimi:
+            return kimi::parse_calls(body, out);
+        case ChatFamily::kMinimax:
+            return invoke::parse_calls(body, "", out);
+        case ChatFamily::kDsml:
+            return invoke::parse_calls(body, "｜DSML｜", out);
+        default:
+            break;
+    }
+    ToolCall c;
+    const bool ok = f.family == ChatFamily::kXml || f.family == ChatFamily::kSeed ? xml::parse_call(body, &c)
+                    : f.family == ChatFamily::kGlm                             ? glm::parse_call(body, &c)
+                    : f.family == ChatFamily::kHermes && hermes::parse_call(body, &c);
+    if (ok) out->assign(1, c);
+    return ok;
 }
 
 bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
@@ -159,6 +199,18 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return harmony::call_rule(name, args);
         case ChatFamily::kXml:
             return xml::call_rule(name);
+        case ChatFamily::kSeed:
+            return seed::call_rule(name);
+        case ChatFamily::kGlm:
+            return glm::call_rule(name);
+        case ChatFamily::kDeepseek:
+            return deepseek::call_rule(name, args);
+        case ChatFamily::kKimi:
+            return kimi::call_rule(name, args);
+        case ChatFamily::kMinimax:
+            return invoke::call_rule(name, "");
+        case ChatFamily::kDsml:
+            return invoke::call_rule(name, "｜DSML｜");
         default:
             return hermes::call_rule(name, args);
     }
@@ -344,8 +396,13 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
 }
 
 ReplyParser::ReplyParser(const ChatFormat & f, bool tools, bool thinking)
-    : f_(f), tools_(tools && f.tools), state_(thinking && f.thinking ? State::kStart
-                                                                      : State::kContent) {}
+    : f_(f), tools_(tools && f.tools),
+      // A family that always thinks (MiniMax-M2: no switch in its template) has its block
+      // split out whatever was asked.
+      state_(thinking && f.thinking && f.think_opened ? State::kThink
+             : (thinking && f.thinking) || (!f.thinking && !reply_markers(f).think_open.empty())
+                 ? State::kStart
+                 : State::kContent) {}
 
 ReplyDelta ReplyParser::push(const std::string & text) {
     buf_ += text;
@@ -546,11 +603,13 @@ ReplyDelta ReplyParser::step(bool final) {
             buf_.clear();
             return d;
         }
-        ToolCall c;
+        std::vector<ToolCall> calls;
         const std::string body = buf_.substr(0, e);
-        if (parse_call_body(f_, body, &c)) {
-            c.id = "call_" + std::to_string(n_calls_++);
-            d.calls.push_back(std::move(c));
+        if (parse_call_body(f_, body, &calls)) {
+            for (ToolCall & c : calls) {
+                c.id = "call_" + std::to_string(n_calls_++);
+                d.calls.push_back(std::move(c));
+            }
         } else {
             d.content += m.call_open + body + m.call_close;
         }

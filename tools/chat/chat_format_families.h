@@ -22,9 +22,9 @@ struct ReplyMarkers {
     std::string grammar_open, grammar_separator, grammar_close;
 };
 ReplyMarkers reply_markers(const ChatFormat & f);
-// The text between call_open and call_close -> name and arguments (compact JSON); false when
-// it is not a call.
-bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out);
+// The text between call_open and call_close -> its calls' names and arguments (compact JSON);
+// false when it is not calls.
+bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
 // A whole reply of a json_reply family -> its calls; false when it is not calls.
 bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
 // GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule.
@@ -56,6 +56,33 @@ namespace xml {  // Qwen3-Coder / Qwen3.5 / Nemotron-3: <tool_call><function=..>
 bool parse_call(const std::string & body, ToolCall * out);
 std::string call_rule(const std::string & name);  // parameters' values not enforced
 }  // namespace xml
+
+namespace seed {  // Seed-OSS: the xml-function call inside <seed:tool_call>, values without newlines
+std::string call_rule(const std::string & name);
+}  // namespace seed
+
+namespace glm {  // GLM-4.5/4.6/4.7: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name);  // values not enforced
+}  // namespace glm
+
+namespace deepseek {  // DeepSeek V3.1/V3.2: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜>
+extern const char kCallsBegin[], kCallsEnd[];  // the calls block
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace deepseek
+
+namespace kimi {  // Kimi-K2: <|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{..}
+extern const char kCallsBegin[], kCallsEnd[];  // the calls block
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace kimi
+
+// MiniMax-M2 (prefix "") / DeepSeek V4 (prefix "｜DSML｜"): <invoke name=..><parameter name=..>
+namespace invoke {
+bool parse_calls(const std::string & body, const std::string & prefix, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & prefix);  // values not enforced
+}  // namespace invoke
 
 namespace harmony {  // gpt-oss: <|start|>role<|message|>...<|end|>, channels, namespace functions
 std::string call_rule(const std::string & name, const std::string & args_rule);

@@ -69,4 +69,13 @@ std::string call_rule(const std::string & name) {
 }
 
 }  // namespace xml
+
+namespace seed {
+std::string call_rule(const std::string & name) {
+    return gbnf::literal("<seed:tool_call>\n<function=" + name + ">\n") + " ( " +
+           gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">") +
+           " ( [^<] | \"<\" [^/] )* " + gbnf::literal("</parameter>\n") + " )* " +
+           gbnf::literal("</function>\n</seed:tool_call>");
+}
+}  // namespace seed
 }  // namespace moestream::chat

@@ -1,0 +1,184 @@
+// chat_format_marked.cpp — the reply syntax of the families whose calls sit between their own
+// markers inside a calls block (chat_format_families.h), each as its template renders a call:
+//   glm      GLM-4.5/4.6/4.7: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>
+//   deepseek DeepSeek V3.1/V3.2: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON}<｜tool▁call▁end｜>
+//   kimi     Kimi-K2: <|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{JSON}<|tool_call_end|>
+//   invoke   MiniMax-M2 (prefix "") and DeepSeek V4 (prefix "｜DSML｜"):
+//            <invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>
+// A parameter's value is the JSON it holds when it is JSON, else the text (DeepSeek V4 marks
+// text values string="true"). The prompt is the model's template's (chat_jinja.h).
+#include <cctype>
+
+#include "chat_format_families.h"
+
+namespace moestream::chat {
+namespace {
+
+bool blank(const std::string & s, size_t from = 0, size_t to = std::string::npos) {
+    to = std::min(to, s.size());
+    for (size_t i = from; i < to; ++i)
+        if (!std::isspace(static_cast<unsigned char>(s[i]))) return false;
+    return true;
+}
+
+// Reads `lit` at *p after blank text; false (leaving *p) when something else is there.
+bool expect(const std::string & s, size_t * p, const std::string & lit) {
+    size_t q = *p;
+    while (q < s.size() && std::isspace(static_cast<unsigned char>(s[q]))) ++q;
+    if (s.compare(q, lit.size(), lit) != 0) return false;
+    *p = q + lit.size();
+    return true;
+}
+
+// The text from *p up to `end` (moved past it); false when `end` does not follow.
+bool until(const std::string & s, size_t * p, const std::string & end, std::string * text) {
+    const size_t e = s.find(end, *p);
+    if (e == std::string::npos) return false;
+    *text = s.substr(*p, e - *p);
+    *p = e + end.size();
+    return true;
+}
+
+bool good_name(const std::string & n) {
+    return !n.empty() && n.find_first_of(" \t\r\n<>\"") == std::string::npos;
+}
+
+ojson value_of(const std::string & text) {
+    ojson v = ojson::parse(text, nullptr, false);
+    return v.is_discarded() ? ojson(text) : v;
+}
+
+std::string compact(const ojson & j) {
+    return j.dump(-1, ' ', false, ojson::error_handler_t::replace);
+}
+
+// Calls written as BEGIN head SEP {JSON object} END, one after another (blank between).
+bool json_calls(const std::string & body, const std::string & begin, const std::string & sep,
+                const std::string & end, std::string (*name_of)(const std::string &),
+                std::vector<ToolCall> * out) {
+    std::vector<ToolCall> calls;
+    size_t p = 0;
+    while (!blank(body, p)) {
+        std::string head, args;
+        if (!expect(body, &p, begin) || !until(body, &p, sep, &head) || !until(body, &p, end, &args))
+            return false;
+        const ojson a = ojson::parse(args, nullptr, false);
+        ToolCall c;
+        c.name = name_of(head);
+        if (!good_name(c.name) || !a.is_object()) return false;
+        c.arguments = compact(a);
+        calls.push_back(std::move(c));
+    }
+    if (calls.empty()) return false;
+    *out = std::move(calls);
+    return true;
+}
+
+std::string trimmed(const std::string & s) {
+    const size_t a = s.find_first_not_of(" \t\r\n");
+    if (a == std::string::npos) return "";
+    return s.substr(a, s.find_last_not_of(" \t\r\n") + 1 - a);
+}
+
+}  // namespace
+
+namespace glm {
+bool parse_call(const std::string & body, ToolCall * out) {
+    const size_t k = body.find("<arg_key>");
+    ToolCall c;
+    c.name = trimmed(body.substr(0, k));
+    if (!good_name(c.name)) return false;
+    ojson args = ojson::object();
+    size_t p = k == std::string::npos ? body.size() : k;
+    while (!blank(body, p)) {
+        std::string key, value;
+        if (!expect(body, &p, "<arg_key>") || !until(body, &p, "</arg_key>", &key) ||
+            !expect(body, &p, "<arg_value>") || !until(body, &p, "</arg_value>", &value))
+            return false;
+        args[key] = value_of(value);
+    }
+    c.arguments = compact(args);
+    *out = std::move(c);
+    return true;
+}
+
+std::string call_rule(const std::string & name) {
+    return gbnf::literal("<tool_call>" + name + "\n") + " ( " + gbnf::literal("<arg_key>") +
+           " [a-zA-Z0-9_.-]+ " + gbnf::literal("</arg_key>\n<arg_value>") +
+           " ( [^<] | \"<\" [^/] )* " + gbnf::literal("</arg_value>\n") + " )* " +
+           gbnf::literal("</tool_call>");
+}
+}  // namespace glm
+
+namespace deepseek {
+const char kCallsBegin[] = "<｜tool▁calls▁begin｜>", kCallsEnd[] = "<｜tool▁calls▁end｜>";
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out) {
+    return json_calls(body, "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+                      [](const std::string & h) { return h; }, out);
+}
+std::string call_rule(const std::string & name, const std::string & args) {
+    return gbnf::literal("<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>") + " " + args + " " +
+           gbnf::literal("<｜tool▁call▁end｜>");
+}
+}  // namespace deepseek
+
+namespace kimi {
+const char kCallsBegin[] = "<|tool_calls_section_begin|>", kCallsEnd[] = "<|tool_calls_section_end|>";
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out) {
+    // The head is functions.NAME:INDEX.
+    return json_calls(body, "<|tool_call_begin|>", "<|tool_call_argument_begin|>", "<|tool_call_end|>",
+                      [](const std::string & h) -> std::string {
+                          const std::string t = trimmed(h);
+                          const size_t colon = t.rfind(':');
+                          if (t.rfind("functions.", 0) != 0 || colon == std::string::npos ||
+                              colon + 1 == t.size() ||
+                              t.find_first_not_of("0123456789", colon + 1) != std::string::npos)
+                              return "";
+                          return t.substr(10, colon - 10);
+                      },
+                      out);
+}
+std::string call_rule(const std::string & name, const std::string & args) {
+    return gbnf::literal("<|tool_call_begin|>functions." + name + ":") + " [0-9]+ " +
+           gbnf::literal("<|tool_call_argument_begin|>") + " " + args + " " +
+           gbnf::literal("<|tool_call_end|>");
+}
+}  // namespace kimi
+
+namespace invoke {
+bool parse_calls(const std::string & body, const std::string & prefix, std::vector<ToolCall> * out) {
+    const std::string inv = "<" + prefix + "invoke name=\"", inv_end = "</" + prefix + "invoke>";
+    const std::string par = "<" + prefix + "parameter name=\"", par_end = "</" + prefix + "parameter>";
+    std::vector<ToolCall> calls;
+    size_t p = 0;
+    while (!blank(body, p)) {
+        ToolCall c;
+        if (!expect(body, &p, inv) || !until(body, &p, "\">", &c.name) || !good_name(c.name))
+            return false;
+        ojson args = ojson::object();
+        while (!expect(body, &p, inv_end)) {
+            std::string key, attrs, value;
+            if (!expect(body, &p, par) || !until(body, &p, "\"", &key) ||
+                !until(body, &p, ">", &attrs) || !until(body, &p, par_end, &value))
+                return false;
+            args[key] = trimmed(attrs) == "string=\"true\"" ? ojson(value) : value_of(trimmed(value));
+        }
+        c.arguments = compact(args);
+        calls.push_back(std::move(c));
+    }
+    if (calls.empty()) return false;
+    *out = std::move(calls);
+    return true;
+}
+std::string call_rule(const std::string & name, const std::string & prefix) {
+    return gbnf::literal("<" + prefix + "invoke name=\"" + name + "\">\n") + " ( " +
+           gbnf::literal("<" + prefix + "parameter name=\"") + " [a-zA-Z0-9_.-]+ " +
+           (prefix.empty() ? "" : "( " + gbnf::literal("\" string=\"true") + " | " +
+                                      gbnf::literal("\" string=\"false") + " ) ") +
+           gbnf::literal("\">") + " ( [^<] | \"<\" [^/] )* " +
+           gbnf::literal("</" + prefix + "parameter>\n") + " )* " +
+           gbnf::literal("</" + prefix + "invoke>\n");
+}
+}  // namespace invoke
+
+}  // namespace moestream::chat
