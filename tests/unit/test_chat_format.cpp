@@ -500,5 +500,28 @@ TEST(ChatFormatFamilies, SeedOssCallsAreParsed) {
                   "</function>\n</tool_call>");
 }
 
+// Where the generation prompt opens the thinking block (DeepSeek-R1 distills, QwQ,
+// Nemotron-3: "<think>\n"), the reply up to </think> is reasoning, also for a template outside
+// the parsed families; a template without thinking keeps such text as content.
+TEST(ChatFormatFamilies, ReplyAfterAPromptThatOpensThinkingIsReasoning) {
+    for (const char * file : {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "Qwen-QwQ-32B.jinja",
+                              "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja"}) {
+        const std::string t = shared_template(file);
+        if (t.empty()) GTEST_SKIP() << "../shared/templates/" << file << " is absent";
+        EXPECT_TRUE(format_of(t).think_opened) << file;
+        for (size_t piece : {size_t(1), size_t(4), size_t(100)}) {
+            const Split s = parse("Let me see.\n</think>\n\nHello.", piece, false, true, t);
+            EXPECT_EQ(s.reasoning, "Let me see.") << file << " " << piece;
+            EXPECT_EQ(s.content, "Hello.") << file << " " << piece;
+        }
+    }
+    const std::string t = shared_template("Qwen-Qwen2.5-7B-Instruct.jinja");  // control
+    if (t.empty()) GTEST_SKIP() << "../shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja is absent";
+    EXPECT_FALSE(format_of(t).think_opened);
+    const Split s = parse("Let me see.\n</think>\n\nHello.", 3, false, true, t);
+    EXPECT_EQ(s.reasoning, "");
+    EXPECT_EQ(s.content, "Let me see.\n</think>\n\nHello.");
+}
+
 }  // namespace
 }  // namespace moestream::chat

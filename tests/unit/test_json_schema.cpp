@@ -508,5 +508,23 @@ TEST(JsonSchemaGrammar, ForcedCallGrammarOfEachMarkedFamilyTakesItsCallText) {
     }
 }
 
+// Where the prompt opened the thinking block (DeepSeek V3.1: "<think>"), a forced call with
+// thinking first must close that block, then call.
+TEST(JsonSchemaGrammar, ForcedCallAfterAPromptThatOpensThinkingClosesItFirst) {
+    ASSERT_NE(vocab(), nullptr);
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {}}}}])");
+    chat::ChatFormat f;
+    f.family = chat::ChatFamily::kDeepseek;
+    f.tools = f.thinking = f.think_opened = true;
+    const std::string call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"
+                             "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    const std::string g = chat::tool_call_grammar(f, tools, "", true, true);
+    EXPECT_TRUE(accepts(g, "Need f.</think>\n\n" + call)) << g;
+    EXPECT_FALSE(accepts(g, call)) << "the opened block is closed first";
+    f.think_opened = false;  // control: a prompt that does not open it
+    EXPECT_TRUE(accepts(chat::tool_call_grammar(f, tools, "", true, true), call));
+}
+
 }  // namespace
 }  // namespace moestream::test

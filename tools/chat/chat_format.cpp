@@ -384,10 +384,16 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
     std::string think;  // an optional thinking block before the calls
     if (think_first && f.thinking && f.family == ChatFamily::kHarmony)
         think = harmony::think_rule();
+    // The prompt opened the block (and thinking is on, or the template always thinks): the
+    // reply closes it first, then calls (as ReplyParser reads it).
+    const bool opened = f.think_opened && !m.think_open.empty() && (think_first || !f.thinking);
+    if (opened)
+        think = "( [^<] | \"<\" [^/] )* " + gbnf::literal(m.think_close) + " [\\n]*";
     else if (think_first && f.thinking && !m.think_open.empty())
         think = gbnf::literal(m.think_open + "\n") + " ( [^<] | \"<\" [^/] )* " +
                 gbnf::literal(m.think_close + "\n\n");
-    std::string g = std::string("root ::= ") + (think.empty() ? "" : "think? ") + m.grammar_open + " call" +
+    const char * think_use = think.empty() ? "" : opened ? "think " : "think? ";
+    std::string g = std::string("root ::= ") + think_use + m.grammar_open + " call" +
                     (one_call ? "" : " ( " + m.grammar_separator + " call )*") + " " +
                     m.grammar_close + "\ncall ::= " + alts + "\n" +
                     (think.empty() ? "" : "think ::= " + think + "\n") + rules +
@@ -399,7 +405,7 @@ ReplyParser::ReplyParser(const ChatFormat & f, bool tools, bool thinking)
     : f_(f), tools_(tools && f.tools),
       // A family that always thinks (MiniMax-M2: no switch in its template) has its block
       // split out whatever was asked.
-      state_(thinking && f.thinking && f.think_opened ? State::kThink
+      state_(f.think_opened && (thinking || !f.thinking) ? State::kThink
              : (thinking && f.thinking) || (!f.thinking && !reply_markers(f).think_open.empty())
                  ? State::kStart
                  : State::kContent) {}
@@ -485,6 +491,14 @@ ReplyDelta ReplyParser::step(bool final) {
         }
         if (state_ == State::kThink) {
             if (!reasoning_started_ && drop_leading_blank(&buf_)) return d;  // start of the block
+            if (!reasoning_started_ && f_.think_opened && !m.think_open.empty()) {
+                // The prompt opened the block; a model that opens it again has it dropped.
+                if (buf_.compare(0, m.think_open.size(), m.think_open) == 0) {
+                    buf_.erase(0, m.think_open.size());
+                    continue;
+                }
+                if (!final && m.think_open.compare(0, buf_.size(), buf_) == 0) return d;
+            }
             const size_t e = buf_.find(m.think_close);
             // Blank at the end of the block is dropped too: it waits until text follows it.
             size_t end = e != std::string::npos ? e

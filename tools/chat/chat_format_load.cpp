@@ -124,12 +124,12 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
         };
         f.thinking_default = marked(words(think_on)) || marked(words(think_off));
     }
-    f.think_tags = f.family == ChatFamily::kNone && f.thinking &&
+    f.think_tags = f.family == ChatFamily::kNone &&
                    src.find("<think>") != std::string::npos && src.find("</think>") != std::string::npos;
     {
         const std::string open = reply_markers(f).think_open;
         const size_t end = think_on.find_last_not_of(" \t\r\n");
-        f.think_opened = f.thinking && !open.empty() && end != std::string::npos &&
+        f.think_opened = !open.empty() && end != std::string::npos &&
                          end + 1 >= open.size() &&
                          think_on.compare(end + 1 - open.size(), open.size(), open) == 0;
     }
