@@ -462,12 +462,13 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
 }
 
 // A forced call's grammar for each family parsed between markers takes the call as the
-// family writes it (which the reply parser reads back as that call), and no other function.
+// family writes it (which the reply parser reads back as that call), and no other function
+// nor a value outside the schema (key/value families: a flat schema's required properties).
 TEST(JsonSchemaGrammar, ForcedCallGrammarOfEachMarkedFamilyTakesItsCallText) {
     ASSERT_NE(vocab(), nullptr);
     const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
-        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-        "required": ["city"]}}}, {"type": "function", "function": {"name": "other",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string",
+        "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "other",
         "parameters": {"type": "object", "properties": {}}}}])");
     struct Case {
         chat::ChatFamily family;
@@ -505,6 +506,9 @@ TEST(JsonSchemaGrammar, ForcedCallGrammarOfEachMarkedFamilyTakesItsCallText) {
         std::string renamed = c.call;  // control: another function is not the forced one
         renamed.replace(renamed.find("get_weather"), 11, "other");
         EXPECT_FALSE(accepts(g, renamed)) << renamed;
+        std::string elsewhere = c.call;  // control: a value outside the parameter's enum
+        elsewhere.replace(elsewhere.find("Paris"), 5, "Lyon");
+        EXPECT_FALSE(accepts(g, elsewhere)) << elsewhere;
     }
 }
 

@@ -189,7 +189,8 @@ bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vecto
     return true;
 }
 
-std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args) {
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args,
+                      const ojson & params) {
     switch (f.family) {
         case ChatFamily::kLlama3:
             return llama3::call_rule(name, args);
@@ -198,19 +199,19 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
         case ChatFamily::kHarmony:
             return harmony::call_rule(name, args);
         case ChatFamily::kXml:
-            return xml::call_rule(name);
+            return xml::call_rule(name, params);
         case ChatFamily::kSeed:
-            return seed::call_rule(name);
+            return seed::call_rule(name, params);
         case ChatFamily::kGlm:
-            return glm::call_rule(name);
+            return glm::call_rule(name, params);
         case ChatFamily::kDeepseek:
             return deepseek::call_rule(name, args);
         case ChatFamily::kKimi:
             return kimi::call_rule(name, args);
         case ChatFamily::kMinimax:
-            return invoke::call_rule(name, "");
+            return invoke::call_rule(name, "", params);
         case ChatFamily::kDsml:
-            return invoke::call_rule(name, "｜DSML｜");
+            return invoke::call_rule(name, "｜DSML｜", params);
         default:
             return hermes::call_rule(name, args);
     }
@@ -362,6 +363,37 @@ std::string arguments_rule(const ojson & params) {
     return rule + " \"}\"";
 }
 
+const char kTextValue[] = "( [^<] | \"<\" [^/] )*";
+
+std::string kv_pairs(const ojson & params,
+                     const std::function<std::string(const std::string &, const std::string &, bool)> & pair) {
+    if (!params.is_object() || !params.contains("properties") || !params["properties"].is_object() ||
+        !params.contains("required") || !params["required"].is_array())
+        return "";
+    const ojson & props = params["properties"];
+    std::string out;
+    for (const auto & k : params["required"]) {
+        if (!k.is_string() || !props.contains(k.get<std::string>())) return "";
+        const ojson & p = props[k.get<std::string>()];
+        const std::string t = p.is_object() && p.contains("type") && p["type"].is_string()
+                                  ? p["type"].get<std::string>()
+                                  : "";
+        std::string v;
+        if (p.is_object() && p.contains("enum") && p["enum"].is_array() && !p["enum"].empty()) {
+            for (const auto & e : p["enum"])
+                v += (v.empty() ? "" : " | ") + literal(e.is_string() ? e.get<std::string>() : e.dump());
+            v = "( " + v + " )";
+        } else {
+            v = t == "integer"   ? "json-int"
+                : t == "number"  ? "json-number"
+                : t == "boolean" ? "( \"true\" | \"false\" )"
+                                 : kTextValue;
+        }
+        out += (out.empty() ? "" : " ") + pair(k.get<std::string>(), v, t == "string");
+    }
+    return out;
+}
+
 }  // namespace gbnf
 
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
@@ -376,7 +408,7 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
         const ojson params = fn.contains("parameters") ? fn["parameters"] : ojson();
         std::string args = gbnf::schema_rules(params, "t" + std::to_string(n - 1) + "-", &rules);
         if (args.empty()) args = gbnf::arguments_rule(params);
-        rules += r + " ::= " + call_rule(f, name, args) + "\n";
+        rules += r + " ::= " + call_rule(f, name, args, params) + "\n";
         alts += (alts.empty() ? "" : " | ") + r;
     }
     const ReplyMarkers m = reply_markers(f);

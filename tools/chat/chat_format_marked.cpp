@@ -102,11 +102,16 @@ bool parse_call(const std::string & body, ToolCall * out) {
     return true;
 }
 
-std::string call_rule(const std::string & name) {
-    return gbnf::literal("<tool_call>" + name + "\n") + " ( " + gbnf::literal("<arg_key>") +
-           " [a-zA-Z0-9_.-]+ " + gbnf::literal("</arg_key>\n<arg_value>") +
-           " ( [^<] | \"<\" [^/] )* " + gbnf::literal("</arg_value>\n") + " )* " +
-           gbnf::literal("</tool_call>");
+std::string call_rule(const std::string & name, const ojson & params) {
+    std::string pairs = gbnf::kv_pairs(params, [](const std::string & k, const std::string & v, bool) {
+        return gbnf::literal("<arg_key>" + k + "</arg_key>\n<arg_value>") + " " + v + " " +
+               gbnf::literal("</arg_value>\n");
+    });
+    if (pairs.empty())
+        pairs = "( " + gbnf::literal("<arg_key>") + " [a-zA-Z0-9_.-]+ " +
+                gbnf::literal("</arg_key>\n<arg_value>") + " " + gbnf::kTextValue + " " +
+                gbnf::literal("</arg_value>\n") + " )*";
+    return gbnf::literal("<tool_call>" + name + "\n") + " " + pairs + " " + gbnf::literal("</tool_call>");
 }
 }  // namespace glm
 
@@ -170,13 +175,20 @@ bool parse_calls(const std::string & body, const std::string & prefix, std::vect
     *out = std::move(calls);
     return true;
 }
-std::string call_rule(const std::string & name, const std::string & prefix) {
-    return gbnf::literal("<" + prefix + "invoke name=\"" + name + "\">\n") + " ( " +
-           gbnf::literal("<" + prefix + "parameter name=\"") + " [a-zA-Z0-9_.-]+ " +
-           (prefix.empty() ? "" : "( " + gbnf::literal("\" string=\"true") + " | " +
-                                      gbnf::literal("\" string=\"false") + " ) ") +
-           gbnf::literal("\">") + " ( [^<] | \"<\" [^/] )* " +
-           gbnf::literal("</" + prefix + "parameter>\n") + " )* " +
+std::string call_rule(const std::string & name, const std::string & prefix, const ojson & params) {
+    // DeepSeek V4 marks each value string="true" (text) or "false" (JSON).
+    std::string pairs = gbnf::kv_pairs(params, [&](const std::string & k, const std::string & v, bool str) {
+        const std::string attr = prefix.empty() ? "" : str ? " string=\"true\"" : " string=\"false\"";
+        return gbnf::literal("<" + prefix + "parameter name=\"" + k + "\"" + attr + ">") + " " + v + " " +
+               gbnf::literal("</" + prefix + "parameter>\n");
+    });
+    if (pairs.empty())
+        pairs = "( " + gbnf::literal("<" + prefix + "parameter name=\"") + " [a-zA-Z0-9_.-]+ " +
+                (prefix.empty() ? "" : "( " + gbnf::literal("\" string=\"true") + " | " +
+                                           gbnf::literal("\" string=\"false") + " ) ") +
+                gbnf::literal("\">") + " " + gbnf::kTextValue + " " +
+                gbnf::literal("</" + prefix + "parameter>\n") + " )*";
+    return gbnf::literal("<" + prefix + "invoke name=\"" + name + "\">\n") + " " + pairs + " " +
            gbnf::literal("</" + prefix + "invoke>\n");
 }
 }  // namespace invoke
