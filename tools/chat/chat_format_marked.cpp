@@ -144,7 +144,7 @@ bool parse_calls(const std::string & body, std::vector<ToolCall> * out) {
                       out);
 }
 std::string call_rule(const std::string & name, const std::string & args) {
-    return gbnf::literal("<|tool_call_begin|>functions." + name + ":") + " [0-9]+ " +
+    return gbnf::literal("<|tool_call_begin|>functions." + name + ":") + " [0-9] [0-9]? [0-9]? " +
            gbnf::literal("<|tool_call_argument_begin|>") + " " + args + " " +
            gbnf::literal("<|tool_call_end|>");
 }
