@@ -500,6 +500,18 @@ TEST(ChatFormatFamilies, SeedOssCallsAreParsed) {
                   "</function>\n</tool_call>");
 }
 
+TEST(ChatFormatFamilies, Lfm2PythonCallListIsParsed) {
+    // The template prints no assistant call: the family is known from its tool list markers.
+    expect_family({"LFM2-8B-A1B.jinja", ChatFamily::kLfm2,
+                   "Checking.<|tool_call_start|>[get_weather(city=\"Paris\", days=2, metric=True, "
+                   "opts={'units': 'C', 'tags': ['a', \"b\"]}), get_time()]<|tool_call_end|>",
+                   {{"get_weather", "{\"city\":\"Paris\",\"days\":2,\"metric\":true,\"opts\":{\"units\":"
+                                    "\"C\",\"tags\":[\"a\",\"b\"]}}"},
+                    {"get_time", "{}"}},
+                   ""},
+                  kHermesCall);
+}
+
 // Where the generation prompt opens the thinking block (DeepSeek-R1 distills, QwQ,
 // Nemotron-3: "<think>\n"), the reply up to </think> is reasoning, also for a template outside
 // the parsed families; a template without thinking keeps such text as content.

@@ -487,6 +487,7 @@ TEST(JsonSchemaGrammar, ForcedCallGrammarOfEachMarkedFamilyTakesItsCallText) {
         {chat::ChatFamily::kDsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
                                   "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
                                   "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"},
+        {chat::ChatFamily::kLfm2, "<|tool_call_start|>[get_weather(city=\"Paris\")]<|tool_call_end|>"},
         {chat::ChatFamily::kSeed, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
                                   "</parameter>\n</function>\n</seed:tool_call>"},
     };

@@ -138,6 +138,9 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.call_close = mm ? "</minimax:tool_call>" : "</｜DSML｜tool_calls>";
         m.grammar_open = gbnf::literal(m.call_open + "\n");
         m.grammar_close = gbnf::literal(m.call_close);
+    } else if (f.family == ChatFamily::kLfm2) {
+        m.call_open = "<|tool_call_start|>", m.call_close = "<|tool_call_end|>";
+        m.parallel = false;  // one list per reply (it holds the calls)
     } else if (f.family == ChatFamily::kLlama3) {
         m.call_open = "<|python_tag|>";
         m.json_reply = true;
@@ -166,6 +169,8 @@ bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector
             return deepseek::parse_calls(body, out);
         case ChatFamily::kKimi:
             return kimi::parse_calls(body, out);
+        case ChatFamily::kLfm2:
+            return lfm2::parse_calls(body, out);
         case ChatFamily::kMinimax:
             return invoke::parse_calls(body, "", out);
         case ChatFamily::kDsml:
@@ -208,6 +213,8 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return deepseek::call_rule(name, args);
         case ChatFamily::kKimi:
             return kimi::call_rule(name, args);
+        case ChatFamily::kLfm2:
+            return lfm2::call_rule(name, params);
         case ChatFamily::kMinimax:
             return invoke::call_rule(name, "", params);
         case ChatFamily::kDsml:

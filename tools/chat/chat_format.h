@@ -26,7 +26,7 @@ using ojson = nlohmann::ordered_json;  // key order as the client sent it (templ
 
 enum class ChatFamily {
     kNone, kHermes, kLlama3, kMistral, kHarmony, kXml,
-    kGlm, kDeepseek, kKimi, kMinimax, kDsml, kSeed  // chat_format_marked.cpp (kSeed: _xml.cpp)
+    kGlm, kDeepseek, kKimi, kMinimax, kDsml, kSeed, kLfm2  // chat_format_marked.cpp (kSeed: _xml.cpp)
 };
 
 struct ChatFormat {

@@ -87,6 +87,11 @@ bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
 std::string call_rule(const std::string & name, const std::string & args_rule);
 }  // namespace kimi
 
+namespace lfm2 {  // LFM2: <|tool_call_start|>[NAME(K="V", ...), ...]<|tool_call_end|>
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const ojson & params);
+}  // namespace lfm2
+
 // MiniMax-M2 (prefix "") / DeepSeek V4 (prefix "｜DSML｜"): <invoke name=..><parameter name=..>
 namespace invoke {
 bool parse_calls(const std::string & body, const std::string & prefix, std::vector<ToolCall> * out);

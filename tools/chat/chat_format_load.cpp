@@ -58,6 +58,11 @@ ChatFamily family_of(const JinjaTemplate & t) {
     if (tc != std::string::npos && out.find("\"name\": \"" + name + "\"", tc) != std::string::npos)
         return ChatFamily::kHermes;
     if (has("<|start_header_id|>") && has("\"name\": \"" + name + "\"")) return ChatFamily::kLlama3;
+    // LFM2's template prints no assistant call, only the tool list between its own markers
+    // (the model writes <|tool_call_start|>[NAME(...)]<|tool_call_end|>).
+    const size_t l = out.find("<|tool_list_start|>");
+    if (l != std::string::npos && out.find(name, l) < out.find("<|tool_list_end|>", l))
+        return ChatFamily::kLfm2;
     return ChatFamily::kNone;
 }
 
@@ -163,7 +168,7 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
 
     static const char * const kFamilies[] = {"",       "hermes",   "llama3.x", "mistral",
                                              "harmony", "xml-function", "glm", "deepseek",
-                                             "kimi",    "minimax", "deepseek-dsml", "seed"};
+                                             "kimi",    "minimax", "deepseek-dsml", "seed", "lfm2"};
     const std::string fam = kFamilies[static_cast<int>(f.family)];
     const std::string r = t->renderer();
     f.name = source.empty() ? "chatml (the model carries no chat template; " + r + ")"

@@ -3,6 +3,7 @@
 //   glm      GLM-4.5/4.6/4.7: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n</tool_call>
 //   deepseek DeepSeek V3.1/V3.2: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{JSON}<｜tool▁call▁end｜>
 //   kimi     Kimi-K2: <|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{JSON}<|tool_call_end|>
+//   lfm2     LFM2: <|tool_call_start|>[NAME(K="V", N=2)]<|tool_call_end|> (Python literals)
 //   invoke   MiniMax-M2 (prefix "") and DeepSeek V4 (prefix "｜DSML｜"):
 //            <invoke name="NAME">\n<parameter name="K">V</parameter>\n</invoke>
 // A parameter's value is the JSON it holds when it is JSON, else the text (DeepSeek V4 marks
@@ -149,6 +150,122 @@ std::string call_rule(const std::string & name, const std::string & args) {
            gbnf::literal("<|tool_call_end|>");
 }
 }  // namespace kimi
+
+namespace lfm2 {
+namespace {
+struct Py {  // a reader of Python literals as LFM2 writes call arguments
+    const std::string & s;
+    size_t p = 0;
+    void ws() {
+        while (p < s.size() && std::isspace(static_cast<unsigned char>(s[p]))) ++p;
+    }
+    bool eat(char c) {
+        ws();
+        if (p < s.size() && s[p] == c) return ++p, true;
+        return false;
+    }
+    std::string ident() {
+        ws();
+        const size_t a = p;
+        while (p < s.size() && (std::isalnum(static_cast<unsigned char>(s[p])) || s[p] == '_' ||
+                                (p > a && (s[p] == '.' || s[p] == '-'))))
+            ++p;
+        return s.substr(a, p - a);
+    }
+    bool value(ojson * v) {
+        ws();
+        if (p >= s.size()) return false;
+        const char c = s[p];
+        if (c == '"' || c == '\'') {  // a string: \-escapes as in JSON
+            std::string t = "\"";
+            for (++p; p < s.size() && s[p] != c; ++p) {
+                if (s[p] == '\\' && p + 1 < s.size()) {
+                    if (s[p + 1] == '\'') t += '\'';
+                    else t += s.substr(p, 2);
+                    ++p;
+                } else if (s[p] == '"') {
+                    t += "\\\"";
+                } else {
+                    t += s[p];
+                }
+            }
+            if (!eat(c)) return false;
+            *v = ojson::parse(t + "\"", nullptr, false);
+            return !v->is_discarded();
+        }
+        if (c == '[' || c == '{') {
+            const bool list = c == '[';
+            ++p;
+            *v = list ? ojson::array() : ojson::object();
+            if (eat(list ? ']' : '}')) return true;
+            do {
+                ojson k, x;
+                if (!list && (!value(&k) || !k.is_string() || !eat(':'))) return false;
+                if (!value(&x)) return false;
+                if (list) v->push_back(x);
+                else (*v)[k.get<std::string>()] = x;
+            } while (eat(','));
+            return eat(list ? ']' : '}');
+        }
+        const size_t a = p;  // a number, True, False or None
+        while (p < s.size() && (std::isalnum(static_cast<unsigned char>(s[p])) || s[p] == '+' ||
+                                s[p] == '-' || s[p] == '.'))
+            ++p;
+        const std::string tok = s.substr(a, p - a);
+        if (tok == "True" || tok == "False" || tok == "None") {
+            *v = tok == "True" ? ojson(true) : tok == "False" ? ojson(false) : ojson();
+            return true;
+        }
+        *v = ojson::parse(tok, nullptr, false);
+        return !v->is_discarded() && v->is_number();
+    }
+};
+}  // namespace
+
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out) {
+    Py r{body};
+    if (!r.eat('[')) return false;
+    std::vector<ToolCall> calls;
+    do {
+        ToolCall c;
+        c.name = r.ident();
+        if (!good_name(c.name) || !r.eat('(')) return false;
+        ojson args = ojson::object();
+        if (!r.eat(')')) {
+            do {
+                const std::string k = r.ident();
+                ojson v;
+                if (k.empty() || !r.eat('=') || !r.value(&v)) return false;
+                args[k] = v;
+            } while (r.eat(','));
+            if (!r.eat(')')) return false;
+        }
+        c.arguments = compact(args);
+        calls.push_back(std::move(c));
+    } while (r.eat(','));
+    if (!r.eat(']') || !blank(body, r.p)) return false;
+    *out = std::move(calls);
+    return true;
+}
+
+std::string call_rule(const std::string & name, const ojson & params) {
+    bool first = true;  // a flat schema's required keywords in order, strings quoted
+    const std::string pairs = gbnf::kv_pairs(params, [&](const std::string & k, const std::string & v, bool str) {
+        const std::string q = str ? " \"\\\"\" " : " ";
+        const std::string r = gbnf::literal((first ? "" : ", ") + k + "=") + q + v + q;
+        first = false;
+        return r;
+    });
+    if (!pairs.empty())
+        return gbnf::literal("<|tool_call_start|>[" + name + "(") + " " + pairs + " " +
+               gbnf::literal(")]<|tool_call_end|>");
+    // Else keyword arguments with JSON-style literals.
+    const std::string kw = "[a-zA-Z_] [a-zA-Z0-9_]* \"=\" ( json-string | json-number | \"True\" | "
+                           "\"False\" | \"None\" )";
+    return gbnf::literal("<|tool_call_start|>[" + name + "(") + " ( " + kw + " ( \", \" " + kw +
+           " )* )? " + gbnf::literal(")]<|tool_call_end|>");
+}
+}  // namespace lfm2
 
 namespace invoke {
 bool parse_calls(const std::string & body, const std::string & prefix, std::vector<ToolCall> * out) {
