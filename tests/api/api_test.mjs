@@ -571,6 +571,72 @@ await check("40 slow-header connections while /health answers in < 100 ms", asyn
   assert.ok(worst < 100, `worst /health ${worst.toFixed(1)} ms`);
 });
 
+// Real vendor templates (../shared/templates; run.sh skips them with the reason when absent):
+// each family's forced call through runTools, streamed as delta.tool_calls, and its result
+// rendered back by the template. MiniMax-M2 always thinks (a forced call closes a thinking
+// block first, which a synth model never does): its call is a fixed reply (tool_choice auto).
+const realUrls = Object.fromEntries((process.argv[7] ?? "").split(",").filter(Boolean)
+  .map((kv) => [kv.slice(0, kv.indexOf("=")), kv.slice(kv.indexOf("=") + 1)]));
+const realNames = { glm: "glm", deepseek: "deepseek", dsml: "deepseek-dsml", kimi: "kimi", seed: "seed" };
+for (const [fam, name] of Object.entries(realNames)) {
+  if (!realUrls[fam]) continue;
+  const client = new OpenAI({ baseURL: realUrls[fam] + "v1", apiKey: "none", maxRetries: 0 });
+  await check(`${name} (real template): runTools round trip, streamed call, result rendered back`, async () => {
+    const { c, msgs } = await forcedWeatherRound(client, new RegExp(`^${name} \\(`),
+      { parallel_tool_calls: false, ...noThink }, [{ role: "user", content: "Weather in Paris?" }]);
+    assert.deepEqual(msgs.map((m) => m.role), ["user", "assistant", "tool"]);
+    assert.equal(msgs[2].tool_call_id, c.message.tool_calls[0].id);
+    const tools = [{ type: "function", function: weather }];
+    const t = await applyTemplate(realUrls[fam], { messages: msgs, tools });
+    const user = t.prompt.lastIndexOf("Weather in Paris?");
+    assert.ok(t.prompt.indexOf("get_weather", user) > user, "the call follows the user turn");
+    assert.ok(t.prompt.indexOf("temp_c", user) > user, "the result follows it");
+    const s = client.chat.completions.stream({ model: "m", max_tokens: 200, parallel_tool_calls: false,
+      tool_choice: forceWeather, messages: [{ role: "user", content: "Rome?" }], ...noThink, tools });
+    let deltas = 0;
+    for await (const chunk of s) deltas += chunk.choices[0]?.delta?.tool_calls?.length ?? 0;
+    const done = await s.finalChatCompletion();
+    assert.equal(deltas, 1);
+    assert.equal(done.choices[0].finish_reason, "tool_calls");
+    assert.equal(done.choices[0].message.tool_calls[0].function.name, "get_weather");
+    // Control: tool_choice none leaves a grammar-fixed call of another family as content.
+    const none = await client.chat.completions.create({ model: "m", max_tokens: 200, tools, tool_choice: "none",
+      messages: [{ role: "user", content: "Rome?" }], ...noThink, grammar: `root ::= ${JSON.stringify("<x>get_weather</x>")}` });
+    assert.equal(none.choices[0].message.tool_calls, undefined);
+  });
+}
+
+if (realUrls.minimax) await check("minimax (real template): a call after its thinking streams as delta.tool_calls; result rendered back", async () => {
+  const mm = new OpenAI({ baseURL: realUrls.minimax + "v1", apiKey: "none", maxRetries: 0 });
+  const reply = "Need the weather.</think>\n\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n" +
+    "<parameter name=\"city\">Rome</parameter>\n</invoke>\n</minimax:tool_call>";
+  const tools = [{ type: "function", function: weather }];
+  const body = { model: "m", max_tokens: 300, messages: [{ role: "user", content: "Rome?" }], tools,
+    grammar: `root ::= ${JSON.stringify(reply)}` };
+  const s = await mm.chat.completions.create({ ...body, stream: true });
+  let r = "", calls = [], finish = null;
+  for await (const chunk of s) {
+    const d = chunk.choices[0]?.delta ?? {};
+    r += d.reasoning_content ?? "";
+    if (d.tool_calls) calls.push(...d.tool_calls);
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(r, "Need the weather.");
+  assert.equal(calls.length, 1);
+  assert.equal(calls[0].function.name, "get_weather");
+  assert.deepEqual(JSON.parse(calls[0].function.arguments), { city: "Rome" });
+  assert.equal(finish, "tool_calls");
+  const msgs = [{ role: "user", content: "Rome?" },
+    { role: "assistant", content: null, tool_calls: [{ id: calls[0].id, type: "function", function: calls[0].function }] },
+    { role: "tool", tool_call_id: calls[0].id, content: '{"temp_c":21}' }];
+  const t = await applyTemplate(realUrls.minimax, { messages: msgs, tools });
+  assert.ok(t.prompt.includes('<invoke name="get_weather">\n<parameter name="city">Rome</parameter>'), t.prompt.slice(-400));
+  assert.ok(t.prompt.includes('{"temp_c":21}'));
+  const none = await mm.chat.completions.create({ ...body, tool_choice: "none" });  // control
+  assert.equal(none.choices[0].message.tool_calls, undefined);
+  assert.match(none.choices[0].message.content, /<minimax:tool_call>/);
+});
+
 await check("SIGTERM ends a stream with a final chunk and [DONE]", async () => {
   const stream = await slow.completions.create({ model: "m", prompt: "Once", max_tokens: 400, ignore_eos: true, stream: true });
   let chunks = 0, finish = null, killed = false;

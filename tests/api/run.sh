@@ -24,7 +24,10 @@ synth_once "$model"
 # The same model carrying a chat template with tool syntax (tests/api/templates/): NAME.jinja
 # -> tiny-qwen3moe-q4_k-api-NAME.gguf.
 with_template() {
-  local out="$models/tiny-qwen3moe-q4_k-api-$1.gguf" tmpl="$src/tests/api/templates/$2.jinja"
+  with_template_file "$1" "$src/tests/api/templates/$2.jinja"
+}
+with_template_file() {
+  local out="$models/tiny-qwen3moe-q4_k-api-$1.gguf" tmpl="$2"
   if [ ! -f "$out" ] || [ "$tmpl" -nt "$out" ]; then
     "${MOESTREAM_PYTHON:-/usr/bin/python3}" "$src/tests/tools/gguf_mutate.py" "$model" "$out.tmp.$$" \
       set-file "tokenizer.chat_template=$tmpl"
@@ -39,6 +42,21 @@ serve_start fast 0 -m "$model" --lossless
 serve_start slow 20 -m "$model" --lossless --queue 16
 serve_start tools 0 -m "$tools_model" --lossless -c 2048
 serve_start harmony 0 -m "$harmony_model" --lossless -c 2048
+# Real vendor templates (../shared/templates) for the families parsed between markers: one
+# server each; skipped with the reason when that folder is absent.
+real="$src/../shared/templates"
+real_urls=""
+if [ -d "$real" ]; then
+  for pair in glm:GLM-4.6 deepseek:deepseek-ai-DeepSeek-V3.1 dsml:deepseek-ai-DeepSeek-V4 \
+              kimi:moonshotai-Kimi-K2 seed:ByteDance-Seed-OSS minimax:MiniMax-M2; do
+    fam="${pair%%:*}"
+    m="$(with_template_file "real-$fam" "$real/${pair#*:}.jinja")"
+    serve_start "$fam" 0 -m "$m" --lossless -c 2048
+  done
+  for fam in glm deepseek dsml kimi seed minimax; do real_urls+="$fam=$(serve_url "$fam"),"; done
+else
+  echo "skip: real-template tool round trips: $real is absent" >&2
+fi
 fast_url="$(serve_url fast)"
 slow_url="$(serve_url slow)"
 tools_url="$(serve_url tools)"
@@ -46,7 +64,7 @@ harmony_url="$(serve_url harmony)"
 
 cd "$src/tests/api"
 status=0
-timeout 200 node api_test.mjs "$fast_url" "$slow_url" "$(cat "$work/slow.pid")" "$tools_url" "$harmony_url" || status=$?
+timeout 200 node api_test.mjs "$fast_url" "$slow_url" "$(cat "$work/slow.pid")" "$tools_url" "$harmony_url" "$real_urls" || status=$?
 if [ "$status" -ne 0 ]; then
   echo "--- fast server log" >&2; tail -30 "$work/fast.err" >&2
   echo "--- slow server log" >&2; tail -30 "$work/slow.err" >&2

@@ -16,11 +16,15 @@
 namespace moestream::chat {
 namespace {
 
-std::string read_template(const std::string & name) {
-    std::ifstream f(moestream::test::src_dir() + "/tests/api/templates/" + name);
+// A file's text ("" when it cannot be read).
+std::string read_text(const std::string & path) {
+    std::ifstream f(path);
     std::stringstream ss;
     ss << f.rdbuf();
     return ss.str();
+}
+std::string read_template(const std::string & name) {
+    return read_text(moestream::test::src_dir() + "/tests/api/templates/" + name);
 }
 std::string hermes_template() {
     return read_template("hermes-qwen3.jinja");
@@ -391,6 +395,144 @@ TEST(ChatJinja, MessagesReachTheTemplateAsLlamaServerGivesThem) {
     ASSERT_TRUE(bad) << err;
     EXPECT_FALSE(bad->render(msgs, ojson(), true, ojson::object(), &out, &err));
     EXPECT_NE(err.find("stop here"), std::string::npos) << err;
+}
+
+}  // namespace
+}  // namespace moestream::chat
+
+namespace moestream::chat {
+namespace {
+
+// A real vendor template from ../shared/templates ("" when that folder is absent).
+std::string shared_template(const std::string & file) {
+    return read_text(moestream::test::src_dir() + "/../shared/templates/" + file);
+}
+
+// A call as a model of the family writes it, what it parses to, and another family's call.
+struct FamilyCase {
+    const char * file;
+    ChatFamily family;
+    std::string reply;  // "Checking." then the call(s)
+    std::vector<std::pair<std::string, std::string>> calls;  // name, arguments
+    std::string reasoning;  // what the reply's thinking block holds
+};
+
+// The reply splits into content, reasoning and these calls at every piece size; another
+// family's call text is no call (kept as content) and without tools nothing is a call.
+void expect_family(const FamilyCase & c, const std::string & other_call) {
+    const std::string t = shared_template(c.file);
+    if (t.empty()) GTEST_SKIP() << "../shared/templates/" << c.file << " is absent";
+    const ChatFormat & f = format_of(t);
+    ASSERT_EQ(f.family, c.family) << f.name;
+    for (size_t piece : {size_t(1), size_t(5), c.reply.size()}) {
+        Split s = parse(c.reply, piece, true, true, t);
+        ASSERT_EQ(s.calls.size(), c.calls.size()) << piece << " " << s.content;
+        for (size_t i = 0; i < c.calls.size(); ++i) {
+            EXPECT_EQ(s.calls[i].name, c.calls[i].first);
+            EXPECT_EQ(s.calls[i].arguments, c.calls[i].second);
+        }
+        EXPECT_EQ(s.reasoning, c.reasoning) << piece;
+        EXPECT_EQ(s.content, "Checking.") << piece;
+        s = parse(other_call, piece, true, false, t);  // negative control: another family
+        EXPECT_TRUE(s.calls.empty()) << piece;
+        s = parse(c.reply, piece, false, false, t);  // control: no tools offered
+        EXPECT_TRUE(s.calls.empty()) << piece;
+    }
+}
+
+const std::string kHermesCall =
+    "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+const std::string kGlmCall =
+    "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n"
+    "<arg_key>days</arg_key>\n<arg_value>2</arg_value>\n</tool_call>";
+
+TEST(ChatFormatFamilies, GlmArgKeyCallsAreParsed) {
+    expect_family({"GLM-4.6.jinja", ChatFamily::kGlm, "<think>Need weather.</think>\nChecking.\n" + kGlmCall,
+                   {{"get_weather", "{\"city\":\"Paris\",\"days\":2}"}}, "Need weather."},
+                  kHermesCall);
+}
+
+TEST(ChatFormatFamilies, DeepseekV31CallsAreParsedAfterThePromptsThinkOpener) {
+    // The prompt ends with <think>: the reply starts inside the thinking block.
+    expect_family({"deepseek-ai-DeepSeek-V3.1.jinja", ChatFamily::kDeepseek,
+                   "Need weather.</think>Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather"
+                   "<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time"
+                   "<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                   {{"get_weather", "{\"city\":\"Paris\"}"}, {"get_time", "{}"}}, "Need weather."},
+                  kGlmCall);
+}
+
+TEST(ChatFormatFamilies, DeepseekV4DsmlCallsAreParsed) {
+    expect_family({"deepseek-ai-DeepSeek-V4.jinja", ChatFamily::kDsml,
+                   "Need weather.</think>\n\nChecking.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                   "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+                   "<｜DSML｜parameter name=\"days\" string=\"false\">2</｜DSML｜parameter>\n"
+                   "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+                   {{"get_weather", "{\"city\":\"Paris\",\"days\":2}"}}, "Need weather."},
+                  "<minimax:tool_call>\n<invoke name=\"get_weather\">\n</invoke>\n</minimax:tool_call>");
+}
+
+TEST(ChatFormatFamilies, KimiK2SectionCallsAreParsed) {
+    expect_family({"moonshotai-Kimi-K2.jinja", ChatFamily::kKimi,
+                   "Checking.<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                   "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
+                   "<|tool_calls_section_end|>",
+                   {{"get_weather", "{\"city\":\"Paris\"}"}}, ""},
+                  "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{}"
+                  "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
+}
+
+TEST(ChatFormatFamilies, MinimaxInvokeCallsAreParsed) {
+    expect_family({"MiniMax-M2.jinja", ChatFamily::kMinimax,
+                   "<think>\nNeed weather.\n</think>\n\nChecking.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
+                   "<parameter name=\"city\">Paris</parameter>\n<parameter name=\"days\">2</parameter>\n"
+                   "</invoke>\n</minimax:tool_call>",
+                   {{"get_weather", "{\"city\":\"Paris\",\"days\":2}"}}, "Need weather."},
+                  kHermesCall);
+}
+
+TEST(ChatFormatFamilies, SeedOssCallsAreParsed) {
+    expect_family({"ByteDance-Seed-OSS.jinja", ChatFamily::kSeed,
+                   "<seed:think>Need weather.</seed:think>Checking.<seed:tool_call>\n<function=get_weather>\n"
+                   "<parameter=city>Paris</parameter>\n</function>\n</seed:tool_call>",
+                   {{"get_weather", "{\"city\":\"Paris\"}"}}, "Need weather."},
+                  "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                  "</function>\n</tool_call>");
+}
+
+TEST(ChatFormatFamilies, Lfm2PythonCallListIsParsed) {
+    // The template prints no assistant call: the family is known from its tool list markers.
+    expect_family({"LFM2-8B-A1B.jinja", ChatFamily::kLfm2,
+                   "Checking.<|tool_call_start|>[get_weather(city=\"Paris\", days=2, metric=True, "
+                   "opts={'units': 'C', 'tags': ['a', \"b\"]}), get_time()]<|tool_call_end|>",
+                   {{"get_weather", "{\"city\":\"Paris\",\"days\":2,\"metric\":true,\"opts\":{\"units\":"
+                                    "\"C\",\"tags\":[\"a\",\"b\"]}}"},
+                    {"get_time", "{}"}},
+                   ""},
+                  kHermesCall);
+}
+
+// Where the generation prompt opens the thinking block (DeepSeek-R1 distills, QwQ,
+// Nemotron-3: "<think>\n"), the reply up to </think> is reasoning, also for a template outside
+// the parsed families; a template without thinking keeps such text as content.
+TEST(ChatFormatFamilies, ReplyAfterAPromptThatOpensThinkingIsReasoning) {
+    for (const char * file : {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "Qwen-QwQ-32B.jinja",
+                              "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja"}) {
+        const std::string t = shared_template(file);
+        if (t.empty()) GTEST_SKIP() << "../shared/templates/" << file << " is absent";
+        EXPECT_TRUE(format_of(t).think_opened) << file;
+        for (size_t piece : {size_t(1), size_t(4), size_t(100)}) {
+            const Split s = parse("Let me see.\n</think>\n\nHello.", piece, false, true, t);
+            EXPECT_EQ(s.reasoning, "Let me see.") << file << " " << piece;
+            EXPECT_EQ(s.content, "Hello.") << file << " " << piece;
+        }
+    }
+    const std::string t = shared_template("Qwen-Qwen2.5-7B-Instruct.jinja");  // control
+    if (t.empty()) GTEST_SKIP() << "../shared/templates/Qwen-Qwen2.5-7B-Instruct.jinja is absent";
+    EXPECT_FALSE(format_of(t).think_opened);
+    const Split s = parse("Let me see.\n</think>\n\nHello.", 3, false, true, t);
+    EXPECT_EQ(s.reasoning, "");
+    EXPECT_EQ(s.content, "Let me see.\n</think>\n\nHello.");
 }
 
 }  // namespace

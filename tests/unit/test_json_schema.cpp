@@ -573,5 +573,75 @@ TEST(JsonSchemaGrammar, ToolCallGrammarsNestedArgumentsAndThinkingFirst) {
         << "control: thinking off";
 }
 
+// A forced call's grammar for each family parsed between markers takes the call as the
+// family writes it (which the reply parser reads back as that call), and no other function
+// nor a value outside the schema (key/value families: a flat schema's required properties).
+TEST(JsonSchemaGrammar, ForcedCallGrammarOfEachMarkedFamilyTakesItsCallText) {
+    ASSERT_NE(vocab(), nullptr);
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string",
+        "enum": ["Paris", "Rome"]}}, "required": ["city"]}}}, {"type": "function", "function": {"name": "other",
+        "parameters": {"type": "object", "properties": {}}}}])");
+    struct Case {
+        chat::ChatFamily family;
+        std::string call;  // get_weather(city="Paris") as the family writes it
+    };
+    const std::vector<Case> cases = {
+        {chat::ChatFamily::kGlm, "<tool_call>get_weather\n<arg_key>city</arg_key>\n"
+                                 "<arg_value>Paris</arg_value>\n</tool_call>"},
+        {chat::ChatFamily::kDeepseek, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>"
+                                      "{\"city\": \"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"},
+        {chat::ChatFamily::kKimi, "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                                  "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
+                                  "<|tool_calls_section_end|>"},
+        {chat::ChatFamily::kMinimax, "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter "
+                                     "name=\"city\">Paris</parameter>\n</invoke>\n</minimax:tool_call>"},
+        {chat::ChatFamily::kDsml, "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                                  "<｜DSML｜parameter name=\"city\" string=\"true\">Paris</｜DSML｜parameter>\n"
+                                  "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"},
+        {chat::ChatFamily::kLfm2, "<|tool_call_start|>[get_weather(city=\"Paris\")]<|tool_call_end|>"},
+        {chat::ChatFamily::kSeed, "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Paris"
+                                  "</parameter>\n</function>\n</seed:tool_call>"},
+    };
+    for (const Case & c : cases) {
+        chat::ChatFormat f;
+        f.family = c.family;
+        f.tools = true;
+        const std::string g = chat::tool_call_grammar(f, tools, "get_weather", true, false);
+        EXPECT_TRUE(accepts(g, c.call)) << c.call << "\n" << g;
+        chat::ReplyParser p(f, true, false);
+        chat::ReplyDelta d = p.push(c.call);
+        const chat::ReplyDelta e = p.finish();
+        d.calls.insert(d.calls.end(), e.calls.begin(), e.calls.end());
+        ASSERT_EQ(d.calls.size(), 1u) << c.call;
+        EXPECT_EQ(d.calls[0].name, "get_weather");
+        EXPECT_EQ(d.calls[0].arguments, "{\"city\":\"Paris\"}");
+        std::string renamed = c.call;  // control: another function is not the forced one
+        renamed.replace(renamed.find("get_weather"), 11, "other");
+        EXPECT_FALSE(accepts(g, renamed)) << renamed;
+        std::string elsewhere = c.call;  // control: a value outside the parameter's enum
+        elsewhere.replace(elsewhere.find("Paris"), 5, "Lyon");
+        EXPECT_FALSE(accepts(g, elsewhere)) << elsewhere;
+    }
+}
+
+// Where the prompt opened the thinking block (DeepSeek V3.1: "<think>"), a forced call with
+// thinking first must close that block, then call.
+TEST(JsonSchemaGrammar, ForcedCallAfterAPromptThatOpensThinkingClosesItFirst) {
+    ASSERT_NE(vocab(), nullptr);
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {}}}}])");
+    chat::ChatFormat f;
+    f.family = chat::ChatFamily::kDeepseek;
+    f.tools = f.thinking = f.think_opened = true;
+    const std::string call = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{}"
+                             "<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    const std::string g = chat::tool_call_grammar(f, tools, "", true, true);
+    EXPECT_TRUE(accepts(g, "Need f.</think>\n\n" + call)) << g;
+    EXPECT_FALSE(accepts(g, call)) << "the opened block is closed first";
+    f.think_opened = false;  // control: a prompt that does not open it
+    EXPECT_TRUE(accepts(chat::tool_call_grammar(f, tools, "", true, true), call));
+}
+
 }  // namespace
 }  // namespace moestream::test

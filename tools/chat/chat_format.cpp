@@ -116,6 +116,31 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = "<tool_call>", m.call_close = "</tool_call>";
         m.grammar_separator = gbnf::literal("\n");
+    } else if (f.family == ChatFamily::kGlm || f.family == ChatFamily::kSeed) {
+        const bool seed = f.family == ChatFamily::kSeed;
+        m.think_open = seed ? "<seed:think>" : "<think>";
+        m.think_close = seed ? "</seed:think>" : "</think>";
+        m.call_open = seed ? "<seed:tool_call>" : "<tool_call>";
+        m.call_close = seed ? "</seed:tool_call>" : "</tool_call>";
+        m.grammar_separator = gbnf::literal("\n");
+    } else if (f.family == ChatFamily::kDeepseek || f.family == ChatFamily::kKimi) {
+        // One calls block holding every call (each between its own markers).
+        const bool ds = f.family == ChatFamily::kDeepseek;
+        if (ds) m.think_open = "<think>", m.think_close = "</think>";
+        m.call_open = ds ? deepseek::kCallsBegin : kimi::kCallsBegin;
+        m.call_close = ds ? deepseek::kCallsEnd : kimi::kCallsEnd;
+        m.grammar_open = gbnf::literal(m.call_open);
+        m.grammar_close = gbnf::literal(m.call_close);
+    } else if (f.family == ChatFamily::kMinimax || f.family == ChatFamily::kDsml) {
+        const bool mm = f.family == ChatFamily::kMinimax;
+        m.think_open = "<think>", m.think_close = "</think>";
+        m.call_open = mm ? "<minimax:tool_call>" : "<｜DSML｜tool_calls>";
+        m.call_close = mm ? "</minimax:tool_call>" : "</｜DSML｜tool_calls>";
+        m.grammar_open = gbnf::literal(m.call_open + "\n");
+        m.grammar_close = gbnf::literal(m.call_close);
+    } else if (f.family == ChatFamily::kLfm2) {
+        m.call_open = "<|tool_call_start|>", m.call_close = "<|tool_call_end|>";
+        m.parallel = false;  // one list per reply (it holds the calls)
     } else if (f.family == ChatFamily::kLlama3) {
         m.call_open = "<|python_tag|>";
         m.json_reply = true;
@@ -129,6 +154,8 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
     } else if (f.family == ChatFamily::kHarmony) {
         m.parallel = false;  // a call ends the reply (<|call|>)
     }
+    if (f.family == ChatFamily::kNone && f.think_tags)
+        m.think_open = "<think>", m.think_close = "</think>";
     return m;
 }
 
@@ -136,9 +163,27 @@ bool one_call_per_reply(const ChatFormat & f) {
     return !reply_markers(f).parallel;
 }
 
-bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out) {
-    if (f.family == ChatFamily::kXml) return xml::parse_call(body, out);
-    return f.family == ChatFamily::kHermes && hermes::parse_call(body, out);
+bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
+    switch (f.family) {
+        case ChatFamily::kDeepseek:
+            return deepseek::parse_calls(body, out);
+        case ChatFamily::kKimi:
+            return kimi::parse_calls(body, out);
+        case ChatFamily::kLfm2:
+            return lfm2::parse_calls(body, out);
+        case ChatFamily::kMinimax:
+            return invoke::parse_calls(body, "", out);
+        case ChatFamily::kDsml:
+            return invoke::parse_calls(body, "｜DSML｜", out);
+        default:
+            break;
+    }
+    ToolCall c;
+    const bool ok = f.family == ChatFamily::kXml || f.family == ChatFamily::kSeed ? xml::parse_call(body, &c)
+                    : f.family == ChatFamily::kGlm                             ? glm::parse_call(body, &c)
+                    : f.family == ChatFamily::kHermes && hermes::parse_call(body, &c);
+    if (ok) out->assign(1, c);
+    return ok;
 }
 
 bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
@@ -149,7 +194,8 @@ bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vecto
     return true;
 }
 
-std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args) {
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args,
+                      const ojson & params) {
     switch (f.family) {
         case ChatFamily::kLlama3:
             return llama3::call_rule(name, args);
@@ -158,7 +204,21 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
         case ChatFamily::kHarmony:
             return harmony::call_rule(name, args);
         case ChatFamily::kXml:
-            return xml::call_rule(name);
+            return xml::call_rule(name, params);
+        case ChatFamily::kSeed:
+            return seed::call_rule(name, params);
+        case ChatFamily::kGlm:
+            return glm::call_rule(name, params);
+        case ChatFamily::kDeepseek:
+            return deepseek::call_rule(name, args);
+        case ChatFamily::kKimi:
+            return kimi::call_rule(name, args);
+        case ChatFamily::kLfm2:
+            return lfm2::call_rule(name, params);
+        case ChatFamily::kMinimax:
+            return invoke::call_rule(name, "", params);
+        case ChatFamily::kDsml:
+            return invoke::call_rule(name, "｜DSML｜", params);
         default:
             return hermes::call_rule(name, args);
     }
@@ -312,6 +372,37 @@ std::string arguments_rule(const ojson & params) {
     return rule + " \"}\"";
 }
 
+const char kTextValue[] = "( [^<] | \"<\" [^/] )*";
+
+std::string kv_pairs(const ojson & params,
+                     const std::function<std::string(const std::string &, const std::string &, bool)> & pair) {
+    if (!params.is_object() || !params.contains("properties") || !params["properties"].is_object() ||
+        !params.contains("required") || !params["required"].is_array())
+        return "";
+    const ojson & props = params["properties"];
+    std::string out;
+    for (const auto & k : params["required"]) {
+        if (!k.is_string() || !props.contains(k.get<std::string>())) return "";
+        const ojson & p = props[k.get<std::string>()];
+        const std::string t = p.is_object() && p.contains("type") && p["type"].is_string()
+                                  ? p["type"].get<std::string>()
+                                  : "";
+        std::string v;
+        if (p.is_object() && p.contains("enum") && p["enum"].is_array() && !p["enum"].empty()) {
+            for (const auto & e : p["enum"])
+                v += (v.empty() ? "" : " | ") + literal(e.is_string() ? e.get<std::string>() : e.dump());
+            v = "( " + v + " )";
+        } else {
+            v = t == "integer"   ? "json-int"
+                : t == "number"  ? "json-number"
+                : t == "boolean" ? "( \"true\" | \"false\" )"
+                                 : kTextValue;
+        }
+        out += (out.empty() ? "" : " ") + pair(k.get<std::string>(), v, t == "string");
+    }
+    return out;
+}
+
 }  // namespace gbnf
 
 std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
@@ -326,7 +417,7 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
         const ojson params = fn.contains("parameters") ? fn["parameters"] : ojson();
         std::string args = gbnf::schema_rules(params, "t" + std::to_string(n - 1) + "-", &rules);
         if (args.empty()) args = gbnf::arguments_rule(params);
-        rules += r + " ::= " + call_rule(f, name, args) + "\n";
+        rules += r + " ::= " + call_rule(f, name, args, params) + "\n";
         alts += (alts.empty() ? "" : " | ") + r;
     }
     const ReplyMarkers m = reply_markers(f);
@@ -334,10 +425,16 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
     std::string think;  // an optional thinking block before the calls
     if (think_first && f.thinking && f.family == ChatFamily::kHarmony)
         think = harmony::think_rule();
+    // The prompt opened the block (and thinking is on, or the template always thinks): the
+    // reply closes it first, then calls (as ReplyParser reads it).
+    const bool opened = f.think_opened && !m.think_open.empty() && (think_first || !f.thinking);
+    if (opened)
+        think = "( [^<] | \"<\" [^/] )* " + gbnf::literal(m.think_close) + " [\\n]*";
     else if (think_first && f.thinking && !m.think_open.empty())
         think = gbnf::literal(m.think_open + "\n") + " ( [^<] | \"<\" [^/] )* " +
                 gbnf::literal(m.think_close + "\n\n");
-    std::string g = std::string("root ::= ") + (think.empty() ? "" : "think? ") + m.grammar_open + " call" +
+    const char * think_use = think.empty() ? "" : opened ? "think " : "think? ";
+    std::string g = std::string("root ::= ") + think_use + m.grammar_open + " call" +
                     (one_call ? "" : " ( " + m.grammar_separator + " call )*") + " " +
                     m.grammar_close + "\ncall ::= " + alts + "\n" +
                     (think.empty() ? "" : "think ::= " + think + "\n") + rules +
@@ -346,8 +443,13 @@ std::string tool_call_grammar(const ChatFormat & f, const ojson & tools,
 }
 
 ReplyParser::ReplyParser(const ChatFormat & f, bool tools, bool thinking)
-    : f_(f), tools_(tools && f.tools), state_(thinking && f.thinking ? State::kStart
-                                                                      : State::kContent) {}
+    : f_(f), tools_(tools && f.tools),
+      // A family that always thinks (MiniMax-M2: no switch in its template) has its block
+      // split out whatever was asked.
+      state_(f.think_opened && (thinking || !f.thinking) ? State::kThink
+             : (thinking && f.thinking) || (!f.thinking && !reply_markers(f).think_open.empty())
+                 ? State::kStart
+                 : State::kContent) {}
 
 ReplyDelta ReplyParser::push(const std::string & text) {
     buf_ += text;
@@ -430,6 +532,14 @@ ReplyDelta ReplyParser::step(bool final) {
         }
         if (state_ == State::kThink) {
             if (!reasoning_started_ && drop_leading_blank(&buf_)) return d;  // start of the block
+            if (!reasoning_started_ && f_.think_opened && !m.think_open.empty()) {
+                // The prompt opened the block; a model that opens it again has it dropped.
+                if (buf_.compare(0, m.think_open.size(), m.think_open) == 0) {
+                    buf_.erase(0, m.think_open.size());
+                    continue;
+                }
+                if (!final && m.think_open.compare(0, buf_.size(), buf_) == 0) return d;
+            }
             const size_t e = buf_.find(m.think_close);
             // Blank at the end of the block is dropped too: it waits until text follows it.
             size_t end = e != std::string::npos ? e
@@ -548,11 +658,13 @@ ReplyDelta ReplyParser::step(bool final) {
             buf_.clear();
             return d;
         }
-        ToolCall c;
+        std::vector<ToolCall> calls;
         const std::string body = buf_.substr(0, e);
-        if (parse_call_body(f_, body, &c)) {
-            c.id = "call_" + std::to_string(n_calls_++);
-            d.calls.push_back(std::move(c));
+        if (parse_call_body(f_, body, &calls)) {
+            for (ToolCall & c : calls) {
+                c.id = "call_" + std::to_string(n_calls_++);
+                d.calls.push_back(std::move(c));
+            }
         } else {
             d.content += m.call_open + body + m.call_close;
         }

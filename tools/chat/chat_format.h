@@ -24,7 +24,10 @@ class JinjaTemplate;  // chat_jinja.h
 
 using ojson = nlohmann::ordered_json;  // key order as the client sent it (templates print it)
 
-enum class ChatFamily { kNone, kHermes, kLlama3, kMistral, kHarmony, kXml };
+enum class ChatFamily {
+    kNone, kHermes, kLlama3, kMistral, kHarmony, kXml,
+    kGlm, kDeepseek, kKimi, kMinimax, kDsml, kSeed, kLfm2  // chat_format_marked.cpp (kSeed: _xml.cpp)
+};
 
 struct ChatFormat {
     ChatFamily family = ChatFamily::kNone;
@@ -37,6 +40,11 @@ struct ChatFormat {
     // The template itself, run by minja (chat_jinja.h): every prompt is rendered by it.
     std::shared_ptr<const JinjaTemplate> jinja;
     bool thinking_default = true;  // enable_thinking when a request leaves it unset
+    // A template outside the parsed families whose thinking block is <think>...</think>.
+    bool think_tags = false;
+    // The generation prompt with thinking on ends by opening the thinking block (DeepSeek
+    // V3.1, GLM-4.7, Qwen3.5: "<think>"): the reply starts inside it.
+    bool think_opened = false;
     bool effort = false;           // the template reads reasoning_effort
     bool date_string = false;      // the template reads date_string (given today, "%d %b %Y")
     ojson default_kwargs = ojson::object();  // template variables set unless a request sets them

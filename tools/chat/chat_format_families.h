@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -22,16 +23,24 @@ struct ReplyMarkers {
     std::string grammar_open, grammar_separator, grammar_close;
 };
 ReplyMarkers reply_markers(const ChatFormat & f);
-// The text between call_open and call_close -> name and arguments (compact JSON); false when
-// it is not a call.
-bool parse_call_body(const ChatFormat & f, const std::string & body, ToolCall * out);
+// The text between call_open and call_close -> its calls' names and arguments (compact JSON);
+// false when it is not calls.
+bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
 // A whole reply of a json_reply family -> its calls; false when it is not calls.
 bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
 // GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule.
-std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args_rule);
+// params: the tool's "parameters" (families that write key/value pairs enforce its flat part).
+std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args_rule,
+                      const ojson & params);
 
 namespace gbnf {
 std::string literal(const std::string & s);  // a GBNF string literal for s
+// The required properties of a flat object schema, in order, each as pair(key, value rule,
+// whether the value is a string) writes it (a text value: a string's text, an enum's values, a
+// number...); "" when params is not such a schema (the family's generic pairs then).
+std::string kv_pairs(const ojson & params,
+                     const std::function<std::string(const std::string &, const std::string &, bool)> & pair);
+extern const char kTextValue[];  // text that does not close a tag: ( [^<] | "<" [^/] )*
 }
 
 // Today in local time, as strftime formats it (what llama.cpp gives templates).
@@ -54,8 +63,40 @@ std::string call_rule(const std::string & name, const std::string & args_rule);
 
 namespace xml {  // Qwen3-Coder / Qwen3.5 / Nemotron-3: <tool_call><function=..><parameter=..>
 bool parse_call(const std::string & body, ToolCall * out);
-std::string call_rule(const std::string & name);  // parameters' values not enforced
+std::string call_rule(const std::string & name, const ojson & params);
 }  // namespace xml
+
+namespace seed {  // Seed-OSS: the xml-function call inside <seed:tool_call>, values without newlines
+std::string call_rule(const std::string & name, const ojson & params);
+}  // namespace seed
+
+namespace glm {  // GLM-4.5/4.6/4.7: <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>
+bool parse_call(const std::string & body, ToolCall * out);
+std::string call_rule(const std::string & name, const ojson & params);
+}  // namespace glm
+
+namespace deepseek {  // DeepSeek V3.1/V3.2: <｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{..}<｜tool▁call▁end｜>
+extern const char kCallsBegin[], kCallsEnd[];  // the calls block
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace deepseek
+
+namespace kimi {  // Kimi-K2: <|tool_call_begin|>functions.NAME:I<|tool_call_argument_begin|>{..}
+extern const char kCallsBegin[], kCallsEnd[];  // the calls block
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace kimi
+
+namespace lfm2 {  // LFM2: <|tool_call_start|>[NAME(K="V", ...), ...]<|tool_call_end|>
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const ojson & params);
+}  // namespace lfm2
+
+// MiniMax-M2 (prefix "") / DeepSeek V4 (prefix "｜DSML｜"): <invoke name=..><parameter name=..>
+namespace invoke {
+bool parse_calls(const std::string & body, const std::string & prefix, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & prefix, const ojson & params);
+}  // namespace invoke
 
 namespace harmony {  // gpt-oss: <|start|>role<|message|>...<|end|>, channels, namespace functions
 std::string call_rule(const std::string & name, const std::string & args_rule);

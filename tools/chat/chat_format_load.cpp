@@ -42,6 +42,14 @@ ChatFamily family_of(const JinjaTemplate & t) {
     if (out.empty() || !has(name)) return ChatFamily::kNone;
     if (has("to=functions." + name) && has("<|channel|>")) return ChatFamily::kHarmony;
     if (has("[TOOL_CALLS]")) return ChatFamily::kMistral;
+    // Calls between the markers of chat_format_marked.cpp, as the template wrote the probe.
+    if (has("<tool_call>" + name) && has("<arg_key>a</arg_key>")) return ChatFamily::kGlm;
+    if (has("<｜tool▁call▁begin｜>" + name + "<｜tool▁sep｜>")) return ChatFamily::kDeepseek;
+    if (has("<|tool_call_begin|>functions." + name + ":")) return ChatFamily::kKimi;
+    if (has("<minimax:tool_call>") && has("<invoke name=\"" + name + "\">"))
+        return ChatFamily::kMinimax;
+    if (has("<｜DSML｜invoke name=\"" + name + "\">")) return ChatFamily::kDsml;
+    if (has("<seed:tool_call>") && has("<function=" + name + ">")) return ChatFamily::kSeed;
     // XML functions: <tool_call> around <function=NAME> with <parameter=KEY> values.
     if (has("<tool_call>") && has("<function=" + name + ">") && has("<parameter=a>"))
         return ChatFamily::kXml;
@@ -50,6 +58,11 @@ ChatFamily family_of(const JinjaTemplate & t) {
     if (tc != std::string::npos && out.find("\"name\": \"" + name + "\"", tc) != std::string::npos)
         return ChatFamily::kHermes;
     if (has("<|start_header_id|>") && has("\"name\": \"" + name + "\"")) return ChatFamily::kLlama3;
+    // LFM2's template prints no assistant call, only the tool list between its own markers
+    // (the model writes <|tool_call_start|>[NAME(...)]<|tool_call_end|>).
+    const size_t l = out.find("<|tool_list_start|>");
+    if (l != std::string::npos && out.find(name, l) < out.find("<|tool_list_end|>", l))
+        return ChatFamily::kLfm2;
     return ChatFamily::kNone;
 }
 
@@ -116,6 +129,15 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
         };
         f.thinking_default = marked(words(think_on)) || marked(words(think_off));
     }
+    f.think_tags = f.family == ChatFamily::kNone &&
+                   src.find("<think>") != std::string::npos && src.find("</think>") != std::string::npos;
+    {
+        const std::string open = reply_markers(f).think_open;
+        const size_t end = think_on.find_last_not_of(" \t\r\n");
+        f.think_opened = !open.empty() && end != std::string::npos &&
+                         end + 1 >= open.size() &&
+                         think_on.compare(end + 1 - open.size(), open.size(), open) == 0;
+    }
     f.date_string = src.find("date_string") != std::string::npos;
     f.effort = probe(*t, user, ojson(), true, with("reasoning_effort", "low")) !=
                probe(*t, user, ojson(), true, with("reasoning_effort", "high"));
@@ -144,8 +166,9 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
         }
     }
 
-    static const char * const kFamilies[] = {"", "hermes", "llama3.x", "mistral", "harmony",
-                                             "xml-function"};
+    static const char * const kFamilies[] = {"",       "hermes",   "llama3.x", "mistral",
+                                             "harmony", "xml-function", "glm", "deepseek",
+                                             "kimi",    "minimax", "deepseek-dsml", "seed", "lfm2"};
     const std::string fam = kFamilies[static_cast<int>(f.family)];
     const std::string r = t->renderer();
     f.name = source.empty() ? "chatml (the model carries no chat template; " + r + ")"

@@ -60,13 +60,30 @@ bool parse_call(const std::string & body, ToolCall * out) {
     return true;
 }
 
-std::string call_rule(const std::string & name) {
-    // Parameters by name with any text that does not close them (their schema is not enforced).
-    return gbnf::literal("<tool_call>\n<function=" + name + ">\n") + " ( " +
-           gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">\n") +
-           " ( [^<] | \"<\" [^/] )* " + gbnf::literal("\n</parameter>\n") + " )* " +
+std::string call_rule(const std::string & name, const ojson & params) {
+    // The required parameters of a flat schema in order; else any by name with any text.
+    std::string pairs = gbnf::kv_pairs(params, [](const std::string & k, const std::string & v, bool) {
+        return gbnf::literal("<parameter=" + k + ">\n") + " " + v + " " + gbnf::literal("\n</parameter>\n");
+    });
+    if (pairs.empty())
+        pairs = "( " + gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">\n") + " " +
+                gbnf::kTextValue + " " + gbnf::literal("\n</parameter>\n") + " )*";
+    return gbnf::literal("<tool_call>\n<function=" + name + ">\n") + " " + pairs + " " +
            gbnf::literal("</function>\n</tool_call>");
 }
 
 }  // namespace xml
+
+namespace seed {
+std::string call_rule(const std::string & name, const ojson & params) {
+    std::string pairs = gbnf::kv_pairs(params, [](const std::string & k, const std::string & v, bool) {
+        return gbnf::literal("<parameter=" + k + ">") + " " + v + " " + gbnf::literal("</parameter>\n");
+    });
+    if (pairs.empty())
+        pairs = "( " + gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">") + " " +
+                gbnf::kTextValue + " " + gbnf::literal("</parameter>\n") + " )*";
+    return gbnf::literal("<seed:tool_call>\n<function=" + name + ">\n") + " " + pairs + " " +
+           gbnf::literal("</function>\n</seed:tool_call>");
+}
+}  // namespace seed
 }  // namespace moestream::chat
