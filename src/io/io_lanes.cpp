@@ -359,6 +359,11 @@ void IoLanes::sleep_until(int * waiters, Ready ready) {
     --*waiters;
 }
 
+int IoLanes::lanes_at_gate() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return gate_waiters_;
+}
+
 void IoLanes::release(size_t n) {
     if (batch_ == nullptr || cancelled_ || n <= released_.load()) return;
     std::lock_guard<std::mutex> lk(mu_);  // a lane checks the watermark under mu_ before it sleeps

@@ -156,6 +156,10 @@ public:
     // Waits for the whole batch; adds its bytes/reads (and the time waited) to stats.
     Status finish(IoBatchStats * stats);
     bool in_flight() const { return batch_ != nullptr; }
+    // Worker lanes sleeping at the release watermark now (gated reads): when it equals
+    // n_lanes() - 1 (every worker; lane 0 is the caller's thread) and the caller is not in a
+    // wait, no read is in flight and none starts before release() or a failure. Any thread.
+    int lanes_at_gate();
     // Every request's read time since open (read_latency.h), whichever lane read it.
     const ReadLatencyHistogram & read_latency() const { return latency_; }
 

@@ -500,7 +500,19 @@ async function stats(url) {
   return (await fetch(url + "stats")).json();
 }
 
-await check("12 non-streaming clients that disconnect leave the queue empty within a second", async () => {
+// Waits for a state of /stats, polling; `what` names it in the failure. The bound only catches
+// a hang: the checks wait for the state, not for a time.
+async function statsUntil(url, pred, what, boundMs = 60000) {
+  const t0 = Date.now();
+  for (;;) {
+    const s = await stats(url);
+    if (pred(s)) return s;
+    assert.ok(Date.now() - t0 < boundMs, `no ${what} within ${boundMs / 1000} s: ${JSON.stringify(s)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+await check("12 non-streaming clients that disconnect leave the queue empty", async () => {
   const before = (await stats(slowUrl)).requests;
   const aborts = [];
   const pending = [];
@@ -510,22 +522,12 @@ await check("12 non-streaming clients that disconnect leave the queue empty with
     pending.push(slow.completions.create({ model: "m", prompt: "Once upon a time", max_tokens: 400, ignore_eos: true },
       { signal: ac.signal }).catch(() => null));
   }
-  let s;
-  for (let t = 0; t < 100; t++) {
-    s = await stats(slowUrl);
-    if (s.generating && s.queue_waiting === 11) break;
-    await new Promise((r) => setTimeout(r, 50));
-  }
-  assert.equal(s.queue_waiting, 11, "control: eleven wait behind the running one");
-  const t0 = Date.now();
+  // control: eleven wait behind the running one
+  await statsUntil(slowUrl, (s) => s.generating && s.queue_waiting === 11, "running request with eleven queued");
   for (const ac of aborts) ac.abort();
   await Promise.all(pending);
-  for (;;) {
-    s = await stats(slowUrl);
-    if (s.queue_waiting === 0 && !s.generating) break;
-    assert.ok(Date.now() - t0 < 1000, `queue not empty after 1 s: ${JSON.stringify(s.requests)}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
+  const s = await statsUntil(slowUrl, (s) => s.queue_waiting === 0 && !s.generating,
+    "empty queue after the disconnects");
   assert.equal(s.requests.cancelled - before.cancelled, 12);
   assert.equal(s.requests.served - before.served, 0, "served and cancelled are disjoint");
   const after = await slow.completions.create({ model: "m", prompt: "Hi", max_tokens: 2 });
@@ -547,28 +549,35 @@ function freshGet(url, timeoutMs) {
   });
 }
 
-await check("40 slow-header connections while /health answers in < 100 ms", async () => {
+await check("40 slow-header connections do not starve /health", async () => {
+  // The 40 connections are accepted before each GET's (one listener, FIFO backlog and task
+  // queue), and they keep sending header lines for the whole check, so the server can neither
+  // finish nor time them out: if they exhausted its pool the GET would never be answered.
   const { port } = new URL(slowUrl);
   const socks = [];
+  let closed = 0;
   for (let i = 0; i < 40; i++) {
     const sock = net.connect(Number(port), "127.0.0.1");
     sock.on("error", () => {});
+    sock.on("close", () => closed++);
     sock.write("GET /health HTTP/1.1\r\nHost: x\r\n");
     socks.push(sock);
   }
-  await new Promise((r) => setTimeout(r, 300));
-  let worst = 0;
-  for (let i = 0; i < 10; i++) {
-    for (const sock of socks) sock.write(`X-Slow-${i}: 1\r\n`);  // one header line at a time
-    const t0 = performance.now();
-    assert.equal(await freshGet(slowUrl + "health", 2000), 200);
-    worst = Math.max(worst, performance.now() - t0);
-    await new Promise((r) => setTimeout(r, 150));
+  await Promise.all(socks.map((sock) => new Promise((r) => sock.once("connect", r))));
+  let line = 0;
+  const trickle = setInterval(() => {  // well inside the server's 5 s read timeout
+    line++;
+    for (const sock of socks) sock.write(`X-Slow-${line}: 1\r\n`);  // one header line at a time
+  }, 200);
+  try {
+    for (let i = 0; i < 10; i++) {
+      assert.equal(await freshGet(slowUrl + "health", 60000), 200, `GET ${i} answered`);
+      assert.equal(closed, 0, "control: the slow connections were still open (holding their threads)");
+    }
+  } finally {
+    clearInterval(trickle);
+    for (const sock of socks) sock.destroy();
   }
-  const open = socks.filter((sock) => !sock.destroyed && !sock.readableEnded).length;
-  for (const sock of socks) sock.destroy();
-  assert.equal(open, 40, "control: the slow connections were still open (holding their threads)");
-  assert.ok(worst < 100, `worst /health ${worst.toFixed(1)} ms`);
 });
 
 // Real vendor templates (../shared/templates; run.sh skips them with the reason when absent):

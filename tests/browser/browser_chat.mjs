@@ -352,17 +352,24 @@ try {
       await route.fulfill({ json: Object.assign(real, { generating: true, phase: "prefill", n_prompt: 1234, n_generated: 0 }) });
     } catch (e) { /* unrouted meanwhile */ }
   });
+  // The reply is held until the page has shown the prefill state, then released.
+  let releaseReply;
+  const prefillShown = new Promise((r) => { releaseReply = r; });
   await page.route("**/v1/chat/completions", async (route) => {
-    await new Promise((r) => setTimeout(r, 1500));
+    await prefillShown;
     route.fulfill({ status: 200, contentType: "text/event-stream", body: fakeReply("after the prefill") });
   });
   await page.fill("#prompt", "a long prompt");
   await page.click("#send");
-  await page.waitForFunction(() => {
-    const st = document.querySelector(".msg.assistant.streaming .status");
-    return st && st.textContent === "processing prompt (1234 tokens)" &&
-           document.getElementById("stat-state").textContent === "processing prompt (1234 tokens)";
-  }, null, { timeout: 5000 });
+  try {
+    await page.waitForFunction(() => {
+      const st = document.querySelector(".msg.assistant.streaming .status");
+      return st && st.textContent === "processing prompt (1234 tokens)" &&
+             document.getElementById("stat-state").textContent === "processing prompt (1234 tokens)";
+    }, null, { timeout: 60000 });
+  } finally {
+    releaseReply();
+  }
   await nDone(3);
   await page.unroute("**/stats");
   await unplant();

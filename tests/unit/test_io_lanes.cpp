@@ -438,14 +438,21 @@ std::vector<size_t> read_indices(LaneLog & log) {
 size_t count_at_or_past(const std::vector<size_t> & v, size_t n) {
     return size_t(std::count_if(v.begin(), v.end(), [n](size_t i) { return i >= n; }));
 }
-// Polls up to ~5 s until at least `want` reads of [lo, hi) are logged.
-void wait_reads(LaneLog & log, size_t lo, size_t hi, size_t want) {
-    for (int i = 0; i < 500; ++i) {
-        const std::vector<size_t> v = read_indices(log);
-        if (size_t(std::count_if(v.begin(), v.end(), [&](size_t x) { return x >= lo && x < hi; })) >= want)
-            return;
-        ::usleep(10000);
+// Waits until done() holds, polling; the 60 s bound only catches a hang (no threshold).
+template <class Done>
+bool poll_until(Done done) {
+    for (int i = 0; i < 60000; ++i) {
+        if (done()) return true;
+        ::usleep(1000);
     }
+    return done();
+}
+// Waits until every worker lane (lane 0 is this thread) sleeps at the release watermark or a read at or past `past` is logged
+// (a broken gate): either way the state the checks below look at is final, whatever the load.
+void wait_gate_or_leak(IoLanes & io, LaneLog & log, size_t past) {
+    EXPECT_TRUE(poll_until([&] {
+        return io.lanes_at_gate() == io.n_lanes() - 1 || count_at_or_past(read_indices(log), past) > 0;
+    })) << "the lanes neither reached the gate nor read past it within 60 s";
 }
 }  // namespace
 
@@ -463,22 +470,26 @@ TEST_F(IoLanesTest, GatedReadsWaitForTheirRelease) {
         // The control starts the same batch with everything released.
         io.start(reqs, prefix, own, mid, honoured ? released : SIZE_MAX);
         if (!honoured) {
-            wait_reads(log, released, own, 1);
+            wait_gate_or_leak(io, log, released);
             EXPECT_GT(count_at_or_past(read_indices(log), released), 0u)
                 << "without the gate no read passed the watermark: a blind test";
             ASSERT_TRUE(io.finish(nullptr).ok());
             continue;
         }
         // The worker lanes read the released requests on their own (the caller waits for
-        // nothing yet), and nothing past them, however long the caller takes.
-        wait_reads(log, 0, released, released);
-        ::usleep(100000);
+        // nothing yet), and nothing past them: once every lane sleeps at the gate, none reads
+        // again before release(), however long the caller takes.
+        wait_gate_or_leak(io, log, released);
+        EXPECT_EQ(io.lanes_at_gate(), io.n_lanes() - 1);
         EXPECT_EQ(count_at_or_past(read_indices(log), 0), released);
         EXPECT_EQ(count_at_or_past(read_indices(log), released), 0u)
             << "a read past the watermark was taken before its release";
         io.release(mid);
-        wait_reads(log, released, mid, mid - released);
-        ::usleep(50000);
+        // Lanes woken by release() may still count as sleeping: wait for the released reads too.
+        EXPECT_TRUE(poll_until([&] {
+            return count_at_or_past(read_indices(log), released) >= mid - released &&
+                   io.lanes_at_gate() == io.n_lanes() - 1;
+        })) << "the released reads did not all happen within 60 s";
         EXPECT_EQ(count_at_or_past(read_indices(log), released), mid - released);
         EXPECT_EQ(count_at_or_past(read_indices(log), mid), 0u)
             << "a read past the raised watermark was taken before its release";
@@ -490,8 +501,6 @@ TEST_F(IoLanesTest, GatedReadsWaitForTheirRelease) {
     }
 }
 
-// Waiting for requests releases them: wait_mid() and finish() on a batch released at 0 return
-// with their requests exact (no wait blocks on the gate).
 TEST_F(IoLanesTest, WaitingReleasesWhatItWaitsFor) {
     IoLanes io;
     ASSERT_TRUE(io.open(path_, 2, true, 300000).ok());

@@ -272,11 +272,14 @@ TEST(PagePool, TakeDuringTheWarmUpUsesCompletedChunksThenStopsIt) {
     ASSERT_TRUE(pool);
     pool->start_warm(budget);
     ASSERT_TRUE(pool->warm_running());
-    usleep(20000);  // some chunks completed before the first take
+    // Some chunks completed before the first take: wait for that state (the 60 s bound only
+    // catches a hang), so the first kReady takes are warmed chunks however loaded the machine.
+    const uint64_t kReady = 8;
+    for (int i = 0; i < 60000 && pool->warm_stats().warmed_bytes < kReady * cb; ++i) usleep(1000);
+    ASSERT_GE(pool->warm_stats().warmed_bytes, kReady * cb) << "the warm-up made no progress in 60 s";
     uint64_t warmed_takes = 0, taken = 0;
     bool stopped = false;
     while (!stopped && taken < 4096) {
-        if (taken % 8 == 0) usleep(200);  // let the thread get ahead now and then
         uint64_t off = ~0ull;
         bool recycled = false, warmed = false;
         int err = 0;
@@ -294,6 +297,7 @@ TEST(PagePool, TakeDuringTheWarmUpUsesCompletedChunksThenStopsIt) {
         }
     }
     ASSERT_TRUE(stopped);
+    EXPECT_GE(warmed_takes, kReady) << "the chunks completed before the first take were not handed out";
     const PagePool::WarmStats w = pool->warm_stats();
     EXPECT_EQ(pool->warmed_taken(), warmed_takes);
     // The new chunks taken after the stop have no pages yet (nothing wrote them).

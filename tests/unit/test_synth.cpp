@@ -290,10 +290,14 @@ TEST(synth, UnwritableOutputIsAClearError) {
 
 TEST(synth, InterruptedRunLeavesNoFile) {
     TempDir d;
-    // mid is ~3 GB: still writing after 1 s when SIGTERM arrives.
-    CmdResult r =
-        run_cmd(sh_quote(cli_bin()) + " synth --preset mid --type q4_k -o " +
-                sh_quote(d.path("mid.gguf")) + " & p=$!; sleep 1; kill -TERM $p; wait $p");
+    // mid is ~3 GB: SIGTERM arrives once its partial file exists (the shell waits for that
+    // state, up to 60 s to catch a hang), so the run is always stopped mid-write.
+    const std::string dir = sh_quote(d.dir());
+    CmdResult r = run_cmd(sh_quote(cli_bin()) + " synth --preset mid --type q4_k -o " +
+                          sh_quote(d.path("mid.gguf")) + " & p=$!; for i in $(seq 6000); do " +
+                          "[ -n \"$(ls -A " + dir + ")\" ] && break; sleep 0.01; done; " +
+                          "[ -n \"$(ls -A " + dir + ")\" ] && echo writing; kill -TERM $p; wait $p");
+    EXPECT_NE(r.out.find("writing"), std::string::npos) << "control: no partial file before the signal";
     EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
     EXPECT_TRUE(fs::is_empty(d.dir()));
 }
