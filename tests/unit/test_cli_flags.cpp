@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 
+#include "../../tools/cli/llama_refused.h"
 #include "test_util.h"
 
 using nlohmann::json;
@@ -66,6 +69,54 @@ TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
     expect_refused("run" + m + " -foo", "unknown option '-foo'");
     // Control: the same position with an accepted spelling runs.
     EXPECT_FALSE(run_stats("-n 1").is_null());
+}
+
+// llama_refused.h's table is live for `run`: no spelling is one of run's own options (its
+// --help), each row's last spelling is refused with its own name and the row's reason (one
+// process per row, not per spelling: CI time), and a spelling appears in one row only.
+// Control: a flag not in the table is "unknown option", not "not supported".
+TEST(CliFlags, EveryLlamaFlagMoestreamLacksIsRefusedWithItsReason) {
+    using moestream::cli::kRefusedFlags;
+    const std::string m = " -m " + model();
+    const std::string help = cli("run --help").out;
+    ASSERT_NE(help.find(",--ctx-size "), std::string::npos) << help;  // the check's control
+    std::set<std::string> seen;
+    for (const auto & row : kRefusedFlags) {
+        const std::string all = row.flags;
+        std::string flag;
+        for (size_t at = 0; at <= all.size();) {
+            size_t end = all.find(',', at);
+            if (end == std::string::npos) end = all.size();
+            flag = all.substr(at, end - at);
+            at = end + 1;
+            EXPECT_TRUE(seen.insert(flag).second) << flag << " is in two rows";
+            for (const char * pre : {" ", ","})  // an option of run's, as --help lists it
+                for (const char * sep : {" ", ","})
+                    EXPECT_EQ(help.find(pre + flag + sep), std::string::npos) << flag << " is run's";
+        }
+        expect_refused("run" + m + " " + flag + " 1",
+                       "not supported by moestream: " + flag + " (" + row.why + ")");
+    }
+    EXPECT_GE(seen.size(), 100u);
+    // The same table speaks for serve and chat where they lack the flag.
+    expect_refused("serve" + m + " --threads-http 4", "not supported by moestream: --threads-http (");
+    expect_refused("chat" + m + " -co", "not supported by moestream: -co (");
+    const CmdResult r = cli("run" + m + " --no-such-llama-flag");
+    EXPECT_EQ(r.exit_code, 64);
+    EXPECT_NE(r.err.find("unknown option '--no-such-llama-flag'"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("not supported by moestream"), std::string::npos) << r.err;
+}
+
+// docs/cli.md's table of refused llama.cpp flags is the CLI's (llama_refused.h). Control: a
+// reason changed in the rendering no longer matches.
+TEST(CliFlags, RefusedLlamaFlagsDocTableIsTheCliTable) {
+    const std::string doc =
+        doc_block("docs/cli.md", "<!-- llama-refused:begin -->", "<!-- llama-refused:end -->");
+    const std::string md = moestream::cli::refused_flags_markdown();
+    EXPECT_EQ(doc, md) << "paste between the docs/cli.md markers:\n" << md;
+    std::string changed = md;
+    changed.replace(changed.find("CPU only"), 3, "cpu");
+    EXPECT_NE(doc, changed);
 }
 
 // -ngl (any count) is accepted with one line saying the build is CPU only, and the run goes
