@@ -141,6 +141,21 @@ TEST(CliFlags, GpuLayersAcceptedWithOneLineAndFlashAttnPassedOn) {
 
 // The live prefill line (tokens done/total, tok/s, ETA) is drawn on a terminal only (util-linux
 // `script` gives the run one), and --log-disable keeps it off there too.
+// A command run under script(1) (stderr a terminal) shows every one of `lines`; with
+// --log-disable, or with stderr a pipe, it shows no `quiet` text.
+void expect_progress_on_a_terminal_only(const std::string & cmd, const std::vector<std::string> & lines,
+                                        const std::string & quiet_text) {
+    CmdResult tty = run_cmd("script -qec " + sh_quote(cmd) + " /dev/null");
+    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+    for (const std::string & l : lines) EXPECT_NE(tty.out.find(l), std::string::npos) << l << "\n" << tty.out;
+    CmdResult quiet = run_cmd("script -qec " + sh_quote(cmd + " --log-disable") + " /dev/null");
+    EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
+    EXPECT_EQ(quiet.out.find(quiet_text), std::string::npos) << quiet.out;
+    CmdResult pipe = run_cmd(cmd);  // stderr is a pipe here
+    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
+    EXPECT_EQ(pipe.err.find(quiet_text), std::string::npos) << pipe.err;
+}
+
 TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
     TempDir dir("progress");
     std::string prompt;
@@ -148,16 +163,22 @@ TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
     ASSERT_TRUE(write_bytes(dir.path("p.txt"), prompt));
     const std::string run = sh_quote(cli_bin()) + " run -m " + model() + " -t 1 -c 512 -b 16 -n 1 -f " +
                             sh_quote(dir.path("p.txt"));
-    CmdResult tty = run_cmd("script -qec " + sh_quote(run) + " /dev/null");
-    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
-    EXPECT_NE(tty.out.find("moestream: prefill 16/300 tokens | "), std::string::npos) << tty.out;
-    EXPECT_NE(tty.out.find(" tok/s | ETA "), std::string::npos) << tty.out;
-    CmdResult quiet = run_cmd("script -qec " + sh_quote(run + " --log-disable") + " /dev/null");
-    EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
-    EXPECT_EQ(quiet.out.find("moestream: prefill 16/"), std::string::npos) << quiet.out;
-    CmdResult pipe = run_cmd(run);  // stderr is a pipe here
-    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
-    EXPECT_EQ(pipe.err.find("moestream: prefill 16/"), std::string::npos) << pipe.err;
+    expect_progress_on_a_terminal_only(run, {"moestream: prefill 16/300 tokens | ", " tok/s | ETA "},
+                                       "moestream: prefill 16/");
+}
+
+// eval draws a live line of positions scored, for the reference pass and the scored run, on a
+// terminal only. Controls: --log-disable and a pipe show no such line.
+TEST(CliFlags, EvalProgressLineOnATerminalOnly) {
+    TempDir dir("evalprogress");
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "word ";
+    ASSERT_TRUE(write_bytes(dir.path("t.txt"), text));
+    const std::string ev = sh_quote(cli_bin()) + " eval -m " + model() + " -t 1 --bootstrap 200 -f " +
+                           sh_quote(dir.path("t.txt"));
+    expect_progress_on_a_terminal_only(
+        ev, {"moestream: eval: reference 1/", "moestream: eval 1/", " positions/s | ETA "},
+        "moestream: eval");
 }
 
 // --help says what the code does: serve's drop-cold default is the app's 0.75 (not run's 0), a

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <csignal>
@@ -118,6 +119,35 @@ std::string fmt1(const char * f, const std::string & a) {
 }  // namespace
 
 bool log_disabled() { return g_log_disabled; }
+
+namespace {
+double steady_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ProgressLine::ProgressLine(std::string label, std::string unit)
+    : label_(std::move(label)), unit_(std::move(unit)),
+      on_(::isatty(STDERR_FILENO) != 0 && !log_disabled()), t0_(steady_s()) {}
+
+void ProgressLine::update(int64_t done, int64_t total) {
+    if (!on_ || total <= 0 || done >= total) return;
+    const int pct = int(100 * done / total);
+    if (pct == last_pct_) return;
+    last_pct_ = pct;
+    const double s = steady_s() - t0_;
+    const double rate = s > 0 ? double(done) / s : 0;
+    std::fprintf(stderr, "\rmoestream: %s %lld/%lld %s | %.1f %s/s | ETA %.0f s\033[K", label_.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total), unit_.c_str(), rate,
+                 unit_ == "tokens" ? "tok" : unit_.c_str(), rate > 0 ? double(total - done) / rate : 0.0);
+    shown_ = true;
+}
+
+void ProgressLine::clear() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+    shown_ = false;
+    last_pct_ = -1;
+}
 
 std::string fmt_num(double v) {
     char b[64];
