@@ -538,6 +538,17 @@ RunOptions without_lossy_knobs(RunOptions opt) {
     return opt;
 }
 
+namespace {
+// What a user does to set a field that has neither a flag nor a variable (nullptr: nothing;
+// the message keeps the library's name).
+const char * field_words(const Setting * s) {
+    if (s == nullptr) return nullptr;
+    if (std::strcmp(s->field, "drop_cold_later") == 0)
+        return "--drop-cold-experts given at start (serve: requests may then change it)";
+    return nullptr;
+}
+}  // namespace
+
 std::string option_words(const std::string & msg) {
     static const std::string kPrefix = "RunOptions::";
     auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -566,7 +577,10 @@ std::string option_words(const std::string & msg) {
             if (s->env_inverted && (v == "0" || v == "1")) v = v == "1" ? "0" : "1";
             out += std::string(s->env) + (value.empty() ? "" : "=" + v);
             i = value.empty() ? end : vend;
-        } else {  // a field without a flag keeps the library's name
+        } else if (const char * w = field_words(s)) {  // a field the CLI sets for the user
+            out += w;
+            i = end;
+        } else {  // a field without a flag or words keeps the library's name
             out += kPrefix;
             i = name;
         }

@@ -22,6 +22,7 @@
 //  12. Regenerate replaces the last reply; Copy puts a message's text on the clipboard;
 //  13. finish_reason "length" (max tokens 3 on the real server) shows "cut at max_tokens";
 //  14. prefill: while /stats says phase "prefill", the page says "processing prompt (N tokens)";
+//      the expert cache is shown against its budget at one precision ("16.3 of 16.4 MiB budget");
 //  15. reload keeps the conversations (and the system prompt); corrupt storage gives a notice;
 //  17. at 1280x800, 768x1024 and 390x844 after 10 turns: Send, Stop, New chat, temperature and
 //      max tokens on screen, the page not scrolled; Regenerate sends the page's temperature 0.7;
@@ -349,7 +350,8 @@ try {
   await page.route("**/stats", async (route) => {
     try {
       const real = await (await route.fetch()).json();
-      await route.fulfill({ json: Object.assign(real, { generating: true, phase: "prefill", n_prompt: 1234, n_generated: 0 }) });
+      await route.fulfill({ json: Object.assign(real, { generating: true, phase: "prefill", n_prompt: 1234, n_generated: 0,
+                                                        resident_expert_mib: 16.3, cache_budget_mib: 16.44 }) });
     } catch (e) { /* unrouted meanwhile */ }
   });
   // The reply is held until the page has shown the prefill state, then released.
@@ -370,6 +372,9 @@ try {
   } finally {
     releaseReply();
   }
+  // The expert cache against its budget at one precision: 16.3 MiB of a 16.44 MiB budget is not
+  // shown as "16.3 / 16" (an overrun it is not).
+  assert.equal(await page.textContent("#stat-resident"), "16.3 of 16.4 MiB budget");
   await nDone(3);
   await page.unroute("**/stats");
   await unplant();

@@ -9,8 +9,11 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <string>
 
+#include "../../tools/cli/llama_refused.h"
 #include "test_util.h"
 
 using nlohmann::json;
@@ -68,6 +71,54 @@ TEST(CliFlags, LlamaCppFlagsWithoutMeaningAreRefusedByTheirOwnName) {
     EXPECT_FALSE(run_stats("-n 1").is_null());
 }
 
+// llama_refused.h's table is live for `run`: no spelling is one of run's own options (its
+// --help), each row's last spelling is refused with its own name and the row's reason (one
+// process per row, not per spelling: CI time), and a spelling appears in one row only.
+// Control: a flag not in the table is "unknown option", not "not supported".
+TEST(CliFlags, EveryLlamaFlagMoestreamLacksIsRefusedWithItsReason) {
+    using moestream::cli::kRefusedFlags;
+    const std::string m = " -m " + model();
+    const std::string help = cli("run --help").out;
+    ASSERT_NE(help.find(",--ctx-size "), std::string::npos) << help;  // the check's control
+    std::set<std::string> seen;
+    for (const auto & row : kRefusedFlags) {
+        const std::string all = row.flags;
+        std::string flag;
+        for (size_t at = 0; at <= all.size();) {
+            size_t end = all.find(',', at);
+            if (end == std::string::npos) end = all.size();
+            flag = all.substr(at, end - at);
+            at = end + 1;
+            EXPECT_TRUE(seen.insert(flag).second) << flag << " is in two rows";
+            for (const char * pre : {" ", ","})  // an option of run's, as --help lists it
+                for (const char * sep : {" ", ","})
+                    EXPECT_EQ(help.find(pre + flag + sep), std::string::npos) << flag << " is run's";
+        }
+        expect_refused("run" + m + " " + flag + " 1",
+                       "not supported by moestream: " + flag + " (" + row.why + ")");
+    }
+    EXPECT_GE(seen.size(), 100u);
+    // The same table speaks for serve and chat where they lack the flag.
+    expect_refused("serve" + m + " --threads-http 4", "not supported by moestream: --threads-http (");
+    expect_refused("chat" + m + " -co", "not supported by moestream: -co (");
+    const CmdResult r = cli("run" + m + " --no-such-llama-flag");
+    EXPECT_EQ(r.exit_code, 64);
+    EXPECT_NE(r.err.find("unknown option '--no-such-llama-flag'"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("not supported by moestream"), std::string::npos) << r.err;
+}
+
+// docs/cli.md's table of refused llama.cpp flags is the CLI's (llama_refused.h). Control: a
+// reason changed in the rendering no longer matches.
+TEST(CliFlags, RefusedLlamaFlagsDocTableIsTheCliTable) {
+    const std::string doc =
+        doc_block("docs/cli.md", "<!-- llama-refused:begin -->", "<!-- llama-refused:end -->");
+    const std::string md = moestream::cli::refused_flags_markdown();
+    EXPECT_EQ(doc, md) << "paste between the docs/cli.md markers:\n" << md;
+    std::string changed = md;
+    changed.replace(changed.find("CPU only"), 3, "cpu");
+    EXPECT_NE(doc, changed);
+}
+
 // -ngl (any count) is accepted with one line saying the build is CPU only, and the run goes
 // on; -fa reaches llama.cpp (the settings say which); --log-disable silences the line.
 TEST(CliFlags, GpuLayersAcceptedWithOneLineAndFlashAttnPassedOn) {
@@ -90,6 +141,21 @@ TEST(CliFlags, GpuLayersAcceptedWithOneLineAndFlashAttnPassedOn) {
 
 // The live prefill line (tokens done/total, tok/s, ETA) is drawn on a terminal only (util-linux
 // `script` gives the run one), and --log-disable keeps it off there too.
+// A command run under script(1) (stderr a terminal) shows every one of `lines`; with
+// --log-disable, or with stderr a pipe, it shows no `quiet` text.
+void expect_progress_on_a_terminal_only(const std::string & cmd, const std::vector<std::string> & lines,
+                                        const std::string & quiet_text) {
+    CmdResult tty = run_cmd("script -qec " + sh_quote(cmd) + " /dev/null");
+    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
+    for (const std::string & l : lines) EXPECT_NE(tty.out.find(l), std::string::npos) << l << "\n" << tty.out;
+    CmdResult quiet = run_cmd("script -qec " + sh_quote(cmd + " --log-disable") + " /dev/null");
+    EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
+    EXPECT_EQ(quiet.out.find(quiet_text), std::string::npos) << quiet.out;
+    CmdResult pipe = run_cmd(cmd);  // stderr is a pipe here
+    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
+    EXPECT_EQ(pipe.err.find(quiet_text), std::string::npos) << pipe.err;
+}
+
 TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
     TempDir dir("progress");
     std::string prompt;
@@ -97,16 +163,22 @@ TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
     ASSERT_TRUE(write_bytes(dir.path("p.txt"), prompt));
     const std::string run = sh_quote(cli_bin()) + " run -m " + model() + " -t 1 -c 512 -b 16 -n 1 -f " +
                             sh_quote(dir.path("p.txt"));
-    CmdResult tty = run_cmd("script -qec " + sh_quote(run) + " /dev/null");
-    EXPECT_EQ(tty.exit_code, 0) << tty.out << tty.err;
-    EXPECT_NE(tty.out.find("moestream: prefill 16/300 tokens | "), std::string::npos) << tty.out;
-    EXPECT_NE(tty.out.find(" tok/s | ETA "), std::string::npos) << tty.out;
-    CmdResult quiet = run_cmd("script -qec " + sh_quote(run + " --log-disable") + " /dev/null");
-    EXPECT_EQ(quiet.exit_code, 0) << quiet.out;
-    EXPECT_EQ(quiet.out.find("moestream: prefill 16/"), std::string::npos) << quiet.out;
-    CmdResult pipe = run_cmd(run);  // stderr is a pipe here
-    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
-    EXPECT_EQ(pipe.err.find("moestream: prefill 16/"), std::string::npos) << pipe.err;
+    expect_progress_on_a_terminal_only(run, {"moestream: prefill 16/300 tokens | ", " tok/s | ETA "},
+                                       "moestream: prefill 16/");
+}
+
+// eval draws a live line of positions scored, for the reference pass and the scored run, on a
+// terminal only. Controls: --log-disable and a pipe show no such line.
+TEST(CliFlags, EvalProgressLineOnATerminalOnly) {
+    TempDir dir("evalprogress");
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "word ";
+    ASSERT_TRUE(write_bytes(dir.path("t.txt"), text));
+    const std::string ev = sh_quote(cli_bin()) + " eval -m " + model() + " -t 1 --bootstrap 200 -f " +
+                           sh_quote(dir.path("t.txt"));
+    expect_progress_on_a_terminal_only(
+        ev, {"moestream: eval: reference 1/", "moestream: eval 1/", " positions/s | ETA "},
+        "moestream: eval");
 }
 
 // --help says what the code does: serve's drop-cold default is the app's 0.75 (not run's 0), a

@@ -19,14 +19,8 @@ using namespace moestream;
 namespace {
 
 std::string docs_block() {
-    std::ifstream in(std::string(MOESTREAM_TEST_SRC) + "/docs/cli.md");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    const std::string s = ss.str();
-    const std::string b = "<!-- settings:begin -->\n", e = "<!-- settings:end -->";
-    const size_t at = s.find(b), end = s.find(e);
-    if (at == std::string::npos || end == std::string::npos || end < at) return "<no markers>";
-    return s.substr(at + b.size(), end - at - b.size());
+    return moestream::test::doc_block("docs/cli.md", "<!-- settings:begin -->\n",
+                                      "<!-- settings:end -->");
 }
 
 }  // namespace
@@ -117,7 +111,19 @@ TEST(Settings, OptionWordsNameFlagsAndVariables) {
     EXPECT_EQ(option_words("RunOptions::slot_cache = 1: x with RunOptions::cache_move = false"),
               "MOESTREAM_SLOT_CACHE=1: x with --cache-no-move");
     EXPECT_EQ(option_words("RunOptions::pool_warm = true"), "MOESTREAM_POOL_WARM=1");
-    EXPECT_EQ(option_words("RunOptions::drop_cold_later"), "RunOptions::drop_cold_later");
+    EXPECT_EQ(option_words("RunOptions::no_such_field"), "RunOptions::no_such_field");
+}
+
+// A field the CLI sets for the user (no flag, no variable) is named by what the user does:
+// the library's advice after serve refuses a request's drop_cold_experts reads as flags.
+// Control: the same message without the rewriting names the library's field.
+TEST(Settings, OptionWordsNameWhatTheUserDoesForDropColdLater) {
+    const std::string lib = "open with RunOptions::drop_cold_later, or RunOptions::slot_cache = 0";
+    const std::string w = option_words(lib);
+    EXPECT_EQ(w, "open with --drop-cold-experts given at start (serve: requests may then change "
+                 "it), or MOESTREAM_SLOT_CACHE=0");
+    EXPECT_EQ(w.find("RunOptions::"), std::string::npos) << w;
+    EXPECT_NE(lib.find("RunOptions::drop_cold_later"), std::string::npos);
 }
 
 // Every registry key is in a run's `settings`, and the plan is there with a reason per choice.

@@ -88,6 +88,13 @@ std::string slurp(const std::string & path) {
     return ss.str();
 }
 
+std::string doc_block(const std::string & rel, const std::string & begin, const std::string & end) {
+    const std::string s = slurp(std::string(MOESTREAM_TEST_SRC) + "/" + rel);
+    const size_t at = s.find(begin), stop = s.find(end);
+    if (at == std::string::npos || stop == std::string::npos || stop < at) return "<no markers>";
+    return s.substr(at + begin.size(), stop - at - begin.size());
+}
+
 bool write_bytes(const std::string & path, const std::string & data) {
     std::ofstream f(path, std::ios::binary | std::ios::trunc);
     f.write(data.data(), std::streamsize(data.size()));

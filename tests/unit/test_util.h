@@ -91,6 +91,9 @@ ModelIndex hand_made_index(const std::vector<std::vector<uint64_t>> & layers, ui
 
 // The whole file as bytes ("" if it cannot be read).
 std::string slurp(const std::string & path);
+// The text of the source tree's file `rel` (docs/cli.md) between the lines `begin` and `end`
+// (markers excluded; "<no markers>" when either is missing).
+std::string doc_block(const std::string & rel, const std::string & begin, const std::string & end);
 // Replaces the file's content with `data` (false if it cannot be written).
 bool write_bytes(const std::string & path, const std::string & data);
 

@@ -68,6 +68,27 @@ void apply_verbosity(int count);
 // --log-disable was given (preprocess_args takes it out): errors only, whatever -v says.
 bool log_disabled();
 
+// A live progress line on stderr: "moestream: LABEL done/total UNIT | R UNIT/s | ETA S s",
+// drawn only when stderr is a terminal and --log-disable was not given, redrawn when the whole
+// percent done changes (or on the first update), removed by clear() or the destructor.
+// Not thread-safe: one thread updates it.
+class ProgressLine {
+public:
+    ProgressLine(std::string label, std::string unit);
+    ~ProgressLine() { clear(); }
+    ProgressLine(const ProgressLine &) = delete;
+    ProgressLine & operator=(const ProgressLine &) = delete;
+    void update(int64_t done, int64_t total);  // nothing drawn once done >= total
+    void clear();                              // the line goes (if it was drawn)
+
+private:
+    std::string label_, unit_;
+    bool on_;              // a terminal, no --log-disable
+    bool shown_ = false;   // a line is on screen
+    int last_pct_ = -1;    // the percent last drawn
+    double t0_ = 0;        // steady clock at construction, seconds
+};
+
 // --- chat and serve (cli_chat.cpp): the chat template given instead of the model's ---
 struct ChatTemplateFlags {
     std::string value;  // --chat-template NAME|FILE|TEXT ("chatml", a file, or Jinja text)

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <csignal>
@@ -23,64 +24,30 @@
 #include <utility>
 
 #include "cli.h"
+#include "llama_refused.h"
 #include "moestream/atomic_file.h"
 
 namespace moestream::cli {
 namespace {
 
-// llama.cpp flags that moestream does not have, with the reason. A flag a subcommand defines
-// is never refused (the table only speaks for flags CLI11 would otherwise misread).
+// llama.cpp flags that `run` points elsewhere (the chat flags: `moestream chat` has them).
+// The flags moestream does not have at all are llama_refused.h's table. A flag a subcommand
+// defines is never refused (the tables only speak for flags CLI11 would otherwise misread).
 struct Refusal {
     const char * flag;
     const char * why;
 };
 
-constexpr const char * kCpuOnly = "not supported by moestream: %s (CPU only)";
 constexpr const char * kNoChat =
     "%s: for a chat use `moestream chat -m MODEL` (`run` completes the raw prompt, no chat template)";
-constexpr const char * kNotYet = "not supported yet by moestream: %s";
 
 const Refusal kRefused[] = {
-    {"-dev", kCpuOnly}, {"--device", kCpuOnly}, {"--list-devices", kCpuOnly},
-    {"-sm", kCpuOnly}, {"--split-mode", kCpuOnly}, {"-ts", kCpuOnly},
-    {"--tensor-split", kCpuOnly}, {"-mg", kCpuOnly}, {"--main-gpu", kCpuOnly},
-    {"-nkvo", kCpuOnly}, {"--no-kv-offload", kCpuOnly}, {"--no-op-offload", kCpuOnly},
-    {"-ot", "not supported by moestream: %s (moestream places the expert tensors itself)"},
-    {"--override-tensor", "not supported by moestream: %s (moestream places the expert tensors itself)"},
-    {"-cmoe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
-    {"--cpu-moe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
-    {"-ncmoe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
-    {"--n-cpu-moe", "not supported by moestream: %s (the experts always stay in RAM or on flash)"},
-    {"--mlock", "not supported by moestream: %s (the experts are read from flash, not locked in RAM)"},
-    {"--numa", "not supported by moestream: %s"},
     {"-cnv", kNoChat}, {"--conversation", kNoChat}, {"-i", kNoChat}, {"--interactive", kNoChat},
     {"-if", kNoChat}, {"--interactive-first", kNoChat}, {"-sys", kNoChat},
     {"--system-prompt", kNoChat}, {"--chat-template", kNoChat}, {"--jinja", kNoChat},
     {"-st", kNoChat}, {"--single-turn", kNoChat},
     {"-no-cnv", "%s is not needed: `moestream run` is always a plain completion (no conversation)"},
     {"--no-conversation", "%s is not needed: `moestream run` is always a plain completion (no conversation)"},
-    {"-hf", "not supported by moestream: %s (give a local GGUF file with -m)"},
-    {"-hfr", "not supported by moestream: %s (give a local GGUF file with -m)"},
-    {"--hf-repo", "not supported by moestream: %s (give a local GGUF file with -m)"},
-    {"-mu", "not supported by moestream: %s (give a local GGUF file with -m)"},
-    {"--model-url", "not supported by moestream: %s (give a local GGUF file with -m)"},
-    {"-md", "not supported by moestream: %s (no speculative decoding)"},
-    {"--model-draft", "not supported by moestream: %s (no speculative decoding)"},
-    {"--lora", "not supported by moestream: %s"},
-    {"--control-vector", "not supported by moestream: %s"},
-    {"-np", "not supported by moestream: %s (one sequence at a time)"},
-    {"--parallel", "not supported by moestream: %s (one sequence at a time)"},
-    {"-cb", "not supported by moestream: %s (one sequence at a time)"},
-    {"--cont-batching", "not supported by moestream: %s (one sequence at a time)"},
-    {"-ctk", "not supported by moestream: %s (the KV cache is f16)"},
-    {"--cache-type-k", "not supported by moestream: %s (the KV cache is f16)"},
-    {"-ctv", "not supported by moestream: %s (the KV cache is f16)"},
-    {"--cache-type-v", "not supported by moestream: %s (the KV cache is f16)"},
-    {"--min-p", kNotYet}, {"--repeat-penalty", kNotYet}, {"--repeat-last-n", kNotYet},
-    {"--presence-penalty", kNotYet}, {"--frequency-penalty", kNotYet},
-    {"--ignore-eos", kNotYet}, {"-r", kNotYet}, {"--reverse-prompt", kNotYet},
-    {"--grammar", kNotYet}, {"--grammar-file", kNotYet}, {"--json-schema", kNotYet},
-    {"-l", kNotYet}, {"--logit-bias", kNotYet}, {"--mirostat", kNotYet}, {"--typical", kNotYet},
 };
 
 // `moestream chat`: llama-cli's flags that mean nothing in a chat, or that chat does anyway
@@ -152,6 +119,35 @@ std::string fmt1(const char * f, const std::string & a) {
 }  // namespace
 
 bool log_disabled() { return g_log_disabled; }
+
+namespace {
+double steady_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
+
+ProgressLine::ProgressLine(std::string label, std::string unit)
+    : label_(std::move(label)), unit_(std::move(unit)),
+      on_(::isatty(STDERR_FILENO) != 0 && !log_disabled()), t0_(steady_s()) {}
+
+void ProgressLine::update(int64_t done, int64_t total) {
+    if (!on_ || total <= 0 || done >= total) return;
+    const int pct = int(100 * done / total);
+    if (pct == last_pct_) return;
+    last_pct_ = pct;
+    const double s = steady_s() - t0_;
+    const double rate = s > 0 ? double(done) / s : 0;
+    std::fprintf(stderr, "\rmoestream: %s %lld/%lld %s | %.1f %s/s | ETA %.0f s\033[K", label_.c_str(),
+                 static_cast<long long>(done), static_cast<long long>(total), unit_.c_str(), rate,
+                 unit_ == "tokens" ? "tok" : unit_.c_str(), rate > 0 ? double(total - done) / rate : 0.0);
+    shown_ = true;
+}
+
+void ProgressLine::clear() {
+    if (shown_) std::fputs("\r\033[K", stderr);
+    shown_ = false;
+    last_pct_ = -1;
+}
 
 std::string fmt_num(double v) {
     char b[64];
@@ -249,6 +245,8 @@ int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
                 if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
         for (const Refusal & r : kRefused)
             if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
+        if (const char * why = refused_flag_reason(n2))
+            return usage_error(cmd, "not supported by moestream: " + n2 + " (" + why + ")");
         // Any other multi-letter single-dash word would be read by CLI11 as a bundle of short
         // flags ("-foo" = -f oo) and reported under the wrong name.
         const bool word = n2.size() > 2 && n2[1] != '-' &&

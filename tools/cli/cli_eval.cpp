@@ -122,8 +122,13 @@ int do_eval(EvalFlags & f) {
         st = w.create(ref_path, nv, uint32_t(toks.size() - 1), uint32_t(f.window),
                       hash_tokens(toks), model_bytes);
         if (!st.ok()) return eval_fail(st);
-        st = ref->score(toks, uint32_t(f.window),
-                        [&](size_t i, const float * lg) { return w.append(toks[i + 1], lg); });
+        // On a terminal (not with --log-disable): positions scored of the text, as it goes.
+        ProgressLine line("eval: reference", "positions");
+        st = ref->score(toks, uint32_t(f.window), [&](size_t i, const float * lg) {
+            line.update(int64_t(i) + 1, int64_t(toks.size()) - 1);
+            return w.append(toks[i + 1], lg);
+        });
+        line.clear();
         if (!st.ok()) return eval_fail(st);
         st = w.finish();
         if (!st.ok()) return eval_fail(st);
@@ -153,12 +158,15 @@ int do_eval(EvalFlags & f) {
     std::vector<PositionMetrics> pos;
     pos.reserve(n_pos);
     std::vector<float> ref_logits;
+    ProgressLine line("eval", "positions");
     st = run->score(toks, uint32_t(f.window), [&](size_t i, const float * lg) {
+        line.update(int64_t(i) + 1, int64_t(n_pos));
         Status s = r.read(toks[i + 1], &ref_logits);
         if (!s.ok()) return s;
         pos.push_back(compare_logits(ref_logits.data(), lg, nv, toks[i + 1]));
         return Status::Ok();
     });
+    line.clear();
     if (!tmp_ref.empty()) std::remove(tmp_ref.c_str());
     if (!st.ok()) return eval_fail(st);
     EvalSummary sum;

@@ -190,20 +190,12 @@ int do_run(RunFlags & f) {
     req.stop = f.stop;
     // On a terminal (and without --log-disable) a live prefill line: tokens done of the
     // prompt, rate, time left. Ctrl-C is looked at after each micro-batch.
-    const bool progress = ::isatty(STDERR_FILENO) != 0 && !log_disabled();
-    const auto t_prefill = std::chrono::steady_clock::now();
-    bool progress_shown = false;
+    ProgressLine prefill_line("prefill", "tokens");
     int prompt_done = 0, prompt_total = 0;
     req.on_prefill = [&](int done, int total) {
         prompt_done = done;
         prompt_total = total;
-        if (progress && done < total) {
-            const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_prefill).count();
-            const double rate = s > 0 ? done / s : 0;
-            std::fprintf(stderr, "\rmoestream: prefill %d/%d tokens | %.1f tok/s | ETA %.0f s\033[K", done,
-                         total, rate, rate > 0 ? (total - done) / rate : 0.0);
-            progress_shown = true;
-        }
+        prefill_line.update(done, total);
         return g_interrupted == 0;
     };
     GenerateResult g;
@@ -217,7 +209,7 @@ int do_run(RunFlags & f) {
                           },
                           &g);
     const bool interrupted = g_interrupted != 0;
-    if (progress_shown) std::fputs("\r\033[K", stderr);  // the prefill line goes
+    prefill_line.clear();
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (!st.ok()) return fail(st);

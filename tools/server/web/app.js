@@ -294,7 +294,10 @@ function showStats(s) {
   $("stat-hit").textContent = s.cache_budget_mib > 0 ? fmt(s.cache_hit_pct, 1) + " %" : "cache off";
   $("stat-mib").textContent = fmt(s.mib_per_token, 2);
   $("stat-mem").textContent = fmt(s.rss_mib, 0) + " MiB";
-  $("stat-resident").textContent = fmt(s.resident_expert_mib, 1) + " / " + fmt(s.cache_budget_mib, 0) + " MiB";
+  // What the cache holds of its budget, both at the same precision (a budget rounded to whole
+  // MiB read as an overrun: "16.3 / 16").
+  $("stat-resident").textContent = s.cache_budget_mib > 0
+    ? fmt(s.resident_expert_mib, 1) + " of " + fmt(s.cache_budget_mib, 1) + " MiB budget" : "off";
   $("stat-tokens").textContent = String(s.n_generated);
   $("stat-queue").textContent = s.queue_waiting + " waiting";
   $("model").textContent = s.model;
