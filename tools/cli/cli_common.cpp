@@ -87,6 +87,7 @@ const Refusal kChatRefused[] = {
 // llama.cpp's multi-letter single-dash spellings of options moestream has.
 const std::pair<const char *, const char *> kAliases[] = {
     {"-tb", "--threads-batch"},
+    {"-co", "--color"},
     {"-ub", "--ubatch-size"},
     {"-sys", "--system-prompt"},
     {"-sysf", "--system-prompt-file"},
