@@ -100,6 +100,11 @@ private:
     double t0_ = 0;        // steady clock at construction, seconds
 };
 
+// On a terminal (not with --log-disable) a live line of the dense weights read while
+// Engine::open loads ("moestream: load 12/340 MiB | ..."), gone once they are read: sets
+// opt->on_load_progress.
+void show_load_progress(moestream::RunOptions * opt);
+
 // --- chat and serve (cli_chat.cpp): the chat template given instead of the model's ---
 struct ChatTemplateFlags {
     std::string value;  // --chat-template NAME|FILE|TEXT ("chatml", a file, or Jinja text)

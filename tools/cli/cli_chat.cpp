@@ -382,6 +382,7 @@ int do_chat(ChatFlags & f) {
     }
 
     std::unique_ptr<Engine> engine;
+    show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);
     // The library names RunOptions fields; chat says the flags that set them.
     if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));

@@ -176,6 +176,7 @@ int do_run(RunFlags & f) {
     st = process_reverse_prompts(f.escape, &f.stop);
     if (!st.ok()) return fail(st);
     std::unique_ptr<Engine> engine;
+    show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);
     if (!st.ok()) return fail(st);
 
