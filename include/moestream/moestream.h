@@ -127,6 +127,11 @@ struct RunOptions {
     bool slot_warm = true;               // MOESTREAM_SLOT_WARM
     bool huge_pages = true;              // MOESTREAM_HUGEPAGES
     std::string slot_populate = "idle";  // MOESTREAM_SLOT_POPULATE: idle, nice or off
+    // Not a setting: called by Engine::open while it reads the dense weights, with the bytes
+    // read so far and their total: once with 0 before the first read, then after each batch
+    // of reads (WeightBinder::kDenseBatchBytes), last with done == total. Called on the
+    // thread that opens the engine, between reads (never from a signal handler). Unset: none.
+    std::function<void(uint64_t done, uint64_t total)> on_load_progress;
 };
 
 // Per generated token (one llama_decode of one token).

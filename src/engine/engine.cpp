@@ -351,7 +351,8 @@ Status EngineImpl::make_store() {
     binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
     // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
     st = binder_->read_dense(&lanes_, WeightBinder::kDenseChunkBytes,
-                             WeightBinder::kDenseBatchBytes, opt_.huge_pages);
+                             WeightBinder::kDenseBatchBytes, opt_.huge_pages,
+                             opt_.on_load_progress);
     if (!st.ok()) return st;
     stats_.dense_read_s = binder_->dense_read_s();
     if (fault_plan_.kind != IoFaultPlan::Kind::kNone)

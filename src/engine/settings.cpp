@@ -97,6 +97,18 @@ const std::vector<Setting> kSettings = {
      "prompt_cache_mb"},
     {"",
      {},
+     "-co,--color",
+     "",
+     "on|off|auto",
+     false,
+     "auto",
+     C::kProduction,
+     "run and chat: colour the displayed prompt (run --display-prompt) and the typed input "
+     "(chat) apart from the generated text; auto = on a terminal unless NO_COLOR is set, the "
+     "bare flag = on; a pipe is never coloured",
+     ""},
+    {"",
+     {},
      "",
      "GGML_BACKEND_PATH",
      "",

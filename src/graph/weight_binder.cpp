@@ -35,7 +35,8 @@ WeightBinder::~WeightBinder() {
 }
 
 Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t batch_limit,
-                                bool huge_pages) {
+                                bool huge_pages,
+                                const std::function<void(uint64_t done, uint64_t total)> & progress) {
     const auto t0 = std::chrono::steady_clock::now();
     const uint64_t a = std::max<uint64_t>(lanes->dio_alignment(), 64);
     const uint64_t chunk = std::max<uint64_t>(chunk_bytes / a * a, a);
@@ -45,9 +46,21 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     // Reads the requests gathered so far. Buffered lanes (O_DIRECT refused or off) leave the
     // bytes in the page cache too: drop each batch's range once its copies hold it, so the
     // page cache never holds more than one batch of dense weights.
+    // The bytes to read (the loop below reads the same tensors), for `progress`.
+    auto to_read = [this](const TensorInfo & ti) {
+        return !index_.expert_tensor_names.count(ti.name) && ti.nbytes != 0 && !ti.unused &&
+               !dense_.count(dense_key(ti));
+    };
+    uint64_t total = 0, done = 0;
+    std::set<DenseKey> counted;  // a weight read once (several names at one offset)
+    for (const TensorInfo & ti : index_.tensors)
+        if (to_read(ti) && counted.insert(dense_key(ti)).second) total += ti.nbytes;
+    if (progress) progress(0, total);
     auto flush = [&]() -> Status {
         if (reqs.empty()) return Status::Ok();
         Status st = lanes->read_batch(reqs, &dense_stats_);  // adds to dense_stats_
+        for (const ReadRequest & r : reqs) done += r.len;
+        if (st.ok() && progress) progress(done, total);
         if (st.ok() && !lanes->direct()) {
             for (size_t f = 0; f < fadvise_fds.size(); ++f) {
                 uint64_t first = UINT64_MAX, end = 0;
@@ -69,8 +82,7 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     Status st = Status::Ok();
     for (const TensorInfo & ti : index_.tensors) {
         if (!st.ok()) break;
-        if (index_.expert_tensor_names.count(ti.name) || ti.nbytes == 0 || ti.unused) continue;
-        if (dense_.count(dense_key(ti))) continue;  // read once
+        if (!to_read(ti)) continue;  // an expert, empty, unused, or read once already
         const uint64_t phase = ti.file_offset % a;
         uint64_t alloc_bytes = 0;
         if (__builtin_add_overflow(ti.nbytes, phase, &alloc_bytes))

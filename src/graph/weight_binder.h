@@ -20,6 +20,7 @@
 // drives the lanes, before the first graph).
 #pragma once
 
+#include <functional>
 #include <map>
 #include <set>
 #include <utility>
@@ -59,8 +60,11 @@ public:
     static constexpr uint64_t kDenseBatchBytes = 256ull << 20;
     // huge_pages: copies of a huge page or more start on one and are advised for transparent
     // huge pages (huge_pages.h).
+    // progress (may be empty): bytes read so far and their total, with 0 before the first
+    // read and after each batch (RunOptions::on_load_progress).
     Status read_dense(IoLanes * lanes, uint64_t chunk_bytes = kDenseChunkBytes,
-                      uint64_t batch_bytes = kDenseBatchBytes, bool huge_pages = true);
+                      uint64_t batch_bytes = kDenseBatchBytes, bool huge_pages = true,
+                      const std::function<void(uint64_t done, uint64_t total)> & progress = {});
     // The heap copy of a dense weight, or null (not read, or freed by finish()).
     const void * dense_copy(const std::string & name) const;
     double dense_read_s() const { return dense_read_s_; }  // wall time of read_dense

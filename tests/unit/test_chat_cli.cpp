@@ -244,6 +244,32 @@ TEST(ChatCli, CtrlCStopsTheReplyNotTheChat) {
     EXPECT_NE(c.out.find("moestream chat: 2 replies"), std::string::npos) << c.out;
 }
 
+// --color (llama.cpp's -co): on a terminal the user's typed input shows in its own colour, set
+// before the line is read and reset after it. Controls: --color off on a terminal, and a pipe.
+TEST(ChatCli, ColorColoursTheTypedInputOnATerminalOnly) {
+    TempDir dir("chatcolor");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    const std::string chat = sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 2";
+    auto tty = [](const std::string & cmd) {
+        return run_cmd("printf 'Hello there\\n' | script -qec " + sh_quote(cmd) + " /dev/null");
+    };
+    const CmdResult on = tty(chat + " --color on");
+    EXPECT_EQ(on.exit_code, 0) << on.out;
+    const size_t set = on.out.find("> \033[1;32m");
+    ASSERT_NE(set, std::string::npos) << on.out;
+    // (The terminal echoes the piped line whenever script(1) writes it, so only the order of
+    // the sequences chat prints is checked, not where the echo falls.)
+    EXPECT_NE(on.out.find("\033[0m", set), std::string::npos) << on.out;
+    EXPECT_NE(on.out.find("Hello there"), std::string::npos) << on.out;
+    const CmdResult off = tty(chat + " --color off");
+    EXPECT_EQ(off.exit_code, 0) << off.out;
+    EXPECT_NE(off.out.find("Hello there"), std::string::npos) << off.out;
+    EXPECT_EQ(off.out.find("\033[1;32m"), std::string::npos) << off.out;
+    const CmdResult pipe = chat_pipe(m, "Hello there\n", "-n 2 --color on");
+    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
+    EXPECT_EQ(pipe.out.find("\033["), std::string::npos) << pipe.out;
+}
+
 TEST(ChatCli, PipedStdinIsOneTurnPerLine) {
     TempDir dir("chat");
     const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");

@@ -100,7 +100,7 @@ TEST(CliFlags, EveryLlamaFlagMoestreamLacksIsRefusedWithItsReason) {
     EXPECT_GE(seen.size(), 100u);
     // The same table speaks for serve and chat where they lack the flag.
     expect_refused("serve" + m + " --threads-http 4", "not supported by moestream: --threads-http (");
-    expect_refused("chat" + m + " -co", "not supported by moestream: -co (");
+    expect_refused("chat" + m + " --mlock", "not supported by moestream: --mlock (");
     const CmdResult r = cli("run" + m + " --no-such-llama-flag");
     EXPECT_EQ(r.exit_code, 64);
     EXPECT_NE(r.err.find("unknown option '--no-such-llama-flag'"), std::string::npos) << r.err;
@@ -165,6 +165,38 @@ TEST(CliFlags, PrefillProgressLineOnATerminalOnly) {
                             sh_quote(dir.path("p.txt"));
     expect_progress_on_a_terminal_only(run, {"moestream: prefill 16/300 tokens | ", " tok/s | ETA "},
                                        "moestream: prefill 16/");
+}
+
+// While the engine opens, a live line of the dense weights read (MiB done of the total) on a
+// terminal only. Controls: --log-disable and a pipe show no such line.
+TEST(CliFlags, LoadProgressLineOnATerminalOnly) {
+    const std::string run = sh_quote(cli_bin()) + " run -m " + model() + " -t 1 -c 64 -n 1 -p Hi";
+    expect_progress_on_a_terminal_only(run, {"moestream: load 0/", " MiB | "}, "moestream: load ");
+}
+
+// --color (llama.cpp's -co): on a terminal, run --display-prompt shows the prompt in its own
+// colour, reset before the generated text; the bare flag is on (even under NO_COLOR). Controls:
+// a pipe, --color off and NO_COLOR under auto show no colour.
+TEST(CliFlags, ColorColoursTheDisplayedPromptOnATerminalOnly) {
+    const std::string run = sh_quote(cli_bin()) + " run -m " + model() + " -t 1 -c 64 -n 2 -p Hello --display-prompt";
+    const std::string coloured = "\033[33mHello\033[0m";
+    auto tty = [](const std::string & cmd) { return run_cmd("script -qec " + sh_quote(cmd) + " /dev/null"); };
+    const CmdResult on = tty(run);  // auto (the default), on a terminal
+    EXPECT_EQ(on.exit_code, 0) << on.out;
+    EXPECT_NE(on.out.find(coloured), std::string::npos) << on.out;
+    const CmdResult bare = tty("NO_COLOR=1 " + run + " --color");
+    EXPECT_NE(bare.out.find(coloured), std::string::npos) << "the bare flag is on: " << bare.out;
+    const CmdResult off = tty(run + " -co off");
+    EXPECT_EQ(off.exit_code, 0) << off.out;
+    EXPECT_NE(off.out.find("Hello"), std::string::npos) << off.out;
+    EXPECT_EQ(off.out.find("\033[33m"), std::string::npos) << off.out;
+    const CmdResult no_color = tty("NO_COLOR=1 " + run);
+    EXPECT_EQ(no_color.out.find("\033[33m"), std::string::npos) << no_color.out;
+    const CmdResult pipe = run_cmd(run + " --color on");  // stdout a pipe
+    EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
+    EXPECT_EQ(pipe.out.rfind("Hello", 0), 0u) << pipe.out;
+    EXPECT_EQ(pipe.out.find("\033["), std::string::npos) << pipe.out;
+    expect_refused("run -m " + model() + " --color maybe", "--color");
 }
 
 // eval draws a live line of positions scored, for the reference pass and the scored run, on a

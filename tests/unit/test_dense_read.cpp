@@ -105,6 +105,39 @@ TEST(DenseRead, CopiesHoldTheFileBytesOnEveryPath) {
     }
 }
 
+// The progress callback sees 0 of the total before the first read, then rising counts after
+// each batch, last the total, which is every byte the reads took. Control: one big batch
+// reports once after the start, small batches many times.
+TEST(DenseRead, ProgressCountsTheBytesReadBatchByBatch) {
+    const std::string model = test::synth_model("tiny", "qwen3moe", "q8_0");
+    Fixture fx;
+    ASSERT_TRUE(load_model_index(model, &fx.idx).ok());
+    auto calls = [&](uint64_t batch, uint64_t * bytes_read) {
+        std::vector<std::pair<uint64_t, uint64_t>> seen;
+        IoLanes io;
+        EXPECT_TRUE(io.open(model, 2, false, 65536).ok());
+        WeightBinder b(fx.idx, nullptr, fx.lm);
+        EXPECT_TRUE(b.read_dense(&io, 8192, batch, true, [&](uint64_t done, uint64_t total) {
+                         seen.emplace_back(done, total);
+                     }).ok());
+        *bytes_read = b.dense_read_stats().bytes_read;
+        return seen;
+    };
+    uint64_t read = 0;
+    const auto many = calls(16384, &read);
+    ASSERT_GE(many.size(), 3u);
+    EXPECT_EQ(many.front().first, 0u);
+    EXPECT_EQ(many.back().first, many.back().second);
+    EXPECT_EQ(many.back().second, read);
+    for (size_t i = 1; i < many.size(); ++i) {
+        EXPECT_GT(many[i].first, many[i - 1].first) << i;
+        EXPECT_EQ(many[i].second, many.front().second) << i;
+    }
+    const auto one = calls(WeightBinder::kDenseBatchBytes, &read);
+    ASSERT_EQ(one.size(), 2u);  // control: the start, then the one batch
+    EXPECT_EQ(one[1].first, read);
+}
+
 TEST(DenseRead, ShortReadsAndEintrChangeNothing) {
     const std::string model = test::synth_model("tiny", "qwen3moe", "q8_0");
     Fixture fx;

@@ -55,6 +55,17 @@ int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);
 void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & off, bool * value,
                    const std::string & on_help, const std::string & off_help);
 
+// -co / --color [on|off|auto] (llama.cpp's spelling; the bare flag is on): *mode is set to
+// "on", "off" or "auto" (its default).
+void add_color_flag(CLI::App * sub, std::string * mode);
+// Whether to colour stdout under --color MODE: never when stdout is not a terminal; "off"
+// never; "auto" unless NO_COLOR is set (no-color.org) or TERM=dumb; "on" always (on a terminal).
+bool colour_stdout(const std::string & mode);
+// The ANSI sequences --color uses: the displayed prompt (run), the user's input (chat), reset.
+constexpr const char * kColourPrompt = "\033[33m";
+constexpr const char * kColourInput = "\033[1;32m";
+constexpr const char * kColourReset = "\033[0m";
+
 void add_sampling_flags(CLI::App * sub, moestream::SamplingParams * sampling,
                         std::vector<std::string> * stop);
 // After parsing: --top-k / --top-p / --min-p under greedy are refused, --seed under greedy
@@ -88,6 +99,11 @@ private:
     int last_pct_ = -1;    // the percent last drawn
     double t0_ = 0;        // steady clock at construction, seconds
 };
+
+// On a terminal (not with --log-disable) a live line of the dense weights read while
+// Engine::open loads ("moestream: load 12/340 MiB | ..."), gone once they are read: sets
+// opt->on_load_progress.
+void show_load_progress(moestream::RunOptions * opt);
 
 // --- chat and serve (cli_chat.cpp): the chat template given instead of the model's ---
 struct ChatTemplateFlags {

@@ -59,6 +59,7 @@ struct ChatFlags {
     std::string reasoning_effort;    // --reasoning-effort ("" = the template's default)
     ChatTemplateFlags tmpl;          // --chat-template, --chat-template-file
     bool show_reasoning = true;
+    std::string color = "auto";  // --color: on | off | auto
     std::string grammar_file;
     CLI::App * sub = nullptr;
 };
@@ -381,6 +382,7 @@ int do_chat(ChatFlags & f) {
     }
 
     std::unique_ptr<Engine> engine;
+    show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);
     // The library names RunOptions fields; chat says the flags that set them.
     if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
@@ -477,7 +479,18 @@ int do_chat(ChatFlags & f) {
             std::fflush(stdout);
         }
         std::string turn;
+        // With --color on a terminal the typed input shows in its own colour (set before the
+        // line is read, reset after), apart from the reply.
+        const bool colour_input = tty && colour_stdout(f.color);
+        if (colour_input) {
+            std::fputs(kColourInput, stdout);
+            std::fflush(stdout);
+        }
         const LineReader::Result r = read_turn(in, &turn);
+        if (colour_input) {
+            std::fputs(kColourReset, stdout);
+            std::fflush(stdout);
+        }
         if (r == LineReader::kInterrupted) {
             std::fprintf(stderr, "\nmoestream chat: interrupted (Ctrl-C)\n");
             print_summary(t, f, *engine);
@@ -777,6 +790,7 @@ void add_chat_command(CLI::App & app, Action * action) {
                   "show a reply's reasoning apart from its answer: dimmed on a terminal, else "
                   "on stderr as lines prefixed 'thinking: ' (the default)",
                   "show only the answer (the reasoning is still generated)");
+    add_color_flag(sub, &f->color);
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
     auto * gr = sub->add_option("--grammar", f->sampling.grammar,

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <memory>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -87,6 +88,7 @@ const Refusal kChatRefused[] = {
 // llama.cpp's multi-letter single-dash spellings of options moestream has.
 const std::pair<const char *, const char *> kAliases[] = {
     {"-tb", "--threads-batch"},
+    {"-co", "--color"},
     {"-ub", "--ubatch-size"},
     {"-sys", "--system-prompt"},
     {"-sysf", "--system-prompt-file"},
@@ -147,6 +149,18 @@ void ProgressLine::clear() {
     if (shown_) std::fputs("\r\033[K", stderr);
     shown_ = false;
     last_pct_ = -1;
+}
+
+void show_load_progress(RunOptions * opt) {
+    auto line = std::make_shared<ProgressLine>("load", "MiB");
+    opt->on_load_progress = [line](uint64_t done, uint64_t total) {
+        const int64_t mib = int64_t((total + (1u << 20) - 1) >> 20);  // rounded up: never 0 of 0
+        if (done >= total) {
+            line->clear();
+            return;
+        }
+        line->update(int64_t(done >> 20), mib);
+    };
 }
 
 std::string fmt_num(double v) {

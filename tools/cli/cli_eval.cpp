@@ -142,6 +142,7 @@ int do_eval(EvalFlags & f) {
     }
 
     std::unique_ptr<Engine> run;
+    show_load_progress(&f.opt);
     st = Engine::open(f.opt, &run);
     if (!st.ok()) return eval_fail(st);
     if (toks.empty()) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -35,6 +36,7 @@ struct RunFlags {
     std::vector<std::string> stop;  // -r
     bool escape = true;
     bool display_prompt = false;
+    std::string color = "auto";  // --color: on | off | auto
     CLI::App * sub = nullptr;
     std::string stats_json;
     std::string stats_csv;
@@ -174,11 +176,16 @@ int do_run(RunFlags & f) {
     st = process_reverse_prompts(f.escape, &f.stop);
     if (!st.ok()) return fail(st);
     std::unique_ptr<Engine> engine;
+    show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);
     if (!st.ok()) return fail(st);
 
     if (f.display_prompt) {
+        // With --color on a terminal the prompt is coloured apart from the generated text.
+        const bool colour = colour_stdout(f.color);
+        if (colour) std::fputs(kColourPrompt, stdout);
         std::fwrite(f.prompt.data(), 1, f.prompt.size(), stdout);
+        if (colour) std::fputs(kColourReset, stdout);
         std::fflush(stdout);
     }
     GenerateRequest req;
@@ -516,6 +523,26 @@ void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & o
     sub->add_flag(off, [value](int64_t) { *value = false; }, off_help)->excludes(yes);
 }
 
+void add_color_flag(CLI::App * sub, std::string * mode) {
+    std::string doc;
+    for (const Setting & s : settings_registry())
+        if (std::string(s.flags) == "-co,--color") doc = s.doc;
+    *mode = "auto";
+    sub->add_option_function<std::string>(
+           "--color", [mode](const std::string & v) { *mode = v.empty() ? "on" : v; }, doc)
+        ->expected(0, 1)
+        ->check(CLI::IsMember({"on", "off", "auto"}))
+        ->type_name("[on|off|auto]=auto");  // (a default_str would stand in for the bare flag)
+}
+
+bool colour_stdout(const std::string & mode) {
+    if (mode == "off" || ::isatty(STDOUT_FILENO) == 0) return false;
+    if (mode == "on") return true;
+    const char * no_color = std::getenv("NO_COLOR");
+    const char * term = std::getenv("TERM");
+    return !(no_color && *no_color) && !(term && std::string(term) == "dumb");
+}
+
 void add_sampling_flags(CLI::App * sub, SamplingParams * sampling, std::vector<std::string> * stop) {
     SamplingParams & sp = *sampling;
     sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
@@ -584,6 +611,7 @@ void add_run_command(CLI::App & app, Action * action) {
     add_flag_pair(sub, "--display-prompt", "--no-display-prompt", &f->display_prompt,
                   "print the prompt before the generated text",
                   "print only the generated text (the default)");
+    add_color_flag(sub, &f->color);
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
     sub->add_option("--route-trace", f->opt.route_trace, setting_help("route_trace"));

@@ -43,8 +43,6 @@ inline constexpr RefusedFlag kRefusedFlags[] = {
     {"-C,--cpu-mask,-Cr,--cpu-range,--cpu-strict,-Cb,--cpu-mask-batch,-Crb,--cpu-range-batch,"
      "--prio,--prio-batch,--poll,--poll-batch",
      kWhyThreadsOs},
-    {"-co,--color",
-     "moestream colours only chat's reasoning, dimmed on a terminal (NO_COLOR=1 turns it off)"},
     {"--log-file,--log-colors,--log-prefix,--log-timestamps", kWhyLog},
     {"-hf,-hfr,--hf-repo,-hff,--hf-file,-hft,--hf-token,-mu,--model-url,--offline", kWhyDownload},
     {"-md,--model-draft,-cd,--ctx-size-draft,-devd,--device-draft,-ngld,--gpu-layers-draft,"
