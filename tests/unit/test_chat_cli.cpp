@@ -104,8 +104,9 @@ public:
     }
     void send(const std::string & s) { ASSERT_EQ(write(fd_, s.data(), s.size()), ssize_t(s.size())); }
     // Reads until out has at least `n` matches of `re` after offset `from` (true), the
-    // terminal closes or `timeout_s` passes (false).
-    bool wait_for(const std::string & re, int n = 1, size_t from = 0, double timeout_s = 30) {
+    // terminal closes or `timeout_s` passes (false). The bounds here only catch a hang: on a
+    // loaded machine a turn's prefill at -t 1 can itself take tens of seconds.
+    bool wait_for(const std::string & re, int n = 1, size_t from = 0, double timeout_s = 180) {
         const std::regex rx(re);
         const double end = now_s() + timeout_s;
         for (;;) {
@@ -116,14 +117,14 @@ public:
         }
     }
     // Reads until out has grown by `bytes` since `from`.
-    bool wait_growth(size_t from, size_t bytes, double timeout_s = 30) {
+    bool wait_growth(size_t from, size_t bytes, double timeout_s = 180) {
         const double end = now_s() + timeout_s;
         while (out.size() < from + bytes)
             if (now_s() > end || !pump(0.1)) return false;
         return true;
     }
     // Reads what is left and reaps the process: its exit code (128 + signal), -1 on timeout.
-    int wait_exit(double timeout_s = 30) {
+    int wait_exit(double timeout_s = 180) {
         const double end = now_s() + timeout_s;
         while (now_s() < end && pump(0.1)) {
         }
