@@ -381,6 +381,7 @@ int do_chat(ChatFlags & f) {
         if (!st.ok()) return report(st);
     }
 
+    chat::JinjaTemplate::prestart_python();  // its start overlaps the model's load
     std::unique_ptr<Engine> engine;
     show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);

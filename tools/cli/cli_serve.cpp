@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 
+#include "chat_jinja.h"
 #include "cli.h"
 #include "server.h"
 
@@ -137,6 +138,7 @@ void add_serve_command(CLI::App & app, Action * action) {
             cfg.defaults.temperature = cfg.run.temp;
             cfg.defaults.seed = cfg.run.seed;
             cfg.option_words = flag_words;
+            chat::JinjaTemplate::prestart_python();  // its start overlaps the model's load
             return server::run_server(cfg);
         };
     });
