@@ -6,7 +6,8 @@
 // Hermes/Qwen3-style and a gpt-oss harmony-style template: a synth model never chooses a tool
 // by itself, so the calls are forced (tool_choice named, enforced by a grammar) and replies
 // with thinking are fixed by a grammar.
-// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID TOOLS_URL HARMONY_URL
+// Usage: node api_test.mjs FAST_URL SLOW_URL SLOW_PID TOOLS_URL HARMONY_URL REAL_URLS
+// (REAL_URLS: "key=url,..." for the real-template servers of run.sh)
 import assert from "node:assert/strict";
 import http from "node:http";
 import net from "node:net";

@@ -3,8 +3,9 @@
 # what it needs (scripts/setup-api-tests.sh), starts three `moestream serve` processes on free
 # loopback ports with the tiny synth model (one at full speed for the API checks, one with
 # slowed tokens for the cancellation, load and SIGTERM checks, two whose models carry a
-# Hermes/Qwen3-style and a gpt-oss harmony-style chat template for the tool checks), runs
-# api_test.mjs, stops them.
+# Hermes/Qwen3-style and a gpt-oss harmony-style chat template for the tool checks, one per
+# real vendor template of the tool round trips: Command-R7B's always, eleven more when
+# ../shared/templates is present), runs api_test.mjs, stops them.
 # Env (set by tests/CMakeLists.txt): MOESTREAM_BIN, MOESTREAM_SRC, MOESTREAM_TEST_MODELS,
 # GGML_BACKEND_PATH.
 set -euo pipefail

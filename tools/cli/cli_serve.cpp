@@ -11,7 +11,6 @@
 #include <fstream>
 #include <memory>
 
-#include "chat_jinja.h"
 #include "cli.h"
 #include "server.h"
 
@@ -138,7 +137,7 @@ void add_serve_command(CLI::App & app, Action * action) {
             cfg.defaults.temperature = cfg.run.temp;
             cfg.defaults.seed = cfg.run.seed;
             cfg.option_words = flag_words;
-            chat::JinjaTemplate::prestart_python();  // its start overlaps the model's load
+            prestart_template_check(cfg.run.model_path, cfg.chat_template);
             return server::run_server(cfg);
         };
     });
