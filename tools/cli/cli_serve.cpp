@@ -137,6 +137,7 @@ void add_serve_command(CLI::App & app, Action * action) {
             cfg.defaults.temperature = cfg.run.temp;
             cfg.defaults.seed = cfg.run.seed;
             cfg.option_words = flag_words;
+            prestart_template_check(cfg.run.model_path, cfg.chat_template);
             return server::run_server(cfg);
         };
     });
