@@ -617,19 +617,24 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
         if (a.kind == RangeAlt::kWord && a.text == t) return "";
     double d = 0;
     if (!parse_number(s, t, &d)) {
-        std::string words;
-        for (const RangeAlt & a : alts)
-            if (a.kind == RangeAlt::kWord) words += " or " + a.text;
-        return "'" + t + "' is not " + (k == NumKind::kInt ? "a whole number" : "a number") +
-               words;
+        std::vector<std::string> words;
+        bool numbers = alts.empty();
+        for (const RangeAlt & a : alts) {
+            if (a.kind == RangeAlt::kWord) words.push_back(a.text);
+            numbers = numbers || a.kind != RangeAlt::kWord;
+        }
+        if (numbers) words.insert(words.begin(), k == NumKind::kInt ? "a whole number" : "a number");
+        return "'" + t + "' is not " + choices_text(words);
     }
-    std::string first, rest;
+    std::string first, rest;  // the first interval; the other alternatives
+    std::vector<std::string> all;
     bool ok = alts.empty();
     for (const RangeAlt & a : alts) {
         if (a.kind == RangeAlt::kInterval)
             ok = ok || ((a.lo_open ? d > a.lo : d >= a.lo) && d <= a.hi);
         else if (a.kind == RangeAlt::kNumber)
             ok = ok || d == a.value;
+        all.push_back(a.text);
         if (first.empty() && a.kind == RangeAlt::kInterval)
             first = a.text;
         else
@@ -638,8 +643,8 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
     RunOptions probe;  // the value must fit the field's type too
     if (ok && !set_from_text(s, t, &probe)) return t + " does not fit " + s.field;
     if (ok) return "";
-    return t + " is not in " +
-           (first.empty() ? rest : first + (rest.empty() ? "" : " (or " + rest + ")"));
+    if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
+    return t + " is not in " + first + (rest.empty() ? "" : " (or " + rest + ")");
 }
 
 bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt) {

@@ -232,6 +232,9 @@ TEST(Settings, FlagValuesFollowTheRowsRange) {
     EXPECT_FALSE(set_setting_text(cache, "-1", &o));  // the number behind the word is no value
     EXPECT_EQ(o.cache_mb, 0);
     EXPECT_EQ(check_setting_text(cache, "lots"), "'lots' is not a whole number or auto");
+    EXPECT_EQ(check_setting_text(*find_setting("flash_attn"), "maybe"),
+              "'maybe' is not on, off or auto");
+    EXPECT_EQ(check_setting_text(*find_setting("flash_attn"), "1"), "1 is not on, off or auto");
     const Setting & drop = *find_setting("drop_cold");
     EXPECT_EQ(check_setting_text(drop, "0"), "0 is not in (0, 1]");
     EXPECT_TRUE(set_setting_text(drop, "0.25", &o));
