@@ -90,6 +90,9 @@ std::string check_setting_text(const Setting & s, const std::string & text);
 // Sets the row's field from a flag's value that check_setting_text accepted (a word: the value
 // it stands for). False (the field unchanged) for a value it would refuse.
 bool set_setting_text(const Setting & s, const std::string & text, RunOptions * opt);
+// The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
+// --no-stream and --cache-no-move set false).
+bool setting_flag_value(const Setting & s);
 // The field's value as a flag value: a range word where one stands for it ("auto"), else the
 // number or text ("" for a row without a field).
 std::string setting_value_text(const Setting & s, const RunOptions & opt);

@@ -654,6 +654,12 @@ bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt
     return set_from_text(s, t, opt);
 }
 
+bool setting_flag_value(const Setting & s) {
+    static const RunOptions kDefaults;
+    const auto * m = std::get_if<bool RunOptions::*>(&s.member);
+    return m != nullptr && !(kDefaults.**m);
+}
+
 std::string setting_value_text(const Setting & s, const RunOptions & opt) {
     const nlohmann::json j = field_json(s, opt);
     return j.is_string() && num_kind(s) != NumKind::kNone ? j.get<std::string>() : value_text(s, opt);

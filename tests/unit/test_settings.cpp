@@ -246,6 +246,11 @@ TEST(Settings, FlagValuesFollowTheRowsRange) {
               "'99999999999999999999' is not a whole number");
     EXPECT_EQ(check_setting_text(*find_setting("n_threads"), "5000000000"),
               "5000000000 is not in 1..512");
+    // A bool's flag sets the opposite of its default, whatever its name: --cache-no-move
+    // clears cache_move (control: --prefetch sets prefetch).
+    EXPECT_FALSE(setting_flag_value(*find_setting("cache_move")));
+    EXPECT_FALSE(setting_flag_value(*find_setting("stream")));
+    EXPECT_TRUE(setting_flag_value(*find_setting("prefetch")));
     EXPECT_EQ(setting_type_name(cache), "auto|INT");
     EXPECT_EQ(setting_type_name(*find_setting("flash_attn")), "on|off|auto");
     EXPECT_EQ(setting_type_name(*find_setting("miss_fallback")), "FILE");

@@ -383,12 +383,12 @@ bool bound_by_hand(const Setting & s) {
 }
 
 // One registry row as a CLI11 flag: its names, help, the values its range admits (validated
-// by the registry), the field set from the value; a bool's flag sets it, or clears it when the
-// flag's name says --no-.
+// by the registry), the field set from the value; a bool's flag sets the opposite of the
+// field's default (setting_flag_value: --prefetch on, --cache-no-move off).
 void bind_setting(CLI::App * sub, const Setting & s, RunOptions * opt) {
     if (std::holds_alternative<bool RunOptions::*>(s.member)) {
         const auto m = std::get<bool RunOptions::*>(s.member);
-        const bool value = std::string(s.flags).find("--no-") == std::string::npos;
+        const bool value = setting_flag_value(s);
         sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; },
                       setting_help(s.field));
         return;
