@@ -2,11 +2,13 @@
 //
 // Every RunOptions field and every environment variable the library or the CLI reads is one
 // row of kSettings (settings.cpp): the field, the CLI flag(s), the environment name, the
-// default, its class, one doc line and its key in the `settings` JSON. From the rows come:
-// the --help text of the engine flags, the CLI's rewriting of `RunOptions::<field>` into flags
-// (flag_words), the lossy-knob text of run / chat / eval / serve, Engine::lossy(), the
-// environment overlay (apply_env_overlay) and the settings tables of docs/cli.md
-// (settings_markdown; a test fails when the doc and the registry differ).
+// default, its class, one doc line, its key in the `settings` JSON, the values its flag takes
+// and the commands that take it. From the rows come: the CLI's engine flags (bound, validated
+// and set from the row: check_setting_text, set_setting_text) and their --help text, the
+// CLI's rewriting of `RunOptions::<field>` into flags (flag_words), the lossy-knob text of
+// run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
+// (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
+// tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
@@ -54,18 +56,52 @@ struct Setting {
     SettingClass cls;
     const char * doc;  // one line: what it does (the --help text of its flag)
     const char * key;  // its key in the `settings` JSON ("" = not reported)
+    // The values its flag takes, '|'-separated alternatives: an interval "lo..hi" (inclusive;
+    // "(lo..hi": the low end excluded), one number with what it means ("0: the model's"), or a
+    // word standing for a value ("auto=-1"; the word is also how `settings` reports the value).
+    // A string field: the name of its value in --help ("FILE", "DIR"). "" = any value of the
+    // field's type. The CLI binds the flag, validates and sets the field from this column.
+    const char * range = "";
+    // The commands whose flag this is, '|'-separated ("run", "serve|chat"); "" = every command
+    // with the engine's flags (run, chat, eval, serve, inspect --plan).
+    const char * commands = "";
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).
     std::string flag() const;
+    // Whether `command` takes this row's flag (the commands column).
+    bool for_command(std::string_view command) const;
 };
 
 // Every row, in the order docs/cli.md lists them.
 const std::vector<Setting> & settings_registry();
 // The row of a RunOptions field (nullptr: none).
 const Setting * find_setting(std::string_view field);
+// The row one of whose flag names is `flag` ("--color"; nullptr: none): the rows of flags a
+// command binds itself (serve's --lossless, run and chat's --color) give it their help text.
+const Setting * find_flag_setting(std::string_view flag);
 // The --help text of a field's flag: its doc line and, for experiments and test-only rows,
 // what class it is in. The field must have a row (else "").
 std::string setting_help(std::string_view field);
+
+// A flag's value checked against its row's range and the field's type: "" when it may be set,
+// else one line naming the value and what it may be ("8 is not in 16..4194304 (or 0: the
+// model's)", "'x' is not a whole number").
+std::string check_setting_text(const Setting & s, const std::string & text);
+// Sets the row's field from a flag's value that check_setting_text accepted (a word: the value
+// it stands for). False (the field unchanged) for a value it would refuse.
+bool set_setting_text(const Setting & s, const std::string & text, RunOptions * opt);
+// The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
+// --no-stream and --cache-no-move set false).
+bool setting_flag_value(const Setting & s);
+// The field's value as a flag value: a range word where one stands for it ("auto"), else the
+// number or text ("" for a row without a field).
+std::string setting_value_text(const Setting & s, const RunOptions & opt);
+// The numbers the range admits, for --help ("16..4194304|0", "(0, 1]"; "" = any, or only
+// words).
+std::string setting_range_text(const Setting & s);
+// What the flag's value is, for --help: "INT", "FLOAT", the words and the kind of number
+// ("auto|INT", "on|off|auto"), a string's name of its value ("FILE") or "TEXT"; "" for a bool.
+std::string setting_type_name(const Setting & s);
 
 // The environment overlay: every row with an environment name that is set in the process
 // environment sets its field. A malformed value is kUsage naming the variable and the values

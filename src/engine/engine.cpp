@@ -20,6 +20,7 @@
 #include "moestream/sysinfo.h"
 #include "run_config.h"
 #include "run_plan.h"
+#include "settings_report.h"
 
 namespace moestream {
 namespace {
@@ -119,11 +120,14 @@ Status EngineImpl::init(const RunOptions & opt) {
     if (!st.ok()) return st;
     st = check_cpu_computable(index_);  // types llama.cpp would hand ggml unchecked
     if (!st.ok()) return st;
-    // RunOptions::n_batch 0: chosen for the memory (run_config.h), once the context (its cap)
-    // is known: here with -c given, after the load otherwise.
-    if (opt_.n_batch == 0 && opt_.n_ctx != 0) {
-        opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
-        MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
+    // The context and batch as resolve chooses them (run_plan.h, resolve_context), with the
+    // memory available when the context is known: here with -c given, after the load (whose
+    // weights take memory) otherwise.
+    if (opt_.n_ctx != 0) {
+        const ContextChoice c = resolve_context(opt_, index_, memory_availability());
+        if (opt_.n_batch == 0) MS_LOG_INFO("prompt batch: %s", c.n_batch_reason.c_str());
+        opt_.n_batch = c.n_batch;
+        n_batch_reason_ = c.n_batch_reason;
     } else if (opt_.n_batch != 0) {
         n_batch_reason_ = "requested";
     }
@@ -181,12 +185,12 @@ Status EngineImpl::init(const RunOptions & opt) {
     }
 
     if (opt_.n_ctx == 0) {
-        opt_.n_ctx = model_context(index_, memory_availability(), &n_ctx_reason_);
-        // A chosen batch is chosen again now that the context (its cap) is known.
-        if (opt.n_batch == 0) {
-            opt_.n_batch = choose_n_batch(opt_, index_, memory_availability(), &n_batch_reason_);
-            MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
-        }
+        const ContextChoice c = resolve_context(opt_, index_, memory_availability());
+        opt_.n_ctx = c.n_ctx;
+        n_ctx_reason_ = c.n_ctx_reason;
+        opt_.n_batch = c.n_batch;
+        n_batch_reason_ = c.n_batch_reason;
+        if (opt.n_batch == 0) MS_LOG_INFO("prompt batch: %s", n_batch_reason_.c_str());
         st = check_context_fits(opt_, index_);
         if (!st.ok()) return st;
     }
@@ -504,29 +508,36 @@ StatsSources EngineImpl::stats_sources() const {
 }
 
 std::string EngineImpl::settings_json() const {
+    // The registry's keys (settings_report.h): the field's value unless the run resolved it
+    // to something else. Only the resolved values are written here.
+    nlohmann::json r;
+    r["mmap"] = opt_.stream || opt_.resident_mmap;
+    r["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
+    r["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
+    r["io_overlap"] = overlap_;
+    r["io_overlap_stages"] = overlap_ ? opt_.overlap_stages : 0;
+    r["io_staged_reads"] = overlap_ && opt_.staged_reads;
+    // Which store holds the budget ("fixed slots", "lru", "off"); the fixed slots' warm start
+    // (MOESTREAM_SLOT_WARM) and page population (MOESTREAM_SLOT_POPULATE; docs/cache.md).
+    r["cache_store"] = !store_ || stats_.cache_budget_bytes == 0 ? "off"
+                       : slot_rewriter_                          ? "fixed slots"
+                                                                 : "lru";
+    r["cache_slot_warm"] = slot_rewriter_ != nullptr && opt_.slot_warm;
+    r["cache_slot_populate"] = slot_rewriter_ ? opt_.slot_populate : std::string("none");
+    r["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
+    r["prefill_guess"] =
+        plan_.prefill_readahead && predictor_ && predictor_->prefill_rows() ? "rows" : "bank";
+    r["n_expert_used"] = k_eff_;
+    r["prompt_cache_mb"] = prompt_cache_ ? opt_.prompt_cache_mb : 0;
+    if (!fallback_) r["miss_fallback"] = "";
+
+    // Observations of the run: no setting, so no registry row.
     nlohmann::json j;
-    j["model"] = opt_.model_path;
-    j["stream"] = opt_.stream;
-    j["mmap"] = opt_.stream || opt_.resident_mmap;
     if (!opt_.stream) j["model_file_mapped_bytes"] = file_mapped_after_load_bytes_;
     if (opt_.stream) model_files_json(index_, lm_, binder_.get(), &j);
-    j["n_threads"] = opt_.n_threads;
-    j["n_ctx"] = opt_.n_ctx;
     j["n_ctx_reason"] = n_ctx_reason_.empty() ? "requested" : n_ctx_reason_;
-    j["n_ubatch"] = opt_.n_ubatch > 0 ? std::min(opt_.n_ubatch, opt_.n_batch) : opt_.n_batch;
-    j["flash_attn"] = opt_.flash_attn < 0 ? "auto" : opt_.flash_attn ? "on" : "off";
-    j["n_threads_batch"] = opt_.n_threads_batch > 0 ? opt_.n_threads_batch : opt_.n_threads;
-    j["n_batch"] = opt_.n_batch;
     j["n_batch_reason"] = n_batch_reason_;
-    j["temp"] = opt_.temp;
-    j["seed"] = opt_.seed;
-    j["io_threads"] = opt_.io_threads;
-    j["odirect_requested"] = opt_.odirect;
     j["odirect"] = opt_.stream && lanes_.direct();
-    j["io_overlap"] = overlap_;
-    j["io_overlap_stages"] = overlap_ ? opt_.overlap_stages : 0;
-    j["io_staged_reads"] = overlap_ && opt_.staged_reads;
-    j["io_stage_split"] = opt_.stage_split;
     if (overlap_waiter_) {
         const auto & oc = overlap_waiter_->counters();
         j["io_overlap_waits_at_input"] = oc.waits_at_input;
@@ -535,62 +546,31 @@ std::string EngineImpl::settings_json() const {
         j["io_overlap_second_waits_at_matmul"] = oc.second_waits_at_matmul;
     }
     j["cache_mb"] = opt_.stream ? stats_.cache_budget_bytes >> 20 : 0;
-    j["cache_mb_requested"] =
-        opt_.cache_mb < 0 ? nlohmann::json("auto") : nlohmann::json(opt_.cache_mb);
     j["cache_budget_reason"] = stats_.cache_budget_reason;
     j["cache_rule"] = cache_rule_text(index_);
     j["cache_rule_min_mib"] = cache_rule_min_mib(index_);
-    j["cache_debug"] = opt_.cache_debug;
-    j["cache_recycle"] = opt_.cache_recycle;
-    j["cache_pool_warm"] = opt_.pool_warm;
-    j["cache_move"] = opt_.cache_move;
     // The paths taken where the kernel (or an emulator) may lack a feature: the cache's
     // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.
     j["page_bytes"] = system_page_bytes();
     j["cache_move_used"] = store_ ? store_->cache_stats().move_pages : false;
-    // MOESTREAM_SLOT_CACHE=1 (docs/cache.md, "Fixed slots"): slots per MoE layer (0: not this
-    // cache) and the layer routings whose expert ids were rewritten to slots so far; the warm
-    // start (MOESTREAM_SLOT_WARM) and the experts it copied into slots so far.
+    // The fixed slots: slots per MoE layer (0: not this cache), the layer routings whose
+    // expert ids were rewritten to slots so far, the experts the warm start copied so far; why
+    // not the fixed slots when the LRU cache holds the budget (empty otherwise).
     j["cache_slots"] = store_ ? store_->cache_stats().slots_per_layer : 0;
-    // Which store holds the budget ("fixed slots", "lru", "off"), and why not the fixed slots
-    // when the LRU cache does (empty otherwise).
-    j["cache_store"] = !store_ || stats_.cache_budget_bytes == 0 ? "off"
-                       : slot_rewriter_                          ? "fixed slots"
-                                                                 : "lru";
     j["cache_store_reason"] = plan_.store_reason;
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
-    j["cache_slot_warm"] = slot_rewriter_ != nullptr && opt_.slot_warm;
     j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
-    // How the fixed slots' pages were populated (MOESTREAM_SLOT_POPULATE; docs/cache.md).
-    j["cache_slot_populate"] = slot_rewriter_ ? opt_.slot_populate : std::string("none");
-    // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): asked for, and the bytes
-    // of expert slots and dense copies the kernel accepted the advice for.
-    j["huge_pages"] = opt_.huge_pages;
+    // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): the bytes of expert slots
+    // and dense copies the kernel accepted the advice for.
     j["huge_page_bytes"] = (store_ ? store_->cache_stats().slot_huge_bytes : 0) +
                            (binder_ ? binder_->dense_huge_bytes() : 0);
     j["cache_slot_warm_s"] = store_ ? store_->cache_stats().slot_warm_s : 0.0;
-    j["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();
-    j["prefetch_requested"] = opt_.prefetch;
     j["prefill_readahead"] = plan_.prefill_readahead;
     j["prefill_readahead_requested"] = opt_.prefill_readahead == 1;
-    j["prefill_readahead_option"] = opt_.prefill_readahead == 1 ? "on" : opt_.prefill_readahead == 0 ? "off" : "where it applies";
-    j["prefill_guess"] = plan_.prefill_readahead && predictor_ && predictor_->prefill_rows() ? "rows"
-                                                                                     : "bank";
-    j["n_expert_used"] = k_eff_;
     j["n_expert_used_model"] = index_.n_expert_used;
     j["lossy"] = lossy();
-    j["drop_cold_experts"] = opt_.drop_cold;
-    j["drop_in_prefill"] = opt_.drop_in_prefill;
-    j["drop_renorm"] = opt_.drop_renorm;
-    j["substitute_experts"] = opt_.substitute;
-    if (fallback_) {
-        j["miss_fallback"] = opt_.miss_fallback;
-        j["fallback_threshold"] = opt_.fallback_threshold;
-    }
-    j["prompt_cache"] = opt_.prompt_cache;
-    j["prompt_cache_mb"] = prompt_cache_ ? opt_.prompt_cache_mb : 0;
     j["arch"] = index_.arch;
     j["n_expert"] = index_.n_expert;
     j["use_extra_bufts"] = false;
@@ -599,7 +579,10 @@ std::string EngineImpl::settings_json() const {
     for (const PlanChoice & c : plan_.choices)
         plan.push_back({{"name", c.name}, {"value", c.value}, {"reason", c.reason}});
     j["plan"] = plan;
-    return j.dump();
+    nlohmann::json out;
+    const Status st = settings_object(opt_, r, j, &out);
+    if (!st.ok()) MS_LOG_ERROR("%s", st.message().c_str());  // a test catches the drift
+    return out.dump();
 }
 
 PromptCacheKey EngineImpl::prompt_cache_key() const {

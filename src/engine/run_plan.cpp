@@ -51,14 +51,35 @@ Status check_slot_cache(const RunOptions & opt, const ModelIndex & index) {
     return Status::Ok();
 }
 
-Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInputs & in,
+ContextChoice resolve_context(const RunOptions & opt, const ModelIndex & index,
+                              const MemoryAvailability & mem) {
+    ContextChoice c;
+    c.n_ctx = opt.n_ctx;
+    c.n_ctx_reason = "requested";
+    if (c.n_ctx == 0) c.n_ctx = model_context(index, mem, &c.n_ctx_reason);
+    c.n_batch = opt.n_batch;
+    c.n_batch_reason = "requested";
+    if (c.n_batch == 0) {
+        RunOptions o = opt;
+        o.n_ctx = c.n_ctx;  // the batch's cap
+        c.n_batch = choose_n_batch(o, index, mem, &c.n_batch_reason);
+    }
+    return c;
+}
+
+Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInputs & in,
                RunPlan * out) {
     RunPlan p;
+    const ContextChoice ctx = resolve_context(given, index, in.mem);
+    RunOptions opt = given;  // the context and batch chosen
+    opt.n_ctx = p.n_ctx = ctx.n_ctx;
+    opt.n_batch = p.n_batch = ctx.n_batch;
     p.k_eff = opt.n_expert_used > 0 ? uint32_t(opt.n_expert_used) : index.n_expert_used;
     choose(&p, "n_ctx", std::to_string(opt.n_ctx),
-           in.n_ctx_reason.empty() ? "requested" : in.n_ctx_reason);
+           given.n_ctx == 0 || in.n_ctx_reason.empty() ? ctx.n_ctx_reason : in.n_ctx_reason);
     choose(&p, "n_batch", std::to_string(opt.n_batch),
-           in.n_batch_reason.empty() ? "requested" : in.n_batch_reason);
+           given.n_batch == 0 || in.n_batch_reason.empty() ? ctx.n_batch_reason
+                                                            : in.n_batch_reason);
     p.prefill_ra_wanted = prefill_readahead_wanted(opt, &p.prefill_ra_off);
 
     // Prefetch asked for, a worker lane to read the tail and no route trace (a trace records
@@ -239,12 +260,13 @@ Status describe_plan(const RunOptions & given, std::string * json) {
     in.page_bytes = system_page_bytes();
     in.n_lanes = opt.io_threads;
     in.direct = opt.odirect;
-    if (opt.n_ctx == 0) opt.n_ctx = model_context(index, in.mem, &in.n_ctx_reason);
-    if (opt.n_batch == 0)
-        opt.n_batch = choose_n_batch(opt, index, in.mem, &in.n_batch_reason);
-    else
-        in.n_batch_reason = "requested";
-    st = check_context_fits(opt, index);
+    // The context and batch as the run's resolve chooses them (resolve_context), checked as
+    // the engine checks them before making the context.
+    const ContextChoice ctx = resolve_context(opt, index, in.mem);
+    RunOptions fits = opt;
+    fits.n_ctx = ctx.n_ctx;
+    fits.n_batch = ctx.n_batch;
+    st = check_context_fits(fits, index);
     if (!st.ok()) return st;
     RunPlan plan;
     st = resolve(opt, index, in, &plan);

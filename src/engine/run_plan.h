@@ -45,6 +45,8 @@ struct PlanChoice {
 struct RunPlan {
     enum class Store { kSharedSlots, kFixedSlots, kLru };  // kSharedSlots: the cache off
     uint32_t k_eff = 0;                                    // experts per token
+    int n_ctx = 0;                                         // the context length, tokens
+    int n_batch = 0;                                       // prompt tokens per decode
     uint64_t needs_bytes = 0;           // what the run needs besides the cache (the budget's input)
     uint64_t budget_bytes = 0;          // the cache budget; 0 = off
     std::string budget_reason;          // decide_cache_budget's line
@@ -69,8 +71,22 @@ struct RunPlan {
     std::vector<PlanChoice> choices;  // every decision with its reason, in order
 };
 
-// The plan for these options (n_ctx and n_batch already chosen: run_config.h), model and
-// inputs: Ok, or kUsage naming the options (`RunOptions::<field>`) that cannot run together.
+// The context length and the prompt batch of a run, with how each was chosen: as requested,
+// or for RunOptions::n_ctx 0 the model's context capped by mem (model_context), for
+// RunOptions::n_batch 0 the batch for mem and that context (choose_n_batch; run_config.h).
+struct ContextChoice {
+    int n_ctx = 0;               // tokens
+    int n_batch = 0;             // prompt tokens per decode
+    std::string n_ctx_reason;    // "requested" or how it was chosen
+    std::string n_batch_reason;  // "requested" or how it was chosen
+};
+ContextChoice resolve_context(const RunOptions & opt, const ModelIndex & index,
+                              const MemoryAvailability & mem);
+
+// The plan for these options, model and inputs: Ok, or kUsage naming the options
+// (`RunOptions::<field>`) that cannot run together. The context and batch are resolve_context's
+// with in.mem where opt leaves them 0 (RunPlan::n_ctx, n_batch; the plan's first two choices);
+// an engine that chose them before the load passes them in opt, with in.n_*_reason.
 Status resolve(const RunOptions & opt, const ModelIndex & index, const PlanInputs & in,
                RunPlan * plan);
 

@@ -3,12 +3,18 @@
 #include "moestream/settings.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <cmath>
 #include <unordered_set>
 
+#include <nlohmann/json.hpp>
+
 #include "moestream/log.h"
+#include "settings_report.h"
 
 namespace moestream {
 namespace {
@@ -20,28 +26,28 @@ using R = RunOptions;
 const std::vector<Setting> kSettings = {
     // --- production ---
     {"model_path", &R::model_path, "-m,--model", "", "", false, "(required)", C::kProduction,
-     "GGUF model file (or any shard of a split set)", "model"},
+     "GGUF model file (or any shard of a split set)", "model", "FILE"},
     {"n_threads", &R::n_threads, "-t,--threads", "", "", false,
      "the physical cores this process may use", C::kProduction,
-     "compute threads (default: the physical cores this process may use)", "n_threads"},
+     "compute threads (default: the physical cores this process may use)", "n_threads", "1..512"},
     {"n_threads_batch", &R::n_threads_batch, "--threads-batch", "", "", false, "0", C::kProduction,
-     "threads for prompt batches (-tb; 0 = as -t)", "n_threads_batch"},
+     "threads for prompt batches (-tb; 0 = as -t)", "n_threads_batch", "0..512"},
     {"flash_attn", &R::flash_attn, "--flash-attn", "", "", false, "auto", C::kProduction,
-     "llama.cpp's flash attention (-fa): on, off or auto (llama.cpp's choice)", "flash_attn"},
+     "llama.cpp's flash attention (-fa): on, off or auto (llama.cpp's choice)", "flash_attn", "on=1|off=0|auto=-1"},
     {"n_ctx", &R::n_ctx, "-c,--ctx-size", "", "", false, "0", C::kProduction,
      "context length; 0 = the model's training context, capped so the KV cache takes at most "
      "1/4 of the memory available",
-     "n_ctx"},
+     "n_ctx", "16..4194304|0: the model's"},
     {"n_batch", &R::n_batch, "-b,--batch-size,--batch", "", "", false, "0", C::kProduction,
      "prompt tokens per decode (0 = chosen for the memory: 512, or more when streaming and the "
      "cache cannot hold every expert; -v says why)",
-     "n_batch"},
+     "n_batch", "0..65536"},
     {"n_ubatch", &R::n_ubatch, "--ubatch-size", "", "", false, "0", C::kProduction,
-     "llama.cpp's physical batch (-ub; 0 = as -b; at most -b)", "n_ubatch"},
+     "llama.cpp's physical batch (-ub; 0 = as -b; at most -b)", "n_ubatch", "0..65536"},
     {"temp", &R::temp, "--temp", "", "", false, "0", C::kProduction,
-     "sampling temperature; 0 = greedy", "temp"},
+     "sampling temperature; 0 = greedy", "temp", "0..100"},
     {"seed", &R::seed, "-s,--seed", "", "", false, "1", C::kProduction,
-     "sampling seed; -1 = random (printed)", "seed"},
+     "sampling seed; -1 = random (printed)", "seed", "0..4294967295|-1: random"},
     {"stream", &R::stream, "--no-stream", "", "", false, "streaming", C::kProduction,
      "llama.cpp's own loading, everything resident (the reference)", "stream"},
     {"resident_mmap", &R::resident_mmap, "--no-mmap", "", "", false, "map the file", C::kProduction,
@@ -49,7 +55,7 @@ const std::vector<Setting> kSettings = {
      "first-touch cost in the first decodes)",
      "mmap"},
     {"io_threads", &R::io_threads, "--io-threads", "", "", false, "4", C::kProduction,
-     "parallel read lanes (calling thread included)", "io_threads"},
+     "parallel read lanes (calling thread included)", "io_threads", "1..64"},
     {"odirect", &R::odirect, "--no-odirect", "", "", false, "O_DIRECT", C::kProduction,
      "buffered reads instead of O_DIRECT", "odirect_requested"},
     {"io_overlap", &R::io_overlap, "--no-io-overlap", "", "", false, "overlap", C::kProduction,
@@ -57,7 +63,7 @@ const std::vector<Setting> kSettings = {
      "down-projection reads overlap the gate/up matmuls)",
      "io_overlap"},
     {"cache_mb", &R::cache_mb, "--cache-mb", "", "", false, "auto", C::kProduction,
-     "expert cache budget in MiB: auto, 0 = off, N", "cache_mb_requested"},
+     "expert cache budget in MiB: auto, 0 = off, N", "cache_mb_requested", "0..1099511627776|auto=-1"},
     {"force_cache", &R::force_cache, "--force-cache", "", "", false, "off", C::kProduction,
      "allow a --cache-mb below 1.5 x the model's per-token working set (moestream inspect: "
      "cache rule)",
@@ -78,23 +84,23 @@ const std::vector<Setting> kSettings = {
      "--route-trace / --drop-cold-experts / --substitute-experts; given, it is refused where it "
      "cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
      "docs/prefetch.md)",
-     "prefill_readahead_option"},
+     "prefill_readahead_option", "on=1|off=0|where it applies=-1"},
     {"route_trace", &R::route_trace, "--route-trace", "", "", false, "none", C::kProduction,
-     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)", ""},
+     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)", "", "FILE", "run|eval"},
     {"route_trace_scores", &R::route_trace_scores, "--route-trace-scores", "", "", false, "off",
      C::kProduction,
      "also record each decode row's full router scores in the trace (n_expert per layer; for "
      "`replay --substitute-experts`)",
-     ""},
+     "", "", "run|eval"},
     {"prompt_cache", &R::prompt_cache, "--prompt-cache", "", "", false, "off", C::kProduction,
      "keep the prompt's KV in DIR (made if missing) and restore the longest stored prefix of a "
      "later prompt instead of prefilling it (lossless: byte-identical to a cold run; "
      "docs/prompt-cache.md)",
-     "prompt_cache"},
+     "prompt_cache", "DIR"},
     {"prompt_cache_mb", &R::prompt_cache_mb, "--prompt-cache-mb", "", "", false, "4096",
      C::kProduction,
      "what --prompt-cache's files may take on disk, MiB (least recently used removed first)",
-     "prompt_cache_mb"},
+     "prompt_cache_mb", "1..1099511627776"},
     {"",
      {},
      "-co,--color",
@@ -106,7 +112,21 @@ const std::vector<Setting> kSettings = {
      "run and chat: colour the displayed prompt (run --display-prompt) and the typed input "
      "(chat) apart from the generated text; auto = on a terminal unless NO_COLOR is set, the "
      "bare flag = on; a pipe is never coloured",
-     ""},
+     "",
+     "",
+     "run|chat"},
+    {"",
+     {},
+     "--lossless",
+     "",
+     "",
+     false,
+     "the app's lossy defaults",
+     C::kProduction,
+     "start without the app's lossy defaults",
+     "",
+     "",
+     "serve"},
     {"",
      {},
      "",
@@ -150,10 +170,10 @@ const std::vector<Setting> kSettings = {
      ""},
     // --- lossy ---
     {"n_expert_used", &R::n_expert_used, "--n-expert-used", "", "", false, "the model's top-k",
-     C::kLossy, "experts per token, 1..the model's top-k (0 = the model's)", "n_expert_used"},
+     C::kLossy, "experts per token, 1..the model's top-k (0 = the model's)", "n_expert_used", "1..65536"},
     {"drop_cold", &R::drop_cold, "--drop-cold-experts", "", "", false, "0", C::kLossy,
      "skip a routed expert that is a cache miss with final weight < F/k (F in (0, 1]; 0 = off)",
-     "drop_cold_experts"},
+     "drop_cold_experts", "(0..1"},
     {"drop_in_prefill", &R::drop_in_prefill, "--drop-in-prefill", "", "", false, "off", C::kLossy,
      "also drop during prefill", "drop_in_prefill"},
     {"drop_renorm", &R::drop_renorm, "--drop-renorm", "", "", false, "off", C::kLossy,
@@ -161,19 +181,22 @@ const std::vector<Setting> kSettings = {
     {"substitute", &R::substitute, "--substitute-experts", "", "", false, "0", C::kLossy,
      "compute a routed cache miss (never the top expert) with the best resident unselected "
      "expert whose router probability is less than M below it (M in [0, 1]; 0 = off)",
-     "substitute_experts"},
+     "substitute_experts", "0..1"},
     {"miss_fallback", &R::miss_fallback, "--miss-fallback", "", "", false, "none", C::kLossy,
      "compute a decode cache miss whose final router weight is below --fallback-threshold from "
      "the low-bit copy in FILE (made by `moestream make-fallback`)",
-     "miss_fallback"},
+     "miss_fallback", "FILE"},
     {"fallback_threshold", &R::fallback_threshold, "--fallback-threshold", "", "", false, "0.1",
      C::kLossy, "final router weight below which --miss-fallback applies (W in (0, 1])",
-     "fallback_threshold"},
+     "fallback_threshold", "(0..1"},
     // --- experiments ---
     {"cache_recycle", &R::cache_recycle, "--cache-no-recycle", "", "", false, "recycle",
      C::kExperiment,
      "commit fresh zero-filled pages for every cache miss and free them on eviction (default: "
-     "reuse the evicted expert's pages)",
+     "reuse the evicted expert's pages). Settled for recycled pages (cache-recycle benchmark: "
+     "fresh pages decode at 0.81x / 0.80x at 4000 / 6000 MiB); kept because fresh pages are the "
+     "path taken where memfd_create is missing (docs/arm64.md) and this reproduces it on any "
+     "host for its tests",
      "cache_recycle"},
     {"cache_move", &R::cache_move, "--cache-no-move", "", "", false, "move", C::kExperiment,
      "unmap an evicted expert's recycled pages and map them afresh for the next miss (default: "
@@ -217,7 +240,9 @@ const std::vector<Setting> kSettings = {
      "cache_slot_warm"},
     {"huge_pages", &R::huge_pages, "", "MOESTREAM_HUGEPAGES", "0|1", false, "1", C::kExperiment,
      "1: the engine's own large buffers (expert slots, shared slots, dense weight copies) are "
-     "advised for transparent huge pages; 0: 4 KiB pages",
+     "advised for transparent huge pages; 0: 4 KiB pages. Not settled (huge-pages benchmark): "
+     "decode 1.18x with the cache off and 1.02-1.10x at 2000-6000 MiB, but 0.95x [0.80, 1.13] "
+     "at the default budget and a slower dense read under a memory cap",
      "huge_pages"},
     {"slot_populate", &R::slot_populate, "", "MOESTREAM_SLOT_POPULATE", "idle|nice|off", false,
      "idle", C::kExperiment,
@@ -415,8 +440,16 @@ bool set_from_text(const Setting & s, const std::string & t, RunOptions * o) {
                     char * end = nullptr;
                     const double d = std::strtod(t.c_str(), &end);
                     if (t.empty() || end != t.c_str() + t.size()) return false;
-                    v = V(d);
-                    return double(v) == d;
+                    if constexpr (std::is_floating_point_v<V>) {  // 0.7 as a float: near it
+                        v = V(d);
+                        return std::isfinite(double(v));
+                    } else {  // an integer field holds it exactly, or it is refused
+                        if (!(d >= double(std::numeric_limits<V>::lowest()) &&
+                              d <= double(std::numeric_limits<V>::max())))
+                            return false;
+                        v = V(d);
+                        return double(v) == d;
+                    }
                 }
             }
         },
@@ -426,6 +459,105 @@ bool set_from_text(const Setting & s, const std::string & t, RunOptions * o) {
 bool is_default(const Setting & s, const RunOptions & o) {
     static const RunOptions kDefaults;
     return value_text(s, o) == value_text(s, kDefaults);
+}
+
+// One alternative of a row's range (Setting::range).
+struct RangeAlt {
+    enum Kind { kInterval, kNumber, kWord } kind = kNumber;
+    double lo = 0, hi = 0;  // kInterval
+    bool lo_open = false;   // kInterval: lo itself excluded
+    double value = 0;       // kNumber, kWord: the value
+    std::string text;       // as the user reads it ("16..4194304", "0: the model's", "auto")
+};
+
+template <class V>
+constexpr bool kIsNumber = std::is_arithmetic_v<V> && !std::is_same_v<V, bool>;
+
+// Whether the row's field is a number of an integer type (ranges print as lo..hi), a number of
+// a floating type ([lo, hi]), or no number.
+enum class NumKind { kNone, kInt, kReal };
+NumKind num_kind(const Setting & s) {
+    return std::visit(
+        [](auto m) {
+            using M = decltype(m);
+            if constexpr (std::is_same_v<M, std::monostate>) {
+                return NumKind::kNone;
+            } else {
+                using V = std::decay_t<decltype(RunOptions().*m)>;
+                if constexpr (!kIsNumber<V>) return NumKind::kNone;
+                else if constexpr (std::is_floating_point_v<V>) return NumKind::kReal;
+                else return NumKind::kInt;
+            }
+        },
+        s.member);
+}
+
+std::string int_text(double v) {
+    return std::to_string(static_cast<long long>(v));
+}
+
+std::vector<RangeAlt> range_alts(const Setting & s) {
+    std::vector<RangeAlt> out;
+    const NumKind k = num_kind(s);
+    if (k == NumKind::kNone) return out;  // a string's range is the name of its value
+    for (const std::string & t : split_choices(s.range)) {
+        RangeAlt a;
+        a.text = t;
+        const size_t eq = t.find('='), dots = t.find("..");
+        if (eq != std::string::npos) {
+            a.kind = RangeAlt::kWord;
+            a.text = t.substr(0, eq);
+            a.value = std::strtod(t.c_str() + eq + 1, nullptr);
+        } else if (dots != std::string::npos) {
+            a.kind = RangeAlt::kInterval;
+            a.lo_open = t[0] == '(';
+            a.lo = std::strtod(t.c_str() + (a.lo_open ? 1 : 0), nullptr);
+            a.hi = std::strtod(t.c_str() + dots + 2, nullptr);
+            a.text = k == NumKind::kInt ? int_text(a.lo) + ".." + int_text(a.hi)
+                                        : std::string(a.lo_open ? "(" : "[") + num_text(a.lo) +
+                                              ", " + num_text(a.hi) + "]";
+        } else {
+            a.value = std::strtod(t.c_str(), nullptr);
+        }
+        out.push_back(a);
+    }
+    return out;
+}
+
+// A flag's text as a number of the row's kind (integers: whole numbers only); false when it
+// is none.
+bool parse_number(const Setting & s, const std::string & t, double * d) {
+    if (t.empty()) return false;
+    char * end = nullptr;
+    if (num_kind(s) == NumKind::kInt) {
+        errno = 0;
+        const long long n = std::strtoll(t.c_str(), &end, 10);
+        if (errno != 0 || end != t.c_str() + t.size()) return false;
+        *d = double(n);
+        return true;
+    }
+    *d = std::strtod(t.c_str(), &end);
+    return end == t.c_str() + t.size() && std::isfinite(*d);
+}
+
+// The field's value as JSON of its type; a range word where one stands for it.
+nlohmann::json field_json(const Setting & s, const RunOptions & o) {
+    const std::vector<RangeAlt> alts = range_alts(s);
+    return std::visit(
+        [&](auto m) -> nlohmann::json {
+            using M = decltype(m);
+            if constexpr (std::is_same_v<M, std::monostate>) {
+                return nullptr;
+            } else {
+                const auto & v = o.*m;
+                using V = std::decay_t<decltype(v)>;
+                if constexpr (kIsNumber<V>)
+                    for (const RangeAlt & a : alts)
+                        if (a.kind == RangeAlt::kWord && double(v) == a.value) return a.text;
+                return v;
+            }
+        },
+        s.member);
 }
 
 // A lossy row in effect: its value is not the default (fallback_threshold: with miss_fallback,
@@ -480,8 +612,130 @@ std::string Setting::flag() const {
     return names.empty() ? std::string() : names[0];
 }
 
+bool Setting::for_command(std::string_view command) const {
+    if (*commands == 0) return true;
+    for (const std::string & c : split_choices(commands))
+        if (c == command) return true;
+    return false;
+}
+
+std::string check_setting_text(const Setting & s, const std::string & t) {
+    const NumKind k = num_kind(s);
+    if (k == NumKind::kNone) return "";  // text, or a flag without a value
+    const std::vector<RangeAlt> alts = range_alts(s);
+    for (const RangeAlt & a : alts)
+        if (a.kind == RangeAlt::kWord && a.text == t) return "";
+    double d = 0;
+    if (!parse_number(s, t, &d)) {
+        std::vector<std::string> words;
+        bool numbers = alts.empty();
+        for (const RangeAlt & a : alts) {
+            if (a.kind == RangeAlt::kWord) words.push_back(a.text);
+            numbers = numbers || a.kind != RangeAlt::kWord;
+        }
+        if (numbers) words.insert(words.begin(), k == NumKind::kInt ? "a whole number" : "a number");
+        return "'" + t + "' is not " + choices_text(words);
+    }
+    std::string first, rest;  // the first interval; the other alternatives
+    std::vector<std::string> all;
+    bool ok = alts.empty();
+    for (const RangeAlt & a : alts) {
+        if (a.kind == RangeAlt::kInterval)
+            ok = ok || ((a.lo_open ? d > a.lo : d >= a.lo) && d <= a.hi);
+        else if (a.kind == RangeAlt::kNumber)
+            ok = ok || d == a.value;
+        all.push_back(a.text);
+        if (first.empty() && a.kind == RangeAlt::kInterval)
+            first = a.text;
+        else
+            rest += (rest.empty() ? "" : ", ") + a.text;
+    }
+    RunOptions probe;  // the value must fit the field's type too
+    if (ok && !set_from_text(s, t, &probe)) return t + " does not fit " + s.field;
+    if (ok) return "";
+    if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
+    return t + " is not in " + first + (rest.empty() ? "" : " (or " + rest + ")");
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt) {
+    if (!check_setting_text(s, t).empty()) return false;
+    for (const RangeAlt & a : range_alts(s))
+        if (a.kind == RangeAlt::kWord && a.text == t) return set_from_text(s, num_text(a.value), opt);
+    return set_from_text(s, t, opt);
+}
+
+bool setting_flag_value(const Setting & s) {
+    static const RunOptions kDefaults;
+    const auto * m = std::get_if<bool RunOptions::*>(&s.member);
+    return m != nullptr && !(kDefaults.**m);
+}
+
+std::string setting_value_text(const Setting & s, const RunOptions & opt) {
+    const nlohmann::json j = field_json(s, opt);
+    return j.is_string() && num_kind(s) != NumKind::kNone ? j.get<std::string>() : value_text(s, opt);
+}
+
+std::string setting_range_text(const Setting & s) {
+    std::string t;
+    for (const RangeAlt & a : range_alts(s)) {
+        if (a.kind == RangeAlt::kWord) continue;
+        t += (t.empty() ? "" : "|") + (a.kind == RangeAlt::kInterval ? a.text
+                                       : num_kind(s) == NumKind::kInt ? int_text(a.value)
+                                                                      : num_text(a.value));
+    }
+    return t;
+}
+
+std::string setting_type_name(const Setting & s) {
+    if (std::holds_alternative<bool RunOptions::*>(s.member)) return "";
+    if (std::holds_alternative<std::monostate>(s.member)) return s.range;
+    const NumKind k = num_kind(s);
+    if (k == NumKind::kNone) return *s.range ? s.range : "TEXT";
+    std::string words;
+    bool numbers = false;
+    for (const RangeAlt & a : range_alts(s)) {
+        if (a.kind == RangeAlt::kWord)
+            words += (words.empty() ? "" : "|") + a.text;
+        else
+            numbers = true;
+    }
+    if (!numbers && !words.empty()) return words;
+    return words + (words.empty() ? "" : "|") + (k == NumKind::kInt ? "INT" : "FLOAT");
+}
+
+Status settings_object(const RunOptions & opt, const nlohmann::json & resolved,
+                       const nlohmann::json & observed, nlohmann::json * out) {
+    nlohmann::json j = nlohmann::json::object();
+    std::unordered_set<std::string> keys;
+    for (const Setting & s : kSettings) {
+        if (!*s.key) continue;
+        keys.insert(s.key);
+        j[s.key] = resolved.contains(s.key) ? resolved[s.key] : field_json(s, opt);
+    }
+    for (const auto & [k, v] : resolved.items())
+        if (keys.count(k) == 0)
+            return Status::Runtime("internal: settings key " + k + " has no registry row");
+    for (const auto & [k, v] : observed.items()) {
+        if (keys.count(k) != 0)
+            return Status::Runtime("internal: settings key " + k +
+                                   " is a registry row's, not an observation");
+        j[k] = v;
+    }
+    *out = std::move(j);
+    return Status::Ok();
+}
+
 const std::vector<Setting> & settings_registry() {
     return kSettings;
+}
+
+const Setting * find_flag_setting(std::string_view flag) {
+    for (const Setting & s : kSettings) {
+        std::string names = std::string(",") + s.flags + ",";
+        if (*s.flags && names.find(std::string(",") + std::string(flag) + ",") != std::string::npos)
+            return &s;
+    }
+    return nullptr;
 }
 
 const Setting * find_setting(std::string_view field) {
@@ -620,13 +874,24 @@ std::string settings_markdown() {
                : c == C::kLossy      ? "Lossy (opt-in)"
                : c == C::kExperiment ? "Experiments (A/B)"
                                      : "Test-only") +
-              "\n\n| Flag | Environment | RunOptions | Default | `settings` key | What it does |\n"
-              "|---|---|---|---|---|---|\n";
+              "\n\n| Flag | Environment | RunOptions | Values | Default | `settings` key | What it "
+              "does |\n"
+              "|---|---|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {
             if (s.cls != c) continue;
             auto code = [](const std::string & x) { return x.empty() ? "" : "`" + x + "`"; };
-            md += "| " + code(*s.flags ? s.flags : "") + " | " + code(s.env) + " | " +
-                  code(s.field) + " | " + md_cell(s.dflt) + " | " + code(s.key) + " | " +
+            // The flag's value (its type and range), or the variable's choices.
+            std::string values = *s.choices ? std::string(s.choices) : setting_type_name(s);
+            if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
+            std::string flag = code(*s.flags ? s.flags : "");
+            if (*s.commands) {  // "run|eval" -> " (run, eval)"
+                std::string cmds;
+                for (const std::string & c : split_choices(s.commands))
+                    cmds += (cmds.empty() ? "" : ", ") + c;
+                flag += " (" + cmds + ")";
+            }
+            md += "| " + flag + " | " + code(s.env) + " | " + code(s.field) + " | " +
+                  md_cell(values) + " | " + md_cell(s.dflt) + " | " + code(s.key) + " | " +
                   md_cell(s.doc) + " |\n";
         }
     }

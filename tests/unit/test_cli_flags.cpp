@@ -263,8 +263,8 @@ TEST(CliFlags, ParseErrorsAreOneReadableLine) {
 TEST(CliFlags, HelpShowsDefaultsAndVersionPrints) {
     CmdResult h = cli("run --help");
     ASSERT_EQ(h.exit_code, 0);
-    for (const char * d : {"--batch INT:0..65536=0", "--cache-mb auto|N=auto", "--n-predict INT:-1..16777216=64",
-                           "--ctx-size INT:0|16..4194304=0", "--io-threads INT:1..64=4"})
+    for (const char * d : {"--batch INT:0..65536=0", "--cache-mb auto|INT:0..1099511627776=auto",
+                           "--n-predict INT:-1..16777216=64", "--ctx-size INT:16..4194304|0=0", "--io-threads INT:1..64=4"})
         EXPECT_NE(h.out.find(d), std::string::npos) << d << "\n" << h.out;
     // -t's default is this machine's, and a run without -t uses what --help says.
     const size_t at = h.out.find("--threads INT:1..512=");

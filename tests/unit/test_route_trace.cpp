@@ -376,6 +376,7 @@ struct RunOut {
     int rc = -1;
     std::string out, err;
     json stats;
+    uint64_t stats_bytes = 0;  // the size of the --stats-json file it wrote
 };
 
 RunOut run(const std::string & model, const std::string & flags, const std::string & prefix = "") {
@@ -387,7 +388,11 @@ RunOut run(const std::string & model, const std::string & flags, const std::stri
     o.rc = r.exit_code;
     o.out = r.out;
     o.err = r.err;
-    if (r.exit_code == 0) o.stats = json::parse(slurp(js));
+    if (r.exit_code == 0) {
+        const std::string text = slurp(js);
+        o.stats = json::parse(text);
+        o.stats_bytes = text.size();
+    }
     std::remove(js.c_str());
     return o;
 }
@@ -475,12 +480,15 @@ TEST(RouteTraceRun, TracingNeverChangesTheOutputAndFailuresOnlyWarn) {
               std::string::npos) << bad.err;
     EXPECT_EQ(bad.out, "");
 
-    // Disk full: an 8 KiB file size limit (sh counts 512-byte blocks) (SIGXFSZ ignored, so write()
-    // fails with EFBIG). The limit applies to every file the run writes; only the trace outgrows it
-    // (the stats JSON is ~2 KiB).
+    // Disk full: a file size limit (SIGXFSZ ignored, so write() fails with EFBIG). It applies to
+    // every file the run writes: the stats JSON must fit (the limit is what the traced run
+    // wrote plus 2 KiB for figures that differ: digits, the trace's error) and the trace must
+    // outgrow it (checked, else nothing is proven).
+    const uint64_t blocks = (on.stats_bytes + 2048 + 511) / 512;  // sh counts 512-byte blocks
+    ASSERT_GT(std::filesystem::file_size(path), blocks * 512) << "the trace fits the limit";
     const std::string full = tmp_path("full.trace");
     RunOut lim = run(model, "--cache-mb 4 --force-cache --route-trace " + sh_quote(full),
-                     "trap '' XFSZ; ulimit -f 16; ");
+                     "trap '' XFSZ; ulimit -f " + std::to_string(blocks) + "; ");
     ASSERT_EQ(lim.rc, 0) << lim.err;
     EXPECT_NE(lim.err.find("route trace: cannot write"), std::string::npos) << lim.err;
     EXPECT_EQ(lim.out, off.out);

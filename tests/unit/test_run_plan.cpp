@@ -175,3 +175,71 @@ TEST(RunPlan, EveryChoiceHasAReason) {
         for (const PlanChoice & c : p.choices) EXPECT_FALSE(c.reason.empty()) << c.name;
     }
 }
+
+namespace {
+
+// index4 with the keys llama.cpp reads for the context: a training context of `train` tokens,
+// 4 KV heads of 64 (K and V): 4 KiB of f16 KV per token over the 4 layers.
+ModelIndex with_context(uint64_t train) {
+    ModelIndex m = index4();
+    m.arch = "qwen3moe";
+    m.kv["qwen3moe.context_length"].i = int64_t(train);
+    m.kv["qwen3moe.attention.head_count"].i = 4;
+    m.kv["qwen3moe.attention.head_count_kv"].i = 4;
+    m.kv["qwen3moe.attention.key_length"].i = 64;
+    m.kv["qwen3moe.attention.value_length"].i = 64;
+    return m;
+}
+
+PlanInputs with_memory(uint64_t bytes) {
+    PlanInputs in = lanes();
+    in.mem.available_bytes = bytes;
+    in.mem.source = "test";
+    return in;
+}
+
+}  // namespace
+
+// RunOptions::n_ctx 0: resolve chooses the model's context, capped so the KV cache takes at
+// most a quarter of the memory (16 MiB / 4 / 4 KiB = 1024 tokens), and says so; the plan's
+// n_ctx choice is that value. Control: a requested context is kept, "requested".
+TEST(RunPlan, ContextLeftZeroIsTheModelsCappedByMemory) {
+    const ModelIndex m = with_context(32768);
+    RunOptions o = cached();
+    o.n_ctx = 0;
+    o.cache_mb = 0;
+    RunPlan p;
+    ASSERT_TRUE(resolve(o, m, with_memory(uint64_t(16) << 20), &p).ok());
+    EXPECT_EQ(p.n_ctx, 1024);
+    ASSERT_NE(choice(p, "n_ctx"), nullptr);
+    EXPECT_EQ(choice(p, "n_ctx")->value, "1024");
+    EXPECT_NE(choice(p, "n_ctx")->reason.find("capped to 1024"), std::string::npos)
+        << choice(p, "n_ctx")->reason;
+    o.n_ctx = 2048;
+    ASSERT_TRUE(resolve(o, m, with_memory(uint64_t(16) << 20), &p).ok());
+    EXPECT_EQ(p.n_ctx, 2048);
+    EXPECT_EQ(choice(p, "n_ctx")->reason, "requested");
+}
+
+// RunOptions::n_batch 0 with the cache off: resolve chooses the batch with the context it
+// resolved as the cap (a model context of 1024 tokens: 1024, not choose_n_batch's 4096 for an
+// unknown context). Control: a model context of 32768 lets it grow to 4096.
+TEST(RunPlan, BatchLeftZeroIsCappedByTheResolvedContext) {
+    RunOptions o = cached();
+    o.n_ctx = 0;
+    o.n_batch = 0;
+    o.cache_mb = 0;
+    const PlanInputs lots = with_memory(uint64_t(64) << 30);
+    RunPlan p;
+    ASSERT_TRUE(resolve(o, with_context(1024), lots, &p).ok());
+    EXPECT_EQ(p.n_ctx, 1024);
+    EXPECT_EQ(p.n_batch, 1024) << choice(p, "n_batch")->reason;
+    EXPECT_EQ(choice(p, "n_batch")->value, "1024");
+    ASSERT_TRUE(resolve(o, with_context(32768), lots, &p).ok());
+    EXPECT_EQ(p.n_batch, 4096) << choice(p, "n_batch")->reason;
+    // resolve_context is that choice, as the engine makes it before the context exists.
+    const ContextChoice c = resolve_context(o, with_context(32768), lots.mem);
+    EXPECT_EQ(c.n_ctx, p.n_ctx);
+    EXPECT_EQ(c.n_batch, p.n_batch);
+    EXPECT_EQ(c.n_batch_reason, choice(p, "n_batch")->reason);
+}

@@ -234,6 +234,7 @@ TEST(Server, LlamaServerFlagsAliasNoWebuiAndSamplingDefaults) {
     ServerProc s({"--lossless", "--alias", "my-model", "--no-webui", "--top-k", "7", "--min-p",
                   "0.05", "--repeat-penalty", "1.1", "--metrics", "--slots", "--jinja"});
     ASSERT_GT(s.port(), 0) << s.log();
+    EXPECT_NE(s.out().find(", lossless, "), std::string::npos) << s.out();  // --lossless: no knob
     auto c = s.client();
     auto models = c.Get("/v1/models");
     ASSERT_TRUE(models);
@@ -823,7 +824,9 @@ TEST(Server, LossyDefaultsApiKeyAndBodyLimit) {
     const std::string key = "s3cret-test-key-4711";
     ServerProc s({"--api-key", key, "--max-body", "4096"});
     ASSERT_GT(s.port(), 0) << s.log();
-    EXPECT_NE(s.out().find("LOSSY"), std::string::npos) << s.out();
+    // The startup line names the lossy default by its flag (the registry's words).
+    EXPECT_NE(s.out().find("LOSSY defaults: --drop-cold-experts 0.75"), std::string::npos)
+        << s.out();
     const json req{{"prompt", "Hello"}, {"max_tokens", 4}};
     const httplib::Headers auth{{"Authorization", "Bearer " + key}};
     auto c = s.client();

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "moestream/settings.h"
+#include "settings_report.h"
 #include "test_util.h"
 
 using namespace moestream;
@@ -135,8 +136,7 @@ TEST(Settings, EveryRegistryKeyIsInTheSettings) {
     const nlohmann::json set = nlohmann::json::parse(ok.stats)["settings"];
     for (const Setting & s : settings_registry()) {
         const std::string key = s.key;
-        // miss_fallback and fallback_threshold are reported with --miss-fallback only.
-        if (key.empty() || key == "miss_fallback" || key == "fallback_threshold") continue;
+        if (key.empty()) continue;
         EXPECT_TRUE(set.contains(key)) << key;
     }
     EXPECT_FALSE(set.contains("no_such_key"));
@@ -165,7 +165,8 @@ TEST(Settings, InspectPlanIsTheRunsPlan) {
             if (c["name"] == name) return c["value"].get<std::string>();
         return std::string("<none>");
     };
-    for (const char * name : {"store", "io_overlap", "prefill_readahead", "prefetch", "lossy"})
+    for (const char * name :
+         {"n_ctx", "n_batch", "store", "io_overlap", "prefill_readahead", "prefetch", "lossy"})
         EXPECT_EQ(value(planned, name), value(ran, name)) << name;
     const CmdResult lru = run_cmd(inspect + "--cache-mb 8 --force-cache --cache-no-move");
     ASSERT_EQ(lru.exit_code, 0) << lru.err;
@@ -175,4 +176,133 @@ TEST(Settings, InspectPlanIsTheRunsPlan) {
         run_cmd(sh_quote(cli_bin()) + " inspect -m " + sh_quote(model) + " --cache-mb 0");
     EXPECT_EQ(refused.exit_code, 64);
     EXPECT_NE(refused.err.find("--cache-mb applies to --plan"), std::string::npos) << refused.err;
+}
+
+// `settings` is generated from the rows: every key, the field's value as its type (a range
+// word where one stands for it), a resolved value where the run gives one; observations are
+// added beside. Controls: a resolved key no row has, and an observation under a row's key,
+// are refused (the report would drift from the registry).
+TEST(Settings, SettingsObjectIsTheRowsWithResolvedValues) {
+    RunOptions o;
+    o.temp = 0.5f;
+    nlohmann::json resolved, observed, j;
+    resolved["io_overlap"] = false;
+    observed["cache_mb"] = 7;
+    ASSERT_TRUE(settings_object(o, resolved, observed, &j).ok());
+    size_t keys = 0;
+    for (const Setting & s : settings_registry())
+        if (*s.key) {
+            ++keys;
+            EXPECT_TRUE(j.contains(s.key)) << s.key;
+        }
+    EXPECT_EQ(j.size(), keys + 1);
+    EXPECT_EQ(j["temp"], 0.5);
+    EXPECT_EQ(j["flash_attn"], "auto");
+    EXPECT_EQ(j["cache_mb_requested"], "auto");
+    EXPECT_EQ(j["prefill_readahead_option"], "where it applies");
+    EXPECT_EQ(j["io_overlap"], false);  // resolved, though the field is true
+    EXPECT_EQ(j["cache_mb"], 7);
+    o.cache_mb = 512;
+    o.flash_attn = 0;
+    ASSERT_TRUE(settings_object(o, {}, {}, &j).ok());
+    EXPECT_EQ(j["cache_mb_requested"], 512);
+    EXPECT_EQ(j["flash_attn"], "off");
+    EXPECT_EQ(j["io_overlap"], true);
+    EXPECT_FALSE(settings_object(o, {{"no_such_key", 1}}, {}, &j).ok());
+    EXPECT_FALSE(settings_object(o, {}, {{"temp", 1}}, &j).ok());
+}
+
+// A flag's value is checked against its row's range and type, and sets the field (a word:
+// the value it stands for). Controls: values outside the range, or no number, are refused
+// with one line naming what the value may be, and leave the field as it was.
+TEST(Settings, FlagValuesFollowTheRowsRange) {
+    const Setting & ctx = *find_setting("n_ctx");
+    EXPECT_EQ(check_setting_text(ctx, "16"), "");
+    EXPECT_EQ(check_setting_text(ctx, "0"), "");
+    EXPECT_EQ(check_setting_text(ctx, "8"), "8 is not in 16..4194304 (or 0: the model's)");
+    EXPECT_EQ(check_setting_text(ctx, "x"), "'x' is not a whole number");
+    EXPECT_EQ(check_setting_text(ctx, "1.5"), "'1.5' is not a whole number");
+    const Setting & cache = *find_setting("cache_mb");
+    RunOptions o;
+    o.cache_mb = 5;
+    EXPECT_TRUE(set_setting_text(cache, "auto", &o));
+    EXPECT_EQ(o.cache_mb, -1);
+    EXPECT_TRUE(set_setting_text(cache, "0", &o));
+    EXPECT_EQ(o.cache_mb, 0);
+    EXPECT_FALSE(set_setting_text(cache, "-1", &o));  // the number behind the word is no value
+    EXPECT_EQ(o.cache_mb, 0);
+    EXPECT_EQ(check_setting_text(cache, "lots"), "'lots' is not a whole number or auto");
+    EXPECT_EQ(check_setting_text(*find_setting("flash_attn"), "maybe"),
+              "'maybe' is not on, off or auto");
+    EXPECT_EQ(check_setting_text(*find_setting("flash_attn"), "1"), "1 is not on, off or auto");
+    const Setting & drop = *find_setting("drop_cold");
+    EXPECT_EQ(check_setting_text(drop, "0"), "0 is not in (0, 1]");
+    EXPECT_TRUE(set_setting_text(drop, "0.25", &o));
+    EXPECT_EQ(o.drop_cold, 0.25);
+    EXPECT_TRUE(set_setting_text(*find_setting("temp"), "0.7", &o));  // a float holds 0.7 nearly
+    EXPECT_FLOAT_EQ(o.temp, 0.7f);
+    EXPECT_EQ(check_setting_text(*find_setting("temp"), "101"), "101 is not in [0, 100]");
+    EXPECT_EQ(check_setting_text(*find_setting("n_threads"), "99999999999999999999"),
+              "'99999999999999999999' is not a whole number");
+    EXPECT_EQ(check_setting_text(*find_setting("n_threads"), "5000000000"),
+              "5000000000 is not in 1..512");
+    // A bool's flag sets the opposite of its default, whatever its name: --cache-no-move
+    // clears cache_move (control: --prefetch sets prefetch).
+    EXPECT_FALSE(setting_flag_value(*find_setting("cache_move")));
+    EXPECT_FALSE(setting_flag_value(*find_setting("stream")));
+    EXPECT_TRUE(setting_flag_value(*find_setting("prefetch")));
+    EXPECT_EQ(setting_type_name(cache), "auto|INT");
+    EXPECT_EQ(setting_type_name(*find_setting("flash_attn")), "on|off|auto");
+    EXPECT_EQ(setting_type_name(*find_setting("miss_fallback")), "FILE");
+}
+
+// Every row with a flag is an option of each command the row names (the CLI binds the
+// registry's rows); a row for one command is no other's. Control: `run`'s --route-trace is
+// not serve's.
+TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
+    using namespace moestream::test;
+    // `flag` as --help lists an option: among the names that begin a line ("  -c,--ctx-size
+    // INT..."), before a space or the end of the line; not a mention in some help text.
+    auto lists = [](const std::string & help, const std::string & flag) {
+        for (size_t at = help.find(flag); at != std::string::npos; at = help.find(flag, at + 1)) {
+            const size_t line = help.rfind('\n', at) + 1;  // npos + 1 = 0
+            const std::string names = help.substr(line, at - line);
+            const size_t first = names.find_first_not_of(' ');
+            const bool begins = first == std::string::npos ||
+                                (names.find(' ', first) == std::string::npos && names.back() == ',');
+            const char after = at + flag.size() < help.size() ? help[at + flag.size()] : '\n';
+            if (begins && (after == ' ' || after == '\n')) return true;
+        }
+        return false;
+    };
+    for (const char * cmd : {"run", "chat", "eval", "serve", "inspect"}) {
+        const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
+        ASSERT_EQ(h.exit_code, 0) << cmd << h.err;
+        for (const Setting & s : settings_registry()) {
+            if (!*s.flags) continue;
+            std::string flag = s.flags;  // the last spelling: its long name
+            flag = flag.substr(flag.rfind(',') + 1);
+            EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
+        }
+    }
+    const Setting * trace = find_setting("route_trace");
+    ASSERT_NE(trace, nullptr);
+    EXPECT_TRUE(trace->for_command("run"));
+    EXPECT_FALSE(trace->for_command("serve"));
+}
+
+// serve's lossy-knob text is the registry's: the app's default named by its flag.
+TEST(Settings, ServeNamesItsLossyDefaultsByTheirFlags) {
+    using namespace moestream::test;
+    const CmdResult h = run_cmd(sh_quote(cli_bin()) + " serve --help");
+    ASSERT_EQ(h.exit_code, 0) << h.err;
+    RunOptions app;
+    app.drop_cold = 0.75;
+    const std::string knobs = lossy_knobs_text(app, 0);
+    EXPECT_EQ(knobs, "--drop-cold-experts 0.75");
+    EXPECT_NE(h.out.find("LOSSY: " + knobs), std::string::npos) << h.out;
+    EXPECT_NE(h.out.find(std::string(find_flag_setting("--lossless")->doc) + " (" + knobs + ")"),
+              std::string::npos)
+        << h.out;
+    EXPECT_EQ(find_flag_setting("--no-such-flag"), nullptr);
 }

@@ -34,9 +34,11 @@ void add_serve_command(CLI::App & app, Action * action);
 void add_chat_command(CLI::App & app, Action * action);
 void add_fallback_command(CLI::App & app, Action * action);
 
-// The engine's flags (-t -c -b --temp --seed --no-stream --io-threads --no-odirect --cache-mb
-// --force-cache --cache-debug and the lossy knobs), shared by run and serve; *opt must outlive
-// the app.
+// The engine's flags: every row of the settings registry (settings.h) with a flag that this
+// subcommand takes (the row's commands column, matched against sub's name), bound to its
+// RunOptions field with the row's names, help, type, default and range; --seed and the
+// --prefill-readahead pair by hand. Shared by run, chat, eval, serve and inspect; *opt must
+// outlive the app.
 void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 
 // The library names RunOptions fields in its messages (`RunOptions::n_ctx`, a boolean turned

@@ -242,7 +242,7 @@ void add_eval_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file (or any shard of a split set)")->required();
+    sub->add_option("-m,--model", f->opt.model_path, setting_help("model_path"))->required();
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
         ->check(int_range(2, 1 << 20));
@@ -250,13 +250,8 @@ void add_eval_command(CLI::App & app, Action * action) {
                     "empty the context every N tokens (the expert cache stays): score within "
                     "the model's training context; 0 = the whole text in one context")
         ->check(int_range(0, 1 << 20));
-    add_engine_flags(sub, &f->opt);  // run's engine flags (lossy knobs included)
-    sub->add_option("--route-trace", f->opt.route_trace,
-                    "record the configured run's routings to FILE, one decode row per text "
-                    "token (docs/route-trace.md; `moestream replay` reads it)");
-    sub->add_flag("--route-trace-scores", f->opt.route_trace_scores,
-                  "also record each decode row's full router scores in the trace (for "
-                  "`replay --substitute-experts`)");
+    // run's engine flags (lossy knobs included) and --route-trace (of the configured run)
+    add_engine_flags(sub, &f->opt);
     auto * save = sub->add_option("--save-ref", f->save_ref, "keep the reference logits in FILE");
     sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
         ->excludes(save);

@@ -360,7 +360,7 @@ void add_inspect_command(CLI::App & app, Action * action) {
         RunOptions run;  // --plan: the run's engine flags
     };
     auto opts = std::make_shared<Opts>();
-    sub->add_option("-m,--model", opts->model, "GGUF model file (or any shard of a split set)")->required();
+    sub->add_option("-m,--model", opts->model, setting_help("model_path"))->required();
     sub->add_flag("--json", opts->json, "machine-readable output (exact byte counts)");
     sub->add_flag("--plan", opts->plan,
                   "print the plan `run` would get with the engine flags given here, on this "

@@ -372,38 +372,48 @@ int do_run(RunFlags & f) {
 
 }  // namespace
 
+namespace {
+
+// Whether a row's flag is bound by hand: -m (each command makes it required its own way),
+// --seed (-1 draws a random seed and prints it) and --prefill-readahead (a pair of flags on
+// one three-valued field).
+bool bound_by_hand(const Setting & s) {
+    const std::string f = s.field;
+    return f.empty() || f == "model_path" || f == "seed" || f == "prefill_readahead";
+}
+
+// One registry row as a CLI11 flag: its names, help, the values its range admits (validated
+// by the registry), the field set from the value; a bool's flag sets the opposite of the
+// field's default (setting_flag_value: --prefetch on, --cache-no-move off).
+void bind_setting(CLI::App * sub, const Setting & s, RunOptions * opt) {
+    if (std::holds_alternative<bool RunOptions::*>(s.member)) {
+        const auto m = std::get<bool RunOptions::*>(s.member);
+        const bool value = setting_flag_value(s);
+        sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; },
+                      setting_help(s.field));
+        return;
+    }
+    const Setting * row = &s;
+    auto * o = sub->add_option_function<std::string>(
+        s.flags, [opt, row](const std::string & v) { set_setting_text(*row, v, opt); },
+        setting_help(s.field));
+    o->type_name(setting_type_name(s));
+    if (!std::holds_alternative<std::string RunOptions::*>(s.member))
+        o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
+                                setting_range_text(s)));
+    const std::string dflt = setting_value_text(s, *opt);
+    if (!dflt.empty()) o->default_str(dflt);
+}
+
+}  // namespace
+
 void add_engine_flags(CLI::App * sub, RunOptions * opt) {
-    const auto help = [](const char * field) { return setting_help(field); };  // the registry's
     opt->n_threads = default_threads();
     opt->n_ctx = 0;
-    sub->add_option("-t,--threads", opt->n_threads,
-                    help("n_threads"))
-        ->check(int_range(1, 512));
-    sub->add_option("--threads-batch", opt->n_threads_batch,
-                    help("n_threads_batch"))
-        ->check(int_range(0, 512));
-    sub->add_option_function<std::string>(
-           "--flash-attn",
-           [opt](const std::string & v) { opt->flash_attn = v == "on" ? 1 : v == "off" ? 0 : -1; },
-           help("flash_attn"))
-        ->check(CLI::IsMember({"on", "off", "auto"}));
-    sub->add_option("-c,--ctx-size", opt->n_ctx,
-                    help("n_ctx"))
-        ->check(CLI::Validator(
-            [](std::string & v) -> std::string {
-                std::string c = v;
-                const std::string e = int_range(16, 1 << 22)(c);
-                return v == "0" || e.empty() ? std::string() : e + " (or 0: the model's)";
-            },
-            "0|16..4194304"));
-    sub->add_option("-b,--batch-size,--batch", opt->n_batch,
-                    help("n_batch"))
-        ->check(int_range(0, 1 << 16));
-    sub->add_option("--ubatch-size", opt->n_ubatch,
-                    help("n_ubatch"))
-        ->check(int_range(0, 1 << 16));
-    sub->add_option("--temp", opt->temp, help("temp"))
-        ->check(real_range(0.0, 100.0));
+    // Every row with a flag this command takes (settings.h): flags, help, values, default.
+    for (const Setting & s : settings_registry())
+        if (*s.flags && !bound_by_hand(s) && s.for_command(sub->get_name()))
+            bind_setting(sub, s, opt);
     sub->add_option_function<std::string>(
            "-s,--seed",
            [opt](const std::string & v) {
@@ -423,79 +433,16 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
                opt->seed = uint32_t(n);
            },
            setting_help("seed"))
+        ->type_name(setting_type_name(*find_setting("seed")))
         ->default_str(std::to_string(opt->seed));
-    sub->add_flag("--no-stream", [opt](int64_t) { opt->stream = false; },
-                  help("stream"));
-    sub->add_flag(
-        "--no-mmap", [opt](int64_t) { opt->resident_mmap = false; },
-        help("resident_mmap"));
-    sub->add_option("--io-threads", opt->io_threads,
-                    help("io_threads"))
-        ->check(int_range(1, 64));
-    sub->add_flag("--no-odirect", [opt](int64_t) { opt->odirect = false; },
-                  help("odirect"));
-    sub->add_flag("--no-io-overlap", [opt](int64_t) { opt->io_overlap = false; },
-                  help("io_overlap"));
-    sub->add_option_function<std::string>(
-           "--cache-mb",
-           [opt](const std::string & v) {
-               if (v == "auto") {
-                   opt->cache_mb = -1;
-                   return;
-               }
-               size_t pos = 0;
-               long long n = -1;
-               try {
-                   n = std::stoll(v, &pos);
-               } catch (...) {
-               }
-               if (pos != v.size() || n < 0 || n > (1ll << 40))
-                   throw CLI::ValidationError("--cache-mb", "expected 'auto' or a number of MiB >= 0, got '" + v + "'");
-               opt->cache_mb = n;
-           },
-           setting_help("cache_mb"))
-        ->type_name("auto|N")
-        ->default_str("auto");
-    sub->add_flag("--force-cache", opt->force_cache,
-                  help("force_cache"));
-    sub->add_flag("--cache-no-recycle", [opt](int64_t) { opt->cache_recycle = false; },
-                  help("cache_recycle"));
-    sub->add_flag(
-        "--cache-no-move", [opt](int64_t) { opt->cache_move = false; },
-        help("cache_move"));
-    sub->add_flag("--prefetch", opt->prefetch,
-                  help("prefetch"));
     auto * ra_on = sub->add_flag(
         "--prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 1; },
-        help("prefill_readahead"));
+        setting_help("prefill_readahead"));
     sub->add_flag("--no-prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 0; },
                   "no prefill read-ahead (reads only what each prompt ubatch routes)")
         ->excludes(ra_on);
-    sub->add_flag("--cache-debug", opt->cache_debug,
-                  help("cache_debug"));
-    sub->add_option("--n-expert-used", opt->n_expert_used,
-                    help("n_expert_used"))
-        ->check(int_range(1, 1 << 16));
-    sub->add_option("--drop-cold-experts", opt->drop_cold,
-                    help("drop_cold"))
-        ->check(real_range(0.0, 1.0, true));
-    sub->add_flag("--drop-in-prefill", opt->drop_in_prefill, help("drop_in_prefill"));
-    sub->add_flag("--drop-renorm", opt->drop_renorm,
-                  help("drop_renorm"));
-    sub->add_option("--substitute-experts", opt->substitute,
-                    help("substitute"))
-        ->check(real_range(0.0, 1.0, false));
-    sub->add_option("--miss-fallback", opt->miss_fallback,
-                    help("miss_fallback"))
-        ->type_name("FILE");
-    sub->add_option("--fallback-threshold", opt->fallback_threshold,
-                    help("fallback_threshold"))
-        ->check(real_range(0.0, 1.0, true));
-    auto * pc = sub->add_option("--prompt-cache", opt->prompt_cache, help("prompt_cache"))
-                    ->type_name("DIR");
-    sub->add_option("--prompt-cache-mb", opt->prompt_cache_mb, help("prompt_cache_mb"))
-        ->check(int_range(1, 1ll << 40))
-        ->needs(pc);
+    // A combination rule of the flags: the cache's size needs the cache.
+    sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
 }
 
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
@@ -524,9 +471,8 @@ void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & o
 }
 
 void add_color_flag(CLI::App * sub, std::string * mode) {
-    std::string doc;
-    for (const Setting & s : settings_registry())
-        if (std::string(s.flags) == "-co,--color") doc = s.doc;
+    const Setting * row = find_flag_setting("--color");
+    const std::string doc = row ? row->doc : "";
     *mode = "auto";
     sub->add_option_function<std::string>(
            "--color", [mode](const std::string & v) { *mode = v.empty() ? "on" : v; }, doc)
@@ -614,9 +560,6 @@ void add_run_command(CLI::App & app, Action * action) {
     add_color_flag(sub, &f->color);
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
-    sub->add_option("--route-trace", f->opt.route_trace, setting_help("route_trace"));
-    sub->add_flag("--route-trace-scores", f->opt.route_trace_scores,
-                  setting_help("route_trace_scores"));
     sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
     sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
     sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "cli.h"
+#include "moestream/settings.h"
 #include "server.h"
 
 namespace moestream::cli {
@@ -51,9 +52,12 @@ std::string read_key_file(const std::string & path, std::string * why) {
 
 void add_serve_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<ServeFlags>();
+    RunOptions app_defaults;  // the app's lossy defaults, named by the registry's flags
+    app_defaults.drop_cold = kAppDropCold;
+    const std::string app_lossy = lossy_knobs_text(app_defaults, 0);
     auto * sub = app.add_subcommand(
-        "serve", "OpenAI-compatible server and web page (app defaults: drop-cold 0.75, LOSSY)");
-    sub->add_option("-m,--model", f->cfg.run.model_path, "GGUF model file (or any shard of a split set)")->required();
+        "serve", "OpenAI-compatible server and web page (app defaults, LOSSY: " + app_lossy + ")");
+    sub->add_option("-m,--model", f->cfg.run.model_path, setting_help("model_path"))->required();
     sub->add_option("--host", f->cfg.host,
                     "address to listen on (default 127.0.0.1: this machine only)");
     sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")
@@ -87,7 +91,7 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->add_flag("--no-webui", f->no_webui, "serve the API only: no web page (GET / is a 404)");
     add_sampling_flags(sub, &f->cfg.defaults.sampling, &f->stop);
     sub->add_flag("--lossless", f->lossless,
-                  "start without the app's lossy defaults (no drop-cold)");
+                  find_flag_setting("--lossless")->doc + std::string(" (") + app_lossy + ")");
     add_engine_flags(sub, &f->cfg.run);
     auto * dc = sub->get_option("--drop-cold-experts");
     dc->default_str(fmt_num(kAppDropCold) + " (the app default; --lossless: off)");

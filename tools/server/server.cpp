@@ -29,6 +29,7 @@
 #include "chat_jinja.h"
 #include "chat_request.h"
 #include "moestream/log.h"
+#include "moestream/settings.h"
 #include "moestream/sysinfo.h"
 #include "logprobs_json.h"
 #include "time_json.h"
@@ -295,12 +296,20 @@ public:
             MS_LOG_WARN("listening on %s: reachable from other machines%s", cfg_.host.c_str(),
                         cfg_.api_key.empty() ? " and no --api-key is set" : "");
         worker_ = std::thread([this] { worker_loop(); });
+        // The lossy defaults by their flags (the registry's words, settings.h).
+        RunOptions shown = cfg_.run;
+        shown.drop_cold = cfg_.defaults.drop_cold;
+        const json set = json::parse(engine_->settings_json(), nullptr, false);
+        const std::string knobs = lossy_knobs_text(
+            shown, set.is_object() ? set.value("n_expert_used_model", 0u) : 0u);
+        const std::string quality =
+            engine_->lossy() || !knobs.empty() ? "LOSSY defaults: " + knobs : "lossless";
         std::printf(
             "moestream serve: listening on http://%s:%d/ (model %s, %s, context %d, chat "
             "template %s)\n",
             cfg_.host.find(':') != std::string::npos ? ("[" + cfg_.host + "]").c_str()
                                                      : cfg_.host.c_str(),
-            port, model_name_.c_str(), engine_->lossy() ? "LOSSY defaults" : "lossless",
+            port, model_name_.c_str(), quality.c_str(),
             engine_->n_ctx(), tmpl_.empty() ? "none (unsupported)" : tmpl_.c_str());
         std::fflush(stdout);
         bool ok = http_.listen_after_bind();
