@@ -1033,6 +1033,46 @@ TEST(Server, PortInUseFails) {
     EXPECT_NE(b.log().find("cannot listen"), std::string::npos) << b.log();
 }
 
+// A message's `name` reaches the chat template as sent: a template that prints it shows it,
+// one with no place for it (ChatML here; the real templates in the tree) leaves it out and
+// renders exactly the prompt without it, as llama-server --jinja does. Control: the printing
+// template differs with and without the name. A name that is not a string is a 400.
+TEST(ServerApi, MessageNameGoesToTheTemplateAsLlamaServerDoes) {
+    const auto render = [](const std::string & tmpl, const json & msg) {
+        server::ChatExtras x;
+        const json body{{"messages", json::array({msg})}};
+        EXPECT_FALSE(server::parse_chat_extras(body.dump(), &x).has_value());
+        chat::ChatFormat f;
+        std::string err, out;
+        EXPECT_TRUE(chat::load_chat_format(tmpl, "<s>", "</s>", false, &f, &err)) << err;
+        chat::RenderInput in;
+        in.messages = x.turns;
+        in.messages_json = x.messages_json;
+        EXPECT_TRUE(chat::render_chat_format(f, in, &out, &err)) << err;
+        return out;
+    };
+    const std::string chatml =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n";
+    const std::string named =
+        "{% for m in messages %}{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: "
+        "{{ m.content }}\n{% endfor %}assistant:";
+    const json plain{{"role", "user"}, {"content", "Hi"}};
+    json with = plain;
+    with["name"] = "alice";
+    EXPECT_EQ(render(chatml, with), render(chatml, plain));
+    // (A template's last newline is dropped, as Jinja does by default.)
+    EXPECT_EQ(render(chatml, with), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant");
+    EXPECT_EQ(render(named, with), "user (alice): Hi\nassistant:");
+    EXPECT_NE(render(named, with), render(named, plain));  // control
+    server::GenParams p;
+    json bad = plain;
+    bad["name"] = 7;
+    const auto e = server::parse_request(json{{"messages", json::array({bad})}}.dump(), true, {}, &p);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->param, "messages[0].name");
+}
+
 TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {
     server::Utf8Stream u;
     EXPECT_EQ(u.push("a\xE2\x82"), "a");  // "€" = E2 82 AC, split across pieces
