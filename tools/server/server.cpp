@@ -29,6 +29,7 @@
 #include "chat_request.h"
 #include "moestream/log.h"
 #include "moestream/sysinfo.h"
+#include "llama_completion.h"
 #include "logprobs_json.h"
 #include "time_json.h"
 #include "web_assets.h"
@@ -136,6 +137,8 @@ struct Job {
     std::function<Status(json *)> action;
     int n_prompt = 0, n_generated = 0;
     bool llama_shape = false;  // llama-server's /completion reply shape (set before it runs)
+    int n_probs = 0;           // /completion's n_probs (0: no completion_probabilities)
+    json timings;              // llama-server's timings of the request (when done)
     bool responses = false;    // /v1/responses: a Response object and its events
 };
 
@@ -593,8 +596,13 @@ private:
             }
             Server::send_error(r, e);
         };
-        if (auto e = parse_request(responses_body ? *responses_body : req.body, chat, cfg_.defaults,
-                                   &job->params))
+        std::string llama_body;  // /completion: n_probs taken out (llama_completion.h)
+        if (llama_shape) {
+            llama_body = req.body;
+            if (auto e = take_n_probs(&llama_body, &job->n_probs)) return send_error(res, *e);
+        }
+        if (auto e = parse_request(responses_body ? *responses_body : llama_shape ? llama_body : req.body,
+                                   chat, cfg_.defaults, &job->params))
             return send_error(res, *e);
         GenParams & p = job->params;
         if (p.drop_cold > 0 && drop_cold_block_ != DropColdBlock::kNone) {
@@ -889,7 +897,9 @@ private:
                 json chunk = chunk_json(job, job.params.chat ? json{{"content", job.unsent}}
                                                              : json(job.unsent),
                                         nullptr);
-                if (job.params.logprobs >= 0)
+                if (job.params.logprobs >= 0 && job.llama_shape)
+                    chunk["completion_probabilities"] = llama_probs_json(job.unsent_logprobs);
+                else if (job.params.logprobs >= 0)
                     chunk["choices"][0]["logprobs"] =
                         job.params.chat ? chat_logprobs_json(job.unsent_logprobs)
                                         : completion_logprobs_json(job.unsent_logprobs,
@@ -1122,14 +1132,18 @@ private:
                                       : !job.stop_string.empty()    ? "word"
                                       : job.finish_reason == "stop" ? "eos"
                                                                     : job.finish_reason;
-        return json{{"content", with_text ? job.text : std::string()},
-                    {"stop", true},
-                    {"model", model_name_},
-                    {"tokens_predicted", job.n_generated},
-                    {"tokens_evaluated", job.n_prompt},
-                    {"stop_type", stop_type},
-                    {"stopping_word", job.stop_string},
-                    {"moestream", job.moestream}};
+        json r{{"content", with_text ? job.text : std::string()},
+               {"stop", true},
+               {"model", model_name_},
+               {"tokens_predicted", job.n_generated},
+               {"tokens_evaluated", job.n_prompt},
+               {"generation_settings", llama_generation_settings(job.params, job.n_probs)},
+               {"stop_type", stop_type},
+               {"stopping_word", job.stop_string},
+               {"timings", job.timings},
+               {"moestream", job.moestream}};
+        if (with_text && job.n_probs > 0) r["completion_probabilities"] = llama_probs_json(job.logprobs);
+        return r;
     }
 
     // ---- queue ------------------------------------------------------------------------
@@ -1298,6 +1312,7 @@ private:
                                                                     : "stop";
             job.stop_string = g.stop_string;
             job.moestream = request_report(job, g, cancelled);
+            job.timings = llama_timings(s);
             if (!cancelled && g.finish == FinishReason::kCancelled && !job.calls.empty())
                 job.moestream["stats"]["finish"] = "tool_call";  // ended after its call
         }
