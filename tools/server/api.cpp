@@ -12,6 +12,8 @@
 #include "moestream/utf8.h"
 
 namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 namespace {
 
 using nlohmann::json;

@@ -5,6 +5,8 @@
 
 namespace moestream::server {
 
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
+
 using nlohmann::json;
 
 namespace {

@@ -35,6 +35,8 @@
 #include "web_assets.h"
 
 namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 namespace {
 
 using nlohmann::json;
