@@ -310,35 +310,7 @@ void Server::generate_route(const httplib::Request & req, httplib::Response & re
                                         " requests already wait); retry later",
                                     "server_busy"));
     }
-    if (p.stream) {
-        res.set_header("Cache-Control", "no-cache");
-        res.set_header("X-Accel-Buffering", "no");
-        auto sent_role = std::make_shared<bool>(llama_shape);  // llama-server: no role chunk
-        open_streams_++;
-        if (job->responses) {
-            auto rs = std::make_shared<ResponsesStream>();
-            res.set_chunked_content_provider(
-                "text/event-stream",
-                [this, job, rs](size_t, httplib::DataSink & sink) {
-                    return responses_stream_step(*job, sink, rs.get());
-                },
-                [this, job](bool success) {
-                    if (!success) client_left(job);
-                    open_streams_--;
-                });
-            return;
-        }
-        res.set_chunked_content_provider(
-            "text/event-stream",
-            [this, job, sent_role](size_t, httplib::DataSink & sink) {
-                return stream_step(*job, sink, sent_role.get());
-            },
-            [this, job](bool success) {
-                if (!success) client_left(job);
-                open_streams_--;
-            });
-        return;
-    }
+    if (p.stream) return stream_reply(job, res);
     // Not streaming: nothing is written before the end, so watch the connection instead;
     // a client that leaves cancels its job, waiting or running.
     const int fd = find_request_socket(req);
@@ -361,17 +333,8 @@ void Server::generate_route(const httplib::Request & req, httplib::Response & re
         return send_error(res, api_error(503, "the server is stopping; retry later",
                                          "server_busy"));
     }
-    if (!job->status.ok())
-        return send_error(res,
-                          api_error(http_status(job->status), job->status.message(),
-                                    http_status(job->status) == 400 ? "invalid_request_error"
-                                                                    : "server_error"));
-    if (job->responses) {
-        json r = response_json(response_state(*job, true));
-        r["moestream"] = job->moestream;
-        return send_json(res, 200, r);
-    }
-    send_json(res, 200, job->llama_shape ? llama_final_json(*job) : final_json(*job));
+    if (!job->status.ok()) return send_error(res, job_error(*job));
+    send_json(res, 200, reply_json(*job));
 }
 
 void Server::slots_route(const httplib::Request & req, httplib::Response & res) {

@@ -141,6 +141,15 @@ private:
     // carries none).
     json llama_final_json(const Job & job, bool with_text = true) const;
 
+    // The one place a reply's shape is chosen, by the endpoint the job came from (chat and
+    // completions: OpenAI's; /completion: llama-server's; /v1/responses: a Response): the
+    // body of a finished job, and the SSE stream of a streaming one (sets `res` up; the
+    // stream cancels the job if the client leaves).
+    json reply_json(const Job & job) const;
+    void stream_reply(const std::shared_ptr<Job> & job, httplib::Response & res);
+    // A failed job's error: 400 invalid_request_error for bad input, else 500 server_error.
+    static ApiError job_error(const Job & job);
+
     // ---- queue ------------------------------------------------------------------------
     bool enqueue(const std::shared_ptr<Job> & job);
 

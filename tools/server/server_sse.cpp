@@ -115,10 +115,7 @@ bool Server::stream_step(Job & job, httplib::DataSink & sink, bool * sent_role) 
             if (job.llama_shape) last = llama_final_json(job, false);
             out = sse(last);
         } else {
-            ApiError e = api_error(
-                http_status(job.status), job.status.message(),
-                http_status(job.status) == 400 ? "invalid_request_error" : "server_error");
-            out = sse(error_json(e));
+            out = sse(error_json(job_error(job)));
         }
         lk.unlock();
         if (!job.llama_shape) out += "data: [DONE]\n\n";  // llama-server's /completion ends with stop: true
@@ -294,9 +291,7 @@ bool Server::responses_stream_step(Job & job, httplib::DataSink & sink, Response
             out += ev(fin.status == "completed" ? "response.completed" : "response.incomplete",
                       {{"response", final}});
         } else {
-            const ApiError e = api_error(
-                http_status(job.status), job.status.message(),
-                http_status(job.status) == 400 ? "invalid_request_error" : "server_error");
+            const ApiError e = job_error(job);
             out += ev("error", {{"message", e.message}, {"code", nullptr}, {"param", nullptr}});
         }
         lk.unlock();
@@ -326,6 +321,43 @@ json Server::llama_final_json(const Job & job, bool with_text) const {
            {"moestream", job.moestream}};
     if (with_text && job.n_probs > 0) r["completion_probabilities"] = llama_probs_json(job.logprobs);
     return r;
+}
+
+json Server::reply_json(const Job & job) const {
+    if (job.responses) {
+        json r = response_json(response_state(job, true));
+        r["moestream"] = job.moestream;
+        return r;
+    }
+    return job.llama_shape ? llama_final_json(job) : final_json(job);
+}
+
+void Server::stream_reply(const std::shared_ptr<Job> & job, httplib::Response & res) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_header("X-Accel-Buffering", "no");
+    open_streams_++;
+    auto done = [this, job](bool success) {
+        if (!success) client_left(job);
+        open_streams_--;
+    };
+    if (job->responses) {
+        auto rs = std::make_shared<ResponsesStream>();
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [this, job, rs](size_t, httplib::DataSink & sink) { return responses_stream_step(*job, sink, rs.get()); },
+            done);
+        return;
+    }
+    auto sent_role = std::make_shared<bool>(job->llama_shape);  // llama-server: no role chunk
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [this, job, sent_role](size_t, httplib::DataSink & sink) { return stream_step(*job, sink, sent_role.get()); },
+        done);
+}
+
+ApiError Server::job_error(const Job & job) {
+    const int status = http_status(job.status);
+    return api_error(status, job.status.message(), status == 400 ? "invalid_request_error" : "server_error");
 }
 
 }  // namespace moestream::server
