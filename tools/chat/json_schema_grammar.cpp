@@ -33,7 +33,8 @@ constexpr int kMaxDepth = 64;  // nesting of schemas inside schemas
 
 // `format` values and the anchored expressions (string_grammar.h) the grammar writes for them:
 // each a subset of what the format's RFC allows (dates to the 28th of February, times with
-// a time zone, no leap second), so that strict validators accept every output.
+// a time zone, no leap second, host names of at most three labels of at most 63 characters,
+// so never above RFC 1123's 253), so that strict validators accept every output.
 const std::map<std::string, std::string> & formats() {
     static const std::string date =
         "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"
@@ -42,12 +43,16 @@ const std::map<std::string, std::string> & formats() {
         "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d{1,9})?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
     static const std::string atext = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
     static const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?";
+    static const std::string label63 = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    static const std::string octet = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
     static const std::map<std::string, std::string> m = {
         {"date", "^" + date + "$"},
         {"time", "^" + time + "$"},
         {"date-time", "^" + date + "T" + time + "$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
         {"email", "^" + atext + "+(?:\\." + atext + "+)*@(?:" + label + "\\.)+" + label + "$"},
+        {"ipv4", "^(?:" + octet + "\\.){3}" + octet + "$"},
+        {"hostname", "^" + label63 + "(?:\\." + label63 + "){0,2}$"},
     };
     return m;
 }
@@ -424,7 +429,7 @@ private:
                 auto it = f.is_string() ? formats().find(f.get<std::string>()) : formats().end();
                 if (it == formats().end())
                     return unsupported(p, "format", f.dump() +
-                                                        " (supported: date, date-time, time, uuid, email)");
+                                                        " (supported: date, date-time, time, uuid, email, ipv4, hostname)");
                 regexes.push_back(it->second);
                 regex_key = "format";
             }
