@@ -282,6 +282,8 @@ bool validate_all(const ojson & root, const ojson & s, const ojson & v, std::str
                 if (!validate(root, s["items"], e, why)) return false;
     }
     if (v.is_object()) {
+        if (s.contains("minProperties") && v.size() < s["minProperties"].get<size_t>()) return no("too few properties");
+        if (s.contains("maxProperties") && v.size() > s["maxProperties"].get<size_t>()) return no("too many properties");
         if (s.contains("required"))
             for (const auto & r : s["required"])
                 if (!v.contains(r.get<std::string>())) return no("missing " + r.get<std::string>());
@@ -341,6 +343,14 @@ std::vector<Case> cases() {
             "b":{"type":"boolean"}},"additionalProperties":false})"),
          {"{}", R"({"b":true})", R"({"a":1,"b":false})", R"({"a":1})"},
          {R"({"c":1})", R"({,"b":true})", R"({"a":"1"})"}},
+        {"min and max properties", ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
+            "b":{"type":"integer"},"c":{"type":"integer"},"d":{"type":"integer"}},"required":["b"],
+            "minProperties":2,"maxProperties":3})"),
+         {R"({"a":1,"b":2})", R"({"b":2,"d":4})", R"({"a":1,"b":2,"c":3})", R"({"b":2,"c":3,"d":4})"},
+         {R"({"b":2})", R"({"a":1,"b":2,"c":3,"d":4})", R"({"a":1,"c":3})", "{}"}},
+        {"maxProperties on optional ones", ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
+            "b":{"type":"integer"}},"maxProperties":1})"),
+         {"{}", R"({"a":1})", R"({"b":2})"}, {R"({"a":1,"b":2})"}},
         {"any object", ojson::parse(R"({"type":"object"})"), {"{}", R"({"x":[1,{"y":null}]})"},
          {"[]", R"({"x"})", "{1:2}"}},
         {"nested", ojson::parse(R"({"type":"object","properties":{"user":{"type":"object",
@@ -489,6 +499,7 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreRefusedWithTheirPointer) {
         {R"({"type":"string","pattern":"(a)\\1"})", "#/pattern", "back-reference"},
         {R"({"type":"string","pattern":"a^b"})", "#/pattern", "'^'"},
         {R"({"type":"string","format":"ipv6"})", "#/format", "ipv6"},
+        {R"({"type":"object","minProperties":1})", "#/minProperties", "only on an object with 'properties'"},
         {R"({"type":"string","format":"uuid","pattern":"^x$"})", "#/pattern", "no string"},
         {R"({"type":"number","minimum":0.5})", "#/minimum", "whole number"},
         {R"({"type":"integer","minimum":5,"maximum":4})", "#/minimum", "no integer"},
