@@ -1369,7 +1369,7 @@ TEST(Server, JsonSchemaResponseFormatFollowsTheSchema) {
         {"type", "json_schema"},
         {"json_schema",
          {{"name", "x"},
-          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"hostname"}}})")}}}};
+          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"ipv6"}}})")}}}};
     auto b = post(s, "/v1/chat/completions", bad);
     ASSERT_TRUE(b);
     EXPECT_EQ(b->status, 400);
