@@ -15,7 +15,7 @@
 //    be the arch's expert latent width for latent-MoE archs) and expert e's slice is
 //    [file_offset + e*slice_bytes, +slice_bytes);
 //  - 1 <= n_expert_used <= n_expert.
-// Reading is bounded: strings and arrays are capped (see kMax* in gguf_index.cpp), so a
+// Reading is bounded: strings and arrays are capped (see kMax* in src/model/gguf_reader.h), so a
 // hostile file cannot make the reader allocate more than a few MiB.
 // Thread-safety: load_model_index is reentrant; a ModelIndex is immutable after load.
 #pragma once

@@ -328,6 +328,16 @@ const std::vector<Setting> kSettings = {
      C::kTestOnly,
      "`serve`: sleep this long after each token (the queue tests)",
      ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_DEBUG_PREFILL_HOLD",
+     "",
+     false,
+     "unset",
+     C::kTestOnly,
+     "`serve`: a prompt stays in prefill while this file exists (the browser test)",
+     ""},
 };
 
 // "a|b|c" -> {"a", "b", "c"}.

@@ -285,6 +285,13 @@ Status IoLanes::read_one(int lane, const ReadRequest & r, uint64_t * transferred
     return Status::Ok();
 }
 
+uint64_t IoLanes::read_clock_ns() const {
+    if (clock_) return clock_(clock_ud_);
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now().time_since_epoch())
+                        .count());
+}
+
 void IoLanes::run_lane(int lane, size_t limit) {
     const auto & reqs = *batch_;
     if (limit > reqs.size()) limit = reqs.size();
@@ -308,11 +315,9 @@ void IoLanes::run_lane(int lane, size_t limit) {
         if (staged_ && i >= prefix_ && i < own_) wait_stage(i);
         if (failed_.load(std::memory_order_relaxed)) break;
         const uint64_t before = transferred;
-        const auto t0 = std::chrono::steady_clock::now();
+        const uint64_t t0 = read_clock_ns();
         Status st = read_one(lane, reqs[i], &transferred);
-        const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                         std::chrono::steady_clock::now() - t0)
-                                         .count());
+        const uint64_t ns = read_clock_ns() - t0;
         latency_.record(double(ns) * 1e-9);
         for (uint64_t m = max_read_ns_.load(std::memory_order_relaxed);
              ns > m && !max_read_ns_.compare_exchange_weak(m, ns, std::memory_order_relaxed);) {

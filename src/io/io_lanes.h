@@ -114,6 +114,11 @@ struct IoBatchStats {
 // than asked, to simulate faults.
 using PreadvFn = long (*)(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int lane,
                           void * ud);
+// Tests only: the clock a request's read time is taken with (nanoseconds, any epoch, never
+// decreasing on one thread); null is the steady clock. Called on the lane's thread before and
+// after the request's reads, so a test that advances a per-thread clock from its PreadvFn
+// gets exact, load-independent read times.
+using ReadClockFn = uint64_t (*)(void * ud);
 
 class IoLanes {
 public:
@@ -170,6 +175,11 @@ public:
         hook_ = fn;
         hook_ud_ = ud;
     }
+    // Tests only (ReadClockFn above); set between batches.
+    void set_read_clock(ReadClockFn fn, void * ud) {
+        clock_ = fn;
+        clock_ud_ = ud;
+    }
     // true: later stages wait for the earlier ones to complete (above, "Staged reads").
     void set_staged(bool on) { staged_ = on; }
 
@@ -198,6 +208,8 @@ private:
     // The no-copy path: 1 = done, 0 = not applicable or short (use the bounce path), -1 =
     // failed with *err set.
     int read_direct(int lane, const ReadRequest & r, uint64_t * transferred, Status * err);
+    // Now on the read-time clock (clock_, or the steady clock), ns.
+    uint64_t read_clock_ns() const;
     long do_preadv(int lane, uint32_t file, const struct iovec * iov, int iovcnt, uint64_t off);
     long do_pread(int lane, uint32_t file, void * buf, size_t len, uint64_t off);
 
@@ -211,6 +223,8 @@ private:
     int stage_waiters_ = 0;  // lanes sleeping in wait_stage (guarded by mu_)
     int gate_waiters_ = 0;   // lanes sleeping in wait_gate (guarded by mu_)
     void * hook_ud_ = nullptr;
+    ReadClockFn clock_ = nullptr;  // tests only: the read-time clock (null: steady clock)
+    void * clock_ud_ = nullptr;
 
     // Current batch, shared with the workers.
     std::mutex mu_;

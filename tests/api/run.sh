@@ -3,8 +3,9 @@
 # what it needs (scripts/setup-api-tests.sh), starts three `moestream serve` processes on free
 # loopback ports with the tiny synth model (one at full speed for the API checks, one with
 # slowed tokens for the cancellation, load and SIGTERM checks, two whose models carry a
-# Hermes/Qwen3-style and a gpt-oss harmony-style chat template for the tool checks), runs
-# api_test.mjs, stops them.
+# Hermes/Qwen3-style and a gpt-oss harmony-style chat template for the tool checks, one per
+# real vendor template of the tool round trips: Command-R7B's always, eleven more when
+# ../shared/templates is present), runs api_test.mjs, stops them.
 # Env (set by tests/CMakeLists.txt): MOESTREAM_BIN, MOESTREAM_SRC, MOESTREAM_TEST_MODELS,
 # GGML_BACKEND_PATH.
 set -euo pipefail
@@ -47,16 +48,24 @@ serve_start harmony 0 -m "$harmony_model" --lossless -c 2048
 real="$src/../shared/templates"
 real_urls=""
 if [ -d "$real" ]; then
+  real_fams=""
   for pair in glm:GLM-4.6 deepseek:deepseek-ai-DeepSeek-V3.1 dsml:deepseek-ai-DeepSeek-V4 \
-              kimi:moonshotai-Kimi-K2 seed:ByteDance-Seed-OSS minimax:MiniMax-M2; do
+              kimi:moonshotai-Kimi-K2 seed:ByteDance-Seed-OSS minimax:MiniMax-M2 \
+              mistral:Mistral-Small-3.2-24B-Instruct-2506 granite:ibm-granite-granite-4.0 \
+              functionary:meetkai-functionary-medium-v3.1 xml:Qwen3-Coder lfm2:LFM2-8B-A1B; do
     fam="${pair%%:*}"
     m="$(with_template_file "real-$fam" "$real/${pair#*:}.jinja")"
-    serve_start "$fam" 0 -m "$m" --lossless -c 2048
+    serve_start "$fam" 0 -m "$m" --lossless -c 8192  # (long vendor system prompts: a token a byte)
+    real_fams+=" $fam"
   done
-  for fam in glm deepseek dsml kimi seed minimax; do real_urls+="$fam=$(serve_url "$fam"),"; done
+  for fam in $real_fams; do real_urls+="$fam=$(serve_url "$fam"),"; done
 else
   echo "skip: real-template tool round trips: $real is absent" >&2
 fi
+# Command-R7B's real tool-use template is in tests/api/templates (../shared has none).
+serve_start commandr 0 -m "$(with_template commandr CohereForAI-c4ai-command-r7b-12-2024-tool_use)" \
+  --lossless -c 8192
+real_urls+="commandr=$(serve_url commandr),"
 fast_url="$(serve_url fast)"
 slow_url="$(serve_url slow)"
 tools_url="$(serve_url tools)"

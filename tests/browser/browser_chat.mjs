@@ -1,10 +1,12 @@
-// browser_chat.mjs URL KEY_URL KEY ARTIFACT_DIR — drives the moestream app page in Debian's
+// browser_chat.mjs URL KEY_URL KEY ARTIFACT_DIR HOLD_FILE — drives the moestream app page in Debian's
 // chromium (playwright-core, no browser download). URL: a server without an API key (default
-// temperature 0.7); KEY_URL: one that needs KEY. At a phone-sized viewport:
+// temperature 0.7, a prompt held in prefill while HOLD_FILE exists:
+// MOESTREAM_DEBUG_PREFILL_HOLD); KEY_URL: one that needs KEY. At a phone-sized viewport:
 //   1. load the page; the stats panel shows the server's settings (0.7, not float noise, also
 //      in /props);
 //   2. send a message; the assistant's text grows while the reply streams, and the live stats
-//      panel updates during generation (state "generating", tokens counting up);
+//      panel updates during generation (state "generating", tokens counting up); held in its
+//      prefill, the server's /stats says "prefill" with the prompt's size, then "decode";
 //   3. model output that looks like HTML is shown as text: the SSE reply of one request is
 //      replaced (page.route) by one carrying markup, which must appear literally, creating no
 //      elements;
@@ -33,11 +35,21 @@
 // Exits non-zero with a message on the first failed check.
 import { chromium } from "playwright-core";
 import assert from "node:assert/strict";
+import fs from "node:fs";
 import path from "node:path";
 
-const [url, keyUrl, theKey, artDir] = process.argv.slice(2);
+const [url, keyUrl, theKey, artDir, holdFile] = process.argv.slice(2);
 const t0 = Date.now();
 const log = (...a) => console.log("browser_chat:", ((Date.now() - t0) / 1000).toFixed(1) + "s", ...a);
+// Polls the server's /stats until pred holds; the 60 s bound only catches a hang.
+async function statsUntil(pred, what) {
+  for (const end = Date.now() + 60000; ;) {
+    const s = await (await fetch(url + "stats")).json();
+    if (pred(s)) return s;
+    assert.ok(Date.now() < end, `no ${what} in /stats within 60 s: ${JSON.stringify(s)}`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
 
 const browser = await chromium.launch({
   executablePath: "/usr/bin/chromium",
@@ -61,8 +73,17 @@ try {
 
   // 2. a streamed reply, watched mid-generation.
   const updatesBefore = Number(await page.getAttribute("#stats", "data-updates"));
-  // Meanwhile the server's own /stats is polled: "prefill" (with the prompt's size) before
-  // the first token, then "decode".
+  // The server holds the prompt in its prefill while HOLD_FILE exists (the test releases it):
+  // /stats must say "prefill" (with the prompt's size, no token yet) in that state, whatever the
+  // machine's load, then "decode" once released.
+  fs.writeFileSync(holdFile, "");
+  const hello = "Hello <b>there</b> " + "tell me more about it. ".repeat(14);
+  await page.fill("#prompt", hello);
+  await page.click("#send");
+  const held = await statsUntil((s) => s.phase !== "idle", "a generation");
+  const heldAgain = await statsUntil(() => true, "/stats");
+  fs.unlinkSync(holdFile);
+  // Once decoding began, /stats never says prefill again.
   const phases = [];
   let polling = true;
   const poller = (async () => {
@@ -72,10 +93,6 @@ try {
       await new Promise((r) => setTimeout(r, 5));
     }
   })();
-  // (A longer prompt keeps the prefill in view of the poller.)
-  const hello = "Hello <b>there</b> " + "tell me more about it. ".repeat(14);
-  await page.fill("#prompt", hello);
-  await page.click("#send");
   const userText = await page.textContent(".msg.user .body");
   assert.equal(userText, hello, "the user's message is shown as text");
   // Text appears while the bubble is still streaming ...
@@ -108,13 +125,14 @@ try {
   polling = false;
   await poller;
   const nPrompt = Number((await page.textContent("#last-settings")).match(/of (\d+) prompt tokens/)[1]);
+  assert.deepEqual([held.phase, held.n_prompt, held.n_generated], ["prefill", nPrompt, 0],
+                   "held: /stats says prefill, n_prompt " + nPrompt + ", no token yet");
+  assert.equal(heldAgain.phase, "prefill", "still prefill while held");
+  // Negative control: released, the same generation reaches decode (phase is not stuck).
   const firstDecode = phases.findIndex((p) => p[0] === "decode");
-  const prefills = phases.filter((p) => p[0] === "prefill");
-  assert.ok(prefills.length > 0 && firstDecode > phases.findIndex((p) => p[0] === "prefill"),
-            "/stats said prefill, then decode: " + JSON.stringify(phases.slice(0, 12)));
-  assert.ok(prefills.every((p) => p[1] === nPrompt && p[2] === 0), `prefill: n_prompt ${nPrompt}, no token yet`);
+  assert.ok(firstDecode >= 0, "/stats said decode after the release: " + JSON.stringify(phases.slice(0, 12)));
   assert.ok(phases.slice(firstDecode).every((p) => p[0] !== "prefill"), "no prefill after decoding began");
-  log(`/stats phases: ${prefills.length} polls in prefill (n_prompt ${nPrompt}), then decode`);
+  log(`/stats phases: prefill while held (n_prompt ${nPrompt}), then decode`);
   log(`streamed ${endTokens} tokens; seen mid-generation at ${midTokens}; ${updatesAfter - updatesBefore} stats updates`);
 
   // 3. HTML in model output stays text.

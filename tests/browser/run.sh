@@ -21,15 +21,17 @@ trap 'serve_stop_all; rm -rf "$work"' EXIT
 model="$models/tiny-qwen3moe-q4_k-browser.gguf"
 synth_once "$model"
 
-# Two servers (tokens slowed to 60 ms): an open one and one that needs an API key.
-serve_start open 60 -m "$model" -n 40 --temp 0.7
+# Two servers (tokens slowed to 60 ms): an open one and one that needs an API key. The open
+# one holds a prompt in its prefill while $work/prefill.hold exists (the page test makes and
+# removes it: MOESTREAM_DEBUG_PREFILL_HOLD).
+MOESTREAM_DEBUG_PREFILL_HOLD="$work/prefill.hold" serve_start open 60 -m "$model" -n 40 --temp 0.7
 serve_start keyed 60 -m "$model" -n 8 --api-key browser-test-key
 url="$(serve_url open)"
 key_url="$(serve_url keyed)"
 
 cd "$src/tests/browser"
 status=0
-node browser_chat.mjs "$url" "$key_url" browser-test-key "$art" || status=$?
+node browser_chat.mjs "$url" "$key_url" browser-test-key "$art" "$work/prefill.hold" || status=$?
 if [ "$status" -ne 0 ]; then
   for n in open keyed; do echo "--- server $n log" >&2; tail -30 "$work/$n.err" >&2; done
 fi

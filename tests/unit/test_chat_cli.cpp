@@ -283,22 +283,25 @@ TEST(ChatCli, TextTypedWhileAReplyStreamsIsDiscardedWithANotice) {
 TEST(ChatCli, ColorColoursTheTypedInputOnATerminalOnly) {
     TempDir dir("chatcolor");
     const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
-    const std::string chat = sh_quote(cli_bin()) + " chat -m " + sh_quote(m) + " -t 1 -n 2";
-    auto tty = [](const std::string & cmd) {
-        return run_cmd("printf 'Hello there\\n' | script -qec " + sh_quote(cmd) + " /dev/null");
+    // One turn on a terminal, driven on output (the whole prompt, colour included, then the
+    // footer and the next prompt), ended with Ctrl-D at the prompt.
+    auto one_turn = [&](const std::string & color) {
+        PtyChat c("-m " + sh_quote(m) + " -t 1 -n 2 --color " + color);
+        EXPECT_TRUE(c.wait_for(color == "on" ? "> \033\\[1;32m" : "> ")) << c.out;
+        c.send("Hello there\r");
+        EXPECT_TRUE(c.wait_for(kFooterThenPrompt, 1)) << c.out;
+        c.send("\x04");
+        EXPECT_EQ(c.wait_exit(), 0) << c.out;
+        return c.out;
     };
-    const CmdResult on = tty(chat + " --color on");
-    EXPECT_EQ(on.exit_code, 0) << on.out;
-    const size_t set = on.out.find("> \033[1;32m");
-    ASSERT_NE(set, std::string::npos) << on.out;
-    // (The terminal echoes the piped line whenever script(1) writes it, so only the order of
-    // the sequences chat prints is checked, not where the echo falls.)
-    EXPECT_NE(on.out.find("\033[0m", set), std::string::npos) << on.out;
-    EXPECT_NE(on.out.find("Hello there"), std::string::npos) << on.out;
-    const CmdResult off = tty(chat + " --color off");
-    EXPECT_EQ(off.exit_code, 0) << off.out;
-    EXPECT_NE(off.out.find("Hello there"), std::string::npos) << off.out;
-    EXPECT_EQ(off.out.find("\033[1;32m"), std::string::npos) << off.out;
+    const std::string on = one_turn("on");
+    const size_t set = on.find("> \033[1;32m");
+    ASSERT_NE(set, std::string::npos) << on;
+    EXPECT_NE(on.find("Hello there", set), std::string::npos) << on;
+    EXPECT_NE(on.find("\033[0m", set), std::string::npos) << on;
+    const std::string off = one_turn("off");
+    EXPECT_NE(off.find("Hello there"), std::string::npos) << off;
+    EXPECT_EQ(off.find("\033[1;32m"), std::string::npos) << off;
     const CmdResult pipe = chat_pipe(m, "Hello there\n", "-n 2 --color on");
     EXPECT_EQ(pipe.exit_code, 0) << pipe.err;
     EXPECT_EQ(pipe.out.find("\033["), std::string::npos) << pipe.out;

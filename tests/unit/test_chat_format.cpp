@@ -397,6 +397,21 @@ TEST(ChatJinja, MessagesReachTheTemplateAsLlamaServerGivesThem) {
     EXPECT_NE(err.find("stop here"), std::string::npos) << err;
 }
 
+// load_chat_format skips the start-up cross-check for moestream's own chatml template only:
+// the check itself finds minja and Python's Jinja agree on it (minja stays its renderer).
+TEST(ChatJinja, BuiltInChatmlRendersAlikeInMinjaAndPython) {
+    std::string err;
+    auto t = JinjaTemplate::parse(kChatmlTemplate, "", "", &err);
+    ASSERT_TRUE(t) << err;
+    EXPECT_EQ(t->renderer(), "minja");
+    // Negative control: the same check on a template minja renders differently (spaces before
+    // a {{ ... }} that starts a line: minja drops them, Python's Jinja keeps them) hands it to
+    // Python's Jinja.
+    auto differs = JinjaTemplate::parse("A\n  {{ messages[0].content }}", "", "", &err);
+    ASSERT_TRUE(differs) << err;
+    EXPECT_EQ(differs->renderer(), "python3-jinja2");
+}
+
 }  // namespace
 }  // namespace moestream::chat
 
@@ -419,8 +434,9 @@ struct FamilyCase {
 
 // The reply splits into content, reasoning and these calls at every piece size; another
 // family's call text is no call (kept as content) and without tools nothing is a call.
-void expect_family(const FamilyCase & c, const std::string & other_call) {
-    const std::string t = shared_template(c.file);
+// (The template: ../shared/templates/FILE, or `text` when given.)
+void expect_family(const FamilyCase & c, const std::string & other_call, std::string t = "") {
+    if (t.empty()) t = shared_template(c.file);
     if (t.empty()) GTEST_SKIP() << "../shared/templates/" << c.file << " is absent";
     const ChatFormat & f = format_of(t);
     ASSERT_EQ(f.family, c.family) << f.name;
@@ -482,6 +498,56 @@ TEST(ChatFormatFamilies, KimiK2SectionCallsAreParsed) {
                   "<｜tool▁call▁end｜><｜tool▁calls▁end｜>");
 }
 
+// DeepSeek and Kimi write all of a reply's calls in one block: each call is sent (a
+// ReplyDelta with it) as soon as it ends, before the next one and the block's end are read.
+// Templates that write a call the way each family's real one does (the family is where it lands).
+TEST(ChatFormatFamilies, EachCallOfABlockIsSentWhenItEnds) {
+    struct Case {
+        std::string tmpl, open, first, second, close;
+    };
+    const std::string content = "{% else %}{{ m.content }}{% endif %}{% endfor %}";
+    const Case cases[] = {
+        {"{% for m in messages %}{% if m.tool_calls %}<｜tool▁calls▁begin｜>{% for c in m.tool_calls %}"
+         "<｜tool▁call▁begin｜>{{ c.function.name }}<｜tool▁sep｜>{{ c.function.arguments | tojson }}"
+         "<｜tool▁call▁end｜>{% endfor %}<｜tool▁calls▁end｜>" + content,
+         "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}<｜tool▁call▁end｜>",
+         "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"},
+        {"{% for m in messages %}{% if m.tool_calls %}<|tool_calls_section_begin|>{% for c in m.tool_calls %}"
+         "<|tool_call_begin|>functions.{{ c.function.name }}:{{ loop.index0 }}<|tool_call_argument_begin|>"
+         "{{ c.function.arguments | tojson }}<|tool_call_end|>{% endfor %}<|tool_calls_section_end|>" + content,
+         "<|tool_calls_section_begin|>",
+         "<|tool_call_begin|>functions.get_weather:0<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>",
+         "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{}<|tool_call_end|>",
+         "<|tool_calls_section_end|>"},
+    };
+    for (const Case & c : cases) {
+        const ChatFormat & f = format_of(c.tmpl);
+        ASSERT_TRUE(f.family == ChatFamily::kDeepseek || f.family == ChatFamily::kKimi) << f.name;
+        ReplyParser p(f, true, false);
+        ReplyDelta d = p.push("Checking." + c.open + c.first);
+        EXPECT_EQ(d.content, "Checking.");
+        ASSERT_EQ(d.calls.size(), 1u) << f.name;
+        EXPECT_EQ(d.calls[0].name, "get_weather");
+        EXPECT_EQ(d.calls[0].arguments, "{\"city\":\"Paris\"}");
+        d = p.push(c.second);
+        ASSERT_EQ(d.calls.size(), 1u) << f.name;
+        EXPECT_EQ(d.calls[0].name, "get_time");
+        EXPECT_EQ(d.calls[0].id, "call_1");
+        d = p.push(c.close + " Done.");
+        const ReplyDelta end = p.finish();
+        EXPECT_TRUE(d.calls.empty() && end.calls.empty());
+        EXPECT_EQ(d.content + end.content, "Done.");
+        // Negative control: text in the block that is not a call sends nothing and is content
+        // as generated, marker included.
+        ReplyParser q(f, true, false);
+        const std::string bad = c.open + "not a call" + c.first + c.close;
+        d = q.push(bad);
+        const ReplyDelta bad_end = q.finish();
+        EXPECT_TRUE(d.calls.empty() && bad_end.calls.empty()) << f.name;
+        EXPECT_EQ(d.content + bad_end.content, bad);
+    }
+}
+
 TEST(ChatFormatFamilies, MinimaxInvokeCallsAreParsed) {
     expect_family({"MiniMax-M2.jinja", ChatFamily::kMinimax,
                    "<think>\nNeed weather.\n</think>\n\nChecking.\n<minimax:tool_call>\n<invoke name=\"get_weather\">\n"
@@ -510,6 +576,49 @@ TEST(ChatFormatFamilies, Lfm2PythonCallListIsParsed) {
                     {"get_time", "{}"}},
                    ""},
                   kHermesCall);
+}
+
+// Command-R7B's real template (tests/api/templates: the tool-use template of
+// CohereForAI/c4ai-command-r7b-12-2024, as llama.cpp tests with it): its plan is reasoning, its
+// action list the calls, and the markers around its answer are not content.
+const char kCommandRTemplate[] = "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja";
+
+TEST(ChatFormatFamilies, CommandRActionListIsParsed) {
+    expect_family({kCommandRTemplate, ChatFamily::kCommandR,
+                   "<|START_THINKING|>Need weather.<|END_THINKING|><|START_RESPONSE|>Checking."
+                   "<|END_RESPONSE|><|START_ACTION|>[\n    {\"tool_call_id\": \"0\", \"tool_name\": "
+                   "\"get_weather\", \"parameters\": {\"city\": \"Paris\"}},\n    {\"tool_call_id\": "
+                   "\"1\", \"tool_name\": \"get_time\", \"parameters\": {}}\n]<|END_ACTION|>",
+                   {{"get_weather", "{\"city\":\"Paris\"}"}, {"get_time", "{}"}}, "Need weather."},
+                  kHermesCall, read_template(kCommandRTemplate));
+}
+
+// The call parsed from a reply and its result go back to the model in its own syntax.
+TEST(ChatFormatFamilies, CommandRCallAndResultRenderBack) {
+    const ChatFormat & f = format_of(read_template(kCommandRTemplate));
+    ASSERT_EQ(f.family, ChatFamily::kCommandR) << f.name;
+    ReplyParser p(f, true, false);
+    ReplyDelta d = p.push("<|START_ACTION|>[{\"tool_call_id\": \"0\", \"tool_name\": \"get_weather\", "
+                          "\"parameters\": {\"city\": \"Paris\"}}]<|END_ACTION|>");
+    ASSERT_EQ(d.calls.size(), 1u);
+    RenderInput in;
+    in.messages = {{"user", "Weather in Paris?", "", {}, ""},
+                   {"assistant", "", "", d.calls, ""},
+                   {"tool", "{\"temp_c\": 21}", "", {}, d.calls[0].id}};
+    in.add_generation_prompt = true;
+    std::string out, err;
+    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
+    const size_t user = out.find("Weather in Paris?");
+    ASSERT_NE(user, std::string::npos);
+    EXPECT_NE(out.find("\"tool_name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}", user),
+              std::string::npos) << out.substr(user);
+    const std::string result = "\"tool_call_id\": \"0\",\n        \"results\": {\n            \"0\": "
+                               "\"{\\\"temp_c\\\": 21}\"";
+    EXPECT_NE(out.find(result, user), std::string::npos) << out.substr(user);
+    // Control: without the tool turn there is no result.
+    in.messages.pop_back();
+    ASSERT_TRUE(render_chat_format(f, in, &out, &err)) << err;
+    EXPECT_EQ(out.find(result), std::string::npos);
 }
 
 // Where the generation prompt opens the thinking block (DeepSeek-R1 distills, QwQ,

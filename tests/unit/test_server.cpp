@@ -93,7 +93,7 @@ public:
     int stop() {
         if (pid_ <= 0) return status_;
         kill(pid_, SIGTERM);
-        for (int i = 0; i < 100; ++i) {
+        for (int i = 0; i < 2400; ++i) {  // 120 s: only a hang (the exit status is the claim)
             int st = 0;
             if (waitpid(pid_, &st, WNOHANG) == pid_) {
                 pid_ = -1;

@@ -12,6 +12,9 @@
 //    file: missing shard, a shard of another set (tensors in two shards), a wrong split.count, a
 //    shard of another model (split.tensors.count), a name that is not NAME-0000K-of-0000N.gguf,
 //    a NUL byte in a tensor name of a later shard; the intact set loads (control).
+// A same-shaped shard of another model is not detectable from the files (the test shows every
+// field the reader takes is the genuine set's); a prompt cache made with the set is not reused
+// after such a swap.
 // NextN: a glm4moe file with a NextN layer streams == --no-stream over repeated runs, its
 // NextN layer is out of the working set and of the dense reads, inspect says so.
 // Alignment: 1 MiB and 2 MiB general.alignment stream == --no-stream on every one of several
@@ -28,6 +31,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <tuple>
 
 #include "moestream/gguf_index.h"
 #include "moestream/sysinfo.h"
@@ -287,6 +291,59 @@ TEST(SplitModels, MalformedSetsAreRefusedNamingTheShard) {
         fs::copy_file(shard(a, 2, 3), s);
         expect_refused(s, s, "-00002-of-00003.gguf");
     }
+}
+
+// A same-shaped shard of another model in place of shard 2 (two synth models that differ only
+// in their seed, split alike): the files carry no identity of the set. Every field the reader
+// takes from the mixed set's files equals the genuine set's (llama-gguf-split writes only
+// split.no, split.count and split.tensors.count into a later shard, and shard 1 holds no digest
+// of the others' data), so the set loads and runs with the foreign weights, exit 0
+// (docs/limitations.md). What holds: a prompt cache made with the genuine set is not reused
+// after the swap (its identity covers every shard). Control: the swapped shard's tensor data do
+// differ, the output changes, and the unchanged set reuses its cache.
+TEST(SplitModels, ForeignSameShapedShardIsNotInTheFilesButEndsPromptCacheReuse) {
+    TempDir dir("splitforeign");
+    const std::string a = dir.path("a"), b = dir.path("b"), mix = dir.path("mix");
+    split(synth_model("tiny", "qwen3moe", "q8_0", 1), "--split-max-tensors 20", a);
+    split(synth_model("tiny", "qwen3moe", "q8_0", 2), "--split-max-tensors 20", b);
+    for (int k = 1; k <= 3; ++k) fs::copy_file(shard(a, k, 3), shard(mix, k, 3));
+    const std::string cache = dir.path("pc");
+    const std::string pc = "--cache-mb 0 --prompt-cache " + sh_quote(cache);
+    const RunOut first = run(shard(mix, 1, 3), pc);
+    const RunOut again = run(shard(mix, 1, 3), pc);
+    ASSERT_FALSE(again.stats.is_null());
+    EXPECT_GT(again.stats["prompt_cache_tokens"].get<int>(), 0) << "control: the intact set reuses";
+    fs::copy_file(shard(b, 2, 3), shard(mix, 2, 3), fs::copy_options::overwrite_existing);
+
+    moestream::ModelIndex good, mixed;
+    ASSERT_TRUE(moestream::load_model_index(shard(a, 1, 3), &good).ok());
+    moestream::Status st = moestream::load_model_index(shard(mix, 2, 3), &mixed);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(mixed.tensors.size(), good.tensors.size());
+    for (size_t i = 0; i < good.tensors.size(); ++i) {
+        const moestream::TensorInfo & g = good.tensors[i], & m = mixed.tensors[i];
+        EXPECT_EQ(std::tie(m.name, m.type, m.shard, m.file_offset, m.nbytes),
+                  std::tie(g.name, g.type, g.shard, g.file_offset, g.nbytes)) << g.name;
+    }
+    ASSERT_EQ(mixed.kv.size(), good.kv.size());
+    for (const auto & [key, v] : good.kv) {
+        auto it = mixed.kv.find(key);
+        ASSERT_NE(it, mixed.kv.end()) << key;
+        EXPECT_EQ(std::tie(it->second.i, it->second.s, it->second.arr_len), std::tie(v.i, v.s, v.arr_len))
+            << key;
+    }
+    for (size_t k = 0; k < 3; ++k)
+        EXPECT_EQ(std::tie(mixed.shards[k].file_size, mixed.shards[k].n_tensors, mixed.shards[k].tensor_bytes),
+                  std::tie(good.shards[k].file_size, good.shards[k].n_tensors, good.shards[k].tensor_bytes));
+    // Control: shard 2's data are the other model's.
+    const std::string ga = slurp(shard(a, 2, 3)), gb = slurp(shard(b, 2, 3));
+    ASSERT_EQ(ga.size(), gb.size());
+    EXPECT_NE(ga.substr(good.shards[1].data_offset), gb.substr(good.shards[1].data_offset));
+
+    const RunOut swapped = run(shard(mix, 1, 3), pc);
+    ASSERT_FALSE(swapped.stats.is_null());
+    EXPECT_EQ(swapped.stats["prompt_cache_tokens"].get<int>(), 0) << "the cache of the old set reused";
+    EXPECT_NE(swapped.stats["logits_sha"], first.stats["logits_sha"]) << "control: other weights";
 }
 
 TEST(SplitModels, NextnLayerIsLeftOutAndStreamsOnEveryRun) {

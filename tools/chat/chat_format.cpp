@@ -3,6 +3,7 @@
 // the template's loading and probing in chat_format_load.cpp.
 #include "chat_format.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <ctime>
@@ -129,6 +130,7 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         if (ds) m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = ds ? deepseek::kCallsBegin : kimi::kCallsBegin;
         m.call_close = ds ? deepseek::kCallsEnd : kimi::kCallsEnd;
+        m.call_end = ds ? "<｜tool▁call▁end｜>" : "<|tool_call_end|>";
         m.grammar_open = gbnf::literal(m.call_open);
         m.grammar_close = gbnf::literal(m.call_close);
     } else if (f.family == ChatFamily::kMinimax || f.family == ChatFamily::kDsml) {
@@ -136,6 +138,7 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.think_open = "<think>", m.think_close = "</think>";
         m.call_open = mm ? "<minimax:tool_call>" : "<｜DSML｜tool_calls>";
         m.call_close = mm ? "</minimax:tool_call>" : "</｜DSML｜tool_calls>";
+        m.call_end = mm ? "</invoke>" : "</｜DSML｜invoke>";
         m.grammar_open = gbnf::literal(m.call_open + "\n");
         m.grammar_close = gbnf::literal(m.call_close);
     } else if (f.family == ChatFamily::kLfm2) {
@@ -153,6 +156,13 @@ ReplyMarkers reply_markers(const ChatFormat & f) {
         m.grammar_close = gbnf::literal("]");
     } else if (f.family == ChatFamily::kHarmony) {
         m.parallel = false;  // a call ends the reply (<|call|>)
+    } else if (f.family == ChatFamily::kCommandR) {
+        m.think_open = "<|START_THINKING|>", m.think_close = "<|END_THINKING|>";
+        m.call_open = "<|START_ACTION|>", m.call_close = "<|END_ACTION|>";
+        m.dropped = {"<|START_RESPONSE|>", "<|END_RESPONSE|>"};
+        m.grammar_open = gbnf::literal("<|START_ACTION|>[\n    ");
+        m.grammar_separator = gbnf::literal(",\n    ");
+        m.grammar_close = gbnf::literal("\n]<|END_ACTION|>");
     }
     if (f.family == ChatFamily::kNone && f.think_tags)
         m.think_open = "<think>", m.think_close = "</think>";
@@ -175,6 +185,8 @@ bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector
             return invoke::parse_calls(body, "", out);
         case ChatFamily::kDsml:
             return invoke::parse_calls(body, "｜DSML｜", out);
+        case ChatFamily::kCommandR:
+            return command_r::parse_calls(body, out);
         default:
             break;
     }
@@ -184,6 +196,24 @@ bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector
                     : f.family == ChatFamily::kHermes && hermes::parse_call(body, &c);
     if (ok) out->assign(1, c);
     return ok;
+}
+
+bool parse_json_call_list(const std::string & body, const char * name_key, const char * args_key,
+                          std::vector<ToolCall> * out) {
+    const ojson j = ojson::parse(body, nullptr, false);
+    if (!j.is_array() || j.empty()) return false;
+    std::vector<ToolCall> calls;
+    for (const auto & c : j) {
+        if (!c.is_object() || !c.contains(name_key) || !c[name_key].is_string() ||
+            !c.contains(args_key) || !c[args_key].is_object())
+            return false;
+        ToolCall t;
+        t.name = c[name_key].get<std::string>();
+        t.arguments = c[args_key].dump(-1, ' ', false, ojson::error_handler_t::replace);
+        calls.push_back(std::move(t));
+    }
+    *out = std::move(calls);
+    return true;
 }
 
 bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out) {
@@ -219,6 +249,8 @@ std::string call_rule(const ChatFormat & f, const std::string & name, const std:
             return invoke::call_rule(name, "", params);
         case ChatFamily::kDsml:
             return invoke::call_rule(name, "｜DSML｜", params);
+        case ChatFamily::kCommandR:
+            return command_r::call_rule(name, args);
         default:
             return hermes::call_rule(name, args);
     }
@@ -558,6 +590,8 @@ ReplyDelta ReplyParser::step(bool final) {
             continue;
         }
         if (state_ == State::kContent) {
+            for (const std::string & x : m.dropped)  // markers around the answer: not content
+                for (size_t at; (at = buf_.find(x)) != std::string::npos;) buf_.erase(at, x.size());
             if (!content_started_) {  // blank before the content or between calls: dropped
                 if (drop_leading_blank(&buf_)) return d;
                 if (tools_ && m.json_reply && !json_done_) {  // a reply that is its JSON calls
@@ -577,7 +611,10 @@ ReplyDelta ReplyParser::step(bool final) {
             const bool marked = tools_ && !m.json_reply;  // calls marked inside the text
             const size_t s = marked ? buf_.find(m.call_open) : std::string::npos;
             if (s == std::string::npos) {
-                size_t end = buf_.size() - (marked && !final ? partial_suffix(buf_, m.call_open) : 0);
+                size_t hold = marked && !final ? partial_suffix(buf_, m.call_open) : 0;
+                for (const std::string & x : m.dropped)  // what may become a dropped marker
+                    if (!final) hold = std::max(hold, partial_suffix(buf_, x));
+                size_t end = buf_.size() - hold;
                 // Trailing blank waits until text follows it (blank before a call or at the
                 // end is not content).
                 end = blank_tail(buf_, end);
@@ -651,11 +688,39 @@ ReplyDelta ReplyParser::step(bool final) {
             continue;
         }
         // kCall
+        if (!m.call_end.empty()) {  // a calls block: each call is sent as soon as it ends
+            const size_t ws = buf_.find_first_not_of(" \t\r\n");
+            if (block_calls_ > 0 && ws != std::string::npos &&
+                buf_.compare(ws, m.call_close.size(), m.call_close) == 0) {  // the block closes
+                buf_.erase(0, ws + m.call_close.size());
+                block_calls_ = 0;
+                state_ = State::kContent;
+                content_started_ = false;
+                continue;
+            }
+            const size_t ce = buf_.find(m.call_end), cc = buf_.find(m.call_close);
+            std::vector<ToolCall> calls;
+            if (ce != std::string::npos && ce < cc &&
+                parse_call_body(f_, buf_.substr(0, ce + m.call_end.size()), &calls)) {
+                for (ToolCall & c : calls) {
+                    c.id = "call_" + std::to_string(n_calls_++);
+                    d.calls.push_back(std::move(c));
+                }
+                buf_.erase(0, ce + m.call_end.size());
+                ++block_calls_;
+                continue;
+            }
+            // Else: text that is not a call; the rest of the block is content, as below.
+        }
+        const std::string open = block_calls_ > 0 ? "" : m.call_open;  // calls already sent
         const size_t e = buf_.find(m.call_close);
         if (e == std::string::npos) {
             if (!final) return d;
-            d.content += m.call_open + buf_;  // unfinished: what was generated
+            // Unfinished: what was generated (after calls already sent, blank text is none).
+            if (block_calls_ == 0 || buf_.find_first_not_of(" \t\r\n") != std::string::npos)
+                d.content += open + buf_;
             buf_.clear();
+            block_calls_ = 0;
             return d;
         }
         std::vector<ToolCall> calls;
@@ -666,8 +731,9 @@ ReplyDelta ReplyParser::step(bool final) {
                 d.calls.push_back(std::move(c));
             }
         } else {
-            d.content += m.call_open + body + m.call_close;
+            d.content += open + body + m.call_close;
         }
+        block_calls_ = 0;
         buf_.erase(0, e + m.call_close.size());
         state_ = State::kContent;
         content_started_ = false;

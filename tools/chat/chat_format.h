@@ -26,7 +26,8 @@ using ojson = nlohmann::ordered_json;  // key order as the client sent it (templ
 
 enum class ChatFamily {
     kNone, kHermes, kLlama3, kMistral, kHarmony, kXml,
-    kGlm, kDeepseek, kKimi, kMinimax, kDsml, kSeed, kLfm2  // chat_format_marked.cpp (kSeed: _xml.cpp)
+    kGlm, kDeepseek, kKimi, kMinimax, kDsml, kSeed, kLfm2,  // chat_format_marked.cpp (kSeed: _xml.cpp)
+    kCommandR  // chat_format_command_r.cpp
 };
 
 struct ChatFormat {
@@ -162,6 +163,7 @@ private:
     std::string json_eaten_;    // ... and the text up to it
     bool json_done_ = false;    // the reply's calls are over: the rest is content
     int n_calls_ = 0;
+    int block_calls_ = 0;       // kCall in a calls block (ReplyMarkers::call_end): calls sent
     // Harmony: the message being read (its header, and the body of a tool call).
     bool h_body_ = false;       // in a message's body (else its header)
     bool h_first_ = true;       // nothing read yet (a header is not required)

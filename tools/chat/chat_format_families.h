@@ -15,7 +15,12 @@ namespace moestream::chat {
 // The markers of a family's replies ("" = the family has none).
 struct ReplyMarkers {
     std::string think_open, think_close;  // the thinking block
-    std::string call_open, call_close;    // one tool call
+    std::string call_open, call_close;    // one tool call, or (call_end set) the calls block
+    // The end of one call inside the calls block (DeepSeek, Kimi, MiniMax, DeepSeek V4): each
+    // call is sent as soon as it ends, not when the block closes. "" = one call per marker pair.
+    std::string call_end;
+    // Markers around the answer that are not part of it (Command-R's <|START_RESPONSE|>).
+    std::vector<std::string> dropped;
     bool json_reply = false;  // a reply that starts with '{' (or call_open) is its calls
     bool marker_required = false;  // ... only when it starts with call_open
     bool parallel = true;     // several calls per reply
@@ -28,6 +33,10 @@ ReplyMarkers reply_markers(const ChatFormat & f);
 bool parse_call_body(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
 // A whole reply of a json_reply family -> its calls; false when it is not calls.
 bool parse_json_reply(const ChatFormat & f, const std::string & body, std::vector<ToolCall> * out);
+// A JSON list of calls, each an object with the name (a string) under name_key and the
+// arguments (an object) under args_key (Mistral, Command-R); false when body is not one.
+bool parse_json_call_list(const std::string & body, const char * name_key, const char * args_key,
+                          std::vector<ToolCall> * out);
 // GBNF (right-hand side) of one call of `name` whose arguments match rule args_rule.
 // params: the tool's "parameters" (families that write key/value pairs enforce its flat part).
 std::string call_rule(const ChatFormat & f, const std::string & name, const std::string & args_rule,
@@ -97,6 +106,11 @@ namespace invoke {
 bool parse_calls(const std::string & body, const std::string & prefix, std::vector<ToolCall> * out);
 std::string call_rule(const std::string & name, const std::string & prefix, const ojson & params);
 }  // namespace invoke
+
+namespace command_r {  // Command-R7B / Cohere2: <|START_ACTION|>[{"tool_call_id", "tool_name", "parameters"}]
+bool parse_calls(const std::string & body, std::vector<ToolCall> * out);
+std::string call_rule(const std::string & name, const std::string & args_rule);
+}  // namespace command_r
 
 namespace harmony {  // gpt-oss: <|start|>role<|message|>...<|end|>, channels, namespace functions
 std::string call_rule(const std::string & name, const std::string & args_rule);

@@ -53,6 +53,9 @@ ChatFamily family_of(const JinjaTemplate & t) {
     // XML functions: <tool_call> around <function=NAME> with <parameter=KEY> values.
     if (has("<tool_call>") && has("<function=" + name + ">") && has("<parameter=a>"))
         return ChatFamily::kXml;
+    // Command-R7B / Cohere2: a JSON list of {"tool_call_id", "tool_name", "parameters"}.
+    if (has("<|START_ACTION|>") && has("\"tool_name\": \"" + name + "\""))
+        return ChatFamily::kCommandR;
     // Hermes: the call is {"name": ..., "arguments": ...} JSON inside <tool_call></tool_call>.
     const size_t tc = out.find("<tool_call>");
     if (tc != std::string::npos && out.find("\"name\": \"" + name + "\"", tc) != std::string::npos)
@@ -85,7 +88,10 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
                       const std::string & eos_token, bool bos_added, ChatFormat * out,
                       std::string * err) {
     const std::string src = source.empty() ? std::string(kChatmlTemplate) : source;
-    auto t = JinjaTemplate::parse(src, bos_token, eos_token, err);
+    // moestream's own chatml needs no cross-check: minja and Python's Jinja render it alike
+    // (tests/unit/test_chat_format.cpp, ChatJinja.BuiltInChatmlRendersAlikeInMinjaAndPython),
+    // so a model without a template starts without Python.
+    auto t = JinjaTemplate::parse(src, bos_token, eos_token, err, src != kChatmlTemplate);
     if (!t) return false;
     {  // a template that cannot render one user message renders nothing: refused now
         std::string o;
@@ -168,7 +174,8 @@ bool load_chat_format(const std::string & source, const std::string & bos_token,
 
     static const char * const kFamilies[] = {"",       "hermes",   "llama3.x", "mistral",
                                              "harmony", "xml-function", "glm", "deepseek",
-                                             "kimi",    "minimax", "deepseek-dsml", "seed", "lfm2"};
+                                             "kimi",    "minimax", "deepseek-dsml", "seed", "lfm2",
+                                             "command-r"};
     const std::string fam = kFamilies[static_cast<int>(f.family)];
     const std::string r = t->renderer();
     f.name = source.empty() ? "chatml (the model carries no chat template; " + r + ")"

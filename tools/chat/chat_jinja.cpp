@@ -14,17 +14,22 @@ struct JinjaTemplate::Impl {
     std::unique_ptr<minja::chat_template> t;  // null: minja cannot parse it (python3-jinja2 renders)
     std::string minja_error;                  // ... why
     std::string source, bos, eos;
-    // Python's Jinja: renders what minja cannot parse or raises on (started on first use).
-    mutable Jinja2Helper py;
+    // Python's Jinja (the process's one helper): renders what minja cannot parse or raises
+    // on, and checks minja's rendering at parse().
+    Jinja2Helper & py = Jinja2Helper::shared();
 };
 
 JinjaTemplate::JinjaTemplate(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+void JinjaTemplate::prestart_python() {
+    Jinja2Helper::shared().prestart();
+}
 JinjaTemplate::~JinjaTemplate() = default;
 
 std::shared_ptr<const JinjaTemplate> JinjaTemplate::parse(const std::string & source,
                                                           const std::string & bos_token,
                                                           const std::string & eos_token,
-                                                          std::string * err) {
+                                                          std::string * err, bool cross_check) {
     auto impl = std::make_unique<Impl>();
     impl->source = source;
     impl->bos = bos_token;
@@ -37,7 +42,7 @@ std::shared_ptr<const JinjaTemplate> JinjaTemplate::parse(const std::string & so
         impl->minja_error = e.what();
     }
     std::shared_ptr<const JinjaTemplate> t(new JinjaTemplate(std::move(impl)));
-    if (t->impl_->t) t->cross_check();
+    if (t->impl_->t && cross_check) t->cross_check();
     if (!t->impl_->t) {  // python3-jinja2 must at least parse it
         std::string out, perr;
         const ojson user = ojson::array({{{"role", "user"}, {"content", "U"}}});

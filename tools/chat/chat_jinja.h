@@ -28,11 +28,18 @@ public:
     // Parses source (the template text) with the model's start and end token texts. Null with
     // *err ("minja: ...; python3-jinja2: ...": the construct and its line) when neither minja
     // parses it nor python3-jinja2 renders one user message with it.
+    // cross_check false: minja's rendering is not compared with Python's (only for a template
+    // whose agreement a test proves: moestream's own chatml, kChatmlTemplate).
     static std::shared_ptr<const JinjaTemplate> parse(const std::string & source,
                                                       const std::string & bos_token,
                                                       const std::string & eos_token,
-                                                      std::string * err);
+                                                      std::string * err,
+                                                      bool cross_check = true);
     ~JinjaTemplate();
+    // Starts Python's Jinja (the helper every template shares) in the background, so that
+    // parse()'s cross-check does not wait for Python to start: `serve` and `chat` call it
+    // before loading the model, which its start then overlaps.
+    static void prestart_python();
 
     // Renders messages (OpenAI chat messages, as sent) with tools (an array, or empty/null for
     // none) and kwargs (chat_template_kwargs: enable_thinking, reasoning_effort, any other key,

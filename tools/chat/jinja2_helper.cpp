@@ -51,7 +51,8 @@ for line in sys.stdin:
         req = json.loads(line)
         src = req["source"]
         if src not in compiled:
-            compiled.clear()
+            if len(compiled) >= 16:  # one process serves every template: keep the last few
+                compiled.clear()
             compiled[src] = env.from_string(src)
         answer = {"prompt": compiled[src].render(**req["context"])}
     except Exception as e:
@@ -76,10 +77,22 @@ void Jinja2Helper::stop() {
         }
     }
     pid_ = -1;
+    ready_ = false;
     buf_.clear();
 }
 
-bool Jinja2Helper::start(std::string * err) {
+Jinja2Helper & Jinja2Helper::shared() {
+    static Jinja2Helper helper;
+    return helper;
+}
+
+void Jinja2Helper::prestart() {
+    std::lock_guard<std::mutex> lk(m_);
+    std::string err;
+    if (fd_ < 0) spawn(&err);  // a failure is reported by the first render
+}
+
+bool Jinja2Helper::spawn(std::string * err) {
     int sv[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
         *err = std::string("python3-jinja2 helper: socketpair: ") + std::strerror(errno);
@@ -104,6 +117,13 @@ bool Jinja2Helper::start(std::string * err) {
     }
     pid_ = pid;
     fd_ = sv[0];
+    ready_ = false;
+    return true;
+}
+
+bool Jinja2Helper::start(std::string * err) {
+    if (fd_ < 0 && !spawn(err)) return false;
+    if (ready_) return true;
     ojson hello;
     if (!read_answer(&hello, err)) return false;
     if (!hello.contains("ready")) {
@@ -111,6 +131,7 @@ bool Jinja2Helper::start(std::string * err) {
         stop();
         return false;
     }
+    ready_ = true;
     return true;
 }
 
@@ -142,7 +163,7 @@ bool Jinja2Helper::read_answer(ojson * out, std::string * err) {
 bool Jinja2Helper::render(const std::string & source, const ojson & context, std::string * out,
                           std::string * err) {
     std::lock_guard<std::mutex> lk(m_);
-    if (fd_ < 0 && !start(err)) return false;
+    if (!start(err)) return false;
     const std::string line =
         ojson{{"source", source}, {"context", context}}.dump(-1, ' ', false,
                                                               ojson::error_handler_t::replace) +

@@ -118,6 +118,11 @@ Status resolve_chat_template(const ChatTemplateFlags & f, std::string * text, st
 // `inspect`: the model's chat template (first file of a split set) as serve would take it:
 // {"present", "bytes", "renders", "name", "renderer", "thinking"} or {"renders": false, "error"}.
 nlohmann::ordered_json inspect_chat_template(const std::string & path);
+// Starts Python's Jinja in the background (chat_jinja.h, prestart_python) when the template
+// chat or serve will load needs its start-up cross-check: the text of --chat-template /
+// --chat-template-file (flag_text), else the model's own; not for moestream's chatml or a model
+// without a template. Called before the model is loaded, so that Python's start overlaps it.
+void prestart_template_check(const std::string & model_path, const std::string & flag_text);
 
 // --- Shared by the subcommands (cli_common.cpp; docs/cli.md) ---
 extern const char * const kSubcommands[8];

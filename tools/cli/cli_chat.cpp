@@ -381,6 +381,11 @@ int do_chat(ChatFlags & f) {
         if (!st.ok()) return report(st);
     }
 
+    {  // Python's Jinja, when the template needs it, starts while the model loads
+        std::string text, from;
+        if (resolve_chat_template(f.tmpl, &text, &from).ok())
+            prestart_template_check(f.opt.model_path, text);
+    }
     std::unique_ptr<Engine> engine;
     show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);
@@ -672,6 +677,20 @@ int do_chat(ChatFlags & f) {
 }
 
 }  // namespace
+
+void prestart_template_check(const std::string & model_path, const std::string & flag_text) {
+    std::string src = flag_text;
+    if (src.empty()) {  // the model's own template
+        gguf_init_params gp{};
+        gp.no_alloc = true;
+        gguf_context * g = gguf_init_from_file(model_path.c_str(), gp);
+        if (g == nullptr) return;  // the load reports it
+        const int64_t k = gguf_find_key(g, "tokenizer.chat_template");
+        if (k >= 0 && gguf_get_kv_type(g, k) == GGUF_TYPE_STRING) src = gguf_get_val_str(g, k);
+        gguf_free(g);
+    }
+    if (!src.empty() && src != chat::kChatmlTemplate) chat::JinjaTemplate::prestart_python();
+}
 
 nlohmann::ordered_json inspect_chat_template(const std::string & path) {
     nlohmann::ordered_json j;

@@ -3,7 +3,8 @@
 // `run`: drop-cold 0.75 (LOSSY) unless --lossless or --drop-cold-experts is given; every
 // response says which settings produced it and whether they were lossy.
 // Env knobs (read here): MOESTREAM_API_KEY (the key, instead of --api-key, which `ps` shows),
-// MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only: sleep before each token is handed out).
+// MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only: sleep before each token is handed out),
+// MOESTREAM_DEBUG_PREFILL_HOLD=FILE (tests only: a prompt stays in prefill while FILE exists).
 #include <cstdio>
 #include <cerrno>
 #include <cstdlib>
@@ -122,6 +123,8 @@ void add_serve_command(CLI::App & app, Action * action) {
             }
             if (const char * d = std::getenv("MOESTREAM_DEBUG_TOKEN_DELAY_MS"); d && *d)
                 cfg.token_delay_ms = std::max(0, std::atoi(d));
+            if (const char * h = std::getenv("MOESTREAM_DEBUG_PREFILL_HOLD"); h && *h)
+                cfg.prefill_hold = h;
             cfg.drop_cold_explicit = dc->count() > 0;
             // Without -c the server uses the model's context (capped by memory), as
             // llama-server does; `run` keeps its fixed default.
@@ -137,6 +140,7 @@ void add_serve_command(CLI::App & app, Action * action) {
             cfg.defaults.temperature = cfg.run.temp;
             cfg.defaults.seed = cfg.run.seed;
             cfg.option_words = flag_words;
+            prestart_template_check(cfg.run.model_path, cfg.chat_template);
             return server::run_server(cfg);
         };
     });

@@ -108,6 +108,9 @@ int run_server(const ServeConfig & cfg_in) {
     if (cfg.token_delay_ms > 0)
         MS_LOG_WARN("MOESTREAM_DEBUG_TOKEN_DELAY_MS=%d: every token is delayed (tests only)",
                     cfg.token_delay_ms);
+    if (!cfg.prefill_hold.empty())
+        MS_LOG_WARN("MOESTREAM_DEBUG_PREFILL_HOLD=%s: a prompt stays in prefill while that file "
+                    "exists (tests only)", cfg.prefill_hold.c_str());
 
     Server server(cfg, std::move(engine));
     if (!server.template_error().empty()) {

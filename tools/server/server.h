@@ -33,6 +33,9 @@ struct ServeConfig {
     int queue_max = 8;         // requests waiting behind the running one
     size_t body_limit_bytes = 1 << 20;
     int token_delay_ms = 0;  // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only)
+    // MOESTREAM_DEBUG_PREFILL_HOLD (tests only): while this file exists, a request's prompt
+    // stays in prefill (after its first micro-batch); "" = never held.
+    std::string prefill_hold;
     std::string cors_origin;  // --cors ORIGIN: allow that web origin ("" = no CORS headers)
     // --slot-save-path DIR: POST /slots/0?action=save|restore|erase with {"filename": NAME}
     // saves / restores the KV the context holds to DIR/NAME (docs/server.md); "" = refused (501).

@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unistd.h>
 
 #include "chat_jinja.h"
 #include "chat_request.h"
@@ -183,7 +184,13 @@ void Server::run_job(Job & job) {
     }
     GenerateRequest r = engine_request(p);
     // A client that leaves (or SIGTERM) during a long prompt stops it between micro-batches.
-    r.on_prefill = [&job](int, int) { return !job.cancelled; };
+    r.on_prefill = [&job, this](int, int) {
+        // Tests only: the prompt stays in prefill while the hold file exists.
+        while (!cfg_.prefill_hold.empty() && !job.cancelled &&
+               ::access(cfg_.prefill_hold.c_str(), F_OK) == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return !job.cancelled;
+    };
     int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
     if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
     {
