@@ -56,6 +56,11 @@ Status WeightBinder::read_dense(IoLanes * lanes, uint64_t chunk_bytes, uint64_t 
     for (const TensorInfo & ti : index_.tensors)
         if (to_read(ti) && counted.insert(dense_key(ti)).second) total += ti.nbytes;
     if (progress) progress(0, total);
+    // With a progress line, batches of about 1/kProgressSteps of the total (not below two
+    // chunks per lane, so the lanes still share each batch): the line moves through a model
+    // whose dense weights fit one batch.
+    if (progress)
+        batch_limit = std::min(batch_limit, std::max(total / kProgressSteps, 2 * chunk * uint64_t(lanes->n_lanes())));
     auto flush = [&]() -> Status {
         if (reqs.empty()) return Status::Ok();
         Status st = lanes->read_batch(reqs, &dense_stats_);  // adds to dense_stats_

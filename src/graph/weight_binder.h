@@ -60,6 +60,9 @@ public:
     static constexpr uint64_t kDenseBatchBytes = 256ull << 20;
     // huge_pages: copies of a huge page or more start on one and are advised for transparent
     // huge pages (huge_pages.h).
+    // With a progress callback the batches are at most total / kProgressSteps bytes (at
+    // least two chunks per lane).
+    static constexpr uint64_t kProgressSteps = 64;
     // progress (may be empty): bytes read so far and their total, with 0 before the first
     // read and after each batch (RunOptions::on_load_progress).
     Status read_dense(IoLanes * lanes, uint64_t chunk_bytes = kDenseChunkBytes,

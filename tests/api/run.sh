@@ -71,6 +71,10 @@ slow_url="$(serve_url slow)"
 tools_url="$(serve_url tools)"
 harmony_url="$(serve_url harmony)"
 
+# pydantic's own schemas of ordinary models (Debian's python3-pydantic, setup-api-tests.sh).
+/usr/bin/python3 "$src/tests/api/pydantic_models.py" > "$work/pydantic.json"
+export MOESTREAM_PYDANTIC_MODELS="$work/pydantic.json"
+
 cd "$src/tests/api"
 status=0
 timeout 200 node api_test.mjs "$fast_url" "$slow_url" "$(cat "$work/slow.pid")" "$tools_url" "$harmony_url" "$real_urls" || status=$?

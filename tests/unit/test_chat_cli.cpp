@@ -245,6 +245,39 @@ TEST(ChatCli, CtrlCStopsTheReplyNotTheChat) {
     EXPECT_NE(c.out.find("moestream chat: 2 replies"), std::string::npos) << c.out;
 }
 
+// A line typed while a reply streams is not echoed into the reply and not sent as a turn the
+// screen never showed: when the reply ends the chat says it was discarded and waits at the
+// prompt. Synchronised on output, no sleeps: the line is typed once 200 bytes of the reply
+// have streamed, and the reply goes on until the context is full (-c 1024 --ignore-eos,
+// about 900 more tokens). Control: the same line typed at the prompt is echoed and answered.
+TEST(ChatCli, TextTypedWhileAReplyStreamsIsDiscardedWithANotice) {
+    TempDir dir("chat");
+    const std::string m = model_with_template(dir, kLlama3Template, "llama3.gguf");
+    PtyChat c("-m " + sh_quote(m) + " -t 1 -c 1024 -n -1 --ignore-eos");
+    ASSERT_TRUE(c.wait_for("> ")) << c.out;
+    const size_t at = c.out.size();
+    c.send("Tell me everything\r");
+    ASSERT_TRUE(c.wait_growth(at, 200)) << c.out;  // the echo, then the reply streaming
+    c.send("typed ahead\r");
+    ASSERT_TRUE(c.wait_for("text typed while the reply streamed was discarded: type at the prompt[^>]*" +
+                           kFooterThenPrompt, 1, at))
+        << c.out;
+    EXPECT_EQ(c.out.find("typed ahead"), std::string::npos) << "echoed into the reply";
+    ASSERT_EQ(footers(c.out).size(), 1u) << "sent as a turn: " << c.out;
+    // Control: typed at the prompt, the same line is shown and answered (stopped with Ctrl-C
+    // once it streams: CI time).
+    const size_t before = c.out.size();
+    c.send("typed ahead\r");
+    ASSERT_TRUE(c.wait_growth(before, 200)) << c.out;
+    c.send("\x03");
+    ASSERT_TRUE(c.wait_for(R"(stopped \(Ctrl-C\)\]\r?\n> )", 1, before)) << c.out;
+    EXPECT_NE(c.out.find("typed ahead", before), std::string::npos) << c.out;
+    EXPECT_EQ(footers(c.out).size(), 2u) << c.out;
+    c.send("/exit\r");
+    EXPECT_EQ(c.wait_exit(), 0) << c.out;
+    EXPECT_NE(c.out.find("moestream chat: 2 replies"), std::string::npos) << c.out;
+}
+
 // --color (llama.cpp's -co): on a terminal the user's typed input shows in its own colour, set
 // before the line is read and reset after it. Controls: --color off on a terminal, and a pipe.
 TEST(ChatCli, ColorColoursTheTypedInputOnATerminalOnly) {

@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -105,6 +107,93 @@ TEST(CliFlags, EveryLlamaFlagMoestreamLacksIsRefusedWithItsReason) {
     EXPECT_EQ(r.exit_code, 64);
     EXPECT_NE(r.err.find("unknown option '--no-such-llama-flag'"), std::string::npos) << r.err;
     EXPECT_EQ(r.err.find("not supported by moestream"), std::string::npos) << r.err;
+}
+
+// The spellings an options listing shows ("-c,--ctx-size N", "--temp, --temperature N"):
+// every word that starts with a dash and a letter.
+std::set<std::string> listed_flags(const std::string & help) {
+    std::set<std::string> out;
+    const std::regex flag(R"((^|[\s,])(--?[A-Za-z][-A-Za-z0-9.]*))");
+    std::istringstream in(help);
+    for (std::string line; std::getline(in, line);) {
+        const size_t lead = line.find_first_not_of(' ');
+        if (lead == std::string::npos || line[lead] != '-') continue;  // option lines only
+        std::smatch desc;  // the description starts after a gap, at a word that is not a flag
+        const std::string rest = line.substr(lead);
+        const std::string head =
+            std::regex_search(rest, desc, std::regex(R"(\s{2,}[^-\s])")) ? rest.substr(0, size_t(desc.position(0))) : rest;
+        for (std::sregex_iterator it(head.begin(), head.end(), flag), end; it != end; ++it)
+            if (it->str(2).back() != '-') out.insert(it->str(2));
+    }
+    return out;
+}
+
+bool in_refused_table(const std::string & flag) { return moestream::cli::refused_flag_reason(flag) != nullptr; }
+
+// Every flag of Debian's llama-cli, llama-server, llama-completion and llama-perplexity (their
+// --help) that a subcommand lacks is refused by its own name on serve, eval, run, chat,
+// inspect and replay, never with the "unknown option" or CLI11's "not expected" text. The
+// table's rows are checked per row above; here each other flag (another subcommand's option,
+// a llama.cpp synonym, an accepted no-op) runs once on one subcommand that lacks it, the
+// subcommands taking turns, and -co / --color on every one that lacks it. Control: a flag
+// llama.cpp does not have gets the generic text this test forbids.
+TEST(CliFlags, EveryLlamaCppFlagIsTakenOrRefusedByNameOnEverySubcommand) {
+    std::set<std::string> llama;
+    for (const char * tool : {"llama-cli", "llama-server", "llama-completion", "llama-perplexity"}) {
+        const CmdResult h =
+            run_cmd(sh_quote(std::string(MOESTREAM_TEST_SRC) + "/scripts/llama-tool") + " " + tool + " --help");
+        if (h.exit_code != 0) GTEST_SKIP() << tool << " --help failed (no llama.cpp prefix?): " << h.err;
+        const std::set<std::string> f = listed_flags(h.out + h.err);
+        llama.insert(f.begin(), f.end());
+    }
+    ASSERT_GE(llama.size(), 300u);
+    ASSERT_TRUE(llama.count("--ctx-size") && llama.count("-co") && llama.count("--fim-qwen-1.5b-default"));
+    const auto generic = [](const CmdResult & r) {
+        return r.err.find("unknown option") != std::string::npos ||
+               r.err.find("not expected") != std::string::npos;
+    };
+    const std::vector<std::string> cmds = {"serve", "eval", "run", "chat", "inspect", "replay"};
+    std::map<std::string, std::set<std::string>> own;
+    for (const std::string & c : cmds) own[c] = listed_flags(cli(c + " --help").out);
+    ASSERT_TRUE(own["run"].count("--color") && !own["serve"].count("--color"));
+    // An input that does not exist: what is not refused stops there, before any work.
+    const auto input = [](const std::string & c) {
+        return c == "replay" ? std::string(" /nonexistent.trace ") : std::string(" -m /nonexistent.gguf ");
+    };
+    const auto check = [&](const std::string & c, const std::string & flag) {
+        SCOPED_TRACE(c + " " + flag);
+        const CmdResult r = cli(c + input(c) + flag);
+        EXPECT_FALSE(generic(r)) << r.err;
+        const bool refused = r.err.find("not supported by moestream") != std::string::npos ||
+                             r.err.find(" is not an option of ") != std::string::npos;
+        if (refused && r.err.find(flag) == std::string::npos)
+            ADD_FAILURE() << "refused without naming " << flag << ": " << r.err;
+    };
+    size_t turn = 0, runs = 0;
+    for (const std::string & flag : llama) {
+        if (in_refused_table(flag) || flag == "--help" || flag == "-h" || flag == "--version") continue;
+        std::vector<std::string> lacking;
+        for (const std::string & c : cmds)
+            if (!own[c].count(flag)) lacking.push_back(c);
+        if (lacking.empty()) continue;
+        check(lacking[turn++ % lacking.size()], flag);
+        ++runs;
+    }
+    EXPECT_GE(runs, 40u);
+    for (const std::string & c : cmds)
+        if (!own[c].count("--color"))
+            for (const char * f : {"-co", "--color"}) {
+                const CmdResult r = cli(c + input(c) + f);
+                EXPECT_EQ(r.exit_code, 64) << c << " " << r.err;
+                EXPECT_NE(r.err.find(std::string(f) + " is not an option of `moestream " + c +
+                                     "` (it colours generated text on a terminal; this command prints none"),
+                          std::string::npos)
+                    << r.err;
+            }
+    // Control: a flag llama.cpp lacks gets the text the check above forbids.
+    const CmdResult no = cli("serve" + input("serve") + "--no-such-llama-flag");
+    EXPECT_FALSE(llama.count("--no-such-llama-flag"));
+    EXPECT_TRUE(generic(no)) << no.err;
 }
 
 // docs/cli.md's table of refused llama.cpp flags is the CLI's (llama_refused.h). Control: a

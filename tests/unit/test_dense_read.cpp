@@ -4,6 +4,7 @@
 // share; short reads and EINTR change nothing, EIO fails naming file, offset and errno.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -106,34 +107,43 @@ TEST(DenseRead, CopiesHoldTheFileBytesOnEveryPath) {
 }
 
 // The progress callback sees 0 of the total before the first read, then rising counts after
-// each batch, last the total, which is every byte the reads took. Control: one big batch
-// reports once after the start, small batches many times.
-TEST(DenseRead, ProgressCountsTheBytesReadBatchByBatch) {
+// each batch, last the total, which is every byte the reads took. With a progress callback a
+// batch is at most 1/kProgressSteps of the total (but two chunks per lane): the tiny model's
+// dense weights, far below one 256 MiB batch, still report in many steps. Control: 4 MiB
+// chunks (two per lane exceed the whole model) report once after the start.
+TEST(DenseRead, ProgressCountsTheBytesReadInSmallSteps) {
     const std::string model = test::synth_model("tiny", "qwen3moe", "q8_0");
     Fixture fx;
     ASSERT_TRUE(load_model_index(model, &fx.idx).ok());
-    auto calls = [&](uint64_t batch, uint64_t * bytes_read) {
+    auto calls = [&](uint64_t chunk, uint64_t * bytes_read) {
         std::vector<std::pair<uint64_t, uint64_t>> seen;
         IoLanes io;
         EXPECT_TRUE(io.open(model, 2, false, 65536).ok());
         WeightBinder b(fx.idx, nullptr, fx.lm);
-        EXPECT_TRUE(b.read_dense(&io, 8192, batch, true, [&](uint64_t done, uint64_t total) {
-                         seen.emplace_back(done, total);
-                     }).ok());
+        EXPECT_TRUE(b.read_dense(&io, chunk, WeightBinder::kDenseBatchBytes, true,
+                                 [&](uint64_t done, uint64_t total) { seen.emplace_back(done, total); })
+                        .ok());
         *bytes_read = b.dense_read_stats().bytes_read;
         return seen;
     };
     uint64_t read = 0;
-    const auto many = calls(16384, &read);
-    ASSERT_GE(many.size(), 3u);
+    const auto many = calls(8192, &read);
+    ASSERT_GE(many.size(), 2u);
+    const uint64_t total = many.front().second;
+    ASSERT_LT(total, WeightBinder::kDenseBatchBytes);  // one batch without the rule
+    // Steps of at most max(total / 64, 2 chunks x 2 lanes), each batch ending at a request.
+    const uint64_t step = std::max<uint64_t>(total / WeightBinder::kProgressSteps, 4 * 8192);
+    EXPECT_GE(many.size(), std::min<uint64_t>(total / (step + 8192), WeightBinder::kProgressSteps));
+    EXPECT_GE(many.size(), 20u);
     EXPECT_EQ(many.front().first, 0u);
     EXPECT_EQ(many.back().first, many.back().second);
     EXPECT_EQ(many.back().second, read);
     for (size_t i = 1; i < many.size(); ++i) {
         EXPECT_GT(many[i].first, many[i - 1].first) << i;
-        EXPECT_EQ(many[i].second, many.front().second) << i;
+        EXPECT_LE(many[i].first - many[i - 1].first, step + 8192) << i;
+        EXPECT_EQ(many[i].second, total) << i;
     }
-    const auto one = calls(WeightBinder::kDenseBatchBytes, &read);
+    const auto one = calls(WeightBinder::kDenseChunkBytes, &read);
     ASSERT_EQ(one.size(), 2u);  // control: the start, then the one batch
     EXPECT_EQ(one[1].first, read);
 }

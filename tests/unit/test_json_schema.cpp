@@ -178,6 +178,23 @@ bool format_ok(const std::string & f, const std::string & v) {
         return t != std::string::npos && date_ok(v.substr(0, t)) && time_ok(v.substr(t + 1));
     }
     if (f == "uuid") return std::regex_match(v, std::regex("[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}"));
+    if (f == "ipv4") {  // four dot-separated numbers 0..255 without leading zeros
+        std::smatch m;
+        if (!std::regex_match(v, m, std::regex(R"((\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3}))"))) return false;
+        for (int i = 1; i <= 4; ++i)
+            if (std::stoi(m[i]) > 255 || (m[i].length() > 1 && m[i].str()[0] == '0')) return false;
+        return true;
+    }
+    if (f == "hostname") {  // RFC 1123: at most 253 characters, labels of 1..63, no edge hyphen
+        if (v.empty() || v.size() > 253) return false;
+        const std::regex label("[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?");
+        for (size_t a = 0, d; (d = v.find('.', a)), true; a = d + 1) {
+            const std::string l = v.substr(a, d == std::string::npos ? std::string::npos : d - a);
+            if (l.size() > 63 || !std::regex_match(l, label)) return false;
+            if (d == std::string::npos) break;
+        }
+        return true;
+    }
     if (f == "email") {
         const size_t at = v.find('@');
         if (at == std::string::npos || at == 0 || v.find('@', at + 1) != std::string::npos) return false;
@@ -265,6 +282,8 @@ bool validate_all(const ojson & root, const ojson & s, const ojson & v, std::str
                 if (!validate(root, s["items"], e, why)) return false;
     }
     if (v.is_object()) {
+        if (s.contains("minProperties") && v.size() < s["minProperties"].get<size_t>()) return no("too few properties");
+        if (s.contains("maxProperties") && v.size() > s["maxProperties"].get<size_t>()) return no("too many properties");
         if (s.contains("required"))
             for (const auto & r : s["required"])
                 if (!v.contains(r.get<std::string>())) return no("missing " + r.get<std::string>());
@@ -324,6 +343,14 @@ std::vector<Case> cases() {
             "b":{"type":"boolean"}},"additionalProperties":false})"),
          {"{}", R"({"b":true})", R"({"a":1,"b":false})", R"({"a":1})"},
          {R"({"c":1})", R"({,"b":true})", R"({"a":"1"})"}},
+        {"min and max properties", ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
+            "b":{"type":"integer"},"c":{"type":"integer"},"d":{"type":"integer"}},"required":["b"],
+            "minProperties":2,"maxProperties":3})"),
+         {R"({"a":1,"b":2})", R"({"b":2,"d":4})", R"({"a":1,"b":2,"c":3})", R"({"b":2,"c":3,"d":4})"},
+         {R"({"b":2})", R"({"a":1,"b":2,"c":3,"d":4})", R"({"a":1,"c":3})", "{}"}},
+        {"maxProperties on optional ones", ojson::parse(R"({"type":"object","properties":{"a":{"type":"integer"},
+            "b":{"type":"integer"}},"maxProperties":1})"),
+         {"{}", R"({"a":1})", R"({"b":2})"}, {R"({"a":1,"b":2})"}},
         {"any object", ojson::parse(R"({"type":"object"})"), {"{}", R"({"x":[1,{"y":null}]})"},
          {"[]", R"({"x"})", "{1:2}"}},
         {"nested", ojson::parse(R"({"type":"object","properties":{"user":{"type":"object",
@@ -388,6 +415,12 @@ std::vector<Case> cases() {
          {R"("123e4567e89b12d3a456426614174000")", R"("123e4567-e89b-12d3-a456-42661417400g")"}},
         {"email", ojson::parse(R"({"type":"string","format":"email"})"),
          {R"("ann@example.com")", R"("a.b+c@x-y.co")"}, {R"("ann@")", R"("@x.com")", R"("a..b@x.com")", R"("ann@x")"}},
+        {"ipv4", ojson::parse(R"({"type":"string","format":"ipv4"})"),
+         {R"("192.168.0.1")", R"("0.0.0.0")", R"("255.255.255.255")"},
+         {R"("256.1.1.1")", R"("1.2.3")", R"("01.2.3.4")", R"("1.2.3.4.5")"}},
+        {"hostname", ojson::parse(R"({"type":"string","format":"hostname"})"),
+         {R"("localhost")", R"("a-b.example.com")", R"("x1")"},
+         {R"("-a.com")", R"("a-.com")", R"("a..com")", R"("a_b.com")", R"("")"}},
         {"zod uuid: format and pattern", ojson::parse(R"({"type":"string","format":"uuid","pattern":
             "^([0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[1-8][0-9a-fA-F]{3}-[89abAB][0-9a-fA-F]{3}-[0-9a-fA-F]{12}|00000000-0000-0000-0000-000000000000|ffffffff-ffff-ffff-ffff-ffffffffffff)$"})"),
          {R"("123e4567-e89b-12d3-a456-426614174000")", R"("00000000-0000-0000-0000-000000000000")"},
@@ -465,7 +498,8 @@ TEST(JsonSchemaGrammar, UnsupportedKeywordsAreRefusedWithTheirPointer) {
          "#/properties/email/pattern", "look-around"},
         {R"({"type":"string","pattern":"(a)\\1"})", "#/pattern", "back-reference"},
         {R"({"type":"string","pattern":"a^b"})", "#/pattern", "'^'"},
-        {R"({"type":"string","format":"hostname"})", "#/format", "hostname"},
+        {R"({"type":"string","format":"ipv6"})", "#/format", "ipv6"},
+        {R"({"type":"object","minProperties":1})", "#/minProperties", "only on an object with 'properties'"},
         {R"({"type":"string","format":"uuid","pattern":"^x$"})", "#/pattern", "no string"},
         {R"({"type":"number","minimum":0.5})", "#/minimum", "whole number"},
         {R"({"type":"integer","minimum":5,"maximum":4})", "#/minimum", "no integer"},

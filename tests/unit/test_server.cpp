@@ -363,6 +363,77 @@ std::vector<std::string> sse_data(const std::string & body) {
     return data;
 }
 
+// /completion carries llama-server's generation_settings (the request's settings under its
+// names), timings (prompt and predicted counts and times) and, with n_probs N, one
+// completion_probabilities entry per token with N alternatives, the same log-probabilities
+// /v1/completions gives; streamed, each event carries its tokens' entries and the last one the
+// settings and timings. Controls: no n_probs, no completion_probabilities; n_probs out of
+// range or beside logprobs is a 400 naming it.
+TEST(Server, LlamaServerCompletionHasSettingsTimingsAndProbabilities) {
+    const ServerProc & s = habits_server();
+    ASSERT_GT(s.port(), 0) << s.log();
+    const json req{{"prompt", "Once upon"}, {"n_predict", 5}, {"n_probs", 2}, {"top_k", 7},
+                   {"cache_prompt", false}};
+    auto r = post(s, "/completion", req);
+    ASSERT_TRUE(r);
+    ASSERT_EQ(r->status, 200) << r->body;
+    const json j = body_json(r);
+    const json & gs = j["generation_settings"];
+    EXPECT_EQ(gs["n_probs"], 2);
+    EXPECT_EQ(gs["top_k"], 7);
+    EXPECT_EQ(gs["n_predict"], 5);
+    EXPECT_EQ(gs["temperature"], 0);
+    const json & t = j["timings"];
+    EXPECT_EQ(t["prompt_n"], j["tokens_evaluated"]);
+    EXPECT_EQ(t["cache_n"], 0);
+    EXPECT_EQ(t["predicted_n"], j["tokens_predicted"]);
+    EXPECT_GT(t["prompt_ms"].get<double>(), 0);
+    EXPECT_NEAR(t["predicted_per_second"].get<double>(),
+                t["predicted_n"].get<double>() / t["predicted_ms"].get<double>() * 1e3, 1e-6);
+    const json & probs = j["completion_probabilities"];
+    ASSERT_EQ(probs.size(), 5u) << j.dump();
+    auto ref = post(s, "/v1/completions", {{"prompt", "Once upon"}, {"max_tokens", 5}, {"logprobs", 2},
+                                           {"top_k", 7}, {"cache_prompt", false}});
+    ASSERT_TRUE(ref);
+    const json lp = body_json(ref)["choices"][0]["logprobs"];
+    std::string text;
+    for (size_t i = 0; i < probs.size(); ++i) {
+        const json & e = probs[i];
+        for (const json & byte : e["bytes"]) text += char(byte.get<int>());  // a token may split a character
+        EXPECT_EQ(e["logprob"], lp["token_logprobs"][i]) << i;
+        ASSERT_EQ(e["top_logprobs"].size(), 2u) << i;
+        EXPECT_EQ(e["top_logprobs"][0]["id"], e["id"]) << "greedy: the most likely token";
+    }
+    EXPECT_EQ(server::sanitize_utf8(text), j["content"]);
+    json plain = req;
+    plain.erase("n_probs");
+    auto np = post(s, "/completion", plain);
+    ASSERT_TRUE(np);
+    EXPECT_FALSE(body_json(np).contains("completion_probabilities")) << "control";
+    EXPECT_EQ(body_json(np)["generation_settings"]["n_probs"], 0);
+    for (const json & bad : {json{{"prompt", "x"}, {"n_probs", 21}},
+                             json{{"prompt", "x"}, {"n_probs", 1}, {"logprobs", 1}}}) {
+        auto b = post(s, "/completion", bad);
+        ASSERT_TRUE(b);
+        EXPECT_EQ(b->status, 400) << bad.dump();
+        EXPECT_EQ(body_json(b)["error"]["param"], "n_probs") << b->body;
+    }
+    json streamed = req;
+    streamed["stream"] = true;
+    auto st = post(s, "/completion", streamed);
+    ASSERT_TRUE(st);
+    size_t entries = 0;
+    json last;
+    for (const std::string & d : sse_data(st->body)) {
+        last = json::parse(d);
+        if (!last["stop"].get<bool>()) entries += last.value("completion_probabilities", json::array()).size();
+    }
+    EXPECT_EQ(entries, 5u) << st->body;
+    EXPECT_EQ(last["stop"], true);
+    EXPECT_EQ(last["timings"]["predicted_n"], 5);
+    EXPECT_EQ(last["generation_settings"]["n_probs"], 2);
+}
+
 TEST(Server, HealthModelsStats) {
     ServerProc s({"--lossless"});
     ASSERT_GT(s.port(), 0) << s.log();
@@ -1036,6 +1107,46 @@ TEST(Server, PortInUseFails) {
     EXPECT_NE(b.log().find("cannot listen"), std::string::npos) << b.log();
 }
 
+// A message's `name` reaches the chat template as sent: a template that prints it shows it,
+// one with no place for it (ChatML here; the real templates in the tree) leaves it out and
+// renders exactly the prompt without it, as llama-server --jinja does. Control: the printing
+// template differs with and without the name. A name that is not a string is a 400.
+TEST(ServerApi, MessageNameGoesToTheTemplateAsLlamaServerDoes) {
+    const auto render = [](const std::string & tmpl, const json & msg) {
+        server::ChatExtras x;
+        const json body{{"messages", json::array({msg})}};
+        EXPECT_FALSE(server::parse_chat_extras(body.dump(), &x).has_value());
+        chat::ChatFormat f;
+        std::string err, out;
+        EXPECT_TRUE(chat::load_chat_format(tmpl, "<s>", "</s>", false, &f, &err)) << err;
+        chat::RenderInput in;
+        in.messages = x.turns;
+        in.messages_json = x.messages_json;
+        EXPECT_TRUE(chat::render_chat_format(f, in, &out, &err)) << err;
+        return out;
+    };
+    const std::string chatml =
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "<|im_start|>assistant\n";
+    const std::string named =
+        "{% for m in messages %}{{ m.role }}{% if m.name %} ({{ m.name }}){% endif %}: "
+        "{{ m.content }}\n{% endfor %}assistant:";
+    const json plain{{"role", "user"}, {"content", "Hi"}};
+    json with = plain;
+    with["name"] = "alice";
+    EXPECT_EQ(render(chatml, with), render(chatml, plain));
+    // (A template's last newline is dropped, as Jinja does by default.)
+    EXPECT_EQ(render(chatml, with), "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant");
+    EXPECT_EQ(render(named, with), "user (alice): Hi\nassistant:");
+    EXPECT_NE(render(named, with), render(named, plain));  // control
+    server::GenParams p;
+    json bad = plain;
+    bad["name"] = 7;
+    const auto e = server::parse_request(json{{"messages", json::array({bad})}}.dump(), true, {}, &p);
+    ASSERT_TRUE(e.has_value());
+    EXPECT_EQ(e->param, "messages[0].name");
+}
+
 TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {
     server::Utf8Stream u;
     EXPECT_EQ(u.push("a\xE2\x82"), "a");  // "€" = E2 82 AC, split across pieces
@@ -1261,7 +1372,7 @@ TEST(Server, JsonSchemaResponseFormatFollowsTheSchema) {
         {"type", "json_schema"},
         {"json_schema",
          {{"name", "x"},
-          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"hostname"}}})")}}}};
+          {"schema", json::parse(R"({"type":"object","properties":{"e":{"type":"string","format":"ipv6"}}})")}}}};
     auto b = post(s, "/v1/chat/completions", bad);
     ASSERT_TRUE(b);
     EXPECT_EQ(b->status, 400);

@@ -25,7 +25,7 @@ const std::set<std::string> kSupported = {
     "type",  "properties", "required", "additionalProperties", "items",     "enum",
     "const", "anyOf",      "oneOf",    "$ref",                 "minItems",  "maxItems",
     "minLength", "maxLength", "minimum",              "maximum",   "exclusiveMinimum",
-    "exclusiveMaximum", "pattern", "format"};
+    "exclusiveMaximum", "pattern", "format", "minProperties", "maxProperties"};
 const std::set<std::string> kTypes = {"object", "array",   "string", "number",
                                       "integer", "boolean", "null"};
 
@@ -33,7 +33,8 @@ constexpr int kMaxDepth = 64;  // nesting of schemas inside schemas
 
 // `format` values and the anchored expressions (string_grammar.h) the grammar writes for them:
 // each a subset of what the format's RFC allows (dates to the 28th of February, times with
-// a time zone, no leap second), so that strict validators accept every output.
+// a time zone, no leap second, host names of at most three labels of at most 63 characters,
+// so never above RFC 1123's 253), so that strict validators accept every output.
 const std::map<std::string, std::string> & formats() {
     static const std::string date =
         "\\d{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12]\\d|3[01])|(?:0[469]|11)-(?:0[1-9]|[12]\\d|30)|"
@@ -42,12 +43,16 @@ const std::map<std::string, std::string> & formats() {
         "(?:[01]\\d|2[0-3]):[0-5]\\d:[0-5]\\d(?:\\.\\d{1,9})?(?:Z|[+-](?:[01]\\d|2[0-3]):[0-5]\\d)";
     static const std::string atext = "[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]";
     static const std::string label = "[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?";
+    static const std::string label63 = "[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?";
+    static const std::string octet = "(?:25[0-5]|2[0-4]\\d|1\\d\\d|[1-9]?\\d)";
     static const std::map<std::string, std::string> m = {
         {"date", "^" + date + "$"},
         {"time", "^" + time + "$"},
         {"date-time", "^" + date + "T" + time + "$"},
         {"uuid", "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"},
         {"email", "^" + atext + "+(?:\\." + atext + "+)*@(?:" + label + "\\.)+" + label + "$"},
+        {"ipv4", "^(?:" + octet + "\\.){3}" + octet + "$"},
+        {"hostname", "^" + label63 + "(?:\\." + label63 + "){0,2}$"},
     };
     return m;
 }
@@ -424,7 +429,7 @@ private:
                 auto it = f.is_string() ? formats().find(f.get<std::string>()) : formats().end();
                 if (it == formats().end())
                     return unsupported(p, "format", f.dump() +
-                                                        " (supported: date, date-time, time, uuid, email)");
+                                                        " (supported: date, date-time, time, uuid, email, ipv4, hostname)");
                 regexes.push_back(it->second);
                 regex_key = "format";
             }
@@ -584,10 +589,19 @@ private:
                                    "true next to 'properties' or 'required' (only false or absent)");
         }
         const bool closed = s.contains("additionalProperties") && !s["additionalProperties"].get<bool>();
+        int min_p = 0, max_p = -1;
+        if (!count_of(s, "minProperties", ptr, &min_p) || !count_of(s, "maxProperties", ptr, &max_p)) return false;
+        const bool counted = s.contains("minProperties") || s.contains("maxProperties");
+        const std::string count_key = s.contains("minProperties") ? "minProperties" : "maxProperties";
         if (!has_props && !s.contains("required") && !closed) {
+            if (counted)  // the free-form object grammar does not count its members
+                return unsupported(ptr + "/" + count_key, count_key, "only on an object with 'properties'");
             *out = builtin("object");
             return true;
         }
+        if (max_p >= 0 && min_p > max_p)
+            return fail(ptr + "/minProperties", "'minProperties' at " + ptr +
+                                                    "/minProperties is larger than 'maxProperties': no object matches");
         const ojson empty = ojson::object();
         const ojson & props = has_props ? s["properties"] : empty;
         if (!props.is_object())
@@ -618,6 +632,7 @@ private:
             req.push_back(required.count(it.key()) > 0);
         }
         const size_t n = kv.size();
+        if (counted) return counted_object(kv, req, min_p, max_p, ptr, count_key, hint, out);
         // tail(i): properties i.. after at least one was written, each with its comma; the
         // optional ones may be left out. One rule per property, each naming the next, so the
         // grammar grows linearly with the properties (spelled out, n optional properties
@@ -644,6 +659,79 @@ private:
             body = "\"{\" ws \"}\"";
         else
             body = "\"{\" ws ( " + alt + " )" + (all_optional ? "?" : "") + " \"}\"";
+        *out = add_rule(hint, body);
+        return true;
+    }
+
+    // An object of the properties kv (req: required) that writes at least min_p and at most
+    // max_p (-1: any) of them, in their order. tail(i, c): properties i.. after c (>= 1) were
+    // written; only states from which a count in range is reachable get a rule, and there
+    // are at most n x (max + 1) of them (refused above kMaxCountedStates).
+    bool counted_object(const std::vector<std::string> & kv, const std::vector<bool> & req, int min_p,
+                        int max_p, const std::string & ptr, const std::string & key,
+                        const std::string & hint, std::string * out) {
+        const size_t n = kv.size();
+        const int hi = max_p < 0 ? int(n) : std::min(max_p, int(n));
+        std::vector<int> r(n + 1, 0), o(n + 1, 0);  // required / optional properties at i..
+        for (size_t i = n; i-- > 0;) {
+            r[i] = r[i + 1] + (req[i] ? 1 : 0);
+            o[i] = o[i + 1] + (req[i] ? 0 : 1);
+        }
+        auto feasible = [&](size_t i, int c) { return c + r[i] <= hi && c + r[i] + o[i] >= min_p; };
+        if (!feasible(0, 0))
+            return fail(ptr + "/" + key, "'" + key + "' at " + ptr + "/" + key + ": no object of these "
+                                         "properties (" + std::to_string(r[0]) + " required, " +
+                                         std::to_string(o[0]) + " optional) matches");
+        constexpr size_t kMaxCountedStates = 20000;
+        if (n * size_t(hi + 1) > kMaxCountedStates)
+            return unsupported(ptr + "/" + key, key, "with " + std::to_string(n) +
+                                                         " properties (at most " +
+                                                         std::to_string(kMaxCountedStates) +
+                                                         " properties x (maxProperties + 1))");
+        const std::string ws = builtin("ws");
+        std::map<std::pair<size_t, int>, std::string> memo;
+        // The expression for state (i, c), "" when nothing more is written. Iterative from the
+        // end (i = n .. 1) so deep property lists do not recurse.
+        auto expr = [&](size_t i, int c) -> std::string {
+            if (i == n) return "";
+            auto it = memo.find({i, c});
+            return it == memo.end() ? std::string() : it->second;
+        };
+        for (size_t i = n; i-- > 1;) {
+            for (int c = 1; c <= std::min<int>(int(i), hi); ++c) {
+                if (!feasible(i, c)) continue;
+                std::string write, skip;
+                const bool can_write = c + 1 <= hi && feasible(i + 1, c + 1);
+                const bool can_skip = !req[i] && feasible(i + 1, c);
+                if (can_write) {
+                    const std::string t = expr(i + 1, c + 1);
+                    write = "\",\" ws " + kv[i] + (t.empty() ? "" : " " + t);
+                }
+                if (can_skip) skip = expr(i + 1, c);
+                std::string e;
+                if (can_write && can_skip)
+                    e = skip.empty() ? "( " + write + " )?" : "( " + write + " | " + skip + " )";
+                else
+                    e = can_write ? write : skip;
+                if (!e.empty())
+                    memo[{i, c}] = add_rule(hint + "-n" + std::to_string(i) + "-" + std::to_string(c), e);
+            }
+        }
+        // The first property written is some k with every property before it optional.
+        std::string alt;
+        for (size_t k = 0; k < n && hi >= 1; ++k) {
+            if (feasible(k + 1, 1)) {
+                const std::string t = expr(k + 1, 1);
+                alt += (alt.empty() ? "" : " | ") + kv[k] + (t.empty() ? "" : " " + t);
+            }
+            if (req[k]) break;
+        }
+        const bool may_be_empty = r[0] == 0 && min_p == 0;
+        std::string body;
+        if (alt.empty())
+            body = "\"{\" ws \"}\"";
+        else
+            body = "\"{\" ws ( " + alt + " )" + (may_be_empty ? "?" : "") + " \"}\"";
         *out = add_rule(hint, body);
         return true;
     }

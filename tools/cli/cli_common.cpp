@@ -85,7 +85,8 @@ const Refusal kChatRefused[] = {
     {"--route-trace-scores", kChatRunOnly},
 };
 
-// llama.cpp's multi-letter single-dash spellings of options moestream has.
+// llama.cpp's other spellings of options moestream has (multi-letter single-dash ones and
+// long synonyms).
 const std::pair<const char *, const char *> kAliases[] = {
     {"-tb", "--threads-batch"},
     {"-co", "--color"},
@@ -94,6 +95,10 @@ const std::pair<const char *, const char *> kAliases[] = {
     {"-sysf", "--system-prompt-file"},
     {"-rea", "--reasoning"},
     {"-fa", "--flash-attn"},
+    {"--temperature", "--temp"},
+    {"--predict", "--n-predict"},
+    {"--usage", "--help"},
+    {"-a", "--alias"},
 };
 
 // llama.cpp flags that ask for nothing moestream does not already do: taken out of the
@@ -111,6 +116,43 @@ const Accepted kAccepted[] = {
 };
 
 bool g_log_disabled = false;  // --log-disable given
+
+// Why a flag another subcommand has means nothing here (looked up by its long spelling;
+// cmd "" = every subcommand that lacks it). Without a row the reason names the subcommands
+// that have the flag.
+struct Elsewhere {
+    const char * cmd;
+    const char * flag;
+    const char * why;
+};
+const Elsewhere kElsewhere[] = {
+    {"", "--color", "it colours generated text on a terminal; this command prints none"},
+};
+
+// "" unless `flag` (or the long option it is llama.cpp's short spelling of) is an option of
+// another subcommand: then why it is not one of `cmd`'s.
+std::string elsewhere_reason(CLI::App & app, const std::string & cmd, const std::string & flag) {
+    std::string name = flag;
+    for (const auto & al : kAliases)
+        if (flag == al.first) name = al.second;
+    std::string have;
+    int n_have = 0;
+    const auto accepted_by = [&name](const char * n) {
+        for (const Accepted & ac : kAccepted)
+            if (name == ac.flag && std::string(n) == ac.cmd) return true;
+        return false;
+    };
+    for (const char * n : kSubcommands)
+        if (n != cmd && (app.get_subcommand(n)->get_option_no_throw(name) || accepted_by(n))) {
+            have += (have.empty() ? "`moestream " : ", `moestream ") + std::string(n) + "`";
+            ++n_have;
+        }
+    if (have.empty()) return "";
+    have += n_have == 1 ? " has it" : " have it";
+    for (const Elsewhere & e : kElsewhere)
+        if (name == e.flag && (e.cmd[0] == 0 || cmd == e.cmd)) return std::string(e.why) + "; " + have;
+    return have;
+}
 
 std::string fmt1(const char * f, const std::string & a) {
     char buf[512];
@@ -261,6 +303,8 @@ int preprocess_args(CLI::App & app, std::vector<std::string> * args) {
             if (n2 == r.flag) return usage_error(cmd, fmt1(r.why, n2));
         if (const char * why = refused_flag_reason(n2))
             return usage_error(cmd, "not supported by moestream: " + n2 + " (" + why + ")");
+        if (std::string why = elsewhere_reason(app, cmd, n2); !why.empty())
+            return usage_error(cmd, n2 + " is not an option of `moestream " + cmd + "` (" + why + ")");
         // Any other multi-letter single-dash word would be read by CLI11 as a bundle of short
         // flags ("-foo" = -f oo) and reported under the wrong name.
         const bool word = n2.size() > 2 && n2[1] != '-' &&

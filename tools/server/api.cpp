@@ -12,6 +12,8 @@
 #include "moestream/utf8.h"
 
 namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 namespace {
 
 using nlohmann::json;
@@ -166,8 +168,10 @@ std::optional<ApiError> parse_messages(const json & j, std::vector<ChatMessage> 
                 k != "tool_call_id" && k != "reasoning_content")
                 return bad(pm + "." + k, "'" + pm + "." + k + "' is not a field of a message");
         }
-        if (present(m, "name"))
-            return unsupported(pm + ".name", "the chat template has no place for names");
+        // `name` goes to the template as sent (ChatExtras::messages_json): a template that
+        // prints it shows it, any other leaves it out, as llama-server --jinja does.
+        if (present(m, "name") && !m["name"].is_string())
+            return bad(pm + ".name", "'" + pm + ".name' must be a string");
         if (!m.contains("role") || !m["role"].is_string())
             return bad(pm + ".role", "'" + pm + ".role' must be a string");
         ChatMessage msg;

@@ -19,10 +19,6 @@
 
 namespace moestream::server {
 
-// The chat-format library (tools/chat/: template families, reply parser, JSON Schema grammar)
-// is shared with `moestream chat`; the server uses its names as its own.
-using namespace moestream::chat;
-
 // Server-wide defaults for a request's settings (flags of `serve`; docs/server.md).
 struct RequestDefaults {
     int max_tokens = -1;       // -n; -1 = until end-of-generation or the context is full
@@ -36,15 +32,15 @@ struct RequestDefaults {
 
 // The tool and reasoning fields of a chat request (api_tools.cpp).
 struct ChatExtras {
-    std::vector<ChatTurn> turns;    // the messages with their tool fields
-    ojson tools = ojson::array();   // as sent
+    std::vector<chat::ChatTurn> turns;  // the messages with their tool fields
+    chat::ojson tools = chat::ojson::array();  // as sent
     std::string tool_choice = "auto";  // auto | none | required | function (tool_name)
     std::string tool_name;
     bool parallel_tool_calls = true;
     std::optional<bool> enable_thinking;  // chat_template_kwargs.enable_thinking
     std::string reasoning_effort;         // "" = not given
-    ojson messages_json;                  // the messages as sent (what the template reads)
-    ojson kwargs = ojson::object();       // the other chat_template_kwargs, as sent
+    chat::ojson messages_json;            // the messages as sent (what the template reads)
+    chat::ojson kwargs = chat::ojson::object();  // the other chat_template_kwargs, as sent
     bool uses_tools() const;   // tools offered, or tool calls/results in the messages
     bool forces_call() const;  // tool_choice required or named
 };

@@ -7,6 +7,8 @@
 #include "api.h"
 
 namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 namespace {
 
 ApiError bad_field(const std::string & param, const std::string & message) {

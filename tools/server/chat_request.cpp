@@ -4,6 +4,8 @@
 #include "chat_jinja.h"
 
 namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 namespace {
 
 ApiError refuse(const std::string & param, const std::string & message) {

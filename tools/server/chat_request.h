@@ -28,13 +28,13 @@ struct ChatPlan {
 // the format renders it, and p->sampling.grammar when a call is forced.
 // render_only (/apply-template): the prompt is all that is asked, so tools are rendered for
 // a template whose calls moestream does not parse (a generation refuses them).
-std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl_name,
+std::optional<ApiError> plan_chat(const chat::ChatFormat & f, const std::string & tmpl_name,
                                   GenParams * p, ChatPlan * plan, bool render_only = false);
 
 // The message of a chat response from a parsed reply (content null when it is only calls).
 nlohmann::json reply_message(const std::string & content, const std::string & reasoning,
-                             const std::vector<ToolCall> & calls);
+                             const std::vector<chat::ToolCall> & calls);
 // One tool call as a streamed delta entry ({"index", "id", "type", "function"}).
-nlohmann::json tool_call_delta(const ToolCall & c, size_t index);
+nlohmann::json tool_call_delta(const chat::ToolCall & c, size_t index);
 
 }  // namespace moestream::server

@@ -5,6 +5,8 @@
 
 namespace moestream::server {
 
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
+
 using nlohmann::json;
 
 namespace {
@@ -56,6 +58,23 @@ json completion_logprobs_json(const std::vector<TokenLogprob> & lp, size_t * off
                 {"token_logprobs", logprobs},
                 {"top_logprobs", tops},
                 {"text_offset", offsets}};
+}
+
+json llama_probs_json(const std::vector<TokenLogprob> & lp) {
+    json out = json::array();
+    for (const TokenLogprob & l : lp) {
+        json e = entry(l.chosen);
+        e["id"] = l.chosen.token;
+        json top = json::array();
+        for (const TokenProb & t : l.top) {
+            json a = entry(t);
+            a["id"] = t.token;
+            top.push_back(a);
+        }
+        e["top_logprobs"] = top;
+        out.push_back(e);
+    }
+    return out;
 }
 
 }  // namespace moestream::server

@@ -1,5 +1,6 @@
 // logprobs_json.h — the OpenAI shapes of GenerateResult::logprobs for `moestream serve`
-// (docs/server.md): chat's choices[].logprobs and completions' choices[].logprobs.
+// (docs/server.md): chat's choices[].logprobs and completions' choices[].logprobs, and
+// llama-server's completion_probabilities.
 // Token texts are made valid UTF-8 (a token that is part of a character shows U+FFFD; its
 // bytes are exact in chat's "bytes").
 // Thread-safety: pure functions.
@@ -21,5 +22,9 @@ nlohmann::json chat_logprobs_json(const std::vector<TokenLogprob> & lp);
 // *offset: byte offset of the first token in the choice's text; advanced past these tokens
 // (a stream keeps it across chunks).
 nlohmann::json completion_logprobs_json(const std::vector<TokenLogprob> & lp, size_t * offset);
+
+// llama-server's /completion completion_probabilities: [{"id", "token", "bytes", "logprob",
+// "top_logprobs": [{"id", "token", "bytes", "logprob"}]}], one per generated token.
+nlohmann::json llama_probs_json(const std::vector<TokenLogprob> & lp);
 
 }  // namespace moestream::server

@@ -2,6 +2,8 @@
 #include "responses.h"
 
 namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 namespace {
 
 using json = nlohmann::json;

@@ -32,7 +32,7 @@ struct ResponseState {
     std::string model;
     std::string status = "completed";  // in_progress | completed | incomplete | cancelled
     std::string text, reasoning;
-    std::vector<ToolCall> calls;
+    std::vector<chat::ToolCall> calls;
     bool length_cut = false;  // finish_reason length: incomplete_details max_output_tokens
     int input_tokens = 0, output_tokens = 0;
 };

@@ -1,0 +1,373 @@
+// server_worker.cpp — Server's job queue and worker (server_impl.h): the bounded FIFO, the
+// worker thread that owns the Engine, and what a finished job reports.
+#include "server.h"
+#include "responses.h"
+
+#include <httplib.h>
+#include <pthread.h>
+#include <signal.h>
+#include <dirent.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unistd.h>
+
+#include "chat_jinja.h"
+#include "chat_request.h"
+#include "moestream/log.h"
+#include "moestream/sysinfo.h"
+#include "llama_completion.h"
+#include "logprobs_json.h"
+#include "time_json.h"
+#include "web_assets.h"
+#include "server_impl.h"
+
+namespace moestream::server {
+
+using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
+
+void Server::stop() {
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        stopping_ = true;
+        for (auto & j : queue_) j->cancelled = true;
+        if (running_) running_->cancelled = true;
+    }
+    q_cv_.notify_all();
+    const double deadline = now_s() + 3.0;
+    while (open_streams_.load() > 0 && now_s() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    http_.stop();
+}
+
+void Server::shutdown() {
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        stopping_ = true;
+        for (auto & j : queue_) j->cancelled = true;
+        if (running_) running_->cancelled = true;
+    }
+    q_cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+}
+
+void Server::client_left(const std::shared_ptr<Job> & job) {
+    job->cancelled = true;
+    bool removed = false;
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        auto it = std::find(queue_.begin(), queue_.end(), job);
+        if (it != queue_.end()) {
+            queue_.erase(it);
+            removed = true;
+            std::lock_guard<std::mutex> sl(stats_m_);
+            snap_.cancelled++;
+        }
+    }
+    if (removed) {
+        {
+            std::lock_guard<std::mutex> lk(job->m);
+            job->status = Status::Runtime("cancelled: the client left");
+            job->done = true;
+        }
+        job->cv.notify_all();
+    }
+}
+
+GenerateRequest Server::engine_request(const GenParams & p) {
+    GenerateRequest r;
+    r.prompt = p.prompt;
+    r.n_predict = p.max_tokens;
+    r.clamp_to_context = true;  // like llama-server: stop when the context is full
+    r.sampling = p.sampling;
+    r.stop = p.stop;
+    r.reuse_prefix = p.cache_prompt;
+    r.logprobs = p.logprobs;
+    return r;
+}
+
+bool Server::enqueue(const std::shared_ptr<Job> & job) {
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        // An idle worker takes the job at once: it never waits, whatever --queue says.
+        const bool idle = !running_ && queue_.empty();
+        if (stopping_ || (!idle && int(queue_.size()) >= cfg_.queue_max)) {
+            std::lock_guard<std::mutex> sl(stats_m_);
+            snap_.rejected_busy++;
+            return false;
+        }
+        job->id = ++next_id_;
+        queue_.push_back(job);
+    }
+    q_cv_.notify_one();
+    return true;
+}
+
+int Server::retry_after_s() {
+    double avg;
+    size_t waiting;
+    {
+        std::lock_guard<std::mutex> sl(stats_m_);
+        avg = snap_.avg_request_s;
+    }
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        waiting = queue_.size();
+    }
+    double s = std::ceil(std::max(1.0, avg) * double(waiting + 1));
+    return int(std::min(60.0, s));
+}
+
+void Server::worker_loop() {
+    for (;;) {
+        std::shared_ptr<Job> job;
+        {
+            std::unique_lock<std::mutex> lk(q_m_);
+            q_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+            if (queue_.empty()) break;  // stopping
+            job = queue_.front();
+            queue_.pop_front();
+            running_ = job;
+        }
+        run_job(*job);
+        std::lock_guard<std::mutex> lk(q_m_);
+        running_.reset();
+    }
+}
+
+void Server::finish(Job & job, Status st) {
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        if (running_.get() == &job) running_.reset();
+    }
+    {
+        std::lock_guard<std::mutex> lk(job.m);
+        job.status = std::move(st);
+        job.done = true;
+    }
+    job.cv.notify_all();
+}
+
+void Server::run_job(Job & job) {
+    const GenParams & p = job.params;
+    if (job.cancelled) {  // gone while it waited
+        {
+            std::lock_guard<std::mutex> sl(stats_m_);
+            snap_.cancelled++;
+        }
+        return finish(job, Status::Runtime("cancelled"));
+    }
+    if (job.action) return finish(job, job.action(&job.moestream));
+    Status st = cfg_.run.stream ? engine_->set_drop_cold(p.drop_cold) : Status::Ok();
+    if (!st.ok()) {
+        {
+            std::lock_guard<std::mutex> sl(stats_m_);
+            snap_.errors++;
+        }
+        // In the server's words (its flags), not the library's option names.
+        if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
+        return finish(job, st);
+    }
+    GenerateRequest r = engine_request(p);
+    // A client that leaves (or SIGTERM) during a long prompt stops it between micro-batches.
+    r.on_prefill = [&job, this](int, int) {
+        // Tests only: the prompt stays in prefill while the hold file exists.
+        while (!cfg_.prefill_hold.empty() && !job.cancelled &&
+               ::access(cfg_.prefill_hold.c_str(), F_OK) == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return !job.cancelled;
+    };
+    int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
+    if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
+    {
+        std::lock_guard<std::mutex> sl(stats_m_);
+        snap_.generating = true;
+        snap_.prefilling = true;
+        snap_.n_prompt = n_prompt;
+        snap_.job_id = job.id;
+        snap_.n_generated = 0;
+        snap_.tok_s = snap_.cache_hit_pct = snap_.mib_per_token = 0;
+        snap_.decode_time = TimeBreakdown{};
+    }
+    Utf8Stream utf8;
+    std::unique_ptr<ReplyParser> parser;
+    if (job.plan.parse)
+        parser = std::make_unique<ReplyParser>(fmt_, job.plan.tools, job.plan.thinking);
+    GenerateResult g;
+    size_t logprobs_taken = 0;  // of g.logprobs, passed on to the job
+    // Text -> the job: through the reply parser when the chat format splits replies; the
+    // new tokens' log probabilities go with it.
+    auto deliver = [&](const std::string & t, bool last) {
+        ReplyDelta d;
+        if (parser) {
+            d = parser->push(t);
+            if (last) {
+                ReplyDelta e = parser->finish();
+                d.content += e.content;
+                d.reasoning += e.reasoning;
+                for (auto & c : e.calls) d.calls.push_back(std::move(c));
+            }
+        } else {
+            d.content = t;
+        }
+        if (d.empty() && g.logprobs.size() == logprobs_taken) return;
+        {
+            std::lock_guard<std::mutex> lk(job.m);
+            while (logprobs_taken < g.logprobs.size())
+                job.unsent_logprobs.push_back(g.logprobs[logprobs_taken++]);
+            job.unsent += d.content;
+            job.text += d.content;
+            job.unsent_reasoning += d.reasoning;
+            job.reasoning += d.reasoning;
+            for (ToolCall & c : d.calls) {
+                c.id = next_call_id();
+                job.calls.push_back(std::move(c));
+            }
+        }
+        job.cv.notify_all();
+    };
+    const double t0 = now_s();
+    st = engine_->generate(
+        r,
+        [&](const std::string & piece) {
+            if (cfg_.token_delay_ms > 0)
+                std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.token_delay_ms));
+            deliver(utf8.push(piece), false);
+            publish_live();
+            // A reply that may hold one call ends with it (ChatPlan::stop_after_call).
+            if (job.plan.stop_after_call && !job.calls.empty()) return false;
+            return !job.cancelled.load();
+        },
+        &g);
+    const double dt = now_s() - t0;
+    deliver(utf8.finish(), true);
+    const RunStats & s = engine_->stats();
+    const bool cancelled = job.cancelled.load();
+    {
+        std::lock_guard<std::mutex> lk(job.m);
+        job.tokens = g.tokens;
+        job.logprobs = g.logprobs;
+        job.n_prompt = s.n_prompt;
+        job.n_generated = s.n_generated;
+        job.finish_reason = cancelled                           ? "cancelled"
+                            : g.finish == FinishReason::kLength ? "length"
+                            : !job.calls.empty()                ? "tool_calls"
+                                                                : "stop";
+        job.stop_string = g.stop_string;
+        job.moestream = request_report(job, g, cancelled);
+        job.timings = llama_timings(s);
+        if (!cancelled && g.finish == FinishReason::kCancelled && !job.calls.empty())
+            job.moestream["stats"]["finish"] = "tool_call";  // ended after its call
+    }
+    publish_live();
+    publish_after_job(dt, st.ok() && !cancelled ? 1 : 0);
+    {
+        std::lock_guard<std::mutex> sl(stats_m_);
+        snap_.generating = false;
+        snap_.prefilling = false;
+        if (!st.ok()) snap_.errors++;
+        if (cancelled) snap_.cancelled++;
+    }
+    if (cancelled)
+        MS_LOG_INFO("request %llu cancelled after %d tokens (client gone)",
+                    (unsigned long long)job.id, s.n_generated);
+    finish(job, st);
+}
+
+json Server::request_settings(const GenParams & p) const {
+    const SamplingParams & sp = p.sampling;
+    json bias = json::object();
+    for (const auto & [id, b] : sp.logit_bias)
+        bias[std::to_string(id)] = std::isfinite(b) ? float_json(b) : json(false);
+    return json{{"max_tokens", p.max_tokens < 0 ? json(nullptr) : json(p.max_tokens)},
+                {"temperature", float_json(sp.temp)},
+                {"top_p", float_json(sp.top_p)},
+                {"top_k", sp.top_k},
+                {"min_p", float_json(sp.min_p)},
+                {"repeat_penalty", float_json(sp.repeat_penalty)},
+                {"repeat_last_n", sp.repeat_last_n},
+                {"presence_penalty", float_json(sp.presence_penalty)},
+                {"frequency_penalty", float_json(sp.frequency_penalty)},
+                {"logit_bias", bias},
+                {"grammar", sp.grammar.empty() || p.response_format != "text"
+                                ? json(nullptr)
+                                : json(sp.grammar)},
+                {"response_format", p.response_format},
+                {"logprobs", p.logprobs < 0 ? json(nullptr) : json(p.logprobs)},
+                {"ignore_eos", sp.ignore_eos},
+                {"stop", p.stop},
+                {"seed", sp.seed},
+                {"drop_cold_experts", p.drop_cold},
+                {"cache_prompt", p.cache_prompt},
+                {"stream", p.stream},
+                {"chat_template", p.chat ? json(tmpl_) : json(nullptr)},
+                {"chat_format", p.chat ? chat_format_json(p) : json(nullptr)}};
+}
+
+std::string Server::next_call_id() {
+    static const char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+    uint64_t n = uint64_t(started_unix_) * 1000 + ++calls_made_;
+    std::string id(9, '0');
+    for (int i = 8; i >= 0 && n; --i, n /= 36) id[size_t(i)] = kDigits[n % 36];
+    return id;
+}
+
+json Server::chat_format_json(const GenParams & p) const {
+    const ChatExtras & x = p.extras;
+    return json{{"renderer", fmt_.jinja ? fmt_.jinja->renderer() : "llama.cpp"},
+                {"tools", x.tools.size()},
+                {"tool_choice", x.tools.empty() ? json(nullptr)
+                                : x.tool_choice == "function" ? json(x.tool_name)
+                                                              : json(x.tool_choice)},
+                {"thinking", fmt_.thinking ? json(x.enable_thinking.value_or(true))
+                                           : json(nullptr)},
+                {"reasoning_effort", fmt_.effort
+                                         ? json(x.reasoning_effort.empty()
+                                                    ? "medium" : x.reasoning_effort)
+                                         : json(nullptr)}};
+}
+
+json Server::request_report(const Job & job, const GenerateResult & g, bool cancelled) {
+    const RunStats & s = engine_->stats();
+    const DecodeFigures f = decode_figures(s);
+    json st{{"n_prompt", s.n_prompt},
+            {"n_prompt_reused", s.n_prompt_reused},
+            {"prompt_cache_tokens", s.prompt_cache_tokens},
+            {"prompt_cache_read_bytes", s.prompt_cache_read_bytes},
+            {"prompt_cache_restore_s", s.prompt_cache_restore_s},
+            {"n_generated", s.n_generated},
+            {"prefill_s", s.prefill_s},
+            {"prefill_tok_s", s.prefill_tok_s},
+            {"decode_tok_s", f.tok_s},
+            {"cache_hit_pct", f.cache_hit_pct},
+            {"first16_hit_pct", s.first16_hit_pct},
+            {"flash_mib_per_token", f.mib_per_token},
+            {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
+            {"experts_dropped", s.experts_dropped},
+            {"experts_substituted", s.experts_substituted},
+            {"finish", finish_reason_name(g.finish)}};
+    json r{{"lossy", g.lossy},
+           {"settings", json{{"engine", json::parse(engine_->settings_json(), nullptr, false)},
+                             {"request", request_settings(job.params)}}},
+           {"stats", st},
+           {"cancelled", cancelled}};
+    if (job.params.return_tokens) r["tokens"] = g.tokens;
+    if (g.finish == FinishReason::kStop) r["stop_string"] = g.stop_string;
+    return r;
+}
+
+}  // namespace moestream::server
