@@ -257,6 +257,9 @@ uint64_t shared_slot_set_bytes(const ModelIndex & index);
 // shared slots taken from it (0 when they do not fit); it refuses fewer than
 // index.n_expert_used.
 uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool two_sets);
+// The ledger shape of the fixed-slot cache with `slots_per_layer` slots (slot mode,
+// expert_ledger.h); replay_ledger.h builds the same one from a trace's header.
+LedgerShape slot_ledger_shape(const ModelIndex & index, uint32_t slots_per_layer);
 // How the fixed-slot cache gets its memory (production settings; docs/cache.md).
 struct SlotOptions {
     // Map the slots and the shared slots 2 MiB-aligned and advise them for transparent huge
@@ -269,6 +272,10 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
+    // Read-ahead (prefetch()) may read into the layers' slots. false while a route trace
+    // records the store: a replay cannot see the guesses, so read-ahead then only goes to the
+    // shared slots, which hold no expert from one routing to the next.
+    bool readahead_into_slots = true;
     // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
     static constexpr const char * name(Populate p) {
         return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";
