@@ -79,7 +79,7 @@ std::string mib_text(uint64_t b) {
     return buf;
 }
 
-class SlotCache final : public ResidencyStore {
+class SlotCache final : public ResidencyStore, public SlotPlacement {
 public:
     SlotCache(const ModelIndex & index, uint64_t budget, const SlotTestHooks & test,
               const SlotOptions & opt)
@@ -166,6 +166,7 @@ public:
         if (ledger_->staged_layer() == m) ledger_->abandon_stage();
     }
 
+    SlotPlacement * slot_placement() override { return this; }
     const int32_t * slot_map(size_t m) const override {
         return slotted_[m] ? ledger_->slot_map(uint32_t(m)) : nullptr;
     }
