@@ -63,8 +63,8 @@ const std::vector<Setting> kSettings = {
      "cache rule)",
      ""},
     {"drop_cold_later", &R::drop_cold_later, "", "", "", false, "false", C::kProduction,
-     "library only: the caller may turn drop-cold on later (set_drop_cold), so the LRU cache "
-     "holds the budget",
+     "library only: the caller may turn drop-cold on later (set_drop_cold); every cache store "
+     "runs it, so this changes nothing (kept for callers that set it)",
      ""},
     {"prefetch", &R::prefetch, "--prefetch", "", "", false, "off", C::kProduction,
      "read the experts predicted for the next layer while this layer computes (lossless; needs "
