@@ -65,8 +65,8 @@ struct RunOptions {
     // (shared slots, every routed slice re-read), N = a cache of N MiB: the fixed-slot cache
     // where it can run, else the LRU cache (settings.cache_store says which, and why).
     int64_t cache_mb = -1;
-    // The caller may turn drop-cold on later (set_drop_cold): the LRU cache, which drop-cold
-    // needs, then holds a cache budget instead of the fixed-slot cache.
+    // The caller may turn drop-cold on later (set_drop_cold). Every cache store runs
+    // drop-cold, so this changes nothing; kept for callers that set it.
     bool drop_cold_later = false;
     bool force_cache = false;  // allow budgets below 1.5 x the token working set (--force-cache)
     bool cache_debug = false;  // poison + residency check of every routed slice (--cache-debug)
@@ -394,7 +394,7 @@ enum class DropColdBlock {
     kResident,      // no streaming (RunOptions::stream = false)
     kMissFallback,  // RunOptions::miss_fallback computes the misses drop-cold would drop
     kCacheOff,      // no cache: drop-cold drops cache misses only
-    kFixedSlots,    // the fixed-slot cache holds the budget (RunOptions::drop_cold_later not set)
+    kFixedSlots,    // unused: the fixed-slot cache runs drop-cold (kept for callers' switches)
 };
 
 class Engine {
@@ -431,9 +431,8 @@ public:
 
     // Changes --drop-cold-experts between generations (0 = off): the policy state is per
     // engine and nothing is pending between llama_decode calls, so this is safe whenever no
-    // generate is running. kUsage when F is out of range, without streaming, when the cache is
-    // off (the policy drops cache misses only) or the fixed-slot cache holds it (open with
-    // RunOptions::drop_cold_later): the reasons drop_cold_block() names. lossy() and
+    // generate is running. kUsage when F is out of range, without streaming, or when the cache
+    // is off (the policy drops cache misses only): the reasons drop_cold_block() names. lossy() and
     // settings_json() follow.
     virtual Status set_drop_cold(double frac) = 0;
     // What keeps set_drop_cold(F > 0) from turning drop-cold on (kNone: nothing). Fixed at

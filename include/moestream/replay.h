@@ -49,6 +49,15 @@ struct ReplaySetting {
     // (TraceHeader::scores), the engine's substitute_row() against the simulated residency.
     // Needs the scores; excludes drop_cold, fallback_w and the belady policy. 0 = off.
     double substitute = 0;
+    // The fixed-slot cache (residency.h; TraceHeader::slots_per_layer): K slots per MoE layer,
+    // the engine's slot ledger (expert_ledger.h, slot mode) instead of a byte budget. A routing
+    // of more than K distinct experts goes to the shared slots: every expert is read, the
+    // slots are untouched, and validate does not check it (read-ahead's guesses decide its
+    // hits there). slot_warm: after such a routing in the prompt's last ubatch, the slots are
+    // filled with its last tokens' experts, as the engine's warm start does. lru only; no
+    // fallback_w. 0 = the byte-budget cache (budget_bytes).
+    uint32_t slots_per_layer = 0;
+    bool slot_warm = false;
 };
 
 struct ReplayResult {
@@ -82,6 +91,9 @@ struct ReplayResult {
 struct ValidateReport {
     bool ok = true;
     uint64_t slots_checked = 0, mismatches = 0;
+    // Fixed slots: slots of routings staged to the shared slots (too wide for the slots), not
+    // compared (ReplaySetting::slots_per_layer).
+    uint64_t slots_unchecked = 0;
     uint64_t recorded_hits = 0, recorded_misses = 0, recorded_drops = 0;
     uint64_t replay_hits = 0, replay_misses = 0, replay_drops = 0;
     uint64_t recorded_substitutions = 0, replay_substitutions = 0;

@@ -25,7 +25,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 6;  // this build writes 6, reads 1 to 6
+constexpr uint32_t kRouteTraceVersion = 7;  // this build writes 7, reads 1 to 7
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // What a trace's shape may be (a real model's, with room): read_route_trace and
@@ -77,6 +77,11 @@ struct TraceHeader {
     // --substitute-experts. substitute: the run's --substitute-experts M (0 = off).
     bool scores = false;
     double substitute = 0;
+    // Version 7. The store that recorded the trace was the fixed-slot cache (residency.h) with
+    // this many slots per MoE layer (0: the LRU cache or the cache off); slot_warm: its warm
+    // start after the prompt's last ubatch was on (MOESTREAM_SLOT_WARM).
+    uint32_t slots_per_layer = 0;
+    bool slot_warm = false;
     std::vector<TraceLayerShape> moe_layers;  // ascending layer
     std::string settings_json;                // the engine's resolved settings (informational)
 };
@@ -93,6 +98,9 @@ struct TraceRouting {
     uint64_t first_slot = 0;  // its slots: [first_slot, first_slot + n_rows * k)
     uint16_t k = 0;
     uint8_t decode = 0;  // 1 = decode phase, 0 = prefill
+    // Prefill of the graph that ends the prompt (decode follows; GraphInfo::prompt_end).
+    // Version 7 (the record's phase byte 2); 0 in older traces.
+    uint8_t prompt_end = 0;
     // Rows with router scores (header.scores, decode): 0 (the engine could not read them, so
     // it did not substitute there either) or n_rows, from row first_score_row of the arrays.
     uint32_t score_rows = 0;

@@ -235,7 +235,6 @@ Status EngineImpl::init(const RunOptions & opt) {
     drop_cold_block_ = !hook_                           ? DropColdBlock::kResident
                        : fallback_                      ? DropColdBlock::kMissFallback
                        : stats_.cache_budget_bytes == 0 ? DropColdBlock::kCacheOff
-                       : slot_rewriter_                 ? DropColdBlock::kFixedSlots
                                                         : DropColdBlock::kNone;
     MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
                 opt.stream ? "streaming" : "resident");
@@ -303,6 +302,7 @@ Status EngineImpl::make_store() {
         so.populate = opt_.slot_populate == "nice"  ? SlotOptions::Populate::kNice
                       : opt_.slot_populate == "off" ? SlotOptions::Populate::kOff
                                                     : SlotOptions::Populate::kIdle;
+        so.readahead_into_slots = p.readahead_into_slots;
         store_ = make_slot_cache(index_, p.budget_bytes, p.slot_two_sets, &st, hooks, so);
     } else if (p.store == RunPlan::Store::kLru) {
         CacheOptions copt;
@@ -390,7 +390,6 @@ Status EngineImpl::make_store() {
             MS_LOG_INFO("prefetch: io_uring unavailable (%s); the lanes read ahead", why.c_str());
         if (!uring_) uring_fallback_ = why;
     }
-    if (!opt_.route_trace.empty()) open_trace();
     // The router hook's observers, in the order they see each event (node_observer.h):
     // the tracer reads the final weights before drop-cold rewrites them.
     std::vector<NodeObserver *> observers = {binder_.get()};
@@ -402,6 +401,7 @@ Status EngineImpl::make_store() {
         slot_rewriter_->set_warm(opt_.slot_warm);
         observers.push_back(slot_rewriter_.get());
     }
+    if (!opt_.route_trace.empty()) open_trace();  // its settings name the store built above
     if (predictor_) observers.push_back(predictor_.get());
     observers.push_back(overlap_waiter_.get());
     // The trace reads the router's scores (on_select) before the substitution rewrites the
@@ -443,6 +443,8 @@ void EngineImpl::open_trace() {
     h.drop_in_prefill = opt_.drop_in_prefill;
     h.drop_renorm = opt_.drop_renorm;
     h.cache_chunks = cs.recycle_pages;
+    h.slots_per_layer = slot_rewriter_ ? cs.slots_per_layer : 0;
+    h.slot_warm = slot_rewriter_ != nullptr && opt_.slot_warm;
     h.scores = opt_.route_trace_scores;
     h.substitute = opt_.substitute;
     h.settings_json = settings_json();
@@ -462,12 +464,8 @@ Status EngineImpl::set_drop_cold(double frac) {
     if (frac > 0 && why == DropColdBlock::kMissFallback)
         return Status::Usage("drop_cold_experts cannot be combined with RunOptions::miss_fallback");
     if (frac > 0 && why == DropColdBlock::kCacheOff)
-        return Status::Usage("drop_cold_experts needs the LRU cache, and the cache is off (" +
+        return Status::Usage("drop_cold_experts needs an expert cache, and the cache is off (" +
                              stats_.cache_budget_reason + "); " + cache_rule_text(index_, true));
-    if (frac > 0 && why == DropColdBlock::kFixedSlots)
-        return Status::Usage("drop_cold_experts needs the LRU cache, and the fixed-slot cache "
-                             "holds this run's budget (docs/cache.md, \"Fixed slots\"); open "
-                             "with RunOptions::drop_cold_later, or RunOptions::slot_cache = 0");
     DropColdConfig dc;
     dc.frac = frac;
     if (frac == 0) opt_.drop_in_prefill = opt_.drop_renorm = false;

@@ -57,9 +57,6 @@ Status check_prefill_readahead(const RunOptions & opt) {
     if (opt.io_threads < 2)
         return usage(std::string(f) + " needs a worker lane to read ahead with: "
                      "RunOptions::io_threads 2 or more");
-    if (!opt.route_trace.empty())
-        return usage(std::string(f) + " and RunOptions::route_trace exclude each other (a "
-                     "trace records the cache without read-ahead, so that replay reproduces it)");
     if (opt.drop_cold > 0 || opt.substitute > 0)
         return usage(std::string(f) + " and " +
                      (opt.drop_cold > 0 ? "RunOptions::drop_cold" : "RunOptions::substitute") +

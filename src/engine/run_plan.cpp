@@ -32,12 +32,8 @@ bool prefill_readahead_wanted(const RunOptions & opt, std::string * why) {
 }
 
 Status check_slot_cache(const RunOptions & opt, const ModelIndex & index) {
-    const char * other = opt.drop_cold > 0            ? "RunOptions::drop_cold"
-                         : opt.drop_cold_later        ? "RunOptions::drop_cold_later"
-                         : opt.substitute > 0         ? "RunOptions::substitute"
-                         : !opt.miss_fallback.empty() ? "RunOptions::miss_fallback"
+    const char * other = !opt.miss_fallback.empty() ? "RunOptions::miss_fallback"
                          : opt.cache_debug            ? "RunOptions::cache_debug"
-                         : !opt.route_trace.empty()   ? "RunOptions::route_trace"
                          : !opt.cache_recycle         ? "RunOptions::cache_recycle = false"
                          : !opt.cache_move            ? "RunOptions::cache_move = false"
                          : opt.pool_warm              ? "RunOptions::pool_warm = true"
@@ -185,7 +181,7 @@ Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInp
     // The lossy knobs that need resident experts: with the cache off every lookup misses.
     if (opt.drop_cold > 0 && d.budget_bytes == 0)
         return Status::Usage(
-            "RunOptions::drop_cold needs the LRU cache: with the cache off every lookup "
+            "RunOptions::drop_cold needs an expert cache: with the cache off every lookup "
             "misses, so the policy would silently become an unconditional cut of weakly "
             "weighted experts (" +
             d.reason + "). Give RunOptions::cache_mb " + std::to_string(cache_rule_min_mib(index)) +
@@ -193,7 +189,7 @@ Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInp
             "), or auto with enough memory");
     if (opt.substitute > 0 && d.budget_bytes == 0)
         return Status::Usage(
-            "RunOptions::substitute needs the LRU cache: with the cache off "
+            "RunOptions::substitute needs an expert cache: with the cache off "
             "no expert is resident to substitute (" +
             d.reason + ")");
     p.use_check = opt.cache_debug && d.budget_bytes > 0;
@@ -213,13 +209,30 @@ Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInp
                               : "RunOptions::staged_reads = false");
     // Read-ahead needs a place to read into: the cache, or with it off the second slot set.
     const bool place = d.budget_bytes > 0 || p.two_slot_sets;
-    p.prefill_readahead = p.prefill_ra_wanted && place;
+    // A route trace records the store's decisions for replay, which cannot see read-ahead's
+    // guesses: on the fixed slots read-ahead goes to the shared slots only (which keep no
+    // expert between routings, and replay does not check the routings staged there); the LRU
+    // cache and the cache off would record its hits as the store's, so there it is off.
+    const bool traced = !opt.route_trace.empty();
+    const bool trace_blocks = traced && p.store != RunPlan::Store::kFixedSlots;
+    if (trace_blocks && opt.prefill_readahead == 1)
+        return Status::Usage(
+            "RunOptions::prefill_readahead and RunOptions::route_trace exclude each other "
+            "on the " + std::string(p.store == RunPlan::Store::kLru ? "LRU cache" : "cache off") +
+            " (a trace records the store without read-ahead, so that replay reproduces it; "
+            "the fixed-slot cache can run both)");
+    p.prefill_readahead = p.prefill_ra_wanted && place && !trace_blocks;
+    p.readahead_into_slots = !traced;
     p.row_guess = p.prefill_readahead && row_guess_possible;
     choose(&p, "prefill_readahead", p.prefill_readahead ? "on" : "off",
            !p.prefill_ra_wanted
                ? (opt.prefill_readahead == 0 ? "RunOptions::prefill_readahead 0" : p.prefill_ra_off)
-           : !place ? p.two_slots_refused
-                    : (p.row_guess ? "guesses per ubatch row" : "the whole bank"));
+           : !place       ? p.two_slots_refused
+           : trace_blocks ? std::string("RunOptions::route_trace on the ") +
+                                (p.store == RunPlan::Store::kLru ? "LRU cache" : "cache off") +
+                                ": a trace records the store without read-ahead"
+           : traced       ? std::string("into the shared slots only (RunOptions::route_trace)")
+                          : (p.row_guess ? "guesses per ubatch row" : "the whole bank"));
     p.decode_prefetch = prefetch_possible && place;
     if (opt.prefetch && !p.decode_prefetch && prefetch_possible)
         p.prefetch_off = d.reason + "; " + p.two_slots_refused;

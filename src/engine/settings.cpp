@@ -69,8 +69,8 @@ const std::vector<Setting> kSettings = {
      "cache rule)",
      ""},
     {"drop_cold_later", &R::drop_cold_later, "", "", "", false, "false", C::kProduction,
-     "library only: the caller may turn drop-cold on later (set_drop_cold), so the LRU cache "
-     "holds the budget",
+     "library only: the caller may turn drop-cold on later (set_drop_cold); every cache store "
+     "runs it, so this changes nothing (kept for callers that set it)",
      ""},
     {"prefetch", &R::prefetch, "--prefetch", "", "", false, "off", C::kProduction,
      "read the experts predicted for the next layer while this layer computes (lossless; needs "
@@ -81,8 +81,8 @@ const std::vector<Setting> kSettings = {
      "where it applies", C::kProduction,
      "in prefill, read the next layer's experts guessed for the ubatch's rows while this layer "
      "computes (lossless; on by default where it applies: streaming, 2+ io threads, no "
-     "--route-trace / --drop-cold-experts / --substitute-experts; given, it is refused where it "
-     "cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
+     "--drop-cold-experts / --substitute-experts, no --route-trace unless the fixed slots hold "
+     "the cache; given, it is refused where it cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
      "docs/prefetch.md)",
      "prefill_readahead_option", "on=1|off=0|where it applies=-1"},
     {"route_trace", &R::route_trace, "--route-trace", "", "", false, "none", C::kProduction,

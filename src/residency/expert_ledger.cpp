@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <string>
 
 namespace moestream {
 
@@ -41,7 +42,18 @@ ExpertLedger::ExpertLedger(const LedgerShape & shape, uint64_t budget_bytes,
             L.fixed_bytes += T.slice_bytes;
         }
     }
+    k_slots_ = shape.slots_per_layer;
+    if (k_slots_ > 0) {  // a slot holds an expert's slices: its cost is their bytes
+        for (Layer & L : layers_) {
+            L.fixed_cost = true;
+            L.fixed_bytes = 0;
+            for (const PageLayout & T : L.tensors) L.fixed_bytes += T.slice_bytes;
+        }
+        occupant_.assign(layers_.size() * k_slots_, -1);
+        slot_stamp_.assign(layers_.size() * k_slots_, 0);
+    }
     state_.assign(n_ids_, kAbsent);
+    slot_of_.assign(k_slots_ > 0 ? n_ids_ : 0, -1);
     ever_.assign(n_ids_, 0);
     prefetched_.assign(n_ids_, 0);
     stamp_.assign(n_ids_, 0);
@@ -99,6 +111,12 @@ void ExpertLedger::release(uint32_t moe, uint32_t e, bool park) {
     if (backend_) backend_->release(moe, e, park);
     committed_ -= bytes;
     state_[id] = kAbsent;
+    if (k_slots_ > 0 && slot_of_[id] >= 0) {
+        const size_t at = size_t(moe) * k_slots_ + size_t(slot_of_[id]);
+        occupant_[at] = -1;
+        slot_stamp_[at] = 0;
+        slot_of_[id] = -1;
+    }
     policy_->remove(id);
     --live_;
 }
@@ -168,6 +186,13 @@ Status ExpertLedger::stage(uint32_t moe, const std::vector<uint32_t> & experts,
     ++gen_;
     const uint32_t base = layers_[moe].first_id;
     for (uint32_t e : experts) stamp_[base + e] = gen_;
+    // Slot mode: every routed expert of the stage shares one stamp; hits first, so a routed
+    // expert keeps its slot.
+    const uint64_t now = k_slots_ > 0 ? ++slot_clock_ : 0;
+    if (k_slots_ > 0)
+        for (uint32_t e : experts)
+            if (slot_of_[base + e] >= 0)
+                slot_stamp_[size_t(moe) * k_slots_ + size_t(slot_of_[base + e])] = now;
 
     for (uint32_t e : experts) {
         const uint32_t id = base + e;
@@ -190,13 +215,13 @@ Status ExpertLedger::stage(uint32_t moe, const std::vector<uint32_t> & experts,
         ++stats_.misses;
         ++stats->misses;
         if (observer_) observer_->lookup(moe, e, false);
-        Status st = commit_miss(moe, e);
+        Status st = k_slots_ > 0 ? commit_slot(moe, e, now) : commit_miss(moe, e);
         if (!st.ok()) return st;
         if (ever_[id]) ++stats_.rereads;
         pending_.push_back(e);
         policy_->admit(id, gen_, nu);
     }
-    if (committed_ > budget_) ++stats_.over_budget_stages;
+    if (k_slots_ == 0 && committed_ > budget_) ++stats_.over_budget_stages;
     policy_->end_stage();
     if (observer_) observer_->stage_done(moe, committed_);
     return Status::Ok();
@@ -268,6 +293,85 @@ void ExpertLedger::end_prefetch(bool ok) {
         }
     }
     prefetch_pending_.clear();
+}
+
+int32_t ExpertLedger::slot_victim(uint32_t moe, uint64_t now) const {
+    const size_t at = size_t(moe) * k_slots_;
+    int32_t v = -1;
+    for (uint32_t i = 0; i < k_slots_; ++i) {
+        if (slot_stamp_[at + i] == now) continue;
+        const int32_t occ = occupant_[at + i];
+        if (occ < 0) return int32_t(i);
+        if (state_[id_of(moe, uint32_t(occ))] == kPending) continue;  // its reads are due
+        if (v < 0 || slot_stamp_[at + i] < slot_stamp_[at + size_t(v)]) v = int32_t(i);
+    }
+    return v;
+}
+
+void ExpertLedger::slot_place(uint32_t moe, uint32_t e, int32_t s, uint64_t now) {
+    const size_t at = size_t(moe) * k_slots_ + size_t(s);
+    if (occupant_[at] >= 0) {
+        const uint32_t victim = uint32_t(occupant_[at]);
+        if (observer_) observer_->evicted(moe, victim);
+        release(moe, victim, /*park=*/true);
+        ++stats_.evictions;
+    }
+    admit(moe, e, cost(moe, e));
+    occupant_[at] = int32_t(e);
+    slot_stamp_[at] = now;
+    slot_of_[id_of(moe, e)] = s;
+}
+
+Status ExpertLedger::commit_slot(uint32_t moe, uint32_t e, uint64_t now) {
+    const int32_t v = slot_victim(moe, now);
+    if (v < 0) {
+        abandon_stage();
+        return Status::Runtime("slot cache: no free slot (routing wider than " +
+                               std::to_string(k_slots_) + " slots)");
+    }
+    slot_place(moe, e, v, now);
+    return Status::Ok();
+}
+
+size_t ExpertLedger::prefetch_slots(uint32_t moe, const std::vector<uint32_t> & experts,
+                                    bool may_evict) {
+    if (k_slots_ == 0 || moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
+    prefetch_moe_ = moe;
+    const Layer & L = layers_[moe];
+    const uint64_t now = ++slot_clock_;
+    for (uint32_t e : experts)  // the whole guess is protected from this call's evictions
+        if (e < L.n_expert && slot_of_[L.first_id + e] >= 0)
+            slot_stamp_[size_t(moe) * k_slots_ + size_t(slot_of_[L.first_id + e])] = now;
+    for (uint32_t e : experts) {
+        if (e >= L.n_expert || state_[L.first_id + e] != kAbsent) continue;
+        const int32_t v = slot_victim(moe, now);
+        if (v < 0 || (!may_evict && occupant_[size_t(moe) * k_slots_ + size_t(v)] >= 0)) break;
+        slot_place(moe, e, v, now);
+        prefetched_[L.first_id + e] = 1;
+        prefetch_pending_.push_back(e);
+        policy_->admit(L.first_id + e, gen_, EvictionPolicy::kNever);
+        ++stats_.prefetched;
+    }
+    policy_->end_stage();
+    return prefetch_pending_.size();
+}
+
+int32_t ExpertLedger::warm(uint32_t moe, uint32_t e) {
+    if (k_slots_ == 0 || moe >= layers_.size() || e >= layers_[moe].n_expert) return -2;
+    const uint32_t id = id_of(moe, e);
+    const uint64_t now = ++slot_clock_;
+    if (slot_of_[id] >= 0) {
+        slot_stamp_[size_t(moe) * k_slots_ + size_t(slot_of_[id])] = now;
+        return -1;
+    }
+    const int32_t v = slot_victim(moe, now);
+    if (v < 0) return -2;
+    slot_place(moe, e, v, now);
+    state_[id] = kResident;  // copied in by the caller: nothing to read
+    ever_[id] = 1;
+    policy_->admit(id, gen_, EvictionPolicy::kNever);
+    policy_->end_stage();
+    return v;
 }
 
 }  // namespace moestream

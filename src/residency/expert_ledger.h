@@ -2,8 +2,18 @@
 // pending or resident, what the live ones cost against the budget, and which one goes when a
 // commit does not fit. Pure state: it holds no expert memory. The engine's LruCache
 // (residency_cache.cpp) is a ledger plus a memory back-end (reservations, page commits, the
-// page pool); `moestream replay` (replay.cpp) is a ledger plus the simulated back-end (no
-// LedgerBackend: every commit succeeds). Both therefore make the same decisions for the same routing.
+// page pool); the fixed-slot cache (slot_cache.cpp) is a ledger in slot mode plus its slot
+// memory; `moestream replay` (replay.cpp) is a ledger plus the simulated back-end (no
+// LedgerBackend: every commit succeeds). Each store and its replay therefore make the same
+// decisions for the same routing.
+//
+// Slot mode (LedgerShape::slots_per_layer K > 0; the kv-cells of llama.cpp's kv-cache split):
+// every MoE layer has K slots and a live expert holds one (slot_map()). A layer only evicts its
+// own experts: a miss takes a free slot, else the slot least recently stamped and not stamped
+// by the stage being made (ties: the lowest slot), never a pending expert's. Every routed
+// expert of a stage shares one stamp; prefetch_slots() and warm() stamp from the same clock.
+// There is no byte budget: the K slots are the capacity (a stage wider than K fails; the
+// fixed-slot cache sends wider routings to its shared slots and never stages them here).
 //
 // States per (layer, expert) id: absent; pending (committed, its reads handed out by the
 // current stage() or prefetch()); resident. A stage's pending experts become resident when the
@@ -79,6 +89,9 @@ struct LedgerShape {
     // A live expert costs one whole chunk (PageLayout::chunk_pages) per projection instead of
     // its exclusive pages: the back-end recycles page pool chunks (page_pool.h).
     bool whole_chunks = false;
+    // > 0: slot mode (see the top of this file), K slots per MoE layer; a live expert costs its
+    // slice bytes. 0: one byte budget over every layer, victims chosen by the EvictionPolicy.
+    uint32_t slots_per_layer = 0;
 };
 
 // Where the memory is. Calls come from inside the ledger's stage(), prefetch(),
@@ -165,6 +178,22 @@ public:
 
     void set_observer(LedgerObserver * o) { observer_ = o; }
 
+    // --- Slot mode (LedgerShape::slots_per_layer > 0). ---
+    uint32_t slots_per_layer() const { return k_slots_; }
+    // Per expert id of MoE layer moe (n_expert(moe) entries): its slot, -1 when absent.
+    const int32_t * slot_map(uint32_t moe) const { return slot_of_.data() + layers_[moe].first_id; }
+    // Commits the absent ones among `experts` of MoE layer moe into its slots ahead of their
+    // routing (as prefetch(), pending until end_prefetch()): the guessed experts already
+    // slotted are stamped, each absent one takes the victim slot; with may_evict false only
+    // free slots are taken. Stops at the first expert without a slot. Ids out of range are
+    // skipped. Returns how many it committed (prefetching()).
+    size_t prefetch_slots(uint32_t moe, const std::vector<uint32_t> & experts, bool may_evict);
+    // Makes expert e of MoE layer moe resident at once (its bytes are copied into the slot by
+    // the caller, no read), stamped as the most recent: returns the slot it took, -1 when it
+    // was slotted already (only stamped), -2 when no slot may be taken (or e is out of range).
+    // Not while a stage's or a prefetch's reads are due.
+    int32_t warm(uint32_t moe, uint32_t e);
+
 private:
     enum : uint8_t { kAbsent = 0, kPending = 1, kResident = 2 };
     struct Layer {
@@ -214,6 +243,22 @@ private:
     std::vector<uint32_t> prefetch_pending_;  // experts of layer prefetch_moe_, reads outstanding
     uint32_t prefetch_moe_ = 0;
     LedgerStats stats_;
+
+    // Slot mode: the slot of each id (-1 absent), per layer and slot its expert (-1 free) and
+    // stamp (slot_clock_ when last routed, prefetched or warmed; 0 free).
+    uint32_t k_slots_ = 0;
+    std::vector<int32_t> slot_of_;
+    std::vector<int32_t> occupant_;     // [moe * k_slots_ + s]
+    std::vector<uint64_t> slot_stamp_;  // [moe * k_slots_ + s]
+    uint64_t slot_clock_ = 0;
+    // The victim slot of layer moe for a commit stamped `now`: a free slot, else the least
+    // recently stamped one not stamped `now` whose expert is not pending; -1 if none.
+    int32_t slot_victim(uint32_t moe, uint64_t now) const;
+    // Expert e of layer moe takes slot s (its occupant evicted first), stamped now, charged.
+    void slot_place(uint32_t moe, uint32_t e, int32_t s, uint64_t now);
+    // Slot mode's commit of a miss of the stage stamped `now`: the victim slot, its occupant
+    // evicted; fails (and abandons the stage) when every slot is routed now or pending.
+    Status commit_slot(uint32_t moe, uint32_t e, uint64_t now);
 };
 
 }  // namespace moestream

@@ -139,6 +139,52 @@ struct CacheTestHooks {
     uint64_t page_bytes = 0;
 };
 
+// Split staging (docs/cache.md, "Split staging"): the LRU cache's (ResidencyStore::
+// split_staging()).
+class SplitStaging {
+public:
+    virtual ~SplitStaging() = default;
+    // stage() that commits, for the misses, only the slices of the tensors in `now_mask`
+    // (bit t: tensor t of the layer) and leaves the others to commit_deferred(). Evictions,
+    // and every decision, happen here as in stage(); *reads gets every read of the routing
+    // (their destinations are the canonical addresses), but a read of a slice left for later
+    // may start only once commit_deferred() returned Ok for its tensor. *deferred: whether
+    // anything was left for later (false: committed at once, as stage()).
+    virtual Status stage_split(size_t moe_idx, const std::vector<uint32_t> & experts,
+                               uint64_t now_mask, std::vector<ReadRequest> * reads,
+                               StageStats * stats, bool * deferred) = 0;
+    // Commits the slices stage_split() left for later, of the tensors in `mask`; touches no
+    // page of any other tensor, nor of any slice whose read may already run. On failure the
+    // caller stops the routing's reads and abandons the stage (abandon_stage).
+    virtual Status commit_deferred(size_t moe_idx, uint64_t mask) = 0;
+};
+
+// Where a store placed a layer's experts when not at their canonical offsets: the fixed
+// slots' (make_slot_cache; docs/cache.md, "Fixed slots"; ResidencyStore::slot_placement()).
+class SlotPlacement {
+public:
+    virtual ~SlotPlacement() = default;
+    // Where the last stage() of MoE layer moe_idx placed its experts. nullptr: at their
+    // canonical offsets in tensor_base(). Else, per expert id (n_expert entries), the slot
+    // index the expert's slices sit at (-1: not in a slot), relative to placement_base(): the
+    // graph's expert ids must be rewritten to these slots before the layer's matmuls read them.
+    virtual const int32_t * slot_map(size_t moe_idx) const = 0;
+    // Base address expert tensor t of MoE layer moe_idx must point at for the matmuls of the
+    // last stage() of that layer: tensor_base() unless that stage used slots.
+    virtual uint8_t * placement_base(size_t moe_idx, size_t t) = 0;
+    // The warm start (and the entry point of any preload into the slots): fills MoE layer
+    // moe_idx's slots with `recent_first` (most recent first; only the first slots-per-layer
+    // count) by copying them from the shared slots where the layer's last stage() put them: a
+    // wide routing (a prompt ubatch) warms the slots the next narrow routings (decode) will
+    // use, without reads. Copies only while those shared slots still hold that stage's experts
+    // (no later stage or prefetch has reused them); experts already slotted keep their slot
+    // and become the most recent. Call after the layer's matmuls. Returns the experts copied
+    // (0: nothing to do, or the shared slots were reused).
+    virtual size_t warm_slots(size_t moe_idx, const std::vector<uint32_t> & recent_first) = 0;
+};
+
+// Every store: the core every caller needs; what only one store has is reached through
+// split_staging() and slot_placement() (nullptr: the store has none).
 class ResidencyStore {
 public:
     virtual ~ResidencyStore() = default;
@@ -150,85 +196,51 @@ public:
     // Reports that the reads of the last stage() failed: nothing staged may count as
     // resident afterwards.
     virtual void abandon_stage(size_t moe_idx) = 0;
-
-    // --- Split staging (docs/cache.md, "Split staging"). ---
-    // stage() that commits, for the misses, only the slices of the tensors in `now_mask`
-    // (bit t: tensor t of the layer) and leaves the others to commit_deferred(). Evictions,
-    // and every decision, happen here as in stage(); *reads gets every read of the routing
-    // (their destinations are the canonical addresses), but a read of a slice left for later
-    // may start only once commit_deferred() returned Ok for its tensor. *deferred: whether
-    // anything was left for later (false: committed at once, as stage()).
-    virtual Status stage_split(size_t moe_idx, const std::vector<uint32_t> & experts,
-                               uint64_t /*now_mask*/, std::vector<ReadRequest> * reads,
-                               StageStats * stats, bool * deferred) {
-        *deferred = false;
-        return stage(moe_idx, experts, reads, stats);
-    }
-    // Commits the slices stage_split() left for later, of the tensors in `mask`; touches no
-    // page of any other tensor, nor of any slice whose read may already run. On failure the
-    // caller stops the routing's reads and abandons the stage (abandon_stage).
-    virtual Status commit_deferred(size_t /*moe_idx*/, uint64_t /*mask*/) { return Status::Ok(); }
     // Bytes of RAM the store holds for expert data now.
     virtual uint64_t resident_bytes() const = 0;
     virtual uint64_t reserved_bytes() const = 0;
-
-    // --- Optional, with defaults for stores that keep nothing between routings. ---
     // Whether expert `e` of MoE layer `moe_idx` is resident now (a routing of it would hit;
     // includes the experts whose reads the last stage() handed out).
-    virtual bool is_resident(size_t /*moe_idx*/, uint32_t /*e*/) const { return false; }
+    virtual bool is_resident(size_t moe_idx, uint32_t e) const = 0;
     // Speculative reads ahead of a routing (streamer.h, "Prefetch"): appends the reads that make
     // the absent ones among `experts` of MoE layer moe_idx resident, while that fits the
     // budget by evicting only experts that are neither routed in the last stage() nor being
     // prefetched now (never above the budget: a prediction is not worth it). Returns how many
     // experts it will read. Until end_prefetch() is_resident() reports them (their reads are
-    // outstanding), none of them can be a victim, and stage() refuses to run. The default stores
-    // nothing ahead (the shared slots of cache-off hold one layer at a time, unless built with
-    // two sets).
-    virtual size_t prefetch(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/,
-                            std::vector<ReadRequest> * /*reads*/) {
-        return 0;
-    }
+    // outstanding), none of them can be a victim, and stage() refuses to run. A store may
+    // read nothing ahead (the shared slots of cache-off hold one layer at a time, unless
+    // built with two sets).
+    virtual size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
+                            std::vector<ReadRequest> * reads) = 0;
     // The prefetch reads finished: ok = they all succeeded (the experts become resident), else
     // they are released (a later routing reads them again and reports any error).
-    virtual void end_prefetch(bool /*ok*/) {}
+    virtual void end_prefetch(bool ok) = 0;
+    // Counters since construction (the shared slots: their read-ahead counters only).
+    virtual CacheStats cache_stats() const = 0;
+
+    // --- What only some stores have. ---
     // Releases resident expert e of MoE layer moe_idx now, so that its next routing reads it
     // again (--miss-fallback: its slot holds a lossy copy). Not while a stage's or prefetch's
-    // reads are due. Returns whether it was resident. The default keeps nothing.
+    // reads are due. Returns whether it was resident (a store that keeps nothing: false).
     virtual bool forget(size_t /*moe_idx*/, uint32_t /*e*/) { return false; }
-    // Cache counters since construction (all zero for a store that is not a cache).
-    virtual CacheStats cache_stats() const { return {}; }
-    // --- Fixed slots (make_slot_cache; docs/cache.md, "Fixed slots"). ---
-    // Where the last stage() of MoE layer moe_idx placed its experts. nullptr: at their
-    // canonical offsets in tensor_base(). Else, per expert id (n_expert entries), the slot
-    // index the expert's slices sit at (-1: not in a slot), relative to placement_base(): the
-    // graph's expert ids must be rewritten to these slots before the layer's matmuls read them.
-    virtual const int32_t * slot_map(size_t /*moe_idx*/) const { return nullptr; }
-    // Base address expert tensor t of MoE layer moe_idx must point at for the matmuls of the
-    // last stage() of that layer: tensor_base() unless that stage used slots.
-    virtual uint8_t * placement_base(size_t moe_idx, size_t t) { return tensor_base(moe_idx, t); }
-    // Fills MoE layer moe_idx's slots with `recent_first` (most recent first; only the first
-    // slots-per-layer count) by copying them from the shared slots where the layer's last
-    // stage() put them: a wide routing (a prompt ubatch) warms the slots the next narrow
-    // routings (decode) will use, without reads. Copies only while those shared slots still
-    // hold that stage's experts (no later stage or prefetch has reused them); experts already
-    // slotted keep their slot and become the most recent. Call after the layer's matmuls.
-    // Returns the experts copied (0: nothing to do, or the shared slots were reused).
-    virtual size_t warm_slots(size_t /*moe_idx*/, const std::vector<uint32_t> & /*recent_first*/) {
-        return 0;
-    }
-    // Where expert e's slice of tensor t of MoE layer moe_idx sits after the last stage().
-    uint8_t * slice_addr(size_t moe_idx, size_t t, uint32_t e, uint64_t slice_bytes) {
-        const int32_t * m = slot_map(moe_idx);
-        const uint64_t i = m ? uint64_t(m[e] < 0 ? 0 : m[e]) : uint64_t(e);
-        return placement_base(moe_idx, t) + i * slice_bytes;
-    }
-
     // Debug check, meant to be called after the reads of stage(moe_idx, experts) completed
     // and before the layer's matmul runs: every routed expert's slices are resident. Returns
     // Ok without checking unless the store was built with CacheDebug::check_residency, so
     // the caller may call it unconditionally.
     virtual Status verify_resident(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/) {
         return Status::Ok();
+    }
+    // The LRU cache's split staging; nullptr: stage() only.
+    virtual SplitStaging * split_staging() { return nullptr; }
+    // The fixed slots' placement; nullptr: every expert at its canonical offset.
+    virtual SlotPlacement * slot_placement() { return nullptr; }
+
+    // Where expert e's slice of tensor t of MoE layer moe_idx sits after the last stage().
+    uint8_t * slice_addr(size_t moe_idx, size_t t, uint32_t e, uint64_t slice_bytes) {
+        SlotPlacement * p = slot_placement();
+        const int32_t * m = p ? p->slot_map(moe_idx) : nullptr;
+        const uint64_t i = m ? uint64_t(m[e] < 0 ? 0 : m[e]) : uint64_t(e);
+        return (m ? p->placement_base(moe_idx, t) : tensor_base(moe_idx, t)) + i * slice_bytes;
     }
 };
 
@@ -257,6 +269,9 @@ uint64_t shared_slot_set_bytes(const ModelIndex & index);
 // shared slots taken from it (0 when they do not fit); it refuses fewer than
 // index.n_expert_used.
 uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool two_sets);
+// The ledger shape of the fixed-slot cache with `slots_per_layer` slots (slot mode,
+// expert_ledger.h); replay_ledger.h builds the same one from a trace's header.
+LedgerShape slot_ledger_shape(const ModelIndex & index, uint32_t slots_per_layer);
 // How the fixed-slot cache gets its memory (production settings; docs/cache.md).
 struct SlotOptions {
     // Map the slots and the shared slots 2 MiB-aligned and advise them for transparent huge
@@ -269,6 +284,10 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
+    // Read-ahead (prefetch()) may read into the layers' slots. false while a route trace
+    // records the store: a replay cannot see the guesses, so read-ahead then only goes to the
+    // shared slots, which hold no expert from one routing to the next.
+    bool readahead_into_slots = true;
     // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
     static constexpr const char * name(Populate p) {
         return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";

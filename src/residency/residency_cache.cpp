@@ -86,7 +86,7 @@ uint64_t count_current_maps() {
     return n;
 }
 
-class LruCache final : public ResidencyStore, private LedgerBackend {
+class LruCache final : public ResidencyStore, public SplitStaging, private LedgerBackend {
 public:
     LruCache(const ModelIndex & index, uint64_t budget, const CacheOptions & opt,
              const CacheDebug & dbg, const CacheTestHooks & test)
@@ -112,6 +112,7 @@ public:
                        std::vector<ReadRequest> * reads, StageStats * stats,
                        bool * deferred) override;
     Status commit_deferred(size_t moe_idx, uint64_t mask) override;
+    SplitStaging * split_staging() override { return this; }
     void abandon_stage(size_t /*moe_idx*/) override {
         ledger_->abandon_stage();  // (deferred slices have no chunk: nothing to release there)
         end_deferred();

@@ -7,9 +7,13 @@
 // is read (O_DIRECT) into a slot that is already mapped, and the graph's expert ids are
 // rewritten to slot indices (stream/slot_rewriter.h) so that MUL_MAT_ID finds them there.
 //
-// Invariants: slot_of_[m][e] == s  <=>  occupant_[m][s] == e; a routed expert is never the
-// victim of its own stage; a stage's misses are forgotten by abandon_stage() (their reads
-// failed). Bookkeeping is per layer: a layer only ever evicts its own experts.
+// Bookkeeping: an ExpertLedger in slot mode (expert_ledger.h) holds which expert sits in which
+// slot, the stamps, the victims and the counters; this file is its memory back-end (the slots'
+// mapping, the reads into them, the warm copies) plus the shared slots for wide routings. So
+// `moestream replay` runs the same ledger over a trace of this store and reproduces its
+// decisions. Invariants (the ledger's): a routed expert is never the victim of its own stage;
+// a stage's misses are forgotten by abandon_stage() (their reads failed); a layer only ever
+// evicts its own experts.
 // Warm start (warm_slots): after a wide routing, its most recent experts are copied from the
 // shared slots into the layer's slots, so decode does not start with empty slots.
 // Thread-safety: called from the eval callback only (one thread at a time); warm_slots()
@@ -75,7 +79,7 @@ std::string mib_text(uint64_t b) {
     return buf;
 }
 
-class SlotCache final : public ResidencyStore {
+class SlotCache final : public ResidencyStore, public SlotPlacement {
 public:
     SlotCache(const ModelIndex & index, uint64_t budget, const SlotTestHooks & test,
               const SlotOptions & opt)
@@ -117,16 +121,11 @@ public:
         populate();
         for (size_t m = 0; m < n_moe; ++m)
             for (uint64_t o : offs[m]) base_[m].push_back(mem_ + o);
-        slot_of_.assign(n_moe, std::vector<int32_t>(index_.n_expert, -1));
-        occupant_.assign(n_moe, std::vector<int32_t>(k_, -1));
-        stamp_.assign(n_moe, std::vector<uint64_t>(k_, 0));
+        ledger_ = std::make_unique<ExpertLedger>(slot_ledger_shape(index_, k_), budget_,
+                                                 make_lru_policy(), /*backend=*/nullptr);
         slotted_.assign(n_moe, 0);
-        staged_.assign(n_moe, {});
-        ever_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
-        ahead_flag_.assign(n_moe, std::vector<uint8_t>(index_.n_expert, 0));
         bank_holds_.assign(bank_two_sets ? 2 : 1, -1);
         bank_routed_.assign(bank_holds_.size(), std::vector<uint8_t>(index_.n_expert, 0));
-        stats_.budget_bytes = budget_;
         return Status::Ok();
     }
 
@@ -136,7 +135,6 @@ public:
 
     Status stage(size_t m, const std::vector<uint32_t> & experts, std::vector<ReadRequest> * reads,
                  StageStats * stats) override {
-        staged_[m].clear();
         if (experts.size() > k_) {  // wider than the slots: canonical offsets, shared slots
             slotted_[m] = 0;
             StageStats bs;
@@ -149,31 +147,14 @@ public:
             return st;
         }
         slotted_[m] = 1;
-        std::vector<int32_t> & slot_of = slot_of_[m];
-        std::vector<uint64_t> & stamp = stamp_[m];
-        const uint64_t now = ++clock_;
-        for (uint32_t e : experts)  // hits first: a routed expert keeps its slot
-            if (slot_of[e] >= 0) {
-                stamp[size_t(slot_of[e])] = now;
-                if (ahead_flag_[m][e]) {  // read ahead into its slot, now routed
-                    ahead_flag_[m][e] = 0;
-                    ++prefetch_used_;
-                }
-            }
-        for (uint32_t e : experts) {
-            StageStats one;
-            one.lookups = 1;
-            (slot_of[e] >= 0 ? one.hits : one.misses) = 1;
-            add(stats, one);
-            if (slot_of[e] >= 0) continue;
-            const size_t v = victim(m, now);
-            if (v == SIZE_MAX)
-                return Status::Runtime("slot cache: no free slot (routing wider than K)");
-            if (ever_[m][e]) ++stats_.rereads;
-            place(m, e, v, now);
-            staged_[m].push_back(e);
-            push_reads(m, e, v, reads);
-        }
+        StageStats one;
+        Status st = ledger_->stage(uint32_t(m), experts, nullptr, &one);
+        stats->lookups += one.lookups;
+        stats->hits += one.hits;
+        stats->misses += one.misses;
+        if (!st.ok()) return st;
+        const int32_t * slot = ledger_->slot_map(uint32_t(m));
+        for (uint32_t e : ledger_->staged()) push_reads(m, e, size_t(slot[e]), reads);
         return Status::Ok();
     }
 
@@ -182,20 +163,21 @@ public:
             bank_holds_[m % bank_holds_.size()] = -1;  // its reads failed: nothing to warm from
             return bank_->abandon_stage(m);
         }
-        for (uint32_t e : staged_[m])
-            if (unplace(m, e)) ++stats_.abandoned;
-        staged_[m].clear();
+        if (ledger_->staged_layer() == m) ledger_->abandon_stage();
     }
 
+    SlotPlacement * slot_placement() override { return this; }
     const int32_t * slot_map(size_t m) const override {
-        return slotted_[m] ? slot_of_[m].data() : nullptr;
+        return slotted_[m] ? ledger_->slot_map(uint32_t(m)) : nullptr;
     }
     uint8_t * placement_base(size_t m, size_t t) override {
         return slotted_[m] ? base_[m][t] : bank_->tensor_base(m, t);
     }
 
     bool is_resident(size_t m, uint32_t e) const override {
-        return slot_of_[m][e] >= 0 || bank_->is_resident(m, e);
+        // The slots only: what a routing of one token (decode) would hit. A wide routing reads
+        // every expert into the shared slots, but for their read-ahead.
+        return ledger_->live(uint32_t(m), e);
     }
     size_t prefetch(size_t m, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
@@ -212,21 +194,17 @@ public:
         // Into slots: every expert of the guess is protected from this call's evictions (one
         // stamp); one token's guess may evict the layer's least recently used slots, a wide
         // guess only fills free ones. end_prefetch(false) forgets what it placed.
-        if (!ahead_.empty() || m >= index_.moe_layers.size()) return 0;
-        const uint64_t now = ++clock_;
-        for (uint32_t e : experts)
-            if (e < index_.n_expert && slot_of_[m][e] >= 0) stamp_[m][size_t(slot_of_[m][e])] = now;
-        for (uint32_t e : experts) {
-            if (e >= index_.n_expert || slot_of_[m][e] >= 0) continue;
-            const size_t v = victim(m, now);
-            if (v == SIZE_MAX || (!one_token && occupant_[m][v] >= 0)) break;
-            place(m, e, v, now);
-            ahead_.push_back({m, e});
-            ahead_flag_[m][e] = 1;
-            if (!test_.prefetch_skip_read) push_reads(m, e, v, reads);
+        if (!opt_.readahead_into_slots || !ledger_->prefetching().empty() ||
+            m >= index_.moe_layers.size())
+            return 0;
+        const size_t n = ledger_->prefetch_slots(uint32_t(m), experts, one_token);
+        const int32_t * slot = ledger_->slot_map(uint32_t(m));
+        if (test_.prefetch_skip_read) {  // recorded as slotted, nothing read (no tail to end)
+            ledger_->end_prefetch(true);
+            return n;
         }
-        prefetched_ += ahead_.size();
-        return ahead_.size();
+        for (uint32_t e : ledger_->prefetching()) push_reads(m, e, size_t(slot[e]), reads);
+        return n;
     }
 
     size_t warm_slots(size_t m, const std::vector<uint32_t> & recent_first) override {
@@ -239,14 +217,9 @@ public:
         for (size_t i = n; i-- > 0;) {  // oldest first: the most recent gets the newest stamp
             const uint32_t e = recent_first[i];
             if (e >= index_.n_expert || !bank_routed_[set][e]) continue;
-            const uint64_t now = ++clock_;
-            if (slot_of_[m][e] >= 0) {
-                stamp_[m][size_t(slot_of_[m][e])] = now;
-                continue;
-            }
-            const size_t v = victim(m, now);
-            if (v == SIZE_MAX) break;
-            place(m, e, v, now);
+            const int32_t v = ledger_->warm(uint32_t(m), e);
+            if (v == -1) continue;  // slotted already: now the most recent
+            if (v < 0) break;
             if (!test_.warm_skip_copy)
                 for (size_t t = 0; t < L.tensors.size(); ++t) {
                     const uint64_t sb = L.tensors[t].slice_bytes;
@@ -264,28 +237,22 @@ public:
     void end_prefetch(bool ok) override {
         if (bank_ahead_) bank_->end_prefetch(ok);
         bank_ahead_ = false;
-        if (!ok)  // failed reads: the slots are free again, the experts absent
-            for (const auto & [m, e] : ahead_) {
-                ahead_flag_[m][e] = 0;
-                if (unplace(m, e)) ++prefetch_dropped_;
-            }
-        ahead_.clear();
+        ledger_->end_prefetch(ok);  // failed reads: the slots are free again, the experts absent
     }
+
+    bool forget(size_t m, uint32_t e) override { return ledger_->forget(uint32_t(m), e); }
 
     CacheStats cache_stats() const override {
         CacheStats c;
-        static_cast<LedgerStats &>(c) = stats_;
+        static_cast<LedgerStats &>(c) = ledger_->stats();
         const CacheStats bank = bank_->cache_stats();  // the shared slots' read-ahead counters
-        c.prefetched = bank.prefetched + prefetched_;
-        c.prefetch_used = bank.prefetch_used + prefetch_used_;
-        uint64_t waiting = 0;  // read ahead into slots, not routed (yet)
-        for (const auto & f : ahead_flag_)
-            for (uint8_t a : f) waiting += a;
-        c.prefetch_unused = bank.prefetch_unused + prefetch_dropped_ + waiting;
-        uint64_t live = 0;
-        for (const auto & occ : occupant_)
-            for (int32_t e : occ) live += e >= 0;
-        c.resident_experts = live;
+        c.prefetched += bank.prefetched;
+        c.prefetch_used += bank.prefetch_used;
+        c.prefetch_unused += bank.prefetch_unused;
+        c.budget_bytes = budget_;
+        c.lookups += wide_stats_.lookups;
+        c.hits += wide_stats_.hits;
+        c.misses += wide_stats_.misses;
         c.resident_expert_bytes = resident_bytes();
         c.peak_resident_bytes = c.resident_expert_bytes;
         c.reserved_bytes = reserved_bytes();
@@ -378,19 +345,6 @@ private:
         for (std::thread & h : helpers) h.join();
     }
 
-    // A free slot of layer m, else its least recently used slot not stamped `now` (routed in
-    // the stage being made); SIZE_MAX when every slot is.
-    size_t victim(size_t m, uint64_t now) const {
-        const std::vector<int32_t> & occ = occupant_[m];
-        const std::vector<uint64_t> & stamp = stamp_[m];
-        size_t v = SIZE_MAX;
-        for (size_t i = 0; i < k_; ++i) {
-            if (stamp[i] == now) continue;
-            if (occ[i] < 0) return i;
-            if (v == SIZE_MAX || stamp[i] < stamp[v]) v = i;
-        }
-        return v;
-    }
     // The reads of expert e of layer m into slot v, one per projection.
     void push_reads(size_t m, uint32_t e, size_t v, std::vector<ReadRequest> * reads) const {
         const MoeLayer & L = index_.moe_layers[m];
@@ -401,63 +355,28 @@ private:
                               et.proj == Projection::kDown, et.shard});
         }
     }
-    // Expert e of layer m leaves its slot, which is free again (its reads failed); false when
-    // it held none.
-    bool unplace(size_t m, uint32_t e) {
-        const int32_t v = slot_of_[m][e];
-        if (v < 0) return false;
-        occupant_[m][size_t(v)] = -1;
-        stamp_[m][size_t(v)] = 0;
-        slot_of_[m][e] = -1;
-        return true;
-    }
-    // Expert e of layer m takes slot v (evicting its occupant), stamped `now`.
-    void place(size_t m, uint32_t e, size_t v, uint64_t now) {
-        std::vector<int32_t> & occ = occupant_[m];
-        if (occ[v] >= 0) {
-            slot_of_[m][size_t(occ[v])] = -1;
-            ++stats_.evictions;
-            if (ahead_flag_[m][size_t(occ[v])]) {  // read ahead, evicted before any routing
-                ahead_flag_[m][size_t(occ[v])] = 0;
-                ++prefetch_dropped_;
-            }
-        }
-        ever_[m][e] = 1;
-        occ[v] = int32_t(e);
-        slot_of_[m][e] = int32_t(v);
-        stamp_[m][v] = now;
-    }
-
+    // A wide routing's lookups (staged to the shared slots), into *s and the store's counters.
     void add(StageStats * s, const StageStats & d) {
         s->lookups += d.lookups;
         s->hits += d.hits;
         s->misses += d.misses;
-        stats_.lookups += d.lookups;
-        stats_.hits += d.hits;
-        stats_.misses += d.misses;
+        wide_stats_.lookups += d.lookups;
+        wide_stats_.hits += d.hits;
+        wide_stats_.misses += d.misses;
     }
 
     const ModelIndex & index_;
     const uint64_t budget_;
     std::unique_ptr<ResidencyStore> bank_;  // canonical offsets, for routings wider than K
     bool wide_ = true;                      // K < n_expert: a routing may be wider than K
-    // Read-ahead into slots (one token's guess; a wider one when every expert has a slot):
-    // the (layer, expert) pairs of the open prefetch, per layer and expert whether it was read
-    // ahead and neither routed nor evicted since, and the counters.
-    std::vector<std::pair<size_t, uint32_t>> ahead_;
     bool bank_ahead_ = false;  // the open prefetch went to the shared slots
-    std::vector<std::vector<uint8_t>> ahead_flag_;
-    uint64_t prefetched_ = 0, prefetch_used_ = 0, prefetch_dropped_ = 0;
+    // Which expert sits in which slot, the stamps, victims and counters (slot mode).
+    std::unique_ptr<ExpertLedger> ledger_;
     uint32_t k_ = 0;                        // slots per MoE layer
     uint8_t * mem_ = nullptr;               // every slot of every layer, one mapping
     uint64_t mem_bytes_ = 0;
     std::vector<std::vector<uint8_t *>> base_;    // [moe layer][tensor]: slot 0's address
-    std::vector<std::vector<int32_t>> slot_of_;   // [moe layer][expert]: its slot, -1 none
-    std::vector<std::vector<int32_t>> occupant_;  // [moe layer][slot]: its expert, -1 free
-    std::vector<std::vector<uint64_t>> stamp_;    // [moe layer][slot]: last stage that routed it
-    std::vector<std::vector<uint8_t>> ever_;      // [moe layer][expert]: ever read (rereads)
     std::vector<uint8_t> slotted_;                // [moe layer]: the last stage used slots
-    std::vector<std::vector<uint32_t>> staged_;   // [moe layer]: misses of the last stage
     // [set]: the MoE layer whose wide stage the shared slots' set holds intact (-1: none, or
     // reused since by a prefetch or a failed read) and, per expert, whether it was routed there.
     std::vector<int64_t> bank_holds_;
@@ -467,13 +386,25 @@ private:
     uint64_t huge_bytes_ = 0;  // bytes of the slots advised for transparent huge pages
     std::thread populate_thread_;  // populate(): the slots' page-table entries
     std::atomic<bool> stop_populate_{false};
-    uint64_t clock_ = 0;
+    StageStats wide_stats_;  // lookups of the routings staged to the shared slots
     uint64_t stats_warm_ = 0;
     double warm_s_ = 0;
-    LedgerStats stats_;
 };
 
 }  // namespace
+
+LedgerShape slot_ledger_shape(const ModelIndex & index, uint32_t slots_per_layer) {
+    LedgerShape shape;
+    shape.slots_per_layer = slots_per_layer;
+    shape.page_bytes = kPage;
+    for (const MoeLayer & L : index.moe_layers) {
+        shape.layers.emplace_back();
+        for (const ExpertTensor & t : L.tensors)
+            shape.layers.back().push_back(
+                PageLayout{t.file_offset % kPage, t.slice_bytes, kPage, index.n_expert});
+    }
+    return shape;
+}
 
 uint32_t slot_cache_slots(const ModelIndex & index, uint64_t budget_bytes, bool two_sets) {
     const uint64_t per = one_slot_everywhere(index);

@@ -13,7 +13,7 @@ namespace moestream {
 SlotRewriter::SlotRewriter(const ModelIndex & index, ResidencyStore * store,
                            const Streamer * streamer)
     : index_(index),
-      store_(store),
+      slots_(store->slot_placement()),
       streamer_(streamer),
       n_slots_(std::max<uint32_t>(1, store->cache_stats().slots_per_layer)) {}
 
@@ -38,7 +38,7 @@ void SlotRewriter::end_graph(RouterHook & hook) {
 
 void SlotRewriter::flush_warm() {
     if (warm_moe_ < 0) return;
-    store_->warm_slots(size_t(warm_moe_), warm_list_);
+    slots_->warm_slots(size_t(warm_moe_), warm_list_);
     warm_moe_ = -1;
 }
 
@@ -59,7 +59,7 @@ void SlotRewriter::on_loaded(const Routing & r, const Status & st, RouterHook &)
     if (!st.ok() || topk_ == nullptr || r.layer != layer_) return;
     moe_ = streamer_->moe_slot(r.layer);
     ids_ = topk_->data;
-    map_ = moe_ >= 0 ? store_->slot_map(size_t(moe_)) : nullptr;
+    map_ = moe_ >= 0 ? slots_->slot_map(size_t(moe_)) : nullptr;
     matmuls_left_ = moe_ >= 0 ? index_.moe_layers[size_t(moe_)].tensors.size() : 0;
     in_slots_ = false;
     seen_matmul_ = false;
@@ -129,7 +129,7 @@ bool SlotRewriter::on_ask(ggml_tensor * t, RouterHook & hook) {
     ggml_tensor * root = w->view_src ? w->view_src : w;
     const int ti = tensor_index(root, size_t(moe_));
     if (ti >= 0) {
-        uint8_t * base = store_->placement_base(size_t(moe_), size_t(ti));
+        uint8_t * base = slots_->placement_base(size_t(moe_), size_t(ti));
         root->data = base;
         if (w != root) w->data = base + w->view_offs;
     }

@@ -39,7 +39,8 @@ class Streamer;
 
 class SlotRewriter final : public NodeObserver {
 public:
-    // index, store and streamer are not owned and must outlive the observer.
+    // index, store and streamer are not owned and must outlive the observer; the store has
+    // slot placement (ResidencyStore::slot_placement(): the fixed slots).
     SlotRewriter(const ModelIndex & index, ResidencyStore * store, const Streamer * streamer);
 
     void begin_graph(const GraphInfo & g, RouterHook & hook) override;
@@ -67,7 +68,7 @@ private:
     void restore();
 
     const ModelIndex & index_;
-    ResidencyStore * store_;
+    SlotPlacement * slots_;  // the store's slot placement
     const Streamer * streamer_;
     std::unordered_map<const ggml_tensor *, int> t_index_;  // weight -> tensor of its layer
     ggml_tensor * topk_ = nullptr;   // the routing node of the layer being computed

@@ -129,10 +129,11 @@ Status Streamer::on_routing(const Routing & r) {
     // Split staging: only the first stage's slices are committed before the reads start.
     uint64_t early_mask = 0, mid_mask = 0;
     bool deferred = false;
-    if (split_ && lanes_->n_lanes() > 1 && !fallback_ && L.tensors.size() < 64) {
+    SplitStaging * const splitter = store_->split_staging();
+    if (split_ && splitter && lanes_->n_lanes() > 1 && !fallback_ && L.tensors.size() < 64) {
         stage_masks(L, &early_mask, &mid_mask);
-        st = store_->stage_split(size_t(slot), experts_, early_mask, &reads_, &pending_ss_,
-                                 &deferred);
+        st = splitter->stage_split(size_t(slot), experts_, early_mask, &reads_, &pending_ss_,
+                                   &deferred);
     } else {
         st = store_->stage(size_t(slot), experts_, &reads_, &pending_ss_);
     }
@@ -189,10 +190,10 @@ Status Streamer::on_routing(const Routing & r) {
         lanes_->start(reads_, n_early, n_own, n_mid, deferred ? rel_early : SIZE_MAX);
     if (deferred) {  // commit the rest while the lanes read the first stage, releasing as we go
         const double t0 = now_s();
-        st = store_->commit_deferred(size_t(slot), mid_mask);
+        st = splitter->commit_deferred(size_t(slot), mid_mask);
         if (st.ok()) {
             lanes_->release(rel_mid);
-            st = store_->commit_deferred(size_t(slot), ~(early_mask | mid_mask));
+            st = splitter->commit_deferred(size_t(slot), ~(early_mask | mid_mask));
         }
         if (st.ok()) lanes_->release(SIZE_MAX);
         add_stage_s(now_s() - t0);

@@ -60,9 +60,11 @@ std::unique_ptr<EvictionPolicy> make_replay_policy(ReplayPolicy p) {
 }
 
 std::unique_ptr<ExpertLedger> make_replay_ledger(const TraceHeader & h, ReplayPolicy p,
-                                                 uint64_t budget_bytes) {
-    return std::make_unique<ExpertLedger>(replay_ledger_shape(h), budget_bytes,
-                                          make_replay_policy(p), /*backend=*/nullptr);
+                                                 uint64_t budget_bytes, uint32_t slots_per_layer) {
+    LedgerShape shape = replay_ledger_shape(h);
+    shape.slots_per_layer = slots_per_layer;
+    return std::make_unique<ExpertLedger>(shape, budget_bytes, make_replay_policy(p),
+                                          /*backend=*/nullptr);
 }
 
 namespace {
@@ -87,6 +89,8 @@ ReplaySetting Replayer::recorded_setting() const {
     s.drop_in_prefill = t_.header.drop_in_prefill;
     s.k = t_.header.k;
     if (t_.header.scores) s.substitute = t_.header.substitute;
+    s.slots_per_layer = t_.header.slots_per_layer;
+    s.slot_warm = t_.header.slot_warm;
     return s;
 }
 
@@ -130,9 +134,40 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     out->setting.k = K;
     if (v) *v = ValidateReport{};
 
+    const uint32_t n_slots = s.slots_per_layer;
+    if (n_slots > h.n_expert)
+        return Status::Usage("fixed slots: " + std::to_string(n_slots) + " slots per layer, " +
+                             "more than the trace's " + std::to_string(h.n_expert) + " experts");
+    if (n_slots > 0 && s.policy != ReplayPolicy::kLru)
+        return Status::Usage(std::string("--policy ") + policy_name(s.policy) +
+                             " cannot replay the fixed-slot cache (it evicts a layer's least "
+                             "recently used slot)");
+    if (n_slots > 0 && s.fallback_w > 0)
+        return Status::Usage("--miss-fallback cannot replay the fixed-slot cache (the engine "
+                             "runs it on the LRU cache only)");
     // Cache off (budget 0): the shared slots, every routed expert is read.
     const std::unique_ptr<ExpertLedger> ledger =
-        s.budget_bytes > 0 ? make_replay_ledger(h, s.policy, s.budget_bytes) : nullptr;
+        n_slots > 0 ? make_replay_ledger(h, s.policy, std::max<uint64_t>(s.budget_bytes, 1), n_slots)
+        : s.budget_bytes > 0 ? make_replay_ledger(h, s.policy, s.budget_bytes)
+                             : nullptr;
+    // Fixed slots: per routing, whether it is in the last ubatch of a graph that ends the
+    // prompt (from that graph's last routing of the first MoE layer on), where the engine's
+    // warm start fills the slots (SlotRewriter).
+    std::vector<uint8_t> last_ubatch(n_slots > 0 && s.slot_warm ? t_.routings.size() : 0, 0);
+    {
+        bool seen_first = false;
+        uint32_t g = kNever;
+        for (size_t i = last_ubatch.size(); i-- > 0;) {
+            const TraceRouting & r = t_.routings[i];
+            if (r.graph != g) {
+                g = r.graph;
+                seen_first = false;
+            }
+            last_ubatch[i] = r.prompt_end && !seen_first;
+            if (r.moe_idx == 0) seen_first = true;
+        }
+    }
+    std::vector<uint32_t> warm_list;
     auto resident = [&](uint32_t moe, uint32_t e) { return ledger && ledger->live(moe, e); };
     const uint32_t * nu = s.policy == ReplayPolicy::kBelady ? next_use(K).data() : nullptr;
 
@@ -261,6 +296,8 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             }
         }
         for (uint32_t e : experts) seen[e] = 0;
+        // Fixed slots: wider than the slots, the routing is read into the shared slots.
+        const bool wide = n_slots > 0 && experts.size() > n_slots;
         if (nu)
             for (uint32_t row = 0; row < r.n_rows; ++row)
                 for (uint32_t j = 0; j < K; ++j)
@@ -269,7 +306,8 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                         nu_of[uint32_t(t_.expert[src])] = nu[src];
                     }
 
-        if (v) {  // residency before the stage, slot by slot, against the record
+        if (v && wide) v->slots_unchecked += n;
+        if (v && !wide) {  // residency before the stage, slot by slot, against the record
             for (uint32_t row = 0; row < r.n_rows; ++row)
                 for (uint32_t j = 0; j < K; ++j) {
                     const uint64_t src = r.first_slot + uint64_t(row) * kk + j;
@@ -345,7 +383,24 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             }
         }
         StageStats ss;
-        if (ledger) {
+        if (wide) {
+            ss.lookups = ss.misses = experts.size();
+            if (!last_ubatch.empty() && last_ubatch[i]) {
+                // The warm start: the experts of the ubatch's last tokens, most recent first,
+                // up to the slots; made resident oldest first (SlotCache::warm_slots).
+                warm_list.clear();
+                for (uint32_t row = r.n_rows; row-- > 0 && warm_list.size() < n_slots;)
+                    for (uint32_t j = 0; j < K && warm_list.size() < n_slots; ++j) {
+                        const uint32_t e = uint32_t(ids[size_t(row) * K + j]);
+                        if (seen[e]) continue;
+                        seen[e] = 1;
+                        warm_list.push_back(e);
+                    }
+                for (uint32_t e : warm_list) seen[e] = 0;
+                for (size_t q = warm_list.size(); q-- > 0;)
+                    if (ledger->warm(moe, warm_list[q]) == -2) break;
+            }
+        } else if (ledger) {
             Status st = ledger->stage(moe, experts, nu ? nu_of.data() : nullptr, &ss);
             if (!st.ok()) return st;
         } else {
@@ -377,7 +432,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             out->decode_misses += misses;
             out->decode_bytes_read += read;
         }
-        if (v) {
+        if (v && !wide) {  // (a wide routing's slots are not checked)
             v->replay_hits += hits;
             v->replay_misses += misses;
         }

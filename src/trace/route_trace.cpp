@@ -71,6 +71,8 @@ std::unique_ptr<RouteTracer> RouteTracer::open(const std::string & path, const T
     put<uint32_t>(b, (h.drop_in_prefill ? 1u : 0u) | (h.drop_renorm ? 2u : 0u) |
                          (h.cache_chunks ? 4u : 0u) | (h.scores ? 8u : 0u));
     put<double>(b, h.substitute);
+    put<uint32_t>(b, h.slots_per_layer);
+    put<uint32_t>(b, h.slot_warm ? 1u : 0u);
     for (const TraceLayerShape & L : h.moe_layers) {
         put<uint32_t>(b, L.layer);
         put<uint32_t>(b, uint32_t(L.slice_bytes.size()));
@@ -136,7 +138,7 @@ void RouteTracer::stop_full() {
     finish();
 }
 
-void RouteTracer::begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens) {
+void RouteTracer::begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens, bool prompt_end) {
     close_record();
     if (fd_ < 0) return;
     graph_at_ = written_ + buf_.size();
@@ -145,6 +147,7 @@ void RouteTracer::begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens) {
     if (graph_started_) ++graph_;
     graph_started_ = true;
     decode_ = decode;
+    prompt_end_ = prompt_end && !decode;
     pos0_ = pos0;
     n_tokens_ = n_tokens;
 }
@@ -159,6 +162,7 @@ void RouteTracer::routing_start(uint32_t layer, int k, int n_rows, const int32_t
     cur_.k = uint16_t(k);
     cur_.n_rows = uint32_t(n_rows);
     cur_.decode = decode_ ? 1 : 0;
+    cur_.prompt_end = prompt_end_ ? 1 : 0;
     cur_.graph = graph_;
     // Rows are the batch's tokens, or (last layer) only its outputs: the last n_rows tokens.
     cur_.pos = uint32_t(n_rows) >= n_tokens_ ? pos0_ : pos0_ + n_tokens_ - uint32_t(n_rows);
@@ -209,7 +213,7 @@ void RouteTracer::close_record() {
     open_ = false;
     if (fd_ < 0) return;
     put<uint8_t>(buf_, kTagRouting);
-    put<uint8_t>(buf_, cur_.decode);
+    put<uint8_t>(buf_, cur_.decode ? 1 : cur_.prompt_end ? 2 : 0);  // phase
     put<uint16_t>(buf_, cur_.k);
     put<uint32_t>(buf_, cur_.layer);
     put<uint32_t>(buf_, cur_.n_rows);
@@ -417,6 +421,18 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
         if (!(h.substitute >= 0 && h.substitute <= 1))
             return c.err(at, "substitute margin outside [0, 1]");
     }
+    if (h.version >= 7) {
+        at = c.off();
+        MS_TRY(c.get(&h.slots_per_layer, "slots per layer"));
+        if (h.slots_per_layer > h.n_expert)
+            return c.err(at, "slots per layer " + std::to_string(h.slots_per_layer) +
+                                 " above the experts per layer " + std::to_string(h.n_expert));
+        at = c.off();
+        uint32_t sflags = 0;
+        MS_TRY(c.get(&sflags, "slot flags"));
+        if (sflags & ~1u) return c.err(at, "unknown slot flags " + std::to_string(sflags));
+        h.slot_warm = sflags & 1;
+    }
     std::vector<int32_t> layer_to_moe(h.n_layer, -1);
     for (uint32_t i = 0; i < n_moe; ++i) {
         TraceLayerShape L;
@@ -508,9 +524,13 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
         MS_TRY(c.get(&r.pos, "position"));
         MS_TRY(c.get(&r.graph, "graph"));
         MS_TRY(c.get(&r.bytes_read, "bytes read"));
-        if (r.decode > 1)
+        if (r.decode > (h.version >= 7 ? 2 : 1))
             return c.err(rec + 1, "phase " + std::to_string(r.decode) +
-                                      " is neither prefill (0) nor decode (1)");
+                                      (h.version >= 7 ? " is neither prefill (0), decode (1) "
+                                                        "nor the prompt's end (2)"
+                                                      : " is neither prefill (0) nor decode (1)"));
+        r.prompt_end = r.decode == 2;
+        if (r.prompt_end) r.decode = 0;
         if (r.k != h.k)
             return c.err(rec + 2, "k " + std::to_string(r.k) + " differs from the header's " +
                                       std::to_string(h.k));

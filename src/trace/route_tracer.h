@@ -35,8 +35,9 @@ public:
     bool active() const { return fd_ >= 0; }
 
     // --- engine ---
-    // Before every llama_decode: its phase, the position of its first token, its tokens.
-    void begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens);
+    // Before every llama_decode: its phase, the position of its first token, its tokens;
+    // prompt_end: a prefill that ends the prompt.
+    void begin_graph(bool decode, uint32_t pos0, uint32_t n_tokens, bool prompt_end = false);
     void end_graph() { close_record(); }
     // Writes the end marker, closes and renames the file over the target. Warns on failure.
     void finish();
@@ -98,6 +99,7 @@ private:
 
     // graph
     bool decode_ = false;
+    bool prompt_end_ = false;
     uint32_t pos0_ = 0, n_tokens_ = 0, graph_ = 0;
     bool graph_started_ = false;
 

@@ -9,7 +9,7 @@
 namespace moestream {
 
 void TraceObserver::begin_graph(const GraphInfo & g, RouterHook & /*hook*/) {
-    tracer_.begin_graph(g.decode, g.pos0, g.n_tokens);
+    tracer_.begin_graph(g.decode, g.pos0, g.n_tokens, g.prompt_end);
     layer_ = -1;
 }
 

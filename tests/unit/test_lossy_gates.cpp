@@ -99,13 +99,49 @@ INSTANTIATE_TEST_SUITE_P(Tiny, DropCold,
                                            DropCase{"glm4moe", "ffn_moe_weights_norm"}),
                          [](const auto & i) { return i.param.arch; });
 
+// Drop-cold on the fixed slots (the default store of a budget; no switch to the LRU cache;
+// 12 MiB holds 6 slots per layer of the tiny model's 32 experts, so slots are evicted): the
+// lossless run and the run with `drop`, both checked to be on the fixed slots.
+std::pair<json, json> fixed_slot_runs(const std::string & drop) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    json off = run_json(model, "--cache-mb 12 --force-cache");
+    json on = run_json(model, "--cache-mb 12 --force-cache --drop-cold-experts " + drop);
+    EXPECT_FALSE(off.is_null());
+    EXPECT_FALSE(on.is_null());
+    if (!off.is_null() && !on.is_null()) {
+        EXPECT_EQ(off["settings"]["cache_store"], "fixed slots");
+        EXPECT_EQ(on["settings"]["cache_store"], "fixed slots");
+    }
+    return {off, on};
+}
+
+// A threshold below any weight is byte-identical to lossless, tokens and logits.
+TEST(DropColdFixedSlots, BelowAnyWeightIsByteIdenticalToLossless) {
+    const auto [off, tiny] = fixed_slot_runs("1e-9");
+    ASSERT_FALSE(off.is_null() || tiny.is_null());
+    EXPECT_EQ(tiny["tokens"], off["tokens"]);
+    EXPECT_EQ(tiny["logits_sha"], off["logits_sha"]);
+    EXPECT_EQ(tiny["experts_dropped"].get<uint64_t>(), 0u);
+    EXPECT_GT(tiny["drop_deferred"].get<uint64_t>(), 0u) << "loads were never deferred";
+}
+
+// The negative control: at full strength it drops misses, reads less and changes the output.
+TEST(DropColdFixedSlots, FullStrengthDropsAndChangesTheOutput) {
+    const auto [off, full] = fixed_slot_runs("1.0");
+    ASSERT_FALSE(off.is_null() || full.is_null());
+    EXPECT_EQ(full["n_generated"].get<int>(), 32);
+    EXPECT_GT(full["experts_dropped"].get<uint64_t>(), 0u);
+    EXPECT_LT(full["flash_bytes_read"].get<uint64_t>(), off["flash_bytes_read"].get<uint64_t>());
+    EXPECT_NE(full["logits_sha"], off["logits_sha"]);
+}
+
 TEST(DropColdRules, RefusedWithoutTheCache) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     int rc = 0;
     std::string err;
     run_json(model, "--cache-mb 0 --drop-cold-experts 0.5", &rc, &err);
     EXPECT_EQ(rc, 64);
-    EXPECT_NE(err.find("needs the LRU cache"), std::string::npos) << err;
+    EXPECT_NE(err.find("needs an expert cache"), std::string::npos) << err;
     run_json(model, "--drop-cold-experts 1.5", &rc, &err);
     EXPECT_EQ(rc, 64);
     run_json(model, "--drop-renorm", &rc, &err);

@@ -128,23 +128,17 @@ TEST(PrefixReuse, PerRequestSamplingIsSeededAndValidated) {
     EXPECT_EQ(e->generate(r, nullptr, &c).code(), ErrorCode::kUsage);
 }
 
-// Opened without drop_cold_later, the fixed-slot cache holds the budget and drop-cold, which
-// needs the LRU cache, is refused by name (the control: opened with it, drop-cold turns on).
-TEST(PrefixReuse, DropColdIsRefusedByNameWhenTheFixedSlotsHoldTheBudget) {
+// The fixed-slot cache, the default store of a budget, runs drop-cold: set_drop_cold turns it
+// on without a store switch (the control: with the cache off it is refused).
+TEST(PrefixReuse, DropColdTurnsOnLaterOnTheFixedSlots) {
     auto slots = open_tiny();
     ASSERT_TRUE(slots);
     EXPECT_EQ(json::parse(slots->settings_json())["cache_store"], "fixed slots");
-    Status st = slots->set_drop_cold(0.75);
-    EXPECT_EQ(st.code(), ErrorCode::kUsage);
-    EXPECT_NE(st.message().find("fixed-slot cache"), std::string::npos) << st.message();
     EXPECT_FALSE(slots->lossy());
-    auto lru = open_tiny(/*drop_cold_later=*/true);
-    ASSERT_TRUE(lru);
-    EXPECT_EQ(json::parse(lru->settings_json())["cache_store"], "lru");
-    EXPECT_NE(json::parse(lru->settings_json())["cache_store_reason"].get<std::string>().find(
-                  "drop_cold_later"),
-              std::string::npos);
-    EXPECT_TRUE(lru->set_drop_cold(0.75).ok());
+    Status st = slots->set_drop_cold(0.75);
+    EXPECT_TRUE(st.ok()) << st.message();
+    EXPECT_TRUE(slots->lossy());
+    EXPECT_EQ(json::parse(slots->settings_json())["cache_store"], "fixed slots");
 }
 
 // drop_cold_block() names what set_drop_cold(F > 0) refuses, for each kind of engine, and
@@ -159,8 +153,7 @@ TEST(PrefixReuse, DropColdBlockNamesWhatSetDropColdRefuses) {
     };
     for (const Case & c : {Case{"resident", false, -1, false, DropColdBlock::kResident},
                            Case{"cache off", true, 0, false, DropColdBlock::kCacheOff},
-                           Case{"fixed slots", true, -1, false, DropColdBlock::kFixedSlots},
-                           Case{"lru", true, -1, true, DropColdBlock::kNone}}) {
+                           Case{"fixed slots", true, -1, false, DropColdBlock::kNone}}) {
         SCOPED_TRACE(c.name);
         RunOptions o;
         o.model_path = synth_model("tiny", "qwen3moe", "q4_k");

@@ -7,7 +7,8 @@
 //    figure), and another policy or a misread page placement on the replay side does not;
 //  - --validate reproduces traces recorded by `run` on synth tiny models of every arch, cache
 //    off / 1 MiB / 4 MiB / huge, with --drop-cold-experts (also in prefill, also at a smaller
-//    --n-expert-used); tampering with one recorded hit makes it fail;
+//    --n-expert-used), on the fixed slots (their slot ledger; one slot fewer or the LRU
+//    cache of the same budget fails); tampering with one recorded hit makes it fail;
 //  - the same trace and settings give the same numbers to the last digit;
 //  - Belady never loses to LRU;
 //  - speed (a figure, skipped unless MOESTREAM_REPLAY_SPEED=1): routings/s on a
@@ -396,6 +397,8 @@ TEST(ReplayValidate, ReproducesRecordedTraces) {
         "--cache-mb 4 --force-cache --drop-cold-experts 1.0",
         "--cache-mb 2 --force-cache --drop-cold-experts 0.7 --drop-in-prefill",
         "--cache-mb 4 --force-cache --n-expert-used 2 --drop-cold-experts 1.0",
+        // The fixed slots (12 MiB: fewer slots than experts), with drop-cold in prefill.
+        "--cache-mb 12 --force-cache --drop-cold-experts 0.7 --drop-in-prefill",
     };
     for (const char * arch : {"qwen3moe", "olmoe", "glm4moe"}) {
         const std::string model = synth_model("tiny", arch, "q8_0");
@@ -409,6 +412,40 @@ TEST(ReplayValidate, ReproducesRecordedTraces) {
             std::remove(path.c_str());
         }
     }
+}
+
+// --route-trace on the default store records the fixed slots' own decisions (the store is not
+// switched; prefill read-ahead stays on, into the shared slots) and the replay's slot ledger
+// reproduces them; the control: the same trace replayed with one slot fewer per layer, or as
+// the LRU cache of the same budget, does not.
+TEST(ReplayValidate, ReproducesTheFixedSlotsAndNotAnotherStore) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string path = record(model, "--cache-mb 12 --force-cache", "slots.trace");
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(path, &t).ok());
+    const json set = json::parse(t.header.settings_json);
+    EXPECT_EQ(set["cache_store"], "fixed slots");
+    EXPECT_TRUE(set["prefill_readahead"].get<bool>());
+    EXPECT_TRUE(set["cache_slot_warm"].get<bool>());
+    ASSERT_GT(t.header.slots_per_layer, 0u);
+    ASSERT_LT(t.header.slots_per_layer, t.header.n_expert);  // so slots are evicted
+    Replayer rp(t);
+    ReplayResult r;
+    ValidateReport v;
+    ASSERT_TRUE(rp.run(rp.recorded_setting(), &r, &v).ok());
+    EXPECT_TRUE(v.ok) << v.first_mismatch;
+    EXPECT_GT(v.slots_checked, 0u);
+    EXPECT_GT(v.replay_hits, 0u);
+    EXPECT_GT(r.evictions, 0u);
+    ReplaySetting fewer = rp.recorded_setting();
+    fewer.slots_per_layer -= 1;
+    ASSERT_TRUE(rp.run(fewer, &r, &v).ok());
+    EXPECT_FALSE(v.ok);
+    ReplaySetting lru = rp.recorded_setting();
+    lru.slots_per_layer = 0;
+    ASSERT_TRUE(rp.run(lru, &r, &v).ok());
+    EXPECT_FALSE(v.ok);
+    std::remove(path.c_str());
 }
 
 TEST(ReplayValidate, FailsWhenOneRecordedHitIsTamperedWith) {

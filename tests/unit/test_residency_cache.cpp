@@ -542,7 +542,7 @@ void run_split_staging() {
             std::vector<ReadRequest> reads, pr;
             StageStats ss;
             bool deferred = false;
-            ASSERT_TRUE(s->stage_split(moe, ex, /*now_mask=*/1, &reads, &ss, &deferred).ok());
+            ASSERT_TRUE(s->split_staging()->stage_split(moe, ex, /*now_mask=*/1, &reads, &ss, &deferred).ok());
             EXPECT_EQ(deferred, ss.misses > 0) << "stage " << i;
             if (pf) s->prefetch(1 - moe, guess, &pr);
             const MoeLayer & L = idx.moe_layers[moe];
@@ -568,9 +568,9 @@ void run_split_staging() {
                     }
                 }
             simulate_reads(by_t[0]);
-            ASSERT_TRUE(s->commit_deferred(moe, 2).ok());
+            ASSERT_TRUE(s->split_staging()->commit_deferred(moe, 2).ok());
             simulate_reads(by_t[1]);
-            ASSERT_TRUE(s->commit_deferred(moe, ~uint64_t(3)).ok());
+            ASSERT_TRUE(s->split_staging()->commit_deferred(moe, ~uint64_t(3)).ok());
             for (uint32_t e : missed) {  // the first stage's bytes survived the later commits
                 ASSERT_TRUE(slice_intact_in(*s, idx, moe, 0, e)) << "stage " << i << " expert " << e;
                 if (L.tensors.size() > 1) {
@@ -857,7 +857,7 @@ TEST(SlotCache, HitsKeepTheirSlotAndAMissEvictsTheLeastRecentlyRouted) {
     EXPECT_EQ(stage_slots(*s, 0, {3}), 1u);  // evicts 0 or 2 (routed together), not 1
     EXPECT_TRUE(s->is_resident(0, 1));
     EXPECT_EQ(int(s->is_resident(0, 0)) + int(s->is_resident(0, 2)), 1);
-    const int32_t * map = s->slot_map(0);
+    const int32_t * map = s->slot_placement()->slot_map(0);
     ASSERT_NE(map, nullptr);
     for (uint32_t e : {1u, 3u}) {
         EXPECT_GE(map[e], 0);
@@ -884,13 +884,13 @@ TEST(SlotCache, ARoutingWiderThanTheSlotsGoesToTheCanonicalOffsets) {
     auto s = slot_store(idx, 2);
     ASSERT_TRUE(s);
     EXPECT_EQ(stage_slots(*s, 0, {5}), 1u);
-    EXPECT_NE(s->slot_map(0), nullptr);
+    EXPECT_NE(s->slot_placement()->slot_map(0), nullptr);
     EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: every expert read
-    EXPECT_EQ(s->slot_map(0), nullptr);
-    EXPECT_EQ(s->placement_base(0, 0), s->tensor_base(0, 0));
+    EXPECT_EQ(s->slot_placement()->slot_map(0), nullptr);
+    EXPECT_EQ(s->slot_placement()->placement_base(0, 0), s->tensor_base(0, 0));
     for (uint32_t e : {0u, 1u, 5u}) EXPECT_TRUE(slice_intact(*s, idx, 0, e));
     EXPECT_EQ(stage_slots(*s, 0, {5}), 0u);  // its slot kept it
-    EXPECT_NE(s->placement_base(0, 0), s->tensor_base(0, 0));
+    EXPECT_NE(s->slot_placement()->placement_base(0, 0), s->tensor_base(0, 0));
     EXPECT_TRUE(slice_intact(*s, idx, 0, 5));
 }
 
@@ -921,10 +921,10 @@ void check_warm_start(bool skip_copy, uint64_t slice = kPage) {
     auto s = slot_store(idx, 2, test);
     ASSERT_TRUE(s);
     EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: the shared slots
-    EXPECT_EQ(s->warm_slots(0, {5, 1, 0}), 2u);    // 2 slots: the two most recent
+    EXPECT_EQ(s->slot_placement()->warm_slots(0, {5, 1, 0}), 2u);    // 2 slots: the two most recent
     EXPECT_EQ(s->cache_stats().slot_warm_copies, 2u);
     EXPECT_EQ(stage_slots(*s, 0, {5, 1}), 0u);  // both warm: no read
-    ASSERT_NE(s->slot_map(0), nullptr);
+    ASSERT_NE(s->slot_placement()->slot_map(0), nullptr);
     EXPECT_EQ(slice_intact(*s, idx, 0, 5) && slice_intact(*s, idx, 0, 1), !skip_copy);
     EXPECT_EQ(stage_slots(*s, 0, {0}), 1u);  // the third was not warmed
 }
@@ -949,15 +949,15 @@ TEST(SlotCache, AWarmStartFromSharedSlotsReusedSinceCopiesNothing) {
     auto s = slot_store(idx, 2);
     ASSERT_TRUE(s);
     EXPECT_EQ(stage_slots(*s, 0, {3}), 1u);  // narrow
-    EXPECT_EQ(s->warm_slots(0, {3}), 0u);
+    EXPECT_EQ(s->slot_placement()->warm_slots(0, {3}), 0u);
     EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: set 0
     EXPECT_EQ(stage_slots(*s, 1, {0, 1, 5}), 3u);  // wide: set 1
     std::vector<ReadRequest> reads;
     ASSERT_GT(s->prefetch(2, {6, 7}, &reads), 0u);  // layer 2 reads ahead into set 0
     simulate_reads(reads);
     s->end_prefetch(true);
-    EXPECT_EQ(s->warm_slots(0, {5, 1}), 0u);
-    EXPECT_EQ(s->warm_slots(1, {5, 1}), 2u);  // control: set 1 still holds layer 1's routing
+    EXPECT_EQ(s->slot_placement()->warm_slots(0, {5, 1}), 0u);
+    EXPECT_EQ(s->slot_placement()->warm_slots(1, {5, 1}), 2u);  // control: set 1 still holds layer 1's routing
     EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
     EXPECT_EQ(s->cache_stats().slot_warm_copies, 2u);
 }

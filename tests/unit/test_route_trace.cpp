@@ -58,13 +58,14 @@ TraceHeader shape_header(uint32_t n_moe, uint32_t n_expert, uint32_t k, uint64_t
     return h;
 }
 
-// Writes a hand-made trace: `tokens` decode graphs over every layer, plus one 3-row prefill.
+// Writes a hand-made trace: `tokens` decode graphs over every layer, plus one 3-row prefill
+// (marked as the prompt's end when prompt_end: version 7's phase 2).
 void write_synthetic(const std::string & path, const TraceHeader & h, int tokens,
-                     uint64_t max_bytes = kTraceMaxFileBytes) {
+                     uint64_t max_bytes = kTraceMaxFileBytes, bool prompt_end = false) {
     auto t = RouteTracer::open(path, h, max_bytes);
     ASSERT_TRUE(t->active());
     std::vector<int32_t> ids(size_t(h.k) * 3);
-    t->begin_graph(false, 0, 3);
+    t->begin_graph(false, 0, 3, prompt_end);
     for (uint32_t l = 0; l < h.moe_layers.size(); ++l) {
         for (size_t s = 0; s < ids.size(); ++s) ids[s] = int32_t((s * 7 + l) % h.n_expert);
         t->routing_start(l, int(h.k), 3, ids.data());
@@ -90,8 +91,10 @@ void write_synthetic(const std::string & path, const TraceHeader & h, int tokens
 TEST(RouteTraceFormat, RoundTripsEveryField) {
     TraceHeader h = shape_header(3, 16, 4, 10000);
     h.cache_chunks = true;
+    h.slots_per_layer = 5;
+    h.slot_warm = true;
     const std::string path = tmp_path("roundtrip.trace");
-    write_synthetic(path, h, 5);
+    write_synthetic(path, h, 5, kTraceMaxFileBytes, /*prompt_end=*/true);
     RouteTrace t;
     Status st = read_route_trace(path, &t);
     ASSERT_TRUE(st.ok()) << st.message();
@@ -104,6 +107,8 @@ TEST(RouteTraceFormat, RoundTripsEveryField) {
     EXPECT_TRUE(t.header.drop_in_prefill);
     EXPECT_FALSE(t.header.drop_renorm);
     EXPECT_TRUE(t.header.cache_chunks);
+    EXPECT_EQ(t.header.slots_per_layer, 5u);
+    EXPECT_TRUE(t.header.slot_warm);
     EXPECT_EQ(t.header.settings_json, h.settings_json);
     ASSERT_EQ(t.header.moe_layers.size(), 3u);
     EXPECT_EQ(t.header.moe_layers[1].slice_bytes, (std::vector<uint64_t>{10000, 10000, 14096}));
@@ -112,12 +117,14 @@ TEST(RouteTraceFormat, RoundTripsEveryField) {
     ASSERT_EQ(t.routings.size(), 3u + 5u * 3u);
     // Prefill records: 3 rows, weights unknown, no flags.
     EXPECT_EQ(t.routings[0].decode, 0);
+    EXPECT_EQ(t.routings[0].prompt_end, 1);  // the prefill ends the prompt
     EXPECT_EQ(t.routings[0].n_rows, 3u);
     EXPECT_EQ(t.routings[0].pos, 0u);
     EXPECT_TRUE(std::isnan(t.weight[0]));
     // Decode token 2, layer 1.
     const TraceRouting & r = t.routings[3 + 2 * 3 + 1];
     EXPECT_EQ(r.decode, 1);
+    EXPECT_EQ(r.prompt_end, 0);
     EXPECT_EQ(r.layer, 1u);
     EXPECT_EQ(r.pos, 5u);
     EXPECT_EQ(r.graph, 3u);
@@ -132,7 +139,8 @@ TEST(RouteTraceFormat, RoundTripsEveryField) {
     EXPECT_EQ(t.flags[t.routings[3 + 3 + 1].first_slot], kSlotResident);  // tok 1: resident
     // Size: exactly the format's arithmetic.
     uint64_t header =
-        8 + 4 * 6 + 8 + 8 + 8 + 4 + 8 + 3 * (8 + 3 * 8 + 3 * 8) + 4 + h.settings_json.size();
+        8 + 4 * 6 + 8 + 8 + 8 + 4 + 8 + 4 + 4 + 3 * (8 + 3 * 8 + 3 * 8) + 4 +
+        h.settings_json.size();
     uint64_t body = t.routings.size() * 28 + t.expert.size() * 8 + 20;
     EXPECT_EQ(t.file_bytes, header + body);
     std::remove(path.c_str());
@@ -206,7 +214,7 @@ TEST(RouteTraceFormat, ReadsVersion2) {
     write_synthetic(path, h, 3);
     std::string bytes = slurp(path);
     bytes.replace(8, 4, std::string("\x02\0\0\0", 4));  // version u32 after the magic
-    bytes.erase(60, 8);  // the substitute margin after the flags is version 6's
+    bytes.erase(60, 16);  // the substitute margin (version 6) and the slot fields (version 7)
     RouteTrace t;
     Status st = parse_route_trace(reinterpret_cast<const uint8_t *>(bytes.data()), bytes.size(),
                                   "v2", &t);
@@ -239,6 +247,8 @@ TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
         {0, "X", "offset 0: not a moestream route trace"},
         {8, std::string("\x09\0\0\0", 4), "offset 8: unsupported trace version 9"},
         {56, "\x10", "offset 56: unknown settings flags 16"},
+        {68, std::string("\x09\0\0\0", 4), "offset 68: slots per layer 9 above the experts per layer 8"},
+        {72, "\x02", "offset 72: unknown slot flags 2"},
         {rec, "Q", "offset " + std::to_string(rec) + ": unknown record tag"},
         {rec + 1, "\x07", "offset " + std::to_string(rec + 1) + ": phase 7"},
         {rec + 4, std::string("\x63\0\0\0", 4), "offset " + std::to_string(rec + 4) + ": layer 99"},

@@ -100,11 +100,11 @@ TEST(RunPlan, DropColdWithTheCacheOffIsRefused) {
     RunPlan p;
     const Status st = resolve(o, index4(), lanes(), &p);
     EXPECT_EQ(st.code(), ErrorCode::kUsage);
-    EXPECT_NE(st.message().find("RunOptions::drop_cold needs the LRU cache"), std::string::npos)
+    EXPECT_NE(st.message().find("RunOptions::drop_cold needs an expert cache"), std::string::npos)
         << st.message();
     o.cache_mb = 64;
     const RunPlan lossy = plan_of(o);
-    EXPECT_EQ(lossy.store, RunPlan::Store::kLru);
+    EXPECT_EQ(lossy.store, RunPlan::Store::kFixedSlots);  // no switch to the LRU cache
     EXPECT_TRUE(lossy.lossy);
     EXPECT_EQ(choice(lossy, "lossy")->reason, "--drop-cold-experts 0.5");
     EXPECT_FALSE(plan_of(cached()).lossy);
@@ -147,17 +147,30 @@ TEST(RunPlan, OverlapNeedsAWorkerLaneAndNoCacheDebug) {
     EXPECT_TRUE(plan_of(o).use_check);
 }
 
-// Prefill read-ahead by default where it applies; off, saying why, with a route trace.
+// Prefill read-ahead by default where it applies; with a route trace on the fixed slots, into
+// the shared slots only (the store stays the fixed slots); off, saying why, with a route trace
+// on the LRU cache, and refused there by name when asked for.
 TEST(RunPlan, PrefillReadaheadWhereItAppliesAndWhyNot) {
     const RunPlan on = plan_of(cached());
     EXPECT_TRUE(on.prefill_readahead);
     EXPECT_TRUE(on.row_guess);
+    EXPECT_TRUE(on.readahead_into_slots);
     RunOptions o = cached();
     o.route_trace = "/tmp/t.trace";
+    const RunPlan traced = plan_of(o);
+    EXPECT_EQ(traced.store, RunPlan::Store::kFixedSlots);
+    EXPECT_TRUE(traced.prefill_readahead);
+    EXPECT_FALSE(traced.readahead_into_slots);
+    o.slot_cache = "0";
     const RunPlan off = plan_of(o);
     EXPECT_FALSE(off.prefill_readahead);
     EXPECT_NE(choice(off, "prefill_readahead")->reason.find("RunOptions::route_trace"),
               std::string::npos);
+    o.prefill_readahead = 1;
+    RunPlan p;
+    const Status st = resolve(o, index4(), lanes(), &p);
+    EXPECT_EQ(st.code(), ErrorCode::kUsage);
+    EXPECT_NE(st.message().find("RunOptions::route_trace"), std::string::npos) << st.message();
     o = cached();
     o.prefill_guess = "bank";
     EXPECT_FALSE(plan_of(o).row_guess);

@@ -867,28 +867,29 @@ TEST(Server, MalformedRequestsAre400AndServerStaysHealthy) {
 // request for drop-cold is refused by name (400, param drop_cold_experts) and /props says
 // drop-cold is unavailable. Control: with MOESTREAM_SLOT_CACHE=0 the LRU cache holds it and
 // the same request runs lossy.
-TEST(Server, DropColdIsRefusedByNameWhenTheFixedSlotsHoldTheBudget) {
+TEST(Server, DropColdPerRequestRunsOnTheFixedSlots) {
     const json req{{"prompt", "Hello"}, {"max_tokens", 4}, {"drop_cold_experts", 0.5}};
     {
         ServerProc s({"--lossless"});
         ASSERT_GT(s.port(), 0) << s.log();
-        auto r = post(s, "/v1/completions", req);
-        ASSERT_TRUE(r);
-        EXPECT_EQ(r->status, 400) << r->body;
-        EXPECT_EQ(body_json(r)["error"]["param"], "drop_cold_experts") << r->body;
-        EXPECT_NE(r->body.find("fixed-slot cache"), std::string::npos) << r->body;
         auto p = s.client().Get("/props");
         ASSERT_TRUE(p);
-        EXPECT_EQ(body_json(p)["default_generation_settings"]["drop_cold_available"], false)
-            << p->body;
         EXPECT_EQ(body_json(p)["settings"]["cache_store"], "fixed slots") << p->body;
+        EXPECT_EQ(body_json(p)["default_generation_settings"]["drop_cold_available"], true)
+            << p->body;
+        auto r = post(s, "/v1/completions", req);
+        ASSERT_TRUE(r);
+        ASSERT_EQ(r->status, 200) << r->body;
+        EXPECT_EQ(body_json(r)["moestream"]["lossy"], true);
+        EXPECT_EQ(body_json(r)["moestream"]["settings"]["engine"]["cache_store"], "fixed slots");
     }
-    ServerProc s({"--lossless"}, {"MOESTREAM_SLOT_CACHE=0"});
+    // The control: with the cache off drop-cold is refused by name.
+    ServerProc s({"--lossless", "--cache-mb", "0"});
     ASSERT_GT(s.port(), 0) << s.log();
     auto r = post(s, "/v1/completions", req);
     ASSERT_TRUE(r);
-    ASSERT_EQ(r->status, 200) << r->body;
-    EXPECT_EQ(body_json(r)["moestream"]["lossy"], true);
+    EXPECT_EQ(r->status, 400) << r->body;
+    EXPECT_EQ(body_json(r)["error"]["param"], "drop_cold_experts") << r->body;
 }
 
 TEST(Server, LossyDefaultsApiKeyAndBodyLimit) {

@@ -160,7 +160,7 @@ TEST(SubstReplayFormat, ScoresRoundTripAndOlderVersionsStillRead) {
         EXPECT_EQ(bool(t.flags[r.first_slot + 1] & kSlotSubstituted), r.layer == 0);
     }
     // Size: each decode record gains 4 + 6 x n_expert bytes per row.
-    const uint64_t header = 8 + 4 * 6 + 8 + 8 + 8 + 4 + 8 + 2 * (8 + 8 + 8) + 4 + 2;
+    const uint64_t header = 8 + 4 * 6 + 8 + 8 + 8 + 4 + 8 + 4 + 4 + 2 * (8 + 8 + 8) + 4 + 2;
     const uint64_t body = t.routings.size() * 28 + t.expert.size() * 8 + 6 * (4 + 6 * 16) + 20;
     EXPECT_EQ(t.file_bytes, header + body);
 
@@ -171,7 +171,7 @@ TEST(SubstReplayFormat, ScoresRoundTripAndOlderVersionsStillRead) {
     write_scored(path, plain, 2, false);
     std::string v5 = slurp(path);
     v5.replace(8, 4, std::string("\x05\0\0\0", 4));
-    v5.erase(kMarginAt, 8);
+    v5.erase(kMarginAt, 16);  // the margin (version 6) and the slot fields (version 7)
     st = parse(v5, &t);
     ASSERT_TRUE(st.ok()) << st.message();
     EXPECT_EQ(t.header.version, 5u);

@@ -68,6 +68,43 @@ TEST(SubstituteGate, SubstitutesOnlyLoadedExpertsUnderCacheDebugAndChangesTheOut
     }
 }
 
+// Substitution on the fixed slots (the default store; no switch to the LRU cache; 12 MiB
+// holds 6 of the 32 experts per layer): the lossless run and the run at margin `m`, both
+// checked to be on the fixed slots.
+namespace {
+std::pair<CliRun, CliRun> fixed_slot_runs(const std::string & m) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    CliRun off = run(model, "--cache-mb 12 --force-cache");
+    CliRun on = run(model, "--cache-mb 12 --force-cache --substitute-experts " + m);
+    EXPECT_EQ(off.rc, 0) << off.err;
+    EXPECT_EQ(on.rc, 0) << on.err;
+    if (off.rc == 0 && on.rc == 0) {
+        EXPECT_EQ(off.stats["settings"]["cache_store"], "fixed slots");
+        EXPECT_EQ(on.stats["settings"]["cache_store"], "fixed slots");
+    }
+    return {off, on};
+}
+}  // namespace
+
+// Margin 0 is byte-identical to lossless, tokens and logits.
+TEST(SubstituteGate, FixedSlotsMarginZeroIsByteIdentical) {
+    const auto [off, zero] = fixed_slot_runs("0");
+    ASSERT_TRUE(off.rc == 0 && zero.rc == 0);
+    EXPECT_EQ(zero.stats["tokens"], off.stats["tokens"]);
+    EXPECT_EQ(zero.stats["logits_sha"], off.stats["logits_sha"]);
+    EXPECT_EQ(zero.stats["experts_substituted"].get<uint64_t>(), 0u);
+}
+
+// The negative control: a margin substitutes resident experts, reads less and changes the
+// output.
+TEST(SubstituteGate, FixedSlotsMarginSubstitutesAndChangesTheOutput) {
+    const auto [off, on] = fixed_slot_runs("1");
+    ASSERT_TRUE(off.rc == 0 && on.rc == 0);
+    EXPECT_GT(on.stats["experts_substituted"].get<uint64_t>(), 0u);
+    EXPECT_LT(on.stats["bytes_per_token"].get<double>(), off.stats["bytes_per_token"].get<double>());
+    EXPECT_NE(on.stats["logits_sha"], off.stats["logits_sha"]);
+}
+
 TEST(SubstituteGate, CacheDebugCatchesAPlantedUnloadedSubstitute) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     CliRun bad = run(model, std::string(kSmall) + "--substitute-experts 1",
@@ -114,7 +151,7 @@ TEST(SubstituteGate, RefusedWithoutTheCacheOrOutOfRange) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     CliRun r = run(model, "--cache-mb 0 --substitute-experts 0.1");
     EXPECT_EQ(r.rc, 64);
-    EXPECT_NE(r.err.find("--substitute-experts needs the LRU cache"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--substitute-experts needs an expert cache"), std::string::npos) << r.err;
     r = run(model, "--substitute-experts 1.5");
     EXPECT_EQ(r.rc, 64);
     EXPECT_NE(r.err.find("--substitute-experts"), std::string::npos) << r.err;
