@@ -225,6 +225,8 @@ Status EngineImpl::init(const RunOptions & opt) {
         st = make_store();
         if (!st.ok()) return st;
     }
+    st = init_warm_experts();
+    if (!st.ok()) return st;
 
     stats_.load_s = now_s() - t_open_;
     stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
@@ -591,6 +593,7 @@ std::string EngineImpl::settings_json() const {
     }
     j["prompt_cache"] = opt_.prompt_cache;
     j["prompt_cache_mb"] = prompt_cache_ ? opt_.prompt_cache_mb : 0;
+    j["warm_experts"] = warm_path_;
     j["arch"] = index_.arch;
     j["n_expert"] = index_.n_expert;
     j["use_extra_bufts"] = false;
