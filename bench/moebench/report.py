@@ -249,11 +249,11 @@ def warm_table(res: dict[str, Any]) -> str | None:
     for c in exp["cells"]:
         s = sm[c["name"]]
         f16, st = mean(s, "first16_tok_s"), mean(s, "steady_tok_s")
-        per = lambda k: ", ".join(_f(x) for x in (s.get(k) or {}).get("per_rep", [])) or "—"  # noqa: E731
+        per = lambda k, nd=2: ", ".join(_f(x, nd) for x in (s.get(k) or {}).get("per_rep", [])) or "—"  # noqa: E731
         rows.append(f"| `{c['name']}` | {_f(mean(s, 'prompt_cache_tokens'), 0)} | {_f(mean(s, 'load_s'))} | "
                     f"{_f(mean(s, 'after_load_s'))} ({per('after_load_s')}) | {_f(mean(s, 'ttft_s'))} | "
                     f"{_f(mean(s, 'warm_experts_preloaded'), 0)} | {_f(f16)} ({per('first16_tok_s')}) | "
-                    f"{_f(mean(s, 'first16_hit_pct'), 1)} ({per('first16_hit_pct')}) | {_f(st)} | "
+                    f"{_f(mean(s, 'first16_hit_pct'), 1)} ({per('first16_hit_pct', 1)}) | {_f(st)} | "
                     f"{_f(f16 / st if (f16 and st) else None)} |")
     return "\n".join([
         "| cell | prompt tokens restored | load s | end of load → first token s (per rep) | ttft s | "
