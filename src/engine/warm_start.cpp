@@ -17,6 +17,9 @@ Status EngineImpl::init_warm_experts() {
         return Status::Usage(
             "--warm-experts needs streaming with an expert cache (it reads experts into the "
             "cache; the cache is off here: --cache-mb 0, --no-stream or a plan without one)");
+    if (lanes_.n_lanes() < 2)
+        return Status::Usage("--warm-experts needs 2 or more read lanes (--io-threads): its reads "
+                             "run on a worker lane while the layers compute");
     std::string path = opt_.warm_experts;
     if (path == "auto") {
         std::string why;

@@ -195,5 +195,15 @@ TEST(WarmExpertsNoCache, IsRefusedByNameWithTheCacheOff) {
     EXPECT_NE(stat(d.path("u.usage").c_str(), &sb), 0) << "nothing written";
 }
 
+TEST(WarmExpertsNoCache, IsRefusedByNameWithOneReadLane) {
+    TempDir d("warm-lane");
+    RunOptions o = warm_options(d.path("u.usage"));
+    o.io_threads = 1;
+    std::unique_ptr<Engine> e;
+    const Status st = Engine::open(o, &e);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("--io-threads"), std::string::npos) << st.message();
+}
+
 }  // namespace
 }  // namespace moestream::test
