@@ -48,7 +48,7 @@ def one_server(a: argparse.Namespace, label: str) -> dict:
     system.evict(a.model)
     cg = system.MemCgroup(f"serve-restart-{os.getpid()}-{label}", a.mem_cap)
     port = str(a.port)
-    cmd = [os.path.join(HERE, "cgexec"), cg.procs_file(), a.bin, "serve", "-m", a.model,
+    cmd = [os.path.join(HERE, "cgexec"), cg.procs_file, a.bin, "serve", "-m", a.model,
            "--port", port, "-t", "2", "--io-threads", "4", "-c", "4096", "-b", "512",
            "--prompt-cache", a.cache_dir]
     rec: dict = {"label": label, "command": cmd}
