@@ -27,7 +27,8 @@ def print_tables(res: dict) -> None:
     if res["experiment"]["cells"]:
         print(report.table(res))
     for extra in (report.fio_table(res), report.bound_table(res), report.hidden_bound_table(res),
-                  report.read_bound_split_table(res), report.prefill_table(res)):
+                  report.read_bound_split_table(res), report.prefill_table(res),
+                  report.warm_table(res)):
         if extra:
             print()
             print(extra)

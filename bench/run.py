@@ -166,7 +166,7 @@ def main() -> int:
     if res["experiment"]["cells"]:
         print(report.table(res))
     for extra in (report.fio_table(res), report.bound_table(res), report.hidden_bound_table(res),
-                  report.prefill_table(res)):
+                  report.prefill_table(res), report.warm_table(res)):
         if extra:
             print()
             print(extra)

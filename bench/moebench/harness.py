@@ -486,6 +486,45 @@ def _kept(rec: dict[str, Any], key: str, trim: int) -> list[float] | None:
     return None if v is None else list(v[trim:])
 
 
+FIRST = 16  # the first decode tokens whose speed and hit rate the warm-start figures report
+
+
+def _warm_start_figures(s: dict[str, Any], ok: list[dict[str, Any]]) -> None:
+    """Start-up figures of a cell (report.warm_table): from the end of load to the first token
+    (ttft_s - load_s), the prompt tokens restored from --prompt-cache, the experts the
+    --warm-experts preload read, and the first FIRST decode tokens (every token, no trim)
+    against the rest of the same run: tok/s and cache hit rate."""
+    def per_rep(get):
+        vals = [get(r.get("metrics", {})) for r in ok]
+        vals = [v for v in vals if isinstance(v, (int, float))]
+        return {"mean": sum(vals) / len(vals), "per_rep": vals} if vals else None
+    sj = lambda m: m.get("stats_json") or {}  # noqa: E731
+    figs = {
+        "after_load_s": per_rep(lambda m: m["ttft_s"] - m["load_s"]
+                                if isinstance(m.get("ttft_s"), (int, float)) and
+                                isinstance(m.get("load_s"), (int, float)) else None),
+        "prompt_cache_tokens": per_rep(lambda m: sj(m).get("prompt_cache_tokens")),
+        "warm_experts_preloaded": per_rep(lambda m: sj(m).get("warm_experts_preloaded")),
+    }
+    first, rest, hits, looks = [], [], [], []
+    for r in ok:
+        pt = r.get("metrics", {}).get("per_token") or {}
+        d, h, m = pt.get("decode_s"), pt.get("cache_hits"), pt.get("cache_misses")
+        if not d or len(d) <= FIRST:
+            continue
+        first.append(FIRST / sum(d[:FIRST]) if sum(d[:FIRST]) > 0 else None)
+        rest.append((len(d) - FIRST) / sum(d[FIRST:]) if sum(d[FIRST:]) > 0 else None)
+        if h and m:
+            look = sum(h[:FIRST]) + sum(m[:FIRST])
+            hits.append(100.0 * sum(h[:FIRST]) / look if look else None)
+    for k, v in (("first16_tok_s", first), ("steady_tok_s", rest), ("first16_hit_pct", hits)):
+        v = [x for x in v if x is not None]
+        figs[k] = {"mean": sum(v) / len(v), "per_rep": v} if v else None
+    for k, v in figs.items():
+        if v is not None:
+            s[k] = v
+
+
 def summarize(res: dict[str, Any]) -> dict[str, Any]:
     exp = res["experiment"]
     trim = exp["trim"]
@@ -567,6 +606,7 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
                 vals = [r["metrics"].get(k) for r in ok]
                 if all(isinstance(v, (int, float)) for v in vals):
                     s[k] = {"mean": sum(vals) / len(vals), "per_rep": vals}
+        _warm_start_figures(s, ok)
         fb = [_kept(r, "flash_bytes_read", trim) for r in ok]
         io = [_kept(r, "io_s", trim) for r in ok]
         dd = [_kept(r, "decode_s", trim) for r in ok]

@@ -276,6 +276,11 @@ def section(path: str, res: dict[str, Any], older: list[str], exp_def: config.Ex
                   "longer than t_compute cannot hide them (a token's routing is known only once "
                   "it runs), so their floor is their read time; the other tokens' floor is "
                   "t_compute:", "", st, ""]
+    wt = report.warm_table(res)
+    if wt:
+        lines += ["Start-up: the prompt cache's restore and the warm expert set against cold "
+                  "starts (every decode token, no trim; the first 16 against the rest of the same "
+                  "run; means over the repetitions, each listed):", "", wt, ""]
     pt = report.prefill_table(res)
     if pt:
         lines += ["Prefill against the resident cell with the same prompt (the resident prefill "

@@ -235,6 +235,33 @@ def read_bound_split_table(res: dict[str, Any]) -> str | None:
         "|---|---|---|---|---|---|"] + rows)
 
 
+def warm_table(res: dict[str, Any]) -> str | None:
+    """Start-up figures (harness._warm_start_figures): the prompt cache's restore and the warm
+    expert set's preload against cold starts. Shown for experiments whose cells restore a
+    prompt or preload experts."""
+    exp = res["experiment"]
+    sm = res["summary"]["cells"]
+    mean = lambda s, k: (s.get(k) or {}).get("mean")  # noqa: E731
+    if not any(mean(sm[c["name"]], "prompt_cache_tokens") or mean(sm[c["name"]], "warm_experts_preloaded")
+               for c in exp["cells"]):
+        return None
+    rows = []
+    for c in exp["cells"]:
+        s = sm[c["name"]]
+        f16, st = mean(s, "first16_tok_s"), mean(s, "steady_tok_s")
+        per = lambda k, nd=2: ", ".join(_f(x, nd) for x in (s.get(k) or {}).get("per_rep", [])) or "—"  # noqa: E731
+        rows.append(f"| `{c['name']}` | {_f(mean(s, 'prompt_cache_tokens'), 0)} | {_f(mean(s, 'load_s'))} | "
+                    f"{_f(mean(s, 'after_load_s'))} ({per('after_load_s')}) | {_f(mean(s, 'ttft_s'))} | "
+                    f"{_f(mean(s, 'warm_experts_preloaded'), 0)} | {_f(f16)} ({per('first16_tok_s')}) | "
+                    f"{_f(mean(s, 'first16_hit_pct'), 1)} ({per('first16_hit_pct', 1)}) | {_f(st)} | "
+                    f"{_f(f16 / st if (f16 and st) else None)} |")
+    return "\n".join([
+        "| cell | prompt tokens restored | load s | end of load → first token s (per rep) | ttft s | "
+        "experts preloaded | first 16 decode tok/s (per rep) | first 16 hit % (per rep) | "
+        "steady tok/s (tokens 17+) | first 16 / steady |",
+        "|---|---|---|---|---|---|---|---|---|---|"] + rows)
+
+
 def prefill_table(res: dict[str, Any]) -> str | None:
     """Prefill against the resident cell with the same prompt: prefill tok/s, time to first
     token, and TTFT against the resident prefill time plus the dense read: the cell's dense

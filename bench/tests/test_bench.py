@@ -377,6 +377,29 @@ class MatrixRules(unittest.TestCase):
         self.assertIsNone(report.hidden_bound_table(res))
         self.assertIsNone(report.prefill_table(res))
 
+    def test_warm_start_figures_split_the_first_16_decode_tokens_from_the_rest(self):
+        from moebench import report
+        # 20 decode tokens: the first 16 at 0.5 s with 1 hit in 4 lookups, the rest at 0.25 s.
+        pt = {"decode_s": [0.5] * 16 + [0.25] * 4, "cache_hits": [1] * 16 + [4] * 4,
+              "cache_misses": [3] * 16 + [0] * 4}
+        run = {"metrics": {"per_token": pt, "ttft_s": 9.5, "load_s": 8.0,
+                           "stats_json": {"prompt_cache_tokens": 1000, "warm_experts_preloaded": 96}}}
+        s: dict = {}
+        harness._warm_start_figures(s, [run])
+        self.assertAlmostEqual(s["first16_tok_s"]["mean"], 2.0)
+        self.assertAlmostEqual(s["steady_tok_s"]["mean"], 4.0)
+        self.assertAlmostEqual(s["first16_hit_pct"]["mean"], 25.0)
+        self.assertAlmostEqual(s["after_load_s"]["mean"], 1.5)
+        s["load_s"] = {"mean": 8.0}
+        s["ttft_s"] = {"mean": 9.5}
+        res = {"experiment": {"cells": [{"name": "warm"}]}, "summary": {"cells": {"warm": s}}}
+        self.assertIn("| `warm` | 1000 | 8.00 | 1.50 (1.50) | 9.50 | 96 | 2.00 (2.00) | 25.0 (25.0) | "
+                      "4.00 | 0.50 |", report.warm_table(res))
+        # Control: without a restored prompt or a preload the table is not shown.
+        for k in ("prompt_cache_tokens", "warm_experts_preloaded"):
+            s.pop(k)
+        self.assertIsNone(report.warm_table(res))
+
     def test_parse_bytes(self):
         self.assertEqual(config.parse_bytes("8GiB"), 8 << 30)
         self.assertEqual(config.parse_bytes("512MiB"), 512 << 20)

@@ -114,6 +114,12 @@ struct RunOptions {
     // the rest, byte-identical to a cold run. "" = off. DIR is made (one level) if missing.
     std::string prompt_cache;
     int64_t prompt_cache_mb = 4096;  // --prompt-cache-mb: DIR's files at most, MiB (LRU)
+    // --warm-experts FILE|auto (docs/prompt-cache.md, "Warm expert set"; lossless; needs
+    // streaming with an expert cache): FILE counts which experts decode routed, over runs; at
+    // start its hottest experts that fit the cache are read into it in the background, and
+    // after every generation it is rewritten with this run's counts added. "auto" = a file
+    // per model under $XDG_CACHE_HOME/moestream/warm (else ~/.cache/...). "" = off.
+    std::string warm_experts;
     // Experiments: A/B switches of benchmarks not yet settled, lossless either way. Each is
     // also set by its environment variable at open (settings.h, apply_env_overlay); the
     // registry (settings.cpp) and docs/cli.md, "Settings", say what each does.
@@ -272,6 +278,13 @@ struct RunStats {
     double prompt_cache_restore_s = 0;
     std::string prompt_cache_refused;
     uint64_t prompt_cache_written_bytes = 0;
+    // --warm-experts (docs/prompt-cache.md): the usage file, experts listed in it at start
+    // (the hottest that fit the cache), why it was not used ("" = used or missing), and the
+    // experts the background reads have loaded so far (over the engine's life).
+    std::string warm_experts_file;
+    uint64_t warm_experts_listed = 0;
+    std::string warm_experts_refused;
+    uint64_t warm_experts_preloaded = 0;
     std::vector<TokenStats> tokens;   // decode steps, in order
 };
 

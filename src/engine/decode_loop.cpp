@@ -300,6 +300,7 @@ Status EngineImpl::generate(const GenerateRequest & req,
         }
     }
     stats.finish();
+    write_warm_usage();
     if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
     for (const PromptCache::File & f : pc_files) {
         uint64_t evicted = 0;
@@ -386,6 +387,7 @@ Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,
         stats.decode_step(stats.step(tokens[i + 1], td - ts, te - td, te - ts));
     }
     stats.finish();
+    write_warm_usage();
     if (tracer_) tracer_->finish();  // one trace per engine, as for generate()
     return Status::Ok();
 }

@@ -229,6 +229,8 @@ Status EngineImpl::init(const RunOptions & opt) {
         st = make_store();
         if (!st.ok()) return st;
     }
+    st = init_warm_experts();
+    if (!st.ok()) return st;
 
     stats_.load_s = now_s() - t_open_;
     stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
@@ -527,6 +529,7 @@ std::string EngineImpl::settings_json() const {
         plan_.prefill_readahead && predictor_ && predictor_->prefill_rows() ? "rows" : "bank";
     r["n_expert_used"] = k_eff_;
     r["prompt_cache_mb"] = prompt_cache_ ? opt_.prompt_cache_mb : 0;
+    r["warm_experts"] = warm_path_;  // the resolved file (auto: the path it chose)
     if (!fallback_) r["miss_fallback"] = "";
 
     // Observations of the run: no setting, so no registry row.

@@ -31,6 +31,7 @@
 #include "policy_substitute.h"
 #include "prefetch.h"
 #include "prompt_cache.h"
+#include "warm_experts.h"
 #include "residency.h"
 #include "route_tracer.h"
 #include "run_plan.h"
@@ -148,6 +149,12 @@ private:
     // What the context's KV is computed with, as the prompt cache keys it (engine.cpp): the
     // model's files and every setting that changes the KV, as they are now.
     PromptCacheKey prompt_cache_key() const;
+    // --warm-experts (warm_start.cpp): the usage file ("" = off) and its counts as read at
+    // open; the streamer counts this engine's decode routings, added to them at every write.
+    std::string warm_path_;
+    WarmUsage warm_base_;
+    Status init_warm_experts();  // after make_store: reads the file, hands the streamer its list
+    void write_warm_usage();     // after a generation: the file with this engine's counts added
     ChatTemplate chat_;                   // apply_chat_template
     std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen
     bool kv_lossy_ = false;     // the KV cache holds state computed with lossy settings

@@ -54,6 +54,9 @@ RunStatsAssembly::RunStatsAssembly(const StatsSources & src, RunStats * s) : src
     fresh.expert_buffer_bytes = s->expert_buffer_bytes;
     fresh.cache_budget_bytes = s->cache_budget_bytes;
     fresh.cache_budget_reason = s->cache_budget_reason;
+    fresh.warm_experts_file = s->warm_experts_file;
+    fresh.warm_experts_listed = s->warm_experts_listed;
+    fresh.warm_experts_refused = s->warm_experts_refused;
     *s = std::move(fresh);
     majflt0_ = major_faults();
     if (src_.streamer) latency0_ = src_.streamer->read_latency();
@@ -196,6 +199,7 @@ void RunStatsAssembly::finish() {
         // Read ahead by prefetch or prefill read-ahead (either may run alone).
         s.prefetch_bytes = tot.prefetch_bytes;
         s.prefetch_wait_s = tot.prefetch_wait_s;
+        s.warm_experts_preloaded = src_.streamer->warm_experts();
     }
     if (src_.predictor) {  // the guess's own cost and prefill read-ahead's per-row guesses
         const PredictCounters & pc = src_.predictor->counters();

@@ -101,6 +101,12 @@ const std::vector<Setting> kSettings = {
      C::kProduction,
      "what --prompt-cache's files may take on disk, MiB (least recently used removed first)",
      "prompt_cache_mb", "1..1099511627776"},
+    {"warm_experts", &R::warm_experts, "--warm-experts", "", "", false, "off", C::kProduction,
+     "count which experts decode routes in FILE (or `auto`: a file per model under "
+     "$XDG_CACHE_HOME/moestream/warm, else ~/.cache/moestream/warm) and, at start, read its "
+     "hottest experts that fit the cache into it in the background (lossless; "
+     "docs/prompt-cache.md)",
+     "warm_experts", "FILE|auto"},
     {"",
      {},
      "-co,--color",

@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "cache_file.h"
 #include "hash.h"
 #include "llama.h"
 #include "moestream/atomic_file.h"
@@ -36,17 +37,6 @@ constexpr size_t kHeader = 48;
 constexpr size_t kTrailer = 8;
 constexpr const char * kPrefix = "prompt-";
 constexpr const char * kSuffix = ".kv";
-
-template <typename T>
-void put(std::vector<uint8_t> * b, size_t at, T v) {
-    std::memcpy(b->data() + at, &v, sizeof v);
-}
-template <typename T>
-T get(const std::vector<uint8_t> & b, size_t at) {
-    T v;
-    std::memcpy(&v, b.data() + at, sizeof v);
-    return v;
-}
 
 // The hash that names a prefix: the key, then the tokens.
 uint64_t key_hash(const PromptCacheKey & key) {
@@ -67,40 +57,6 @@ bool is_cache_name(const std::string & n) {
     return n.size() == p + 16 + s && n.compare(0, p, kPrefix) == 0 &&
            n.compare(n.size() - s, s, kSuffix) == 0 &&
            n.find_first_not_of("0123456789abcdef", p) == p + 16;
-}
-
-// Reads the whole regular file at path (at most max_bytes); false with *why otherwise.
-bool read_whole(const std::string & path, uint64_t max_bytes, std::vector<uint8_t> * out,
-                std::string * why) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) {
-        *why = std::string("cannot open it: ") + std::strerror(errno);
-        return false;
-    }
-    struct stat st;
-    bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
-    if (!ok) *why = "not a regular file";
-    if (ok && uint64_t(st.st_size) > max_bytes) {
-        *why = "larger (" + std::to_string(st.st_size) + " bytes) than the cache budget";
-        ok = false;
-    }
-    if (ok) {
-        out->resize(size_t(st.st_size));
-        size_t got = 0;
-        while (got < out->size()) {
-            const ssize_t r = ::read(fd, out->data() + got, out->size() - got);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) {
-                *why = r < 0 ? std::string("read error: ") + std::strerror(errno)
-                             : "it shrank while being read";
-                ok = false;
-                break;
-            }
-            got += size_t(r);
-        }
-    }
-    ::close(fd);
-    return ok;
 }
 
 }  // namespace
@@ -257,23 +213,6 @@ bool serialize(llama_context * ctx, const PromptCacheKey & key, const int32_t * 
     }
     put<uint64_t>(&b, size - kTrailer, fnv1a64(kFnv1a64Basis, b.data(), size - kTrailer));
     return true;
-}
-
-Status write_atomic(const std::string & path, const std::vector<uint8_t> & bytes,
-                    const std::string & what) {
-    AtomicFile af;
-    Status st = af.create(path, what);
-    if (!st.ok()) return st;
-    size_t done = 0;
-    while (done < bytes.size()) {
-        const ssize_t w = ::write(af.fd(), bytes.data() + done, bytes.size() - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0)
-            return Status::Runtime(path + ": not written: " +
-                                   std::strerror(w < 0 ? errno : ENOSPC));
-        done += size_t(w);
-    }
-    return af.commit();
 }
 
 }  // namespace

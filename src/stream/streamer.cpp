@@ -63,6 +63,42 @@ void Streamer::set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) 
     hint_ = experts;
 }
 
+void Streamer::set_warm(std::vector<std::vector<uint32_t>> lists) {
+    warm_.clear();
+    warm_pos_.clear();
+    warm_left_ = 0;
+    if (lists.size() != index_.moe_layers.size()) return;
+    warm_ = std::move(lists);
+    warm_pos_.assign(warm_.size(), 0);
+    for (const auto & l : warm_) warm_left_ += l.empty() ? 0 : 1;
+}
+
+void Streamer::set_record_usage(bool on) {
+    usage_.assign(on ? index_.moe_layers.size() * index_.n_expert : 0, 0);
+    usage_routings_ = 0;
+}
+
+void Streamer::warm_tail(int slot, int rows) {
+    const size_t n_layers = warm_.size();
+    const size_t want = rows > 1 ? std::max<size_t>(index_.n_expert_used, 1) : 1;
+    for (size_t i = 1; i < n_layers; ++i) {  // the next layer whose list is not done
+        const size_t m = (size_t(slot) + i) % n_layers;
+        const std::vector<uint32_t> & l = warm_[m];
+        size_t & pos = warm_pos_[m];
+        if (pos >= l.size()) continue;
+        warm_chunk_.clear();
+        while (pos < l.size() && warm_chunk_.size() < want) {
+            const uint32_t e = l[pos++];
+            if (!store_->is_resident(m, e)) warm_chunk_.push_back(e);
+        }
+        const size_t n = warm_chunk_.empty() ? 0 : store_->prefetch(m, warm_chunk_, &reads_);
+        if (n < warm_chunk_.size()) pos = l.size();  // the store takes no more of it
+        if (pos >= l.size()) --warm_left_;
+        warm_experts_ += n;
+        return;
+    }
+}
+
 void Streamer::finish_tail() {
     if (!tail_ && !uring_tail_) return;
     IoBatchStats io;
@@ -112,6 +148,11 @@ Status Streamer::on_routing(const Routing & r) {
         }
     }
     for (uint32_t e : experts_) seen_[e] = 0;
+    if (!usage_.empty() && r.n_rows == 1) {  // the warm set's usage: decode routings
+        uint32_t * u = usage_.data() + size_t(slot) * index_.n_expert;
+        for (uint32_t e : experts_) ++u[e];
+        ++usage_routings_;
+    }
 
     if (tracer_ && tracer_->active()) {
         // Residency before the stage = hit or miss (routed experts are never evicted).
@@ -174,6 +215,8 @@ Status Streamer::on_routing(const Routing & r) {
             }
             store_->prefetch(size_t(slot) + 1, bank_, &reads_);
         }
+    } else if (warm_left_ > 0 && lanes_->n_lanes() > 1) {
+        warm_tail(slot, r.n_rows);  // the warm set: no other speculative read this routing
     }
     add_stage_s(now_s() - t_stage0);
     if (uring_ && reads_.size() > n_own) {  // the ring reads the tail, after the own reads

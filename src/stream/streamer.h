@@ -54,6 +54,18 @@
 // predictor hands over the union of the ubatch rows' guesses for the next MoE layer
 // (set_prefetch, as in decode), and that union is the guess instead of the bank.
 //
+// Warm set (set_warm; --warm-experts, docs/prompt-cache.md, "Warm expert set"): per MoE layer
+// a list of experts, hottest first, that earlier runs routed. At a routing that hands the
+// store no other speculative read (no decode prefetch, no prefill read-ahead), the next MoE
+// layer (in order, wrapping) whose list is not done gets a few of its experts that are not
+// resident read into the cache through the store's prefetch(), as a tail exactly like a
+// decode prefetch's (same waits, same invariants): after every own read of the routing,
+// while the layer computes. At most n_expert_used experts per prompt-ubatch routing (long
+// compute) and one per decode routing, so the tail stays short against the layer's compute.
+// A list is done when it is read or the store takes no more of it (budget). Lossless: it only
+// changes what is resident. Usage (set_record_usage): per (MoE layer, expert), the decode
+// (one-row) routings that routed it, for the usage file.
+//
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest
 // layer's routed bytes). See docs/metrics.md.
@@ -128,6 +140,15 @@ public:
     // Split staging (above): with a worker lane and a store that supports it.
     void set_stage_split(bool on) { split_ = on; }
     void set_prefetch(uint32_t il, const std::vector<uint32_t> & experts) override;
+    // Warm set (above): lists[m] = MoE layer m's experts to read ahead, hottest first (one
+    // list per MoE layer; anything else turns the warm set off).
+    void set_warm(std::vector<std::vector<uint32_t>> lists);
+    uint64_t warm_experts() const { return warm_experts_; }  // experts the warm tails read
+    // Counts decode routings per (MoE layer, expert) from now on (usage()).
+    void set_record_usage(bool on);
+    // [moe_layer * n_expert + e]: decode routings that routed e (empty unless recording).
+    const std::vector<uint32_t> & usage() const { return usage_; }
+    uint64_t usage_routings() const { return usage_routings_; }  // decode routings counted
     Status drain() override;
     bool is_resident(uint32_t il, int32_t e) const override;
     uint64_t expert_bytes(uint32_t il) const override;
@@ -165,6 +186,8 @@ private:
         total_.stage_s += s;
     }
     void finish_tail();  // waits for the speculative tail, then the store keeps or drops it
+    // Appends a warm-set tail (above) after the routing of MoE layer `slot` with `rows` rows.
+    void warm_tail(int slot, int rows);
     // Orders reads_[0, n) by stage (early, second, late); returns the early and second counts
     // via *n_early and *n_mid (early + second). Sets early_tensor_.
     void order_stages(const MoeLayer & L, size_t n, size_t * n_early, size_t * n_mid);
@@ -210,6 +233,14 @@ private:
     StreamTestHooks hooks_;
     bool prefill_ra_ = false;
     std::vector<uint32_t> bank_;  // 0..n_expert-1: the prefill read-ahead guess
+    // Warm set: per MoE layer, the list and how far it was taken; experts handed to prefetch().
+    std::vector<std::vector<uint32_t>> warm_;
+    std::vector<size_t> warm_pos_;
+    size_t warm_left_ = 0;  // layers whose list is not done
+    uint64_t warm_experts_ = 0;
+    std::vector<uint32_t> warm_chunk_;  // scratch
+    std::vector<uint32_t> usage_;
+    uint64_t usage_routings_ = 0;
     MissFallback * fallback_ = nullptr;
     std::vector<uint8_t> fb_flags_;  // per distinct expert: from the low-bit copy (scratch)
 };

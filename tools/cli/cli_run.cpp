@@ -60,6 +60,10 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["prompt_cache_restore_s"] = s.prompt_cache_restore_s;
     j["prompt_cache_refused"] = s.prompt_cache_refused;
     j["prompt_cache_written_bytes"] = s.prompt_cache_written_bytes;
+    j["warm_experts_file"] = s.warm_experts_file;
+    j["warm_experts_listed"] = s.warm_experts_listed;
+    j["warm_experts_preloaded"] = s.warm_experts_preloaded;
+    j["warm_experts_refused"] = s.warm_experts_refused;
     j["decode_s"] = s.decode_s;
     j["decode_tok_s"] = s.decode_tok_s;
     j["peak_rss_bytes"] = s.peak_rss_bytes;
@@ -239,6 +243,14 @@ int do_run(RunFlags & f) {
                      "%.2f s) | %.1f MiB written\n",
                      s.prompt_cache_tokens, s.n_prompt, mib(double(s.prompt_cache_read_bytes)),
                      s.prompt_cache_restore_s, mib(double(s.prompt_cache_written_bytes)));
+    if (!f.opt.warm_experts.empty())
+        std::fprintf(stderr,
+                     "moestream: warm experts: %llu of %llu listed read in the background | first "
+                     "16 decode tokens hit %.1f%% | usage file %s%s%s\n",
+                     (unsigned long long)s.warm_experts_preloaded,
+                     (unsigned long long)s.warm_experts_listed, s.first16_hit_pct,
+                     s.warm_experts_file.c_str(), s.warm_experts_refused.empty() ? "" : " (ignored: ",
+                     s.warm_experts_refused.empty() ? "" : (s.warm_experts_refused + ")").c_str());
     if (f.opt.stream)
         std::fprintf(stderr,
                      "moestream: flash read %.1f MiB in %llu reads (io %.2f s) | %.2f MiB/token | "

@@ -73,6 +73,12 @@ void Server::publish_after_job(double dt, int ok) {
                                   {"restore_s", s.prompt_cache_restore_s},
                                   {"written_mib", mib(double(s.prompt_cache_written_bytes))},
                                   {"refused", s.prompt_cache_refused}};
+    if (!cfg_.run.warm_experts.empty())
+        snap_.warm_experts = json{{"file", s.warm_experts_file},
+                                  {"listed", s.warm_experts_listed},
+                                  {"preloaded", s.warm_experts_preloaded},
+                                  {"first16_hit_pct", s.first16_hit_pct},
+                                  {"refused", s.warm_experts_refused}};
     snap_.read_latency = s.reads_timed == 0 ? json(nullptr)
                                             : json{{"reads", s.reads_timed},
                                                    {"p50_ms", s.read_p50_s * 1e3},
@@ -185,6 +191,7 @@ json Server::stats_json() {
                 {"read_latency", s.read_latency},
                 {"rss_mib", mib(double(current_rss_bytes()))},
                 {"prompt_cache", s.prompt_cache},
+                {"warm_experts", s.warm_experts},
                 {"peak_rss_mib", mib(double(peak_rss_bytes()))},
                 {"queue_waiting", waiting},
                 {"queue_max", cfg_.queue_max},

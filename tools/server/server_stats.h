@@ -31,6 +31,7 @@ struct Snapshot {
     json cache;  // the expert cache's counters since start, as of the last finished request
     json read_latency;  // the last finished request's expert read times (null: not streaming)
     json prompt_cache;  // the last finished request's --prompt-cache restore (null: off)
+    json warm_experts;  // --warm-experts: the file, experts listed and read, first-16 hit rate
 };
 
 // /stats "cache": the expert cache's counters over the engine's life (docs/server.md); null
