@@ -118,6 +118,8 @@ try {
   assert.ok(endTokens > midTokens, `token count went up (${midTokens} mid-generation, ${endTokens} at the end)`);
   assert.match(await page.textContent("#stat-toks"), /^\d+\.\d\d$/);
   assert.match(await page.textContent("#stat-hit"), /%|cache off/);
+  assert.ok(await page.isHidden("#stat-pcache") && await page.isHidden("#stat-warm"),
+            "no prompt cache or warm set on this server: their rows are hidden");
   assert.match(await page.textContent("#stat-mib"), /^\d+\.\d\d$/);
   assert.match(await page.textContent("#stat-mem"), /MiB$/);
   assert.match(await page.textContent("#last-settings"), /LOSSY|lossless/);
@@ -504,6 +506,12 @@ try {
   await desk.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 1 &&
                              document.querySelector(".msg.assistant .body").textContent.length > 0, null, { timeout: 60000 });
   assert.ok(await desk.isHidden("#key-form"), "the key prompt is gone once the key works");
+  // This server has --prompt-cache and --warm-experts: once the request ended, /stats carries
+  // both and the page shows them (control: the open server's page hides both rows, above).
+  await desk.waitForFunction(() => /tokens restored \(/.test(document.getElementById("stat-pcache").textContent) &&
+                             / read; first 16 tokens .* % hits/.test(document.getElementById("stat-warm").textContent),
+                             null, { timeout: 30000 });
+  assert.ok(await desk.isVisible("#stat-pcache") && await desk.isVisible("#stat-warm"));
   assert.deepEqual(deskSeen, ["", "Bearer " + theKey], "first without a key (401), then with it");
   assert.equal(await desk.evaluate(() => localStorage.getItem("moestream.apiKey")), theKey, "the key is kept");
   await desk.waitForFunction(() => !document.getElementById("send").disabled);

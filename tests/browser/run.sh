@@ -25,7 +25,9 @@ synth_once "$model"
 # one holds a prompt in its prefill while $work/prefill.hold exists (the page test makes and
 # removes it: MOESTREAM_DEBUG_PREFILL_HOLD).
 MOESTREAM_DEBUG_PREFILL_HOLD="$work/prefill.hold" serve_start open 60 -m "$model" -n 40 --temp 0.7
-serve_start keyed 60 -m "$model" -n 8 --api-key browser-test-key
+# The keyed one also keeps a prompt cache and a warm expert set (the page's two extra rows).
+serve_start keyed 60 -m "$model" -n 8 --api-key browser-test-key \
+  --prompt-cache "$work/pcache" --warm-experts "$work/warm.usage"
 url="$(serve_url open)"
 key_url="$(serve_url keyed)"
 

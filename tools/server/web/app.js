@@ -298,6 +298,14 @@ function showStats(s) {
   // MiB read as an overrun: "16.3 / 16").
   $("stat-resident").textContent = s.cache_budget_mib > 0
     ? fmt(s.resident_expert_mib, 1) + " of " + fmt(s.cache_budget_mib, 1) + " MiB budget" : "off";
+  // Shown only on a server started with --prompt-cache / --warm-experts, once a request ended.
+  const pc = s.prompt_cache, warm = s.warm_experts;
+  for (const el of document.querySelectorAll("#stats .pcache")) el.hidden = !pc;
+  for (const el of document.querySelectorAll("#stats .warm")) el.hidden = !warm;
+  if (pc) $("stat-pcache").textContent = pc.tokens_restored + " tokens restored (" +
+    fmt(pc.read_mib, 1) + " MiB in " + fmt(pc.restore_s, 2) + " s)";
+  if (warm) $("stat-warm").textContent = warm.preloaded + " of " + warm.listed +
+    " read; first 16 tokens " + fmt(warm.first16_hit_pct, 1) + " % hits";
   $("stat-tokens").textContent = String(s.n_generated);
   $("stat-queue").textContent = s.queue_waiting + " waiting";
   $("model").textContent = s.model;
