@@ -388,7 +388,7 @@ struct GenerateResult {
     bool lossy = false;
 };
 
-// One chat message (Engine::apply_chat_template). role: as the template knows it
+// One chat message. role: as the template knows it
 // ("system", "user", "assistant"); content: text without NUL bytes.
 struct ChatMessage {
     std::string role;
@@ -453,15 +453,6 @@ public:
     virtual DropColdBlock drop_cold_block() const = 0;
     // The model's own chat template (GGUF tokenizer.chat_template), "" when it carries none.
     virtual std::string chat_template() const = 0;
-    // Renders messages with the model's chat template through llama.cpp's template
-    // recogniser, ending with the assistant turn's opener when add_assistant. A model without
-    // a template gets chatml; a template llama.cpp does not recognise is refused (kBadInput),
-    // never replaced by another.
-    virtual Status apply_chat_template(const std::vector<ChatMessage> & messages,
-                                       bool add_assistant, std::string * out) const = 0;
-    // Which template apply_chat_template uses ("chatml (the model carries no chat template)",
-    // "llama3 (recognised from the model's template)", ...); "" when it refuses them all.
-    virtual std::string chat_template_name() const = 0;
     // The text of the model's start (BOS) and end (EOS) tokens as a chat template writes them
     // ("" if none); *bos_added: whether tokenize() and generate() put BOS before a prompt.
     virtual void special_texts(std::string * bos, std::string * eos, bool * bos_added) const = 0;

@@ -223,7 +223,6 @@ Status EngineImpl::init(const RunOptions & opt) {
                            std::to_string(nb);
         opt_.n_batch = nb;
     }
-    chat_ = choose_chat_template(llama_model_chat_template(model_.get(), nullptr));
 
     if (opt.stream) {
         st = make_store();
@@ -482,11 +481,6 @@ Status EngineImpl::set_drop_cold(double frac) {
 std::string EngineImpl::chat_template() const {
     const char * t = llama_model_chat_template(model_.get(), nullptr);
     return t ? std::string(t) : std::string();
-}
-
-Status EngineImpl::apply_chat_template(const std::vector<ChatMessage> & messages,
-                                       bool add_assistant, std::string * out) const {
-    return render_chat(chat_, messages, add_assistant, out);
 }
 
 StatsSources EngineImpl::stats_sources() const {

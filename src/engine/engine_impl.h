@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "chat_template.h"
 #include "env_knobs.h"
 #include "io_faults.h"
 #include "io_lanes.h"
@@ -80,9 +79,6 @@ public:
     DropColdBlock drop_cold_block() const override { return drop_cold_block_; }
     Status model_file_status() const override { return check_file_unchanged(index_); }
     std::string chat_template() const override;
-    Status apply_chat_template(const std::vector<ChatMessage> & messages, bool add_assistant,
-                               std::string * out) const override;
-    std::string chat_template_name() const override { return chat_.usable ? chat_.name : ""; }
     void special_texts(std::string * bos, std::string * eos, bool * bos_added) const override;
     int n_ctx() const override { return opt_.n_ctx; }
     const RunStats & stats() const override { return stats_; }
@@ -155,7 +151,6 @@ private:
     WarmUsage warm_base_;
     Status init_warm_experts();  // after make_store: reads the file, hands the streamer its list
     void write_warm_usage();     // after a generation: the file with this engine's counts added
-    ChatTemplate chat_;                   // apply_chat_template
     std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen
     bool kv_lossy_ = false;     // the KV cache holds state computed with lossy settings
     RunStats stats_;

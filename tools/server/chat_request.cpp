@@ -46,7 +46,9 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
         return refuse("tool_choice", "tool_choice '" + x.tool_choice +
                                          "' constrains the output with a grammar; 'grammar' and "
                                          "'response_format' cannot be combined with it");
-    if (!f.jinja && f.family == ChatFamily::kNone) return std::nullopt;
+    // A loaded format always has its template (load_chat_format); never send an unrendered
+    // prompt.
+    if (!f.jinja) return refuse("messages", "the chat template is not loaded (" + name + ")");
 
     RenderInput in;
     in.messages = x.turns;
@@ -58,7 +60,6 @@ std::optional<ApiError> plan_chat(const ChatFormat & f, const std::string & tmpl
     std::string err;
     if (!render_chat_format(f, in, &plan->shown, &err)) return refuse("messages", err);
     p->prompt = engine_prompt(f, plan->shown);
-    plan->rendered = true;
     plan->parse = true;
     plan->tools = !x.tools.empty() && x.tool_choice != "none";
     plan->thinking = f.thinking && in.enable_thinking;

@@ -14,7 +14,6 @@ namespace moestream::server {
 
 // What the worker does with a chat reply.
 struct ChatPlan {
-    bool rendered = false;  // p->prompt was rendered by the chat format (else: llama.cpp's)
     bool parse = false;     // split the reply with a ReplyParser
     bool tools = false;     // ... looking for tool calls
     bool thinking = false;  // ... starting in the thinking block

@@ -414,9 +414,6 @@ std::optional<ApiError> Server::prepare_prompt(GenParams & p, ChatPlan * plan) c
                                    "prompt yourself and use /v1/completions",
                                    "messages");
         if (auto e = plan_chat(fmt_, tmpl_, &p, plan)) return e;
-        Status st = plan->rendered ? Status::Ok()
-                                   : engine_->apply_chat_template(p.messages, true, &p.prompt);
-        if (!st.ok()) return api_error_param(400, st.message(), "messages");
     } else if (!p.prompt_tokens.empty()) {
         // Token ids are passed as their text: accepted when the text gives the same ids.
         Status st = engine_->detokenize(p.prompt_tokens, &p.prompt);
@@ -529,11 +526,7 @@ void Server::apply_template_route(const httplib::Request & req, httplib::Respons
                                                "messages"));
     ChatPlan plan;
     if (auto e = plan_chat(fmt_, tmpl_, &p, &plan, true)) return send_error(res, *e);
-    std::string prompt = plan.shown;
-    Status st = plan.rendered ? Status::Ok()
-                              : engine_->apply_chat_template(p.messages, true, &prompt);
-    if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "messages"));
-    send_json(res, 200, json{{"prompt", sanitize_utf8(prompt)}, {"chat_template", tmpl_}});
+    send_json(res, 200, json{{"prompt", sanitize_utf8(plan.shown)}, {"chat_template", tmpl_}});
 }
 
 }  // namespace moestream::server
