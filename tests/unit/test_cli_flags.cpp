@@ -849,3 +849,23 @@ TEST(CliReplayPlot, MarkersAgreeWithInspect) {
                 double(m["expert_bytes_total"].get<uint64_t>()) / (1 << 20), 1e-9);
     std::remove(trace.c_str());
 }
+
+// --version after a subcommand's name (llama.cpp's habit) prints the version, exit 0, on every
+// subcommand, before any required argument is asked for. Control: the same without --version
+// asks for them.
+TEST(CliFlags, VersionAfterAnySubcommandPrintsTheVersion) {
+    const CmdResult top = cli("--version");
+    ASSERT_EQ(top.exit_code, 0) << top.err;
+    ASSERT_NE(top.out.find("moestream "), std::string::npos) << top.out;
+    std::vector<std::string> subs = {"run", "inspect", "synth", "replay", "eval", "make-fallback"};
+    // serve and chat where this build has them (the sanitizer builds leave them out).
+    if (cli("serve --help").exit_code == 0) subs.insert(subs.end(), {"chat", "serve"});
+    for (const std::string & sub : subs) {
+        const CmdResult r = cli(sub + " --version");
+        EXPECT_EQ(r.exit_code, 0) << sub << ": " << r.err;
+        EXPECT_EQ(r.out, top.out) << sub;
+    }
+    const CmdResult control = cli("replay");
+    EXPECT_NE(control.exit_code, 0);
+    EXPECT_EQ(control.out.find("moestream 0"), std::string::npos) << control.out;
+}

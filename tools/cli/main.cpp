@@ -36,12 +36,13 @@ int main(int argc, char ** argv) {
     app.option_defaults()->always_capture_default();
     // A repeated option: the last one wins (as in llama.cpp).
     app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-    app.set_version_flag("--version", [] {
+    auto version = [] {
         std::string be;
         moestream::Status st = moestream::cpu_backend_file(&be);
         return std::string("moestream ") + MOESTREAM_VERSION + " (llama.cpp " + llama_version() +
                ")\nggml CPU backend: " + (st.ok() ? (be.empty() ? "unknown" : be) : st.message());
-    });
+    };
+    app.set_version_flag("--version", version);
     Action action;
     add_run_command(app, &action);
 #if MOESTREAM_SERVE_AND_CHAT
@@ -55,6 +56,8 @@ int main(int argc, char ** argv) {
     add_serve_command(app, &action);
 #endif
     add_fallback_command(app, &action);
+    // `moestream run --version` as well (llama.cpp's tools take --version after their name).
+    for (CLI::App * sub : app.get_subcommands({})) sub->set_version_flag("--version", version);
     std::vector<std::string> args(argv + 1, argv + argc);
 #if !MOESTREAM_SERVE_AND_CHAT
     // A CLI configured with -DMOESTREAM_SERVE_AND_CHAT=OFF (the sanitizer and cross builds).
