@@ -275,6 +275,12 @@ void Server::run_job(Job & job) {
     }
     publish_live();
     publish_after_job(dt, st.ok() && !cancelled ? 1 : 0);
+    // The worker is free before /stats says so: a client that sees "generating": false and
+    // sends a request is never refused as busy by a job that has ended.
+    {
+        std::lock_guard<std::mutex> lk(q_m_);
+        if (running_.get() == &job) running_.reset();
+    }
     {
         std::lock_guard<std::mutex> sl(stats_m_);
         snap_.generating = false;
