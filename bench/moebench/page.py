@@ -64,7 +64,8 @@ def load(path: str) -> dict[str, Any]:
 
 
 def is_bench_result(path: str) -> bool:
-    return not os.path.basename(path).startswith("drop-prediction-")
+    """A preset's result (bench/run.py); the standalone scripts' files have their own shape."""
+    return not os.path.basename(path).startswith(("drop-prediction-", "serve-restart-"))
 
 
 def as_defined(path: str) -> bool:
