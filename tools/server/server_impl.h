@@ -74,6 +74,8 @@ private:
     int bind_failed();
 
     void shutdown();
+    // Stops taking jobs and cancels the queued ones and the running one (stop, shutdown).
+    void cancel_all();
 
     // ---- HTTP -------------------------------------------------------------------------
     static void send_json(httplib::Response & res, int status, const json & j);
@@ -156,6 +158,10 @@ private:
     int retry_after_s();
 
     void worker_loop();
+
+    // The worker is idle once `job` no longer runs (q_m_ taken here): a request enqueued from
+    // then on is taken at once.
+    void release_running(const Job & job);
 
     // Ends a job: the worker is idle before the client hears back, so a client that sends its
     // next request at once does not find the server busy.

@@ -40,7 +40,7 @@ namespace moestream::server {
 
 using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 
-void Server::stop() {
+void Server::cancel_all() {
     {
         std::lock_guard<std::mutex> lk(q_m_);
         stopping_ = true;
@@ -48,6 +48,10 @@ void Server::stop() {
         if (running_) running_->cancelled = true;
     }
     q_cv_.notify_all();
+}
+
+void Server::stop() {
+    cancel_all();
     const double deadline = now_s() + 3.0;
     while (open_streams_.load() > 0 && now_s() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -55,13 +59,7 @@ void Server::stop() {
 }
 
 void Server::shutdown() {
-    {
-        std::lock_guard<std::mutex> lk(q_m_);
-        stopping_ = true;
-        for (auto & j : queue_) j->cancelled = true;
-        if (running_) running_->cancelled = true;
-    }
-    q_cv_.notify_all();
+    cancel_all();
     if (worker_.joinable()) worker_.join();
 }
 
@@ -149,11 +147,13 @@ void Server::worker_loop() {
     }
 }
 
+void Server::release_running(const Job & job) {
+    std::lock_guard<std::mutex> lk(q_m_);
+    if (running_.get() == &job) running_.reset();
+}
+
 void Server::finish(Job & job, Status st) {
-    {
-        std::lock_guard<std::mutex> lk(q_m_);
-        if (running_.get() == &job) running_.reset();
-    }
+    release_running(job);
     {
         std::lock_guard<std::mutex> lk(job.m);
         job.status = std::move(st);
@@ -277,10 +277,7 @@ void Server::run_job(Job & job) {
     publish_after_job(dt, st.ok() && !cancelled ? 1 : 0);
     // The worker is free before /stats says so: a client that sees "generating": false and
     // sends a request is never refused as busy by a job that has ended.
-    {
-        std::lock_guard<std::mutex> lk(q_m_);
-        if (running_.get() == &job) running_.reset();
-    }
+    release_running(job);
     {
         std::lock_guard<std::mutex> sl(stats_m_);
         snap_.generating = false;
