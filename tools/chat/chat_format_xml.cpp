@@ -60,30 +60,32 @@ bool parse_call(const std::string & body, ToolCall * out) {
     return true;
 }
 
-std::string call_rule(const std::string & name, const ojson & params) {
-    // The required parameters of a flat schema in order; else any by name with any text.
-    std::string pairs = gbnf::kv_pairs(params, [](const std::string & k, const std::string & v, bool) {
-        return gbnf::literal("<parameter=" + k + ">\n") + " " + v + " " + gbnf::literal("\n</parameter>\n");
+// A `<TAG>\n<function=NAME>\n` call of `<parameter=K>` pairs: the required parameters of a
+// flat schema in order, else any by name with any text. inner: what stands after the
+// parameter's opening tag and before its closing one ("\n" in Qwen3-Coder's format, "" in
+// Seed-OSS's).
+static std::string function_call_rule(const std::string & tag, const std::string & inner,
+                                      const std::string & name, const ojson & params) {
+    const std::string close = inner + "</parameter>\n";
+    std::string pairs = gbnf::kv_pairs(params, [&](const std::string & k, const std::string & v, bool) {
+        return gbnf::literal("<parameter=" + k + ">" + inner) + " " + v + " " + gbnf::literal(close);
     });
     if (pairs.empty())
-        pairs = "( " + gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">\n") + " " +
-                gbnf::kTextValue + " " + gbnf::literal("\n</parameter>\n") + " )*";
-    return gbnf::literal("<tool_call>\n<function=" + name + ">\n") + " " + pairs + " " +
-           gbnf::literal("</function>\n</tool_call>");
+        pairs = "( " + gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">" + inner) +
+                " " + gbnf::kTextValue + " " + gbnf::literal(close) + " )*";
+    return gbnf::literal("<" + tag + ">\n<function=" + name + ">\n") + " " + pairs + " " +
+           gbnf::literal("</function>\n</" + tag + ">");
+}
+
+std::string call_rule(const std::string & name, const ojson & params) {
+    return function_call_rule("tool_call", "\n", name, params);
 }
 
 }  // namespace xml
 
 namespace seed {
 std::string call_rule(const std::string & name, const ojson & params) {
-    std::string pairs = gbnf::kv_pairs(params, [](const std::string & k, const std::string & v, bool) {
-        return gbnf::literal("<parameter=" + k + ">") + " " + v + " " + gbnf::literal("</parameter>\n");
-    });
-    if (pairs.empty())
-        pairs = "( " + gbnf::literal("<parameter=") + " [a-zA-Z0-9_.-]+ " + gbnf::literal(">") + " " +
-                gbnf::kTextValue + " " + gbnf::literal("</parameter>\n") + " )*";
-    return gbnf::literal("<seed:tool_call>\n<function=" + name + ">\n") + " " + pairs + " " +
-           gbnf::literal("</function>\n</seed:tool_call>");
+    return xml::function_call_rule("seed:tool_call", "", name, params);
 }
 }  // namespace seed
 }  // namespace moestream::chat
