@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "hash.h"
 #include "moestream/atomic_file.h"
 
 namespace moestream {
@@ -61,6 +62,20 @@ Status write_atomic(const std::string & path, const std::vector<uint8_t> & bytes
         done += size_t(w);
     }
     return af.commit();
+}
+
+std::string envelope_error(const std::vector<uint8_t> & b, const char (&magic)[8], size_t header,
+                           const char * format) {
+    constexpr size_t kTrailer = 8;  // the checksum
+    if (b.size() < header + kTrailer) return "truncated (" + std::to_string(b.size()) + " bytes)";
+    if (std::memcmp(b.data(), magic, sizeof magic) != 0)
+        return std::string("not a moestream ") + format + " of this format";
+    if (get<uint64_t>(b, 8) != b.size())
+        return "truncated or extended (" + std::to_string(b.size()) + " bytes, header says " +
+               std::to_string(get<uint64_t>(b, 8)) + ")";
+    if (get<uint64_t>(b, b.size() - kTrailer) != fnv1a64(kFnv1a64Basis, b.data(), b.size() - kTrailer))
+        return "checksum mismatch (corrupt)";
+    return "";
 }
 
 }  // namespace moestream

@@ -29,6 +29,12 @@ T get(const std::vector<uint8_t> & b, size_t at) {
 bool read_whole(const std::string & path, uint64_t max_bytes, std::vector<uint8_t> * out,
                 std::string * why);
 
+// Both formats' envelope: `magic` at byte 0, the file's size (u64) at 8, `header` bytes in
+// all, and an FNV-1a 64 checksum of everything before it in the last 8 bytes. "" when the
+// image `b` holds it, else why (one phrase; `format` names the file: "prompt cache file").
+std::string envelope_error(const std::vector<uint8_t> & b, const char (&magic)[8], size_t header,
+                           const char * format);
+
 // Writes bytes to path atomically (AtomicFile; `what` names the option in messages).
 Status write_atomic(const std::string & path, const std::vector<uint8_t> & bytes,
                     const std::string & what);

@@ -131,14 +131,8 @@ bool parse(const std::vector<uint8_t> & b, const PromptCacheKey & key, Parsed * 
         *why = w;
         return false;
     };
-    if (b.size() < kHeader + kTrailer) return no("truncated (" + std::to_string(b.size()) + " bytes)");
-    if (std::memcmp(b.data(), kMagic, sizeof kMagic) != 0)
-        return no("not a moestream prompt cache file of this format");
-    if (get<uint64_t>(b, 8) != b.size())
-        return no("truncated or extended (" + std::to_string(b.size()) + " bytes, header says " +
-                  std::to_string(get<uint64_t>(b, 8)) + ")");
-    const uint64_t sum = fnv1a64(kFnv1a64Basis, b.data(), b.size() - kTrailer);
-    if (get<uint64_t>(b, b.size() - kTrailer) != sum) return no("checksum mismatch (corrupt)");
+    if (std::string e = envelope_error(b, kMagic, kHeader, "prompt cache file"); !e.empty())
+        return no(e);
     p->lossy = get<uint32_t>(b, 16) != 0;
     const uint64_t nt = get<uint32_t>(b, 20), ml = get<uint32_t>(b, 24), sl = get<uint32_t>(b, 28);
     const uint64_t state = get<uint64_t>(b, 32), nl = get<uint64_t>(b, 40);

@@ -120,15 +120,9 @@ WarmRead warm_usage_read(const std::string & path, const std::string & model_ide
         *why = w;
         return WarmRead::kRefused;
     };
-    if (b.size() < kWarmHeader + kWarmTrailer) return no("truncated (" + std::to_string(b.size()) + " bytes)");
-    if (std::memcmp(b.data(), kWarmMagic, sizeof kWarmMagic) != 0)
-        return no("not a moestream warm expert usage file of this format");
-    if (get<uint64_t>(b, 8) != b.size())
-        return no("truncated or extended (" + std::to_string(b.size()) + " bytes, header says " +
-                  std::to_string(get<uint64_t>(b, 8)) + ")");
-    if (get<uint64_t>(b, b.size() - kWarmTrailer) !=
-        fnv1a64(kFnv1a64Basis, b.data(), b.size() - kWarmTrailer))
-        return no("checksum mismatch (corrupt)");
+    if (std::string e = envelope_error(b, kWarmMagic, kWarmHeader, "warm expert usage file");
+        !e.empty())
+        return no(e);
     const uint32_t L = get<uint32_t>(b, 16), E = get<uint32_t>(b, 20);
     if (L != n_layers || E != n_expert || b.size() != want)
         return no("written for a model of another shape (" + std::to_string(L) + " MoE layers x " +
