@@ -426,8 +426,9 @@ void EngineImpl::open_trace() {
     h.k_model = index_.n_expert_used;
     h.k = k_eff_;
     h.n_layer = index_.n_layer;
-    const CacheStats cs = store_->cache_stats();
-    h.page_bytes = cs.page_bytes ? cs.page_bytes : 4096;
+    const PagedMemory * mem = store_->paged_memory();  // the LRU cache's pages, else 4 KiB
+    const PageStats ps = mem ? mem->page_stats() : PageStats{};
+    h.page_bytes = ps.page_bytes ? ps.page_bytes : 4096;
     for (const auto & L : index_.moe_layers) {
         h.n_layer = std::max(h.n_layer, L.layer + 1);
         TraceLayerShape ls;
@@ -443,8 +444,8 @@ void EngineImpl::open_trace() {
     h.drop_cold = opt_.drop_cold;
     h.drop_in_prefill = opt_.drop_in_prefill;
     h.drop_renorm = opt_.drop_renorm;
-    h.cache_chunks = cs.recycle_pages;
-    h.slots_per_layer = slot_rewriter_ ? cs.slots_per_layer : 0;
+    h.cache_chunks = ps.recycle_pages;
+    h.slots_per_layer = slot_rewriter_ ? store_->slot_placement()->slot_stats().slots_per_layer : 0;
     h.slot_warm = slot_rewriter_ != nullptr && opt_.slot_warm;
     h.scores = opt_.route_trace_scores;
     h.substitute = opt_.substitute;
@@ -547,19 +548,22 @@ std::string EngineImpl::settings_json() const {
     // The paths taken where the kernel (or an emulator) may lack a feature: the cache's
     // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.
     j["page_bytes"] = system_page_bytes();
-    j["cache_move_used"] = store_ ? store_->cache_stats().move_pages : false;
+    const PagedMemory * mem = store_ ? store_->paged_memory() : nullptr;
+    j["cache_move_used"] = mem ? mem->page_stats().move_pages : false;
+    const SlotPlacement * slots = store_ ? store_->slot_placement() : nullptr;
+    const SlotStats ss = slots ? slots->slot_stats() : SlotStats{};
     // The fixed slots: slots per MoE layer (0: not this cache), the layer routings whose
     // expert ids were rewritten to slots so far, the experts the warm start copied so far; why
     // not the fixed slots when the LRU cache holds the budget (empty otherwise).
-    j["cache_slots"] = store_ ? store_->cache_stats().slots_per_layer : 0;
+    j["cache_slots"] = ss.slots_per_layer;
     j["cache_store_reason"] = plan_.store_reason;
     j["cache_slot_rewrites"] = slot_rewriter_ ? slot_rewriter_->rewrites() : 0;
-    j["cache_slot_warm_copies"] = store_ ? store_->cache_stats().slot_warm_copies : 0;
+    j["cache_slot_warm_copies"] = ss.warm_copies;
     // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): the bytes of expert slots
     // and dense copies the kernel accepted the advice for.
-    j["huge_page_bytes"] = (store_ ? store_->cache_stats().slot_huge_bytes : 0) +
+    j["huge_page_bytes"] = (store_ ? store_->huge_page_bytes() : 0) +
                            (binder_ ? binder_->dense_huge_bytes() : 0);
-    j["cache_slot_warm_s"] = store_ ? store_->cache_stats().slot_warm_s : 0.0;
+    j["cache_slot_warm_s"] = ss.warm_s;
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();
     j["prefill_readahead"] = plan_.prefill_readahead;

@@ -171,30 +171,35 @@ void RunStatsAssembly::finish() {
         s.cache_hits = tot.hits;
         s.cache_misses = tot.misses;
         s.cache_hit_pct = tot.lookups ? 100.0 * double(tot.hits) / double(tot.lookups) : 0;
-        const CacheStats cs = src_.store->cache_stats();
+        const LedgerStats cs = src_.store->ledger_stats();
         s.evictions = cs.evictions;
         s.rereads = cs.rereads;
         s.cache_commit_failures = cs.commit_failures;
         s.cache_budget_now_bytes = cs.budget_bytes;
         s.resident_expert_bytes = src_.store->resident_bytes();
         s.peak_resident_expert_bytes = std::max(cs.peak_resident_bytes, s.resident_expert_bytes);
-        s.cache_recycle_pages = cs.recycle_pages;
-        s.cache_recycled_commits = cs.recycled_commits;
-        s.cache_moved_commits = cs.moved_commits;
-        s.cache_deferred_commits = cs.deferred_commits;
-        s.cache_pool_bytes = cs.pool_bytes;
-        s.cache_pool_warm_bytes = cs.pool_warm_bytes;
-        s.cache_pool_warm_s = cs.pool_warm_s;
-        s.cache_pool_warm_error = cs.pool_warm_error;
-        s.cache_warmed_commits = cs.warmed_commits;
+        if (const PagedMemory * mem = src_.store->paged_memory()) {  // the LRU cache's pages
+            const PageStats ps = mem->page_stats();
+            s.cache_recycle_pages = ps.recycle_pages;
+            s.cache_recycled_commits = ps.recycled_commits;
+            s.cache_moved_commits = ps.moved_commits;
+            s.cache_deferred_commits = ps.deferred_commits;
+            s.cache_pool_bytes = ps.pool_bytes;
+            const PoolWarmStats pw = mem->pool_warm_stats();
+            s.cache_pool_warm_bytes = pw.bytes;
+            s.cache_pool_warm_s = pw.seconds;
+            s.cache_pool_warm_error = pw.error;
+            s.cache_warmed_commits = pw.warmed_commits;
+        }
         if (src_.predictor && src_.predictor->decode_guess()) {  // prefetch, the whole run so far
             const PredictCounters & pc = src_.predictor->counters();
             s.prefetch_predictions = pc.predictions;
             s.prefetch_accuracy_pct =
                 pc.scored ? 100.0 * double(pc.right) / double(pc.scored) : 0;
-            s.prefetch_experts = cs.prefetched;
-            s.prefetch_used = cs.prefetch_used;
-            s.prefetch_unused = cs.prefetch_unused;
+            const ReadAheadStats & ra = cs;
+            s.prefetch_experts = ra.prefetched;
+            s.prefetch_used = ra.prefetch_used;
+            s.prefetch_unused = ra.prefetch_unused;
         }
         // Read ahead by prefetch or prefill read-ahead (either may run alone).
         s.prefetch_bytes = tot.prefetch_bytes;

@@ -51,9 +51,10 @@ Status EngineImpl::init_warm_experts() {
     // budget over one expert of every layer.
     uint64_t one_everywhere = 0;
     for (const MoeLayer & L : index_.moe_layers) one_everywhere += L.expert_bytes;
-    const CacheStats cs = store_->cache_stats();
+    const SlotPlacement * slots = store_->slot_placement();
+    const uint32_t slots_per_layer = slots ? slots->slot_stats().slots_per_layer : 0;
     const uint64_t per_layer =
-        cs.slots_per_layer > 0 ? cs.slots_per_layer
+        slots_per_layer > 0 ? slots_per_layer
         : one_everywhere > 0   ? uint64_t(stats_.cache_budget_bytes) / one_everywhere
                                : 0;
     std::vector<std::vector<uint32_t>> lists =

@@ -19,7 +19,8 @@ ExpertLedger::ExpertLedger(const LedgerShape & shape, uint64_t budget_bytes,
                            std::unique_ptr<EvictionPolicy> policy, LedgerBackend * backend)
     : policy_(std::move(policy)),
       backend_(backend),
-      budget_(budget_bytes),
+      budget_(shape.shared ? UINT64_MAX : budget_bytes),  // shared mode: no budget
+      shared_(shape.shared),
       page_bytes_(shape.page_bytes) {
     layers_.resize(shape.layers.size());
     uint32_t max_expert = 0;
@@ -43,12 +44,14 @@ ExpertLedger::ExpertLedger(const LedgerShape & shape, uint64_t budget_bytes,
         }
     }
     k_slots_ = shape.slots_per_layer;
-    if (k_slots_ > 0) {  // a slot holds an expert's slices: its cost is their bytes
+    if (k_slots_ > 0 || shared_) {  // a slot holds an expert's slices: its cost is their bytes
         for (Layer & L : layers_) {
             L.fixed_cost = true;
             L.fixed_bytes = 0;
             for (const PageLayout & T : L.tensors) L.fixed_bytes += T.slice_bytes;
         }
+    }
+    if (k_slots_ > 0) {
         occupant_.assign(layers_.size() * k_slots_, -1);
         slot_stamp_.assign(layers_.size() * k_slots_, 0);
     }
@@ -175,6 +178,11 @@ Status ExpertLedger::stage(uint32_t moe, const std::vector<uint32_t> & experts,
     if (!prefetch_pending_.empty())
         return Status::Runtime("expert cache: internal: stage() while prefetch reads are open");
     // The previous stage's reads succeeded (else abandon_stage() would have been called).
+    // Shared mode: nothing stays but this layer's read-ahead.
+    if (shared_) {
+        shared_release(moe);
+        pending_.clear();
+    }
     for (uint32_t e : pending_) {
         const uint32_t id = id_of(pending_moe_, e);
         state_[id] = kResident;
@@ -222,6 +230,9 @@ Status ExpertLedger::stage(uint32_t moe, const std::vector<uint32_t> & experts,
         policy_->admit(id, gen_, nu);
     }
     if (k_slots_ == 0 && committed_ > budget_) ++stats_.over_budget_stages;
+    if (shared_)  // the read-ahead this stage did not route: dropped, unused
+        for (uint32_t e = 0; e < layers_[moe].n_expert; ++e)
+            if (prefetched_[base + e] && state_[base + e] != kAbsent) release(moe, e, false);
     policy_->end_stage();
     if (observer_) observer_->stage_done(moe, committed_);
     return Status::Ok();
@@ -254,6 +265,10 @@ bool ExpertLedger::forget(uint32_t moe, uint32_t e) {
 
 size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & experts) {
     if (moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
+    if (shared_)  // the earlier read-ahead is dropped; the staged layer's experts stay
+        for (uint32_t e = 0; e < layers_[prefetch_moe_].n_expert; ++e)
+            if (prefetched_[id_of(prefetch_moe_, e)] && live(prefetch_moe_, e))
+                release(prefetch_moe_, e, false);
     prefetch_moe_ = moe;
     const Layer & L = layers_[moe];
     for (uint32_t e : experts) {
@@ -286,13 +301,24 @@ void ExpertLedger::end_prefetch(bool ok) {
         if (ok) {
             state_[id] = kResident;
             if (ever_[id]) ++stats_.rereads;
-            ever_[id] = 1;
+            ever_[id] = !shared_;  // (shared mode keeps nothing: no reread)
         } else {
             release(prefetch_moe_, e, /*park=*/false);
             ++stats_.abandoned;
         }
     }
     prefetch_pending_.clear();
+}
+
+void ExpertLedger::shared_release(int64_t keep_moe) {
+    for (const uint32_t moe : {pending_moe_, prefetch_moe_}) {
+        if (moe >= layers_.size()) continue;
+        for (uint32_t e = 0; e < layers_[moe].n_expert; ++e) {
+            const uint32_t id = id_of(moe, e);
+            if (state_[id] == kAbsent || (int64_t(moe) == keep_moe && prefetched_[id])) continue;
+            release(moe, e, /*park=*/false);
+        }
+    }
 }
 
 int32_t ExpertLedger::slot_victim(uint32_t moe, uint64_t now) const {

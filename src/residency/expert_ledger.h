@@ -15,6 +15,14 @@
 // There is no byte budget: the K slots are the capacity (a stage wider than K fails; the
 // fixed-slot cache sends wider routings to its shared slots and never stages them here).
 //
+// Shared mode (LedgerShape::shared; the cache off's shared slots, make_shared_slots): nothing
+// stays resident beyond the staged layer. stage() first releases every live expert but those
+// of the staged layer that prefetch() read ahead (the hits), and at its end the read-ahead
+// experts it did not route; prefetch() first releases the earlier read-ahead. A live expert
+// costs its slice bytes; there is no budget (the shared slots hold any routed set), so nothing
+// is evicted, no stage is over budget and no miss is a reread. would_hit() is true only for a
+// read-ahead expert not routed since.
+//
 // States per (layer, expert) id: absent; pending (committed, its reads handed out by the
 // current stage() or prefetch()); resident. A stage's pending experts become resident when the
 // next stage() begins (failed reads are reported through abandon_stage() before that);
@@ -59,8 +67,17 @@ struct StageStats {
     uint64_t misses = 0;   // read from the file
 };
 
-// Counters of a ledger since construction. Byte figures are page-granular (or whole chunks).
-struct LedgerStats {
+// Read-ahead (streamer.h, "Prefetch"): experts read ahead of their routing.
+struct ReadAheadStats {
+    uint64_t prefetched = 0;        // experts committed by prefetch()
+    uint64_t prefetch_used = 0;     // of those, routed while still resident (a hit)
+    uint64_t prefetch_unused = 0;   // of those, released without being routed
+    uint64_t prefetch_skipped = 0;  // predicted, absent, not prefetched (no room, commit refused)
+};
+
+// Counters of a ledger since construction: its decisions, read-ahead's included. Byte
+// figures are page-granular (or whole chunks).
+struct LedgerStats : ReadAheadStats {
     uint64_t lookups = 0;             // routed (layer, expert) looked up by stage()
     uint64_t hits = 0;                // resident already: no read
     uint64_t misses = 0;              // committed and read
@@ -74,11 +91,6 @@ struct LedgerStats {
     uint64_t resident_expert_bytes = 0;  // bytes committed for expert data now
     uint64_t peak_resident_bytes = 0;    // max of resident_expert_bytes since construction
     uint64_t budget_bytes = 0;           // the budget now (built with; lower after a shrink)
-    // Prefetch (streamer.h, "Prefetch"): experts read ahead of their routing.
-    uint64_t prefetched = 0;        // experts committed by prefetch()
-    uint64_t prefetch_used = 0;     // of those, routed while still resident (a hit)
-    uint64_t prefetch_unused = 0;   // of those, released without being routed
-    uint64_t prefetch_skipped = 0;  // predicted, absent, not prefetched (no room, commit refused)
 };
 
 // What the ledger's experts are made of: per MoE layer, the page placement of each projection
@@ -92,6 +104,9 @@ struct LedgerShape {
     // > 0: slot mode (see the top of this file), K slots per MoE layer; a live expert costs its
     // slice bytes. 0: one byte budget over every layer, victims chosen by the EvictionPolicy.
     uint32_t slots_per_layer = 0;
+    // Shared mode (see the top of this file): nothing stays resident beyond the staged layer.
+    // Excludes slots_per_layer > 0.
+    bool shared = false;
 };
 
 // Where the memory is. Calls come from inside the ledger's stage(), prefetch(),
@@ -137,6 +152,14 @@ public:
     uint32_t n_expert(uint32_t moe) const { return layers_[moe].n_expert; }
     // Pending or resident.
     bool live(uint32_t moe, uint32_t e) const { return state_[id_of(moe, e)] != kAbsent; }
+    // Whether a stage() of MoE layer moe now would find expert e resident (a hit; includes an
+    // expert whose prefetch reads are outstanding): live, and in shared mode read ahead by
+    // prefetch() and not routed since.
+    bool would_hit(uint32_t moe, uint32_t e) const {
+        const uint32_t id = id_of(moe, e);
+        return state_[id] != kAbsent && (!shared_ || prefetched_[id]);
+    }
+    bool shared() const { return shared_; }
     // Whether id may be evicted now: resident and not routed in the stage being staged.
     bool evictable(uint32_t id) const { return state_[id] == kResident && stamp_[id] != gen_; }
     uint64_t committed_bytes() const { return committed_; }
@@ -221,12 +244,17 @@ private:
     // Commits absent expert e of the staged layer, evicting and shrinking the budget as the
     // stage algorithm says.
     Status commit_miss(uint32_t moe, uint32_t e);
+    // Shared mode: releases every live expert of MoE layers pending_moe_ and prefetch_moe_ (the
+    // only ones that can have any) but those of layer keep_moe read ahead and not routed since
+    // (keep_moe -1: none kept).
+    void shared_release(int64_t keep_moe);
 
     std::vector<Layer> layers_;
     std::unique_ptr<EvictionPolicy> policy_;
     LedgerBackend * backend_;  // nullptr: simulated
     LedgerObserver * observer_ = nullptr;
     uint64_t budget_;     // lowered when the back-end refuses a commit
+    bool shared_ = false; // shared mode (LedgerShape::shared)
     uint64_t page_bytes_;
     uint32_t n_ids_ = 0;
     std::vector<uint8_t> state_;      // kAbsent / kPending / kResident

@@ -8,7 +8,8 @@
 //
 // SharedSlots (cache off, --cache-mb 0): one buffer per projection, sized for the largest
 // layer's tensor, shared by all layers (one layer computes at a time). Every routed slice is
-// re-read every time. RAM for experts = one layer's expert tensors.
+// re-read every time. RAM for experts = one layer's expert tensors. Its bookkeeping is an
+// ExpertLedger in shared mode (expert_ledger.h: nothing stays beyond the staged layer).
 //
 // LruCache (--cache-mb N, residency_cache.cpp, docs/cache.md): an ExpertLedger
 // (expert_ledger.h: states, costs, the stage algorithm, LRU victims) over a memory back-end.
@@ -38,10 +39,10 @@
 
 namespace moestream {
 
-// Counters of the LRU cache (docs/cache.md, "Metrics"): the ledger's (expert_ledger.h) and
-// the memory back-end's. Byte figures are page-granular: pages actually committed for expert
-// data, a page shared by two experts counted once.
-struct CacheStats : LedgerStats {
+// The LRU cache's memory back-end (ResidencyStore::paged_memory(); docs/cache.md,
+// "Metrics"): its pages and its page pool. Byte figures are page-granular: pages actually
+// committed for expert data, a page shared by two experts counted once.
+struct PageStats {
     uint64_t reserved_bytes = 0;         // address space reserved (not RAM)
     uint64_t page_bytes = 0;             // commit granularity (CacheTestHooks::page_bytes)
     bool page_protect = false;           // released pages are PROT_NONE (else: flat mapping)
@@ -58,21 +59,32 @@ struct CacheStats : LedgerStats {
     uint64_t deferred_commits = 0;
     uint64_t pool_bytes = 0;        // RAM the pool may hold: chunks in use + free chunks
     uint64_t pool_leaked_chunks = 0;  // kept out of use after a failed unmap or page move
-    // Pool warm-up (CacheOptions::warm_pool; page_pool.h): bytes planned and zero-filled up
-    // front, the thread's wall time (once it has ended), the errno that stopped it (0:
-    // none), and slices whose commit took a warmed chunk (not counted in recycled_commits).
-    uint64_t pool_warm_planned_bytes = 0;
-    uint64_t pool_warm_bytes = 0;
-    double pool_warm_s = 0;
-    int pool_warm_error = 0;
+};
+
+// The page pool's warm-up (CacheOptions::warm_pool; page_pool.h): bytes planned and
+// zero-filled up front, the thread's wall time (once it has ended), the errno that stopped it
+// (0: none), and slices whose commit took a warmed chunk (not counted in recycled_commits).
+struct PoolWarmStats {
+    uint64_t planned_bytes = 0;
+    uint64_t bytes = 0;
+    double seconds = 0;
+    int error = 0;
     uint64_t warmed_commits = 0;
-    // Fixed-slot cache (make_slot_cache): expert slots per MoE layer; 0 = another store.
-    uint32_t slots_per_layer = 0;
-    // Bytes of the slots and shared slots advised for transparent huge pages
-    // (SlotOptions::huge_pages, accepted by the kernel); it may still back some with 4 KiB pages.
-    uint64_t slot_huge_bytes = 0;
-    uint64_t slot_warm_copies = 0;  // experts copied into slots by warm_slots() (no reads)
-    double slot_warm_s = 0;         // wall time of those copies, seconds
+};
+
+// The fixed slots' (SlotPlacement::slot_stats(); docs/cache.md, "Fixed slots").
+struct SlotStats {
+    uint32_t slots_per_layer = 0;   // expert slots per MoE layer
+    uint64_t warm_copies = 0;       // experts copied into slots by warm_slots() (no reads)
+    double warm_s = 0;              // wall time of those copies, seconds
+};
+
+// The LRU cache's memory back-end, as its counters see it (ResidencyStore::paged_memory()).
+class PagedMemory {
+public:
+    virtual ~PagedMemory() = default;
+    virtual PageStats page_stats() const = 0;
+    virtual PoolWarmStats pool_warm_stats() const = 0;
 };
 
 // How the LRU cache gets its pages (production settings; docs/cache.md).
@@ -164,6 +176,8 @@ public:
 class SlotPlacement {
 public:
     virtual ~SlotPlacement() = default;
+    // Slots per layer and the warm copies so far.
+    virtual SlotStats slot_stats() const = 0;
     // Where the last stage() of MoE layer moe_idx placed its experts. nullptr: at their
     // canonical offsets in tensor_base(). Else, per expert id (n_expert entries), the slot
     // index the expert's slices sit at (-1: not in a slot), relative to placement_base(): the
@@ -215,8 +229,13 @@ public:
     // The prefetch reads finished: ok = they all succeeded (the experts become resident), else
     // they are released (a later routing reads them again and reports any error).
     virtual void end_prefetch(bool ok) = 0;
-    // Counters since construction (the shared slots: their read-ahead counters only).
-    virtual CacheStats cache_stats() const = 0;
+    // The ledger's counters since construction (the shared slots: their read-ahead counters
+    // only, the rest 0).
+    virtual LedgerStats ledger_stats() const = 0;
+    // Bytes of the store's memory advised for transparent huge pages (SlotOptions::huge_pages,
+    // accepted by the kernel; it may still back some with 4 KiB pages): the fixed slots' and
+    // the shared slots'.
+    virtual uint64_t huge_page_bytes() const { return 0; }
 
     // --- What only some stores have. ---
     // Releases resident expert e of MoE layer moe_idx now, so that its next routing reads it
@@ -234,6 +253,8 @@ public:
     virtual SplitStaging * split_staging() { return nullptr; }
     // The fixed slots' placement; nullptr: every expert at its canonical offset.
     virtual SlotPlacement * slot_placement() { return nullptr; }
+    // The LRU cache's memory back-end (pages, page pool); nullptr: the store has none.
+    virtual const PagedMemory * paged_memory() const { return nullptr; }
 
     // Where expert e's slice of tensor t of MoE layer moe_idx sits after the last stage().
     uint8_t * slice_addr(size_t moe_idx, size_t t, uint32_t e, uint64_t slice_bytes) {
@@ -252,6 +273,9 @@ std::unique_ptr<ResidencyStore> make_shared_slots(const ModelIndex & index, Stat
                                                   bool two_sets = false, bool huge_pages = true);
 // Bytes of one set of make_shared_slots' slots (every projection of the largest layer).
 uint64_t shared_slot_set_bytes(const ModelIndex & index);
+// The ledger shape of the shared slots (shared mode, expert_ledger.h); replay_ledger.h builds
+// the same one from a cache-off trace's header.
+LedgerShape shared_ledger_shape(const ModelIndex & index);
 
 // Fixed slots (the default store of a cache budget where it can run; docs/cache.md): every
 // MoE layer gets the same number of expert slots K, allocated and populated once (in the

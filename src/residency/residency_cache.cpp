@@ -86,7 +86,8 @@ uint64_t count_current_maps() {
     return n;
 }
 
-class LruCache final : public ResidencyStore, public SplitStaging, private LedgerBackend {
+class LruCache final : public ResidencyStore, public SplitStaging, public PagedMemory,
+                       private LedgerBackend {
 public:
     LruCache(const ModelIndex & index, uint64_t budget, const CacheOptions & opt,
              const CacheDebug & dbg, const CacheTestHooks & test)
@@ -133,9 +134,10 @@ public:
         return ledger_->live(uint32_t(moe_idx), e);
     }
 
-    CacheStats cache_stats() const override {
-        CacheStats s;
-        static_cast<LedgerStats &>(s) = ledger_->stats();
+    LedgerStats ledger_stats() const override { return ledger_->stats(); }
+    const PagedMemory * paged_memory() const override { return this; }
+    PageStats page_stats() const override {
+        PageStats s;
         s.reserved_bytes = reserved_;
         s.page_bytes = page_;
         s.page_protect = protect_;
@@ -146,12 +148,16 @@ public:
         s.deferred_commits = deferred_commits_;
         s.pool_bytes = pool_ ? pool_->held_bytes() : 0;
         s.pool_leaked_chunks = leaked_chunks_;
+        return s;
+    }
+    PoolWarmStats pool_warm_stats() const override {
+        PoolWarmStats s;
         if (pool_) {
             const PagePool::WarmStats w = pool_->warm_stats();
-            s.pool_warm_planned_bytes = w.planned_bytes;
-            s.pool_warm_bytes = w.warmed_bytes;
-            s.pool_warm_s = w.seconds;
-            s.pool_warm_error = w.error;
+            s.planned_bytes = w.planned_bytes;
+            s.bytes = w.warmed_bytes;
+            s.seconds = w.seconds;
+            s.error = w.error;
             s.warmed_commits = pool_->warmed_taken();
         }
         return s;
@@ -286,9 +292,9 @@ private:
     uint32_t defer_moe_ = 0;          // its layer
     std::unique_ptr<PagePool> pool_;
     uint64_t leaked_chunks_ = 0;      // chunks kept out of the pool after a failed release
-    uint64_t recycled_commits_ = 0;   // CacheStats::recycled_commits
-    uint64_t moved_commits_ = 0;      // CacheStats::moved_commits
-    uint64_t deferred_commits_ = 0;   // CacheStats::deferred_commits
+    uint64_t recycled_commits_ = 0;   // PageStats::recycled_commits
+    uint64_t moved_commits_ = 0;      // PageStats::moved_commits
+    uint64_t deferred_commits_ = 0;   // PageStats::deferred_commits
     bool warm_running_ = false;       // the pool's warm-up ran and its end is not logged yet
 
     std::vector<size_t> layer_res_;  // layer i's reservations: res_[layer_res_[i] .. [i+1])

@@ -1,4 +1,9 @@
 // residency_slots.cpp — SharedSlots, the cache-off residency store (see residency.h).
+//
+// Bookkeeping: an ExpertLedger in shared mode (expert_ledger.h: nothing stays resident beyond
+// the staged layer) holds which experts a stage reads and which read-ahead it finds; this file
+// is its memory back-end (the slot buffers and the reads into them). So `moestream replay`
+// runs the same ledger over a cache-off trace and reproduces its decisions.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -31,7 +36,7 @@ class SharedSlots final : public ResidencyStore {
 public:
     SharedSlots(const ModelIndex & index, bool two_sets, bool huge_pages)
         : index_(index), n_sets_(two_sets ? 2 : 1), huge_pages_(huge_pages),
-          ahead_(index.n_expert, 0) {}
+          ledger_(shared_ledger_shape(index), 1, make_lru_policy(), /*backend=*/nullptr) {}
     ~SharedSlots() override {
         for (void * p : slots_) std::free(p);
     }
@@ -46,7 +51,7 @@ public:
                 return Status::Runtime("cannot allocate " + std::to_string(sizes_[t]) +
                                        " bytes for the shared expert slots");
             slots_.push_back(p);
-            if (huge_pages_) stats_.slot_huge_bytes += advise_huge_pages(p, sizes_[t]);
+            if (huge_pages_) huge_bytes_ += advise_huge_pages(p, sizes_[t]);
         }
         return Status::Ok();
     }
@@ -58,31 +63,26 @@ public:
         return static_cast<uint8_t *>(slots_[(moe_idx % n_sets_) * sizes_.size() + t]) + phase;
     }
 
+    // Hits: read ahead into this layer's set, complete; the rest is read. The set is this
+    // layer's now: the next stage of it reads again.
     Status stage(size_t moe_idx, const std::vector<uint32_t> & experts,
                  std::vector<ReadRequest> * reads, StageStats * stats) override {
         if (open_) return Status::Runtime("shared slots: stage() while read-ahead is in flight");
+        Status st = ledger_.stage(uint32_t(moe_idx), experts, nullptr, stats);
+        if (!st.ok()) return st;
         const MoeLayer & L = index_.moe_layers[moe_idx];
-        const bool ahead = ahead_moe_ == int64_t(moe_idx);
-        for (uint32_t e : experts) {
-            ++stats->lookups;
-            if (ahead && ahead_[e]) {  // read ahead into this layer's set, complete
-                ++stats->hits;
-                ++stats_.prefetch_used;
-                ahead_[e] = 0;  // used (clear_ahead counts what is left as unused)
-                continue;
-            }
-            ++stats->misses;
-            push_reads(moe_idx, L, e, reads);
-        }
-        clear_ahead();  // the set is this layer's now; the next stage of it reads again
+        for (uint32_t e : ledger_.staged()) push_reads(moe_idx, L, e, reads);
         staged_set_ = int64_t(moe_idx % n_sets_);
         return Status::Ok();
     }
 
-    void abandon_stage(size_t) override {}  // nothing is ever considered resident
+    void abandon_stage(size_t moe_idx) override {  // nothing staged counts as resident
+        if (ledger_.staged_layer() == moe_idx) ledger_.abandon_stage();
+    }
 
     bool is_resident(size_t moe_idx, uint32_t e) const override {
-        return ahead_moe_ == int64_t(moe_idx) && e < ahead_.size() && ahead_[e];
+        return moe_idx < ledger_.n_layers() && e < ledger_.n_expert(uint32_t(moe_idx)) &&
+               ledger_.would_hit(uint32_t(moe_idx), e);
     }
 
     // Reads whole experts of moe_idx into its set (two sets only: with one, the set is the
@@ -92,30 +92,30 @@ public:
         if (n_sets_ < 2 || open_ || moe_idx >= index_.moe_layers.size() ||
             int64_t(moe_idx % n_sets_) == staged_set_)
             return 0;
-        clear_ahead();
+        const size_t n = ledger_.prefetch(uint32_t(moe_idx), experts);
         const MoeLayer & L = index_.moe_layers[moe_idx];
-        size_t n = 0;
-        for (uint32_t e : experts) {
-            if (e >= ahead_.size() || ahead_[e]) continue;
-            ahead_[e] = 1;
-            push_reads(moe_idx, L, e, reads);
-            ++n;
-        }
-        ahead_moe_ = n > 0 ? int64_t(moe_idx) : -1;
+        for (uint32_t e : ledger_.prefetching()) push_reads(moe_idx, L, e, reads);
         open_ = n > 0;
-        stats_.prefetched += n;
         return n;
     }
 
     void end_prefetch(bool ok) override {
         open_ = false;
-        if (!ok) clear_ahead();
+        ledger_.end_prefetch(ok);  // failed reads: released (counted unused)
     }
 
     // Only the prefetch counters: prefetched, used (routed: a hit), unused (read ahead and
     // dropped unrouted: the layer's stage did not route it, a later stage or prefetch reused
     // the set first, or its read failed).
-    CacheStats cache_stats() const override { return stats_; }
+    LedgerStats ledger_stats() const override {
+        LedgerStats c;
+        const LedgerStats ls = ledger_.stats();
+        c.prefetched = ls.prefetched;
+        c.prefetch_used = ls.prefetch_used;
+        c.prefetch_unused = ls.prefetch_unused;
+        return c;
+    }
+    uint64_t huge_page_bytes() const override { return huge_bytes_; }
 
     uint64_t resident_bytes() const override { return reserved_bytes(); }
     uint64_t reserved_bytes() const override {
@@ -133,29 +133,26 @@ private:
                               et.proj == Projection::kDown, et.shard});
         }
     }
-    void clear_ahead() {
-        if (ahead_moe_ >= 0) {
-            size_t left = 0;  // read ahead, never routed
-            for (uint8_t a : ahead_) left += a;
-            stats_.prefetch_unused += left;
-            std::fill(ahead_.begin(), ahead_.end(), 0);
-        }
-        ahead_moe_ = -1;
-    }
 
     const ModelIndex & index_;
     std::vector<uint64_t> sizes_;
     std::vector<void *> slots_;  // set-major: slots_[set * n_proj + t]
     size_t n_sets_;
     bool huge_pages_;  // slots advised for transparent huge pages (huge_pages.h)
-    std::vector<uint8_t> ahead_;  // per expert: read ahead into layer ahead_moe_'s set
-    int64_t ahead_moe_ = -1;
+    // Which experts the last stage read and which read-ahead is in the sets (shared mode).
+    ExpertLedger ledger_;
     bool open_ = false;           // the read-ahead's reads are in flight
     int64_t staged_set_ = -1;     // the set the last stage() handed out (-1: none yet)
-    CacheStats stats_;            // prefetch counters only
+    uint64_t huge_bytes_ = 0;     // bytes advised for transparent huge pages
 };
 
 }  // namespace
+
+LedgerShape shared_ledger_shape(const ModelIndex & index) {
+    LedgerShape shape = slot_ledger_shape(index, 0);
+    shape.shared = true;
+    return shape;
+}
 
 uint64_t shared_slot_set_bytes(const ModelIndex & index) {
     uint64_t set = 0;

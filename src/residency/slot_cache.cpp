@@ -242,10 +242,11 @@ public:
 
     bool forget(size_t m, uint32_t e) override { return ledger_->forget(uint32_t(m), e); }
 
-    CacheStats cache_stats() const override {
-        CacheStats c;
-        static_cast<LedgerStats &>(c) = ledger_->stats();
-        const CacheStats bank = bank_->cache_stats();  // the shared slots' read-ahead counters
+    // The slot ledger's, with the routings staged to the shared slots and their read-ahead;
+    // resident bytes: the slots' memory (allocated once).
+    LedgerStats ledger_stats() const override {
+        LedgerStats c = ledger_->stats();
+        const LedgerStats bank = bank_->ledger_stats();  // the shared slots' read-ahead counters
         c.prefetched += bank.prefetched;
         c.prefetch_used += bank.prefetch_used;
         c.prefetch_unused += bank.prefetch_unused;
@@ -255,13 +256,17 @@ public:
         c.misses += wide_stats_.misses;
         c.resident_expert_bytes = resident_bytes();
         c.peak_resident_bytes = c.resident_expert_bytes;
-        c.reserved_bytes = reserved_bytes();
-        c.page_bytes = kPage;
-        c.slots_per_layer = k_;
-        c.slot_huge_bytes = huge_bytes_ + (wide_ ? bank.slot_huge_bytes : 0);
-        c.slot_warm_copies = stats_warm_;
-        c.slot_warm_s = warm_s_;
         return c;
+    }
+    SlotStats slot_stats() const override {
+        SlotStats s;
+        s.slots_per_layer = k_;
+        s.warm_copies = stats_warm_;
+        s.warm_s = warm_s_;
+        return s;
+    }
+    uint64_t huge_page_bytes() const override {
+        return huge_bytes_ + (wide_ ? bank_->huge_page_bytes() : 0);
     }
 
     uint64_t resident_bytes() const override {

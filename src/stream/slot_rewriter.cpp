@@ -15,7 +15,9 @@ SlotRewriter::SlotRewriter(const ModelIndex & index, ResidencyStore * store,
     : index_(index),
       slots_(store->slot_placement()),
       streamer_(streamer),
-      n_slots_(std::max<uint32_t>(1, store->cache_stats().slots_per_layer)) {}
+      n_slots_(std::max<uint32_t>(1, store->slot_placement()
+                                           ? store->slot_placement()->slot_stats().slots_per_layer
+                                           : 0)) {}
 
 void SlotRewriter::begin_graph(const GraphInfo & g, RouterHook &) {
     prompt_end_ = g.prompt_end && !g.decode;

@@ -63,6 +63,7 @@ std::unique_ptr<ExpertLedger> make_replay_ledger(const TraceHeader & h, ReplayPo
                                                  uint64_t budget_bytes, uint32_t slots_per_layer) {
     LedgerShape shape = replay_ledger_shape(h);
     shape.slots_per_layer = slots_per_layer;
+    shape.shared = budget_bytes == 0 && slots_per_layer == 0;
     return std::make_unique<ExpertLedger>(shape, budget_bytes, make_replay_policy(p),
                                           /*backend=*/nullptr);
 }
@@ -145,11 +146,11 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     if (n_slots > 0 && s.fallback_w > 0)
         return Status::Usage("--miss-fallback cannot replay the fixed-slot cache (the engine "
                              "runs it on the LRU cache only)");
-    // Cache off (budget 0): the shared slots, every routed expert is read.
-    const std::unique_ptr<ExpertLedger> ledger =
-        n_slots > 0 ? make_replay_ledger(h, s.policy, std::max<uint64_t>(s.budget_bytes, 1), n_slots)
-        : s.budget_bytes > 0 ? make_replay_ledger(h, s.policy, s.budget_bytes)
-                             : nullptr;
+    // Cache off (budget 0): the shared slots' ledger (shared mode), every routed expert is
+    // read (a replay has no read-ahead).
+    const std::unique_ptr<ExpertLedger> ledger = make_replay_ledger(
+        h, s.policy, n_slots > 0 ? std::max<uint64_t>(s.budget_bytes, 1) : s.budget_bytes, n_slots);
+    const bool keeps = !ledger->shared();  // a store that keeps experts between routings
     // Fixed slots: per routing, whether it is in the last ubatch of a graph that ends the
     // prompt (from that graph's last routing of the first MoE layer on), where the engine's
     // warm start fills the slots (SlotRewriter).
@@ -168,7 +169,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         }
     }
     std::vector<uint32_t> warm_list;
-    auto resident = [&](uint32_t moe, uint32_t e) { return ledger && ledger->live(moe, e); };
+    auto resident = [&](uint32_t moe, uint32_t e) { return ledger->would_hit(moe, e); };
     const uint32_t * nu = s.policy == ReplayPolicy::kBelady ? next_use(K).data() : nullptr;
 
     DropColdConfig cfg;
@@ -378,7 +379,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                 uint8_t & l = lossy[size_t(moe) * h.n_expert + e];
                 if (!is_fb[e] && l) {
                     l = 0;
-                    if (ledger) ledger->forget(moe, e);
+                    if (keeps) ledger->forget(moe, e);
                 }
             }
         }
@@ -400,25 +401,23 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                 for (size_t q = warm_list.size(); q-- > 0;)
                     if (ledger->warm(moe, warm_list[q]) == -2) break;
             }
-        } else if (ledger) {
+        } else {
             Status st = ledger->stage(moe, experts, nu ? nu_of.data() : nullptr, &ss);
             if (!st.ok()) return st;
-        } else {
-            ss.lookups = ss.misses = experts.size();
         }
         const uint64_t hits = ss.hits, misses = ss.misses;
         out->lookups += ss.lookups;
         const uint64_t eb = h.moe_layers[moe].expert_bytes;
         uint64_t read = misses * eb;
         if (fallback) {  // the misses (staged now) that are low-bit read the companion
-            const std::vector<uint32_t> & miss_list = ledger ? ledger->staged() : experts;
+            const std::vector<uint32_t> & miss_list = ledger->staged();
             const uint64_t lo = s.fallback_expert_bytes[moe];
             for (uint32_t e : miss_list) {
                 if (!is_fb[e]) continue;
                 read -= eb - lo;
                 ++out->fallbacks;
                 out->fallback_bytes_saved += eb - lo;
-                if (ledger) lossy[size_t(moe) * h.n_expert + e] = 1;
+                if (keeps) lossy[size_t(moe) * h.n_expert + e] = 1;
             }
             for (uint32_t e : experts) is_fb[e] = 0;
         }
@@ -437,7 +436,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             v->replay_misses += misses;
         }
     }
-    if (ledger) {
+    if (keeps) {
         const LedgerStats ls = ledger->stats();
         out->evictions = ls.evictions;
         out->rereads = ls.rereads;

@@ -23,8 +23,9 @@ LedgerShape replay_ledger_shape(const TraceHeader & h);
 // The eviction policy behind a replay policy name.
 std::unique_ptr<EvictionPolicy> make_replay_policy(ReplayPolicy p);
 
-// A ledger of `budget_bytes` (> 0) over the simulated back-end; slots_per_layer > 0: in slot
-// mode, the fixed-slot cache's (expert_ledger.h), lru only.
+// A ledger of `budget_bytes` over the simulated back-end; slots_per_layer > 0: in slot mode,
+// the fixed-slot cache's (expert_ledger.h), lru only; else budget 0: in shared mode, the cache
+// off's shared slots (make_shared_slots).
 std::unique_ptr<ExpertLedger> make_replay_ledger(const TraceHeader & h, ReplayPolicy p,
                                                  uint64_t budget_bytes,
                                                  uint32_t slots_per_layer = 0);

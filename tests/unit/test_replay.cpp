@@ -8,7 +8,10 @@
 //  - --validate reproduces traces recorded by `run` on synth tiny models of every arch, cache
 //    off / 1 MiB / 4 MiB / huge, with --drop-cold-experts (also in prefill, also at a smaller
 //    --n-expert-used), on the fixed slots (their slot ledger; one slot fewer or the LRU
-//    cache of the same budget fails); tampering with one recorded hit makes it fail;
+//    cache of the same budget fails), with the cache off (the shared slots' ledger in shared
+//    mode; replayed as an LRU cache it fails); tampering with one recorded hit makes it fail;
+//  - the shared mode keeps nothing beyond the staged layer but its read-ahead (a ledger
+//    with a budget is the control);
 //  - the same trace and settings give the same numbers to the last digit;
 //  - Belady never loses to LRU;
 //  - speed (a figure, skipped unless MOESTREAM_REPLAY_SPEED=1): routings/s on a
@@ -76,16 +79,16 @@ TraceHeader header_of(const ModelIndex & idx, uint32_t k, uint64_t budget) {
 // records what it did as an in-memory trace: the streamer's distinct first-seen order, the
 // cache's residency before each stage.
 RouteTrace drive_real_cache(const ModelIndex & idx, uint64_t budget, uint32_t k, int graphs,
-                            uint32_t seed, CacheStats * cs, bool recycle) {
+                            uint32_t seed, LedgerStats * cs, bool recycle) {
     Status st;
     CacheOptions opt;
     opt.recycle_pages = recycle;
     auto store = make_lru_cache(idx, budget, opt, {}, &st);
     EXPECT_TRUE(st.ok()) << st.message();
-    EXPECT_EQ(store->cache_stats().recycle_pages, recycle);
+    EXPECT_EQ(store->paged_memory()->page_stats().recycle_pages, recycle);
     RouteTrace t;
     t.header = header_of(idx, k, budget);
-    t.header.cache_chunks = store->cache_stats().recycle_pages;  // as the engine records it
+    t.header.cache_chunks = store->paged_memory()->page_stats().recycle_pages;  // as the engine records it
     std::mt19937 rng(seed);
     std::vector<ReadRequest> reads;
     std::vector<uint8_t> seen(idx.n_expert, 0);
@@ -126,7 +129,7 @@ RouteTrace drive_real_cache(const ModelIndex & idx, uint64_t budget, uint32_t k,
             t.routings.push_back(r);
         }
     }
-    *cs = store->cache_stats();
+    *cs = store->ledger_stats();
     return t;
 }
 
@@ -153,7 +156,7 @@ TEST(CacheSim, MatchesTheEnginesLruCacheDecisionForDecision) {
         for (bool recycle : {true, false}) {
             SCOPED_TRACE("budget " + std::to_string(budget) + " slice " +
                          std::to_string(sh.layers[0][0]) + " recycle " + std::to_string(recycle));
-            CacheStats cs;
+            LedgerStats cs;
             const RouteTrace t =
                 drive_real_cache(idx, budget, sh.k, 300, uint32_t(budget), &cs, recycle);
             Replayer rp(t);
@@ -244,7 +247,7 @@ TEST(ExpertLedger, EngineCacheAndReplayMakeTheSameDecisions) {
                 auto store = make_lru_cache(idx, budget, opt, {}, &st, hooks);
                 ASSERT_TRUE(st.ok()) << st.message();
                 TraceHeader h = header_of(idx, sh.k, budget);
-                h.cache_chunks = store->cache_stats().recycle_pages;
+                h.cache_chunks = store->paged_memory()->page_stats().recycle_pages;
                 auto ledger = make_replay_ledger(h, ReplayPolicy::kLru, budget);
                 ledger->set_observer(&replay);
                 auto lfu = make_replay_ledger(h, ReplayPolicy::kLfu, budget);
@@ -282,6 +285,42 @@ TEST(ExpertLedger, EngineCacheAndReplayMakeTheSameDecisions) {
     }
     EXPECT_TRUE(policy_control_differs);
     EXPECT_TRUE(cost_control_differs);
+}
+
+// The ledger of the cache off (shared mode, as make_replay_ledger builds it for budget 0):
+// nothing outlives the staged layer but that layer's read-ahead. Control: the same routings
+// through a ledger that keeps experts (a budget holding them all) hit.
+TEST(ExpertLedger, SharedModeKeepsNothingButTheStagedLayersReadAhead) {
+    const ModelIndex idx = make_index({{kPage, kPage}, {kPage, kPage}}, 8);
+    const TraceHeader h = header_of(idx, 2, 0);
+    auto shared = make_replay_ledger(h, ReplayPolicy::kLru, 0);
+    auto keeps = make_replay_ledger(h, ReplayPolicy::kLru, 1ull << 30);
+    ASSERT_TRUE(shared->shared());
+    ASSERT_FALSE(keeps->shared());
+    for (ExpertLedger * l : {shared.get(), keeps.get()}) {
+        StageStats a, b, c;
+        ASSERT_TRUE(l->stage(0, {1, 2}, nullptr, &a).ok());
+        ASSERT_TRUE(l->stage(1, {1}, nullptr, &b).ok());
+        ASSERT_TRUE(l->stage(0, {1, 2}, nullptr, &c).ok());
+        EXPECT_EQ(a.misses, 2u);
+        EXPECT_EQ(c.hits, l == shared.get() ? 0u : 2u);
+        EXPECT_EQ(l->would_hit(0, 1), l != shared.get());  // staged, not kept
+    }
+    // Read ahead into layer 1: hits there, once; what it does not route is dropped unused.
+    EXPECT_EQ(shared->prefetch(1, {3, 4}), 2u);
+    EXPECT_TRUE(shared->would_hit(1, 3));  // reads outstanding
+    shared->end_prefetch(true);
+    StageStats d;
+    ASSERT_TRUE(shared->stage(1, {3, 5}, nullptr, &d).ok());
+    EXPECT_EQ(d.hits, 1u);
+    EXPECT_EQ(d.misses, 1u);
+    EXPECT_FALSE(shared->would_hit(1, 3));
+    EXPECT_FALSE(shared->would_hit(1, 4));
+    const LedgerStats ls = shared->stats();
+    EXPECT_EQ(ls.prefetch_used, 1u);
+    EXPECT_EQ(ls.prefetch_unused, 1u);
+    EXPECT_EQ(ls.evictions, 0u);
+    EXPECT_EQ(ls.rereads, 0u);
 }
 
 // A Qwen3-30B-shaped trace (48 MoE layers x 128 experts, top-8, Q4_K slices) with skewed,
@@ -445,6 +484,33 @@ TEST(ReplayValidate, ReproducesTheFixedSlotsAndNotAnotherStore) {
     lru.slots_per_layer = 0;
     ASSERT_TRUE(rp.run(lru, &r, &v).ok());
     EXPECT_FALSE(v.ok);
+    std::remove(path.c_str());
+}
+
+// --route-trace with the cache off records the shared slots' own ledger (shared mode: every
+// routed expert read) and the replay's shared-mode ledger reproduces it; the control: the
+// same trace replayed as an LRU cache that holds every expert does not.
+TEST(ReplayValidate, ReproducesTheSharedSlotsAndNotAnotherStore) {
+    const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+    const std::string path = record(model, "--cache-mb 0", "shared.trace");
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(path, &t).ok());
+    EXPECT_EQ(json::parse(t.header.settings_json)["cache_store"], "off");
+    ASSERT_EQ(t.header.cache_budget_bytes, 0u);
+    ASSERT_EQ(t.header.slots_per_layer, 0u);
+    Replayer rp(t);
+    ReplayResult r;
+    ValidateReport v;
+    ASSERT_TRUE(rp.run(rp.recorded_setting(), &r, &v).ok());
+    EXPECT_TRUE(v.ok) << v.first_mismatch;
+    EXPECT_GT(v.slots_checked, 0u);
+    EXPECT_GT(v.replay_misses, 0u);
+    EXPECT_EQ(v.replay_hits, 0u);
+    ReplaySetting lru = rp.recorded_setting();
+    lru.budget_bytes = 1ull << 30;
+    ASSERT_TRUE(rp.run(lru, &r, &v).ok());
+    EXPECT_FALSE(v.ok);
+    EXPECT_GT(v.replay_hits, 0u);
     std::remove(path.c_str());
 }
 

@@ -116,7 +116,7 @@ std::unique_ptr<ResidencyStore> make(const ModelIndex & idx, uint64_t budget,
     auto s = make_lru_cache(idx, budget, cfg.opt, cfg.dbg, &st, test);
     EXPECT_TRUE(st.ok()) << st.message();
     if (s) {
-        EXPECT_EQ(s->cache_stats().page_bytes, kPage);
+        EXPECT_EQ(s->paged_memory()->page_stats().page_bytes, kPage);
     }
     return s;
 }
@@ -301,7 +301,7 @@ void run_matches_reference_lru() {
                 hits += ss.hits;
                 misses += ss.misses;
 
-                const CacheStats cs = s->cache_stats();
+                const LedgerStats cs = s->ledger_stats();
                 ASSERT_EQ(cs.evictions, ref.evictions);
                 ASSERT_EQ(cs.resident_expert_bytes, ref.used());
                 const uint64_t routed_bytes = ex.size() * idx.moe_layers[moe].expert_bytes;
@@ -312,7 +312,7 @@ void run_matches_reference_lru() {
                             << "layer " << l << " expert " << e;
             }
         }
-        const CacheStats cs = s->cache_stats();
+        const LedgerStats cs = s->ledger_stats();
         EXPECT_EQ(cs.hits, hits);
         EXPECT_EQ(cs.misses, misses);
         EXPECT_EQ(cs.lookups, hits + misses);
@@ -355,7 +355,7 @@ void run_recycled_pages_intact() {
         const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(9, 0), true);
         auto s = make(idx, budget, cfg);
         ASSERT_TRUE(s);
-        ASSERT_EQ(s->cache_stats().recycle_pages, recycle);
+        ASSERT_EQ(s->paged_memory()->page_stats().recycle_pages, recycle);
         std::mt19937 rng(99);
         for (int i = 0; i < 400; ++i) {
             const size_t moe = rng() % 2;
@@ -372,20 +372,22 @@ void run_recycled_pages_intact() {
                         ASSERT_TRUE(slice_intact(*s, idx, l, e))
                             << "stage " << i << " layer " << l << " expert " << e;
                     }
-            const CacheStats cs = s->cache_stats();
+            const LedgerStats cs = s->ledger_stats();
+            const PageStats ps = s->paged_memory()->page_stats();
             if (recycle) {
-                ASSERT_LE(cs.pool_bytes, std::max(budget, cs.resident_expert_bytes));
+                ASSERT_LE(ps.pool_bytes, std::max(budget, cs.resident_expert_bytes));
             }
         }
-        const CacheStats cs = s->cache_stats();
+        const LedgerStats cs = s->ledger_stats();
+        const PageStats ps = s->paged_memory()->page_stats();
         EXPECT_GT(cs.evictions, 100u);
         if (recycle) {
-            EXPECT_GT(cs.recycled_commits, 200u);
+            EXPECT_GT(ps.recycled_commits, 200u);
         }
         if (move) {
-            EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
+            EXPECT_GT(ps.moved_commits, ps.recycled_commits / 2);
         } else {
-            EXPECT_EQ(cs.moved_commits, 0u);
+            EXPECT_EQ(ps.moved_commits, 0u);
         }
     }
 }
@@ -446,7 +448,7 @@ void run_moved_pages_follow() {
             const uint64_t budget = accounted_bytes(idx, 0, std::vector<uint32_t>(5, 0), true);
             auto s = make(idx, budget, cfg);
             ASSERT_TRUE(s);
-            ASSERT_TRUE(s->cache_stats().recycle_pages);
+            ASSERT_TRUE(s->paged_memory()->page_stats().recycle_pages);
             std::mt19937 rng(7);
             bool caught = false;
             for (int i = 0; i < 120 && !caught; ++i) {
@@ -478,18 +480,19 @@ void run_moved_pages_follow() {
                             }
                         }
             }
-            const CacheStats cs = s->cache_stats();
+            const LedgerStats cs = s->ledger_stats();
+            const PageStats ps = s->paged_memory()->page_stats();
             if (mode != 2) {
                 EXPECT_GT(cs.evictions, 100u);
             }
             if (mode == 2) {
                 EXPECT_TRUE(caught) << "the planted stale mapping went unnoticed";
             } else if (mode == 1) {
-                EXPECT_EQ(cs.moved_commits, 0u);
-                EXPECT_GT(cs.recycled_commits, 200u);
+                EXPECT_EQ(ps.moved_commits, 0u);
+                EXPECT_GT(ps.recycled_commits, 200u);
             } else if (kernel_at_least(5, 13)) {  // MREMAP_DONTUNMAP for shared mappings
-                EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
-                EXPECT_GT(cs.moved_commits, 100u);
+                EXPECT_GT(ps.moved_commits, ps.recycled_commits / 2);
+                EXPECT_GT(ps.moved_commits, 100u);
             }
         }
     }
@@ -518,7 +521,7 @@ void run_split_staging() {
         auto s = make(idx, budget, cfg);
         auto ref = make(idx, budget, cfg);
         ASSERT_TRUE(s && ref);
-        ASSERT_TRUE(s->cache_stats().recycle_pages);
+        ASSERT_TRUE(s->paged_memory()->page_stats().recycle_pages);
         std::mt19937 rng(99);
         uint64_t unmapped_seen = 0;
         for (int i = 0; i < 400; ++i) {
@@ -592,18 +595,19 @@ void run_split_staging() {
                             << "stage " << i << " layer " << l << " expert " << e;
                     }
                 }
-            ASSERT_LE(s->cache_stats().pool_bytes,
-                      std::max(budget, s->cache_stats().resident_expert_bytes));
+            ASSERT_LE(s->paged_memory()->page_stats().pool_bytes,
+                      std::max(budget, s->ledger_stats().resident_expert_bytes));
         }
-        const CacheStats cs = s->cache_stats(), rs = ref->cache_stats();
+        const LedgerStats cs = s->ledger_stats(), rs = ref->ledger_stats();
+        const PageStats ps = s->paged_memory()->page_stats(), rps = ref->paged_memory()->page_stats();
         EXPECT_EQ(cs.evictions, rs.evictions);
         EXPECT_EQ(cs.misses, rs.misses);
         EXPECT_GT(cs.evictions, 100u);
-        EXPECT_GT(cs.deferred_commits, cs.misses);  // two deferred projections per miss
-        EXPECT_EQ(rs.deferred_commits, 0u);
+        EXPECT_GT(ps.deferred_commits, cs.misses);  // two deferred projections per miss
+        EXPECT_EQ(rps.deferred_commits, 0u);
         EXPECT_GT(unmapped_seen, 100u);
         if (move && kernel_at_least(5, 13)) {
-            EXPECT_GT(cs.moved_commits, cs.recycled_commits / 2);
+            EXPECT_GT(ps.moved_commits, ps.recycled_commits / 2);
         }
     }
 }
@@ -619,8 +623,8 @@ TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
     const std::vector<uint32_t> a = {0, 1, 2, 3, 4, 5};
     EXPECT_EQ(stage_and_read(*s, idx, 0, a).size(), 6u);
     for (uint32_t e : a) EXPECT_TRUE(s->is_resident(0, e));
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 6 * eb);
-    EXPECT_EQ(s->cache_stats().over_budget_stages, 1u);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, 6 * eb);
+    EXPECT_EQ(s->ledger_stats().over_budget_stages, 1u);
 
     // Same layer, overlapping set: 4 and 5 hit, 0..3 (not routed now) are the victims.
     const std::vector<uint32_t> b = {4, 5, 6, 7, 8, 9};
@@ -634,7 +638,7 @@ TEST(ResidencyCache, NeverEvictsTheStagedLayersRoutedSet) {
     EXPECT_EQ(stage_and_read(*s, idx, 1, a).size(), 6u);
     for (uint32_t e = 0; e < 16; ++e) EXPECT_FALSE(s->is_resident(0, e));
     for (uint32_t e : a) EXPECT_TRUE(s->is_resident(1, e));
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 6 * eb);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, 6 * eb);
     for (uint32_t e : a) EXPECT_TRUE(slice_intact(*s, idx, 1, e));
 }
 
@@ -650,7 +654,7 @@ TEST(ResidencyCache, ForgetReleasesAResidentExpertSoItIsReadAgain) {
     EXPECT_TRUE(s->forget(0, 1));
     EXPECT_FALSE(s->is_resident(0, 1));
     EXPECT_TRUE(s->is_resident(0, 0));
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, eb);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, eb);
     EXPECT_FALSE(s->forget(0, 1));  // no longer resident
     EXPECT_FALSE(s->forget(0, 5));  // never was
     StageStats ss;
@@ -671,14 +675,14 @@ TEST(ResidencyCache, PrefetchStaysWithinBudgetAndSparesTheRoutedSet) {
     ASSERT_TRUE(s);
     stage_and_read(*s, idx, 0, {0, 1});        // oldest
     stage_and_read(*s, idx, 0, {2, 3, 4, 5});  // routed now (the layer "computing")
-    ASSERT_EQ(s->cache_stats().resident_expert_bytes, 6 * eb);
+    ASSERT_EQ(s->ledger_stats().resident_expert_bytes, 6 * eb);
 
     // Layer 1's guess: 4 absent experts. Room for them comes from 0 and 1 only.
     std::vector<ReadRequest> reads;
     EXPECT_EQ(s->prefetch(1, {7, 8, 9, 10}, &reads), 2u);
     EXPECT_EQ(reads.size(), 6u);  // 2 experts x 3 projections
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 6 * eb);  // never above the budget
-    EXPECT_EQ(s->cache_stats().prefetch_skipped, 2u);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, 6 * eb);  // never above the budget
+    EXPECT_EQ(s->ledger_stats().prefetch_skipped, 2u);
     for (uint32_t e : {2u, 3u, 4u, 5u}) EXPECT_TRUE(s->is_resident(0, e));
     for (uint32_t e : {0u, 1u}) EXPECT_FALSE(s->is_resident(0, e));
     // No stage while the reads are open.
@@ -693,7 +697,7 @@ TEST(ResidencyCache, PrefetchStaysWithinBudgetAndSparesTheRoutedSet) {
     EXPECT_EQ(ss.hits, 2u);
     EXPECT_TRUE(slice_intact(*s, idx, 1, 7));
     EXPECT_TRUE(slice_intact(*s, idx, 1, 8));
-    const CacheStats cs = s->cache_stats();
+    const LedgerStats cs = s->ledger_stats();
     EXPECT_EQ(cs.prefetched, 2u);
     EXPECT_EQ(cs.prefetch_used, 2u);
     EXPECT_EQ(cs.prefetch_unused, 0u);
@@ -713,9 +717,9 @@ TEST(ResidencyCache, PrefetchAbandonedAndUnused) {
     s->end_prefetch(false);  // e.g. an I/O error
     EXPECT_FALSE(s->is_resident(1, 2));
     EXPECT_FALSE(s->is_resident(1, 3));
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 2 * eb);
-    EXPECT_EQ(s->cache_stats().abandoned, 2u);
-    EXPECT_EQ(s->cache_stats().prefetch_unused, 2u);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, 2 * eb);
+    EXPECT_EQ(s->ledger_stats().abandoned, 2u);
+    EXPECT_EQ(s->ledger_stats().prefetch_unused, 2u);
 
     reads.clear();
     EXPECT_EQ(s->prefetch(0, {0, 1, 5}, &reads), 1u);  // 0 and 1 are resident
@@ -726,8 +730,8 @@ TEST(ResidencyCache, PrefetchAbandonedAndUnused) {
     // Layer 1 needs all the room: 5 (never routed) goes, counted unused.
     stage_and_read(*s, idx, 1, {4, 5, 6, 7});
     EXPECT_FALSE(s->is_resident(0, 5));
-    EXPECT_EQ(s->cache_stats().prefetch_unused, 3u);
-    EXPECT_EQ(s->cache_stats().prefetch_used, 0u);
+    EXPECT_EQ(s->ledger_stats().prefetch_unused, 3u);
+    EXPECT_EQ(s->ledger_stats().prefetch_used, 0u);
 }
 
 // --- the shared slots of cache off (two sets: read-ahead) ---------------------------------
@@ -758,7 +762,7 @@ TEST(SharedSlots, PrefetchReadsIntoTheOtherSetAndTheNextStageHits) {
     EXPECT_EQ(stage_and_read(*s, idx, 1, {2, 4, 3}, &ss), (std::vector<uint32_t>{4}));
     EXPECT_EQ(ss.hits, 2u);
     for (uint32_t e : {2u, 3u, 4u}) EXPECT_TRUE(slice_intact(*s, idx, 1, e));
-    const CacheStats cs = s->cache_stats();
+    const LedgerStats cs = s->ledger_stats();
     EXPECT_EQ(cs.prefetched, 3u);
     EXPECT_EQ(cs.prefetch_used, 2u);
     EXPECT_EQ(cs.prefetch_unused, 1u);  // 5: read ahead, not routed
@@ -803,7 +807,7 @@ TEST(SharedSlots, OneSetNeverReadsAheadAndAFailedReadAheadIsDropped) {
     StageStats ss;
     EXPECT_EQ(stage_and_read(*two, idx, 1, {1}, &ss), (std::vector<uint32_t>{1}));
     EXPECT_EQ(ss.hits, 0u);
-    EXPECT_EQ(two->cache_stats().prefetch_unused, 2u);
+    EXPECT_EQ(two->ledger_stats().prefetch_unused, 2u);
 }
 
 // --- the fixed-slot cache (docs/cache.md, "Fixed slots") ----------------------------------
@@ -851,7 +855,7 @@ TEST(SlotCache, HitsKeepTheirSlotAndAMissEvictsTheLeastRecentlyRouted) {
     const ModelIndex idx = slot_index();
     auto s = slot_store(idx, 3);
     ASSERT_TRUE(s);
-    EXPECT_EQ(s->cache_stats().slots_per_layer, 3u);
+    EXPECT_EQ(s->slot_placement()->slot_stats().slots_per_layer, 3u);
     EXPECT_EQ(stage_slots(*s, 0, {0, 1, 2}), 3u);
     EXPECT_EQ(stage_slots(*s, 0, {1}), 0u);  // 1 is now the most recently routed
     EXPECT_EQ(stage_slots(*s, 0, {3}), 1u);  // evicts 0 or 2 (routed together), not 1
@@ -874,7 +878,7 @@ TEST(SlotCache, HitsKeepTheirSlotAndAMissEvictsTheLeastRecentlyRouted) {
     EXPECT_EQ(stage_slots(*s, 1, {0, 1, 2}), 3u);
     EXPECT_TRUE(s->is_resident(0, 1));
     EXPECT_TRUE(s->is_resident(0, 3));
-    EXPECT_EQ(s->cache_stats().evictions, 1u);
+    EXPECT_EQ(s->ledger_stats().evictions, 1u);
 }
 
 // A routing wider than the slots (a prompt ubatch) is placed at the canonical offsets of the
@@ -906,7 +910,7 @@ TEST(SlotCache, AnAbandonedStageForgetsItsMisses) {
     EXPECT_FALSE(s->is_resident(0, 1));
     EXPECT_FALSE(s->is_resident(0, 2));
     EXPECT_EQ(stage_slots(*s, 0, {1}), 1u);
-    EXPECT_EQ(s->cache_stats().abandoned, 2u);
+    EXPECT_EQ(s->ledger_stats().abandoned, 2u);
 }
 
 // After a wide routing, warm_slots() copies its most recent experts (as many as there are
@@ -922,7 +926,7 @@ void check_warm_start(bool skip_copy, uint64_t slice = kPage) {
     ASSERT_TRUE(s);
     EXPECT_EQ(stage_slots(*s, 0, {0, 1, 5}), 3u);  // wide: the shared slots
     EXPECT_EQ(s->slot_placement()->warm_slots(0, {5, 1, 0}), 2u);    // 2 slots: the two most recent
-    EXPECT_EQ(s->cache_stats().slot_warm_copies, 2u);
+    EXPECT_EQ(s->slot_placement()->slot_stats().warm_copies, 2u);
     EXPECT_EQ(stage_slots(*s, 0, {5, 1}), 0u);  // both warm: no read
     ASSERT_NE(s->slot_placement()->slot_map(0), nullptr);
     EXPECT_EQ(slice_intact(*s, idx, 0, 5) && slice_intact(*s, idx, 0, 1), !skip_copy);
@@ -959,7 +963,7 @@ TEST(SlotCache, AWarmStartFromSharedSlotsReusedSinceCopiesNothing) {
     EXPECT_EQ(s->slot_placement()->warm_slots(0, {5, 1}), 0u);
     EXPECT_EQ(s->slot_placement()->warm_slots(1, {5, 1}), 2u);  // control: set 1 still holds layer 1's routing
     EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
-    EXPECT_EQ(s->cache_stats().slot_warm_copies, 2u);
+    EXPECT_EQ(s->slot_placement()->slot_stats().warm_copies, 2u);
 }
 
 // Fewer slots than the routing width cannot hold a token's routing: refused, naming both.
@@ -987,7 +991,7 @@ TEST(SlotCache, TheSlotsAndTheSharedSlotsFitInTheBudget) {
         auto s = make_slot_cache(idx, b, /*two_sets=*/true, &st);
         ASSERT_TRUE(s) << st.message();
         EXPECT_LE(s->reserved_bytes(), b);
-        EXPECT_LE(s->cache_stats().peak_resident_bytes, b);
+        EXPECT_LE(s->ledger_stats().peak_resident_bytes, b);
         EXPECT_GT(s->reserved_bytes(), b - shared_slot_set_bytes(idx)) << "shared slots counted";
     }
     uint64_t all = 0;
@@ -1018,12 +1022,12 @@ TEST(SlotCache, ReadAheadWhenEveryExpertHasASlotFillsFreeSlots) {
     s->end_prefetch(true);
     EXPECT_EQ(stage_slots(*s, 1, {2, 3}), 0u);
     EXPECT_TRUE(slice_intact(*s, idx, 1, 2));
-    EXPECT_EQ(s->cache_stats().prefetch_used, 2u);
+    EXPECT_EQ(s->ledger_stats().prefetch_used, 2u);
     reads.clear();
     ASSERT_EQ(s->prefetch(2, {4}, &reads), 1u);
     s->end_prefetch(false);
     EXPECT_EQ(stage_slots(*s, 2, {4}), 1u);
-    EXPECT_EQ(s->cache_stats().evictions, 0u);
+    EXPECT_EQ(s->ledger_stats().evictions, 0u);
 }
 
 // One token's guess (at most the routing width) is read into the layer's slots, evicting the
@@ -1044,7 +1048,7 @@ TEST(SlotCache, OneTokensGuessIsReadIntoTheLeastRecentlyUsedSlot) {
     EXPECT_FALSE(s->is_resident(1, 0));  // the least recently routed
     EXPECT_EQ(stage_slots(*s, 1, {5}), 0u);
     EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
-    EXPECT_EQ(s->cache_stats().prefetch_used, 1u);
+    EXPECT_EQ(s->ledger_stats().prefetch_used, 1u);
     reads.clear();
     EXPECT_EQ(s->prefetch(1, {1}, &reads), 0u);  // slotted: no read, now the most recent
     s->end_prefetch(true);
@@ -1054,7 +1058,7 @@ TEST(SlotCache, OneTokensGuessIsReadIntoTheLeastRecentlyUsedSlot) {
     EXPECT_FALSE(s->is_resident(1, 2));  // evicted for 6
     EXPECT_FALSE(s->is_resident(1, 6));  // its read failed
     EXPECT_EQ(stage_slots(*s, 1, {6}), 1u);
-    EXPECT_EQ(s->cache_stats().prefetch_unused, 1u);
+    EXPECT_EQ(s->ledger_stats().prefetch_unused, 1u);
     reads.clear();
     ASSERT_GT(s->prefetch(1, {7, 8}, &reads), 0u);  // control: wider than one token's routing
     simulate_reads(reads);
@@ -1098,7 +1102,7 @@ void run_rss_budget(CacheDebug::Mapping mapping, bool recycle, int n_stages) {
     cfg.opt.recycle_pages = recycle;
     auto s = make(idx, budget, cfg);
     ASSERT_TRUE(s);
-    EXPECT_EQ(s->cache_stats().recycle_pages, recycle);
+    EXPECT_EQ(s->paged_memory()->page_stats().recycle_pages, recycle);
     EXPECT_EQ(s->reserved_bytes(), 12ull * 1024 * kMiB);
     EXPECT_LE(rss_anon_shmem_bytes(), rss0 + slack);  // reserving costs no RAM
 
@@ -1113,12 +1117,13 @@ void run_rss_budget(CacheDebug::Mapping mapping, bool recycle, int n_stages) {
         // The pool's memory, mapped or not (free chunks included), stays within it too.
         ASSERT_LE(pool_file_bytes(), budget + layer_set) << "stage " << i;
         if (recycle) {
-            ASSERT_LE(s->cache_stats().pool_bytes, std::max(budget, layer_set));
+            ASSERT_LE(s->paged_memory()->page_stats().pool_bytes, std::max(budget, layer_set));
         }
-        ASSERT_LE(s->cache_stats().resident_expert_bytes, std::max(budget, layer_set));
-        ASSERT_EQ(s->resident_bytes(), s->cache_stats().resident_expert_bytes);
+        ASSERT_LE(s->ledger_stats().resident_expert_bytes, std::max(budget, layer_set));
+        ASSERT_EQ(s->resident_bytes(), s->ledger_stats().resident_expert_bytes);
     }
-    const CacheStats cs = s->cache_stats();
+    const LedgerStats cs = s->ledger_stats();
+    const PageStats ps = s->paged_memory()->page_stats();
     EXPECT_LE(cs.peak_resident_bytes, budget);
     EXPECT_GT(cs.evictions, 100u);
     // The cache did fill up to its budget (RSS really tracked the committed bytes).
@@ -1126,10 +1131,10 @@ void run_rss_budget(CacheDebug::Mapping mapping, bool recycle, int n_stages) {
     EXPECT_GE(cs.resident_expert_bytes, budget - layer_set);
     if (recycle) {
         // Misses took the pages evicted experts left: after the first fill, nearly all.
-        EXPECT_GT(cs.recycled_commits, 3 * (cs.misses - budget / (3 * kMiB)) * 9 / 10);
+        EXPECT_GT(ps.recycled_commits, 3 * (cs.misses - budget / (3 * kMiB)) * 9 / 10);
         EXPECT_GE(pool_file_bytes(), budget - layer_set);
     } else {
-        EXPECT_EQ(cs.recycled_commits, 0u);
+        EXPECT_EQ(ps.recycled_commits, 0u);
         EXPECT_EQ(pool_file_bytes(), 0u);
     }
     s.reset();
@@ -1175,7 +1180,7 @@ TEST(ResidencyCache, ReservesFarMoreThanRam) {
         stage_and_read(*s, idx, 3, {5, 6});
         EXPECT_TRUE(slice_intact(*s, idx, 47, 127));
         EXPECT_TRUE(slice_intact(*s, idx, 3, 6));
-        EXPECT_LE(s->cache_stats().resident_expert_bytes, 256 * kMiB);
+        EXPECT_LE(s->ledger_stats().resident_expert_bytes, 256 * kMiB);
         EXPECT_LE(rss_anon_bytes(), rss0 + 256 * kMiB + 16 * kMiB);
     }
 }
@@ -1200,17 +1205,17 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping, bool rec
     // Budget: exactly b + far, so staging far after {a, b} must evict a (the colder one).
     auto s = make(idx, cost({b, far}), cfg);
     ASSERT_TRUE(s);
-    EXPECT_EQ(s->cache_stats().recycle_pages, recycle);
+    EXPECT_EQ(s->paged_memory()->page_stats().recycle_pages, recycle);
     stage_and_read(*s, idx, 0, {a, b});
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({a, b}));
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, cost({a, b}));
     EXPECT_TRUE(slice_intact(*s, idx, 0, a));
     EXPECT_TRUE(slice_intact(*s, idx, 0, b));
 
     stage_and_read(*s, idx, 0, {far});
     EXPECT_FALSE(s->is_resident(0, a));
     EXPECT_TRUE(s->is_resident(0, b));
-    EXPECT_EQ(s->cache_stats().evictions, 1u);
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({b, far}));
+    EXPECT_EQ(s->ledger_stats().evictions, 1u);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, cost({b, far}));
     EXPECT_TRUE(slice_intact(*s, idx, 0, b));  // the shared page survived a's release
     EXPECT_TRUE(s->verify_resident(0, {b}).ok());
     for (size_t t = 0; t < 3; ++t) {
@@ -1245,10 +1250,10 @@ void run_boundary(uint64_t sb, uint32_t a, CacheDebug::Mapping mapping, bool rec
     EXPECT_TRUE(slice_intact(*s, idx, 0, b));
     EXPECT_TRUE(s->verify_resident(0, {b, a}).ok());
     EXPECT_FALSE(s->is_resident(0, far));
-    EXPECT_EQ(s->cache_stats().rereads, 1u);
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, cost({a, b}));
+    EXPECT_EQ(s->ledger_stats().rereads, 1u);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, cost({a, b}));
     if (recycle) {
-        EXPECT_GE(s->cache_stats().recycled_commits, 3u);  // a took far's chunks
+        EXPECT_GE(s->paged_memory()->page_stats().recycled_commits, 3u);  // a took far's chunks
     }
 }
 
@@ -1299,7 +1304,7 @@ TEST_P(CachePageSize, AccountsInItsPages) {
     auto s = make(idx, 64 * kPage, cfg);
     ASSERT_TRUE(s);
     stage_and_read(*s, idx, 0, {1});
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, 3 * 2 * kPage);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, 3 * 2 * kPage);
     for (size_t t = 0; t < 3; ++t) {
         const uint64_t off = idx.moe_layers[0].tensors[t].file_offset;
         // The tensor lies at its file offset's phase within the cache page, so O_DIRECT reads
@@ -1344,7 +1349,7 @@ TEST(ResidencyCache, AbandonStageLeavesNothingResident) {
     auto s = make(idx, 5 * eb);
     ASSERT_TRUE(s);
     stage_and_read(*s, idx, 0, {1, 2, 3});
-    const uint64_t before = s->cache_stats().resident_expert_bytes;
+    const uint64_t before = s->ledger_stats().resident_expert_bytes;
 
     // Layer 1: 1 and 2 are misses, then the reads "fail".
     std::vector<ReadRequest> reads;
@@ -1355,27 +1360,27 @@ TEST(ResidencyCache, AbandonStageLeavesNothingResident) {
     s->abandon_stage(1);
     EXPECT_FALSE(s->is_resident(1, 1));
     EXPECT_FALSE(s->is_resident(1, 2));
-    EXPECT_EQ(s->cache_stats().resident_expert_bytes, before);
-    EXPECT_EQ(s->cache_stats().abandoned, 2u);
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, before);
+    EXPECT_EQ(s->ledger_stats().abandoned, 2u);
     for (uint32_t e : {1u, 2u, 3u}) EXPECT_TRUE(s->is_resident(0, e));
 
     // The next routing re-reads them (no poisoned entry); never resident, so no reread.
     EXPECT_EQ(stage_and_read(*s, idx, 1, {2, 1}), (std::vector<uint32_t>{2, 1}));
-    EXPECT_EQ(s->cache_stats().rereads, 0u);
+    EXPECT_EQ(s->ledger_stats().rereads, 0u);
     EXPECT_TRUE(slice_intact(*s, idx, 1, 1));
 
     // Push layer 0's experts out, then route them again: those are rereads.
     stage_and_read(*s, idx, 1, {3, 4, 5, 6, 7});  // 5 experts: everything else evicted
     for (uint32_t e : {1u, 2u, 3u}) EXPECT_FALSE(s->is_resident(0, e));
     EXPECT_EQ(stage_and_read(*s, idx, 0, {1, 2}).size(), 2u);
-    EXPECT_EQ(s->cache_stats().rereads, 2u);
+    EXPECT_EQ(s->ledger_stats().rereads, 2u);
     EXPECT_TRUE(slice_intact(*s, idx, 0, 2));
 
     // A stage whose reads failed for an expert resident before: counted as a reread, and
     // still not resident afterwards.
     reads.clear();
     ASSERT_TRUE(s->stage(0, {3}, &reads, &ss).ok());
-    EXPECT_EQ(s->cache_stats().rereads, 3u);
+    EXPECT_EQ(s->ledger_stats().rereads, 3u);
     s->abandon_stage(0);
     EXPECT_FALSE(s->is_resident(0, 3));
 }
@@ -1408,7 +1413,7 @@ TEST(ResidencyCache, ReleasedPagesFault) {
     cfg.dbg.poison = true;
     auto s = make(idx, 6 * kPage, cfg);  // room for one expert
     ASSERT_TRUE(s);
-    EXPECT_TRUE(s->cache_stats().page_protect);
+    EXPECT_TRUE(s->paged_memory()->page_stats().page_protect);
     stage_and_read(*s, idx, 0, {1});
     stage_and_read(*s, idx, 0, {4});  // evicts 1
     ASSERT_FALSE(s->is_resident(0, 1));
@@ -1575,8 +1580,8 @@ TEST(ResidencyCache, RealModelBytesThroughIoLanes) {
                 }
         }
     }
-    EXPECT_GT(s->cache_stats().evictions, 0u);
-    EXPECT_LE(s->cache_stats().peak_resident_bytes,
+    EXPECT_GT(s->ledger_stats().evictions, 0u);
+    EXPECT_LE(s->ledger_stats().peak_resident_bytes,
               std::max<uint64_t>(6 * L0.expert_bytes + 6 * kPage, k * L0.expert_bytes + 6 * kPage));
 }
 
@@ -1606,13 +1611,14 @@ TEST(ResidencyCache, RefusedCommitShrinksTheCache) {
                 ASSERT_TRUE(s->is_resident(moe, e));
                 ASSERT_TRUE(slice_intact(*s, idx, moe, e)) << "step " << step << " expert " << e;
             }
-            const CacheStats cs = s->cache_stats();
+            const LedgerStats cs = s->ledger_stats();
+            const PageStats ps = s->paged_memory()->page_stats();
             ASSERT_LE(cs.resident_expert_bytes, 6 * eb);
-            if (cs.recycle_pages) {  // evicted chunks are punched down to the shrunk budget
-                ASSERT_LE(cs.pool_bytes, std::max(cs.budget_bytes, cs.resident_expert_bytes));
+            if (ps.recycle_pages) {  // evicted chunks are punched down to the shrunk budget
+                ASSERT_LE(ps.pool_bytes, std::max(cs.budget_bytes, cs.resident_expert_bytes));
             }
         }
-        const CacheStats cs = s->cache_stats();
+        const LedgerStats cs = s->ledger_stats();
         EXPECT_GT(cs.commit_failures, 0u);
         EXPECT_EQ(cs.budget_shrinks, 1u);  // once shrunk, the budget is never hit again
         EXPECT_LE(cs.budget_bytes, 6 * eb);
@@ -1640,7 +1646,7 @@ TEST(ResidencyCache, RefusedCommitWithNothingToEvictFailsCleanly) {
     EXPECT_NE(st.message().find("cannot commit"), std::string::npos) << st.message();
     EXPECT_NE(st.message().find("nothing left to evict"), std::string::npos) << st.message();
     for (uint32_t e : {3u, 4u, 5u, 6u}) EXPECT_FALSE(s->is_resident(1, e));
-    EXPECT_LE(s->cache_stats().resident_expert_bytes, 3 * eb);
+    EXPECT_LE(s->ledger_stats().resident_expert_bytes, 3 * eb);
     // The next, smaller routing works; nothing poisoned.
     EXPECT_EQ(stage_and_read(*s, idx, 1, {4, 5}).size(), 2u);
     EXPECT_TRUE(slice_intact(*s, idx, 1, 4));
@@ -1675,14 +1681,14 @@ TEST(ResidencyCache, AllExpertsBudgetHoldsEveryExpert) {
                     stage_and_read(*fits, idx, moe, {e});
                     stage_and_read(*short_of, idx, moe, {e});
                 }
-        EXPECT_EQ(fits->cache_stats().evictions, 0u);
-        EXPECT_EQ(fits->cache_stats().misses, uint64_t(n_expert) * idx.moe_layers.size());
+        EXPECT_EQ(fits->ledger_stats().evictions, 0u);
+        EXPECT_EQ(fits->ledger_stats().misses, uint64_t(n_expert) * idx.moe_layers.size());
         for (size_t moe = 0; moe < idx.moe_layers.size(); ++moe)
             for (uint32_t e = 0; e < n_expert; ++e) EXPECT_TRUE(slice_intact(*fits, idx, moe, e));
         // The control: the old cap evicts with pool chunks (fresh pages are page-exact and
         // share boundary pages, so there the file bytes round up to the same pages or fewer).
         if (recycle) {
-            EXPECT_GT(short_of->cache_stats().evictions, 0u);
+            EXPECT_GT(short_of->ledger_stats().evictions, 0u);
         }
     }
 }
