@@ -160,7 +160,7 @@ def line(rec: dict) -> str:
     return (f"rep {rec['rep']} {rec['kind']:8s}: request -> first token "
             f"{rec['request_to_first_token_s']:.2f} s | request {rec['request_s']:.2f} s | "
             f"prefill {ms.get('prefill_s')} s of {ms.get('n_prompt')} tokens "
-            f"({ms.get('n_prompt_reused')} reused in process, {pc.get('tokens_restored')} "
+            f"({ms.get('n_prompt_reused')} not prefilled, {pc.get('tokens_restored')} "
             f"restored) | load {rec['load_s']:.2f} s")
 
 

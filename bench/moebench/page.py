@@ -375,11 +375,12 @@ def serve_restart_section(path: str, res: dict[str, Any], older: list[str]) -> s
              "server's second request; `restart` the first request of a second server started on "
              "the same directory. *Request → first token*: from sending the request to its first "
              "streamed token, measured by the client. *Prefill*: the server's own "
-             "(`moestream.stats.prefill_s` of the response), with the prompt tokens it reused "
-             "from the previous request's KV and restored from the prompt cache (`/stats`). "
+             "(`moestream.stats.prefill_s` of the response), with the prompt tokens it did not "
+             "prefill (`n_prompt_reused`: the previous request's KV kept or the prompt cache's "
+             "restored) and, of those, the ones restored from the prompt cache (`/stats`). "
              "Means over the repetitions, each listed.", "",
              "| request | request → first token (s) | per rep | whole request (s) | server prefill (s) "
-             "| prompt tokens | reused in process | restored from disk | server load (s) |",
+             "| prompt tokens | not prefilled | of those restored from disk | server load (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for kind, what in kinds:
         rs = [r for r in reqs if r["kind"] == kind and r.get("request_to_first_token_s") is not None]
@@ -398,7 +399,7 @@ def serve_restart_section(path: str, res: dict[str, Any], older: list[str]) -> s
             f"{', '.join(str(m.get('n_prompt_reused')) for m in ms)} | "
             f"{', '.join(str(p.get('tokens_restored')) for p in pc)} | "
             f"{_mean([r['load_s'] for r in rs]):.2f} |")
-    lossy = sorted({str(r.get("lossy")) for r in reqs})
+    lossy = sorted({json.dumps(r.get("lossy")) for r in reqs})
     lines += ["", f"Responses' `lossy`: {', '.join(lossy)} (the server's defaults, the same for "
               "every request)."]
     return "\n".join(lines)
