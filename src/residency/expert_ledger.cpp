@@ -315,8 +315,12 @@ int32_t ExpertLedger::slot_victim(uint32_t moe, uint64_t now) const {
         const int32_t occ = occupant_[at + i];
         if (occ < 0) return int32_t(i);
         if (state_[id_of(moe, uint32_t(occ))] == kPending) continue;  // its reads are due
-        if (slot_stamp_[at + i] == 0) return int32_t(i);  // the warm set's, unrouted: as free
-        if (v < 0 || slot_stamp_[at + i] < slot_stamp_[at + size_t(v)]) v = int32_t(i);
+        // The least recent; among equals the lowest expert id (not the slot: where an expert
+        // sits must not decide which one goes).
+        const uint64_t si = slot_stamp_[at + i];
+        if (v < 0 || si < slot_stamp_[at + size_t(v)] ||
+            (si == slot_stamp_[at + size_t(v)] && occ < occupant_[at + size_t(v)]))
+            v = int32_t(i);
     }
     return v;
 }
@@ -367,9 +371,6 @@ size_t ExpertLedger::prefetch_slots(uint32_t moe, const std::vector<uint32_t> & 
         }
         if (v < 0) break;
         slot_place(moe, e, v, now);
-        // Into a free slot (the warm set): stamp 0, so until it is routed slot_victim treats
-        // the slot as free (a miss takes it where it would have taken the free slot).
-        if (warm) slot_stamp_[size_t(moe) * k_slots_ + size_t(v)] = 0;
         prefetched_[L.first_id + e] = 1;
         prefetch_pending_.push_back(e);
         policy_->admit(L.first_id + e, gen_, EvictionPolicy::kNever);

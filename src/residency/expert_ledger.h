@@ -189,12 +189,10 @@ public:
     // Commits the absent ones among `experts` of MoE layer moe into its slots ahead of their
     // routing (as prefetch(), pending until end_prefetch()): the guessed experts already
     // slotted are stamped, each absent one takes the victim slot; with may_evict false only
-    // free slots are taken. warm (the warm set's preload): free slots only, nothing is
-    // stamped and the experts placed get stamp 0: until routed, slot_victim treats their
-    // slots as free, so a later miss takes one exactly where it would have taken the free
-    // slot and the routed experts' placement is what it would be without them. Stops at the
-    // first expert without a slot. Ids out of range are skipped. Returns how many it
-    // committed (prefetching()).
+    // free slots are taken. warm (the warm set's preload): free slots only, the guess's
+    // slotted experts are not stamped (only what is placed is). Stops at the first expert
+    // without a slot. Ids out of range are skipped. Returns how many it committed
+    // (prefetching()).
     size_t prefetch_slots(uint32_t moe, const std::vector<uint32_t> & experts, bool may_evict,
                           bool warm = false);
     // Makes expert e of MoE layer moe resident at once (its bytes are copied into the slot by
@@ -260,9 +258,10 @@ private:
     std::vector<int32_t> occupant_;     // [moe * k_slots_ + s]
     std::vector<uint64_t> slot_stamp_;  // [moe * k_slots_ + s]
     uint64_t slot_clock_ = 0;
-    // The victim slot of layer moe for a commit stamped `now`: the first slot that is free or
-    // holds an unrouted warm-set expert (stamp 0), else the least recently stamped one not
-    // stamped `now` whose expert is not pending; -1 if none.
+    // The victim slot of layer moe for a commit stamped `now`: a free slot, else the least
+    // recently stamped one not stamped `now` whose expert is not pending, the lowest expert id
+    // among equal stamps (never the slot order: which expert goes must not depend on where
+    // experts sit); -1 if none.
     int32_t slot_victim(uint32_t moe, uint64_t now) const;
     // Expert e of layer moe takes slot s (its occupant evicted first), stamped now, charged.
     void slot_place(uint32_t moe, uint32_t e, int32_t s, uint64_t now);
