@@ -50,6 +50,13 @@ KINDS = ("cold", "same", "restart")
 SUFFIXES = {"cold": " and the river ran to the sea.",
             "same": " and a fox lived in the wood.",
             "restart": " and the king had three sons."}
+# --short-suffix: one character (one token on the synth vocabulary) of its own per request,
+# so the request's prefill after the reused prefix is a single token.
+SHORT_SUFFIXES = {"cold": ".", "same": "!", "restart": "?"}
+
+
+def suffixes(a: argparse.Namespace) -> dict[str, str]:
+    return SHORT_SUFFIXES if a.short_suffix else SUFFIXES
 
 
 def prompt(n: int) -> str:
@@ -143,7 +150,7 @@ def one_rep(a: argparse.Namespace, rep: int) -> list[dict]:
         try:
             for kind in server_kinds:
                 rec = {"rep": rep, "kind": kind, "load_s": srv.load_s, "command": srv.cmd}
-                rec.update(srv.request(prefix + SUFFIXES[kind], a.tokens))
+                rec.update(srv.request(prefix + suffixes(a)[kind], a.tokens))
                 rec["loadavg_after"] = system.loadavg()
                 recs.append(rec)
         finally:
@@ -174,6 +181,8 @@ def main() -> int:
     ap.add_argument("--mem-cap", type=int, default=8 << 30, help="bytes (default 8 GiB)")
     ap.add_argument("--port", type=int, default=18093)
     ap.add_argument("--cache-dir", default="/var/tmp/moestream-bench-pcache-serve")
+    ap.add_argument("--short-suffix", action="store_true",
+                    help="one-token suffixes (SHORT_SUFFIXES) instead of sentences")
     ap.add_argument("--out", default=None, help="results file (default bench/results/...)")
     a = ap.parse_args()
     if not os.path.exists(a.model):
@@ -183,7 +192,7 @@ def main() -> int:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     res = {"experiment": "serve-restart", "format": FORMAT, "stamp": stamp, "argv": sys.argv,
            "model": a.model, "prefix_tokens": a.prefix_tokens, "tokens": a.tokens,
-           "reps": a.reps, "mem_cap": a.mem_cap, "suffixes": SUFFIXES,
+           "reps": a.reps, "mem_cap": a.mem_cap, "suffixes": suffixes(a),
            "machine": system.machine_info(a.model), "loadavg_before": system.loadavg(),
            "versions": system.versions(REPO, a.bin, os.path.join(REPO, "scripts", "llama-tool")),
            "requests": []}

@@ -343,43 +343,18 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs)
 
 
-def serve_restart_section(path: str, res: dict[str, Any], older: list[str]) -> str:
-    """Request to first token of a `serve` request whose prefix was cached in the same server
-    process or by an earlier server run, against the cold request (bench/serve_restart.py)."""
+def _suffixes(res: dict[str, Any]) -> str:
+    sx = res.get("suffixes") or {}
+    return ", ".join(f"{k} `{v}`" for k, v in sx.items()) if sx else "not recorded"
+
+
+def _serve_table(res: dict[str, Any]) -> list[str]:
+    """The per-request-kind table of one serve_restart.py results file."""
     reqs = res["requests"]
     kinds = [("cold", "cold: nothing cached, the server prefills the whole prompt"),
              ("same", "same process: an earlier request of this server cached the prefix"),
              ("restart", "after a restart: the earlier server run saved the prefix")]
-    results = f"`bench/results/{os.path.basename(path)}`"
-    if older:
-        results += "; older runs: " + ", ".join(f"`{os.path.basename(p)}`" for p in older)
-    cap = res.get("mem_cap")
-    lines = ['<a id="serve-restart"></a>',
-             "## serve-restart: a `serve` request whose prompt prefix was cached, in the same "
-             "process and across a restart", "",
-             "| | |", "|---|---|",
-             f"| Date | {res['stamp'][:4]}-{res['stamp'][4:6]}-{res['stamp'][6:8]} "
-             f"{res['stamp'][9:11]}:{res['stamp'][11:13]} UTC |",
-             f"| Commit | {_commit(res['versions'])} |",
-             f"| Command | `{' '.join(['bench/serve_restart.py'] + res['argv'][1:])}` |",
-             f"| Machine | {_machine(res['machine'])} |",
-             f"| Model | `{os.path.basename(res['model'])}` |",
-             f"| Results | {results} |", "",
-             f"Method: every repetition ({res['reps']}, interleaved) empties the `--prompt-cache` "
-             "directory and starts `moestream serve --prompt-cache DIR -t 2 --io-threads 4 -c 4096 "
-             f"-b 512` under a {cap / GiB:g} GiB memory cap (page cache included; the model file "
-             "evicted before every start). Every request is one streamed `/completion` of "
-             f"{res['tokens']} tokens (greedy) whose prompt is the same {res['prefix_tokens']}-token "
-             "prefix (whole prompt batches: the prompt cache stores batch-aligned prefixes) and a "
-             "suffix of its own. `cold` is the first server's first request; `same` the same "
-             "server's second request; `restart` the first request of a second server started on "
-             "the same directory. *Request → first token*: from sending the request to its first "
-             "streamed token, measured by the client. *Prefill*: the server's own "
-             "(`moestream.stats.prefill_s` of the response), with the prompt tokens it did not "
-             "prefill (`n_prompt_reused`: the previous request's KV kept or the prompt cache's "
-             "restored) and, of those, the ones restored from the prompt cache (`/stats`). "
-             "Means over the repetitions, each listed.", "",
-             "| request | request → first token (s) | per rep | whole request (s) | server prefill (s) "
+    lines = ["| request | request → first token (s) | per rep | whole request (s) | server prefill (s) "
              "| prompt tokens | not prefilled | of those restored from disk | server load (s) |",
              "|---|---|---|---|---|---|---|---|---|"]
     for kind, what in kinds:
@@ -402,6 +377,49 @@ def serve_restart_section(path: str, res: dict[str, Any], older: list[str]) -> s
     lossy = sorted({json.dumps(r.get("lossy")) for r in reqs})
     lines += ["", f"Responses' `lossy`: {', '.join(lossy)} (the server's defaults, the same for "
               "every request)."]
+    return lines
+
+
+def serve_restart_section(path: str, res: dict[str, Any], older: list[str]) -> str:
+    """Request to first token of a `serve` request whose prefix was cached in the same server
+    process or by an earlier server run, against the cold request (bench/serve_restart.py):
+    the newest run, then each earlier one's table."""
+    results = f"`bench/results/{os.path.basename(path)}`"
+    if older:
+        results += "; older runs: " + ", ".join(f"`{os.path.basename(p)}`" for p in older)
+    cap = res.get("mem_cap")
+    lines = ['<a id="serve-restart"></a>',
+             "## serve-restart: a `serve` request whose prompt prefix was cached, in the same "
+             "process and across a restart", "",
+             "| | |", "|---|---|",
+             f"| Date | {res['stamp'][:4]}-{res['stamp'][4:6]}-{res['stamp'][6:8]} "
+             f"{res['stamp'][9:11]}:{res['stamp'][11:13]} UTC |",
+             f"| Commit | {_commit(res['versions'])} |",
+             f"| Command | `{' '.join(['bench/serve_restart.py'] + res['argv'][1:])}` |",
+             f"| Machine | {_machine(res['machine'])} |",
+             f"| Model | `{os.path.basename(res['model'])}` |",
+             f"| Results | {results} |", "",
+             f"Method: every repetition ({res['reps']}, interleaved) empties the `--prompt-cache` "
+             "directory and starts `moestream serve --prompt-cache DIR -t 2 --io-threads 4 -c 4096 "
+             f"-b 512` under a {cap / GiB:g} GiB memory cap (page cache included; the model file "
+             "evicted before every start). Every request is one streamed `/completion` of "
+             f"{res['tokens']} tokens (greedy) whose prompt is the same {res['prefix_tokens']}-token "
+             "prefix (whole prompt batches: the prompt cache stores batch-aligned prefixes) and a "
+             f"suffix of its own ({_suffixes(res)}). `cold` is the first server's first request; `same` the same "
+             "server's second request; `restart` the first request of a second server started on "
+             "the same directory. *Request → first token*: from sending the request to its first "
+             "streamed token, measured by the client. *Prefill*: the server's own "
+             "(`moestream.stats.prefill_s` of the response), with the prompt tokens it did not "
+             "prefill (`n_prompt_reused`: the previous request's KV kept or the prompt cache's "
+             "restored) and, of those, the ones restored from the prompt cache (`/stats`). "
+             "Means over the repetitions, each listed.", "",
+             ] + _serve_table(res)
+    for op in older:
+        with open(op) as f:
+            o = json.load(f)
+        lines += ["", f"Earlier run `bench/results/{os.path.basename(op)}` "
+                  f"(`{' '.join(['bench/serve_restart.py'] + o['argv'][1:])}`, suffixes "
+                  f"{_suffixes(o)}):", ""] + _serve_table(o)
     return "\n".join(lines)
 
 
