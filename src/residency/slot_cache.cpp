@@ -185,8 +185,10 @@ public:
         // a wider one (a prompt ubatch's) into the other set of shared slots while a
         // routing can be wider than the slots.
         const bool one_token = experts.size() <= index_.n_expert_used;
+        ra_ = RaCall::kNone;
         if (wide_ && !one_token) {
             const size_t n = bank_->prefetch(m, experts, reads);
+            if (bank_->last_read_ahead().ledger) ra_ = RaCall::kBank;
             if (n > 0) bank_holds_[m % bank_holds_.size()] = -1;  // that set is overwritten
             bank_ahead_ = n > 0;  // (no reads: no tail, and no end_prefetch)
             return n;
@@ -198,6 +200,7 @@ public:
             m >= index_.moe_layers.size())
             return 0;
         const size_t n = ledger_->prefetch_slots(uint32_t(m), experts, one_token);
+        ra_ = RaCall::kSlots;
         const int32_t * slot = ledger_->slot_map(uint32_t(m));
         if (test_.prefetch_skip_read) {  // recorded as slotted, nothing read (no tail to end)
             ledger_->end_prefetch(true);
@@ -233,6 +236,10 @@ public:
         warm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         stats_warm_ += copied;
         return copied;
+    }
+    ReadAheadCall last_read_ahead() const override {
+        if (ra_ == RaCall::kBank) return {true, true, bank_->last_read_ahead().experts};
+        return {ra_ == RaCall::kSlots, false, &ledger_->prefetching()};
     }
     void end_prefetch(bool ok) override {
         if (bank_ahead_) bank_->end_prefetch(ok);
@@ -375,6 +382,8 @@ private:
     std::unique_ptr<ResidencyStore> bank_;  // canonical offsets, for routings wider than K
     bool wide_ = true;                      // K < n_expert: a routing may be wider than K
     bool bank_ahead_ = false;  // the open prefetch went to the shared slots
+    // Which ledger the last prefetch() called (last_read_ahead()).
+    enum class RaCall { kNone, kSlots, kBank } ra_ = RaCall::kNone;
     // Which expert sits in which slot, the stamps, victims and counters (slot mode).
     std::unique_ptr<ExpertLedger> ledger_;
     uint32_t k_ = 0;                        // slots per MoE layer
