@@ -58,6 +58,8 @@ enum : uint8_t {
     kReadAheadOneToken = 4,  // the guess had at most k experts (it may evict slots)
 };
 constexpr uint8_t kReadAheadKnownFlags = kReadAheadOk | kReadAheadShared | kReadAheadOneToken;
+// In a read-ahead record's expert words: the store committed this expert of the guess.
+constexpr uint32_t kReadAheadCommitted = 1u << 31;
 
 // One read-ahead call into the store (the streamer's prefetch(): decode --prefetch, prefill
 // read-ahead, the warm set), made while routing `routing`'s layer was staged, after its stage;
@@ -68,8 +70,10 @@ struct TraceReadAhead {
     uint32_t layer = 0;    // graph layer read ahead
     uint32_t moe_idx = 0;  // index into header.moe_layers (derived)
     uint8_t flags = 0;     // kReadAhead*
-    uint64_t first = 0;    // its experts: RouteTrace::read_ahead_experts[first, first + n)
-    uint32_t n = 0;
+    // Its guess, in the order given: RouteTrace::read_ahead_experts[first, first + n), each
+    // id | kReadAheadCommitted when the store committed it; committed: how many were.
+    uint64_t first = 0;
+    uint32_t n = 0, committed = 0;
 };
 
 struct TraceLayerShape {
@@ -143,7 +147,7 @@ struct RouteTrace {
     // experts) and each expert's score by expert id (the value substitute_row compares).
     std::vector<uint16_t> score_order;
     std::vector<float> scores;
-    // Read-ahead calls (version 8), in call order, and their committed experts.
+    // Read-ahead calls (version 8), in call order, and their guesses.
     std::vector<TraceReadAhead> read_aheads;
     std::vector<uint32_t> read_ahead_experts;
     uint64_t file_bytes = 0;

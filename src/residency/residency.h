@@ -318,10 +318,6 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
-    // Read-ahead (prefetch()) may read into the layers' slots. false while a route trace
-    // records the store: a replay cannot see the guesses, so read-ahead then only goes to the
-    // shared slots, which hold no expert from one routing to the next.
-    bool readahead_into_slots = true;
     // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
     static constexpr const char * name(Populate p) {
         return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";

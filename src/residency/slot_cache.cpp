@@ -196,7 +196,7 @@ public:
         // Into slots: every expert of the guess is protected from this call's evictions (one
         // stamp); one token's guess may evict the layer's least recently used slots, a wide
         // guess only fills free ones. end_prefetch(false) forgets what it placed.
-        if (!opt_.readahead_into_slots || !ledger_->prefetching().empty() ||
+        if (!ledger_->prefetching().empty() ||
             m >= index_.moe_layers.size())
             return 0;
         const size_t n = ledger_->prefetch_slots(uint32_t(m), experts, one_token);

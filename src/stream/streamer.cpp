@@ -54,7 +54,7 @@ size_t Streamer::read_ahead(size_t m, const std::vector<uint32_t> & experts) {
     if (tracer_ && tracer_->active() && m < index_.moe_layers.size()) {
         const ResidencyStore::ReadAheadCall c = store_->last_read_ahead();
         if (c.ledger && c.experts)
-            tracer_->on_read_ahead(index_.moe_layers[m].layer, *c.experts, c.shared,
+            tracer_->on_read_ahead(index_.moe_layers[m].layer, experts, *c.experts, c.shared,
                                    experts.size() <= index_.n_expert_used);
     }
     return n;

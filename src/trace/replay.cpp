@@ -413,26 +413,35 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         for (; ra < t_.read_aheads.size() && t_.read_aheads[ra].routing <= i; ++ra) {
             const TraceReadAhead & a = t_.read_aheads[ra];
             if (n_slots > 0 && (a.flags & kReadAheadShared)) continue;
-            ra_list.assign(t_.read_ahead_experts.begin() + ptrdiff_t(a.first),
-                           t_.read_ahead_experts.begin() + ptrdiff_t(a.first + a.n));
+            ra_list.clear();
+            for (uint64_t q = a.first; q < a.first + a.n; ++q)
+                ra_list.push_back(t_.read_ahead_experts[q] & ~kReadAheadCommitted);
             const size_t got = n_slots > 0 ? ledger->prefetch_slots(a.moe_idx, ra_list,
                                                                      a.flags & kReadAheadOneToken)
                                            : ledger->prefetch(a.moe_idx, ra_list);
+            // The same experts committed: each recorded one is among the replay's.
+            size_t same = 0;
+            if (v)
+                for (uint32_t e : ledger->prefetching())
+                    for (uint64_t q = a.first; q < a.first + a.n; ++q)
+                        same += t_.read_ahead_experts[q] == (e | kReadAheadCommitted);
             ledger->end_prefetch(a.flags & kReadAheadOk);
             ahead += got * h.moe_layers[a.moe_idx].expert_bytes;
             if (!v) continue;
             ++v->read_aheads;
-            v->recorded_read_ahead += a.n;
+            v->recorded_read_ahead += a.committed;
             v->replay_read_ahead += got;
-            if (got != a.n && v->ok) {
+            const bool differs = got != a.committed || same != a.committed;
+            if (differs && v->ok) {
                 v->first_mismatch = "read-ahead after routing #" + std::to_string(i) +
                                     " at offset " + std::to_string(a.offset) + " (layer " +
                                     std::to_string(a.layer) + "): recorded " +
-                                    std::to_string(a.n) + " experts committed, replay " +
-                                    std::to_string(got);
+                                    std::to_string(a.committed) + " experts committed, replay " +
+                                    std::to_string(got) + " (" + std::to_string(same) +
+                                    " of them the recorded ones)";
                 v->ok = false;
             }
-            if (got != a.n) ++v->mismatches;
+            if (differs) ++v->mismatches;
         }
         out->bytes_read += ahead;
         if (decode) out->decode_bytes_read += ahead;

@@ -214,15 +214,24 @@ void RouteTracer::on_stage(uint32_t layer, const std::vector<uint32_t> & experts
     cur_.bytes_read += bytes_read;
 }
 
-void RouteTracer::on_read_ahead(uint32_t layer, const std::vector<uint32_t> & committed,
-                                bool shared, bool one_token) {
+void RouteTracer::on_read_ahead(uint32_t layer, const std::vector<uint32_t> & guess,
+                                const std::vector<uint32_t> & committed, bool shared,
+                                bool one_token) {
     if (fd_ < 0) return;
     if (ra_open_) put_read_ahead(false);  // (the store ends every call; never reached)
     ra_open_ = true;
     ra_flags_ = uint8_t((shared ? kReadAheadShared : 0) | (one_token ? kReadAheadOneToken : 0));
     ra_routing_ = open_ ? uint32_t(n_records_) : uint32_t(n_records_ ? n_records_ - 1 : 0);
     ra_layer_ = layer;
-    ra_experts_ = committed;
+    ra_experts_.clear();
+    for (uint32_t e : guess)
+        if (e < n_expert_) {
+            // Committed: marked at its first place in the guess only.
+            const bool c = std::find(committed.begin(), committed.end(), e) != committed.end() &&
+                           std::find(ra_experts_.begin(), ra_experts_.end(),
+                                     e | kReadAheadCommitted) == ra_experts_.end();
+            ra_experts_.push_back(e | (c ? kReadAheadCommitted : 0u));
+        }
     if (committed.empty()) put_read_ahead(true);
 }
 
@@ -432,7 +441,7 @@ Status parse_read_ahead(Cursor & c, const TraceHeader & h, const std::vector<int
                      "layer " + std::to_string(a.layer) + " is not a MoE layer of the header");
     a.moe_idx = uint32_t(layer_to_moe[a.layer]);
     if (a.n > h.n_expert)
-        return c.err(rec + 12, std::to_string(a.n) + " experts read ahead, more than the " +
+        return c.err(rec + 12, std::to_string(a.n) + " experts guessed, more than the " +
                                    std::to_string(h.n_expert) + " of a layer");
     if (c.left() / 4 < a.n)
         return c.err(c.off(), "truncated: " + std::to_string(a.n) + " read-ahead experts need " +
@@ -443,9 +452,10 @@ Status parse_read_ahead(Cursor & c, const TraceHeader & h, const std::vector<int
         const uint64_t at = c.off();
         uint32_t e = 0;
         MS_TRY(c.get(&e, "read-ahead expert"));
-        if (e >= h.n_expert)
-            return c.err(at, "expert id " + std::to_string(e) + " >= n_expert " +
-                                 std::to_string(h.n_expert));
+        if ((e & ~kReadAheadCommitted) >= h.n_expert)
+            return c.err(at, "expert id " + std::to_string(e & ~kReadAheadCommitted) +
+                                 " >= n_expert " + std::to_string(h.n_expert));
+        a.committed += (e & kReadAheadCommitted) ? 1 : 0;
         out->read_ahead_experts.push_back(e);
     }
     out->read_aheads.push_back(a);

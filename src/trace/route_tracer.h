@@ -76,13 +76,13 @@ public:
                   const std::vector<uint8_t> & resident, uint64_t bytes_read);
 
     // A read-ahead call into the store (its prefetch() called the ledger) while the open
-    // record's layer is staged: the graph layer it read ahead, the experts the ledger
-    // committed (commit order), shared: into the shared slots of a store with fixed slots,
+    // record's layer is staged: the graph layer it read ahead, the guess it was given (in
+    // order) and the experts the ledger committed of it, shared: into the shared slots of a store with fixed slots,
     // one_token: the guess was at most k experts (it may evict). The record is written when
     // on_read_ahead_end() says whether its reads succeeded (at once when nothing was committed:
     // nothing is read, so nothing ends).
-    void on_read_ahead(uint32_t layer, const std::vector<uint32_t> & committed, bool shared,
-                       bool one_token);
+    void on_read_ahead(uint32_t layer, const std::vector<uint32_t> & guess,
+                       const std::vector<uint32_t> & committed, bool shared, bool one_token);
     void on_read_ahead_end(bool ok);
 
     uint64_t records() const { return n_records_; }
@@ -126,7 +126,7 @@ private:
     bool ra_open_ = false;
     uint8_t ra_flags_ = 0;
     uint32_t ra_routing_ = 0, ra_layer_ = 0;
-    std::vector<uint32_t> ra_experts_;
+    std::vector<uint32_t> ra_experts_;  // the guess, kReadAheadCommitted on committed ones
     std::string ra_buf_;
     void put_read_ahead(bool ok);
 

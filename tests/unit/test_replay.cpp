@@ -369,7 +369,8 @@ LedgerStats record_shared_read_ahead(const std::string & path) {
                 const size_t n = store->prefetch(m + 1, guess, &reads);
                 const ResidencyStore::ReadAheadCall c = store->last_read_ahead();
                 EXPECT_TRUE(c.ledger);
-                tracer->on_read_ahead(idx.moe_layers[m + 1].layer, *c.experts, c.shared, true);
+                tracer->on_read_ahead(idx.moe_layers[m + 1].layer, guess, *c.experts, c.shared,
+                                      true);
                 open = n > 0;
             }
         }
@@ -595,13 +596,76 @@ TEST(ReplayValidate, ReproducesTheSharedSlotsAndNotAnotherStore) {
     EXPECT_TRUE(v.ok) << v.first_mismatch;
     EXPECT_GT(v.slots_checked, 0u);
     EXPECT_GT(v.replay_misses, 0u);
-    EXPECT_EQ(v.replay_hits, 0u);
     ReplaySetting lru = rp.recorded_setting();
     lru.budget_bytes = 1ull << 30;
     ASSERT_TRUE(rp.run(lru, &r, &v).ok());
     EXPECT_FALSE(v.ok);
     EXPECT_GT(v.replay_hits, 0u);
     std::remove(path.c_str());
+}
+
+// The default store (fixed slots) with decode --prefetch and prefill read-ahead, traced and
+// not: one recording shared by the tests below.
+const char * kReadAheadFlags = "--io-threads 2 --cache-mb 12 --force-cache --prefetch";
+struct ReadAheadRuns {
+    StatsRun plain, traced;
+    std::string path;
+};
+const ReadAheadRuns & read_ahead_runs() {
+    static const ReadAheadRuns runs = [] {
+        ReadAheadRuns r;
+        const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+        r.path = tmp_path("ra-engine.trace");
+        r.plain = run_with_stats(model, kRouterPrompt, 32, kReadAheadFlags);
+        r.traced = run_with_stats(model, kRouterPrompt, 32,
+                                  std::string(kReadAheadFlags) + " --route-trace " + sh_quote(r.path));
+        return r;
+    }();
+    return runs;
+}
+
+// Tracing switches nothing: the same tokens, the same reads, read-ahead on in both.
+TEST(RouteTraceRun, TracedRunReadsAndGeneratesAsTheUntracedRun) {
+    const ReadAheadRuns & r = read_ahead_runs();
+    ASSERT_EQ(r.plain.rc, 0) << r.plain.err;
+    ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
+    const json a = json::parse(r.plain.stats), b = json::parse(r.traced.stats);
+    EXPECT_EQ(a["tokens"], b["tokens"]);
+    EXPECT_GT(a["prefetch_experts"].get<uint64_t>(), 0u);
+    for (const char * key : {"flash_bytes_read", "flash_reads", "cache_hits", "cache_misses",
+                             "prefetch_experts", "prefetch_used"})
+        EXPECT_EQ(a[key], b[key]) << key;
+    EXPECT_EQ(a["settings"]["prefill_readahead"], b["settings"]["prefill_readahead"]);
+    EXPECT_EQ(b["settings"]["cache_store"], "fixed slots");
+    std::remove(r.path.c_str());
+}
+
+// validate reproduces the traced run, read-ahead hits included; the controls: the same trace
+// without its read-ahead records, or with one slot fewer per layer, does not.
+TEST(ReplayValidate, ReproducesTheDefaultStoresReadAheadAndNotWithoutIt) {
+    const ReadAheadRuns & r = read_ahead_runs();
+    ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(r.path, &t).ok());
+    ASSERT_FALSE(t.read_aheads.empty());
+    ASSERT_GT(t.header.slots_per_layer, 1u);
+    ReplayResult res;
+    ValidateReport v;
+    {
+        Replayer rp(t);
+        ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
+        EXPECT_TRUE(v.ok) << v.first_mismatch;
+        EXPECT_GT(v.replay_read_ahead, 0u);
+        ReplaySetting fewer = rp.recorded_setting();
+        fewer.slots_per_layer -= 1;
+        ASSERT_TRUE(rp.run(fewer, &res, &v).ok());
+        EXPECT_FALSE(v.ok);
+    }
+    t.read_aheads.clear();
+    Replayer rp(t);
+    ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
+    EXPECT_FALSE(v.ok);
+    std::remove(r.path.c_str());
 }
 
 TEST(ReplayValidate, FailsWhenOneRecordedHitIsTamperedWith) {
