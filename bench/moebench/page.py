@@ -64,7 +64,8 @@ def load(path: str) -> dict[str, Any]:
 
 
 def is_bench_result(path: str) -> bool:
-    """A preset's result (bench/run.py); the standalone scripts' files have their own shape."""
+    """A preset's result (bench/run.py); the standalone scripts' files have their own shape (and
+    their own sections: drop_prediction_section, serve_restart_section)."""
     return not os.path.basename(path).startswith(("drop-prediction-", "serve-restart-"))
 
 
@@ -328,6 +329,82 @@ def drop_prediction_section(path: str, pred: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def serve_restarts(results_dir: str) -> list[str]:
+    """bench/serve_restart.py's results in the current format, oldest first."""
+    out = []
+    for p in sorted(glob.glob(os.path.join(results_dir, "serve-restart-*.json"))):
+        with open(p) as f:
+            if json.load(f).get("format") == 2:
+                out.append(p)
+    return out
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def serve_restart_section(path: str, res: dict[str, Any], older: list[str]) -> str:
+    """Request to first token of a `serve` request whose prefix was cached in the same server
+    process or by an earlier server run, against the cold request (bench/serve_restart.py)."""
+    reqs = res["requests"]
+    kinds = [("cold", "cold: nothing cached, the server prefills the whole prompt"),
+             ("same", "same process: an earlier request of this server cached the prefix"),
+             ("restart", "after a restart: the earlier server run saved the prefix")]
+    results = f"`bench/results/{os.path.basename(path)}`"
+    if older:
+        results += "; older runs: " + ", ".join(f"`{os.path.basename(p)}`" for p in older)
+    cap = res.get("mem_cap")
+    lines = ['<a id="serve-restart"></a>',
+             "## serve-restart: a `serve` request whose prompt prefix was cached, in the same "
+             "process and across a restart", "",
+             "| | |", "|---|---|",
+             f"| Date | {res['stamp'][:4]}-{res['stamp'][4:6]}-{res['stamp'][6:8]} "
+             f"{res['stamp'][9:11]}:{res['stamp'][11:13]} UTC |",
+             f"| Commit | {_commit(res['versions'])} |",
+             f"| Command | `{' '.join(['bench/serve_restart.py'] + res['argv'][1:])}` |",
+             f"| Machine | {_machine(res['machine'])} |",
+             f"| Model | `{os.path.basename(res['model'])}` |",
+             f"| Results | {results} |", "",
+             f"Method: every repetition ({res['reps']}, interleaved) empties the `--prompt-cache` "
+             "directory and starts `moestream serve --prompt-cache DIR -t 2 --io-threads 4 -c 4096 "
+             f"-b 512` under a {cap / GiB:g} GiB memory cap (page cache included; the model file "
+             "evicted before every start). Every request is one streamed `/completion` of "
+             f"{res['tokens']} tokens (greedy) whose prompt is the same {res['prefix_tokens']}-token "
+             "prefix (whole prompt batches: the prompt cache stores batch-aligned prefixes) and a "
+             "suffix of its own. `cold` is the first server's first request; `same` the same "
+             "server's second request; `restart` the first request of a second server started on "
+             "the same directory. *Request → first token*: from sending the request to its first "
+             "streamed token, measured by the client. *Prefill*: the server's own "
+             "(`moestream.stats.prefill_s` of the response), with the prompt tokens it did not "
+             "prefill (`n_prompt_reused`: the previous request's KV kept or the prompt cache's "
+             "restored) and, of those, the ones restored from the prompt cache (`/stats`). "
+             "Means over the repetitions, each listed.", "",
+             "| request | request → first token (s) | per rep | whole request (s) | server prefill (s) "
+             "| prompt tokens | not prefilled | of those restored from disk | server load (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for kind, what in kinds:
+        rs = [r for r in reqs if r["kind"] == kind and r.get("request_to_first_token_s") is not None]
+        if not rs:
+            lines.append(f"| {what} | — | no completed request | | | | | | |")
+            continue
+        ms = [r.get("moestream_stats") or {} for r in rs]
+        pc = [r.get("prompt_cache") or {} for r in rs]
+        ttft = [r["request_to_first_token_s"] for r in rs]
+        pre = [m["prefill_s"] for m in ms if m.get("prefill_s") is not None]
+        lines.append(
+            f"| {what} | {_mean(ttft):.2f} | {', '.join(f'{x:.2f}' for x in ttft)} | "
+            f"{_mean([r['request_s'] for r in rs]):.2f} | "
+            f"{f'{_mean(pre):.2f}' if pre else '—'} | "
+            f"{', '.join(str(m.get('n_prompt')) for m in ms)} | "
+            f"{', '.join(str(m.get('n_prompt_reused')) for m in ms)} | "
+            f"{', '.join(str(p.get('tokens_restored')) for p in pc)} | "
+            f"{_mean([r['load_s'] for r in rs]):.2f} |")
+    lossy = sorted({json.dumps(r.get("lossy")) for r in reqs})
+    lines += ["", f"Responses' `lossy`: {', '.join(lossy)} (the server's defaults, the same for "
+              "every request)."]
+    return "\n".join(lines)
+
+
 def render(repo: str, results_dir: str | None = None, exp_dir: str | None = None,
            img_dir: str | None = None) -> str:
     results_dir = results_dir or os.path.join(repo, "bench", "results")
@@ -351,6 +428,14 @@ def render(repo: str, results_dir: str | None = None, exp_dir: str | None = None
             sections.append(("drop-prediction", "replay's predicted avoided reads vs the measured ones",
                              os.path.basename(preds[-1]).rsplit("-", 1)[1][:8],
                              drop_prediction_section(preds[-1], pred)))
+    serve = serve_restarts(results_dir)
+    if serve:
+        with open(serve[-1]) as f:
+            sr = json.load(f)
+        body = serve_restart_section(serve[-1], sr, serve[:-1][::-1])
+        at = next((i + 1 for i, sec in enumerate(sections) if sec[0] == "warm-start"), len(sections))
+        sections.insert(at, ("serve-restart", "a `serve` request whose prompt prefix was cached, "
+                             "in the same process and across a restart", sr["stamp"][:8], body))
     index = ["| preset | what it measures | run |", "|---|---|---|"]
     for n, title, date, _ in sections:
         if len(date) == 8 and date.isdigit():

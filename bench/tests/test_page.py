@@ -108,6 +108,52 @@ class GeneratedPage(unittest.TestCase):
         self.assertNotIn("--preset issue4-final", sec)
         self.assertIn('id="capped-repeating"', sec)
 
+    def serve_restart_result(self, ttft_same: float = 0.9) -> dict:
+        """A bench/serve_restart.py results file (format 2) over a preset run's machine."""
+        path, _ = page.newest_runs(RESULTS)["stream-lanes"][0]
+        base = load_json(path)
+        reqs = []
+        for rep in range(2):
+            for kind, ttft, reused, restored in (("cold", 50.0 + rep, 0, 0),
+                                                 ("same", ttft_same + rep, 1024, 0),
+                                                 ("restart", 1.5 + rep, 0, 1024)):
+                reqs.append({"rep": rep, "kind": kind, "load_s": 8.0, "request_to_first_token_s": ttft,
+                             "request_s": ttft + 7.0, "lossy": False,
+                             "moestream_stats": {"n_prompt": 1055, "n_prompt_reused": reused,
+                                                 "prefill_s": ttft - 0.2},
+                             "prompt_cache": {"tokens_restored": restored}})
+        return {"experiment": "serve-restart", "format": 2, "stamp": "20990101T000000Z",
+                "argv": ["bench/serve_restart.py", "--reps", "2"], "model": "/m/q.gguf",
+                "prefix_tokens": 1024, "tokens": 32, "reps": 2, "mem_cap": 8 << 30,
+                "machine": base["machine"], "versions": base["versions"], "requests": reqs}
+
+    def render_with(self, files: dict) -> str:
+        with tempfile.TemporaryDirectory() as tmp:
+            copy_results(tmp)
+            for name, res in files.items():
+                with open(os.path.join(tmp, name), "w") as f:
+                    json.dump(res, f)
+            return page.render(REPO, results_dir=tmp)
+
+    def test_serve_restart_results_get_a_section_with_each_request_kind(self):
+        sec = section_of(self.render_with({"serve-restart-20990101T000000Z.json":
+                                           self.serve_restart_result()}), "serve-restart")
+        self.assertIn("| cold: nothing cached, the server prefills the whole prompt | 50.50 | 50.00, 51.00 |", sec)
+        self.assertIn("| same process: an earlier request of this server cached the prefix | 1.40 | 0.90, 1.90 |", sec)
+        self.assertIn("| after a restart: the earlier server run saved the prefix | 2.00 | 1.50, 2.50 |", sec)
+        self.assertIn("Method:", sec)
+        changed = section_of(self.render_with({"serve-restart-20990101T000000Z.json":
+                                               self.serve_restart_result(ttft_same=3.0)}),
+                             "serve-restart")
+        self.assertNotEqual(changed, sec)  # the figures come from the file
+
+    def test_old_format_serve_restart_results_make_no_section(self):
+        # the negative control: the one-request-per-server shape (no "format") is not rendered
+        old = dict(self.serve_restart_result())
+        del old["format"]
+        self.assertNotIn('<a id="serve-restart"></a>',
+                         self.render_with({"serve-restart-20990101T000000Z.json": old}))
+
     def test_no_history_on_the_page(self):
         import re
         bad = re.compile(r"\b[Ss]top[ -]?[0-9]{1,2}\b|issue #[0-9]+|competing engine|competitor|prior-art")

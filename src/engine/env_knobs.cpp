@@ -74,6 +74,15 @@ Status read_env_knobs(EnvKnobs * k) {
                      "not waiting for the second projection's reads on purpose",
                      &k->stream_hooks.skip_second_wait);
     if (!sw.ok()) return sw;
+    const std::string warm_tail = env("MOESTREAM_DEBUG_WARM_TAIL");
+    if (!warm_tail.empty()) {
+        int n = 0, used = 0;
+        if (std::sscanf(warm_tail.c_str(), "%d%n", &n, &used) != 1 ||
+            used != int(warm_tail.size()) || n < 1)
+            return Status::Usage("MOESTREAM_DEBUG_WARM_TAIL=" + warm_tail +
+                                 ": expected a count of experts >= 1 (tests only)");
+        k->stream_hooks.warm_tail_experts = n;
+    }
     k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
     if (!k->io_fault.empty()) {
         IoFaultPlan plan;

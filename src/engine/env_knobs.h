@@ -45,6 +45,8 @@ struct EnvKnobs {
     // negative control (streamer.h, StreamTestHooks).
     StreamTestHooks stream_hooks;
     // (stream_hooks.skip_second_wait: MOESTREAM_DEBUG_SKIP_SECOND_WAIT=1, tests only.)
+    // (stream_hooks.warm_tail_experts: MOESTREAM_DEBUG_WARM_TAIL=N, tests only: every warm
+    // tail is N experts, read in full.)
     // Tests only. MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=1: --substitute-experts plants a bug (a
     // non-resident substitute the streamer is not told about): the negative control of the
     // --cache-debug check of the experts each matmul reads (policy_substitute.h).

@@ -389,6 +389,15 @@ void IoLanes::cancel_unreleased(const Status & why) {
     cv_done_.notify_all();  // lanes at the gate or at a stage wait see the failure
 }
 
+size_t IoLanes::stop_claims() {
+    if (batch_ == nullptr) return 0;
+    // A lane takes request i by moving next_ from i to i + 1: moving it past the end instead
+    // leaves every later claim failing, and what it held is the count taken.
+    const size_t n = std::min(next_.exchange(batch_->size()), batch_->size());
+    stopped_at_ = n;
+    return n;
+}
+
 void IoLanes::worker(int lane) {
     uint64_t seen = 0;
     for (;;) {
@@ -412,6 +421,7 @@ void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t
     next_.store(0);
     released_.store(released);
     cancelled_ = false;
+    stopped_at_ = SIZE_MAX;
     bytes_.store(0);
     direct_reads_.store(0);
     max_read_ns_.store(0);
@@ -493,7 +503,7 @@ Status IoLanes::finish(IoBatchStats * stats) {
     batch_ = nullptr;
     if (stats) {
         stats->bytes_read += bytes_.load() - (own_reported_ ? own_bytes_.load() : 0);
-        stats->reads += reqs.size() - (own_reported_ ? own_ : 0);
+        stats->reads += std::min(reqs.size(), stopped_at_) - (own_reported_ ? own_ : 0);
         stats->direct_reads += direct_reads_.load();
         stats->seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -504,7 +514,8 @@ Status IoLanes::finish(IoBatchStats * stats) {
         // so no consumer ever sees stale bytes presented as this batch's result.
         // Requests past the release watermark of a cancelled batch may have no memory under
         // them: never touched.
-        size_t started = next_.load();
+        // A stopped batch's requests past the stop are never touched either.
+        size_t started = stopped_at_ != SIZE_MAX ? reqs.size() : next_.load();
         const size_t end = std::min(reqs.size(), released_.load());
         for (size_t i = started; i < end; ++i) std::memset(reqs[i].dest, 0, reqs[i].len);
         return err_;

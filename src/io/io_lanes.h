@@ -48,6 +48,10 @@
 // no wait can block on the gate. cancel_unreleased() fails the batch instead: requests at or
 // past the watermark are never read nor touched (not even zero-filled).
 //
+// Stopped batches (stop_claims()): no lane takes another request; the requests taken already
+// are read to the end as usual, the rest are never read nor touched. The streamer stops a warm
+// tail this way when the next routing's own reads arrive (streamer.h, "Warm set").
+//
 // Read times: every request's read (its preadv calls, retries included) is timed into
 // read_latency() and the batch's longest into IoBatchStats::max_read_s.
 //
@@ -150,6 +154,11 @@ public:
     // Fails the batch with `why` (unless it failed already): no lane takes another request,
     // and requests at or past the watermark stay untouched. finish() then returns the error.
     void cancel_unreleased(const Status & why);
+    // Stops the batch at its claim point (above, "Stopped batches"): returns n such that
+    // requests [0, n) were taken by a lane (finish() waits for them; a failure among them is
+    // the batch's error as usual) and [n, size) are never read nor touched. Not a failure.
+    // Called by the batch's driving thread, after the waits for what it needs.
+    size_t stop_claims();
     // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
     // error (after every lane stopped). stats->seconds gets the time spent waiting.
     Status wait_prefix(IoBatchStats * stats);
@@ -237,6 +246,7 @@ private:
     std::atomic<size_t> next_{0};
     std::atomic<size_t> released_{SIZE_MAX};  // requests [0, released_) may be taken
     bool cancelled_ = false;                  // cancel_unreleased() (driving thread only)
+    size_t stopped_at_ = SIZE_MAX;            // stop_claims(): requests taken (driving thread)
     size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
     std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
     size_t mid_ = 0;                      // requests [0, mid_) for wait_mid (set by start)

@@ -263,7 +263,8 @@ bool ExpertLedger::forget(uint32_t moe, uint32_t e) {
     return true;
 }
 
-size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & experts) {
+size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & experts,
+                              bool may_evict) {
     if (moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
     if (shared_)  // the earlier read-ahead is dropped; the staged layer's experts stay
         for (uint32_t e = 0; e < layers_[prefetch_moe_].n_expert; ++e)
@@ -277,7 +278,7 @@ size_t ExpertLedger::prefetch(uint32_t moe, const std::vector<uint32_t> & expert
         if (state_[id] != kAbsent) continue;
         // Room within the budget (evict_one spares the routed set and every expert whose
         // reads are outstanding, this call's included).
-        while (committed_ + cost(moe, e) > budget_ && evict_one()) {
+        while (may_evict && committed_ + cost(moe, e) > budget_ && evict_one()) {
         }
         const uint64_t bytes = cost(moe, e);
         int err = 0;
@@ -321,6 +322,17 @@ void ExpertLedger::shared_release(int64_t keep_moe) {
     }
 }
 
+void ExpertLedger::end_prefetch_first(size_t n_read) {
+    for (size_t i = n_read; i < prefetch_pending_.size(); ++i) {  // never read: not prefetched
+        const uint32_t e = prefetch_pending_[i];
+        prefetched_[id_of(prefetch_moe_, e)] = 0;
+        --stats_.prefetched;
+        release(prefetch_moe_, e, /*park=*/false);
+    }
+    if (n_read < prefetch_pending_.size()) prefetch_pending_.resize(n_read);
+    end_prefetch(true);
+}
+
 int32_t ExpertLedger::slot_victim(uint32_t moe, uint64_t now) const {
     const size_t at = size_t(moe) * k_slots_;
     int32_t v = -1;
@@ -329,7 +341,12 @@ int32_t ExpertLedger::slot_victim(uint32_t moe, uint64_t now) const {
         const int32_t occ = occupant_[at + i];
         if (occ < 0) return int32_t(i);
         if (state_[id_of(moe, uint32_t(occ))] == kPending) continue;  // its reads are due
-        if (v < 0 || slot_stamp_[at + i] < slot_stamp_[at + size_t(v)]) v = int32_t(i);
+        // The least recent; among equals the lowest expert id (not the slot: where an expert
+        // sits must not decide which one goes).
+        const uint64_t si = slot_stamp_[at + i];
+        if (v < 0 || si < slot_stamp_[at + size_t(v)] ||
+            (si == slot_stamp_[at + size_t(v)] && occ < occupant_[at + size_t(v)]))
+            v = int32_t(i);
     }
     return v;
 }
@@ -360,18 +377,25 @@ Status ExpertLedger::commit_slot(uint32_t moe, uint32_t e, uint64_t now) {
 }
 
 size_t ExpertLedger::prefetch_slots(uint32_t moe, const std::vector<uint32_t> & experts,
-                                    bool may_evict) {
+                                    bool may_evict, bool warm) {
     if (k_slots_ == 0 || moe >= layers_.size() || !prefetch_pending_.empty()) return 0;
     prefetch_moe_ = moe;
     const Layer & L = layers_[moe];
     const uint64_t now = ++slot_clock_;
     for (uint32_t e : experts)  // the whole guess is protected from this call's evictions
-        if (e < L.n_expert && slot_of_[L.first_id + e] >= 0)
+        if (!warm && e < L.n_expert && slot_of_[L.first_id + e] >= 0)
             slot_stamp_[size_t(moe) * k_slots_ + size_t(slot_of_[L.first_id + e])] = now;
     for (uint32_t e : experts) {
         if (e >= L.n_expert || state_[L.first_id + e] != kAbsent) continue;
-        const int32_t v = slot_victim(moe, now);
-        if (v < 0 || (!may_evict && occupant_[size_t(moe) * k_slots_ + size_t(v)] >= 0)) break;
+        int32_t v = -1;
+        if (!warm) {
+            v = slot_victim(moe, now);
+            if (v >= 0 && !may_evict && occupant_[size_t(moe) * k_slots_ + size_t(v)] >= 0) v = -1;
+        } else {  // a free slot only
+            for (uint32_t i = 0; i < k_slots_ && v < 0; ++i)
+                if (occupant_[size_t(moe) * k_slots_ + i] < 0) v = int32_t(i);
+        }
+        if (v < 0) break;
         slot_place(moe, e, v, now);
         prefetched_[L.first_id + e] = 1;
         prefetch_pending_.push_back(e);

@@ -192,12 +192,16 @@ public:
     // each fits the budget by evicting only evictable experts (never above the budget, never
     // a budget shrink). They stay pending (never victims) until end_prefetch(); stage()
     // refuses to run meanwhile. Ids out of range are skipped. Returns how many it committed.
-    size_t prefetch(uint32_t moe, const std::vector<uint32_t> & experts);
+    // may_evict false: free room only (nothing is evicted; the warm set's preload).
+    size_t prefetch(uint32_t moe, const std::vector<uint32_t> & experts, bool may_evict = true);
     // The experts committed by the open prefetch(), in commit order; of layer prefetch_layer().
     const std::vector<uint32_t> & prefetching() const { return prefetch_pending_; }
     uint32_t prefetch_layer() const { return prefetch_moe_; }
     // The prefetch reads finished: ok = they all succeeded (resident), else released.
     void end_prefetch(bool ok);
+    // The prefetch reads stopped early: the first n_read experts of prefetching() were read
+    // (resident), the rest never were (released, and not counted as prefetched).
+    void end_prefetch_first(size_t n_read);
 
     void set_observer(LedgerObserver * o) { observer_ = o; }
 
@@ -208,9 +212,12 @@ public:
     // Commits the absent ones among `experts` of MoE layer moe into its slots ahead of their
     // routing (as prefetch(), pending until end_prefetch()): the guessed experts already
     // slotted are stamped, each absent one takes the victim slot; with may_evict false only
-    // free slots are taken. Stops at the first expert without a slot. Ids out of range are
-    // skipped. Returns how many it committed (prefetching()).
-    size_t prefetch_slots(uint32_t moe, const std::vector<uint32_t> & experts, bool may_evict);
+    // free slots are taken. warm (the warm set's preload): free slots only, the guess's
+    // slotted experts are not stamped (only what is placed is). Stops at the first expert
+    // without a slot. Ids out of range are skipped. Returns how many it committed
+    // (prefetching()).
+    size_t prefetch_slots(uint32_t moe, const std::vector<uint32_t> & experts, bool may_evict,
+                          bool warm = false);
     // Makes expert e of MoE layer moe resident at once (its bytes are copied into the slot by
     // the caller, no read), stamped as the most recent: returns the slot it took, -1 when it
     // was slotted already (only stamped), -2 when no slot may be taken (or e is out of range).
@@ -280,7 +287,9 @@ private:
     std::vector<uint64_t> slot_stamp_;  // [moe * k_slots_ + s]
     uint64_t slot_clock_ = 0;
     // The victim slot of layer moe for a commit stamped `now`: a free slot, else the least
-    // recently stamped one not stamped `now` whose expert is not pending; -1 if none.
+    // recently stamped one not stamped `now` whose expert is not pending, the lowest expert id
+    // among equal stamps (never the slot order: which expert goes must not depend on where
+    // experts sit); -1 if none.
     int32_t slot_victim(uint32_t moe, uint64_t now) const;
     // Expert e of layer moe takes slot s (its occupant evicted first), stamped now, charged.
     void slot_place(uint32_t moe, uint32_t e, int32_t s, uint64_t now);

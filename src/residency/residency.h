@@ -246,6 +246,17 @@ public:
     // accepted by the kernel; it may still back some with 4 KiB pages): the fixed slots' and
     // the shared slots'.
     virtual uint64_t huge_page_bytes() const { return 0; }
+    // The warm set's preload (streamer.h, "Warm set"): as prefetch(), but into free room only
+    // (free budget, free slots of the layer; never evicting anything, never into the shared
+    // slots): on a full store it reads nothing. 0: the store has no room for it.
+    virtual size_t prefetch_free(size_t /*moe_idx*/, const std::vector<uint32_t> & /*experts*/,
+                                 std::vector<ReadRequest> * /*reads*/) {
+        return 0;
+    }
+    // The open prefetch's reads were stopped early (IoLanes::stop_claims): its first n_read
+    // experts, in the order their reads were appended, were read in full and become resident;
+    // the rest are released as never read. end_prefetch(true) when n_read covers them all.
+    virtual void end_prefetch_first(size_t /*n_read*/) { end_prefetch(false); }
 
     // --- What only some stores have. ---
     // Releases resident expert e of MoE layer moe_idx now, so that its next routing reads it
@@ -318,6 +329,9 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
+    // The warm set's tail (prefetch_free()) may read into free slots. false while a route
+    // trace records the store: the trace does not record those calls.
+    bool warm_tail_into_slots = true;
     // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
     static constexpr const char * name(Populate p) {
         return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";

@@ -122,8 +122,18 @@ public:
         return ledger_->forget(uint32_t(moe_idx), e);
     }
     size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
-                    std::vector<ReadRequest> * reads) override;
+                    std::vector<ReadRequest> * reads) override {
+        return prefetch(moe_idx, experts, reads, /*may_evict=*/true);
+    }
+    // prefetch() and prefetch_free(): the ledger's prefetch, its commits turned into reads.
+    size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
+                    std::vector<ReadRequest> * reads, bool may_evict);
     void end_prefetch(bool ok) override { ledger_->end_prefetch(ok); }
+    size_t prefetch_free(size_t moe_idx, const std::vector<uint32_t> & experts,
+                         std::vector<ReadRequest> * reads) override {
+        return prefetch(moe_idx, experts, reads, /*may_evict=*/false);
+    }
+    void end_prefetch_first(size_t n_read) override { ledger_->end_prefetch_first(n_read); }
 
     uint64_t resident_bytes() const override { return ledger_->committed_bytes(); }
     uint64_t reserved_bytes() const override { return reserved_; }
@@ -899,9 +909,9 @@ void LruCache::push_reads(size_t moe_idx, const std::vector<uint32_t> & experts,
 }
 
 size_t LruCache::prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
-                          std::vector<ReadRequest> * reads) {
+                          std::vector<ReadRequest> * reads, bool may_evict) {
     ParkScope park_scope{this};
-    const size_t n = ledger_->prefetch(uint32_t(moe_idx), experts);
+    const size_t n = ledger_->prefetch(uint32_t(moe_idx), experts, may_evict);
     log_warm_end();
     if (n > 0) push_reads(ledger_->prefetch_layer(), ledger_->prefetching(), reads);
     return n;

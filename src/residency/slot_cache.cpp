@@ -196,11 +196,15 @@ public:
         // Into slots: every expert of the guess is protected from this call's evictions (one
         // stamp); one token's guess may evict the layer's least recently used slots, a wide
         // guess only fills free ones. end_prefetch(false) forgets what it placed.
-        if (!ledger_->prefetching().empty() ||
-            m >= index_.moe_layers.size())
-            return 0;
-        const size_t n = ledger_->prefetch_slots(uint32_t(m), experts, one_token);
-        ra_ = RaCall::kSlots;
+        return prefetch_slots(m, experts, one_token, reads);
+    }
+    // A guess into the layer's slots (may_evict false: free slots only; warm: the warm set's,
+    // ExpertLedger::prefetch_slots), its reads appended.
+    size_t prefetch_slots(size_t m, const std::vector<uint32_t> & experts, bool may_evict,
+                          std::vector<ReadRequest> * reads, bool warm = false) {
+        if (!ledger_->prefetching().empty() || m >= index_.moe_layers.size()) return 0;
+        const size_t n = ledger_->prefetch_slots(uint32_t(m), experts, may_evict, warm);
+        if (!warm) ra_ = RaCall::kSlots;
         const int32_t * slot = ledger_->slot_map(uint32_t(m));
         if (test_.prefetch_skip_read) {  // recorded as slotted, nothing read (no tail to end)
             ledger_->end_prefetch(true);
@@ -208,6 +212,17 @@ public:
         }
         for (uint32_t e : ledger_->prefetching()) push_reads(m, e, size_t(slot[e]), reads);
         return n;
+    }
+
+    size_t prefetch_free(size_t m, const std::vector<uint32_t> & experts,
+                         std::vector<ReadRequest> * reads) override {
+        // Not while tracing: a route trace does not record the warm set's calls.
+        if (!opt_.warm_tail_into_slots) return 0;
+        return prefetch_slots(m, experts, /*may_evict=*/false, reads, /*warm=*/true);
+    }
+    void end_prefetch_first(size_t n_read) override {
+        bank_ahead_ = false;  // (prefetch_free never reads into the shared slots)
+        ledger_->end_prefetch_first(n_read);
     }
 
     size_t warm_slots(size_t m, const std::vector<uint32_t> & recent_first) override {

@@ -45,6 +45,7 @@ void Streamer::flush_abandon() {
 void Streamer::end_prefetch(bool ok) {
     const double t0 = now_s();
     store_->end_prefetch(ok);
+    warm_open_ = false;
     add_stage_s(now_s() - t0);
     if (tracer_) tracer_->on_read_ahead_end(ok);
 }
@@ -79,6 +80,7 @@ void Streamer::set_warm(std::vector<std::vector<uint32_t>> lists) {
     warm_.clear();
     warm_pos_.clear();
     warm_left_ = 0;
+    warm_ask_ = std::max<size_t>(index_.n_expert_used, 1);
     if (lists.size() != index_.moe_layers.size()) return;
     warm_ = std::move(lists);
     warm_pos_.assign(warm_.size(), 0);
@@ -92,31 +94,38 @@ void Streamer::set_record_usage(bool on) {
 
 void Streamer::warm_tail(int slot, int rows) {
     const size_t n_layers = warm_.size();
-    const size_t want = rows > 1 ? std::max<size_t>(index_.n_expert_used, 1) : 1;
     for (size_t i = 1; i < n_layers; ++i) {  // the next layer whose list is not done
         const size_t m = (size_t(slot) + i) % n_layers;
         const std::vector<uint32_t> & l = warm_[m];
         size_t & pos = warm_pos_[m];
         if (pos >= l.size()) continue;
-        warm_chunk_.clear();
-        while (pos < l.size() && warm_chunk_.size() < want) {
-            const uint32_t e = l[pos++];
-            if (!store_->is_resident(m, e)) warm_chunk_.push_back(e);
+        while (pos < l.size() && store_->is_resident(m, l[pos])) ++pos;  // read (or routed)
+        if (pos >= l.size()) {
+            --warm_left_;
+            continue;
         }
-        const size_t n = warm_chunk_.empty() ? 0 : read_ahead(m, warm_chunk_);
-        if (n < warm_chunk_.size()) pos = l.size();  // the store takes no more of it
-        if (pos >= l.size()) --warm_left_;
-        warm_experts_ += n;
+        // A stopped tail's unread experts stay in the list (pos moves past resident ones only).
+        const size_t want = hooks_.warm_tail_experts > 0 ? size_t(hooks_.warm_tail_experts)
+                            : rows > 1                   ? l.size() - pos
+                                                         : warm_ask_;
+        warm_chunk_.clear();
+        for (size_t p = pos; p < l.size() && warm_chunk_.size() < want; ++p)
+            if (!store_->is_resident(m, l[p])) warm_chunk_.push_back(l[p]);
+        const size_t at = reads_.size();
+        const size_t n = store_->prefetch_free(m, warm_chunk_, &reads_);
+        if (n < warm_chunk_.size()) {  // the store takes no more of it (free room is gone)
+            pos = l.size();
+            --warm_left_;
+        }
+        warm_open_ = n > 0;
+        warm_issued_ = n;
+        warm_tail_at_ = at;
+        warm_reads_per_ = n > 0 ? std::max<size_t>((reads_.size() - at) / n, 1) : 1;
         return;
     }
 }
 
-void Streamer::finish_tail() {
-    if (!tail_ && !uring_tail_) return;
-    IoBatchStats io;
-    Status st = uring_tail_ ? uring_->reap(&io) : lanes_->finish(&io);
-    tail_ = uring_tail_ = false;
-    pf_reads_.clear();
+void Streamer::add_tail_io(const IoBatchStats & io) {
     for (StepCounters * c : {&step_, &total_}) {
         c->bytes_read += io.bytes_read;
         c->reads += io.reads;
@@ -125,6 +134,46 @@ void Streamer::finish_tail() {
         c->prefetch_wait_s += io.seconds;
         c->max_read_s = std::max(c->max_read_s, io.max_read_s);
     }
+}
+
+void Streamer::stop_warm_tail() {
+    // A fixed tail (the test hook) is read in full; else stop where the lanes are.
+    const bool stop = hooks_.warm_tail_experts <= 0;
+    const size_t taken = stop ? lanes_->stop_claims() : SIZE_MAX;
+    IoBatchStats io;
+    Status st = lanes_->finish(&io);
+    tail_ = false;
+    add_tail_io(io);
+    if (!st.ok()) {
+        end_prefetch(false);
+        MS_LOG_WARN("a warm-set read failed (%s); those experts are read again when routed",
+                    st.message().c_str());
+        return;
+    }
+    // Experts whose reads were all taken (they were appended expert by expert).
+    const size_t read = taken == SIZE_MAX ? warm_issued_
+                        : taken <= warm_tail_at_
+                            ? 0
+                            : std::min(warm_issued_, (taken - warm_tail_at_) / warm_reads_per_);
+    const double t0 = now_s();
+    store_->end_prefetch_first(read);
+    add_stage_s(now_s() - t0);
+    warm_open_ = false;
+    warm_experts_ += read;
+    warm_dropped_ += warm_issued_ - read;
+    if (stop)  // the next decode tail: half as many again after a full one, else what fitted
+        warm_ask_ = read == warm_issued_ ? read + std::max<size_t>(read / 2, 1)
+                                         : std::max<size_t>(read, 1);
+}
+
+void Streamer::finish_tail() {
+    if (!tail_ && !uring_tail_) return;
+    if (warm_open_) return stop_warm_tail();
+    IoBatchStats io;
+    Status st = uring_tail_ ? uring_->reap(&io) : lanes_->finish(&io);
+    tail_ = uring_tail_ = false;
+    pf_reads_.clear();
+    add_tail_io(io);
     end_prefetch(st.ok());
     if (!st.ok())
         MS_LOG_WARN("a prefetch read failed (%s); those experts are read again when routed",
@@ -231,7 +280,8 @@ Status Streamer::on_routing(const Routing & r) {
         warm_tail(slot, r.n_rows);  // the warm set: no other speculative read this routing
     }
     add_stage_s(now_s() - t_stage0);
-    if (uring_ && reads_.size() > n_own) {  // the ring reads the tail, after the own reads
+    if (uring_ && reads_.size() > n_own && !warm_open_) {  // the ring reads the tail, after
+                                                            // the own reads (a warm tail: no)
         pf_reads_.assign(reads_.begin() + std::ptrdiff_t(n_own), reads_.end());
         reads_.resize(n_own);
     }

@@ -57,12 +57,19 @@
 // Warm set (set_warm; --warm-experts, docs/prompt-cache.md, "Warm expert set"): per MoE layer
 // a list of experts, hottest first, that earlier runs routed. At a routing that hands the
 // store no other speculative read (no decode prefetch, no prefill read-ahead), the next MoE
-// layer (in order, wrapping) whose list is not done gets a few of its experts that are not
-// resident read into the cache through the store's prefetch(), as a tail exactly like a
-// decode prefetch's (same waits, same invariants): after every own read of the routing,
-// while the layer computes. At most n_expert_used experts per prompt-ubatch routing (long
-// compute) and one per decode routing, so the tail stays short against the layer's compute.
-// A list is done when it is read or the store takes no more of it (budget). Lossless: it only
+// layer (in order, wrapping) whose list is not done gets the next experts of its list that
+// are not resident committed through the store's prefetch_free() (free room only: the warm
+// set never evicts anything, so on a full store it stops) and read as a tail exactly like a
+// decode prefetch's (same invariants): after every own read of the routing, on the worker
+// lanes, while the layer computes. Never through io_uring: the tail must be stoppable. At the
+// next routing (or drain()) the tail is stopped where the lanes are (IoLanes::stop_claims):
+// the reads in flight finish, the unstarted ones are dropped and their experts released
+// (end_prefetch_first), so the next routing's own reads wait for at most one slice per worker
+// lane. How many experts a tail asks for follows what the window took: a tail read in full
+// asks for half as many again next time, a stopped one for what was read (at least 1); a
+// prompt-ubatch routing (long compute) asks for the layer's whole remaining list. The test
+// hook warm_tail_experts fixes the count and reads every tail in full (deterministic counts).
+// A list is done when it is read or the store takes no more of it. Lossless: it only
 // changes what is resident. Usage (set_record_usage): per (MoE layer, expert), the decode
 // (one-row) routings that routed it, for the usage file.
 //
@@ -117,6 +124,9 @@ struct StreamTestHooks {
     // finish_second() returns without waiting (the reads stay in flight until the down wait):
     // the negative control of the three-stage overlap's second wait.
     bool skip_second_wait = false;
+    // > 0: every warm tail asks for exactly this many experts and is read in full, never
+    // stopped (above, "Warm set"): counts that do not depend on timing. 0 = adaptive.
+    int warm_tail_experts = 0;
 };
 
 class Streamer final : public RouteSink {
@@ -144,6 +154,8 @@ public:
     // list per MoE layer; anything else turns the warm set off).
     void set_warm(std::vector<std::vector<uint32_t>> lists);
     uint64_t warm_experts() const { return warm_experts_; }  // experts the warm tails read
+    // Experts the warm tails asked for but dropped unread when the next routing came.
+    uint64_t warm_dropped() const { return warm_dropped_; }
     // Counts decode routings per (MoE layer, expert) from now on (usage()).
     void set_record_usage(bool on);
     // [moe_layer * n_expert + e]: decode routings that routed e (empty unless recording).
@@ -188,6 +200,9 @@ private:
         total_.stage_s += s;
     }
     void finish_tail();  // waits for the speculative tail, then the store keeps or drops it
+    // Stops the warm tail in flight where the lanes are and keeps what was read (above).
+    void stop_warm_tail();
+    void add_tail_io(const IoBatchStats & io);  // a finished tail's reads, into the counters
     // Appends a warm-set tail (above) after the routing of MoE layer `slot` with `rows` rows.
     void warm_tail(int slot, int rows);
     // Orders reads_[0, n) by stage (early, second, late); returns the early and second counts
@@ -240,6 +255,12 @@ private:
     std::vector<size_t> warm_pos_;
     size_t warm_left_ = 0;  // layers whose list is not done
     uint64_t warm_experts_ = 0;
+    uint64_t warm_dropped_ = 0;
+    // The warm tail in flight (tail_ is set): its experts, the index of its first read in
+    // reads_, and the reads per expert. warm_ask_: experts the next decode tail asks for.
+    bool warm_open_ = false;
+    size_t warm_issued_ = 0, warm_tail_at_ = 0, warm_reads_per_ = 1;
+    size_t warm_ask_ = 1;
     std::vector<uint32_t> warm_chunk_;  // scratch
     std::vector<uint32_t> usage_;
     uint64_t usage_routings_ = 0;

@@ -4,12 +4,17 @@
 //    bytes, O_DIRECT and buffered, with and without short reads / EINTR from a hook;
 //  - an EIO on one lane fails the batch with file, offset and errno, zero-fills what failed,
 //    and the next batch succeeds;
-//  - a file truncated under the lanes gives "unexpected end of file", never stale bytes.
+//  - a file truncated under the lanes gives "unexpected end of file", never stale bytes;
+//  - a batch stopped with stop_claims() (the warm set's tail) reads exactly the requests taken
+//    before the stop, whole, and never touches the rest; unstopped, it reads them all.
 #include <gtest/gtest.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -185,5 +190,75 @@ TEST(IoLanesConcurrency, TruncatedFileIsAnErrorNotStaleBytes) {
         }
     }
 }
+
+// Tail reads (offset >= tail_from) wait in the hook until `go`; `entered` counts them.
+struct TailGate {
+    uint64_t tail_from = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    int entered = 0;
+    bool go = false;
+};
+
+long gated(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int, void * ud) {
+    auto * g = static_cast<TailGate *>(ud);
+    if (off >= g->tail_from) {
+        std::unique_lock<std::mutex> lk(g->mu);
+        ++g->entered;
+        g->cv.notify_all();
+        g->cv.wait(lk, [&] { return g->go; });
+    }
+    return ::preadv(fd, iov, iovcnt, off_t(off));
+}
+
+// One own request, then a tail of 12 that the worker lanes read, each held in the hook.
+// stop: stop_claims() once a tail read is in flight. Returns the count stop_claims() gave
+// (the batch size without a stop); every request's bytes are checked against it.
+size_t run_tail_batch(bool stop) {
+    TempFile f(4 << 20);
+    IoLanes lanes;
+    EXPECT_TRUE(lanes.open(f.path, 4, false, 256 << 10).ok());
+    TailGate g;
+    g.tail_from = 256 << 10;
+    lanes.set_pread_hook(&gated, &g);
+    constexpr size_t kOwn = 1, kAll = 13;
+    std::vector<std::vector<uint8_t>> bufs(kAll, std::vector<uint8_t>(100 << 10, 0xAB));
+    std::vector<ReadRequest> reqs;
+    for (size_t i = 0; i < kAll; ++i)
+        reqs.push_back({i * (256 << 10) + 17, 100 << 10, bufs[i].data()});
+    lanes.start(reqs, kOwn, kOwn);
+    EXPECT_TRUE(lanes.wait_own(nullptr).ok());
+    {
+        std::unique_lock<std::mutex> lk(g.mu);  // a worker lane holds a tail read
+        g.cv.wait(lk, [&] { return g.entered > 0; });
+    }
+    const size_t taken = stop ? lanes.stop_claims() : kAll;
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        g.go = true;
+    }
+    g.cv.notify_all();
+    IoBatchStats io;
+    EXPECT_TRUE(lanes.finish(&io).ok());
+    EXPECT_EQ(io.reads, taken);
+    for (size_t i = 0; i < kAll; ++i) {
+        if (i < taken) {
+            EXPECT_TRUE(bytes_match(reqs[i])) << i;
+        } else {
+            EXPECT_TRUE(std::all_of(bufs[i].begin(), bufs[i].end(), [](uint8_t b) { return b == 0xAB; }))
+                << "request " << i << " past the stop was touched";
+        }
+    }
+    return taken;
+}
+
+TEST(IoLanesConcurrency, StoppedTailReadsExactlyTheRequestsTakenBeforeTheStop) {
+    const size_t taken = run_tail_batch(/*stop=*/true);
+    EXPECT_GT(taken, 1u) << "the tail read in flight is finished";
+    EXPECT_LE(taken, 4u) << "at most one request per worker lane was taken";
+}
+
+// The negative control: the same batch, not stopped, reads its whole tail.
+TEST(IoLanesConcurrency, UnstoppedTailIsReadWhole) { EXPECT_EQ(run_tail_batch(false), 13u); }
 
 }  // namespace

@@ -704,6 +704,55 @@ TEST(ResidencyCache, PrefetchStaysWithinBudgetAndSparesTheRoutedSet) {
     EXPECT_LE(cs.peak_resident_bytes, 6 * eb);
 }
 
+// The warm set's preload (prefetch_free) takes free budget only: on a store full of what
+// demand reads brought in it reads nothing and evicts nothing. The control: prefetch() of the
+// same guess evicts them.
+TEST(ResidencyCache, PrefetchFreeTakesFreeRoomOnlyAndNeverEvicts) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}}, 16);
+    const uint64_t eb = 3 * kPage;
+    auto s = make(idx, 4 * eb);
+    ASSERT_TRUE(s);
+    stage_and_read(*s, idx, 0, {0, 1});
+    stage_and_read(*s, idx, 1, {5});  // (layer 0's experts are no longer the routed set)
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(s->prefetch_free(1, {6, 7, 8}, &reads), 1u);  // room for one
+    EXPECT_EQ(reads.size(), 3u);
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    reads.clear();
+    EXPECT_EQ(s->prefetch_free(1, {7, 8}, &reads), 0u);  // full: nothing
+    EXPECT_TRUE(reads.empty());
+    for (uint32_t e : {0u, 1u}) EXPECT_TRUE(s->is_resident(0, e));
+    EXPECT_EQ(s->ledger_stats().evictions, 0u);
+    EXPECT_EQ(s->prefetch(1, {7, 8}, &reads), 2u);  // control: a prediction evicts
+    s->end_prefetch(true);
+    EXPECT_GT(s->ledger_stats().evictions, 0u);
+}
+
+// A warm tail stopped early (end_prefetch_first): the experts whose reads were all taken stay
+// resident and hit; the rest are released as never read (their memory uncounted, not counted
+// as prefetched) and miss at their routing.
+TEST(ResidencyCache, EndPrefetchFirstKeepsOnlyTheExpertsRead) {
+    const ModelIndex idx = make_index({{kPage, kPage, kPage}, {kPage, kPage, kPage}}, 16);
+    const uint64_t eb = 3 * kPage;
+    auto s = make(idx, 8 * eb);
+    ASSERT_TRUE(s);
+    std::vector<ReadRequest> reads;
+    ASSERT_EQ(s->prefetch_free(1, {2, 3, 4}, &reads), 3u);
+    reads.resize(3);  // the lanes took expert 2's reads only
+    simulate_reads(reads);
+    s->end_prefetch_first(1);
+    EXPECT_TRUE(s->is_resident(1, 2));
+    EXPECT_FALSE(s->is_resident(1, 3));
+    EXPECT_FALSE(s->is_resident(1, 4));
+    EXPECT_EQ(s->ledger_stats().resident_expert_bytes, eb);
+    EXPECT_EQ(s->ledger_stats().prefetched, 1u);
+    StageStats ss;
+    EXPECT_EQ(stage_and_read(*s, idx, 1, {2, 3}, &ss), (std::vector<uint32_t>{3}));
+    EXPECT_EQ(ss.hits, 1u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 2));
+}
+
 // A failed read-ahead leaves nothing resident; an unused one is counted when evicted;
 // resident experts are not read again.
 TEST(ResidencyCache, PrefetchAbandonedAndUnused) {
@@ -1028,6 +1077,29 @@ TEST(SlotCache, ReadAheadWhenEveryExpertHasASlotFillsFreeSlots) {
     s->end_prefetch(false);
     EXPECT_EQ(stage_slots(*s, 2, {4}), 1u);
     EXPECT_EQ(s->ledger_stats().evictions, 0u);
+}
+
+// The warm set's preload into slots (prefetch_free) takes the layer's free slots only: once
+// every slot holds an expert a routing brought in, it reads nothing and evicts nothing. The
+// control: one token's guess through prefetch() evicts the least recently used slot.
+TEST(SlotCache, PrefetchFreeTakesFreeSlotsOnly) {
+    const ModelIndex idx = slot_index();  // routing width 1
+    auto s = slot_store(idx, 3);
+    ASSERT_TRUE(s);
+    for (uint32_t e : {0u, 1u}) EXPECT_EQ(stage_slots(*s, 1, {e}), 1u);
+    std::vector<ReadRequest> reads;
+    EXPECT_EQ(s->prefetch_free(1, {5, 6}, &reads), 1u);  // one free slot
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    EXPECT_EQ(stage_slots(*s, 1, {5}), 0u);
+    EXPECT_TRUE(slice_intact(*s, idx, 1, 5));
+    reads.clear();
+    EXPECT_EQ(s->prefetch_free(1, {6}, &reads), 0u);  // every slot taken
+    EXPECT_TRUE(reads.empty());
+    for (uint32_t e : {0u, 1u, 5u}) EXPECT_TRUE(s->is_resident(1, e));
+    EXPECT_EQ(s->prefetch(1, {6}, &reads), 1u);  // control: one token's guess evicts
+    s->end_prefetch(true);
+    EXPECT_FALSE(s->is_resident(1, 0));
 }
 
 // One token's guess (at most the routing width) is read into the layer's slots, evicting the

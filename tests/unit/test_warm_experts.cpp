@@ -1,11 +1,15 @@
 // test_warm_experts.cpp — RunOptions::warm_experts (--warm-experts, src/promptcache/
-// warm_experts.h, the streamer's warm set): a run with the usage file of an earlier run gives
-// the cold run's tokens and logits bit for bit and a higher hit rate over its first 16 decode
-// tokens (deterministic counts), while a file listing only experts that run never routed (the
-// negative control) does not raise it; the file is validated like any input (truncated,
-// bit-flipped, another model's, another shape: refused in one line, the run cold and exact,
-// the file replaced); `auto` writes only under $XDG_CACHE_HOME/moestream/warm; no cache refuses.
-// One model (the trained demo model), a handful of 24-token runs.
+// warm_experts.h, the streamer's warm set): with the prompt restored from the prompt cache (so
+// decode starts with an empty expert cache, the case the warm set is for), a run with the usage
+// file of an earlier run gives the cold run's tokens and logits bit for bit and a higher hit
+// rate over its first 16 decode tokens than the same restored run without it, and tails of
+// several experts per routing preload more and hit more than tails of one (deterministic
+// counts: MOESTREAM_DEBUG_WARM_TAIL fixes the tail size and reads every tail whole), while a
+// file listing only experts that run never routed (the negative control) does not raise it;
+// the adaptive, stoppable tails (no test hook) are byte-identical too; the file is validated
+// like any input (truncated, bit-flipped, another model's, another shape: refused in one line,
+// the run exact, the file replaced); `auto` writes only under $XDG_CACHE_HOME/moestream/warm;
+// no cache refuses. One model (the trained demo model), a handful of 24-token runs.
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -34,6 +38,9 @@ RunOptions warm_options(const std::string & usage) {
     return o;
 }
 
+constexpr const char * kTailKnob = "MOESTREAM_DEBUG_WARM_TAIL";
+constexpr const char * kTail = "4";  // the suite's fixed tail size (experts per tail)
+
 struct WarmRun {
     GenerateResult r;
     RunStats s;
@@ -57,28 +64,44 @@ void expect_same_output(const WarmRun & a, const WarmRun & b) {
     EXPECT_EQ(a.s.logits_sha, b.s.logits_sha);
 }
 
-// One cold run that writes the usage file, shared by every test.
+// One cold run that writes the usage file and the prompt cache, and one run that restores the
+// prompt without a warm set (the hit-rate baseline), shared by every test. The fixture's runs
+// restore the prompt and use fixed tails of kTail experts.
 class WarmExperts : public ::testing::Test {
 protected:
     static void SetUpTestSuite() {
         dir_ = new TempDir("warm");
-        usage_ = new std::string(slurp_after_cold());
+        setenv(kTailKnob, kTail, 1);
+        cold_ = new WarmRun(run_once(restored(dir_->path("cold.usage"))));
+        usage_ = new std::string(slurp(dir_->path("cold.usage")));
+        // (It records its usage too: no file yet, so it reads nothing ahead.)
+        restored_ = new WarmRun(run_once(restored(dir_->path("restored.usage"))));
+        restored_usage_ = new std::string(slurp(dir_->path("restored.usage")));
     }
     static void TearDownTestSuite() {
+        unsetenv(kTailKnob);
         delete cold_;
+        delete restored_;
+        delete restored_usage_;
         delete usage_;
         delete dir_;
     }
-    static std::string slurp_after_cold() {
-        cold_ = new WarmRun(run_once(warm_options(dir_->path("cold.usage"))));
-        return slurp(dir_->path("cold.usage"));
+    // warm_options with the suite's prompt cache (the first run writes it, the rest restore).
+    static RunOptions restored(const std::string & usage) {
+        RunOptions o = warm_options(usage);
+        o.prompt_cache = dir_->path("pc");
+        return o;
     }
     static TempDir * dir_;
     static WarmRun * cold_;
-    static std::string * usage_;
+    static WarmRun * restored_;  // prompt restored, no warm set
+    static std::string * usage_;           // the cold run's usage file
+    static std::string * restored_usage_;  // the restored run's (its decode routings only)
 };
 TempDir * WarmExperts::dir_ = nullptr;
 WarmRun * WarmExperts::cold_ = nullptr;
+WarmRun * WarmExperts::restored_ = nullptr;
+std::string * WarmExperts::restored_usage_ = nullptr;
 std::string * WarmExperts::usage_ = nullptr;
 
 TEST_F(WarmExperts, ColdRunWritesTheUsageFileAndPreloadsNothing) {
@@ -87,17 +110,50 @@ TEST_F(WarmExperts, ColdRunWritesTheUsageFileAndPreloadsNothing) {
     EXPECT_EQ(cold_->s.warm_experts_refused, "");
     EXPECT_FALSE(usage_->empty()) << "the usage file was not written";
     EXPECT_LT(cold_->s.first16_hit_pct, 100.0) << "the cold run must miss for the test to mean anything";
+    EXPECT_GT(restored_->s.prompt_cache_tokens, 0) << "the baseline restores the prompt";
+    EXPECT_EQ(restored_->s.warm_experts_preloaded, 0u);
+    expect_same_output(*restored_, *cold_);
+}
+
+// A warm run with the usage file (a copy of it at `name`) and tails of `tail` experts.
+WarmRun warm_run(const RunOptions & o, const std::string & usage, const std::string & name,
+                 const char * tail) {
+    EXPECT_TRUE(write_bytes(o.warm_experts, usage)) << name;
+    if (tail) setenv(kTailKnob, tail, 1);
+    else unsetenv(kTailKnob);
+    WarmRun w = run_once(o);
+    setenv(kTailKnob, kTail, 1);
+    return w;
 }
 
 TEST_F(WarmExperts, WarmRunIsByteIdenticalAndHitsMoreInItsFirst16Tokens) {
-    const std::string f = dir_->path("warm.usage");
-    ASSERT_TRUE(write_bytes(f, *usage_));
-    const WarmRun w = run_once(warm_options(f));
+    const WarmRun w = warm_run(restored(dir_->path("warm.usage")), *usage_, "warm", kTail);
     EXPECT_GT(w.s.warm_experts_listed, 0u);
     EXPECT_GT(w.s.warm_experts_preloaded, 0u);
     EXPECT_EQ(w.s.warm_experts_refused, "");
+    EXPECT_GT(w.s.prompt_cache_tokens, 0);
     expect_same_output(w, *cold_);
-    EXPECT_GT(w.s.first16_hit_pct, cold_->s.first16_hit_pct);
+    EXPECT_GT(w.s.first16_hit_pct, restored_->s.first16_hit_pct);
+}
+
+// The warm set fills the idle reading time: tails of several experts per routing preload more
+// of the list and hit more in the first 16 decode tokens than tails of one (the control).
+TEST_F(WarmExperts, TailsOfSeveralExpertsHitMoreThanTailsOfOne) {
+    const WarmRun one = warm_run(restored(dir_->path("one.usage")), *usage_, "one", "1");
+    const WarmRun several = warm_run(restored(dir_->path("four.usage")), *usage_, "four", kTail);
+    expect_same_output(one, *cold_);
+    expect_same_output(several, *cold_);
+    EXPECT_GT(several.s.warm_experts_preloaded, one.s.warm_experts_preloaded);
+    EXPECT_GT(several.s.first16_hit_pct, one.s.first16_hit_pct);
+}
+
+// The production tails (sized by what the last one read, stopped when the next routing comes)
+// depend on timing in what they read, never in what the run computes.
+TEST_F(WarmExperts, AdaptiveTailsAreByteIdentical) {
+    const WarmRun w = warm_run(restored(dir_->path("adaptive.usage")), *usage_, "adaptive", nullptr);
+    EXPECT_EQ(w.s.warm_experts_refused, "");
+    EXPECT_LE(w.s.warm_experts_preloaded, w.s.warm_experts_listed);
+    expect_same_output(w, *cold_);
 }
 
 // The negative control: a file that lists only experts the run never routes in decode.
@@ -107,8 +163,8 @@ TEST_F(WarmExperts, UsageOfTheWrongExpertsDoesNotRaiseTheHitRate) {
     const uint32_t L = uint32_t(idx.moe_layers.size()), E = idx.n_expert;
     WarmUsage used;
     std::string why;
-    const std::string cold_file = dir_->path("read.usage");
-    ASSERT_TRUE(write_bytes(cold_file, *usage_));
+    const std::string cold_file = dir_->path("read.usage");  // what a restored run routes
+    ASSERT_TRUE(write_bytes(cold_file, *restored_usage_));
     ASSERT_EQ(warm_usage_read(cold_file, prompt_cache_model_identity(idx), L, E, &used, &why),
               WarmRead::kOk)
         << why;
@@ -116,10 +172,10 @@ TEST_F(WarmExperts, UsageOfTheWrongExpertsDoesNotRaiseTheHitRate) {
     for (size_t i = 0; i < wrong.counts.size(); ++i) wrong.counts[i] = used.counts[i] ? 0 : 1;
     const std::string f = dir_->path("wrong.usage");
     ASSERT_TRUE(warm_usage_write(f, wrong, prompt_cache_model_identity(idx)).ok());
-    const WarmRun w = run_once(warm_options(f));
+    const WarmRun w = run_once(restored(f));
     EXPECT_GT(w.s.warm_experts_preloaded, 0u) << "the wrong experts were read";
     expect_same_output(w, *cold_);
-    EXPECT_LE(w.s.first16_hit_pct, cold_->s.first16_hit_pct);
+    EXPECT_LE(w.s.first16_hit_pct, restored_->s.first16_hit_pct);
 }
 
 // A damaged or foreign file: refused in one line, the run is the cold run, the file replaced.
@@ -134,12 +190,12 @@ class WarmExpertsRefusal : public WarmExperts, public ::testing::WithParamInterf
 TEST_P(WarmExpertsRefusal, DamagedFileIsRefusedAndReplaced) {
     const std::string f = dir_->path(std::string(GetParam().name) + ".usage");
     ASSERT_TRUE(write_bytes(f, GetParam().apply(*usage_)));
-    const WarmRun w = run_once(warm_options(f));
+    const WarmRun w = run_once(restored(f));
     EXPECT_NE(w.s.warm_experts_refused.find(GetParam().why), std::string::npos)
         << w.s.warm_experts_refused;
     EXPECT_EQ(w.s.warm_experts_preloaded, 0u);
     expect_same_output(w, *cold_);
-    EXPECT_EQ(slurp(f), *usage_) << "replaced by this (cold) run's usage";
+    EXPECT_EQ(slurp(f), *restored_usage_) << "replaced by this (cold) run's usage";
 }
 
 std::string truncated(const std::string & s) { return s.substr(0, s.size() - 9); }
