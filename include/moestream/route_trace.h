@@ -4,8 +4,8 @@
 // decode), token position, layer, and per routed slot (rank order) the expert id, its final
 // router weight, whether it was resident when the layer was staged (hit) and whether
 // --drop-cold-experts dropped it; per routing the bytes the streamer read; and (version 8)
-// every read-ahead call into the store: the layer read ahead, the experts the store
-// committed, whether their reads succeeded. The header carries
+// every read-ahead call into the store: the layer read ahead, its guess with the experts the
+// store committed marked, whether their reads succeeded. The header carries
 // the format version and the model's shape (layers, experts, k, slice bytes per projection,
 // page size, cache budget, settings), so `moestream replay` (replay.h) can re-run the
 // residency cache offline with the engine's own accounting.
@@ -62,7 +62,7 @@ constexpr uint8_t kReadAheadKnownFlags = kReadAheadOk | kReadAheadShared | kRead
 constexpr uint32_t kReadAheadCommitted = 1u << 31;
 
 // One read-ahead call into the store (the streamer's prefetch(): decode --prefetch, prefill
-// read-ahead, the warm set), made while routing `routing`'s layer was staged, after its stage;
+// read-ahead), made while routing `routing`'s layer was staged, after its stage;
 // its reads ended (end_prefetch) before the next routing's stage. Version 8.
 struct TraceReadAhead {
     uint64_t offset = 0;   // byte offset of the record in the file
