@@ -43,6 +43,12 @@ using SettingField = std::variant<std::monostate, int RunOptions::*, int64_t Run
                                   uint32_t RunOptions::*, bool RunOptions::*, float RunOptions::*,
                                   double RunOptions::*, std::string RunOptions::*>;
 
+// How the CLI binds and checks a row's flag (Setting::traits, or-ed).
+enum SettingTrait : unsigned {
+    kRequired = 1u << 0,   // every command that takes the flag requires it (-m)
+    kStreaming = 1u << 1,  // applies to the streaming loader only: refused under --no-stream
+};
+
 struct Setting {
     const char * field;    // RunOptions member ("" = none: read from the environment only)
     SettingField member;   // the same member, typed
@@ -65,6 +71,16 @@ struct Setting {
     // The commands whose flag this is, '|'-separated ("run", "serve|chat"); "" = every command
     // with the engine's flags (run, chat, eval, serve, inspect --plan).
     const char * commands = "";
+    unsigned traits = 0;  // SettingTrait bits: how the CLI binds and checks the flag
+    // A negation pair: the flag that sets the field's "off" (a bool: false; a number: the
+    // range's word `off`) while `flags` sets "on" (true; the word `on`); the two exclude each
+    // other ("" = no pair).
+    const char * off_flags = "";
+    const char * off_doc = "";  // the --help text of off_flags
+    // A value of the flag that stands for one drawn when it is read (--seed's -1: a random
+    // seed): returns the value drawn as the field's text and sets *note to what it is ("random
+    // seed 123"); "" when `text` is no such value. nullptr = the row has none.
+    std::string (*draw)(const std::string & text, std::string * note) = nullptr;
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).
     std::string flag() const;
@@ -76,7 +92,7 @@ struct Setting {
 const std::vector<Setting> & settings_registry();
 // The row of a RunOptions field (nullptr: none).
 const Setting * find_setting(std::string_view field);
-// The row one of whose flag names is `flag` ("--color"; nullptr: none): the rows of flags a
+// The row one of whose flag names (or off_flags names) is `flag` ("--color"; nullptr: none): the rows of flags a
 // command binds itself (serve's --lossless, run and chat's --color) give it their help text.
 const Setting * find_flag_setting(std::string_view flag);
 // The --help text of a field's flag: its doc line and, for experiments and test-only rows,
@@ -89,7 +105,10 @@ std::string setting_help(std::string_view field);
 std::string check_setting_text(const Setting & s, const std::string & text);
 // Sets the row's field from a flag's value that check_setting_text accepted (a word: the value
 // it stands for). False (the field unchanged) for a value it would refuse.
-bool set_setting_text(const Setting & s, const std::string & text, RunOptions * opt);
+// A row's draw (--seed -1) is made here: *note (when given) says what was drawn ("random seed
+// 123"; "" when nothing was).
+bool set_setting_text(const Setting & s, const std::string & text, RunOptions * opt,
+                      std::string * note = nullptr);
 // The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
 // --no-stream and --cache-no-move set false).
 bool setting_flag_value(const Setting & s);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <cmath>
 #include <unordered_set>
 
@@ -22,11 +23,19 @@ namespace {
 using C = SettingClass;
 using R = RunOptions;
 
+// --seed -1: a random seed (Setting::draw).
+std::string draw_seed(const std::string & text, std::string * note) {
+    if (text != "-1") return "";
+    const std::string v = std::to_string(std::random_device{}());
+    *note = "random seed " + v;
+    return v;
+}
+
 // One row per setting. Order: as docs/cli.md lists them (by class, then as here).
 const std::vector<Setting> kSettings = {
     // --- production ---
     {"model_path", &R::model_path, "-m,--model", "", "", false, "(required)", C::kProduction,
-     "GGUF model file (or any shard of a split set)", "model", "FILE"},
+     "GGUF model file (or any shard of a split set)", "model", "FILE", "", kRequired},
     {"n_threads", &R::n_threads, "-t,--threads", "", "", false,
      "the physical cores this process may use", C::kProduction,
      "compute threads (default: the physical cores this process may use)", "n_threads", "1..512"},
@@ -47,7 +56,8 @@ const std::vector<Setting> kSettings = {
     {"temp", &R::temp, "--temp", "", "", false, "0", C::kProduction,
      "sampling temperature; 0 = greedy", "temp", "0..100"},
     {"seed", &R::seed, "-s,--seed", "", "", false, "1", C::kProduction,
-     "sampling seed; -1 = random (printed)", "seed", "0..4294967295|-1: random"},
+     "sampling seed; -1 = random (printed)", "seed", "0..4294967295|-1: random", "", 0, "", "",
+     draw_seed},
     {"stream", &R::stream, "--no-stream", "", "", false, "streaming", C::kProduction,
      "llama.cpp's own loading, everything resident (the reference)", "stream"},
     {"resident_mmap", &R::resident_mmap, "--no-mmap", "", "", false, "map the file", C::kProduction,
@@ -55,19 +65,20 @@ const std::vector<Setting> kSettings = {
      "first-touch cost in the first decodes)",
      "mmap"},
     {"io_threads", &R::io_threads, "--io-threads", "", "", false, "4", C::kProduction,
-     "parallel read lanes (calling thread included)", "io_threads", "1..64"},
+     "parallel read lanes (calling thread included)", "io_threads", "1..64", "", kStreaming},
     {"odirect", &R::odirect, "--no-odirect", "", "", false, "O_DIRECT", C::kProduction,
-     "buffered reads instead of O_DIRECT", "odirect_requested"},
+     "buffered reads instead of O_DIRECT", "odirect_requested", "", "", kStreaming},
     {"io_overlap", &R::io_overlap, "--no-io-overlap", "", "", false, "overlap", C::kProduction,
      "wait for every read of a layer before its first expert matmul (default: the "
      "down-projection reads overlap the gate/up matmuls)",
-     "io_overlap"},
+     "io_overlap", "", "", kStreaming},
     {"cache_mb", &R::cache_mb, "--cache-mb", "", "", false, "auto", C::kProduction,
-     "expert cache budget in MiB: auto, 0 = off, N", "cache_mb_requested", "0..1099511627776|auto=-1"},
+     "expert cache budget in MiB: auto, 0 = off, N", "cache_mb_requested", "0..1099511627776|auto=-1",
+     "", kStreaming},
     {"force_cache", &R::force_cache, "--force-cache", "", "", false, "off", C::kProduction,
      "allow a --cache-mb below 1.5 x the model's per-token working set (moestream inspect: "
      "cache rule)",
-     ""},
+     "", "", "", kStreaming},
     {"drop_cold_later", &R::drop_cold_later, "", "", "", false, "false", C::kProduction,
      "library only: the caller may turn drop-cold on later (set_drop_cold); every cache store "
      "runs it, so this changes nothing (kept for callers that set it)",
@@ -76,16 +87,18 @@ const std::vector<Setting> kSettings = {
      "read the experts predicted for the next layer while this layer computes (lossless; needs "
      "2+ io threads, and with --cache-mb 0 a second set of expert slots if memory allows; reads "
      "more bytes; docs/prefetch.md)",
-     "prefetch_requested"},
+     "prefetch_requested", "", "", kStreaming},
     {"prefill_readahead", &R::prefill_readahead, "--prefill-readahead", "", "", false,
      "where it applies", C::kProduction,
      "in prefill, read the next layer's experts guessed for the ubatch's rows while this layer "
      "computes (lossless; on by default where it applies: streaming, 2+ io threads, no "
      "--drop-cold-experts / --substitute-experts; given, it is refused where it cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
      "docs/prefetch.md)",
-     "prefill_readahead_option", "on=1|off=0|where it applies=-1"},
+     "prefill_readahead_option", "on=1|off=0|where it applies=-1", "", kStreaming,
+     "--no-prefill-readahead", "no prefill read-ahead (reads only what each prompt ubatch routes)"},
     {"route_trace", &R::route_trace, "--route-trace", "", "", false, "none", C::kProduction,
-     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)", "", "FILE", "run|eval"},
+     "record every routing to FILE (docs/route-trace.md; `moestream replay` reads it)", "", "FILE", "run|eval",
+     kStreaming},
     {"route_trace_scores", &R::route_trace_scores, "--route-trace-scores", "", "", false, "off",
      C::kProduction,
      "also record each decode row's full router scores in the trace (n_expert per layer; for "
@@ -173,6 +186,16 @@ const std::vector<Setting> kSettings = {
      C::kProduction,
      "`serve`: the API key requests must carry (as --api-key)",
      ""},
+    {"",
+     {},
+     "",
+     "MOESTREAM_PYTHON",
+     "",
+     false,
+     "/usr/bin/python3, else python3 on PATH",
+     C::kProduction,
+     "`replay --plot`: the Python (with matplotlib) that draws the plot; the tests' Python too",
+     ""},
     // --- lossy ---
     {"n_expert_used", &R::n_expert_used, "--n-expert-used", "", "", false, "the model's top-k",
      C::kLossy, "experts per token, 1..the model's top-k (0 = the model's)", "n_expert_used", "1..65536"},
@@ -202,11 +225,11 @@ const std::vector<Setting> kSettings = {
      "fresh pages decode at 0.81x / 0.80x at 4000 / 6000 MiB); kept because fresh pages are the "
      "path taken where memfd_create is missing (docs/arm64.md) and this reproduces it on any "
      "host for its tests",
-     "cache_recycle"},
+     "cache_recycle", "", "", kStreaming},
     {"cache_move", &R::cache_move, "--cache-no-move", "", "", false, "move", C::kExperiment,
      "unmap an evicted expert's recycled pages and map them afresh for the next miss (default: "
      "move the mapping with mremap)",
-     "cache_move"},
+     "cache_move", "", "", kStreaming},
     {"prefetch_uring", &R::prefetch_uring, "", "MOESTREAM_PREFETCH_NO_URING", "0|1", true, "0",
      C::kExperiment, "1: --prefetch tails are read by the worker lanes instead of io_uring",
      "prefetch_io"},
@@ -256,7 +279,8 @@ const std::vector<Setting> kSettings = {
      "cache_slot_populate"},
     // --- test-only ---
     {"cache_debug", &R::cache_debug, "--cache-debug", "", "", false, "off", C::kTestOnly,
-     "poison released/fresh cache pages and check every routed slice is resident", "cache_debug"},
+     "poison released/fresh cache pages and check every routed slice is resident", "cache_debug",
+     "", "", kStreaming},
     {"",
      {},
      "",
@@ -637,6 +661,8 @@ bool Setting::for_command(std::string_view command) const {
 std::string check_setting_text(const Setting & s, const std::string & t) {
     const NumKind k = num_kind(s);
     if (k == NumKind::kNone) return "";  // text, or a flag without a value
+    std::string note;
+    if (s.draw && !s.draw(t, &note).empty()) return "";  // a value drawn when it is set
     const std::vector<RangeAlt> alts = range_alts(s);
     for (const RangeAlt & a : alts)
         if (a.kind == RangeAlt::kWord && a.text == t) return "";
@@ -672,8 +698,15 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
     return t + " is not in " + first + (rest.empty() ? "" : " (or " + rest + ")");
 }
 
-bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt) {
+bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt,
+                      std::string * note) {
+    if (note) note->clear();
     if (!check_setting_text(s, t).empty()) return false;
+    std::string drawn_note;
+    if (const std::string d = s.draw ? s.draw(t, &drawn_note) : ""; !d.empty()) {
+        if (note) *note = drawn_note;
+        return set_from_text(s, d, opt);
+    }
     for (const RangeAlt & a : range_alts(s))
         if (a.kind == RangeAlt::kWord && a.text == t) return set_from_text(s, num_text(a.value), opt);
     return set_from_text(s, t, opt);
@@ -745,11 +778,10 @@ const std::vector<Setting> & settings_registry() {
 }
 
 const Setting * find_flag_setting(std::string_view flag) {
-    for (const Setting & s : kSettings) {
-        std::string names = std::string(",") + s.flags + ",";
-        if (*s.flags && names.find(std::string(",") + std::string(flag) + ",") != std::string::npos)
-            return &s;
-    }
+    const std::string f = "," + std::string(flag) + ",";
+    for (const Setting & s : kSettings)
+        for (const char * names : {s.flags, s.off_flags})
+            if (*names && ("," + std::string(names) + ",").find(f) != std::string::npos) return &s;
     return nullptr;
 }
 
@@ -899,6 +931,7 @@ std::string settings_markdown() {
             std::string values = *s.choices ? std::string(s.choices) : setting_type_name(s);
             if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
             std::string flag = code(*s.flags ? s.flags : "");
+            if (*s.off_flags) flag += " / " + code(s.off_flags);
             if (*s.commands) {  // "run|eval" -> " (run, eval)"
                 std::string cmds;
                 for (const std::string & c : split_choices(s.commands))
@@ -907,7 +940,9 @@ std::string settings_markdown() {
             }
             md += "| " + flag + " | " + code(s.env) + " | " + code(s.field) + " | " +
                   md_cell(values) + " | " + md_cell(s.dflt) + " | " + code(s.key) + " | " +
-                  md_cell(s.doc) + " |\n";
+                  md_cell(s.doc) + (s.traits & kStreaming ? " (streaming only)" : "") +
+                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") +
+                  " |\n";
         }
     }
     return md;

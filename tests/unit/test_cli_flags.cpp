@@ -338,7 +338,8 @@ TEST(CliFlags, ParseErrorsAreOneReadableLine) {
     expect_refused("run" + m + " -t 0", "--threads: 0 is not in 1..512");
     expect_refused("run" + m + " -n -2", "--n-predict: -2 is not in -1..");
     expect_refused("run" + m + " -c 8", "--ctx-size: 8 is not in 16..");
-    expect_refused("run" + m + " --seed x", "--seed: x is not in 0..4294967295 (or -1: random)");
+    expect_refused("run" + m + " --seed -2", "--seed: -2 is not in 0..4294967295 (or -1: random)");
+    expect_refused("run" + m + " --seed x", "--seed: 'x' is not a whole number");
     CmdResult r = cli("run" + m + " --drop-cold-experts 0");
     EXPECT_EQ(r.err.find("0.000000"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("see `moestream run --help`"), std::string::npos) << r.err;

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "api.h"
+#include "server_stats.h"
 #include "test_util.h"
 
 namespace moestream::test {
@@ -1156,6 +1157,43 @@ TEST(ServerApi, Utf8StreamHoldsBackUnfinishedSequences) {
     EXPECT_EQ(u.push("\xF0\x9F"), "");
     EXPECT_EQ(u.finish(), "\xEF\xBF\xBD");  // unfinished at the end -> U+FFFD
     EXPECT_EQ(server::sanitize_utf8("ok\xC0\xAFz"), "ok\xEF\xBF\xBD\xEF\xBF\xBDz");  // overlong
+}
+
+// The metrics without a server: what the worker reports is what /metrics and /stats show,
+// read from a snapshot copy. Control: a counter nothing touched stays 0.
+TEST(ServerApi, MetricsShowTheCountersTheWorkerReports) {
+    server::ServerMetrics m(false, false);
+    m.count_rejected();
+    m.count_rejected();
+    m.begin_job(7, 12);
+    m.end_job(false, true);  // a generation whose client left
+    const server::Snapshot s = m.snapshot();
+    const std::string text = server::metrics_text(s, 3, 1.5);
+    EXPECT_NE(text.find("\nmoestream_requests_rejected_busy_total 2\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("\nmoestream_requests_cancelled_total 1\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("\nmoestream_queue_waiting 3\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("\nmoestream_requests_errors_total 0\n"), std::string::npos)
+        << "control: " << text;
+    const json j = server::stats_figures_json(s, 3, 8);
+    EXPECT_EQ(j["requests"]["rejected_busy"], 2);
+    EXPECT_EQ(j["requests"]["cancelled"], 1);
+    EXPECT_EQ(j["requests"]["served"], 0) << "control";
+    EXPECT_EQ(j["request_id"], 7);
+    EXPECT_EQ(j["n_prompt"], 12);
+}
+
+// /stats's phase follows the worker: prefill from begin_job, decode once a token is out, idle
+// after end_job. Control: before any job, idle.
+TEST(ServerApi, MetricsPhaseFollowsTheJob) {
+    server::ServerMetrics m(false, false);
+    auto phase = [&] { return server::stats_figures_json(m.snapshot(), 0, 0)["phase"]; };
+    EXPECT_EQ(phase(), "idle") << "control";
+    m.begin_job(1, 4);
+    EXPECT_EQ(phase(), "prefill");
+    m.publish_live(RunStats{});
+    EXPECT_EQ(phase(), "decode");
+    m.end_job(false, false);
+    EXPECT_EQ(phase(), "idle");
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cctype>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -280,9 +282,11 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
         ASSERT_EQ(h.exit_code, 0) << cmd << h.err;
         for (const Setting & s : settings_registry()) {
             if (!*s.flags) continue;
-            std::string flag = s.flags;  // the last spelling: its long name
-            flag = flag.substr(flag.rfind(',') + 1);
-            EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
+            for (std::string flag : {std::string(s.flags), std::string(s.off_flags)}) {
+                if (flag.empty()) continue;
+                flag = flag.substr(flag.rfind(',') + 1);  // the last spelling: its long name
+                EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
+            }
         }
     }
     const Setting * trace = find_setting("route_trace");
@@ -305,4 +309,129 @@ TEST(Settings, ServeNamesItsLossyDefaultsByTheirFlags) {
               std::string::npos)
         << h.out;
     EXPECT_EQ(find_flag_setting("--no-such-flag"), nullptr);
+}
+
+// Under --no-stream every command refuses each flag of a streaming row (kStreaming) that it
+// takes, by name: the list comes from the registry. Negative control: a row not marked
+// streaming (--temp) passes the check (the run then fails on the missing model, not exit 64).
+TEST(Settings, StreamingRowsAreRefusedUnderNoStream) {
+    using namespace moestream::test;
+    const std::string missing = "/nonexistent/moestream-settings-model.gguf";
+    // A value the row's flag accepts (its check is empty), or none for a bare flag.
+    auto value_of = [](const Setting & s) -> std::string {
+        if (std::holds_alternative<bool RunOptions::*>(s.member) || *s.off_flags) return "";
+        if (std::holds_alternative<std::string RunOptions::*>(s.member))
+            return " /nonexistent/moestream-settings-out";
+        for (const char * v : {"1", "2", "auto"})
+            if (check_setting_text(s, v).empty()) return std::string(" ") + v;
+        return " ?";
+    };
+    size_t refused = 0;
+    for (const char * cmd : {"run", "chat", "eval -f /nonexistent/t.txt", "serve",
+                             "inspect --plan"}) {
+        const std::string name = std::string(cmd).substr(0, std::string(cmd).find(' '));
+        for (const Setting & s : settings_registry()) {
+            if (!(s.traits & kStreaming) || !s.for_command(name)) continue;
+            std::string flag = s.flags;
+            flag = flag.substr(flag.rfind(',') + 1);
+            const CmdResult r = run_cmd(sh_quote(cli_bin()) + " " + cmd + " -m " + missing +
+                                        " --no-stream " + flag + value_of(s) + " 2>&1");
+            EXPECT_EQ(r.exit_code, 64) << cmd << " " << flag << ": " << r.out;
+            EXPECT_NE(r.out.find(flag + " applies to streaming; remove --no-stream"),
+                      std::string::npos)
+                << cmd << ": " << r.out;
+            ++refused;
+        }
+    }
+    EXPECT_GE(refused, 5u * 8u);  // every command has the cache and I/O rows
+    const CmdResult control = run_cmd(sh_quote(cli_bin()) + " run -m " + missing +
+                                      " -p Hi --no-stream --temp 0.5 2>&1");
+    EXPECT_NE(control.exit_code, 64) << control.out;
+    EXPECT_EQ(control.out.find("applies to streaming"), std::string::npos) << control.out;
+    ASSERT_NE(find_setting("temp"), nullptr);
+    EXPECT_FALSE(find_setting("temp")->traits & kStreaming);
+}
+
+// --seed -1 stands for a random seed: set_setting_text draws it and says so; any other value
+// is the seed itself (control), and a number outside the range is refused naming it.
+TEST(Settings, SeedMinusOneDrawsARandomSeed) {
+    const Setting & seed = *find_setting("seed");
+    RunOptions o;
+    std::string note;
+    EXPECT_EQ(check_setting_text(seed, "-1"), "");
+    ASSERT_TRUE(set_setting_text(seed, "-1", &o, &note));
+    EXPECT_EQ(note, "random seed " + std::to_string(o.seed));
+    ASSERT_TRUE(set_setting_text(seed, "5", &o, &note));
+    EXPECT_EQ(o.seed, 5u);
+    EXPECT_EQ(note, "");
+    EXPECT_EQ(check_setting_text(seed, "-2"), "-2 is not in 0..4294967295 (or -1: random)");
+    EXPECT_EQ(check_setting_text(seed, "4294967296"),
+              "4294967296 is not in 0..4294967295 (or -1: random)");
+}
+
+// A negation pair is one row: --no-prefill-readahead finds the prefill_readahead row, and the
+// two flags exclude each other on the command line. Control: one of them alone passes the
+// parse (the run then fails on the missing model, not exit 64).
+TEST(Settings, NegationPairIsOneRowOfTwoFlags) {
+    using namespace moestream::test;
+    EXPECT_EQ(find_flag_setting("--no-prefill-readahead"), find_setting("prefill_readahead"));
+    EXPECT_EQ(find_flag_setting("--prefill-readahead"), find_setting("prefill_readahead"));
+    const std::string run = sh_quote(cli_bin()) + " run -p Hi -m /nonexistent/m.gguf ";
+    const CmdResult both = run_cmd(run + "--prefill-readahead --no-prefill-readahead 2>&1");
+    EXPECT_EQ(both.exit_code, 64) << both.out;
+    EXPECT_NE(both.out.find("excludes"), std::string::npos) << both.out;
+    const CmdResult one = run_cmd(run + "--no-prefill-readahead 2>&1");
+    EXPECT_NE(one.exit_code, 64) << one.out;
+}
+
+namespace {
+
+// The MOESTREAM_* names `text` reads: string literals that are exactly a variable name
+// ("MOESTREAM_SLOT_CACHE"), as getenv, env() and test_switch() take them; a name inside a
+// message ("or set MOESTREAM_PYTHON)") is no read.
+std::set<std::string> env_names_read(const std::string & text) {
+    std::set<std::string> out;
+    for (size_t at = text.find("\"MOESTREAM_"); at != std::string::npos;
+         at = text.find("\"MOESTREAM_", at + 1)) {
+        size_t end = at + 1;
+        while (end < text.size() && (std::isupper(static_cast<unsigned char>(text[end])) ||
+                                     std::isdigit(static_cast<unsigned char>(text[end])) ||
+                                     text[end] == '_'))
+            ++end;
+        if (end < text.size() && text[end] == '"') out.insert(text.substr(at + 1, end - at - 1));
+    }
+    return out;
+}
+
+}  // namespace
+
+// Every MOESTREAM_* variable the library or the CLI reads (a literal name in src/ or tools/,
+// the registry itself aside) is a registry row, so docs/cli.md lists it. Negative control: the
+// scanner reports a name that is not a row, and does see the reads it must (the logger's).
+TEST(Settings, EveryVariableTheCodeReadsIsARow) {
+    namespace fs = std::filesystem;
+    std::set<std::string> rows;
+    for (const Setting & s : settings_registry())
+        if (*s.env) rows.insert(s.env);
+    std::set<std::string> read;
+    for (const char * dir : {"src", "tools"})
+        for (const auto & e : fs::recursive_directory_iterator(moestream::test::src_dir() + "/" + dir)) {
+            const std::string p = e.path().string(), ext = e.path().extension().string();
+            if (!e.is_regular_file() || (ext != ".cpp" && ext != ".h")) continue;
+            if (e.path().filename() == "settings.cpp") continue;  // the rows themselves
+            for (const std::string & n : env_names_read(moestream::test::slurp(p)))
+                read.insert(n + " (" + p.substr(moestream::test::src_dir().size() + 1) + ")");
+        }
+    EXPECT_GE(read.size(), 10u);
+    bool saw_log = false;
+    for (const std::string & r : read) {
+        const std::string name = r.substr(0, r.find(' '));
+        saw_log = saw_log || name == "MOESTREAM_LOG";
+        EXPECT_EQ(rows.count(name), 1u) << r << " is read but is no registry row";
+    }
+    EXPECT_TRUE(saw_log);
+    const std::set<std::string> control =
+        env_names_read("std::getenv(\"MOESTREAM_NOT_A_ROW\"); \"set MOESTREAM_PYTHON)\"");
+    EXPECT_EQ(control, std::set<std::string>{"MOESTREAM_NOT_A_ROW"});
+    EXPECT_EQ(rows.count("MOESTREAM_NOT_A_ROW"), 0u);
 }

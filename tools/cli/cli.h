@@ -36,9 +36,9 @@ void add_fallback_command(CLI::App & app, Action * action);
 
 // The engine's flags: every row of the settings registry (settings.h) with a flag that this
 // subcommand takes (the row's commands column, matched against sub's name), bound to its
-// RunOptions field with the row's names, help, type, default and range; --seed and the
-// --prefill-readahead pair by hand. Shared by run, chat, eval, serve and inspect; *opt must
-// outlive the app.
+// RunOptions field with the row's names, help, type, default and range (-m required, the
+// --prefill-readahead / --no-prefill-readahead pair, --seed -1 drawn and printed). Shared by
+// run, chat, eval, serve and inspect; *opt must outlive the app.
 void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 
 // The library names RunOptions fields in its messages (`RunOptions::n_ctx`, a boolean turned
@@ -47,7 +47,8 @@ void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 std::string flag_words(const std::string & msg);
 
 // After parsing: engine flags that the other flags make ineffective are refused by name
-// (streaming-only flags with --no-stream). Returns 0 or the exit code (64).
+// (under --no-stream, the flags of the registry's streaming rows, settings.h kStreaming).
+// Returns 0 or the exit code (64).
 int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);
 
 // The sampling flags of a generation (--top-k --top-p --min-p, the penalties, --ignore-eos,

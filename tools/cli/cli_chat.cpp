@@ -777,7 +777,6 @@ void add_chat_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "chat", "a conversation with the model's chat template (/exit ends; from a pipe: a turn per line)");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, setting_help("model_path"))->required();
     auto * sys = sub->add_option("--system-prompt", f->system_prompt,
                                  "system prompt (-sys), taken as is")
                      ->default_str("");

@@ -242,7 +242,6 @@ void add_eval_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, setting_help("model_path"))->required();
     sub->add_option("-f,--file", f->text_file, "text to score")->required();
     sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
         ->check(int_range(2, 1 << 20));

@@ -354,13 +354,11 @@ void print_human(const ModelIndex & m, const Report & r) {
 void add_inspect_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand("inspect", "describe a MoE GGUF model (sizes, working set)");
     struct Opts {
-        std::string model;
         bool json = false;
         bool plan = false;
-        RunOptions run;  // --plan: the run's engine flags
+        RunOptions run;  // -m, and with --plan the run's engine flags
     };
     auto opts = std::make_shared<Opts>();
-    sub->add_option("-m,--model", opts->model, setting_help("model_path"))->required();
     sub->add_flag("--json", opts->json, "machine-readable output (exact byte counts)");
     sub->add_flag("--plan", opts->plan,
                   "print the plan `run` would get with the engine flags given here, on this "
@@ -370,14 +368,14 @@ void add_inspect_command(CLI::App & app, Action * action) {
     add_engine_flags(sub, &opts->run);
     std::vector<std::string> engine_flags;
     for (size_t i = before; i < sub->get_options().size(); ++i)
-        engine_flags.push_back(sub->get_options()[i]->get_name());
+        if (sub->get_options()[i]->get_name() != "--model")  // -m is inspect's own input
+            engine_flags.push_back(sub->get_options()[i]->get_name());
     sub->callback([action, opts, sub, engine_flags] {
         *action = [opts, sub, engine_flags] {
             if (!opts->plan)  // the engine flags only shape a plan
                 if (int rc = refuse_given(sub, engine_flags, "applies to --plan")) return rc;
             if (opts->plan) {
                 if (int rc = check_engine_flags(sub, opts->run)) return rc;
-                opts->run.model_path = opts->model;
                 std::string plan;
                 Status st = describe_plan(opts->run, &plan);
                 if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
@@ -393,7 +391,7 @@ void add_inspect_command(CLI::App & app, Action * action) {
                 return 0;
             }
             ModelIndex m;
-            Status st = load_model_index(opts->model, &m);
+            Status st = load_model_index(opts->run.model_path, &m);
             if (!st.ok()) {
                 std::fprintf(stderr, "moestream: %s\n", st.message().c_str());
                 return st.exit_code();

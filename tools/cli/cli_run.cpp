@@ -386,33 +386,55 @@ int do_run(RunFlags & f) {
 
 namespace {
 
-// Whether a row's flag is bound by hand: -m (each command makes it required its own way),
-// --seed (-1 draws a random seed and prints it) and --prefill-readahead (a pair of flags on
-// one three-valued field).
-bool bound_by_hand(const Setting & s) {
-    const std::string f = s.field;
-    return f.empty() || f == "model_path" || f == "seed" || f == "prefill_readahead";
+// A row's long flag name ("--seed" of "-s,--seed"): how CLI11 finds the option.
+std::string long_flag(const char * flags) {
+    const std::string f = flags;
+    return f.substr(f.rfind(',') + 1);
 }
 
 // One registry row as a CLI11 flag: its names, help, the values its range admits (validated
 // by the registry), the field set from the value; a bool's flag sets the opposite of the
-// field's default (setting_flag_value: --prefetch on, --cache-no-move off).
+// field's default (setting_flag_value: --prefetch on, --cache-no-move off); a negation pair
+// (off_flags) is two bare flags setting "on" and "off"; a draw (--seed -1) is printed.
 void bind_setting(CLI::App * sub, const Setting & s, RunOptions * opt) {
-    if (std::holds_alternative<bool RunOptions::*>(s.member)) {
-        const auto m = std::get<bool RunOptions::*>(s.member);
+    const Setting * row = &s;
+    const auto * bm = std::get_if<bool RunOptions::*>(&s.member);
+    if (*s.off_flags) {
+        auto set = [opt, row, bm](bool on) {
+            if (bm != nullptr)
+                opt->**bm = on;
+            else
+                set_setting_text(*row, on ? "on" : "off", opt);
+        };
+        auto * on = sub->add_flag(s.flags, [set](int64_t) { set(true); }, setting_help(s.field));
+        sub->add_flag(s.off_flags, [set](int64_t) { set(false); }, s.off_doc)->excludes(on);
+        return;
+    }
+    if (bm != nullptr) {
+        const auto m = *bm;
         const bool value = setting_flag_value(s);
         sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; },
                       setting_help(s.field));
         return;
     }
-    const Setting * row = &s;
     auto * o = sub->add_option_function<std::string>(
-        s.flags, [opt, row](const std::string & v) { set_setting_text(*row, v, opt); },
+        s.flags,
+        [opt, row](const std::string & v) {
+            std::string note;
+            set_setting_text(*row, v, opt, &note);
+            if (!note.empty())
+                std::fprintf(stderr, "moestream: %s %s: %s\n", long_flag(row->flags).c_str(),
+                             v.c_str(), note.c_str());
+        },
         setting_help(s.field));
     o->type_name(setting_type_name(s));
     if (!std::holds_alternative<std::string RunOptions::*>(s.member))
         o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
                                 setting_range_text(s)));
+    if (s.traits & kRequired) {
+        o->required();
+        return;  // a required option shows no default
+    }
     const std::string dflt = setting_value_text(s, *opt);
     if (!dflt.empty()) o->default_str(dflt);
 }
@@ -424,35 +446,7 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     opt->n_ctx = 0;
     // Every row with a flag this command takes (settings.h): flags, help, values, default.
     for (const Setting & s : settings_registry())
-        if (*s.flags && !bound_by_hand(s) && s.for_command(sub->get_name()))
-            bind_setting(sub, s, opt);
-    sub->add_option_function<std::string>(
-           "-s,--seed",
-           [opt](const std::string & v) {
-               size_t pos = 0;
-               long long n = -2;
-               try {
-                   n = std::stoll(v, &pos);
-               } catch (...) {
-                   pos = 0;
-               }
-               if (pos == 0 || pos != v.size() || n < -1 || n > 0xffffffffll)
-                   throw CLI::ValidationError("--seed", v + " is not in 0..4294967295 (or -1: random)");
-               if (n == -1) {
-                   n = std::random_device{}();
-                   std::fprintf(stderr, "moestream: --seed -1: random seed %lld\n", n);
-               }
-               opt->seed = uint32_t(n);
-           },
-           setting_help("seed"))
-        ->type_name(setting_type_name(*find_setting("seed")))
-        ->default_str(std::to_string(opt->seed));
-    auto * ra_on = sub->add_flag(
-        "--prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 1; },
-        setting_help("prefill_readahead"));
-    sub->add_flag("--no-prefill-readahead", [opt](int64_t) { opt->prefill_readahead = 0; },
-                  "no prefill read-ahead (reads only what each prompt ubatch routes)")
-        ->excludes(ra_on);
+        if (*s.flags && *s.field && s.for_command(sub->get_name())) bind_setting(sub, s, opt);
     // A combination rule of the flags: the cache's size needs the cache.
     sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
 }
@@ -461,12 +455,13 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
 std::string flag_words(const std::string & msg) { return option_words(msg); }
 
 int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
-    if (!opt.stream)
-        return refuse_given(sub,
-                            {"--io-threads", "--no-odirect", "--no-io-overlap",
-                             "--cache-mb", "--force-cache", "--cache-no-recycle", "--cache-no-move",
-                             "--prefetch", "--cache-debug", "--route-trace"},
-                            "applies to streaming; remove --no-stream");
+    if (!opt.stream) {  // the rows of the streaming loader (settings.h, kStreaming)
+        std::vector<std::string> streaming;
+        for (const Setting & s : settings_registry())
+            if ((s.traits & kStreaming) && *s.flags && s.for_command(sub->get_name()))
+                streaming.push_back(long_flag(s.flags));
+        return refuse_given(sub, streaming, "applies to streaming; remove --no-stream");
+    }
     if (opt.miss_fallback.empty()) {
         // An empty FILE would silently mean "no fallback".
         if (int rc = refuse_given(sub, {"--miss-fallback"}, "needs a file (the value is empty)"))
@@ -554,7 +549,6 @@ void add_run_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<RunFlags>();
     auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
     f->sub = sub;
-    sub->add_option("-m,--model", f->opt.model_path, setting_help("model_path"))->required();
     auto * p = sub->add_option("-p,--prompt", f->prompt,
                                "prompt text, completed as is (no chat template)");
     sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file; - = stdin")

@@ -57,7 +57,6 @@ void add_serve_command(CLI::App & app, Action * action) {
     const std::string app_lossy = lossy_knobs_text(app_defaults, 0);
     auto * sub = app.add_subcommand(
         "serve", "OpenAI-compatible server and web page (app defaults, LOSSY: " + app_lossy + ")");
-    sub->add_option("-m,--model", f->cfg.run.model_path, setting_help("model_path"))->required();
     sub->add_option("--host", f->cfg.host,
                     "address to listen on (default 127.0.0.1: this machine only)");
     sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")

@@ -55,7 +55,7 @@ int Server::serve() {
     if (cfg_.host.compare(0, 4, "127.") != 0 && cfg_.host != "localhost" && cfg_.host != "::1")
         MS_LOG_WARN("listening on %s: reachable from other machines%s", cfg_.host.c_str(),
                     cfg_.api_key.empty() ? " and no --api-key is set" : "");
-    worker_ = std::thread([this] { worker_loop(); });
+    worker_ = std::thread([this] { jobs_.run([this](Job & job) { run_job(job); }); });
     // The lossy defaults by their flags (the registry's words, settings.h).
     RunOptions shown = cfg_.run;
     shown.drop_cold = cfg_.defaults.drop_cold;

@@ -84,10 +84,99 @@ bool Server::json_body(const httplib::Request & req, httplib::Response & res) {
     return false;
 }
 
-const char * Server::routes_text() {
-    return "GET /health, /stats, /props, /metrics, /slots, /v1/models, /v1/models/{id}, / "
-           "(the web page, /favicon.ico); POST /v1/chat/completions, /v1/completions, /v1/responses, /completion, "
-           "/tokenize, /detokenize, /apply-template";
+// The endpoints. Adding one: a row here, its handler inline or as a Server member in this
+// file (and, if a member, its declaration in server_impl.h).
+const std::vector<Server::Route> & Server::routes() {
+    using Req = httplib::Request;
+    using Res = httplib::Response;
+    static const std::vector<Route> table = {
+        {"GET", "/health", "/health", kOpen,
+         [](Server & s, const Req &, Res & res) {
+             // A changed model file fails every request.
+             const Status fs = s.engine_->model_file_status();
+             if (!fs.ok())
+                 return send_json(res, 503, json{{"status", "error"}, {"model", s.model_name_},
+                                                 {"error", fs.message()}});
+             send_json(res, 200, json{{"status", "ok"}, {"model", s.model_name_}});
+         }},
+        {"GET", "/stats", "/stats", kAuth,
+         [](Server & s, const Req &, Res & res) { send_json(res, 200, s.stats_json()); }},
+        {"GET", "/props", "/props", kAuth,
+         [](Server & s, const Req &, Res & res) { send_json(res, 200, s.props_json()); }},
+        {"GET", "/metrics", "/metrics", kAuth,
+         [](Server & s, const Req &, Res & res) {
+             res.set_content(metrics_text(s.metrics_.snapshot(), s.jobs_.waiting(),
+                                          mib(double(current_rss_bytes()))),
+                             "text/plain; version=0.0.4");
+         }},
+        // llama-server's slot listing: this server has one slot (one generation at a time;
+        // others wait in the queue).
+        {"GET", "/slots", "/slots", kAuth,
+         [](Server & s, const Req &, Res & res) {
+             send_json(res, 200, json::array({json{{"id", 0},
+                                                   {"n_ctx", s.engine_->n_ctx()},
+                                                   {"is_processing", s.jobs_.busy()},
+                                                   {"speculative", false}}}));
+         }},
+        {"GET", "/v1/models", "/v1/models", kAuth,
+         [](Server & s, const Req &, Res & res) {
+             send_json(res, 200, json{{"object", "list"}, {"data", json::array({s.model_json()})}});
+         }},
+        {"GET", R"(/v1/models/(.+))", "/v1/models/{id}", kAuth,
+         [](Server & s, const Req & req, Res & res) {
+             const std::string id = req.matches[1];
+             if (id != s.model_name_) {
+                 ApiError e = api_error(404,
+                                        "The model '" + id + "' does not exist (this server has '" +
+                                            s.model_name_ + "')",
+                                        "invalid_request_error");
+                 e.param = "model";
+                 e.code = "model_not_found";
+                 return send_error(res, e);
+             }
+             send_json(res, 200, s.model_json());
+         }},
+        {"POST", "/v1/chat/completions", "/v1/chat/completions", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.generate_route(req, res, true); }},
+        {"POST", "/chat/completions", nullptr, kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.generate_route(req, res, true); }},
+        {"POST", "/v1/completions", "/v1/completions", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.generate_route(req, res, false); }},
+        {"POST", "/completions", nullptr, kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.generate_route(req, res, false); }},
+        // OpenAI's Responses API, translated to chat completions (responses.h).
+        {"POST", "/v1/responses", "/v1/responses", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.responses_route(req, res); }},
+        {"POST", "/responses", nullptr, kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.responses_route(req, res); }},
+        // llama-server's native completion: the completions request, its reply shape.
+        {"POST", "/completion", "/completion", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.generate_route(req, res, false, true); }},
+        // The content type is checked after the slot id and action (slots_route).
+        {"POST", R"(/slots/(\d+))", "/slots/{id}", kAuth,
+         [](Server & s, const Req & req, Res & res) { s.slots_route(req, res); }},
+        {"POST", "/tokenize", "/tokenize", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.tokenize_route(req, res); }},
+        {"POST", "/detokenize", "/detokenize", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.detokenize_route(req, res); }},
+        {"POST", "/apply-template", "/apply-template", kAuth | kJsonBody,
+         [](Server & s, const Req & req, Res & res) { s.apply_template_route(req, res); }},
+    };
+    return table;
+}
+
+std::string Server::routes_text() const {
+    std::string out;
+    for (const char * method : {"GET", "POST"}) {
+        std::string list;
+        for (const Route & r : routes())
+            if (r.shown && std::strcmp(r.method, method) == 0)
+                list += std::string(list.empty() ? "" : ", ") + r.shown;
+        if (std::strcmp(method, "GET") == 0 && cfg_.webui)
+            list += ", / (the web page, /favicon.ico)";
+        out += std::string(out.empty() ? "" : "; ") + method + " " + list;
+    }
+    return out;
 }
 
 void Server::setup_routes() {
@@ -124,7 +213,7 @@ void Server::setup_routes() {
     http_.set_logger([](const httplib::Request & req, const httplib::Response & res) {
         MS_LOG_INFO("%s %s -> %d", req.method.c_str(), req.path.c_str(), res.status);
     });
-    http_.set_error_handler([](const httplib::Request & req, httplib::Response & res) {
+    http_.set_error_handler([this](const httplib::Request & req, httplib::Response & res) {
         if (!res.body.empty()) return;
         std::string msg = "HTTP error " + std::to_string(res.status);
         if (res.status == 404)
@@ -173,105 +262,72 @@ void Server::setup_routes() {
                 "4-3-4v4z\" fill=\"#fff\"/></svg>",
                 "image/svg+xml");
         });
-    http_.Get("/health", [this](const httplib::Request &, httplib::Response & res) {
-        const Status fs = engine_->model_file_status();  // a changed file fails every request
-        if (!fs.ok())
-            return send_json(res, 503, json{{"status", "error"}, {"model", model_name_},
-                                            {"error", fs.message()}});
-        send_json(res, 200, json{{"status", "ok"}, {"model", model_name_}});
-    });
-    http_.Get("/stats", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        send_json(res, 200, stats_json());
-    });
-    http_.Get("/v1/models", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        json m{{"id", model_name_},
-               {"object", "model"},
-               {"created", started_unix_},
-               {"owned_by", "moestream"}};
-        send_json(res, 200, json{{"object", "list"}, {"data", json::array({m})}});
-    });
-    http_.Get(R"(/v1/models/(.+))", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        const std::string id = req.matches[1];
-        if (id != model_name_) {
-            ApiError e = api_error(404, "The model '" + id + "' does not exist (this server has '" +
-                                            model_name_ + "')",
-                                   "invalid_request_error");
-            e.param = "model";
-            e.code = "model_not_found";
-            return send_error(res, e);
-        }
-        send_json(res, 200, json{{"id", model_name_},
-                                 {"object", "model"},
-                                 {"created", started_unix_},
-                                 {"owned_by", "moestream"}});
-    });
-    // llama-server's slot listing: this server has one slot (one generation at a time;
-    // others wait in the queue).
-    http_.Get("/slots", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        bool busy;
-        {
-            std::lock_guard<std::mutex> lk(q_m_);
-            busy = running_ != nullptr;
-        }
-        send_json(res, 200, json::array({json{{"id", 0},
-                                              {"n_ctx", engine_->n_ctx()},
-                                              {"is_processing", busy},
-                                              {"speculative", false}}}));
-    });
-    // OpenAI's Responses API, translated to chat completions (responses.h).
-    for (const char * path : {"/v1/responses", "/responses"})
-        http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
-            if (!authorized(req, res) || !json_body(req, res)) return;
-            std::string chat_body;
-            if (auto e = responses_to_chat(req.body, &chat_body)) return send_error(res, *e);
-            generate_route(req, res, true, false, &chat_body);
-        });
-    // llama-server's native completion: the completions request, llama-server's reply shape.
-    http_.Post("/completion", [this](const httplib::Request & req, httplib::Response & res) {
-        generate_route(req, res, false, true);
-    });
-    for (const char * path : {"/v1/chat/completions", "/chat/completions"})
-        http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
-            generate_route(req, res, true);
-        });
-    for (const char * path : {"/v1/completions", "/completions"})
-        http_.Post(path, [this](const httplib::Request & req, httplib::Response & res) {
-            generate_route(req, res, false);
-        });
-    http_.Post(R"(/slots/(\d+))", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        slots_route(req, res);
-    });
-    http_.Post("/tokenize", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res) || !json_body(req, res)) return;
-        tokenize_route(req, res);
-    });
-    http_.Post("/detokenize", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res) || !json_body(req, res)) return;
-        detokenize_route(req, res);
-    });
-    http_.Post("/apply-template",
-               [this](const httplib::Request & req, httplib::Response & res) {
-                   if (!authorized(req, res) || !json_body(req, res)) return;
-                   apply_template_route(req, res);
-               });
-    http_.Get("/props", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        send_json(res, 200, props_json());
-    });
-    http_.Get("/metrics", [this](const httplib::Request & req, httplib::Response & res) {
-        if (!authorized(req, res)) return;
-        res.set_content(metrics_text(), "text/plain; version=0.0.4");
-    });
+    for (const Route & route : routes()) {
+        const Route * r = &route;  // the table is static
+        auto handler = [this, r](const httplib::Request & req, httplib::Response & res) {
+            if ((r->checks & kAuth) && !authorized(req, res)) return;
+            if ((r->checks & kJsonBody) && !json_body(req, res)) return;
+            r->handle(*this, req, res);
+        };
+        if (std::strcmp(r->method, "GET") == 0)
+            http_.Get(r->path, handler);
+        else
+            http_.Post(r->path, handler);
+    }
+}
+
+void Server::responses_route(const httplib::Request & req, httplib::Response & res) {
+    std::string chat_body;
+    if (auto e = responses_to_chat(req.body, &chat_body)) return send_error(res, *e);
+    generate_route(req, res, true, false, &chat_body);
+}
+
+json Server::model_json() const {
+    return json{{"id", model_name_},
+                {"object", "model"},
+                {"created", started_unix_},
+                {"owned_by", "moestream"}};
+}
+
+json Server::stats_json() const {
+    json j = stats_figures_json(metrics_.snapshot(), jobs_.waiting(), cfg_.queue_max);
+    j["model"] = model_name_;
+    const RequestDefaults & d = cfg_.defaults;
+    j["defaults"] = json{{"max_tokens", d.max_tokens < 0 ? json(nullptr) : json(d.max_tokens)},
+                         {"max_tokens_limit", engine_->n_ctx() - 1},
+                         {"n_ctx", engine_->n_ctx()},
+                         {"temperature", float_json(d.temperature)},
+                         {"top_k", d.sampling.top_k},
+                         {"top_p", float_json(d.sampling.top_p)},
+                         {"min_p", float_json(d.sampling.min_p)},
+                         {"repeat_penalty", float_json(d.sampling.repeat_penalty)},
+                         {"repeat_last_n", d.sampling.repeat_last_n},
+                         {"presence_penalty", float_json(d.sampling.presence_penalty)},
+                         {"frequency_penalty", float_json(d.sampling.frequency_penalty)},
+                         {"seed", d.seed},
+                         {"drop_cold_experts", d.drop_cold},
+                         {"cache_prompt", true},
+                         {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
+                         {"drop_cold_available", drop_cold_block_ == DropColdBlock::kNone}};
+    return j;
+}
+
+json Server::props_json() const {
+    json st = stats_json();
+    return json{{"model_path", cfg_.run.model_path},
+                {"model", model_name_},
+                {"n_ctx", engine_->n_ctx()},
+                {"n_vocab", engine_->n_vocab()},
+                {"total_slots", 1},
+                {"chat_template", tmpl_.empty() ? json(nullptr) : json(tmpl_)},
+                {"chat_template_renderer", renderer_json()},
+                {"default_generation_settings", st["defaults"]},
+                {"lossy", st["lossy"]},
+                {"settings", st["settings"]}};
 }
 
 void Server::generate_route(const httplib::Request & req, httplib::Response & res, bool chat,
                     bool llama_shape, const std::string * responses_body) {
-    if (!responses_body && (!authorized(req, res) || !json_body(req, res))) return;
     auto job = std::make_shared<Job>();
     job->llama_shape = llama_shape;
     job->responses = responses_body != nullptr;
@@ -323,18 +379,13 @@ void Server::generate_route(const httplib::Request & req, httplib::Response & re
         }
     }
     lk.unlock();  // done: the job is no longer written to
-    bool stopping;
-    {
-        std::lock_guard<std::mutex> ql(q_m_);
-        stopping = stopping_;
-    }
-    if (job->cancelled && stopping) {  // SIGTERM: not a failure of the request
+    if (job->cancelled && jobs_.stopping()) {  // SIGTERM: not a failure of the request
         res.set_header("Retry-After", "5");
         return send_error(res, api_error(503, "the server is stopping; retry later",
                                          "server_busy"));
     }
-    if (!job->status.ok()) return send_error(res, job_error(*job));
-    send_json(res, 200, reply_json(*job));
+    if (!job->status.ok()) return send_error(res, ReplyWriter::job_error(*job));
+    send_json(res, 200, replies_.reply_json(*job));
 }
 
 void Server::slots_route(const httplib::Request & req, httplib::Response & res) {
@@ -447,6 +498,14 @@ std::optional<ApiError> Server::prepare_prompt(GenParams & p, ChatPlan * plan) c
         return api_error_param(400, msg, field);
     }
     return std::nullopt;
+}
+
+void Server::stream_reply(const std::shared_ptr<Job> & job, httplib::Response & res) {
+    open_streams_++;
+    replies_.stream(job, res, [this, job](bool success) {
+        if (!success) client_left(job);
+        open_streams_--;
+    });
 }
 
 ApiError Server::api_error_param(int status, const std::string & msg, const std::string & param) {

@@ -1,36 +1,38 @@
-// server_impl.h — the Server behind run_server() (server.h): one class whose members are
-// defined by concern, each in its own file:
-//   server.cpp         start (bind, listen), stop, run_server();
-//   server_http.cpp    the HTTP routes: authorization, bodies, errors, one handler per endpoint;
-//   server_worker.cpp  the job queue (bounded FIFO, 503 when full) and the worker thread that
-//                      owns the Engine and runs one job at a time;
-//   server_sse.cpp     the replies: JSON bodies and the SSE streams (chat, completions,
+// server_impl.h — the Server behind run_server() (server.h): it wires the parts, each with
+// its own header or file:
+//   job_queue.h        JobQueue: admission (503 when full), one job at a time, cancellation;
+//   server_stats.h     ServerMetrics: the counters and snapshots behind /stats and /metrics;
+//   server_http.cpp    the route table (method, path, checks, handler) and the handlers;
+//   server_worker.cpp  the worker: runs one job on the Engine, reports it;
+//   server_sse.h       ReplyWriter: JSON bodies and the SSE streams (chat, completions,
 //                      llama-server's /completion, /v1/responses events);
-//   server_stats.cpp   the snapshots the worker publishes and /stats, /metrics, /props.
+//   server.cpp         start (bind, listen), stop, run_server().
 // Invariants: the Engine is touched only by the worker thread (and the constructor); a job
-// is in the queue or running or done, never two; the API key is compared in constant time.
-// Thread-safety: q_m_ guards the queue, running_, stopping_ and next_id_; stats_m_ guards
-// snap_; a Job guards its own fields (job.h); HTTP threads read only the snapshot, the
-// configuration and the Engine's methods documented as safe beside a generate.
+// is waiting, running or done, never two (JobQueue); the API key is compared in constant
+// time; the renderer's name is read once, here.
+// Thread-safety: jobs_ and metrics_ lock themselves; a Job guards its own fields (job.h);
+// HTTP threads read only metrics snapshots, the configuration and the Engine's methods
+// documented as safe beside a generate.
 #pragma once
 
 #include <httplib.h>
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "api.h"
 #include "chat_request.h"
 #include "job.h"
+#include "job_queue.h"
 #include "responses.h"
 #include "server.h"
+#include "server_sse.h"
 #include "server_stats.h"
 #include "server_util.h"
 
@@ -39,8 +41,9 @@ namespace moestream::server {
 class Server {
 public:
     Server(const ServeConfig & cfg, std::unique_ptr<Engine> engine)
-        : cfg_(cfg), engine_(std::move(engine)) {
-        model_name_ = cfg.alias.empty() ? basename_of(cfg.run.model_path) : cfg.alias;
+        : cfg_(cfg),
+          engine_(std::move(engine)),
+          model_name_(cfg.alias.empty() ? basename_of(cfg.run.model_path) : cfg.alias) {
         std::string bos, eos, err;
         bool bos_added = false;
         engine_->special_texts(&bos, &eos, &bos_added);
@@ -48,6 +51,7 @@ public:
             cfg.chat_template.empty() ? engine_->chat_template() : cfg.chat_template;
         if (load_chat_format(src, bos, eos, bos_added, &fmt_, &err)) {
             tmpl_ = fmt_.name;
+            renderer_ = fmt_.jinja ? fmt_.jinja->renderer() : std::string();
             if (!cfg.chat_template_from.empty()) tmpl_ += " from " + cfg.chat_template_from;
         } else {
             tmpl_error_ = "the chat template (" +
@@ -57,7 +61,7 @@ public:
                           "; give a template that renders with --chat-template-file";
         }
         drop_cold_block_ = engine_->drop_cold_block();
-        publish_after_job(0, 0);
+        publish_after_job(0, false);
     }
 
     // Why the chat template cannot be used ("" = it renders): the server does not start.
@@ -74,8 +78,6 @@ private:
     int bind_failed();
 
     void shutdown();
-    // Stops taking jobs and cancels the queued ones and the running one (stop, shutdown).
-    void cancel_all();
 
     // ---- HTTP -------------------------------------------------------------------------
     static void send_json(httplib::Response & res, int status, const json & j);
@@ -90,15 +92,37 @@ private:
     // its body is read as JSON whatever its Content-Type says.
     static bool json_body(const httplib::Request & req, httplib::Response & res);
 
-    // The routes, for the 404 that names them.
-    static const char * routes_text();
+    // One endpoint (server_http.cpp's table): adding one is a row there and its handler.
+    enum RouteCheck : unsigned {
+        kOpen = 0,
+        kAuth = 1,      // the API key (authorized)
+        kJsonBody = 2,  // a JSON body (json_body), checked after the key
+    };
+    struct Route {
+        const char * method;  // "GET" or "POST"
+        const char * path;    // cpp-httplib's pattern (a regex where it has groups)
+        const char * shown;   // how the 404 names it; nullptr = an alias, not listed
+        unsigned checks;      // RouteCheck bits, done before the handler
+        void (*handle)(Server &, const httplib::Request &, httplib::Response &);
+    };
+    static const std::vector<Route> & routes();
+
+    // The routes, for the 404 that names them (from routes(), with the web page if served).
+    std::string routes_text() const;
 
     void setup_routes();
 
-    // responses_body: the chat completions body a /v1/responses request was translated to
-    // (authorization and content type already checked); errors then name its fields.
+    // Authorization and the content type are checked (the route's checks). responses_body:
+    // the chat completions body a /v1/responses request was translated to; errors then name
+    // its fields.
     void generate_route(const httplib::Request & req, httplib::Response & res, bool chat,
                         bool llama_shape = false, const std::string * responses_body = nullptr);
+
+    // POST /v1/responses: the request translated to chat completions (responses.h).
+    void responses_route(const httplib::Request & req, httplib::Response & res);
+
+    // A /v1/models entry: the served model.
+    json model_json() const;
 
     // POST /slots/{id}?action=save|restore|erase, llama-server's slot files: the KV the
     // context holds, to and from --slot-save-path DIR/filename (one slot: id 0).
@@ -118,50 +142,15 @@ private:
     // What the engine is asked to do for p.
     static GenerateRequest engine_request(const GenParams & p);
 
-    json chunk_json(const Job & job, const json & delta_or_text, const json & finish) const;
-    std::string job_name(const Job & job) const;
-    static std::string sse(const json & j) { return "data: " + dump(j) + "\n\n"; }
-
-    // One call of the chunked content provider: writes what is ready, or a keep-alive comment
-    // after 0.5 s (so a vanished client is noticed while it waits in the queue).
-    bool stream_step(Job & job, httplib::DataSink & sink, bool * sent_role);
-    static bool write_str(httplib::DataSink & sink, const std::string & s);
-
-    static json usage_json(const Job & job);
-
-    json final_json(const Job & job) const;
-
-    // The Response of a /v1/responses job (done: its final status; else in progress).
-    ResponseState response_state(const Job & job, bool done) const;
-
-    // One call of the chunked content provider of a /v1/responses stream: the Responses
-    // API's events (response.created, output items opened, text deltas, items done,
-    // response.completed), as stream_step writes chat chunks.
-    bool responses_stream_step(Job & job, httplib::DataSink & sink, ResponsesStream * st);
-
-    // llama-server's /completion reply (with_text: the whole content; streamed, the last event
-    // carries none).
-    json llama_final_json(const Job & job, bool with_text = true) const;
-
-    // The one place a reply's shape is chosen, by the endpoint the job came from (chat and
-    // completions: OpenAI's; /completion: llama-server's; /v1/responses: a Response): the
-    // body of a finished job, and the SSE stream of a streaming one (sets `res` up; the
-    // stream cancels the job if the client leaves).
-    json reply_json(const Job & job) const;
+    // The SSE stream of `job` (replies_), counted in open_streams_; a client that leaves
+    // cancels the job.
     void stream_reply(const std::shared_ptr<Job> & job, httplib::Response & res);
-    // A failed job's error: 400 invalid_request_error for bad input, else 500 server_error.
-    static ApiError job_error(const Job & job);
 
-    // ---- queue ------------------------------------------------------------------------
+    // ---- queue and worker ---------------------------------------------------------------
+    // Admits a job into jobs_ (false: refused, counted as rejected_busy: answer 503).
     bool enqueue(const std::shared_ptr<Job> & job);
 
-    int retry_after_s();
-
-    void worker_loop();
-
-    // The worker is idle once `job` no longer runs (q_m_ taken here): a request enqueued from
-    // then on is taken at once.
-    void release_running(const Job & job);
+    int retry_after_s() const;
 
     // Ends a job: the worker is idle before the client hears back, so a client that sends its
     // next request at once does not find the server busy.
@@ -169,11 +158,8 @@ private:
 
     void run_job(Job & job);
 
-    // Figures of the running request from the engine's per-token stats (worker thread).
-    void publish_live();
-
-    // After a job (and at start): settings, cache figures, the mean request time.
-    void publish_after_job(double dt, int ok);
+    // After a job (and at start): the engine's figures to metrics_ (worker thread).
+    void publish_after_job(double dt, bool ok);
 
     json request_settings(const GenParams & p) const;
 
@@ -198,18 +184,20 @@ private:
     void apply_template_route(const httplib::Request & req, httplib::Response & res) const;
 
     // GET /props: what llama-server's /props reports that applies here.
-    json props_json();
+    json props_json() const;
 
-    // GET /metrics: Prometheus text exposition.
-    std::string metrics_text();
+    // GET /stats: the metrics' figures, the model and the request defaults.
+    json stats_json() const;
 
-    json stats_json();
+    // The template's renderer ("minja" or "python3-jinja2"; null when chat is refused).
+    json renderer_json() const { return renderer_.empty() ? json(nullptr) : json(renderer_); }
 
     ServeConfig cfg_;
     std::unique_ptr<Engine> engine_;  // worker thread only (and the constructor)
     std::string model_name_;
     std::string tmpl_;  // the chat template's name; "" = chat refused
     std::string tmpl_error_;  // why the template cannot be parsed ("" = it renders)
+    std::string renderer_;    // what renders the template (fmt_.jinja->renderer()); "" = none
     chat::ChatFormat fmt_;    // the model template's family when moestream renders it
     static constexpr int kHttpThreads = 128;
     int listen_fd_ = -1;  // the listening socket (set_socket_options)
@@ -222,15 +210,9 @@ private:
     httplib::Server http_;
     std::thread worker_;
 
-    std::mutex q_m_;  // guards queue_, running_, stopping_, next_id_
-    std::condition_variable q_cv_;
-    std::deque<std::shared_ptr<Job>> queue_;
-    std::shared_ptr<Job> running_;
-    bool stopping_ = false;
-    uint64_t next_id_ = 0;
-
-    std::mutex stats_m_;  // guards snap_
-    Snapshot snap_;
+    ReplyWriter replies_{model_name_};  // the replies' shapes (after model_name_)
+    JobQueue<Job> jobs_{cfg_.queue_max};  // the waiting jobs and the running one
+    ServerMetrics metrics_{!cfg_.run.prompt_cache.empty(), !cfg_.run.warm_experts.empty()};
 };
 
 }  // namespace moestream::server

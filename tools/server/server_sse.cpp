@@ -1,7 +1,6 @@
-// server_sse.cpp — Server's replies (server_impl.h): the JSON bodies of finished jobs and
-// the SSE streams of running ones, in each endpoint's shape.
-#include "server.h"
-#include "responses.h"
+// server_sse.cpp — ReplyWriter (server_sse.h): the JSON bodies of finished jobs and the SSE
+// streams of running ones, in each endpoint's shape.
+#include "server_sse.h"
 
 #include <httplib.h>
 #include <pthread.h>
@@ -32,14 +31,13 @@
 #include "llama_completion.h"
 #include "logprobs_json.h"
 #include "time_json.h"
-#include "web_assets.h"
-#include "server_impl.h"
 
 namespace moestream::server {
 
 using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 
-json Server::chunk_json(const Job & job, const json & delta_or_text, const json & finish) const {
+json ReplyWriter::chunk_json(const Job & job, const json & delta_or_text,
+                             const json & finish) const {
     if (job.llama_shape) return json{{"content", delta_or_text}, {"stop", false}};
     json c;
     c["index"] = 0;
@@ -55,11 +53,11 @@ json Server::chunk_json(const Job & job, const json & delta_or_text, const json 
                 {"choices", json::array({c})}};
 }
 
-std::string Server::job_name(const Job & job) const {
+std::string ReplyWriter::job_name(const Job & job) const {
     return (job.params.chat ? "chatcmpl-" : "cmpl-") + std::to_string(job.id);
 }
 
-bool Server::stream_step(Job & job, httplib::DataSink & sink, bool * sent_role) {
+bool ReplyWriter::stream_step(Job & job, httplib::DataSink & sink, bool * sent_role) const {
     auto fail = [&] {
         job.cancelled = true;
         return false;
@@ -127,17 +125,17 @@ bool Server::stream_step(Job & job, httplib::DataSink & sink, bool * sent_role) 
     return write_str(sink, ": waiting\n\n") ? true : fail();
 }
 
-bool Server::write_str(httplib::DataSink & sink, const std::string & s) {
+bool ReplyWriter::write_str(httplib::DataSink & sink, const std::string & s) {
     return sink.is_writable() && sink.write(s.data(), s.size());
 }
 
-json Server::usage_json(const Job & job) {
+json ReplyWriter::usage_json(const Job & job) {
     return json{{"prompt_tokens", job.n_prompt},
                 {"completion_tokens", job.n_generated},
                 {"total_tokens", job.n_prompt + job.n_generated}};
 }
 
-json Server::final_json(const Job & job) const {
+json ReplyWriter::final_json(const Job & job) const {
     json c;
     c["index"] = 0;
     if (job.params.chat)
@@ -159,7 +157,7 @@ json Server::final_json(const Job & job) const {
                 {"moestream", job.moestream}};
 }
 
-ResponseState Server::response_state(const Job & job, bool done) const {
+ResponseState ReplyWriter::response_state(const Job & job, bool done) const {
     ResponseState r;
     r.id = "resp_" + std::to_string(job.id);
     r.created = job.created;
@@ -179,7 +177,8 @@ ResponseState Server::response_state(const Job & job, bool done) const {
     return r;
 }
 
-bool Server::responses_stream_step(Job & job, httplib::DataSink & sink, ResponsesStream * st) {
+bool ReplyWriter::responses_stream_step(Job & job, httplib::DataSink & sink,
+                                        ResponsesStream * st) const {
     auto fail = [&] {
         job.cancelled = true;
         return false;
@@ -304,7 +303,7 @@ bool Server::responses_stream_step(Job & job, httplib::DataSink & sink, Response
     return write_str(sink, out) ? true : fail();
 }
 
-json Server::llama_final_json(const Job & job, bool with_text) const {
+json ReplyWriter::llama_final_json(const Job & job, bool with_text) const {
     const std::string stop_type = job.finish_reason == "length" ? "limit"
                                   : !job.stop_string.empty()    ? "word"
                                   : job.finish_reason == "stop" ? "eos"
@@ -323,7 +322,7 @@ json Server::llama_final_json(const Job & job, bool with_text) const {
     return r;
 }
 
-json Server::reply_json(const Job & job) const {
+json ReplyWriter::reply_json(const Job & job) const {
     if (job.responses) {
         json r = response_json(response_state(job, true));
         r["moestream"] = job.moestream;
@@ -332,32 +331,31 @@ json Server::reply_json(const Job & job) const {
     return job.llama_shape ? llama_final_json(job) : final_json(job);
 }
 
-void Server::stream_reply(const std::shared_ptr<Job> & job, httplib::Response & res) {
+void ReplyWriter::stream(const std::shared_ptr<Job> & job, httplib::Response & res,
+                         std::function<void(bool)> done) const {
     res.set_header("Cache-Control", "no-cache");
     res.set_header("X-Accel-Buffering", "no");
-    open_streams_++;
-    auto done = [this, job](bool success) {
-        if (!success) client_left(job);
-        open_streams_--;
-    };
     if (job->responses) {
         auto rs = std::make_shared<ResponsesStream>();
         res.set_chunked_content_provider(
             "text/event-stream",
             [this, job, rs](size_t, httplib::DataSink & sink) { return responses_stream_step(*job, sink, rs.get()); },
-            done);
+            std::move(done));
         return;
     }
     auto sent_role = std::make_shared<bool>(job->llama_shape);  // llama-server: no role chunk
     res.set_chunked_content_provider(
         "text/event-stream",
         [this, job, sent_role](size_t, httplib::DataSink & sink) { return stream_step(*job, sink, sent_role.get()); },
-        done);
+        std::move(done));
 }
 
-ApiError Server::job_error(const Job & job) {
-    const int status = http_status(job.status);
-    return api_error(status, job.status.message(), status == 400 ? "invalid_request_error" : "server_error");
+ApiError ReplyWriter::job_error(const Job & job) {
+    ApiError e;
+    e.status = http_status(job.status);
+    e.message = job.status.message();
+    e.type = e.status == 400 ? "invalid_request_error" : "server_error";
+    return e;
 }
 
 }  // namespace moestream::server

@@ -1,18 +1,25 @@
-// server_stats.h — the figures `moestream serve` reports (/stats, /metrics, /props): the
-// worker's snapshot (Snapshot, published under Server::stats_m_), the expert cache's
-// counters and a generation's decode figures from the engine's stats.
-// Invariants: a Snapshot is a copy: it never points into the engine.
-// Thread-safety: plain values and pure functions; Server guards its Snapshot.
+// server_stats.h — the figures `moestream serve` reports (/stats, /metrics, /props):
+// ServerMetrics holds the worker's snapshot and the request counters; the HTTP side reads a
+// copy (snapshot()) and formats it with the pure functions below (stats_figures_json,
+// metrics_text), so the formatting never sees the engine or the queue. Also the expert
+// cache's counters and a generation's decode figures from the engine's stats.
+// Invariants: a Snapshot is a copy: it never points into the engine; counters only grow.
+// Thread-safety: ServerMetrics' methods may be called from any thread (one mutex); the
+// publish_* ones read the engine's stats and are called by the worker only. The free
+// functions are pure.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <string>
 
 #include "moestream/moestream.h"
 #include "server_util.h"
 
 namespace moestream::server {
 
-// The worker's view for /stats, published under Server::stats_m_.
+// The worker's view for /stats, published by ServerMetrics.
 struct Snapshot {
     bool generating = false;
     bool prefilling = false;  // generating, and no token out yet: the prompt is being processed
@@ -73,5 +80,45 @@ inline DecodeFigures decode_figures(const RunStats & s) {
     f.mib_per_token = n ? mib(bytes / double(n)) : 0;
     return f;
 }
+
+// The request counters and the worker's published figures (see the file comment).
+class ServerMetrics {
+public:
+    // prompt_cache / warm_experts: the run uses --prompt-cache / --warm-experts (their
+    // figures are reported, else null).
+    ServerMetrics(bool prompt_cache, bool warm_experts)
+        : prompt_cache_(prompt_cache), warm_experts_(warm_experts) {}
+
+    void count_rejected();   // a request refused with 503 (queue full or stopping)
+    void count_cancelled();  // a request cancelled before it ran (client gone, stop)
+    void count_error();      // a request that failed before it ran
+
+    // The worker starts job `id` (n_prompt: its prompt tokens): generating, in prefill.
+    void begin_job(uint64_t id, int n_prompt);
+    // The running request's figures from the engine's per-token stats: out of prefill.
+    void publish_live(const RunStats & s);
+    // After a job (dt > 0: its seconds; ok: it was answered in full) and at start (dt = 0):
+    // totals, the engine's settings (JSON) and lossiness, cache figures, the mean request time.
+    void publish_after_job(const RunStats & s, json engine_settings, bool lossy, double dt,
+                           bool ok);
+    // The worker is done with the running job (after it was released from the queue, so
+    // that "generating": false is never seen while the queue still counts it as running).
+    void end_job(bool failed, bool cancelled);
+
+    Snapshot snapshot() const;
+    double avg_request_s() const;  // exponential mean of answered requests' seconds
+
+private:
+    const bool prompt_cache_, warm_experts_;
+    mutable std::mutex m_;  // guards snap_
+    Snapshot snap_;
+};
+
+// /stats's figures from a snapshot (everything but "model" and "defaults", which are the
+// server's configuration): queue_waiting / queue_max are the queue's.
+json stats_figures_json(const Snapshot & s, size_t queue_waiting, int queue_max);
+
+// /metrics: the Prometheus text exposition of a snapshot.
+std::string metrics_text(const Snapshot & s, size_t queue_waiting, double rss_mib);
 
 }  // namespace moestream::server

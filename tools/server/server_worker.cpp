@@ -40,18 +40,8 @@ namespace moestream::server {
 
 using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 
-void Server::cancel_all() {
-    {
-        std::lock_guard<std::mutex> lk(q_m_);
-        stopping_ = true;
-        for (auto & j : queue_) j->cancelled = true;
-        if (running_) running_->cancelled = true;
-    }
-    q_cv_.notify_all();
-}
-
 void Server::stop() {
-    cancel_all();
+    jobs_.stop();
     const double deadline = now_s() + 3.0;
     while (open_streams_.load() > 0 && now_s() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -59,31 +49,19 @@ void Server::stop() {
 }
 
 void Server::shutdown() {
-    cancel_all();
+    jobs_.stop();
     if (worker_.joinable()) worker_.join();
 }
 
 void Server::client_left(const std::shared_ptr<Job> & job) {
-    job->cancelled = true;
-    bool removed = false;
+    if (!jobs_.leave(job)) return;  // running (it stops at its next token) or done
+    metrics_.count_cancelled();
     {
-        std::lock_guard<std::mutex> lk(q_m_);
-        auto it = std::find(queue_.begin(), queue_.end(), job);
-        if (it != queue_.end()) {
-            queue_.erase(it);
-            removed = true;
-            std::lock_guard<std::mutex> sl(stats_m_);
-            snap_.cancelled++;
-        }
+        std::lock_guard<std::mutex> lk(job->m);
+        job->status = Status::Runtime("cancelled: the client left");
+        job->done = true;
     }
-    if (removed) {
-        {
-            std::lock_guard<std::mutex> lk(job->m);
-            job->status = Status::Runtime("cancelled: the client left");
-            job->done = true;
-        }
-        job->cv.notify_all();
-    }
+    job->cv.notify_all();
 }
 
 GenerateRequest Server::engine_request(const GenParams & p) {
@@ -99,61 +77,19 @@ GenerateRequest Server::engine_request(const GenParams & p) {
 }
 
 bool Server::enqueue(const std::shared_ptr<Job> & job) {
-    {
-        std::lock_guard<std::mutex> lk(q_m_);
-        // An idle worker takes the job at once: it never waits, whatever --queue says.
-        const bool idle = !running_ && queue_.empty();
-        if (stopping_ || (!idle && int(queue_.size()) >= cfg_.queue_max)) {
-            std::lock_guard<std::mutex> sl(stats_m_);
-            snap_.rejected_busy++;
-            return false;
-        }
-        job->id = ++next_id_;
-        queue_.push_back(job);
-    }
-    q_cv_.notify_one();
-    return true;
+    if (jobs_.push(job)) return true;
+    metrics_.count_rejected();
+    return false;
 }
 
-int Server::retry_after_s() {
-    double avg;
-    size_t waiting;
-    {
-        std::lock_guard<std::mutex> sl(stats_m_);
-        avg = snap_.avg_request_s;
-    }
-    {
-        std::lock_guard<std::mutex> lk(q_m_);
-        waiting = queue_.size();
-    }
-    double s = std::ceil(std::max(1.0, avg) * double(waiting + 1));
+int Server::retry_after_s() const {
+    const double s =
+        std::ceil(std::max(1.0, metrics_.avg_request_s()) * double(jobs_.waiting() + 1));
     return int(std::min(60.0, s));
 }
 
-void Server::worker_loop() {
-    for (;;) {
-        std::shared_ptr<Job> job;
-        {
-            std::unique_lock<std::mutex> lk(q_m_);
-            q_cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-            if (queue_.empty()) break;  // stopping
-            job = queue_.front();
-            queue_.pop_front();
-            running_ = job;
-        }
-        run_job(*job);
-        std::lock_guard<std::mutex> lk(q_m_);
-        running_.reset();
-    }
-}
-
-void Server::release_running(const Job & job) {
-    std::lock_guard<std::mutex> lk(q_m_);
-    if (running_.get() == &job) running_.reset();
-}
-
 void Server::finish(Job & job, Status st) {
-    release_running(job);
+    jobs_.release(job);
     {
         std::lock_guard<std::mutex> lk(job.m);
         job.status = std::move(st);
@@ -165,19 +101,13 @@ void Server::finish(Job & job, Status st) {
 void Server::run_job(Job & job) {
     const GenParams & p = job.params;
     if (job.cancelled) {  // gone while it waited
-        {
-            std::lock_guard<std::mutex> sl(stats_m_);
-            snap_.cancelled++;
-        }
+        metrics_.count_cancelled();
         return finish(job, Status::Runtime("cancelled"));
     }
     if (job.action) return finish(job, job.action(&job.moestream));
     Status st = cfg_.run.stream ? engine_->set_drop_cold(p.drop_cold) : Status::Ok();
     if (!st.ok()) {
-        {
-            std::lock_guard<std::mutex> sl(stats_m_);
-            snap_.errors++;
-        }
+        metrics_.count_error();
         // In the server's words (its flags), not the library's option names.
         if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
         return finish(job, st);
@@ -193,16 +123,7 @@ void Server::run_job(Job & job) {
     };
     int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
     if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
-    {
-        std::lock_guard<std::mutex> sl(stats_m_);
-        snap_.generating = true;
-        snap_.prefilling = true;
-        snap_.n_prompt = n_prompt;
-        snap_.job_id = job.id;
-        snap_.n_generated = 0;
-        snap_.tok_s = snap_.cache_hit_pct = snap_.mib_per_token = 0;
-        snap_.decode_time = TimeBreakdown{};
-    }
+    metrics_.begin_job(job.id, n_prompt);
     Utf8Stream utf8;
     std::unique_ptr<ReplyParser> parser;
     if (job.plan.parse)
@@ -247,7 +168,7 @@ void Server::run_job(Job & job) {
             if (cfg_.token_delay_ms > 0)
                 std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.token_delay_ms));
             deliver(utf8.push(piece), false);
-            publish_live();
+            metrics_.publish_live(engine_->stats());
             // A reply that may hold one call ends with it (ChatPlan::stop_after_call).
             if (job.plan.stop_after_call && !job.calls.empty()) return false;
             return !job.cancelled.load();
@@ -273,22 +194,22 @@ void Server::run_job(Job & job) {
         if (!cancelled && g.finish == FinishReason::kCancelled && !job.calls.empty())
             job.moestream["stats"]["finish"] = "tool_call";  // ended after its call
     }
-    publish_live();
-    publish_after_job(dt, st.ok() && !cancelled ? 1 : 0);
+    metrics_.publish_live(s);
+    publish_after_job(dt, st.ok() && !cancelled);
     // The worker is free before /stats says so: a client that sees "generating": false and
     // sends a request is never refused as busy by a job that has ended.
-    release_running(job);
-    {
-        std::lock_guard<std::mutex> sl(stats_m_);
-        snap_.generating = false;
-        snap_.prefilling = false;
-        if (!st.ok()) snap_.errors++;
-        if (cancelled) snap_.cancelled++;
-    }
+    jobs_.release(job);
+    metrics_.end_job(!st.ok(), cancelled);
     if (cancelled)
         MS_LOG_INFO("request %llu cancelled after %d tokens (client gone)",
                     (unsigned long long)job.id, s.n_generated);
     finish(job, st);
+}
+
+void Server::publish_after_job(double dt, bool ok) {
+    metrics_.publish_after_job(engine_->stats(),
+                               json::parse(engine_->settings_json(), nullptr, false),
+                               engine_->lossy(), dt, ok);
 }
 
 json Server::request_settings(const GenParams & p) const {
@@ -331,7 +252,7 @@ std::string Server::next_call_id() {
 
 json Server::chat_format_json(const GenParams & p) const {
     const ChatExtras & x = p.extras;
-    return json{{"renderer", fmt_.jinja ? fmt_.jinja->renderer() : "llama.cpp"},
+    return json{{"renderer", renderer_json()},
                 {"tools", x.tools.size()},
                 {"tool_choice", x.tools.empty() ? json(nullptr)
                                 : x.tool_choice == "function" ? json(x.tool_name)
