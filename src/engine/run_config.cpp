@@ -38,9 +38,6 @@ Status check_prefetch(const RunOptions & opt) {
     if (opt.io_threads < 2)
         return usage("RunOptions::prefetch needs a worker lane to read ahead with: "
                      "RunOptions::io_threads 2 or more");
-    if (!opt.route_trace.empty())
-        return usage("RunOptions::prefetch and RunOptions::route_trace exclude each other (a "
-                     "trace records the cache without read-ahead, so that replay reproduces it)");
     if (opt.drop_cold > 0)
         return usage("RunOptions::prefetch and RunOptions::drop_cold exclude each other (the "
                      "policy drops cache misses; a read-ahead expert is none)");
