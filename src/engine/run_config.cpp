@@ -107,6 +107,10 @@ Status check_run_options(const RunOptions & opt) {
     if (opt.route_trace_scores && opt.route_trace.empty())
         return usage("RunOptions::route_trace_scores needs RunOptions::route_trace (the scores "
                      "are recorded in the route trace)");
+    if (!opt.warm_experts.empty() && !opt.route_trace.empty())
+        return usage("RunOptions::warm_experts cannot be combined with RunOptions::route_trace "
+                     "(the trace does not record the warm set's reads, whose number depends on "
+                     "timing, so a replay could not reproduce the run)");
     if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
         return usage("RunOptions::drop_in_prefill and RunOptions::drop_renorm need "
                      "RunOptions::drop_cold > 0");

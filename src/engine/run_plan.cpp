@@ -211,7 +211,6 @@ Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInp
     // A route trace records every read-ahead call into the store, which replay repeats: the
     // read-ahead runs as without the trace.
     p.prefill_readahead = p.prefill_ra_wanted && place;
-    p.warm_tail_into_slots = opt.route_trace.empty();
     p.row_guess = p.prefill_readahead && row_guess_possible;
     choose(&p, "prefill_readahead", p.prefill_readahead ? "on" : "off",
            !p.prefill_ra_wanted

@@ -60,7 +60,6 @@ struct RunPlan {
     bool prefill_ra_wanted = false;   // RunOptions::prefill_readahead 1, or -1 where it applies
     std::string prefill_ra_off;       // why it does not apply (-1), else ""
     bool prefill_readahead = false;
-    bool warm_tail_into_slots = true;  // fixed slots: the warm set's tail may fill free slots (no trace)   // on for this run
     bool row_guess = false;           // prefill read-ahead guesses per ubatch row
     bool overlap = false;             // down reads overlap gate/up compute
     bool decode_prefetch = false;     // next-layer prefetch in decode

@@ -329,9 +329,6 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
-    // The warm set's tail (prefetch_free()) may read into free slots. false while a route
-    // trace records the store: the trace does not record those calls.
-    bool warm_tail_into_slots = true;
     // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
     static constexpr const char * name(Populate p) {
         return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";

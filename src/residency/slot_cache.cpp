@@ -216,8 +216,6 @@ public:
 
     size_t prefetch_free(size_t m, const std::vector<uint32_t> & experts,
                          std::vector<ReadRequest> * reads) override {
-        // Not while tracing: a route trace does not record the warm set's calls.
-        if (!opt_.warm_tail_into_slots) return 0;
         return prefetch_slots(m, experts, /*may_evict=*/false, reads, /*warm=*/true);
     }
     void end_prefetch_first(size_t n_read) override {
