@@ -87,7 +87,7 @@ struct RunOptions {
     // layer's routing of a multi-token ubatch, read the next MoE layer's experts that are not
     // resident while this layer computes. With the cache off it needs a second set of expert
     // slots (one layer of expert memory), made only if memory allows (said at -v otherwise).
-    // Needs streaming and io_threads >= 2; excludes route_trace, drop_cold and substitute.
+    // Needs streaming and io_threads >= 2; excludes drop_cold and substitute.
     // -1 (default) = on where it applies, off otherwise (the settings report which); 1 = on,
     // refused (kUsage) where it cannot apply; 0 = off.
     int prefill_readahead = -1;

@@ -66,7 +66,8 @@ struct ReplayResult {
     uint64_t routings = 0, lookups = 0, hits = 0, misses = 0;
     uint64_t evictions = 0, rereads = 0, over_budget_stages = 0;
     uint64_t peak_committed_bytes = 0;
-    uint64_t bytes_read = 0;  // misses x expert bytes (no alignment over-read)
+    // (misses + experts read ahead) x expert bytes (no alignment over-read)
+    uint64_t bytes_read = 0;
     // Decode phase.
     uint64_t decode_tokens = 0, decode_lookups = 0, decode_hits = 0, decode_misses = 0;
     uint64_t decode_bytes_read = 0;
@@ -97,6 +98,8 @@ struct ValidateReport {
     uint64_t recorded_hits = 0, recorded_misses = 0, recorded_drops = 0;
     uint64_t replay_hits = 0, replay_misses = 0, replay_drops = 0;
     uint64_t recorded_substitutions = 0, replay_substitutions = 0;
+    // Read-ahead calls replayed (RouteTrace::read_aheads) and the experts they committed.
+    uint64_t read_aheads = 0, recorded_read_ahead = 0, replay_read_ahead = 0;
     std::string first_mismatch;  // where and what, with the record's file offset
 };
 

@@ -3,7 +3,9 @@
 // A trace records every MoE layer's routing of every graph the engine ran: phase (prefill or
 // decode), token position, layer, and per routed slot (rank order) the expert id, its final
 // router weight, whether it was resident when the layer was staged (hit) and whether
-// --drop-cold-experts dropped it; per routing the bytes the streamer read. The header carries
+// --drop-cold-experts dropped it; per routing the bytes the streamer read; and (version 8)
+// every read-ahead call into the store: the layer read ahead, its guess with the experts the
+// store committed marked, whether their reads succeeded. The header carries
 // the format version and the model's shape (layers, experts, k, slice bytes per projection,
 // page size, cache budget, settings), so `moestream replay` (replay.h) can re-run the
 // residency cache offline with the engine's own accounting.
@@ -25,7 +27,7 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 7;  // this build writes 7, reads 1 to 7
+constexpr uint32_t kRouteTraceVersion = 8;  // this build writes 8, reads 1 to 8
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // What a trace's shape may be (a real model's, with room): read_route_trace and
@@ -48,6 +50,31 @@ enum : uint8_t {
 };
 constexpr uint8_t kSlotKnownFlags =
     kSlotResident | kSlotDropped | kSlotSubstituted | kSlotFallback;
+
+// Read-ahead record flags (version 8).
+enum : uint8_t {
+    kReadAheadOk = 1,        // its reads all succeeded (the experts became resident)
+    kReadAheadShared = 2,    // into the shared slots of the fixed-slot cache (a wide guess)
+    kReadAheadOneToken = 4,  // the guess had at most k experts (it may evict slots)
+};
+constexpr uint8_t kReadAheadKnownFlags = kReadAheadOk | kReadAheadShared | kReadAheadOneToken;
+// In a read-ahead record's expert words: the store committed this expert of the guess.
+constexpr uint32_t kReadAheadCommitted = 1u << 31;
+
+// One read-ahead call into the store (the streamer's prefetch(): decode --prefetch, prefill
+// read-ahead), made while routing `routing`'s layer was staged, after its stage;
+// its reads ended (end_prefetch) before the next routing's stage. Version 8.
+struct TraceReadAhead {
+    uint64_t offset = 0;   // byte offset of the record in the file
+    uint32_t routing = 0;  // index into RouteTrace::routings
+    uint32_t layer = 0;    // graph layer read ahead
+    uint32_t moe_idx = 0;  // index into header.moe_layers (derived)
+    uint8_t flags = 0;     // kReadAhead*
+    // Its guess, in the order given: RouteTrace::read_ahead_experts[first, first + n), each
+    // id | kReadAheadCommitted when the store committed it; committed: how many were.
+    uint64_t first = 0;
+    uint32_t n = 0, committed = 0;
+};
 
 struct TraceLayerShape {
     uint32_t layer = 0;                 // graph layer index il
@@ -120,6 +147,9 @@ struct RouteTrace {
     // experts) and each expert's score by expert id (the value substitute_row compares).
     std::vector<uint16_t> score_order;
     std::vector<float> scores;
+    // Read-ahead calls (version 8), in call order, and their guesses.
+    std::vector<TraceReadAhead> read_aheads;
+    std::vector<uint32_t> read_ahead_experts;
     uint64_t file_bytes = 0;
 };
 

@@ -303,7 +303,6 @@ Status EngineImpl::make_store() {
         so.populate = opt_.slot_populate == "nice"  ? SlotOptions::Populate::kNice
                       : opt_.slot_populate == "off" ? SlotOptions::Populate::kOff
                                                     : SlotOptions::Populate::kIdle;
-        so.readahead_into_slots = p.readahead_into_slots;
         store_ = make_slot_cache(index_, p.budget_bytes, p.slot_two_sets, &st, hooks, so);
     } else if (p.store == RunPlan::Store::kLru) {
         CacheOptions copt;

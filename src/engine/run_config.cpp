@@ -38,9 +38,6 @@ Status check_prefetch(const RunOptions & opt) {
     if (opt.io_threads < 2)
         return usage("RunOptions::prefetch needs a worker lane to read ahead with: "
                      "RunOptions::io_threads 2 or more");
-    if (!opt.route_trace.empty())
-        return usage("RunOptions::prefetch and RunOptions::route_trace exclude each other (a "
-                     "trace records the cache without read-ahead, so that replay reproduces it)");
     if (opt.drop_cold > 0)
         return usage("RunOptions::prefetch and RunOptions::drop_cold exclude each other (the "
                      "policy drops cache misses; a read-ahead expert is none)");
@@ -110,6 +107,10 @@ Status check_run_options(const RunOptions & opt) {
     if (opt.route_trace_scores && opt.route_trace.empty())
         return usage("RunOptions::route_trace_scores needs RunOptions::route_trace (the scores "
                      "are recorded in the route trace)");
+    if (!opt.warm_experts.empty() && !opt.route_trace.empty())
+        return usage("RunOptions::warm_experts cannot be combined with RunOptions::route_trace "
+                     "(the trace does not record the warm set's reads, whose number depends on "
+                     "timing, so a replay could not reproduce the run)");
     if ((opt.drop_in_prefill || opt.drop_renorm) && opt.drop_cold <= 0)
         return usage("RunOptions::drop_in_prefill and RunOptions::drop_renorm need "
                      "RunOptions::drop_cold > 0");

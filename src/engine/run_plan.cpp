@@ -78,9 +78,8 @@ Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInp
                                                             : in.n_batch_reason);
     p.prefill_ra_wanted = prefill_readahead_wanted(opt, &p.prefill_ra_off);
 
-    // Prefetch asked for, a worker lane to read the tail and no route trace (a trace records
-    // what a cache without read-ahead does, so that replay reproduces it).
-    const bool prefetch_possible = opt.prefetch && in.n_lanes > 1 && opt.route_trace.empty();
+    // Prefetch asked for and a worker lane to read the tail (a route trace records its calls).
+    const bool prefetch_possible = opt.prefetch && in.n_lanes > 1;
     const bool row_guess_possible = p.prefill_ra_wanted && opt.prefill_guess == "rows";
     // Besides cached experts the run needs: dense weights, compute buffers not yet touched
     // (logits and activations of one batch), one layer's routed set above the budget, and
@@ -209,30 +208,15 @@ Status resolve(const RunOptions & given, const ModelIndex & index, const PlanInp
                               : "RunOptions::staged_reads = false");
     // Read-ahead needs a place to read into: the cache, or with it off the second slot set.
     const bool place = d.budget_bytes > 0 || p.two_slot_sets;
-    // A route trace records the store's decisions for replay, which cannot see read-ahead's
-    // guesses: on the fixed slots read-ahead goes to the shared slots only (which keep no
-    // expert between routings, and replay does not check the routings staged there); the LRU
-    // cache and the cache off would record its hits as the store's, so there it is off.
-    const bool traced = !opt.route_trace.empty();
-    const bool trace_blocks = traced && p.store != RunPlan::Store::kFixedSlots;
-    if (trace_blocks && opt.prefill_readahead == 1)
-        return Status::Usage(
-            "RunOptions::prefill_readahead and RunOptions::route_trace exclude each other "
-            "on the " + std::string(p.store == RunPlan::Store::kLru ? "LRU cache" : "cache off") +
-            " (a trace records the store without read-ahead, so that replay reproduces it; "
-            "the fixed-slot cache can run both)");
-    p.prefill_readahead = p.prefill_ra_wanted && place && !trace_blocks;
-    p.readahead_into_slots = !traced;
+    // A route trace records every read-ahead call into the store, which replay repeats: the
+    // read-ahead runs as without the trace.
+    p.prefill_readahead = p.prefill_ra_wanted && place;
     p.row_guess = p.prefill_readahead && row_guess_possible;
     choose(&p, "prefill_readahead", p.prefill_readahead ? "on" : "off",
            !p.prefill_ra_wanted
                ? (opt.prefill_readahead == 0 ? "RunOptions::prefill_readahead 0" : p.prefill_ra_off)
-           : !place       ? p.two_slots_refused
-           : trace_blocks ? std::string("RunOptions::route_trace on the ") +
-                                (p.store == RunPlan::Store::kLru ? "LRU cache" : "cache off") +
-                                ": a trace records the store without read-ahead"
-           : traced       ? std::string("into the shared slots only (RunOptions::route_trace)")
-                          : (p.row_guess ? "guesses per ubatch row" : "the whole bank"));
+           : !place ? p.two_slots_refused
+                    : (p.row_guess ? "guesses per ubatch row" : "the whole bank"));
     p.decode_prefetch = prefetch_possible && place;
     if (opt.prefetch && !p.decode_prefetch && prefetch_possible)
         p.prefetch_off = d.reason + "; " + p.two_slots_refused;

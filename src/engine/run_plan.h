@@ -59,9 +59,8 @@ struct RunPlan {
     std::string two_slots_refused;    // why not, though wanted ("" = not refused)
     bool prefill_ra_wanted = false;   // RunOptions::prefill_readahead 1, or -1 where it applies
     std::string prefill_ra_off;       // why it does not apply (-1), else ""
-    bool prefill_readahead = false;   // on for this run
+    bool prefill_readahead = false;
     bool row_guess = false;           // prefill read-ahead guesses per ubatch row
-    bool readahead_into_slots = true; // fixed slots: read-ahead may fill the slots (no trace)
     bool overlap = false;             // down reads overlap gate/up compute
     bool decode_prefetch = false;     // next-layer prefetch in decode
     std::string prefetch_off;         // why prefetch asked for is off ("" = not)

@@ -92,8 +92,7 @@ const std::vector<Setting> kSettings = {
      "where it applies", C::kProduction,
      "in prefill, read the next layer's experts guessed for the ubatch's rows while this layer "
      "computes (lossless; on by default where it applies: streaming, 2+ io threads, no "
-     "--drop-cold-experts / --substitute-experts, no --route-trace unless the fixed slots hold "
-     "the cache; given, it is refused where it cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
+     "--drop-cold-experts / --substitute-experts; given, it is refused where it cannot apply; with --cache-mb 0 a second set of expert slots if memory allows; "
      "docs/prefetch.md)",
      "prefill_readahead_option", "on=1|off=0|where it applies=-1", "", kStreaming,
      "--no-prefill-readahead", "no prefill read-ahead (reads only what each prompt ubatch routes)"},

@@ -229,6 +229,16 @@ public:
     // The prefetch reads finished: ok = they all succeeded (the experts become resident), else
     // they are released (a later routing reads them again and reports any error).
     virtual void end_prefetch(bool ok) = 0;
+    // What the last prefetch() did to the ledger, for the route trace (route_trace.h): ledger
+    // false when it did not call the ledger (nothing read ahead, nothing released); else the
+    // experts it committed, in commit order, and shared = they went to the shared slots of a
+    // store with fixed slots. Valid until the next prefetch() or end_prefetch().
+    struct ReadAheadCall {
+        bool ledger = false;
+        bool shared = false;
+        const std::vector<uint32_t> * experts = nullptr;
+    };
+    virtual ReadAheadCall last_read_ahead() const { return {}; }
     // The ledger's counters since construction (the shared slots: their read-ahead counters
     // only, the rest 0).
     virtual LedgerStats ledger_stats() const = 0;
@@ -319,10 +329,6 @@ struct SlotOptions {
     // Lossless either way.
     enum class Populate { kNice, kIdle, kOff };
     Populate populate = Populate::kIdle;
-    // Read-ahead (prefetch()) may read into the layers' slots. false while a route trace
-    // records the store: a replay cannot see the guesses, so read-ahead then only goes to the
-    // shared slots, which hold no expert from one routing to the next.
-    bool readahead_into_slots = true;
     // The mode's name in MOESTREAM_SLOT_POPULATE and settings.cache_slot_populate.
     static constexpr const char * name(Populate p) {
         return p == Populate::kIdle ? "idle" : p == Populate::kOff ? "off" : "nice";

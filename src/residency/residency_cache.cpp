@@ -145,6 +145,9 @@ public:
     }
 
     LedgerStats ledger_stats() const override { return ledger_->stats(); }
+    ReadAheadCall last_read_ahead() const override {
+        return {true, false, &ledger_->prefetching()};
+    }
     const PagedMemory * paged_memory() const override { return this; }
     PageStats page_stats() const override {
         PageStats s;

@@ -90,13 +90,20 @@ public:
     size_t prefetch(size_t moe_idx, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
         if (n_sets_ < 2 || open_ || moe_idx >= index_.moe_layers.size() ||
-            int64_t(moe_idx % n_sets_) == staged_set_)
+            int64_t(moe_idx % n_sets_) == staged_set_) {
+            ra_called_ = false;
             return 0;
+        }
         const size_t n = ledger_.prefetch(uint32_t(moe_idx), experts);
+        ra_called_ = true;
         const MoeLayer & L = index_.moe_layers[moe_idx];
         for (uint32_t e : ledger_.prefetching()) push_reads(moe_idx, L, e, reads);
         open_ = n > 0;
         return n;
+    }
+
+    ReadAheadCall last_read_ahead() const override {
+        return {ra_called_, false, &ledger_.prefetching()};
     }
 
     void end_prefetch(bool ok) override {
@@ -142,6 +149,7 @@ private:
     // Which experts the last stage read and which read-ahead is in the sets (shared mode).
     ExpertLedger ledger_;
     bool open_ = false;           // the read-ahead's reads are in flight
+    bool ra_called_ = false;      // the last prefetch() called the ledger
     int64_t staged_set_ = -1;     // the set the last stage() handed out (-1: none yet)
     uint64_t huge_bytes_ = 0;     // bytes advised for transparent huge pages
 };

@@ -185,8 +185,10 @@ public:
         // a wider one (a prompt ubatch's) into the other set of shared slots while a
         // routing can be wider than the slots.
         const bool one_token = experts.size() <= index_.n_expert_used;
+        ra_ = RaCall::kNone;
         if (wide_ && !one_token) {
             const size_t n = bank_->prefetch(m, experts, reads);
+            if (bank_->last_read_ahead().ledger) ra_ = RaCall::kBank;
             if (n > 0) bank_holds_[m % bank_holds_.size()] = -1;  // that set is overwritten
             bank_ahead_ = n > 0;  // (no reads: no tail, and no end_prefetch)
             return n;
@@ -194,7 +196,6 @@ public:
         // Into slots: every expert of the guess is protected from this call's evictions (one
         // stamp); one token's guess may evict the layer's least recently used slots, a wide
         // guess only fills free ones. end_prefetch(false) forgets what it placed.
-        if (!opt_.readahead_into_slots) return 0;
         return prefetch_slots(m, experts, one_token, reads);
     }
     // A guess into the layer's slots (may_evict false: free slots only; warm: the warm set's,
@@ -203,6 +204,7 @@ public:
                           std::vector<ReadRequest> * reads, bool warm = false) {
         if (!ledger_->prefetching().empty() || m >= index_.moe_layers.size()) return 0;
         const size_t n = ledger_->prefetch_slots(uint32_t(m), experts, may_evict, warm);
+        if (!warm) ra_ = RaCall::kSlots;
         const int32_t * slot = ledger_->slot_map(uint32_t(m));
         if (test_.prefetch_skip_read) {  // recorded as slotted, nothing read (no tail to end)
             ledger_->end_prefetch(true);
@@ -214,7 +216,6 @@ public:
 
     size_t prefetch_free(size_t m, const std::vector<uint32_t> & experts,
                          std::vector<ReadRequest> * reads) override {
-        if (!opt_.readahead_into_slots) return 0;  // (as prefetch(): not while tracing)
         return prefetch_slots(m, experts, /*may_evict=*/false, reads, /*warm=*/true);
     }
     void end_prefetch_first(size_t n_read) override {
@@ -248,6 +249,10 @@ public:
         warm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         stats_warm_ += copied;
         return copied;
+    }
+    ReadAheadCall last_read_ahead() const override {
+        if (ra_ == RaCall::kBank) return {true, true, bank_->last_read_ahead().experts};
+        return {ra_ == RaCall::kSlots, false, &ledger_->prefetching()};
     }
     void end_prefetch(bool ok) override {
         if (bank_ahead_) bank_->end_prefetch(ok);
@@ -390,6 +395,8 @@ private:
     std::unique_ptr<ResidencyStore> bank_;  // canonical offsets, for routings wider than K
     bool wide_ = true;                      // K < n_expert: a routing may be wider than K
     bool bank_ahead_ = false;  // the open prefetch went to the shared slots
+    // Which ledger the last prefetch() called (last_read_ahead()).
+    enum class RaCall { kNone, kSlots, kBank } ra_ = RaCall::kNone;
     // Which expert sits in which slot, the stamps, victims and counters (slot mode).
     std::unique_ptr<ExpertLedger> ledger_;
     uint32_t k_ = 0;                        // slots per MoE layer

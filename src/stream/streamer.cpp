@@ -47,6 +47,18 @@ void Streamer::end_prefetch(bool ok) {
     store_->end_prefetch(ok);
     warm_open_ = false;
     add_stage_s(now_s() - t0);
+    if (tracer_) tracer_->on_read_ahead_end(ok);
+}
+
+size_t Streamer::read_ahead(size_t m, const std::vector<uint32_t> & experts) {
+    const size_t n = store_->prefetch(m, experts, &reads_);
+    if (tracer_ && tracer_->active() && m < index_.moe_layers.size()) {
+        const ResidencyStore::ReadAheadCall c = store_->last_read_ahead();
+        if (c.ledger && c.experts)
+            tracer_->on_read_ahead(index_.moe_layers[m].layer, experts, *c.experts, c.shared,
+                                   experts.size() <= index_.n_expert_used);
+    }
+    return n;
 }
 
 bool Streamer::is_resident(uint32_t il, int32_t e) const {
@@ -245,7 +257,7 @@ Status Streamer::on_routing(const Routing & r) {
     // Then the next layer's predicted experts, as a tail read meanwhile (io_uring or lanes).
     if (hint_layer >= 0 && lanes_->n_lanes() > 1 && r.n_rows == 1) {
         const int next = moe_slot(uint32_t(hint_layer));
-        if (next >= 0 && next != slot) store_->prefetch(size_t(next), hint_, &reads_);
+        if (next >= 0 && next != slot) read_ahead(size_t(next), hint_);
     } else if (prefill_ra_ && r.n_rows > 1 && lanes_->n_lanes() > 1 &&
                size_t(slot) + 2 < index_.moe_layers.size()) {
         // Prefill read-ahead: a ubatch routes (nearly) every expert, so the guess for the
@@ -255,14 +267,14 @@ Status Streamer::on_routing(const Routing & r) {
         // With per-row guesses (the predictor's set_prefill_rows) the hint for the next MoE
         // layer is the union of the rows' guesses instead.
         if (hint_layer == int64_t(index_.moe_layers[size_t(slot) + 1].layer)) {
-            store_->prefetch(size_t(slot) + 1, hint_, &reads_);
+            read_ahead(size_t(slot) + 1, hint_);
         } else {
             const uint32_t n = index_.n_expert;
             if (bank_.size() != n) {
                 bank_.resize(n);
                 for (uint32_t e = 0; e < n; ++e) bank_[e] = e;
             }
-            store_->prefetch(size_t(slot) + 1, bank_, &reads_);
+            read_ahead(size_t(slot) + 1, bank_);
         }
     } else if (warm_left_ > 0 && lanes_->n_lanes() > 1) {
         warm_tail(slot, r.n_rows);  // the warm set: no other speculative read this routing

@@ -192,7 +192,9 @@ public:
 private:
     void corrupt_for_test(int slot);
     void flush_abandon();
-    void end_prefetch(bool ok);  // store_->end_prefetch, timed as stage_s
+    void end_prefetch(bool ok);  // store_->end_prefetch, timed as stage_s (and traced)
+    // store_->prefetch(m, experts, &reads_), the call traced (RouteTracer::on_read_ahead).
+    size_t read_ahead(size_t m, const std::vector<uint32_t> & experts);
     void add_stage_s(double s) {
         step_.stage_s += s;
         total_.stage_s += s;

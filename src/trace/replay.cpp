@@ -146,8 +146,8 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     if (n_slots > 0 && s.fallback_w > 0)
         return Status::Usage("--miss-fallback cannot replay the fixed-slot cache (the engine "
                              "runs it on the LRU cache only)");
-    // Cache off (budget 0): the shared slots' ledger (shared mode), every routed expert is
-    // read (a replay has no read-ahead).
+    // Cache off (budget 0): the shared slots' ledger (shared mode): every routed expert is
+    // read but what the recorded read-ahead calls committed.
     const std::unique_ptr<ExpertLedger> ledger = make_replay_ledger(
         h, s.policy, n_slots > 0 ? std::max<uint64_t>(s.budget_bytes, 1) : s.budget_bytes, n_slots);
     const bool keeps = !ledger->shared();  // a store that keeps experts between routings
@@ -211,6 +211,8 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     std::vector<int32_t> sorted(h.n_expert);
     std::vector<uint8_t> sub_slot;
     SubstituteCounters sc;
+    size_t ra = 0;  // the next read-ahead call (t_.read_aheads)
+    std::vector<uint32_t> ra_list;
 
     for (size_t i = 0; i < t_.routings.size(); ++i) {
         const TraceRouting & r = t_.routings[i];
@@ -405,6 +407,44 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             Status st = ledger->stage(moe, experts, nu ? nu_of.data() : nullptr, &ss);
             if (!st.ok()) return st;
         }
+        // The read-ahead calls made after this routing's stage, as recorded (the fixed-slot
+        // cache's calls into its shared slots are not replayed: its wide routings are not).
+        uint64_t ahead = 0;
+        for (; ra < t_.read_aheads.size() && t_.read_aheads[ra].routing <= i; ++ra) {
+            const TraceReadAhead & a = t_.read_aheads[ra];
+            if (n_slots > 0 && (a.flags & kReadAheadShared)) continue;
+            ra_list.clear();
+            for (uint64_t q = a.first; q < a.first + a.n; ++q)
+                ra_list.push_back(t_.read_ahead_experts[q] & ~kReadAheadCommitted);
+            const size_t got = n_slots > 0 ? ledger->prefetch_slots(a.moe_idx, ra_list,
+                                                                     a.flags & kReadAheadOneToken)
+                                           : ledger->prefetch(a.moe_idx, ra_list);
+            // The same experts committed: each recorded one is among the replay's.
+            size_t same = 0;
+            if (v)
+                for (uint32_t e : ledger->prefetching())
+                    for (uint64_t q = a.first; q < a.first + a.n; ++q)
+                        same += t_.read_ahead_experts[q] == (e | kReadAheadCommitted);
+            ledger->end_prefetch(a.flags & kReadAheadOk);
+            ahead += got * h.moe_layers[a.moe_idx].expert_bytes;
+            if (!v) continue;
+            ++v->read_aheads;
+            v->recorded_read_ahead += a.committed;
+            v->replay_read_ahead += got;
+            const bool differs = got != a.committed || same != a.committed;
+            if (differs && v->ok) {
+                v->first_mismatch = "read-ahead after routing #" + std::to_string(i) +
+                                    " at offset " + std::to_string(a.offset) + " (layer " +
+                                    std::to_string(a.layer) + "): recorded " +
+                                    std::to_string(a.committed) + " experts committed, replay " +
+                                    std::to_string(got) + " (" + std::to_string(same) +
+                                    " of them the recorded ones)";
+                v->ok = false;
+            }
+            if (differs) ++v->mismatches;
+        }
+        out->bytes_read += ahead;
+        if (decode) out->decode_bytes_read += ahead;
         const uint64_t hits = ss.hits, misses = ss.misses;
         out->lookups += ss.lookups;
         const uint64_t eb = h.moe_layers[moe].expert_bytes;

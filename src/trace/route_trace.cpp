@@ -26,6 +26,8 @@ namespace {
 
 constexpr uint8_t kTagRouting = 'R';
 constexpr uint8_t kTagEnd = 'E';
+constexpr uint8_t kTagReadAhead = 'A';
+constexpr uint64_t kReadAheadHeadBytes = 16;  // tag, flags, 2 zero bytes, routing, layer, n
 constexpr uint64_t kRecordHeadBytes = 28;  // tag, phase, k, layer, n_rows, pos, graph, bytes
 constexpr uint64_t kSlotBytes = 8;         // u32 (id | flags << 24), f32 weight
 constexpr uint64_t kEndBytes = 20;         // tag, 3 zero bytes, u64 records, u64 slots
@@ -94,6 +96,8 @@ void RouteTracer::fail(const std::string & what, int err) {
     file_.discard();
     fd_ = -1;
     open_ = false;
+    ra_open_ = false;
+    ra_buf_.clear();
     buf_.clear();
     buf_.shrink_to_fit();
 }
@@ -119,6 +123,8 @@ void RouteTracer::flush(bool force) {
 void RouteTracer::stop_full() {
     full_ = true;
     open_ = false;
+    ra_open_ = false;
+    ra_buf_.clear();
     if (graph_at_ >= written_) {
         buf_.resize(size_t(graph_at_ - written_));  // the cut graph is still in the buffer
     } else {  // part of it is on disk already: cut the file back to the graph's start
@@ -208,6 +214,44 @@ void RouteTracer::on_stage(uint32_t layer, const std::vector<uint32_t> & experts
     cur_.bytes_read += bytes_read;
 }
 
+void RouteTracer::on_read_ahead(uint32_t layer, const std::vector<uint32_t> & guess,
+                                const std::vector<uint32_t> & committed, bool shared,
+                                bool one_token) {
+    if (fd_ < 0) return;
+    if (ra_open_) put_read_ahead(false);  // (the store ends every call; never reached)
+    ra_open_ = true;
+    ra_flags_ = uint8_t((shared ? kReadAheadShared : 0) | (one_token ? kReadAheadOneToken : 0));
+    ra_routing_ = open_ ? uint32_t(n_records_) : uint32_t(n_records_ ? n_records_ - 1 : 0);
+    ra_layer_ = layer;
+    ra_experts_.clear();
+    for (uint32_t e : guess)
+        if (e < n_expert_) {
+            // Committed: marked at its first place in the guess only.
+            const bool c = std::find(committed.begin(), committed.end(), e) != committed.end() &&
+                           std::find(ra_experts_.begin(), ra_experts_.end(),
+                                     e | kReadAheadCommitted) == ra_experts_.end();
+            ra_experts_.push_back(e | (c ? kReadAheadCommitted : 0u));
+        }
+    if (committed.empty()) put_read_ahead(true);
+}
+
+void RouteTracer::on_read_ahead_end(bool ok) {
+    if (fd_ < 0 || !ra_open_) return;
+    put_read_ahead(ok);
+}
+
+void RouteTracer::put_read_ahead(bool ok) {
+    ra_open_ = false;
+    std::string & b = open_ ? ra_buf_ : buf_;  // after the open routing record
+    put<uint8_t>(b, kTagReadAhead);
+    put<uint8_t>(b, uint8_t(ra_flags_ | (ok ? kReadAheadOk : 0)));
+    b.append(2, '\0');
+    put<uint32_t>(b, ra_routing_);
+    put<uint32_t>(b, ra_layer_);
+    put<uint32_t>(b, uint32_t(ra_experts_.size()));
+    for (uint32_t e : ra_experts_) put<uint32_t>(b, e);
+}
+
 void RouteTracer::close_record() {
     if (!open_) return;
     open_ = false;
@@ -235,6 +279,8 @@ void RouteTracer::close_record() {
     }
     ++n_records_;
     n_slots_ += ids_.size();
+    buf_ += ra_buf_;
+    ra_buf_.clear();
     if (written_ + buf_.size() + kEndBytes > max_bytes_) {
         stop_full();
         return;
@@ -361,6 +407,58 @@ Status parse_scores(Cursor & c, const TraceHeader & h, uint64_t rec, TraceRoutin
         }
         c.skip(row_bytes);
     }
+    return Status::Ok();
+}
+
+// A read-ahead record (version 8) at the cursor; it follows the routing it names.
+Status parse_read_ahead(Cursor & c, const TraceHeader & h, const std::vector<int32_t> & layer_to_moe,
+                        RouteTrace * out) {
+    const uint64_t rec = c.off();
+    if (c.left() < kReadAheadHeadBytes)
+        return c.err(rec, "truncated read-ahead record (" + std::to_string(c.left()) +
+                              " bytes left, the head needs " +
+                              std::to_string(kReadAheadHeadBytes) + ")");
+    TraceReadAhead a;
+    a.offset = rec;
+    uint8_t tag = 0, pad[2] = {0, 0};
+    MS_TRY(c.get(&tag, "tag"));
+    MS_TRY(c.get(&a.flags, "read-ahead flags"));
+    MS_TRY(c.get(&pad[0], "padding"));
+    MS_TRY(c.get(&pad[1], "padding"));
+    MS_TRY(c.get(&a.routing, "read-ahead routing"));
+    MS_TRY(c.get(&a.layer, "read-ahead layer"));
+    MS_TRY(c.get(&a.n, "read-ahead experts"));
+    if (a.flags & ~kReadAheadKnownFlags)
+        return c.err(rec + 1, "unknown read-ahead flags " + std::to_string(a.flags));
+    if (pad[0] || pad[1]) return c.err(rec + 2, "nonzero padding in a read-ahead record");
+    if (a.routing >= out->routings.size() ||
+        (!out->read_aheads.empty() && a.routing < out->read_aheads.back().routing))
+        return c.err(rec + 4, "read-ahead names routing #" + std::to_string(a.routing) +
+                                  ", not one of the " + std::to_string(out->routings.size()) +
+                                  " before it in order");
+    if (a.layer >= h.n_layer || layer_to_moe[a.layer] < 0)
+        return c.err(rec + 8,
+                     "layer " + std::to_string(a.layer) + " is not a MoE layer of the header");
+    a.moe_idx = uint32_t(layer_to_moe[a.layer]);
+    if (a.n > h.n_expert)
+        return c.err(rec + 12, std::to_string(a.n) + " experts guessed, more than the " +
+                                   std::to_string(h.n_expert) + " of a layer");
+    if (c.left() / 4 < a.n)
+        return c.err(c.off(), "truncated: " + std::to_string(a.n) + " read-ahead experts need " +
+                                  std::to_string(4 * uint64_t(a.n)) + " bytes, " +
+                                  std::to_string(c.left()) + " left");
+    a.first = out->read_ahead_experts.size();
+    for (uint32_t i = 0; i < a.n; ++i) {
+        const uint64_t at = c.off();
+        uint32_t e = 0;
+        MS_TRY(c.get(&e, "read-ahead expert"));
+        if ((e & ~kReadAheadCommitted) >= h.n_expert)
+            return c.err(at, "expert id " + std::to_string(e & ~kReadAheadCommitted) +
+                                 " >= n_expert " + std::to_string(h.n_expert));
+        a.committed += (e & kReadAheadCommitted) ? 1 : 0;
+        out->read_ahead_experts.push_back(e);
+    }
+    out->read_aheads.push_back(a);
     return Status::Ok();
 }
 
@@ -507,6 +605,10 @@ Status parse_route_trace(const uint8_t * data, uint64_t size, const std::string 
                 return c.err(rec + kEndBytes, std::to_string(c.left() - kEndBytes) +
                                                   " trailing bytes after the end marker");
             break;
+        }
+        if (tag == kTagReadAhead && h.version >= 8) {
+            MS_TRY(parse_read_ahead(c, h, layer_to_moe, out));
+            continue;
         }
         if (tag != kTagRouting) return c.err(rec, "unknown record tag " + std::to_string(tag));
         if (c.left() < kRecordHeadBytes)

@@ -75,6 +75,16 @@ public:
     void on_stage(uint32_t layer, const std::vector<uint32_t> & experts,
                   const std::vector<uint8_t> & resident, uint64_t bytes_read);
 
+    // A read-ahead call into the store (its prefetch() called the ledger) while the open
+    // record's layer is staged: the graph layer it read ahead, the guess it was given (in
+    // order) and the experts the ledger committed of it, shared: into the shared slots of a store with fixed slots,
+    // one_token: the guess was at most k experts (it may evict). The record is written when
+    // on_read_ahead_end() says whether its reads succeeded (at once when nothing was committed:
+    // nothing is read, so nothing ends).
+    void on_read_ahead(uint32_t layer, const std::vector<uint32_t> & guess,
+                       const std::vector<uint32_t> & committed, bool shared, bool one_token);
+    void on_read_ahead_end(bool ok);
+
     uint64_t records() const { return n_records_; }
     bool full() const { return full_; }  // stopped at max_bytes (the file holds what fitted)
 
@@ -110,6 +120,15 @@ private:
     std::vector<float> weight_;
     std::vector<uint8_t> flags_;
     std::vector<uint8_t> resident_;  // per expert id, scratch
+
+    // The read-ahead call whose reads are outstanding (on_read_ahead), and the read-ahead
+    // records written while a routing record is open (they follow it in the file).
+    bool ra_open_ = false;
+    uint8_t ra_flags_ = 0;
+    uint32_t ra_routing_ = 0, ra_layer_ = 0;
+    std::vector<uint32_t> ra_experts_;  // the guess, kReadAheadCommitted on committed ones
+    std::string ra_buf_;
+    void put_read_ahead(bool ok);
 
     // --route-trace-scores
     bool scores_ = false;

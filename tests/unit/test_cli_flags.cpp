@@ -458,8 +458,6 @@ TEST(CliFlags, SamplingFlagsThatGreedyWouldIgnoreAreRefused) {
 TEST(CliIgnored, PrefetchThatCouldNotRunIsRefused) {
     const std::string m = " -m " + model() + " -p Hi -n 2";
     expect_refused("run" + m + " --prefetch --cache-mb 100000 --io-threads 1", "--prefetch needs a worker lane");
-    expect_refused("run" + m + " --prefetch --cache-mb 100000 --route-trace /tmp/x.trace",
-                   "--prefetch and --route-trace exclude each other");
     expect_refused("run" + m + " --prefetch --cache-mb 4 --force-cache --drop-cold-experts 0.5",
                    "--prefetch and --drop-cold-experts exclude each other");
     // Control: with the cache and two lanes it runs, and is on.

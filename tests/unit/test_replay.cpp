@@ -35,6 +35,7 @@
 #include "moestream/route_trace.h"
 #include "replay_ledger.h"
 #include "residency.h"
+#include "route_tracer.h"
 #include "test_util.h"
 
 using nlohmann::json;
@@ -323,6 +324,96 @@ TEST(ExpertLedger, SharedModeKeepsNothingButTheStagedLayersReadAhead) {
     EXPECT_EQ(ls.rereads, 0u);
 }
 
+// Drives the cache-off shared slots (two sets: read-ahead on) as the streamer does, one decode
+// token per graph: each MoE layer's stage, then a read-ahead of the next layer's guess (one
+// expert of its routing and one other; every 5th call's reads fail), ended before the next
+// stage; recorded through RouteTracer to `path`. Returns the store's read-ahead counters.
+LedgerStats record_shared_read_ahead(const std::string & path) {
+    const ModelIndex idx = make_index({{kPage, kPage}, {kPage, kPage}, {kPage, kPage}}, 16);
+    const uint32_t k = 2;
+    Status st;
+    auto store = make_shared_slots(idx, &st, /*two_sets=*/true, /*huge_pages=*/false);
+    EXPECT_TRUE(st.ok()) << st.message();
+    auto tracer = RouteTracer::open(path, header_of(idx, k, 0));
+    EXPECT_TRUE(tracer->active());
+    std::mt19937 rng(7);
+    std::vector<ReadRequest> reads;
+    const size_t n_moe = idx.moe_layers.size();
+    bool open = false;
+    int calls = 0;
+    for (uint32_t g = 0; g < 24; ++g) {
+        std::vector<std::vector<int32_t>> routing(n_moe);
+        for (auto & ids : routing) {
+            ids = {int32_t(rng() % 16), 0};
+            do ids[1] = int32_t(rng() % 16); while (ids[1] == ids[0]);
+        }
+        tracer->begin_graph(true, g, 1);
+        for (size_t m = 0; m < n_moe; ++m) {
+            tracer->routing_start(idx.moe_layers[m].layer, int(k), 1, routing[m].data());
+            if (open) {  // the streamer ends the tail before the next stage
+                const bool ok = ++calls % 5 != 0;
+                store->end_prefetch(ok);
+                tracer->on_read_ahead_end(ok);
+                open = false;
+            }
+            const std::vector<uint32_t> experts{uint32_t(routing[m][0]), uint32_t(routing[m][1])};
+            std::vector<uint8_t> resident;
+            for (uint32_t e : experts) resident.push_back(store->is_resident(m, e) ? 1 : 0);
+            reads.clear();
+            StageStats ss;
+            EXPECT_TRUE(store->stage(m, experts, &reads, &ss).ok());
+            tracer->on_stage(idx.moe_layers[m].layer, experts, resident, 0);
+            if (m + 1 < n_moe) {
+                const std::vector<uint32_t> guess{uint32_t(routing[m + 1][0]), uint32_t(rng() % 16)};
+                reads.clear();
+                const size_t n = store->prefetch(m + 1, guess, &reads);
+                const ResidencyStore::ReadAheadCall c = store->last_read_ahead();
+                EXPECT_TRUE(c.ledger);
+                tracer->on_read_ahead(idx.moe_layers[m + 1].layer, guess, *c.experts, c.shared,
+                                      true);
+                open = n > 0;
+            }
+        }
+        tracer->end_graph();
+    }
+    tracer->finish();
+    return store->ledger_stats();
+}
+
+TEST(ReplayValidate, ReproducesTheSharedSlotsReadAhead) {
+    const std::string path = tmp_path("ra.trace");
+    const LedgerStats ls = record_shared_read_ahead(path);
+    RouteTrace t;
+    const Status st = read_route_trace(path, &t);
+    ASSERT_TRUE(st.ok()) << st.message();
+    EXPECT_EQ(t.header.version, 8u);
+    EXPECT_EQ(t.read_aheads.size(), 24u * 2u);
+    ASSERT_GT(ls.prefetch_used, 0u);
+    Replayer rp(t);
+    ReplayResult r;
+    ValidateReport v;
+    ASSERT_TRUE(rp.run(rp.recorded_setting(), &r, &v).ok());
+    EXPECT_TRUE(v.ok) << v.first_mismatch;
+    EXPECT_EQ(v.recorded_hits, ls.prefetch_used);  // every hit is a read-ahead one
+    EXPECT_EQ(v.replay_read_ahead, ls.prefetched + ls.abandoned);
+    std::remove(path.c_str());
+}
+
+TEST(ReplayValidate, FailsOnTheSharedSlotsWithoutTheReadAheadRecords) {
+    const std::string path = tmp_path("ra-none.trace");
+    record_shared_read_ahead(path);
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(path, &t).ok());
+    t.read_aheads.clear();
+    Replayer rp(t);
+    ReplayResult r;
+    ValidateReport v;
+    ASSERT_TRUE(rp.run(rp.recorded_setting(), &r, &v).ok());
+    EXPECT_FALSE(v.ok);
+    EXPECT_EQ(v.replay_hits, 0u);
+    std::remove(path.c_str());
+}
+
 // A Qwen3-30B-shaped trace (48 MoE layers x 128 experts, top-8, Q4_K slices) with skewed,
 // token-to-token correlated routing, built in memory.
 RouteTrace synthetic_30b(int tokens, uint32_t seed) {
@@ -505,13 +596,76 @@ TEST(ReplayValidate, ReproducesTheSharedSlotsAndNotAnotherStore) {
     EXPECT_TRUE(v.ok) << v.first_mismatch;
     EXPECT_GT(v.slots_checked, 0u);
     EXPECT_GT(v.replay_misses, 0u);
-    EXPECT_EQ(v.replay_hits, 0u);
     ReplaySetting lru = rp.recorded_setting();
     lru.budget_bytes = 1ull << 30;
     ASSERT_TRUE(rp.run(lru, &r, &v).ok());
     EXPECT_FALSE(v.ok);
     EXPECT_GT(v.replay_hits, 0u);
     std::remove(path.c_str());
+}
+
+// The default store (fixed slots) with decode --prefetch and prefill read-ahead, traced and
+// not: one recording shared by the tests below.
+const char * kReadAheadFlags = "--io-threads 2 --cache-mb 12 --force-cache --prefetch";
+struct ReadAheadRuns {
+    StatsRun plain, traced;
+    std::string path;
+};
+const ReadAheadRuns & read_ahead_runs() {
+    static const ReadAheadRuns runs = [] {
+        ReadAheadRuns r;
+        const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
+        r.path = tmp_path("ra-engine.trace");
+        r.plain = run_with_stats(model, kRouterPrompt, 32, kReadAheadFlags);
+        r.traced = run_with_stats(model, kRouterPrompt, 32,
+                                  std::string(kReadAheadFlags) + " --route-trace " + sh_quote(r.path));
+        return r;
+    }();
+    return runs;
+}
+
+// Tracing switches nothing: the same tokens, the same reads, read-ahead on in both.
+TEST(RouteTraceRun, TracedRunReadsAndGeneratesAsTheUntracedRun) {
+    const ReadAheadRuns & r = read_ahead_runs();
+    ASSERT_EQ(r.plain.rc, 0) << r.plain.err;
+    ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
+    const json a = json::parse(r.plain.stats), b = json::parse(r.traced.stats);
+    EXPECT_EQ(a["tokens"], b["tokens"]);
+    EXPECT_GT(a["prefetch_experts"].get<uint64_t>(), 0u);
+    for (const char * key : {"flash_bytes_read", "flash_reads", "cache_hits", "cache_misses",
+                             "prefetch_experts", "prefetch_used"})
+        EXPECT_EQ(a[key], b[key]) << key;
+    EXPECT_EQ(a["settings"]["prefill_readahead"], b["settings"]["prefill_readahead"]);
+    EXPECT_EQ(b["settings"]["cache_store"], "fixed slots");
+    std::remove(r.path.c_str());
+}
+
+// validate reproduces the traced run, read-ahead hits included; the controls: the same trace
+// without its read-ahead records, or with one slot fewer per layer, does not.
+TEST(ReplayValidate, ReproducesTheDefaultStoresReadAheadAndNotWithoutIt) {
+    const ReadAheadRuns & r = read_ahead_runs();
+    ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
+    RouteTrace t;
+    ASSERT_TRUE(read_route_trace(r.path, &t).ok());
+    ASSERT_FALSE(t.read_aheads.empty());
+    ASSERT_GT(t.header.slots_per_layer, 1u);
+    ReplayResult res;
+    ValidateReport v;
+    {
+        Replayer rp(t);
+        ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
+        EXPECT_TRUE(v.ok) << v.first_mismatch;
+        EXPECT_GT(v.replay_read_ahead, 0u);
+        ReplaySetting fewer = rp.recorded_setting();
+        fewer.slots_per_layer -= 1;
+        ASSERT_TRUE(rp.run(fewer, &res, &v).ok());
+        EXPECT_FALSE(v.ok);
+    }
+    t.read_aheads.clear();
+    Replayer rp(t);
+    ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
+    EXPECT_FALSE(v.ok);
+    std::remove(r.path.c_str());
 }
 
 TEST(ReplayValidate, FailsWhenOneRecordedHitIsTamperedWith) {

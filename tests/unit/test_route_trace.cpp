@@ -228,6 +228,53 @@ TEST(RouteTraceFormat, ReadsVersion2) {
         << st.message();
 }
 
+// A read-ahead record (version 8) after the first routing record parses; a bad one is refused
+// naming its offset; in a version 7 file the tag is unknown.
+TEST(RouteTraceFormat, ReadAheadRecordsAreCheckedAndOnlyFromVersion8) {
+    const std::string path = tmp_path("ra.trace");
+    write_synthetic(path, shape_header(2, 8, 2, 4096), 3);
+    const std::string good = slurp(path);
+    std::remove(path.c_str());
+    RouteTrace t;
+    ASSERT_TRUE(
+        parse_route_trace(reinterpret_cast<const uint8_t *>(good.data()), good.size(), "r", &t)
+            .ok());
+    const uint64_t at = t.routings[1].offset;
+    const uint32_t layer = t.routings[1].layer;
+    auto record = [&](uint8_t flags, uint32_t routing, uint32_t expert_word) {
+        std::string a("A");
+        a += char(flags);
+        a.append(2, '\0');
+        for (uint32_t v : {routing, layer, 1u, expert_word})
+            a.append(reinterpret_cast<const char *>(&v), 4);
+        std::string b = good;
+        b.insert(size_t(at), a);
+        return b;
+    };
+    auto parse = [&](const std::string & b, RouteTrace * out) {
+        return parse_route_trace(reinterpret_cast<const uint8_t *>(b.data()), b.size(), "r", out);
+    };
+    Status st = parse(record(kReadAheadOk, 0, 3 | kReadAheadCommitted), &t);
+    ASSERT_TRUE(st.ok()) << st.message();
+    ASSERT_EQ(t.read_aheads.size(), 1u);
+    EXPECT_EQ(t.read_aheads[0].committed, 1u);
+    EXPECT_EQ(t.read_ahead_experts[0], 3u | kReadAheadCommitted);
+    const std::string off = "offset " + std::to_string(at);
+    st = parse(record(0x10, 0, 3), &t);
+    EXPECT_NE(st.message().find("offset " + std::to_string(at + 1) + ": unknown read-ahead flags 16"),
+              std::string::npos) << st.message();
+    st = parse(record(kReadAheadOk, 1, 3), &t);
+    EXPECT_NE(st.message().find("offset " + std::to_string(at + 4) + ": read-ahead names routing #1"),
+              std::string::npos) << st.message();
+    st = parse(record(kReadAheadOk, 0, 8), &t);
+    EXPECT_NE(st.message().find("offset " + std::to_string(at + 16) + ": expert id 8"),
+              std::string::npos) << st.message();
+    std::string v7 = record(kReadAheadOk, 0, 3);
+    v7[8] = 7;
+    st = parse(v7, &t);
+    EXPECT_NE(st.message().find(off + ": unknown record tag 65"), std::string::npos) << st.message();
+}
+
 TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
     const std::string path = tmp_path("corrupt.trace");
     const TraceHeader h = shape_header(2, 8, 2, 4096);

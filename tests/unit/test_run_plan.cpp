@@ -131,8 +131,8 @@ TEST(RunPlan, PrefetchReaderFollowsTheOptionsAndTheLanes) {
     faults.io_fault_planted = true;
     EXPECT_FALSE(plan_of(o, faults).want_uring);
     EXPECT_FALSE(plan_of(o, lanes(1)).decode_prefetch);  // no worker lane
-    o.route_trace = "/tmp/t.trace";
-    EXPECT_FALSE(plan_of(o).decode_prefetch);
+    o.route_trace = "/tmp/t.trace";  // a trace records the read-ahead, it switches nothing
+    EXPECT_TRUE(plan_of(o).decode_prefetch);
 }
 
 // The overlap needs a worker lane and is off under --cache-debug; the staged reads need it.
@@ -147,30 +147,23 @@ TEST(RunPlan, OverlapNeedsAWorkerLaneAndNoCacheDebug) {
     EXPECT_TRUE(plan_of(o).use_check);
 }
 
-// Prefill read-ahead by default where it applies; with a route trace on the fixed slots, into
-// the shared slots only (the store stays the fixed slots); off, saying why, with a route trace
-// on the LRU cache, and refused there by name when asked for.
+// Prefill read-ahead by default where it applies; a route trace changes nothing of it (the
+// trace records the read-ahead calls), on the fixed slots and on the LRU cache.
 TEST(RunPlan, PrefillReadaheadWhereItAppliesAndWhyNot) {
     const RunPlan on = plan_of(cached());
     EXPECT_TRUE(on.prefill_readahead);
     EXPECT_TRUE(on.row_guess);
-    EXPECT_TRUE(on.readahead_into_slots);
     RunOptions o = cached();
     o.route_trace = "/tmp/t.trace";
     const RunPlan traced = plan_of(o);
     EXPECT_EQ(traced.store, RunPlan::Store::kFixedSlots);
     EXPECT_TRUE(traced.prefill_readahead);
-    EXPECT_FALSE(traced.readahead_into_slots);
     o.slot_cache = "0";
-    const RunPlan off = plan_of(o);
-    EXPECT_FALSE(off.prefill_readahead);
-    EXPECT_NE(choice(off, "prefill_readahead")->reason.find("RunOptions::route_trace"),
-              std::string::npos);
-    o.prefill_readahead = 1;
-    RunPlan p;
-    const Status st = resolve(o, index4(), lanes(), &p);
-    EXPECT_EQ(st.code(), ErrorCode::kUsage);
-    EXPECT_NE(st.message().find("RunOptions::route_trace"), std::string::npos) << st.message();
+    const RunPlan lru = plan_of(o);
+    EXPECT_EQ(lru.store, RunPlan::Store::kLru);
+    EXPECT_TRUE(lru.prefill_readahead);
+    o.prefetch = true;
+    EXPECT_TRUE(plan_of(o).decode_prefetch);
     o = cached();
     o.prefill_guess = "bank";
     EXPECT_FALSE(plan_of(o).row_guess);

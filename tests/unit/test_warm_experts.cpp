@@ -261,5 +261,24 @@ TEST(WarmExpertsNoCache, IsRefusedByNameWithOneReadLane) {
     EXPECT_NE(st.message().find("--io-threads"), std::string::npos) << st.message();
 }
 
+TEST(WarmExpertsNoCache, IsRefusedByNameWithARouteTrace) {
+    TempDir d("warm-trace");
+    RunOptions o = warm_options(d.path("u.usage"));
+    o.route_trace = d.path("t.trace");
+    std::unique_ptr<Engine> e;
+    const Status st = Engine::open(o, &e);
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("RunOptions::warm_experts cannot be combined with "
+                                "RunOptions::route_trace"),
+              std::string::npos)
+        << st.message();
+    struct stat sb;
+    EXPECT_NE(stat(d.path("u.usage").c_str(), &sb), 0) << "nothing written";
+    EXPECT_NE(stat(d.path("t.trace").c_str(), &sb), 0) << "nothing written";
+    o.route_trace.clear();  // control: the same options without the trace open
+    const Status ok = Engine::open(o, &e);
+    EXPECT_TRUE(ok.ok()) << ok.message();
+}
+
 }  // namespace
 }  // namespace moestream::test
