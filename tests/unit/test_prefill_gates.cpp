@@ -197,9 +197,10 @@ TEST(PrefillReadaheadFlags, RefusedByNameWhereItCannotWork) {
     EXPECT_EQ(ok.rc, 0) << ok.err;
 }
 
-// Without the flag, read-ahead is on where it applies and off (the run goes on, the settings
-// say so) where it cannot: one read lane, a route trace, drop-cold. --no-prefill-readahead
-// turns it off. The settings field is what the engine ran, so each expectation can fail.
+// Without the flag, read-ahead is on where it applies, a route trace included (the trace
+// records it), and off (the run goes on, the settings say so) where it cannot: one read lane,
+// drop-cold. --no-prefill-readahead turns it off. The settings field is what the engine ran,
+// so each expectation can fail.
 TEST(PrefillReadaheadFlags, OnByDefaultWhereItApplies) {
     const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
     Out on = run(model, "--cache-mb 0");
@@ -208,9 +209,13 @@ TEST(PrefillReadaheadFlags, OnByDefaultWhereItApplies) {
     EXPECT_FALSE(on.stats["settings"]["prefill_readahead_requested"].get<bool>());
     EXPECT_GT(on.stats["prefetch_bytes"].get<uint64_t>(), 0u) << on.err;
     const std::string trace = models_dir() + "/ra-default-" + std::to_string(getpid()) + ".trace";
+    Out traced = run(model, "--cache-mb 0 --route-trace " + trace);
+    ASSERT_EQ(traced.rc, 0) << traced.err;
+    EXPECT_TRUE(traced.stats["settings"]["prefill_readahead"].get<bool>()) << traced.err;
+    EXPECT_EQ(traced.stats["prefetch_bytes"], on.stats["prefetch_bytes"]) << traced.err;
     for (const std::string & flags :
-         {std::string("--cache-mb 0 --io-threads 1"), "--cache-mb 0 --route-trace " + trace,
-          std::string("--drop-cold-experts 0.5"), std::string("--cache-mb 0 --no-prefill-readahead")}) {
+         {std::string("--cache-mb 0 --io-threads 1"), std::string("--drop-cold-experts 0.5"),
+          std::string("--cache-mb 0 --no-prefill-readahead")}) {
         SCOPED_TRACE(flags);
         Out off = run(model, flags);
         ASSERT_EQ(off.rc, 0) << off.err;
