@@ -392,45 +392,64 @@ std::string long_flag(const char * flags) {
     return f.substr(f.rfind(',') + 1);
 }
 
+// The row's bool member of options O (nullptr: none).
+template <class O>
+bool O::*bool_member(const Setting & s) {
+    const auto * p = [&s] {
+        if constexpr (std::is_same_v<O, RunOptions>)
+            return std::get_if<bool RunOptions::*>(&s.member);
+        else
+            return std::get_if<bool O::*>(&s.command_member);
+    }();
+    return p != nullptr ? *p : nullptr;
+}
+
 // One registry row as a CLI11 flag: its names, help, the values its range admits (validated
 // by the registry), the field set from the value; a bool's flag sets the opposite of the
 // field's default (setting_flag_value: --prefetch on, --cache-no-move off); a negation pair
 // (off_flags) is two bare flags setting "on" and "off"; a draw (--seed -1) is printed.
-void bind_setting(CLI::App * sub, const Setting & s, RunOptions * opt) {
+// O: RunOptions (the row's member) or a command's own options (its command_member).
+template <class O>
+void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
     const Setting * row = &s;
-    const auto * bm = std::get_if<bool RunOptions::*>(&s.member);
+    bool O::*const bm = bool_member<O>(s);
+    const std::string help = *s.field ? setting_help(s.field) : std::string(s.doc);
     if (*s.off_flags) {
         auto set = [opt, row, bm](bool on) {
             if (bm != nullptr)
-                opt->**bm = on;
+                opt->*bm = on;
             else
                 set_setting_text(*row, on ? "on" : "off", opt);
         };
-        auto * on = sub->add_flag(s.flags, [set](int64_t) { set(true); }, setting_help(s.field));
+        auto * on = sub->add_flag(s.flags, [set](int64_t) { set(true); }, help);
         sub->add_flag(s.off_flags, [set](int64_t) { set(false); }, s.off_doc)->excludes(on);
         return;
     }
     if (bm != nullptr) {
-        const auto m = *bm;
+        const auto m = bm;
         const bool value = setting_flag_value(s);
-        sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; },
-                      setting_help(s.field));
+        sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; }, help);
         return;
     }
     auto * o = sub->add_option_function<std::string>(
         s.flags,
         [opt, row](const std::string & v) {
             std::string note;
-            set_setting_text(*row, v, opt, &note);
+            if constexpr (std::is_same_v<O, RunOptions>)
+                set_setting_text(*row, v, opt, &note);
+            else
+                set_setting_text(*row, v, opt);
             if (!note.empty())
                 std::fprintf(stderr, "moestream: %s %s: %s\n", long_flag(row->flags).c_str(),
                              v.c_str(), note.c_str());
         },
-        setting_help(s.field));
+        help);
     o->type_name(setting_type_name(s));
-    if (!std::holds_alternative<std::string RunOptions::*>(s.member))
+    if (!std::holds_alternative<std::string RunOptions::*>(s.member) &&
+        !std::holds_alternative<std::string ServeOptions::*>(s.command_member))
         o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
                                 setting_range_text(s)));
+    if (s.traits & kExistingDir) o->check(CLI::ExistingDirectory);
     if (s.traits & kRequired) {
         o->required();
         return;  // a required option shows no default
@@ -449,6 +468,13 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
         if (*s.flags && *s.field && s.for_command(sub->get_name())) bind_setting(sub, s, opt);
     // A combination rule of the flags: the cache's size needs the cache.
     sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
+}
+
+void add_serve_flags(CLI::App * sub, ServeOptions * opt) {
+    for (const Setting & s : settings_registry())
+        if (std::holds_alternative<std::monostate>(s.member) && *s.flags && s.for_command("serve") &&
+            !std::holds_alternative<std::monostate>(s.command_member))
+            bind_setting(sub, s, opt);
 }
 
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
