@@ -9,6 +9,8 @@
 // run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
 // (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
 // tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
+// The flags of serve and chat beyond the engine's are rows too, of ServeOptions / ChatOptions
+// (Setting::command_member): bound, checked, shown in --help and tabled the same way.
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
@@ -61,9 +63,27 @@ struct ServeOptions {
     bool lossless = false;           // --lossless: without the app's lossy defaults
 };
 
+// The flags of `moestream chat` beyond the engine's and the sampling's: plain values, each a
+// registry row (Setting::command_member). The defaults are the flags' defaults.
+struct ChatOptions {
+    std::string system_prompt;       // --system-prompt, taken as is ("" = none)
+    std::string system_prompt_file;  // --system-prompt-file ("" = none)
+    int n_predict = -1;              // -n: tokens per reply at most; -1 = no limit
+    bool escape = true;              // -e,--escape / --no-escape
+    bool cache_prompt = true;        // --cache-prompt / --no-cache-prompt
+    std::string reasoning = "auto";  // --reasoning: on | off | auto
+    std::string reasoning_effort;    // --reasoning-effort ("" = the template's default)
+    bool show_reasoning = true;      // --show-reasoning / --hide-reasoning
+    std::string grammar;             // --grammar: GBNF text ("" = none)
+    std::string grammar_file;        // --grammar-file ("" = none)
+    bool verbose_prompt = false;     // --verbose-prompt
+};
+
 // A typed accessor of one field of a command's own options (std::monostate: none).
-using CommandField = std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
-                                  bool ServeOptions::*, std::string ServeOptions::*>;
+using CommandField =
+    std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
+                 bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
+                 bool ChatOptions::*, std::string ChatOptions::*>;
 
 // How the CLI binds and checks a row's flag (Setting::traits, or-ed).
 enum SettingTrait : unsigned {
@@ -136,8 +156,9 @@ std::string check_setting_text(const Setting & s, const std::string & text);
 // 123"; "" when nothing was).
 bool set_setting_text(const Setting & s, const std::string & text, RunOptions * opt,
                       std::string * note = nullptr);
-// The same for a row of serve's own options (Setting::command_member).
+// The same for a row of a command's own options (Setting::command_member).
 bool set_setting_text(const Setting & s, const std::string & text, ServeOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, ChatOptions * opt);
 // The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
 // --no-stream and --cache-no-move set false; a command row's: of its options' default).
 bool setting_flag_value(const Setting & s);
@@ -145,6 +166,7 @@ bool setting_flag_value(const Setting & s);
 // number or text ("" for a row without a field).
 std::string setting_value_text(const Setting & s, const RunOptions & opt);
 std::string setting_value_text(const Setting & s, const ServeOptions & opt);
+std::string setting_value_text(const Setting & s, const ChatOptions & opt);
 // The numbers the range admits, for --help ("16..4194304|0", "(0, 1]"; "" = any, or only
 // words).
 std::string setting_range_text(const Setting & s);

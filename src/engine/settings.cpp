@@ -2,6 +2,7 @@
 // from it. Adding a setting: one row here, the field in RunOptions, the feature, its test.
 #include "moestream/settings.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -23,6 +24,7 @@ namespace {
 using C = SettingClass;
 using R = RunOptions;
 using S = ServeOptions;
+using H = ChatOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -196,6 +198,62 @@ const std::vector<Setting> kSettings = {
      .doc = "start without the app's lossy defaults",
      .key = "", .range = "", .commands = "serve", .traits = 0,
      .command_member = &S::lossless, .command_field = "ServeOptions::lossless"},
+    // --- chat's own flags (ChatOptions) ---
+    {.field = "", .member = {}, .flags = "--system-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "system prompt (-sys), taken as is",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::system_prompt, .command_field = "ChatOptions::system_prompt"},
+    {.field = "", .member = {}, .flags = "--system-prompt-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the system prompt from a file (-sysf)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::system_prompt_file, .command_field = "ChatOptions::system_prompt_file"},
+    {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "-1", .cls = C::kProduction,
+     .doc = "tokens per reply at most; -1 = until end-of-generation or the context is full",
+     .key = "", .range = "-1..16777216", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::n_predict, .command_field = "ChatOptions::n_predict"},
+    {.field = "", .member = {}, .flags = "-e,--escape", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "process escapes in each turn and -r (\\n \\t \\\\ \\xHH ...; the default)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "--no-escape",
+     .off_doc = "take turns and -r literally", .command_member = &H::escape, .command_field = "ChatOptions::escape"},
+    {.field = "", .member = {}, .flags = "--cache-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "reuse the previous turn's KV cache: prefill only the new tokens (the default)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "--no-cache-prompt",
+     .off_doc = "prefill the whole conversation every turn", .command_member = &H::cache_prompt, .command_field = "ChatOptions::cache_prompt"},
+    {.field = "", .member = {}, .flags = "--reasoning", .env = "", .choices = "on|off|auto", .env_inverted = false,
+     .dflt = "auto", .cls = C::kProduction,
+     .doc = "thinking (-rea): on, off or auto (the template's default); off on a template that cannot turn it off, and on for one without thinking, are refused",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::reasoning, .command_field = "ChatOptions::reasoning"},
+    {.field = "", .member = {}, .flags = "--reasoning-effort", .env = "", .choices = "low|medium|high", .env_inverted = false,
+     .dflt = "the template's", .cls = C::kProduction,
+     .doc = "the harmony (gpt-oss) template's reasoning level: low, medium (its default) or high; refused for other templates",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::reasoning_effort, .command_field = "ChatOptions::reasoning_effort"},
+    {.field = "", .member = {}, .flags = "--show-reasoning", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "show a reply's reasoning apart from its answer: dimmed on a terminal, else on stderr as lines prefixed 'thinking: ' (the default)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "--hide-reasoning",
+     .off_doc = "show only the answer (the reasoning is still generated)", .command_member = &H::show_reasoning, .command_field = "ChatOptions::show_reasoning"},
+    {.field = "", .member = {}, .flags = "--grammar", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "constrain every reply to this GBNF grammar (llama.cpp's format)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::grammar, .command_field = "ChatOptions::grammar"},
+    {.field = "", .member = {}, .flags = "--grammar-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the --grammar from a file",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::grammar_file, .command_field = "ChatOptions::grammar_file"},
+    {.field = "", .member = {}, .flags = "--verbose-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print each turn's rendered prompt on stderr before its reply",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::verbose_prompt, .command_field = "ChatOptions::verbose_prompt"},
     {"",
      {},
      "",
@@ -747,6 +805,10 @@ bool Setting::for_command(std::string_view command) const {
 
 std::string check_setting_text(const Setting & s, const std::string & t) {
     const NumKind k = num_kind(s);
+    if (k == NumKind::kNone && is_command_row(s) && *s.choices) {  // a command's text of choices
+        const std::vector<std::string> c = split_choices(s.choices);
+        return std::find(c.begin(), c.end(), t) != c.end() ? "" : t + " is not " + choices_text(c);
+    }
     if (k == NumKind::kNone) return "";  // text, or a flag without a value
     std::string note;
     if (s.draw && !s.draw(t, &note).empty()) return "";  // a value drawn when it is set
@@ -779,8 +841,10 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
             rest += (rest.empty() ? "" : ", ") + a.text;
     }
     RunOptions probe;  // the value must fit the field's type too
-    ServeOptions command_probe;
-    if (ok && !(is_command_row(s) ? set_from_text(s, t, &command_probe) : set_from_text(s, t, &probe)))
+    ServeOptions serve_probe;
+    ChatOptions chat_probe;
+    if (ok && !(is_command_row(s) ? set_from_text(s, t, &serve_probe) || set_from_text(s, t, &chat_probe)
+                                  : set_from_text(s, t, &probe)))
         return t + " does not fit " + (is_command_row(s) ? s.command_field : s.field);
     if (ok) return "";
     if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
@@ -819,11 +883,18 @@ bool set_setting_text(const Setting & s, const std::string & t, ServeOptions * o
     return set_text(s, t, opt, nullptr);
 }
 
+bool set_setting_text(const Setting & s, const std::string & t, ChatOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
     static const RunOptions kDefaults;
     static const ServeOptions kServeDefaults;
+    static const ChatOptions kChatDefaults;
     if (const auto * c = std::get_if<bool ServeOptions::*>(&s.command_member))
         return !(kServeDefaults.**c);
+    if (const auto * c = std::get_if<bool ChatOptions::*>(&s.command_member))
+        return !(kChatDefaults.**c);
     const auto * m = std::get_if<bool RunOptions::*>(&s.member);
     return m != nullptr && !(kDefaults.**m);
 }
@@ -833,6 +904,10 @@ std::string setting_value_text(const Setting & s, const RunOptions & opt) {
 }
 
 std::string setting_value_text(const Setting & s, const ServeOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ChatOptions & opt) {
     return value_text_of(s, opt);
 }
 
@@ -849,10 +924,12 @@ std::string setting_range_text(const Setting & s) {
 
 std::string setting_type_name(const Setting & s) {
     if (std::holds_alternative<bool RunOptions::*>(s.member) ||
-        std::holds_alternative<bool ServeOptions::*>(s.command_member))
+        std::holds_alternative<bool ServeOptions::*>(s.command_member) ||
+        std::holds_alternative<bool ChatOptions::*>(s.command_member))
         return "";
     if (std::holds_alternative<std::monostate>(s.member) && !is_command_row(s)) return s.range;
     const NumKind k = num_kind(s);
+    if (k == NumKind::kNone && is_command_row(s) && *s.choices) return s.choices;  // on|off|auto
     if (k == NumKind::kNone) return *s.range ? s.range : "TEXT";
     std::string words;
     bool numbers = false;
@@ -1061,15 +1138,21 @@ std::string settings_markdown() {
         }
     }
     // A command's own flags (Setting::command_member), one table per command.
-    md += "\n### `serve`\n\n| Flag | ServeOptions | Values | Default | What it does |\n"
-          "|---|---|---|---|---|\n";
-    for (const Setting & s : kSettings) {
-        if (!is_command_row(s)) continue;
-        std::string values = setting_type_name(s);
-        if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
-        const std::string field = std::string(s.command_field).substr(sizeof("ServeOptions::") - 1);
-        md += "| `" + std::string(s.flags) + "` | `" + field + "` | " + md_cell(values) + " | " +
-              md_cell(s.dflt) + " | " + md_cell(s.doc) + " |\n";
+    for (const char * command : {"serve", "chat"}) {
+        const std::string type = command == std::string("serve") ? "ServeOptions" : "ChatOptions";
+        md += "\n### `" + std::string(command) + "`\n\n| Flag | " + type +
+              " | Values | Default | What it does |\n|---|---|---|---|---|\n";
+        for (const Setting & s : kSettings) {
+            if (!is_command_row(s) || !s.for_command(command)) continue;
+            std::string values = setting_type_name(s);
+            if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
+            const std::string field = std::string(s.command_field).substr(type.size() + 2);
+            std::string flag = "`" + std::string(s.flags) + "`";
+            if (*s.off_flags) flag += " / `" + std::string(s.off_flags) + "`";
+            md += "| " + flag + " | `" + field + "` | " + md_cell(values) + " | " +
+                  md_cell(s.dflt) + " | " + md_cell(s.doc) +
+                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") + " |\n";
+        }
     }
     return md;
 }

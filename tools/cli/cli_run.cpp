@@ -392,6 +392,14 @@ std::string long_flag(const char * flags) {
     return f.substr(f.rfind(',') + 1);
 }
 
+// The class of a member pointer.
+template <class M>
+struct MemberClass;
+template <class C, class V>
+struct MemberClass<V C::*> {
+    using Class = C;
+};
+
 // The row's bool member of options O (nullptr: none).
 template <class O>
 bool O::*bool_member(const Setting & s) {
@@ -445,8 +453,10 @@ void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
         },
         help);
     o->type_name(setting_type_name(s));
-    if (!std::holds_alternative<std::string RunOptions::*>(s.member) &&
-        !std::holds_alternative<std::string ServeOptions::*>(s.command_member))
+    const bool text = std::holds_alternative<std::string RunOptions::*>(s.member) ||
+                      std::holds_alternative<std::string ServeOptions::*>(s.command_member) ||
+                      std::holds_alternative<std::string ChatOptions::*>(s.command_member);
+    if (!text || *s.choices)  // a number's range, or a command's text of choices
         o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
                                 setting_range_text(s)));
     if (s.traits & kExistingDir) o->check(CLI::ExistingDirectory);
@@ -470,12 +480,27 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
 }
 
-void add_serve_flags(CLI::App * sub, ServeOptions * opt) {
-    for (const Setting & s : settings_registry())
-        if (std::holds_alternative<std::monostate>(s.member) && *s.flags && s.for_command("serve") &&
-            !std::holds_alternative<std::monostate>(s.command_member))
-            bind_setting(sub, s, opt);
+namespace {
+// Every row of options O (a command's own) that `command` takes.
+template <class O>
+void add_command_flags(CLI::App * sub, const char * command, O * opt) {
+    for (const Setting & s : settings_registry()) {
+        const bool of_o = std::visit(
+            [](auto m) {
+                if constexpr (std::is_same_v<decltype(m), std::monostate>)
+                    return false;
+                else
+                    return std::is_same_v<typename MemberClass<decltype(m)>::Class, O>;
+            },
+            s.command_member);
+        if (of_o && *s.flags && s.for_command(command)) bind_setting(sub, s, opt);
+    }
 }
+}  // namespace
+
+void add_serve_flags(CLI::App * sub, ServeOptions * opt) { add_command_flags(sub, "serve", opt); }
+
+void add_chat_flags(CLI::App * sub, ChatOptions * opt) { add_command_flags(sub, "chat", opt); }
 
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
 std::string flag_words(const std::string & msg) { return option_words(msg); }
