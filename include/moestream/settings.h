@@ -9,6 +9,8 @@
 // run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
 // (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
 // tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
+// The flags of serve and chat beyond the engine's are rows too, of ServeOptions / ChatOptions
+// (Setting::command_member): bound, checked, shown in --help and tabled the same way.
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
@@ -43,10 +45,51 @@ using SettingField = std::variant<std::monostate, int RunOptions::*, int64_t Run
                                   uint32_t RunOptions::*, bool RunOptions::*, float RunOptions::*,
                                   double RunOptions::*, std::string RunOptions::*>;
 
+// The flags of `moestream serve` beyond the engine's (RunOptions): plain values, each a
+// registry row (Setting::command_member), that the CLI copies into the server's configuration.
+// The defaults are the flags' defaults.
+struct ServeOptions {
+    std::string host = "127.0.0.1";  // --host: the address to listen on
+    int port = 8080;                 // --port: TCP port; 0 = any free port
+    std::string api_key;             // --api-key ("" = none)
+    std::string api_key_file;        // --api-key-file: the key's file ("" = none)
+    int n_predict = -1;              // -n: a request's default max_tokens; -1 = no limit
+    std::string cors;                // --cors: the web origin allowed ("" = no CORS headers)
+    int queue = 8;                   // --queue: requests that may wait behind the running one
+    int64_t max_body = 1 << 20;      // --max-body: the largest request body, bytes
+    std::string slot_save_path;      // --slot-save-path: DIR of slot files ("" = none)
+    std::string alias;               // --alias: the model's name in the API ("" = the file's)
+    bool no_webui = false;           // --no-webui: no web page
+    bool lossless = false;           // --lossless: without the app's lossy defaults
+};
+
+// The flags of `moestream chat` beyond the engine's and the sampling's: plain values, each a
+// registry row (Setting::command_member). The defaults are the flags' defaults.
+struct ChatOptions {
+    std::string system_prompt;       // --system-prompt, taken as is ("" = none)
+    std::string system_prompt_file;  // --system-prompt-file ("" = none)
+    int n_predict = -1;              // -n: tokens per reply at most; -1 = no limit
+    bool escape = true;              // -e,--escape / --no-escape
+    bool cache_prompt = true;        // --cache-prompt / --no-cache-prompt
+    std::string reasoning = "auto";  // --reasoning: on | off | auto
+    std::string reasoning_effort;    // --reasoning-effort ("" = the template's default)
+    bool show_reasoning = true;      // --show-reasoning / --hide-reasoning
+    std::string grammar;             // --grammar: GBNF text ("" = none)
+    std::string grammar_file;        // --grammar-file ("" = none)
+    bool verbose_prompt = false;     // --verbose-prompt
+};
+
+// A typed accessor of one field of a command's own options (std::monostate: none).
+using CommandField =
+    std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
+                 bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
+                 bool ChatOptions::*, std::string ChatOptions::*>;
+
 // How the CLI binds and checks a row's flag (Setting::traits, or-ed).
 enum SettingTrait : unsigned {
     kRequired = 1u << 0,   // every command that takes the flag requires it (-m)
     kStreaming = 1u << 1,  // applies to the streaming loader only: refused under --no-stream
+    kExistingDir = 1u << 2,  // the value names a directory that exists (--slot-save-path)
 };
 
 struct Setting {
@@ -81,6 +124,10 @@ struct Setting {
     // seed): returns the value drawn as the field's text and sets *note to what it is ("random
     // seed 123"); "" when `text` is no such value. nullptr = the row has none.
     std::string (*draw)(const std::string & text, std::string * note) = nullptr;
+    // A row of a command's own options instead of RunOptions (field "", member none): the
+    // member and its name ("ServeOptions::port"); bound, checked and set like a field's row.
+    CommandField command_member = {};
+    const char * command_field = "";
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).
     std::string flag() const;
@@ -109,12 +156,17 @@ std::string check_setting_text(const Setting & s, const std::string & text);
 // 123"; "" when nothing was).
 bool set_setting_text(const Setting & s, const std::string & text, RunOptions * opt,
                       std::string * note = nullptr);
+// The same for a row of a command's own options (Setting::command_member).
+bool set_setting_text(const Setting & s, const std::string & text, ServeOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, ChatOptions * opt);
 // The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
-// --no-stream and --cache-no-move set false).
+// --no-stream and --cache-no-move set false; a command row's: of its options' default).
 bool setting_flag_value(const Setting & s);
 // The field's value as a flag value: a range word where one stands for it ("auto"), else the
 // number or text ("" for a row without a field).
 std::string setting_value_text(const Setting & s, const RunOptions & opt);
+std::string setting_value_text(const Setting & s, const ServeOptions & opt);
+std::string setting_value_text(const Setting & s, const ChatOptions & opt);
 // The numbers the range admits, for --help ("16..4194304|0", "(0, 1]"; "" = any, or only
 // words).
 std::string setting_range_text(const Setting & s);

@@ -2,6 +2,7 @@
 // from it. Adding a setting: one row here, the field in RunOptions, the feature, its test.
 #include "moestream/settings.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -22,6 +23,8 @@ namespace {
 
 using C = SettingClass;
 using R = RunOptions;
+using S = ServeOptions;
+using H = ChatOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -133,18 +136,123 @@ const std::vector<Setting> kSettings = {
      "",
      "",
      "run|chat"},
-    {"",
-     {},
-     "--lossless",
-     "",
-     "",
-     false,
-     "the app's lossy defaults",
-     C::kProduction,
-     "start without the app's lossy defaults",
-     "",
-     "",
-     "serve"},
+    // --- serve's own flags (ServeOptions; the CLI copies them into the server's configuration) ---
+    {.field = "", .member = {}, .flags = "--host", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "127.0.0.1", .cls = C::kProduction,
+     .doc = "address to listen on (default 127.0.0.1: this machine only)",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::host, .command_field = "ServeOptions::host"},
+    {.field = "", .member = {}, .flags = "--port", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "8080", .cls = C::kProduction,
+     .doc = "TCP port; 0 = any free port (printed)",
+     .key = "", .range = "0..65535", .commands = "serve", .traits = 0,
+     .command_member = &S::port, .command_field = "ServeOptions::port"},
+    {.field = "", .member = {}, .flags = "--api-key", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "require 'Authorization: Bearer KEY' on /v1/* and /stats (or set MOESTREAM_API_KEY)",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::api_key, .command_field = "ServeOptions::api_key"},
+    {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "-1", .cls = C::kProduction,
+     .doc = "default max_tokens of a request; -1 (default) = until the end of generation or the context is full",
+     .key = "", .range = "-1..4194304", .commands = "serve", .traits = 0,
+     .command_member = &S::n_predict, .command_field = "ServeOptions::n_predict"},
+    {.field = "", .member = {}, .flags = "--cors", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "allow this web origin (e.g. http://localhost:3000) to call the API from a browser (CORS)",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::cors, .command_field = "ServeOptions::cors"},
+    {.field = "", .member = {}, .flags = "--queue", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "8", .cls = C::kProduction,
+     .doc = "requests that may wait behind the running one",
+     .key = "", .range = "0..1024", .commands = "serve", .traits = 0,
+     .command_member = &S::queue, .command_field = "ServeOptions::queue"},
+    {.field = "", .member = {}, .flags = "--max-body", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1048576", .cls = C::kProduction,
+     .doc = "largest request body in bytes (413 above)",
+     .key = "", .range = "1024..1073741824", .commands = "serve", .traits = 0,
+     .command_member = &S::max_body, .command_field = "ServeOptions::max_body"},
+    {.field = "", .member = {}, .flags = "--slot-save-path", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "directory of POST /slots/0?action=save|restore files (llama-server's slot save/restore: the KV the context holds; docs/server.md)",
+     .key = "", .range = "DIR", .commands = "serve", .traits = kExistingDir,
+     .command_member = &S::slot_save_path, .command_field = "ServeOptions::slot_save_path"},
+    {.field = "", .member = {}, .flags = "--api-key-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the API key from the first line of this file (not shown by `ps`)",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::api_key_file, .command_field = "ServeOptions::api_key_file"},
+    {.field = "", .member = {}, .flags = "--alias", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the file's name", .cls = C::kProduction,
+     .doc = "the model's name in the API (/v1/models, `model` of replies; default: the file's name)",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::alias, .command_field = "ServeOptions::alias"},
+    {.field = "", .member = {}, .flags = "--no-webui", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the web page", .cls = C::kProduction,
+     .doc = "serve the API only: no web page (GET / is a 404)",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::no_webui, .command_field = "ServeOptions::no_webui"},
+    {.field = "", .member = {}, .flags = "--lossless", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the app's lossy defaults", .cls = C::kProduction,
+     .doc = "start without the app's lossy defaults",
+     .key = "", .range = "", .commands = "serve", .traits = 0,
+     .command_member = &S::lossless, .command_field = "ServeOptions::lossless"},
+    // --- chat's own flags (ChatOptions) ---
+    {.field = "", .member = {}, .flags = "--system-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "system prompt (-sys), taken as is",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::system_prompt, .command_field = "ChatOptions::system_prompt"},
+    {.field = "", .member = {}, .flags = "--system-prompt-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the system prompt from a file (-sysf)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::system_prompt_file, .command_field = "ChatOptions::system_prompt_file"},
+    {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "-1", .cls = C::kProduction,
+     .doc = "tokens per reply at most; -1 = until end-of-generation or the context is full",
+     .key = "", .range = "-1..16777216", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::n_predict, .command_field = "ChatOptions::n_predict"},
+    {.field = "", .member = {}, .flags = "-e,--escape", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "process escapes in each turn and -r (\\n \\t \\\\ \\xHH ...; the default)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "--no-escape",
+     .off_doc = "take turns and -r literally", .command_member = &H::escape, .command_field = "ChatOptions::escape"},
+    {.field = "", .member = {}, .flags = "--cache-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "reuse the previous turn's KV cache: prefill only the new tokens (the default)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "--no-cache-prompt",
+     .off_doc = "prefill the whole conversation every turn", .command_member = &H::cache_prompt, .command_field = "ChatOptions::cache_prompt"},
+    {.field = "", .member = {}, .flags = "--reasoning", .env = "", .choices = "on|off|auto", .env_inverted = false,
+     .dflt = "auto", .cls = C::kProduction,
+     .doc = "thinking (-rea): on, off or auto (the template's default); off on a template that cannot turn it off, and on for one without thinking, are refused",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::reasoning, .command_field = "ChatOptions::reasoning"},
+    {.field = "", .member = {}, .flags = "--reasoning-effort", .env = "", .choices = "low|medium|high", .env_inverted = false,
+     .dflt = "the template's", .cls = C::kProduction,
+     .doc = "the harmony (gpt-oss) template's reasoning level: low, medium (its default) or high; refused for other templates",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::reasoning_effort, .command_field = "ChatOptions::reasoning_effort"},
+    {.field = "", .member = {}, .flags = "--show-reasoning", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "show a reply's reasoning apart from its answer: dimmed on a terminal, else on stderr as lines prefixed 'thinking: ' (the default)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "--hide-reasoning",
+     .off_doc = "show only the answer (the reasoning is still generated)", .command_member = &H::show_reasoning, .command_field = "ChatOptions::show_reasoning"},
+    {.field = "", .member = {}, .flags = "--grammar", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "constrain every reply to this GBNF grammar (llama.cpp's format)",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::grammar, .command_field = "ChatOptions::grammar"},
+    {.field = "", .member = {}, .flags = "--grammar-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the --grammar from a file",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::grammar_file, .command_field = "ChatOptions::grammar_file"},
+    {.field = "", .member = {}, .flags = "--verbose-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print each turn's rendered prompt on stderr before its reply",
+     .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
+     .off_doc = "", .command_member = &H::verbose_prompt, .command_field = "ChatOptions::verbose_prompt"},
     {"",
      {},
      "",
@@ -434,9 +542,45 @@ std::string num_text(double v) {
     return b;
 }
 
+// The class and value type of a member pointer.
+template <class M>
+struct MemberOf;
+template <class C, class V>
+struct MemberOf<V C::*> {
+    using Class = C;
+    using Value = V;
+};
+
+// f(the row's member of options O) — RunOptions: Setting::member; a command's options:
+// Setting::command_member — or f(std::monostate) when the row has none of O's.
+template <class O, class F>
+auto visit_member(const Setting & s, F && f) {
+    if constexpr (std::is_same_v<O, RunOptions>) {
+        return std::visit(f, s.member);
+    } else {
+        return std::visit(
+            [&f](auto m) {
+                using M = decltype(m);
+                if constexpr (std::is_same_v<M, std::monostate>)
+                    return f(m);
+                else if constexpr (std::is_same_v<typename MemberOf<M>::Class, O>)
+                    return f(m);
+                else
+                    return f(std::monostate{});
+            },
+            s.command_member);
+    }
+}
+
+bool is_command_row(const Setting & s) {
+    return !std::holds_alternative<std::monostate>(s.command_member);
+}
+
 // A field's value as a flag or variable value ("0.5", "1", "rows"; bools "1" / "0").
-std::string value_text(const Setting & s, const RunOptions & o) {
-    return std::visit(
+template <class O>
+std::string value_text(const Setting & s, const O & o) {
+    return visit_member<O>(
+        s,
         [&o](auto m) -> std::string {
             using M = decltype(m);
             if constexpr (std::is_same_v<M, std::monostate>) {
@@ -453,14 +597,15 @@ std::string value_text(const Setting & s, const RunOptions & o) {
                 else
                     return std::to_string(v);
             }
-        },
-        s.member);
+        });
 }
 
 // Sets a field from a variable's text (already one of its choices when it has any); false
 // when the text is no value of the field's type.
-bool set_from_text(const Setting & s, const std::string & t, RunOptions * o) {
-    return std::visit(
+template <class O>
+bool set_from_text(const Setting & s, const std::string & t, O * o) {
+    return visit_member<O>(
+        s,
         [&](auto m) -> bool {
             using M = decltype(m);
             if constexpr (std::is_same_v<M, std::monostate>) {
@@ -491,8 +636,7 @@ bool set_from_text(const Setting & s, const std::string & t, RunOptions * o) {
                     }
                 }
             }
-        },
-        s.member);
+        });
 }
 
 bool is_default(const Setting & s, const RunOptions & o) {
@@ -516,19 +660,18 @@ constexpr bool kIsNumber = std::is_arithmetic_v<V> && !std::is_same_v<V, bool>;
 // a floating type ([lo, hi]), or no number.
 enum class NumKind { kNone, kInt, kReal };
 NumKind num_kind(const Setting & s) {
-    return std::visit(
-        [](auto m) {
-            using M = decltype(m);
-            if constexpr (std::is_same_v<M, std::monostate>) {
-                return NumKind::kNone;
-            } else {
-                using V = std::decay_t<decltype(RunOptions().*m)>;
-                if constexpr (!kIsNumber<V>) return NumKind::kNone;
-                else if constexpr (std::is_floating_point_v<V>) return NumKind::kReal;
-                else return NumKind::kInt;
-            }
-        },
-        s.member);
+    auto kind = [](auto m) {
+        using M = decltype(m);
+        if constexpr (std::is_same_v<M, std::monostate>) {
+            return NumKind::kNone;
+        } else {
+            using V = typename MemberOf<M>::Value;
+            if constexpr (!kIsNumber<V>) return NumKind::kNone;
+            else if constexpr (std::is_floating_point_v<V>) return NumKind::kReal;
+            else return NumKind::kInt;
+        }
+    };
+    return is_command_row(s) ? std::visit(kind, s.command_member) : std::visit(kind, s.member);
 }
 
 std::string int_text(double v) {
@@ -580,9 +723,11 @@ bool parse_number(const Setting & s, const std::string & t, double * d) {
 }
 
 // The field's value as JSON of its type; a range word where one stands for it.
-nlohmann::json field_json(const Setting & s, const RunOptions & o) {
+template <class O>
+nlohmann::json field_json(const Setting & s, const O & o) {
     const std::vector<RangeAlt> alts = range_alts(s);
-    return std::visit(
+    return visit_member<O>(
+        s,
         [&](auto m) -> nlohmann::json {
             using M = decltype(m);
             if constexpr (std::is_same_v<M, std::monostate>) {
@@ -595,8 +740,7 @@ nlohmann::json field_json(const Setting & s, const RunOptions & o) {
                         if (a.kind == RangeAlt::kWord && double(v) == a.value) return a.text;
                 return v;
             }
-        },
-        s.member);
+        });
 }
 
 // A lossy row in effect: its value is not the default (fallback_threshold: with miss_fallback,
@@ -660,6 +804,10 @@ bool Setting::for_command(std::string_view command) const {
 
 std::string check_setting_text(const Setting & s, const std::string & t) {
     const NumKind k = num_kind(s);
+    if (k == NumKind::kNone && is_command_row(s) && *s.choices) {  // a command's text of choices
+        const std::vector<std::string> c = split_choices(s.choices);
+        return std::find(c.begin(), c.end(), t) != c.end() ? "" : t + " is not " + choices_text(c);
+    }
     if (k == NumKind::kNone) return "";  // text, or a flag without a value
     std::string note;
     if (s.draw && !s.draw(t, &note).empty()) return "";  // a value drawn when it is set
@@ -692,14 +840,20 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
             rest += (rest.empty() ? "" : ", ") + a.text;
     }
     RunOptions probe;  // the value must fit the field's type too
-    if (ok && !set_from_text(s, t, &probe)) return t + " does not fit " + s.field;
+    ServeOptions serve_probe;
+    ChatOptions chat_probe;
+    if (ok && !(is_command_row(s) ? set_from_text(s, t, &serve_probe) || set_from_text(s, t, &chat_probe)
+                                  : set_from_text(s, t, &probe)))
+        return t + " does not fit " + (is_command_row(s) ? s.command_field : s.field);
     if (ok) return "";
     if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
     return t + " is not in " + first + (rest.empty() ? "" : " (or " + rest + ")");
 }
 
-bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt,
-                      std::string * note) {
+namespace {
+// set_setting_text of options O (RunOptions, or a command's own).
+template <class O>
+bool set_text(const Setting & s, const std::string & t, O * opt, std::string * note) {
     if (note) note->clear();
     if (!check_setting_text(s, t).empty()) return false;
     std::string drawn_note;
@@ -712,15 +866,48 @@ bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt
     return set_from_text(s, t, opt);
 }
 
+template <class O>
+std::string value_text_of(const Setting & s, const O & opt) {
+    const nlohmann::json j = field_json(s, opt);
+    return j.is_string() && num_kind(s) != NumKind::kNone ? j.get<std::string>() : value_text(s, opt);
+}
+}  // namespace
+
+bool set_setting_text(const Setting & s, const std::string & t, RunOptions * opt,
+                      std::string * note) {
+    return set_text(s, t, opt, note);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, ServeOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, ChatOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
     static const RunOptions kDefaults;
+    static const ServeOptions kServeDefaults;
+    static const ChatOptions kChatDefaults;
+    if (const auto * c = std::get_if<bool ServeOptions::*>(&s.command_member))
+        return !(kServeDefaults.**c);
+    if (const auto * c = std::get_if<bool ChatOptions::*>(&s.command_member))
+        return !(kChatDefaults.**c);
     const auto * m = std::get_if<bool RunOptions::*>(&s.member);
     return m != nullptr && !(kDefaults.**m);
 }
 
 std::string setting_value_text(const Setting & s, const RunOptions & opt) {
-    const nlohmann::json j = field_json(s, opt);
-    return j.is_string() && num_kind(s) != NumKind::kNone ? j.get<std::string>() : value_text(s, opt);
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ServeOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ChatOptions & opt) {
+    return value_text_of(s, opt);
 }
 
 std::string setting_range_text(const Setting & s) {
@@ -735,9 +922,13 @@ std::string setting_range_text(const Setting & s) {
 }
 
 std::string setting_type_name(const Setting & s) {
-    if (std::holds_alternative<bool RunOptions::*>(s.member)) return "";
-    if (std::holds_alternative<std::monostate>(s.member)) return s.range;
+    if (std::holds_alternative<bool RunOptions::*>(s.member) ||
+        std::holds_alternative<bool ServeOptions::*>(s.command_member) ||
+        std::holds_alternative<bool ChatOptions::*>(s.command_member))
+        return "";
+    if (std::holds_alternative<std::monostate>(s.member) && !is_command_row(s)) return s.range;
     const NumKind k = num_kind(s);
+    if (k == NumKind::kNone && is_command_row(s) && *s.choices) return s.choices;  // on|off|auto
     if (k == NumKind::kNone) return *s.range ? s.range : "TEXT";
     std::string words;
     bool numbers = false;
@@ -925,7 +1116,7 @@ std::string settings_markdown() {
               "does |\n"
               "|---|---|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {
-            if (s.cls != c) continue;
+            if (s.cls != c || is_command_row(s)) continue;
             auto code = [](const std::string & x) { return x.empty() ? "" : "`" + x + "`"; };
             // The flag's value (its type and range), or the variable's choices.
             std::string values = *s.choices ? std::string(s.choices) : setting_type_name(s);
@@ -943,6 +1134,23 @@ std::string settings_markdown() {
                   md_cell(s.doc) + (s.traits & kStreaming ? " (streaming only)" : "") +
                   (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") +
                   " |\n";
+        }
+    }
+    // A command's own flags (Setting::command_member), one table per command.
+    for (const char * command : {"serve", "chat"}) {
+        const std::string type = command == std::string("serve") ? "ServeOptions" : "ChatOptions";
+        md += "\n### `" + std::string(command) + "`\n\n| Flag | " + type +
+              " | Values | Default | What it does |\n|---|---|---|---|---|\n";
+        for (const Setting & s : kSettings) {
+            if (!is_command_row(s) || !s.for_command(command)) continue;
+            std::string values = setting_type_name(s);
+            if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
+            const std::string field = std::string(s.command_field).substr(type.size() + 2);
+            std::string flag = "`" + std::string(s.flags) + "`";
+            if (*s.off_flags) flag += " / `" + std::string(s.off_flags) + "`";
+            md += "| " + flag + " | `" + field + "` | " + md_cell(values) + " | " +
+                  md_cell(s.dflt) + " | " + md_cell(s.doc) +
+                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") + " |\n";
         }
     }
     return md;

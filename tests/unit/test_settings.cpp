@@ -6,12 +6,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "moestream/settings.h"
 #include "settings_report.h"
@@ -285,6 +287,11 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
             for (std::string flag : {std::string(s.flags), std::string(s.off_flags)}) {
                 if (flag.empty()) continue;
                 flag = flag.substr(flag.rfind(',') + 1);  // the last spelling: its long name
+                // run binds its own -n and --escape pair (not rows yet), as chat's and
+                // serve's rows of those names are theirs only.
+                if ((flag == "--n-predict" || flag == "--escape" || flag == "--no-escape") &&
+                    !s.for_command(cmd))
+                    continue;
                 EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
             }
         }
@@ -434,4 +441,93 @@ TEST(Settings, EveryVariableTheCodeReadsIsARow) {
         env_names_read("std::getenv(\"MOESTREAM_NOT_A_ROW\"); \"set MOESTREAM_PYTHON)\"");
     EXPECT_EQ(control, std::set<std::string>{"MOESTREAM_NOT_A_ROW"});
     EXPECT_EQ(rows.count("MOESTREAM_NOT_A_ROW"), 0u);
+}
+
+// The option names a --help lists: the first word of each option line, split at commas
+// ("  -n,--n-predict INT..." -> -n, --n-predict).
+static std::vector<std::string> help_flags(const std::string & help) {
+    std::vector<std::string> out;
+    std::istringstream in(help);
+    for (std::string line; std::getline(in, line);) {
+        const size_t a = line.find_first_not_of(' ');
+        if (a == std::string::npos || line[a] != '-') continue;
+        std::istringstream names(line.substr(a, line.find(' ', a) - a));
+        for (std::string n; std::getline(names, n, ',');) out.push_back(n);
+    }
+    return out;
+}
+
+// The flags of `command`'s --help that are neither a row for that command nor in `others`.
+static std::vector<std::string> flags_without_row(const std::string & help, const char * command,
+                                                  const std::set<std::string> & others) {
+    std::vector<std::string> missing;
+    for (const std::string & f : help_flags(help)) {
+        const Setting * s = nullptr;
+        for (const Setting & r : settings_registry())
+            for (const char * names : {r.flags, r.off_flags})
+                if (*names && ("," + std::string(names) + ",").find("," + f + ",") != std::string::npos &&
+                    r.for_command(command))
+                    s = &r;
+        if (s == nullptr && others.count(f) == 0) missing.push_back(f);
+    }
+    return missing;
+}
+
+// Every flag serve's and chat's --help lists is a registry row of that command, or one of a
+// short list of flags that are no setting (help, version, log level) or are bound by helpers
+// shared with run (the chat template, the sampling flags). Negative control: without that
+// list, the check names the shared flags.
+TEST(Settings, EveryServeAndChatFlagIsARow) {
+    using namespace moestream::test;
+    const std::set<std::string> not_settings = {
+        "-h", "--help", "--version", "-v", "--verbose",  // no setting
+        "--chat-template", "--chat-template-file",  // add_chat_template_flags (serve and chat)
+        "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
+        "--presence-penalty", "--frequency-penalty", "--ignore-eos", "-r",
+        "--reverse-prompt"};  // add_sampling_flags (run, chat and serve)
+    for (const char * cmd : {"serve", "chat"}) {
+        const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
+        ASSERT_EQ(h.exit_code, 0) << h.err;
+        const std::vector<std::string> missing = flags_without_row(h.out, cmd, not_settings);
+        EXPECT_TRUE(missing.empty()) << cmd << " " << missing.front();
+        ASSERT_GE(help_flags(h.out).size(), 40u) << h.out;  // the listing was read
+        const std::vector<std::string> control = flags_without_row(h.out, cmd, {});
+        EXPECT_NE(std::find(control.begin(), control.end(), "--chat-template"), control.end());
+        EXPECT_EQ(std::find(control.begin(), control.end(), "-n"), control.end());
+    }
+}
+
+// A serve row sets its ServeOptions field from the flag's text and refuses a value outside
+// its range with the registry's wording (the field unchanged). Control: the default stays
+// until a value is set.
+TEST(Settings, ServeRowSetsItsField) {
+    const Setting * port = find_flag_setting("--port");
+    ASSERT_NE(port, nullptr);
+    ServeOptions so;
+    EXPECT_EQ(setting_value_text(*port, so), "8080");
+    EXPECT_EQ(check_setting_text(*port, "70000"), "70000 is not in 0..65535");
+    EXPECT_FALSE(set_setting_text(*port, "70000", &so));
+    EXPECT_EQ(so.port, 8080);
+    EXPECT_TRUE(set_setting_text(*port, "9000", &so));
+    EXPECT_EQ(so.port, 9000);
+    const Setting * webui = find_flag_setting("--no-webui");
+    ASSERT_NE(webui, nullptr);
+    EXPECT_TRUE(setting_flag_value(*webui));  // the flag sets no_webui (default false)
+}
+
+// A chat row of choices refuses a value outside them by name, and its negation pair sets the
+// field both ways. Control: a listed choice is accepted and set.
+TEST(Settings, ChatRowsCheckChoicesAndPairs) {
+    const Setting * reasoning = find_flag_setting("--reasoning");
+    ASSERT_NE(reasoning, nullptr);
+    ChatOptions co;
+    EXPECT_EQ(check_setting_text(*reasoning, "maybe"), "maybe is not on, off or auto");
+    EXPECT_FALSE(set_setting_text(*reasoning, "maybe", &co));
+    EXPECT_EQ(co.reasoning, "auto");
+    EXPECT_TRUE(set_setting_text(*reasoning, "off", &co));
+    EXPECT_EQ(co.reasoning, "off");
+    const Setting * escape = find_flag_setting("--no-escape");
+    ASSERT_NE(escape, nullptr);
+    EXPECT_EQ(escape, find_flag_setting("--escape"));  // one row of two flags
+    EXPECT_EQ(setting_value_text(*escape, co), "1");   // on by default
 }

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "moestream/moestream.h"
+#include "moestream/settings.h"
 
 namespace moestream::cli {
 
@@ -40,6 +41,12 @@ void add_fallback_command(CLI::App & app, Action * action);
 // --prefill-readahead / --no-prefill-readahead pair, --seed -1 drawn and printed). Shared by
 // run, chat, eval, serve and inspect; *opt must outlive the app.
 void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
+
+// serve's own flags: every registry row of ServeOptions (settings.h, Setting::command_member),
+// bound like the engine's; *opt must outlive the app.
+void add_serve_flags(CLI::App * sub, moestream::ServeOptions * opt);
+// chat's own flags: every registry row of ChatOptions, bound the same way.
+void add_chat_flags(CLI::App * sub, moestream::ChatOptions * opt);
 
 // The library names RunOptions fields in its messages (`RunOptions::n_ctx`, a boolean turned
 // off as `RunOptions::stream = false`); this rewrites them as the flags of add_engine_flags

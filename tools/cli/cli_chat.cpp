@@ -48,19 +48,10 @@ struct ChatFlags {
     RunOptions opt;
     SamplingParams sampling;  // temp and seed come from opt (the engine flags)
     std::vector<std::string> stop;  // -r
-    std::string system_prompt;
-    std::string system_prompt_file;
-    int n_predict = -1;
-    bool escape = true;
-    bool cache_prompt = true;
+    ChatOptions chat;  // chat's own flags (registry rows, settings.h)
     int verbose = 0;
-    bool verbose_prompt = false;
-    std::string reasoning = "auto";  // --reasoning on | off | auto
-    std::string reasoning_effort;    // --reasoning-effort ("" = the template's default)
-    ChatTemplateFlags tmpl;          // --chat-template, --chat-template-file
-    bool show_reasoning = true;
+    ChatTemplateFlags tmpl;      // --chat-template, --chat-template-file
     std::string color = "auto";  // --color: on | off | auto
-    std::string grammar_file;
     CLI::App * sub = nullptr;
 };
 
@@ -369,15 +360,16 @@ int do_chat(ChatFlags & f) {
     apply_verbosity(f.verbose);
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
     if (int rc = check_sampling_flags(f.sub, f.opt)) return rc;
-    Status st = process_reverse_prompts(f.escape, &f.stop);
+    Status st = process_reverse_prompts(f.chat.escape, &f.stop);
     if (!st.ok()) return report(st);
-    if (!f.system_prompt_file.empty()) {
-        st = read_text_file(f.system_prompt_file, "system prompt", &f.system_prompt);
+    if (!f.chat.system_prompt_file.empty()) {
+        st = read_text_file(f.chat.system_prompt_file, "system prompt", &f.chat.system_prompt);
         if (!st.ok()) return report(st);
     }
 
-    if (!f.grammar_file.empty()) {
-        st = read_text_file(f.grammar_file, "grammar", &f.sampling.grammar);
+    f.sampling.grammar = f.chat.grammar;
+    if (!f.chat.grammar_file.empty()) {
+        st = read_text_file(f.chat.grammar_file, "grammar", &f.sampling.grammar);
         if (!st.ok()) return report(st);
     }
 
@@ -418,8 +410,8 @@ int do_chat(ChatFlags & f) {
     chat::ThinkingRequest think;
     think.thinking_name = "--reasoning";
     think.effort_name = "--reasoning-effort";
-    if (f.reasoning != "auto") think.enable_thinking = f.reasoning == "on";
-    think.reasoning_effort = f.reasoning_effort;
+    if (f.chat.reasoning != "auto") think.enable_thinking = f.chat.reasoning == "on";
+    think.reasoning_effort = f.chat.reasoning_effort;
     {
         std::string param;
         const std::string why = chat::check_thinking(fmt, tmpl, think, &param);
@@ -430,7 +422,7 @@ int do_chat(ChatFlags & f) {
     {  // the sampling settings (a grammar llama.cpp cannot parse...) before the first turn
         GenerateRequest probe;
         probe.prompt = "hi";
-        probe.n_predict = f.n_predict;
+        probe.n_predict = f.chat.n_predict;
         probe.clamp_to_context = true;
         probe.sampling = f.sampling;
         probe.sampling.temp = f.opt.temp;
@@ -449,8 +441,8 @@ int do_chat(ChatFlags & f) {
                      tmpl.c_str(), "minja",
                      !fmt.thinking ? "none (the template has no thinking)"
                      : !thinking     ? "off"
-                     : f.show_reasoning ? "split, shown" : "split, hidden",
-                     engine->n_ctx(), f.cache_prompt ? "on" : "off (--no-cache-prompt)");
+                     : f.chat.show_reasoning ? "split, shown" : "split, hidden",
+                     engine->n_ctx(), f.chat.cache_prompt ? "on" : "off (--no-cache-prompt)");
     if (tty)
         std::fprintf(stderr, "moestream chat: /exit or Ctrl-D ends; Ctrl-C stops a reply; /help lists the commands\n");
 
@@ -465,14 +457,14 @@ int do_chat(ChatFlags & f) {
         m.reasoning = reasoning;
         messages.push_back(std::move(m));
     };
-    if (!f.system_prompt.empty()) add_turn("system", f.system_prompt, "");
+    if (!f.chat.system_prompt.empty()) add_turn("system", f.chat.system_prompt, "");
     // Dimmed only on a terminal that takes colour (no-color.org's NO_COLOR, TERM=dumb): else the
     // reasoning goes to stderr as `thinking: ` lines.
     const char * no_color = std::getenv("NO_COLOR");
     const char * term = std::getenv("TERM");
     const bool colour = ::isatty(STDOUT_FILENO) != 0 && !(no_color && *no_color) &&
                         !(term && std::string(term) == "dumb");
-    const ReplyPrinter::Reasoning shown = !f.show_reasoning ? ReplyPrinter::Reasoning::kHidden
+    const ReplyPrinter::Reasoning shown = !f.chat.show_reasoning ? ReplyPrinter::Reasoning::kHidden
                                           : colour          ? ReplyPrinter::Reasoning::kDim
                                                             : ReplyPrinter::Reasoning::kStderr;
     LineReader in;
@@ -549,7 +541,7 @@ int do_chat(ChatFlags & f) {
             continue;
         }
         if (turn.rfind("//", 0) == 0) turn.erase(0, 1);
-        if (f.escape) {
+        if (f.chat.escape) {
             Status es = process_escapes("input", &turn);
             if (!es.ok()) {
                 std::fprintf(stderr, "moestream chat: %s\n", es.message().c_str());
@@ -561,7 +553,7 @@ int do_chat(ChatFlags & f) {
 
         add_turn("user", turn, "");
         GenerateRequest req;
-        req.n_predict = f.n_predict;
+        req.n_predict = f.chat.n_predict;
         req.clamp_to_context = true;
         req.sampling = f.sampling;
         req.sampling.temp = f.opt.temp;
@@ -569,11 +561,11 @@ int do_chat(ChatFlags & f) {
         // session replays exactly with the same --seed and inputs.
         req.sampling.seed = f.opt.seed + uint32_t(t.replies);
         req.stop = f.stop;
-        req.reuse_prefix = f.cache_prompt;
+        req.reuse_prefix = f.chat.cache_prompt;
         req.on_prefill = [](int, int) { return g_sigint == 0; };  // Ctrl-C between micro-batches
         // A full context drops the oldest turns after the system prompt (as llama.cpp's
         // context shift does), leaving room for a reply: a quarter of the context, or -n.
-        const int room = f.n_predict > 0 ? std::min(f.n_predict, engine->n_ctx() / 4) : engine->n_ctx() / 4;
+        const int room = f.chat.n_predict > 0 ? std::min(f.chat.n_predict, engine->n_ctx() / 4) : engine->n_ctx() / 4;
         int n_prompt = 0, dropped = 0;
         for (;;) {
             st = render_prompt(fmt, think, messages, &req.prompt);
@@ -594,7 +586,7 @@ int do_chat(ChatFlags & f) {
                          "moestream chat: the context (%d tokens) was full: dropped the %d "
                          "oldest turn%s (the system prompt stays)\n",
                          engine->n_ctx(), dropped, dropped == 1 ? "" : "s");
-        if (st.ok() && f.verbose_prompt)
+        if (st.ok() && f.chat.verbose_prompt)
             std::fprintf(stderr, "moestream chat: prompt of turn %d (%zu bytes):\n%s\nmoestream chat: end of prompt\n",
                          t.replies + 1, req.prompt.size(), req.prompt.c_str());
         if (!st.ok()) {  // this turn is not taken
@@ -777,48 +769,13 @@ void add_chat_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "chat", "a conversation with the model's chat template (/exit ends; from a pipe: a turn per line)");
     f->sub = sub;
-    auto * sys = sub->add_option("--system-prompt", f->system_prompt,
-                                 "system prompt (-sys), taken as is")
-                     ->default_str("");
-    sub->add_option("--system-prompt-file", f->system_prompt_file,
-                    "read the system prompt from a file (-sysf)")
-        ->excludes(sys)
-        ->default_str("");
-    sub->add_option("-n,--n-predict", f->n_predict,
-                    "tokens per reply at most; -1 = until end-of-generation or the context is full")
-        ->check(int_range(-1, 1 << 24));
-    add_flag_pair(sub, "-e,--escape", "--no-escape", &f->escape,
-                  "process escapes in each turn and -r (\\n \\t \\\\ \\xHH ...; the default)",
-                  "take turns and -r literally");
-    add_flag_pair(sub, "--cache-prompt", "--no-cache-prompt", &f->cache_prompt,
-                  "reuse the previous turn's KV cache: prefill only the new tokens (the default)",
-                  "prefill the whole conversation every turn");
+    add_chat_flags(sub, &f->chat);
+    sub->get_option("--system-prompt-file")->excludes(sub->get_option("--system-prompt"));
+    sub->get_option("--grammar-file")->excludes(sub->get_option("--grammar"));
     add_chat_template_flags(sub, &f->tmpl);
-    sub->add_option("--reasoning", f->reasoning,
-                    "thinking (-rea): on, off or auto (the template's default); off on a template "
-                    "that cannot turn it off, and on for one without thinking, are refused")
-        ->check(CLI::IsMember({"on", "off", "auto"}))
-        ->default_str("auto");
-    sub->add_option("--reasoning-effort", f->reasoning_effort,
-                    "the harmony (gpt-oss) template's reasoning level: low, medium (its default) or "
-                    "high; refused for other templates")
-        ->check(CLI::IsMember({"low", "medium", "high"}))
-        ->default_str("");
-    add_flag_pair(sub, "--show-reasoning", "--hide-reasoning", &f->show_reasoning,
-                  "show a reply's reasoning apart from its answer: dimmed on a terminal, else "
-                  "on stderr as lines prefixed 'thinking: ' (the default)",
-                  "show only the answer (the reasoning is still generated)");
     add_color_flag(sub, &f->color);
     add_engine_flags(sub, &f->opt);
     add_sampling_flags(sub, &f->sampling, &f->stop);
-    auto * gr = sub->add_option("--grammar", f->sampling.grammar,
-                                "constrain every reply to this GBNF grammar (llama.cpp's format)")
-                    ->default_str("");
-    sub->add_option("--grammar-file", f->grammar_file, "read the --grammar from a file")
-        ->excludes(gr)
-        ->default_str("");
-    sub->add_flag("--verbose-prompt", f->verbose_prompt,
-                  "print each turn's rendered prompt on stderr before its reply");
     sub->add_flag("-v,--verbose", f->verbose,
                   "more detail: the template, a second line per reply (-vv: debug, llama.cpp's log too)");
     sub->callback([f, action] { *action = [f] { return do_chat(*f); }; });

@@ -392,45 +392,74 @@ std::string long_flag(const char * flags) {
     return f.substr(f.rfind(',') + 1);
 }
 
+// The class of a member pointer.
+template <class M>
+struct MemberClass;
+template <class C, class V>
+struct MemberClass<V C::*> {
+    using Class = C;
+};
+
+// The row's bool member of options O (nullptr: none).
+template <class O>
+bool O::*bool_member(const Setting & s) {
+    const auto * p = [&s] {
+        if constexpr (std::is_same_v<O, RunOptions>)
+            return std::get_if<bool RunOptions::*>(&s.member);
+        else
+            return std::get_if<bool O::*>(&s.command_member);
+    }();
+    return p != nullptr ? *p : nullptr;
+}
+
 // One registry row as a CLI11 flag: its names, help, the values its range admits (validated
 // by the registry), the field set from the value; a bool's flag sets the opposite of the
 // field's default (setting_flag_value: --prefetch on, --cache-no-move off); a negation pair
 // (off_flags) is two bare flags setting "on" and "off"; a draw (--seed -1) is printed.
-void bind_setting(CLI::App * sub, const Setting & s, RunOptions * opt) {
+// O: RunOptions (the row's member) or a command's own options (its command_member).
+template <class O>
+void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
     const Setting * row = &s;
-    const auto * bm = std::get_if<bool RunOptions::*>(&s.member);
+    bool O::*const bm = bool_member<O>(s);
+    const std::string help = *s.field ? setting_help(s.field) : std::string(s.doc);
     if (*s.off_flags) {
         auto set = [opt, row, bm](bool on) {
             if (bm != nullptr)
-                opt->**bm = on;
+                opt->*bm = on;
             else
                 set_setting_text(*row, on ? "on" : "off", opt);
         };
-        auto * on = sub->add_flag(s.flags, [set](int64_t) { set(true); }, setting_help(s.field));
+        auto * on = sub->add_flag(s.flags, [set](int64_t) { set(true); }, help);
         sub->add_flag(s.off_flags, [set](int64_t) { set(false); }, s.off_doc)->excludes(on);
         return;
     }
     if (bm != nullptr) {
-        const auto m = *bm;
+        const auto m = bm;
         const bool value = setting_flag_value(s);
-        sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; },
-                      setting_help(s.field));
+        sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; }, help);
         return;
     }
     auto * o = sub->add_option_function<std::string>(
         s.flags,
         [opt, row](const std::string & v) {
             std::string note;
-            set_setting_text(*row, v, opt, &note);
+            if constexpr (std::is_same_v<O, RunOptions>)
+                set_setting_text(*row, v, opt, &note);
+            else
+                set_setting_text(*row, v, opt);
             if (!note.empty())
                 std::fprintf(stderr, "moestream: %s %s: %s\n", long_flag(row->flags).c_str(),
                              v.c_str(), note.c_str());
         },
-        setting_help(s.field));
+        help);
     o->type_name(setting_type_name(s));
-    if (!std::holds_alternative<std::string RunOptions::*>(s.member))
+    const bool text = std::holds_alternative<std::string RunOptions::*>(s.member) ||
+                      std::holds_alternative<std::string ServeOptions::*>(s.command_member) ||
+                      std::holds_alternative<std::string ChatOptions::*>(s.command_member);
+    if (!text || *s.choices)  // a number's range, or a command's text of choices
         o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
                                 setting_range_text(s)));
+    if (s.traits & kExistingDir) o->check(CLI::ExistingDirectory);
     if (s.traits & kRequired) {
         o->required();
         return;  // a required option shows no default
@@ -450,6 +479,28 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     // A combination rule of the flags: the cache's size needs the cache.
     sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
 }
+
+namespace {
+// Every row of options O (a command's own) that `command` takes.
+template <class O>
+void add_command_flags(CLI::App * sub, const char * command, O * opt) {
+    for (const Setting & s : settings_registry()) {
+        const bool of_o = std::visit(
+            [](auto m) {
+                if constexpr (std::is_same_v<decltype(m), std::monostate>)
+                    return false;
+                else
+                    return std::is_same_v<typename MemberClass<decltype(m)>::Class, O>;
+            },
+            s.command_member);
+        if (of_o && *s.flags && s.for_command(command)) bind_setting(sub, s, opt);
+    }
+}
+}  // namespace
+
+void add_serve_flags(CLI::App * sub, ServeOptions * opt) { add_command_flags(sub, "serve", opt); }
+
+void add_chat_flags(CLI::App * sub, ChatOptions * opt) { add_command_flags(sub, "chat", opt); }
 
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
 std::string flag_words(const std::string & msg) { return option_words(msg); }

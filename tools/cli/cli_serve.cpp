@@ -1,7 +1,8 @@
 // `moestream serve` — the app: an OpenAI-compatible HTTP server with a web page (docs/server.md).
-// Parses flags into a ServeConfig and hands over to tools/server. App defaults differ from
-// `run`: drop-cold 0.75 (LOSSY) unless --lossless or --drop-cold-experts is given; every
-// response says which settings produced it and whether they were lossy.
+// Binds its flags (the registry's serve rows into ServeOptions, settings.h; the engine's into
+// RunOptions), copies them into a ServeConfig and hands over to tools/server. App defaults
+// differ from `run`: drop-cold 0.75 (LOSSY) unless --lossless or --drop-cold-experts is given;
+// every response says which settings produced it and whether they were lossy.
 // Env knobs (read here): MOESTREAM_API_KEY (the key, instead of --api-key, which `ps` shows),
 // MOESTREAM_DEBUG_TOKEN_DELAY_MS (tests only: sleep before each token is handed out),
 // MOESTREAM_DEBUG_PREFILL_HOLD=FILE (tests only: a prompt stays in prefill while FILE exists).
@@ -22,12 +23,10 @@ namespace {
 constexpr double kAppDropCold = 0.75;  // the app's performance default (docs/server.md)
 
 struct ServeFlags {
-    server::ServeConfig cfg;
-    ChatTemplateFlags tmpl;  // --chat-template, --chat-template-file
-    bool lossless = false;
+    server::ServeConfig cfg;  // run options and request defaults; the rest from `serve`
+    ServeOptions serve;       // serve's own flags (registry rows, settings.h)
+    ChatTemplateFlags tmpl;   // --chat-template, --chat-template-file
     int verbose = 0;
-    std::string api_key_file;
-    bool no_webui = false;
     std::vector<std::string> stop;  // -r: refused (a request's `stop`)
 };
 
@@ -57,40 +56,11 @@ void add_serve_command(CLI::App & app, Action * action) {
     const std::string app_lossy = lossy_knobs_text(app_defaults, 0);
     auto * sub = app.add_subcommand(
         "serve", "OpenAI-compatible server and web page (app defaults, LOSSY: " + app_lossy + ")");
-    sub->add_option("--host", f->cfg.host,
-                    "address to listen on (default 127.0.0.1: this machine only)");
-    sub->add_option("--port", f->cfg.port, "TCP port; 0 = any free port (printed)")
-        ->check(int_range(0, 65535));
-    sub->add_option(
-        "--api-key", f->cfg.api_key,
-        "require 'Authorization: Bearer KEY' on /v1/* and /stats (or set MOESTREAM_API_KEY)");
-    sub->add_option("-n,--n-predict", f->cfg.defaults.max_tokens,
-                    "default max_tokens of a request; -1 (default) = until the end of "
-                    "generation or the context is full")
-        ->check(int_range(-1, 1 << 22));
-    sub->add_option("--cors", f->cfg.cors_origin,
-                    "allow this web origin (e.g. http://localhost:3000) to call the API from a "
-                    "browser (CORS)");
-    sub->add_option("--queue", f->cfg.queue_max, "requests that may wait behind the running one")
-        ->check(int_range(0, 1024));
-    sub->add_option("--max-body", f->cfg.body_limit_bytes,
-                    "largest request body in bytes (413 above)")
-        ->check(int_range(1024, 1ll << 30));
-    sub->add_option("--slot-save-path", f->cfg.slot_save_path,
-                    "directory of POST /slots/0?action=save|restore files (llama-server's slot "
-                    "save/restore: the KV the context holds; docs/server.md)")
-        ->type_name("DIR")
-        ->check(CLI::ExistingDirectory);
+    add_serve_flags(sub, &f->serve);
+    sub->get_option("--lossless")
+        ->description(find_flag_setting("--lossless")->doc + std::string(" (") + app_lossy + ")");
     add_chat_template_flags(sub, &f->tmpl);
-    sub->add_option("--api-key-file", f->api_key_file,
-                    "read the API key from the first line of this file (not shown by `ps`)");
-    sub->add_option("--alias", f->cfg.alias,
-                    "the model's name in the API (/v1/models, `model` of replies; default: the "
-                    "file's name)");
-    sub->add_flag("--no-webui", f->no_webui, "serve the API only: no web page (GET / is a 404)");
     add_sampling_flags(sub, &f->cfg.defaults.sampling, &f->stop);
-    sub->add_flag("--lossless", f->lossless,
-                  find_flag_setting("--lossless")->doc + std::string(" (") + app_lossy + ")");
     add_engine_flags(sub, &f->cfg.run);
     auto * dc = sub->get_option("--drop-cold-experts");
     dc->default_str(fmt_num(kAppDropCold) + " (the app default; --lossless: off)");
@@ -105,19 +75,29 @@ void add_serve_command(CLI::App & app, Action * action) {
             if (int rc = refuse_given(sub, {"-r", "--ignore-eos"},
                                       "is not a serve flag: a request sets it (`stop`, `ignore_eos`)"))
                 return rc;
-            if (!f->api_key_file.empty() && sub->get_option("--api-key")->count() > 0)
+            const ServeOptions & so = f->serve;
+            if (!so.api_key_file.empty() && sub->get_option("--api-key")->count() > 0)
                 return usage_error("serve", "--api-key and --api-key-file contradict");
             server::ServeConfig cfg = f->cfg;
+            cfg.host = so.host;
+            cfg.port = so.port;
+            cfg.api_key = so.api_key;
+            cfg.defaults.max_tokens = so.n_predict;
+            cfg.cors_origin = so.cors;
+            cfg.queue_max = so.queue;
+            cfg.body_limit_bytes = size_t(so.max_body);
+            cfg.slot_save_path = so.slot_save_path;
+            cfg.alias = so.alias;
             if (Status st = resolve_chat_template(f->tmpl, &cfg.chat_template,
                                                   &cfg.chat_template_from);
                 !st.ok()) {
                 std::fprintf(stderr, "moestream serve: error: %s\n", st.message().c_str());
                 return st.exit_code();
             }
-            cfg.webui = !f->no_webui;
-            if (!f->api_key_file.empty()) {
+            cfg.webui = !so.no_webui;
+            if (!so.api_key_file.empty()) {
                 std::string why;
-                cfg.api_key = read_key_file(f->api_key_file, &why);
+                cfg.api_key = read_key_file(so.api_key_file, &why);
                 if (cfg.api_key.empty()) return usage_error("serve", why);
             }
             if (cfg.api_key.empty()) {
@@ -132,13 +112,13 @@ void add_serve_command(CLI::App & app, Action * action) {
             // Without -c the server uses the model's context (capped by memory), as
             // llama-server does; `run` keeps its fixed default.
             if (sub->get_option("-c")->count() == 0) cfg.run.n_ctx = 0;
-            if (cfg.drop_cold_explicit && f->lossless) {
+            if (cfg.drop_cold_explicit && so.lossless) {
                 return usage_error("serve", "--lossless and --drop-cold-experts contradict");
             }
-            if (cfg.run.substitute > 0 && f->lossless)
+            if (cfg.run.substitute > 0 && so.lossless)
                 return usage_error("serve", "--lossless and --substitute-experts contradict");
             cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
-                                     : f->lossless          ? 0.0
+                                     : so.lossless          ? 0.0
                                                             : kAppDropCold;
             cfg.defaults.temperature = cfg.run.temp;
             cfg.defaults.seed = cfg.run.seed;
