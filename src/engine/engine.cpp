@@ -311,7 +311,9 @@ Status EngineImpl::make_store() {
         copt.warm_pool = opt_.pool_warm;
         CacheDebug dbg;
         dbg.poison = dbg.check_residency = opt_.cache_debug;
-        store_ = make_lru_cache(index_, p.budget_bytes, copt, dbg, &st);
+        CacheTestHooks lru_hooks;
+        lru_hooks.warm_pool_wait = knobs_.pool_warm_wait;
+        store_ = make_lru_cache(index_, p.budget_bytes, copt, dbg, &st, lru_hooks);
     } else {
         if (!p.two_slots_refused.empty())
             MS_LOG_INFO("read-ahead: off (%s)", p.two_slots_refused.c_str());

@@ -74,6 +74,10 @@ Status read_env_knobs(EnvKnobs * k) {
                      "not waiting for the second projection's reads on purpose",
                      &k->stream_hooks.skip_second_wait);
     if (!sw.ok()) return sw;
+    sw = test_switch("MOESTREAM_DEBUG_POOL_WARM_WAIT",
+                     "waiting for the whole page-pool warm-up before the first commit",
+                     &k->pool_warm_wait);
+    if (!sw.ok()) return sw;
     const std::string warm_tail = env("MOESTREAM_DEBUG_WARM_TAIL");
     if (!warm_tail.empty()) {
         int n = 0, used = 0;

@@ -41,6 +41,9 @@ struct EnvKnobs {
     // Tests only. MOESTREAM_DEBUG_NO_BUDGET_CLAMP=1: an explicit RunOptions::cache_mb is not
     // clamped to the memory limit (the negative control of the clamp).
     bool no_budget_clamp = false;
+    // Tests only. MOESTREAM_DEBUG_POOL_WARM_WAIT=1: the LRU cache waits for the page pool's
+    // whole warm-up before the first commit (residency.h, CacheTestHooks::warm_pool_wait).
+    bool pool_warm_wait = false;
     // Tests only. MOESTREAM_DEBUG_CORRUPT_EXPERT=<layer>:<expert>|<layer>:*: the gates'
     // negative control (streamer.h, StreamTestHooks).
     StreamTestHooks stream_hooks;

@@ -149,6 +149,10 @@ struct CacheTestHooks {
     // (system_page_bytes()); else a power of two that is a multiple of it. Tests set it to run
     // the page arithmetic at 16 KiB and 64 KiB pages on a 4 KiB host.
     uint64_t page_bytes = 0;
+    // With CacheOptions::warm_pool: the cache's construction waits until the pool's warm-up
+    // has done its whole plan (PagePool::finish_warm(false)), so the first misses take warmed
+    // chunks whatever the machine's load (the warm-up's byte-identity test).
+    bool warm_pool_wait = false;
 };
 
 // Split staging (docs/cache.md, "Split staging"): the LRU cache's (ResidencyStore::

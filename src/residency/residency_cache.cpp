@@ -477,6 +477,7 @@ Status LruCache::init() {
         // Never more than the budget across classes (page_pool.h); the files are sized for
         // more than that together.
         pool_->start_warm(budget_);
+        if (test_.warm_pool_wait) pool_->finish_warm(/*cancel=*/false);
         const PagePool::WarmStats w = pool_->warm_stats();
         warm_running_ = w.planned_bytes > 0 && w.error == 0;
         if (warm_running_)

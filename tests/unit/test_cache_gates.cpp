@@ -130,7 +130,8 @@ TEST(CacheBudget, AutoPrintsItsChoice) {
 // The page pool's warm-up (docs/cache.md, "Pool warm-up") is lossless: an evicting cache (8 MiB
 // of 96 MiB of experts) gives the same tokens and the same logits hash with it on and off,
 // plain and with --cache-debug (poison + residency checks on every routing), and with it on
-// the misses did take warmed chunks. Negative control: a corrupted expert
+// the misses did take warmed chunks (MOESTREAM_DEBUG_POOL_WARM_WAIT: the warm-up is done
+// before the first commit, so a loaded machine cannot starve it). Negative control: a corrupted expert
 // (MOESTREAM_DEBUG_CORRUPT_EXPERT) changes the logits hash, so the comparison can fail.
 TEST(CacheBudget, PoolWarmUpIsByteIdentical) {
     const std::string model = synth_model("tiny", "qwen3moe", "f32");
@@ -138,7 +139,8 @@ TEST(CacheBudget, PoolWarmUpIsByteIdentical) {
         SCOPED_TRACE(std::string("flags: ") + debug);
         const std::string flags = std::string("--cache-mb 8 --force-cache ") + debug;
         const json off = run_env("MOESTREAM_POOL_WARM=0", model, flags);
-        const json on = run_env("MOESTREAM_POOL_WARM=1", model, flags);
+        const json on =
+            run_env("MOESTREAM_POOL_WARM=1 MOESTREAM_DEBUG_POOL_WARM_WAIT=1", model, flags);
         ASSERT_TRUE(off.is_object() && on.is_object());
         EXPECT_EQ(on["logits_sha"], off["logits_sha"]);
         EXPECT_EQ(on["stdout"], off["stdout"]);
