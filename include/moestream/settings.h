@@ -85,6 +85,15 @@ using CommandField =
                  bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
                  bool ChatOptions::*, std::string ChatOptions::*>;
 
+// The class and value type of a member pointer (Setting::member, Setting::command_member).
+template <class M>
+struct MemberOf;
+template <class C, class V>
+struct MemberOf<V C::*> {
+    using Class = C;
+    using Value = V;
+};
+
 // How the CLI binds and checks a row's flag (Setting::traits, or-ed).
 enum SettingTrait : unsigned {
     kRequired = 1u << 0,   // every command that takes the flag requires it (-m)

@@ -552,15 +552,6 @@ std::string num_text(double v) {
     return b;
 }
 
-// The class and value type of a member pointer.
-template <class M>
-struct MemberOf;
-template <class C, class V>
-struct MemberOf<V C::*> {
-    using Class = C;
-    using Value = V;
-};
-
 // f(the row's member of options O) — RunOptions: Setting::member; a command's options:
 // Setting::command_member — or f(std::monostate) when the row has none of O's.
 template <class O, class F>

@@ -392,14 +392,6 @@ std::string long_flag(const char * flags) {
     return f.substr(f.rfind(',') + 1);
 }
 
-// The class of a member pointer.
-template <class M>
-struct MemberClass;
-template <class C, class V>
-struct MemberClass<V C::*> {
-    using Class = C;
-};
-
 // The row's bool member of options O (nullptr: none).
 template <class O>
 bool O::*bool_member(const Setting & s) {
@@ -490,7 +482,7 @@ void add_command_flags(CLI::App * sub, const char * command, O * opt) {
                 if constexpr (std::is_same_v<decltype(m), std::monostate>)
                     return false;
                 else
-                    return std::is_same_v<typename MemberClass<decltype(m)>::Class, O>;
+                    return std::is_same_v<typename MemberOf<decltype(m)>::Class, O>;
             },
             s.command_member);
         if (of_o && *s.flags && s.for_command(command)) bind_setting(sub, s, opt);
