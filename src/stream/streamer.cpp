@@ -160,7 +160,6 @@ void Streamer::stop_warm_tail() {
     add_stage_s(now_s() - t0);
     warm_open_ = false;
     warm_experts_ += read;
-    warm_dropped_ += warm_issued_ - read;
     if (stop)  // the next decode tail: half as many again after a full one, else what fitted
         warm_ask_ = read == warm_issued_ ? read + std::max<size_t>(read / 2, 1)
                                          : std::max<size_t>(read, 1);

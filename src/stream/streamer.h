@@ -154,8 +154,6 @@ public:
     // list per MoE layer; anything else turns the warm set off).
     void set_warm(std::vector<std::vector<uint32_t>> lists);
     uint64_t warm_experts() const { return warm_experts_; }  // experts the warm tails read
-    // Experts the warm tails asked for but dropped unread when the next routing came.
-    uint64_t warm_dropped() const { return warm_dropped_; }
     // Counts decode routings per (MoE layer, expert) from now on (usage()).
     void set_record_usage(bool on);
     // [moe_layer * n_expert + e]: decode routings that routed e (empty unless recording).
@@ -255,7 +253,6 @@ private:
     std::vector<size_t> warm_pos_;
     size_t warm_left_ = 0;  // layers whose list is not done
     uint64_t warm_experts_ = 0;
-    uint64_t warm_dropped_ = 0;
     // The warm tail in flight (tail_ is set): its experts, the index of its first read in
     // reads_, and the reads per expert. warm_ask_: experts the next decode tail asks for.
     bool warm_open_ = false;
