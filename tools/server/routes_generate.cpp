@@ -27,23 +27,21 @@ std::optional<ApiError> prepare_prompt(const ServerContext & ctx, GenParams & p,
     const char * param = p.chat ? "messages" : "prompt";
     if (p.chat) {
         if (ctx.template_name().empty())
-            return api_error_param(400,
-                                   "chat completions are not available: the model's chat "
-                                   "template is not one llama.cpp renders; format the "
-                                   "prompt yourself and use /v1/completions",
-                                   "messages");
+            return bad_request("messages",
+                               "chat completions are not available: the model's chat "
+                               "template is not one llama.cpp renders; format the "
+                               "prompt yourself and use /v1/completions");
         if (auto e = plan_chat(ctx.chat_format(), ctx.template_name(), &p, plan)) return e;
     } else if (!p.prompt_tokens.empty()) {
         // Token ids are passed as their text: accepted when the text gives the same ids.
         Status st = ctx.detokenize(p.prompt_tokens, &p.prompt);
         std::vector<int32_t> again;
         if (st.ok()) st = ctx.tokenize(p.prompt, &again);
-        if (!st.ok()) return api_error_param(400, "'prompt': " + st.message(), "prompt");
+        if (!st.ok()) return bad_request("prompt", "'prompt': " + st.message());
         if (again != p.prompt_tokens)
-            return api_error_param(400,
-                                   "'prompt': these token ids do not come back from their "
-                                   "text (the server tokenizes text); send the text",
-                                   "prompt");
+            return bad_request("prompt",
+                               "'prompt': these token ids do not come back from their "
+                               "text (the server tokenizes text); send the text");
     }
     GenerateRequest r = engine_request(p);
     int n_prompt = 0;
@@ -63,7 +61,7 @@ std::optional<ApiError> prepare_prompt(const ServerContext & ctx, GenParams & p,
                   "such as a $ref to an enclosing schema first in an anyOf, cannot be "
                   "generated";
         }
-        return api_error_param(400, msg, field);
+        return bad_request(field, msg);
     }
     return std::nullopt;
 }

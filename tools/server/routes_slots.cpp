@@ -32,20 +32,18 @@ void slot_action_route(ServerContext & ctx, const Req & req, Res & res) {
     const std::string action = req.get_param_value("action");
     if (action != "save" && action != "restore" && action != "erase")
         return send_error(
-            res, api_error_param(400, "Invalid action '" + action + "' (save, restore or erase)",
-                                 "action"));
+            res, bad_request("action", "Invalid action '" + action + "' (save, restore or erase)"));
     if (!json_body(req, res)) return;  // application/json, as every POST (docs/server.md)
     std::string filename;
     if (action != "erase") {
         const json body = json::parse(req.body, nullptr, false);
         if (!body.is_object() || !body.contains("filename") || !body["filename"].is_string())
-            return send_error(res,
-                              api_error_param(400, "filename (a string) is required", "filename"));
+            return send_error(res, bad_request("filename", "filename (a string) is required"));
         filename = body["filename"].get<std::string>();
         // A plain name inside the directory: no separators, no . or .., no NUL.
         if (filename.empty() || filename.size() > 255 || filename == "." || filename == ".." ||
             filename.find('/') != std::string::npos || filename.find('\0') != std::string::npos)
-            return send_error(res, api_error_param(400, "Invalid filename", "filename"));
+            return send_error(res, bad_request("filename", "Invalid filename"));
     }
     const std::string path = cfg.slot_save_path + "/" + filename;
     auto job = std::make_shared<Job>();

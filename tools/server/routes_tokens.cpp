@@ -19,19 +19,17 @@ namespace {
 void tokenize_route(ServerContext & ctx, const Req & req, Res & res) {
     json j = json::parse(req.body, nullptr, false);
     if (!j.is_object() || !j.contains("content") || !j["content"].is_string())
-        return send_error(res, api_error_param(400, "'content' must be a string", "content"));
+        return send_error(res, bad_request("content", "'content' must be a string"));
     for (auto it = j.begin(); it != j.end(); ++it)
         if (it.key() != "content" && it.key() != "with_pieces")
-            return send_error(res,
-                              api_error_param(400, "unknown field '" + it.key() + "'", it.key()));
+            return send_error(res, bad_request(it.key(), "unknown field '" + it.key() + "'"));
     if (j.contains("with_pieces") && !j["with_pieces"].is_boolean() && !j["with_pieces"].is_null())
-        return send_error(
-            res, api_error_param(400, "'with_pieces' must be true or false", "with_pieces"));
+        return send_error(res, bad_request("with_pieces", "'with_pieces' must be true or false"));
     const bool pieces =
         j.contains("with_pieces") && j["with_pieces"].is_boolean() && j["with_pieces"].get<bool>();
     std::vector<int32_t> toks;
     Status st = ctx.tokenize(j["content"].get<std::string>(), &toks);
-    if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "content"));
+    if (!st.ok()) return send_error(res, bad_request("content", st.message()));
     json out = json::array();
     for (int32_t t : toks) {
         if (!pieces) {
@@ -57,11 +55,10 @@ void detokenize_route(ServerContext & ctx, const Req & req, Res & res) {
             if (ok) toks.push_back(int32_t(t.get<int64_t>()));
         }
     if (!ok)
-        return send_error(
-            res, api_error_param(400, "the body must be {\"tokens\": [token ids]}", "tokens"));
+        return send_error(res, bad_request("tokens", "the body must be {\"tokens\": [token ids]}"));
     std::string text;
     Status st = ctx.detokenize(toks, &text);
-    if (!st.ok()) return send_error(res, api_error_param(400, st.message(), "tokens"));
+    if (!st.ok()) return send_error(res, bad_request("tokens", st.message()));
     send_json(res, 200, json{{"content", sanitize_utf8(text)}});
 }
 
@@ -74,19 +71,17 @@ void apply_template_route(ServerContext & ctx, const Req & req, Res & res) {
                     it.key() == "parallel_tool_calls" || it.key() == "chat_template_kwargs" ||
                     it.key() == "reasoning_effort";
     if (!fields_ok)
-        return send_error(res, api_error_param(400,
-                                               "the body must be {\"messages\": [...]} with "
-                                               "optional tools, tool_choice, "
-                                               "parallel_tool_calls, chat_template_kwargs, "
-                                               "reasoning_effort",
-                                               "messages"));
+        return send_error(res, bad_request("messages",
+                                           "the body must be {\"messages\": [...]} with "
+                                           "optional tools, tool_choice, "
+                                           "parallel_tool_calls, chat_template_kwargs, "
+                                           "reasoning_effort"));
     GenParams p;
     if (auto e = parse_request(req.body, true, ctx.cfg().defaults, &p)) return send_error(res, *e);
     if (ctx.template_name().empty())
-        return send_error(res, api_error_param(400,
-                                               "the model's chat template is not one "
-                                               "llama.cpp renders",
-                                               "messages"));
+        return send_error(res, bad_request("messages",
+                                           "the model's chat template is not one "
+                                           "llama.cpp renders"));
     ChatPlan plan;
     if (auto e = plan_chat(ctx.chat_format(), ctx.template_name(), &p, &plan, true))
         return send_error(res, *e);

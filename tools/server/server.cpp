@@ -1,44 +1,22 @@
 // server.cpp — `moestream serve` (see server.h and docs/server.md): starting and stopping
 // the Server (server_impl.h) and run_server().
 #include "server.h"
-#include "responses.h"
 
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
-#include <dirent.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
 #include <cstdio>
-#include <deque>
 #include <memory>
-#include <mutex>
+#include <string>
 #include <thread>
 
-#include "chat_jinja.h"
-#include "chat_request.h"
 #include "moestream/log.h"
 #include "moestream/settings.h"
-#include "moestream/sysinfo.h"
-#include "llama_completion.h"
-#include "logprobs_json.h"
-#include "time_json.h"
-#include "web_assets.h"
 #include "server_impl.h"
 
 namespace moestream::server {
-
-using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 
 int Server::serve() {
     const ServeConfig & cfg = ctx_.cfg();

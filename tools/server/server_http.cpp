@@ -34,12 +34,6 @@ ApiError api_error(int status, const std::string & msg, const std::string & type
     return e;
 }
 
-ApiError api_error_param(int status, const std::string & msg, const std::string & param) {
-    ApiError e = api_error(status, msg, "invalid_request_error");
-    e.param = param;
-    return e;
-}
-
 bool json_body(const httplib::Request & req, httplib::Response & res) {
     const std::string ct = req.get_header_value("Content-Type");
     if (ct.compare(0, 16, "application/json") == 0) return true;

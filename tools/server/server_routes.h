@@ -58,8 +58,6 @@ std::vector<Route> token_routes();     // routes_tokens.cpp
 void send_json(httplib::Response & res, int status, const json & j);
 void send_error(httplib::Response & res, const ApiError & e);
 ApiError api_error(int status, const std::string & msg, const std::string & type);
-// A 400-style invalid_request_error naming `param`.
-ApiError api_error_param(int status, const std::string & msg, const std::string & param);
 
 // Browsers send a cross-origin POST without asking first only for form content types (or
 // none): requiring application/json from a browser keeps other web sites from driving this

@@ -1,39 +1,17 @@
-// server_worker.cpp — Server's job queue and worker (server_impl.h): the bounded FIFO, the
-// worker thread that owns the Engine, and what a finished job reports.
-#include "server.h"
-#include "responses.h"
-
-#include <httplib.h>
-#include <pthread.h>
-#include <signal.h>
-#include <dirent.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <cstdio>
-#include <deque>
-#include <memory>
-#include <mutex>
-#include <thread>
+// server_worker.cpp — Server's worker (server_impl.h): the thread that owns the Engine, runs
+// one job at a time from the queue (job_queue.h), and what a finished job reports.
 #include <unistd.h>
 
-#include "chat_jinja.h"
-#include "chat_request.h"
-#include "moestream/log.h"
-#include "moestream/sysinfo.h"
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "chat_format.h"
 #include "llama_completion.h"
-#include "logprobs_json.h"
-#include "time_json.h"
-#include "web_assets.h"
+#include "moestream/log.h"
 #include "server_impl.h"
 
 namespace moestream::server {
