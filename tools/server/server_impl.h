@@ -6,7 +6,8 @@
 //                      handlers; server_http.cpp collects them, checks the key and body type;
 //   job_queue.h        JobQueue: admission (503 when full), one job at a time, cancellation;
 //   server_stats.h     ServerMetrics: the counters and snapshots behind /stats and /metrics;
-//   server_worker.cpp  the worker: runs one job on the Engine, reports it;
+//   server_worker.cpp  the worker: runs one job on the Engine, reports it
+//                      (request_report.h: the moestream object of a response);
 //   server_sse.h       ReplyWriter: JSON bodies and the SSE streams (chat, completions,
 //                      llama-server's /completion, /v1/responses events);
 //   server.cpp         start (bind, listen), stop, run_server().
@@ -69,17 +70,9 @@ private:
     // After a job (and at start): the engine's figures to the metrics.
     void publish_after_job(double dt, bool ok);
 
-    json request_settings(const GenParams & p) const;
-
     // A tool call's id: 9 letters and digits (the form Mistral templates require), unique
     // within this server's run and unlikely to repeat across runs.
     std::string next_call_id();
-
-    // How a chat request's prompt was made and its reply read.
-    json chat_format_json(const GenParams & p) const;
-
-    // The moestream object of a response: what produced it and how it went.
-    json request_report(const Job & job, const GenerateResult & g, bool cancelled);
 
     std::unique_ptr<Engine> engine_;  // worker thread only (and the constructor)
     ServerContext ctx_;               // what the handlers see (after engine_)

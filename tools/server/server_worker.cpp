@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <cmath>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -12,6 +11,7 @@
 #include "chat_format.h"
 #include "llama_completion.h"
 #include "moestream/log.h"
+#include "request_report.h"
 #include "server_impl.h"
 
 namespace moestream::server {
@@ -132,7 +132,9 @@ void Server::run_job(Job & job) {
                             : !job.calls.empty()                ? "tool_calls"
                                                                 : "stop";
         job.stop_string = g.stop_string;
-        job.moestream = request_report(job, g, cancelled);
+        job.moestream = request_report(ctx_, job, g, s,
+                                       json::parse(engine_->settings_json(), nullptr, false),
+                                       cancelled);
         job.timings = llama_timings(s);
         if (!cancelled && g.finish == FinishReason::kCancelled && !job.calls.empty())
             job.moestream["stats"]["finish"] = "tool_call";  // ended after its call
@@ -151,38 +153,8 @@ void Server::run_job(Job & job) {
 
 void Server::publish_after_job(double dt, bool ok) {
     ctx_.metrics_.publish_after_job(engine_->stats(),
-                               json::parse(engine_->settings_json(), nullptr, false),
-                               engine_->lossy(), dt, ok);
-}
-
-json Server::request_settings(const GenParams & p) const {
-    const SamplingParams & sp = p.sampling;
-    json bias = json::object();
-    for (const auto & [id, b] : sp.logit_bias)
-        bias[std::to_string(id)] = std::isfinite(b) ? float_json(b) : json(false);
-    return json{{"max_tokens", p.max_tokens < 0 ? json(nullptr) : json(p.max_tokens)},
-                {"temperature", float_json(sp.temp)},
-                {"top_p", float_json(sp.top_p)},
-                {"top_k", sp.top_k},
-                {"min_p", float_json(sp.min_p)},
-                {"repeat_penalty", float_json(sp.repeat_penalty)},
-                {"repeat_last_n", sp.repeat_last_n},
-                {"presence_penalty", float_json(sp.presence_penalty)},
-                {"frequency_penalty", float_json(sp.frequency_penalty)},
-                {"logit_bias", bias},
-                {"grammar", sp.grammar.empty() || p.response_format != "text"
-                                ? json(nullptr)
-                                : json(sp.grammar)},
-                {"response_format", p.response_format},
-                {"logprobs", p.logprobs < 0 ? json(nullptr) : json(p.logprobs)},
-                {"ignore_eos", sp.ignore_eos},
-                {"stop", p.stop},
-                {"seed", sp.seed},
-                {"drop_cold_experts", p.drop_cold},
-                {"cache_prompt", p.cache_prompt},
-                {"stream", p.stream},
-                {"chat_template", p.chat ? json(ctx_.template_name()) : json(nullptr)},
-                {"chat_format", p.chat ? chat_format_json(p) : json(nullptr)}};
+                                    json::parse(engine_->settings_json(), nullptr, false),
+                                    engine_->lossy(), dt, ok);
 }
 
 std::string Server::next_call_id() {
@@ -191,50 +163,6 @@ std::string Server::next_call_id() {
     std::string id(9, '0');
     for (int i = 8; i >= 0 && n; --i, n /= 36) id[size_t(i)] = kDigits[n % 36];
     return id;
-}
-
-json Server::chat_format_json(const GenParams & p) const {
-    const ChatExtras & x = p.extras;
-    return json{{"renderer", ctx_.renderer_json()},
-                {"tools", x.tools.size()},
-                {"tool_choice", x.tools.empty() ? json(nullptr)
-                                : x.tool_choice == "function" ? json(x.tool_name)
-                                                              : json(x.tool_choice)},
-                {"thinking", ctx_.chat_format().thinking ? json(x.enable_thinking.value_or(true))
-                                           : json(nullptr)},
-                {"reasoning_effort", ctx_.chat_format().effort
-                                         ? json(x.reasoning_effort.empty()
-                                                    ? "medium" : x.reasoning_effort)
-                                         : json(nullptr)}};
-}
-
-json Server::request_report(const Job & job, const GenerateResult & g, bool cancelled) {
-    const RunStats & s = engine_->stats();
-    const DecodeFigures f = decode_figures(s);
-    json st{{"n_prompt", s.n_prompt},
-            {"n_prompt_reused", s.n_prompt_reused},
-            {"prompt_cache_tokens", s.prompt_cache_tokens},
-            {"prompt_cache_read_bytes", s.prompt_cache_read_bytes},
-            {"prompt_cache_restore_s", s.prompt_cache_restore_s},
-            {"n_generated", s.n_generated},
-            {"prefill_s", s.prefill_s},
-            {"prefill_tok_s", s.prefill_tok_s},
-            {"decode_tok_s", f.tok_s},
-            {"cache_hit_pct", f.cache_hit_pct},
-            {"first16_hit_pct", s.first16_hit_pct},
-            {"flash_mib_per_token", f.mib_per_token},
-            {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
-            {"experts_dropped", s.experts_dropped},
-            {"experts_substituted", s.experts_substituted},
-            {"finish", finish_reason_name(g.finish)}};
-    json r{{"lossy", g.lossy},
-           {"settings", json{{"engine", json::parse(engine_->settings_json(), nullptr, false)},
-                             {"request", request_settings(job.params)}}},
-           {"stats", st},
-           {"cancelled", cancelled}};
-    if (job.params.return_tokens) r["tokens"] = g.tokens;
-    if (g.finish == FinishReason::kStop) r["stop_string"] = g.stop_string;
-    return r;
 }
 
 }  // namespace moestream::server
