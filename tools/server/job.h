@@ -46,8 +46,8 @@ struct Job {
     size_t logprobs_offset = 0;  // streamed completions: text_offset of the next token
     json moestream;  // settings, lossy, per-request stats
     // A slot action (POST /slots/{id}) instead of a generation: run on the worker, which
-    // owns the engine; it fills `moestream` with the response.
-    std::function<Status(json *)> action;
+    // owns the engine and passes it; it fills `moestream` with the response.
+    std::function<Status(Engine &, json *)> action;
     int n_prompt = 0, n_generated = 0;
     bool llama_shape = false;  // llama-server's /completion reply shape (set before it runs)
     int n_probs = 0;           // /completion's n_probs (0: no completion_probabilities)

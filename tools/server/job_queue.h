@@ -1,8 +1,8 @@
 // job_queue.h — the job queue of `moestream serve` (server.h): admission into a bounded FIFO,
 // one job at a time handed to the worker, and cancellation (a client that leaves, /stop,
-// shutdown). It knows nothing of HTTP or the engine: the Server pushes jobs from its HTTP
-// threads and runs the worker loop (run()) on its worker thread with the function that
-// executes one job. Unit-tested without HTTP (tests/unit/test_job_queue.cpp).
+// shutdown). It knows nothing of HTTP or the engine: the request handlers push jobs from the
+// HTTP threads (ServerContext::enqueue) and the Server runs the worker loop (run()) on its
+// worker thread with the function that executes one job. Unit-tested without HTTP (tests/unit/test_job_queue.cpp).
 //
 // T is the job type: it has `uint64_t id` (set here on admission, 1, 2, ...) and
 // `std::atomic<bool> cancelled` (set here on cancellation; the running function polls it).

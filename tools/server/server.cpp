@@ -1,64 +1,43 @@
 // server.cpp — `moestream serve` (see server.h and docs/server.md): starting and stopping
 // the Server (server_impl.h) and run_server().
 #include "server.h"
-#include "responses.h"
 
 #include <httplib.h>
 #include <pthread.h>
 #include <signal.h>
-#include <dirent.h>
-#include <poll.h>
 #include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
 
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
 #include <cstdio>
-#include <deque>
 #include <memory>
-#include <mutex>
+#include <string>
 #include <thread>
 
-#include "chat_jinja.h"
-#include "chat_request.h"
 #include "moestream/log.h"
 #include "moestream/settings.h"
-#include "moestream/sysinfo.h"
-#include "llama_completion.h"
-#include "logprobs_json.h"
-#include "time_json.h"
-#include "web_assets.h"
 #include "server_impl.h"
 
 namespace moestream::server {
 
-using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
-
 int Server::serve() {
+    const ServeConfig & cfg = ctx_.cfg();
     setup_routes();
-    int port = cfg_.port;
+    int port = cfg.port;
     if (port == 0) {
-        port = http_.bind_to_any_port(cfg_.host);
+        port = http_.bind_to_any_port(cfg.host);
         if (port < 0) return bind_failed();
-    } else if (!http_.bind_to_port(cfg_.host, port)) {
+    } else if (!http_.bind_to_port(cfg.host, port)) {
         return bind_failed();
     }
     // cpp-httplib listens with a backlog of 5: a burst of connections would be refused or
     // delayed by the kernel. listen() again on the bound socket raises it.
     if (listen_fd_ >= 0) ::listen(listen_fd_, 512);
-    if (cfg_.host.compare(0, 4, "127.") != 0 && cfg_.host != "localhost" && cfg_.host != "::1")
-        MS_LOG_WARN("listening on %s: reachable from other machines%s", cfg_.host.c_str(),
-                    cfg_.api_key.empty() ? " and no --api-key is set" : "");
-    worker_ = std::thread([this] { jobs_.run([this](Job & job) { run_job(job); }); });
+    if (cfg.host.compare(0, 4, "127.") != 0 && cfg.host != "localhost" && cfg.host != "::1")
+        MS_LOG_WARN("listening on %s: reachable from other machines%s", cfg.host.c_str(),
+                    cfg.api_key.empty() ? " and no --api-key is set" : "");
+    worker_ = std::thread([this] { ctx_.jobs_.run([this](Job & job) { run_job(job); }); });
     // The lossy defaults by their flags (the registry's words, settings.h).
-    RunOptions shown = cfg_.run;
-    shown.drop_cold = cfg_.defaults.drop_cold;
+    RunOptions shown = cfg.run;
+    shown.drop_cold = cfg.defaults.drop_cold;
     const json set = json::parse(engine_->settings_json(), nullptr, false);
     const std::string knobs =
         lossy_knobs_text(shown, set.is_object() ? set.value("n_expert_used_model", 0u) : 0u);
@@ -67,10 +46,10 @@ int Server::serve() {
     std::printf(
         "moestream serve: listening on http://%s:%d/ (model %s, %s, context %d, chat "
         "template %s)\n",
-        cfg_.host.find(':') != std::string::npos ? ("[" + cfg_.host + "]").c_str()
-                                                 : cfg_.host.c_str(),
-        port, model_name_.c_str(), quality.c_str(),
-        engine_->n_ctx(), tmpl_.empty() ? "none (unsupported)" : tmpl_.c_str());
+        cfg.host.find(':') != std::string::npos ? ("[" + cfg.host + "]").c_str()
+                                                 : cfg.host.c_str(),
+        port, ctx_.model_name().c_str(), quality.c_str(),
+        engine_->n_ctx(), ctx_.template_name().empty() ? "none (unsupported)" : ctx_.template_name().c_str());
     std::fflush(stdout);
     bool ok = http_.listen_after_bind();
     shutdown();
@@ -78,8 +57,9 @@ int Server::serve() {
 }
 
 int Server::bind_failed() {
+    const ServeConfig & cfg = ctx_.cfg();
     MS_LOG_ERROR("cannot listen on %s:%d (in use, or not an address of this machine)",
-                 cfg_.host.c_str(), cfg_.port);
+                 cfg.host.c_str(), cfg.port);
     return 1;
 }
 

@@ -1,39 +1,17 @@
-// server_worker.cpp — Server's job queue and worker (server_impl.h): the bounded FIFO, the
-// worker thread that owns the Engine, and what a finished job reports.
-#include "server.h"
-#include "responses.h"
-
-#include <httplib.h>
-#include <pthread.h>
-#include <signal.h>
-#include <dirent.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
-#include <arpa/inet.h>
-
-#include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <cmath>
-#include <condition_variable>
-#include <cstdlib>
-#include <cstring>
-#include <cstdio>
-#include <deque>
-#include <memory>
-#include <mutex>
-#include <thread>
+// server_worker.cpp — Server's worker (server_impl.h): the thread that owns the Engine, runs
+// one job at a time from the queue (job_queue.h), and what a finished job reports.
 #include <unistd.h>
 
-#include "chat_jinja.h"
-#include "chat_request.h"
-#include "moestream/log.h"
-#include "moestream/sysinfo.h"
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "chat_format.h"
 #include "llama_completion.h"
-#include "logprobs_json.h"
-#include "time_json.h"
-#include "web_assets.h"
+#include "moestream/log.h"
+#include "request_report.h"
 #include "server_impl.h"
 
 namespace moestream::server {
@@ -41,55 +19,20 @@ namespace moestream::server {
 using namespace moestream::chat;  // the chat-format library (tools/chat/), shared with `moestream chat`
 
 void Server::stop() {
-    jobs_.stop();
+    ctx_.jobs_.stop();
     const double deadline = now_s() + 3.0;
-    while (open_streams_.load() > 0 && now_s() < deadline)
+    while (ctx_.open_streams_.load() > 0 && now_s() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     http_.stop();
 }
 
 void Server::shutdown() {
-    jobs_.stop();
+    ctx_.jobs_.stop();
     if (worker_.joinable()) worker_.join();
 }
 
-void Server::client_left(const std::shared_ptr<Job> & job) {
-    if (!jobs_.leave(job)) return;  // running (it stops at its next token) or done
-    metrics_.count_cancelled();
-    {
-        std::lock_guard<std::mutex> lk(job->m);
-        job->status = Status::Runtime("cancelled: the client left");
-        job->done = true;
-    }
-    job->cv.notify_all();
-}
-
-GenerateRequest Server::engine_request(const GenParams & p) {
-    GenerateRequest r;
-    r.prompt = p.prompt;
-    r.n_predict = p.max_tokens;
-    r.clamp_to_context = true;  // like llama-server: stop when the context is full
-    r.sampling = p.sampling;
-    r.stop = p.stop;
-    r.reuse_prefix = p.cache_prompt;
-    r.logprobs = p.logprobs;
-    return r;
-}
-
-bool Server::enqueue(const std::shared_ptr<Job> & job) {
-    if (jobs_.push(job)) return true;
-    metrics_.count_rejected();
-    return false;
-}
-
-int Server::retry_after_s() const {
-    const double s =
-        std::ceil(std::max(1.0, metrics_.avg_request_s()) * double(jobs_.waiting() + 1));
-    return int(std::min(60.0, s));
-}
-
 void Server::finish(Job & job, Status st) {
-    jobs_.release(job);
+    ctx_.jobs_.release(job);
     {
         std::lock_guard<std::mutex> lk(job.m);
         job.status = std::move(st);
@@ -101,33 +44,33 @@ void Server::finish(Job & job, Status st) {
 void Server::run_job(Job & job) {
     const GenParams & p = job.params;
     if (job.cancelled) {  // gone while it waited
-        metrics_.count_cancelled();
+        ctx_.metrics_.count_cancelled();
         return finish(job, Status::Runtime("cancelled"));
     }
-    if (job.action) return finish(job, job.action(&job.moestream));
-    Status st = cfg_.run.stream ? engine_->set_drop_cold(p.drop_cold) : Status::Ok();
+    if (job.action) return finish(job, job.action(*engine_, &job.moestream));
+    Status st = ctx_.cfg().run.stream ? engine_->set_drop_cold(p.drop_cold) : Status::Ok();
     if (!st.ok()) {
-        metrics_.count_error();
+        ctx_.metrics_.count_error();
         // In the server's words (its flags), not the library's option names.
-        if (cfg_.option_words) st = Status::Error(st.code(), cfg_.option_words(st.message()));
+        if (ctx_.cfg().option_words) st = Status::Error(st.code(), ctx_.cfg().option_words(st.message()));
         return finish(job, st);
     }
     GenerateRequest r = engine_request(p);
     // A client that leaves (or SIGTERM) during a long prompt stops it between micro-batches.
     r.on_prefill = [&job, this](int, int) {
         // Tests only: the prompt stays in prefill while the hold file exists.
-        while (!cfg_.prefill_hold.empty() && !job.cancelled &&
-               ::access(cfg_.prefill_hold.c_str(), F_OK) == 0)
+        while (!ctx_.cfg().prefill_hold.empty() && !job.cancelled &&
+               ::access(ctx_.cfg().prefill_hold.c_str(), F_OK) == 0)
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         return !job.cancelled;
     };
     int n_prompt = 0;  // for /stats while the prompt is processed (checked before queueing)
     if (!engine_->check_request(r, &n_prompt).ok()) n_prompt = 0;
-    metrics_.begin_job(job.id, n_prompt);
+    ctx_.metrics_.begin_job(job.id, n_prompt);
     Utf8Stream utf8;
     std::unique_ptr<ReplyParser> parser;
     if (job.plan.parse)
-        parser = std::make_unique<ReplyParser>(fmt_, job.plan.tools, job.plan.thinking);
+        parser = std::make_unique<ReplyParser>(ctx_.chat_format(), job.plan.tools, job.plan.thinking);
     GenerateResult g;
     size_t logprobs_taken = 0;  // of g.logprobs, passed on to the job
     // Text -> the job: through the reply parser when the chat format splits replies; the
@@ -165,10 +108,10 @@ void Server::run_job(Job & job) {
     st = engine_->generate(
         r,
         [&](const std::string & piece) {
-            if (cfg_.token_delay_ms > 0)
-                std::this_thread::sleep_for(std::chrono::milliseconds(cfg_.token_delay_ms));
+            if (ctx_.cfg().token_delay_ms > 0)
+                std::this_thread::sleep_for(std::chrono::milliseconds(ctx_.cfg().token_delay_ms));
             deliver(utf8.push(piece), false);
-            metrics_.publish_live(engine_->stats());
+            ctx_.metrics_.publish_live(engine_->stats());
             // A reply that may hold one call ends with it (ChatPlan::stop_after_call).
             if (job.plan.stop_after_call && !job.calls.empty()) return false;
             return !job.cancelled.load();
@@ -189,17 +132,19 @@ void Server::run_job(Job & job) {
                             : !job.calls.empty()                ? "tool_calls"
                                                                 : "stop";
         job.stop_string = g.stop_string;
-        job.moestream = request_report(job, g, cancelled);
+        job.moestream = request_report(ctx_, job, g, s,
+                                       json::parse(engine_->settings_json(), nullptr, false),
+                                       cancelled);
         job.timings = llama_timings(s);
         if (!cancelled && g.finish == FinishReason::kCancelled && !job.calls.empty())
             job.moestream["stats"]["finish"] = "tool_call";  // ended after its call
     }
-    metrics_.publish_live(s);
+    ctx_.metrics_.publish_live(s);
     publish_after_job(dt, st.ok() && !cancelled);
     // The worker is free before /stats says so: a client that sees "generating": false and
     // sends a request is never refused as busy by a job that has ended.
-    jobs_.release(job);
-    metrics_.end_job(!st.ok(), cancelled);
+    ctx_.jobs_.release(job);
+    ctx_.metrics_.end_job(!st.ok(), cancelled);
     if (cancelled)
         MS_LOG_INFO("request %llu cancelled after %d tokens (client gone)",
                     (unsigned long long)job.id, s.n_generated);
@@ -207,91 +152,17 @@ void Server::run_job(Job & job) {
 }
 
 void Server::publish_after_job(double dt, bool ok) {
-    metrics_.publish_after_job(engine_->stats(),
-                               json::parse(engine_->settings_json(), nullptr, false),
-                               engine_->lossy(), dt, ok);
-}
-
-json Server::request_settings(const GenParams & p) const {
-    const SamplingParams & sp = p.sampling;
-    json bias = json::object();
-    for (const auto & [id, b] : sp.logit_bias)
-        bias[std::to_string(id)] = std::isfinite(b) ? float_json(b) : json(false);
-    return json{{"max_tokens", p.max_tokens < 0 ? json(nullptr) : json(p.max_tokens)},
-                {"temperature", float_json(sp.temp)},
-                {"top_p", float_json(sp.top_p)},
-                {"top_k", sp.top_k},
-                {"min_p", float_json(sp.min_p)},
-                {"repeat_penalty", float_json(sp.repeat_penalty)},
-                {"repeat_last_n", sp.repeat_last_n},
-                {"presence_penalty", float_json(sp.presence_penalty)},
-                {"frequency_penalty", float_json(sp.frequency_penalty)},
-                {"logit_bias", bias},
-                {"grammar", sp.grammar.empty() || p.response_format != "text"
-                                ? json(nullptr)
-                                : json(sp.grammar)},
-                {"response_format", p.response_format},
-                {"logprobs", p.logprobs < 0 ? json(nullptr) : json(p.logprobs)},
-                {"ignore_eos", sp.ignore_eos},
-                {"stop", p.stop},
-                {"seed", sp.seed},
-                {"drop_cold_experts", p.drop_cold},
-                {"cache_prompt", p.cache_prompt},
-                {"stream", p.stream},
-                {"chat_template", p.chat ? json(tmpl_) : json(nullptr)},
-                {"chat_format", p.chat ? chat_format_json(p) : json(nullptr)}};
+    ctx_.metrics_.publish_after_job(engine_->stats(),
+                                    json::parse(engine_->settings_json(), nullptr, false),
+                                    engine_->lossy(), dt, ok);
 }
 
 std::string Server::next_call_id() {
     static const char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
-    uint64_t n = uint64_t(started_unix_) * 1000 + ++calls_made_;
+    uint64_t n = uint64_t(ctx_.started_unix()) * 1000 + ++calls_made_;
     std::string id(9, '0');
     for (int i = 8; i >= 0 && n; --i, n /= 36) id[size_t(i)] = kDigits[n % 36];
     return id;
-}
-
-json Server::chat_format_json(const GenParams & p) const {
-    const ChatExtras & x = p.extras;
-    return json{{"renderer", renderer_json()},
-                {"tools", x.tools.size()},
-                {"tool_choice", x.tools.empty() ? json(nullptr)
-                                : x.tool_choice == "function" ? json(x.tool_name)
-                                                              : json(x.tool_choice)},
-                {"thinking", fmt_.thinking ? json(x.enable_thinking.value_or(true))
-                                           : json(nullptr)},
-                {"reasoning_effort", fmt_.effort
-                                         ? json(x.reasoning_effort.empty()
-                                                    ? "medium" : x.reasoning_effort)
-                                         : json(nullptr)}};
-}
-
-json Server::request_report(const Job & job, const GenerateResult & g, bool cancelled) {
-    const RunStats & s = engine_->stats();
-    const DecodeFigures f = decode_figures(s);
-    json st{{"n_prompt", s.n_prompt},
-            {"n_prompt_reused", s.n_prompt_reused},
-            {"prompt_cache_tokens", s.prompt_cache_tokens},
-            {"prompt_cache_read_bytes", s.prompt_cache_read_bytes},
-            {"prompt_cache_restore_s", s.prompt_cache_restore_s},
-            {"n_generated", s.n_generated},
-            {"prefill_s", s.prefill_s},
-            {"prefill_tok_s", s.prefill_tok_s},
-            {"decode_tok_s", f.tok_s},
-            {"cache_hit_pct", f.cache_hit_pct},
-            {"first16_hit_pct", s.first16_hit_pct},
-            {"flash_mib_per_token", f.mib_per_token},
-            {"resident_expert_mib", mib(double(s.resident_expert_bytes))},
-            {"experts_dropped", s.experts_dropped},
-            {"experts_substituted", s.experts_substituted},
-            {"finish", finish_reason_name(g.finish)}};
-    json r{{"lossy", g.lossy},
-           {"settings", json{{"engine", json::parse(engine_->settings_json(), nullptr, false)},
-                             {"request", request_settings(job.params)}}},
-           {"stats", st},
-           {"cancelled", cancelled}};
-    if (job.params.return_tokens) r["tokens"] = g.tokens;
-    if (g.finish == FinishReason::kStop) r["stop_string"] = g.stop_string;
-    return r;
 }
 
 }  // namespace moestream::server
