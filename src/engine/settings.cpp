@@ -25,6 +25,9 @@ using C = SettingClass;
 using R = RunOptions;
 using S = ServeOptions;
 using H = ChatOptions;
+using Ev = EvalOptions;
+using In = InspectOptions;
+using Fb = FallbackOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -520,6 +523,79 @@ const std::vector<Setting> kSettings = {
      C::kTestOnly,
      "`serve`: a prompt stays in prefill while this file exists (the browser test)",
      ""},
+    // --- eval's own flags (EvalOptions) ---
+    {.field = "", .member = {}, .flags = "-f,--file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "text to score",
+     .key = "", .range = "FILE", .commands = "eval", .traits = kRequired,
+     .command_member = &Ev::text_file, .command_field = "EvalOptions::text_file"},
+    {.field = "", .member = {}, .flags = "--max-tokens", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "512", .cls = C::kProduction,
+     .doc = "score at most N tokens of the text",
+     .key = "", .range = "2..1048576", .commands = "eval", .traits = 0,
+     .command_member = &Ev::max_tokens, .command_field = "EvalOptions::max_tokens"},
+    {.field = "", .member = {}, .flags = "--window", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "empty the context every N tokens (the expert cache stays): score within the model's training context; 0 = the whole text in one context",
+     .key = "", .range = "0..1048576", .commands = "eval", .traits = 0,
+     .command_member = &Ev::window, .command_field = "EvalOptions::window"},
+    {.field = "", .member = {}, .flags = "--save-ref", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "keep the reference logits in FILE",
+     .key = "", .range = "FILE", .commands = "eval", .traits = 0,
+     .command_member = &Ev::save_ref, .command_field = "EvalOptions::save_ref"},
+    {.field = "", .member = {}, .flags = "--ref", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "reuse reference logits from FILE (--save-ref)",
+     .key = "", .range = "FILE", .commands = "eval", .traits = 0,
+     .command_member = &Ev::ref, .command_field = "EvalOptions::ref"},
+    {.field = "", .member = {}, .flags = "--bootstrap", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1000", .cls = C::kProduction,
+     .doc = "bootstrap resamples",
+     .key = "", .range = "100..1000000", .commands = "eval", .traits = 0,
+     .command_member = &Ev::bootstrap, .command_field = "EvalOptions::bootstrap"},
+    {.field = "", .member = {}, .flags = "--json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print one JSON object",
+     .key = "", .range = "", .commands = "eval", .traits = 0,
+     .command_member = &Ev::json, .command_field = "EvalOptions::json"},
+    // --- inspect's own flags (InspectOptions) ---
+    {.field = "", .member = {}, .flags = "--json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "machine-readable output (exact byte counts)",
+     .key = "", .range = "", .commands = "inspect", .traits = 0,
+     .command_member = &In::json, .command_field = "InspectOptions::json"},
+    {.field = "", .member = {}, .flags = "--plan", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the plan `run` would get with the engine flags given here, on this machine now: each choice (store, budget, overlap, read-ahead, prefetch, lossy) and why (as --stats-json settings.plan)",
+     .key = "", .range = "", .commands = "inspect", .traits = 0,
+     .command_member = &In::plan, .command_field = "InspectOptions::plan"},
+    // --- make-fallback's flags (FallbackOptions) ---
+    {.field = "", .member = {}, .flags = "-m,--model", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "GGUF model file (or any shard of a split set)",
+     .key = "", .range = "FILE", .commands = "make-fallback", .traits = kRequired,
+     .command_member = &Fb::model_path, .command_field = "FallbackOptions::model_path"},
+    {.field = "", .member = {}, .flags = "-o,--output", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "the companion GGUF to write",
+     .key = "", .range = "FILE", .commands = "make-fallback", .traits = kRequired,
+     .command_member = &Fb::out_path, .command_field = "FallbackOptions::out_path"},
+    {.field = "", .member = {}, .flags = "--type", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "Q2_K", .cls = C::kProduction,
+     .doc = "llama-quantize type of the expert copies (Q2_K, Q3_K, IQ4_XS, Q4_0, ...)",
+     .key = "", .range = "", .commands = "make-fallback", .traits = 0,
+     .command_member = &Fb::type, .command_field = "FallbackOptions::type"},
+    {.field = "", .member = {}, .flags = "-t,--threads", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "llama-quantize threads (0: its default)",
+     .key = "", .range = "0..512", .commands = "make-fallback", .traits = 0,
+     .command_member = &Fb::n_threads, .command_field = "FallbackOptions::n_threads"},
+    {.field = "", .member = {}, .flags = "--quantize-tool", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the private prefix's, else PATH", .cls = C::kProduction,
+     .doc = "the llama-quantize command (default: the private prefix's, else PATH)",
+     .key = "", .range = "", .commands = "make-fallback", .traits = 0,
+     .command_member = &Fb::quantize_tool, .command_field = "FallbackOptions::quantize_tool"},
 };
 
 // "a|b|c" -> {"a", "b", "c"}.
@@ -575,6 +651,35 @@ auto visit_member(const Setting & s, F && f) {
 
 bool is_command_row(const Setting & s) {
     return !std::holds_alternative<std::monostate>(s.command_member);
+}
+
+// The options a row's field belongs to, default-made: f(options) — RunOptions, or the class
+// of its command_member.
+template <class F>
+auto with_default_options(const Setting & s, F && f) {
+    return std::visit(
+        [&f](auto m) {
+            using M = decltype(m);
+            if constexpr (std::is_same_v<M, std::monostate>) {
+                RunOptions o;
+                return f(o);
+            } else {
+                typename MemberOf<M>::Class o;
+                return f(o);
+            }
+        },
+        s.command_member);
+}
+
+// Whether a row's field is a bool (its flag takes no value).
+bool is_bool_row(const Setting & s) {
+    auto is_bool = [](auto m) {
+        if constexpr (std::is_same_v<decltype(m), std::monostate>)
+            return false;
+        else
+            return std::is_same_v<typename MemberOf<decltype(m)>::Value, bool>;
+    };
+    return is_command_row(s) ? std::visit(is_bool, s.command_member) : std::visit(is_bool, s.member);
 }
 
 // A field's value as a flag or variable value ("0.5", "1", "rows"; bools "1" / "0").
@@ -638,6 +743,11 @@ bool set_from_text(const Setting & s, const std::string & t, O * o) {
                 }
             }
         });
+}
+
+// Whether text sets the row's field (of default-made options): it fits the field's type.
+bool fits_field(const Setting & s, const std::string & t) {
+    return with_default_options(s, [&](auto & o) { return set_from_text(s, t, &o); });
 }
 
 bool is_default(const Setting & s, const RunOptions & o) {
@@ -797,7 +907,9 @@ std::string Setting::flag() const {
 }
 
 bool Setting::for_command(std::string_view command) const {
-    if (*commands == 0) return true;
+    if (*commands == 0)  // the engine's flags
+        return command == "run" || command == "chat" || command == "eval" ||
+               command == "serve" || command == "inspect";
     for (const std::string & c : split_choices(commands))
         if (c == command) return true;
     return false;
@@ -840,11 +952,7 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
         else
             rest += (rest.empty() ? "" : ", ") + a.text;
     }
-    RunOptions probe;  // the value must fit the field's type too
-    ServeOptions serve_probe;
-    ChatOptions chat_probe;
-    if (ok && !(is_command_row(s) ? set_from_text(s, t, &serve_probe) || set_from_text(s, t, &chat_probe)
-                                  : set_from_text(s, t, &probe)))
+    if (ok && !fits_field(s, t))  // the value must fit the field's type too
         return t + " does not fit " + (is_command_row(s) ? s.command_field : s.field);
     if (ok) return "";
     if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
@@ -887,16 +995,21 @@ bool set_setting_text(const Setting & s, const std::string & t, ChatOptions * op
     return set_text(s, t, opt, nullptr);
 }
 
+bool set_setting_text(const Setting & s, const std::string & t, EvalOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, InspectOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, FallbackOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
-    static const RunOptions kDefaults;
-    static const ServeOptions kServeDefaults;
-    static const ChatOptions kChatDefaults;
-    if (const auto * c = std::get_if<bool ServeOptions::*>(&s.command_member))
-        return !(kServeDefaults.**c);
-    if (const auto * c = std::get_if<bool ChatOptions::*>(&s.command_member))
-        return !(kChatDefaults.**c);
-    const auto * m = std::get_if<bool RunOptions::*>(&s.member);
-    return m != nullptr && !(kDefaults.**m);
+    return is_bool_row(s) &&
+           with_default_options(s, [&s](auto & o) { return value_text(s, o) == "0"; });
 }
 
 std::string setting_value_text(const Setting & s, const RunOptions & opt) {
@@ -908,6 +1021,18 @@ std::string setting_value_text(const Setting & s, const ServeOptions & opt) {
 }
 
 std::string setting_value_text(const Setting & s, const ChatOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const EvalOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const InspectOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const FallbackOptions & opt) {
     return value_text_of(s, opt);
 }
 
@@ -923,10 +1048,7 @@ std::string setting_range_text(const Setting & s) {
 }
 
 std::string setting_type_name(const Setting & s) {
-    if (std::holds_alternative<bool RunOptions::*>(s.member) ||
-        std::holds_alternative<bool ServeOptions::*>(s.command_member) ||
-        std::holds_alternative<bool ChatOptions::*>(s.command_member))
-        return "";
+    if (is_bool_row(s)) return "";
     if (std::holds_alternative<std::monostate>(s.member) && !is_command_row(s)) return s.range;
     const NumKind k = num_kind(s);
     if (k == NumKind::kNone && is_command_row(s) && *s.choices) return s.choices;  // on|off|auto
@@ -1138,8 +1260,11 @@ std::string settings_markdown() {
         }
     }
     // A command's own flags (Setting::command_member), one table per command.
-    for (const char * command : {"serve", "chat"}) {
-        const std::string type = command == std::string("serve") ? "ServeOptions" : "ChatOptions";
+    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback"}) {
+        std::string type;  // the options' name: its rows' command_field before "::"
+        for (const Setting & s : kSettings)
+            if (is_command_row(s) && s.for_command(command) && type.empty())
+                type = std::string(s.command_field).substr(0, std::string(s.command_field).find("::"));
         md += "\n### `" + std::string(command) + "`\n\n| Flag | " + type +
               " | Values | Default | What it does |\n|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {
