@@ -9,8 +9,9 @@
 // run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
 // (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
 // tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
-// The flags of serve, chat, eval, inspect and make-fallback beyond the engine's are rows too,
-// of ServeOptions / ChatOptions / EvalOptions / InspectOptions / FallbackOptions
+// The flags of serve, chat, eval, inspect, make-fallback and synth beyond the engine's are rows
+// too, of ServeOptions / ChatOptions / EvalOptions / InspectOptions / FallbackOptions /
+// SynthCommandOptions
 // (Setting::command_member): bound, checked, shown in --help and tabled the same way.
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
@@ -28,6 +29,7 @@
 
 #include "moestream/moestream.h"
 #include "moestream/status.h"
+#include "moestream/synth.h"
 
 namespace moestream {
 
@@ -108,13 +110,22 @@ struct FallbackOptions {
     std::string quantize_tool;  // --quantize-tool: the command ("" = the prefix's, else PATH)
 };
 
+// The flags of `moestream synth`: the library's SynthOptions (synth.h; its defaults are the
+// flags') and what only the CLI does. Each a registry row.
+struct SynthCommandOptions : SynthOptions {
+    bool force = false;  // --force: overwrite an existing output file
+};
+
 // A typed accessor of one field of a command's own options (std::monostate: none).
 using CommandField =
     std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
                  bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
                  bool ChatOptions::*, std::string ChatOptions::*, int EvalOptions::*,
                  bool EvalOptions::*, std::string EvalOptions::*, bool InspectOptions::*,
-                 int FallbackOptions::*, std::string FallbackOptions::*>;
+                 int FallbackOptions::*, std::string FallbackOptions::*,
+                 std::string SynthCommandOptions::*, uint64_t SynthCommandOptions::*,
+                 uint32_t SynthCommandOptions::*, bool SynthCommandOptions::*,
+                 float SynthCommandOptions::*>;
 
 // The class and value type of a member pointer (Setting::member, Setting::command_member).
 template <class M>
@@ -202,6 +213,7 @@ bool set_setting_text(const Setting & s, const std::string & text, ChatOptions *
 bool set_setting_text(const Setting & s, const std::string & text, EvalOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, InspectOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, FallbackOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, SynthCommandOptions * opt);
 // The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
 // --no-stream and --cache-no-move set false; a command row's: of its options' default).
 bool setting_flag_value(const Setting & s);
@@ -213,6 +225,7 @@ std::string setting_value_text(const Setting & s, const ChatOptions & opt);
 std::string setting_value_text(const Setting & s, const EvalOptions & opt);
 std::string setting_value_text(const Setting & s, const InspectOptions & opt);
 std::string setting_value_text(const Setting & s, const FallbackOptions & opt);
+std::string setting_value_text(const Setting & s, const SynthCommandOptions & opt);
 // The numbers the range admits, for --help ("16..4194304|0", "(0, 1]"; "" = any, or only
 // words).
 std::string setting_range_text(const Setting & s);

@@ -28,6 +28,7 @@ using H = ChatOptions;
 using Ev = EvalOptions;
 using In = InspectOptions;
 using Fb = FallbackOptions;
+using Sy = SynthCommandOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -596,6 +597,67 @@ const std::vector<Setting> kSettings = {
      .doc = "the llama-quantize command (default: the private prefix's, else PATH)",
      .key = "", .range = "", .commands = "make-fallback", .traits = 0,
      .command_member = &Fb::quantize_tool, .command_field = "FallbackOptions::quantize_tool"},
+    // --- synth's flags (SynthCommandOptions: the library's SynthOptions and --force) ---
+    {.field = "", .member = {}, .flags = "--preset", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "model shapes",
+     .key = "", .range = "", .commands = "synth", .traits = kRequired,
+     .command_member = &Sy::preset, .command_field = "SynthCommandOptions::preset"},
+    {.field = "", .member = {}, .flags = "--arch", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "qwen3moe", .cls = C::kProduction,
+     .doc = "architecture (router gating differs)",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::arch, .command_field = "SynthCommandOptions::arch"},
+    {.field = "", .member = {}, .flags = "--type", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "q8_0", .cls = C::kProduction,
+     .doc = "type of the expert tensors",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::expert_type, .command_field = "SynthCommandOptions::expert_type"},
+    {.field = "", .member = {}, .flags = "--seed", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1", .cls = C::kProduction,
+     .doc = "PRNG seed (same options => same bytes)",
+     .key = "", .range = "0..9223372036854775807", .commands = "synth", .traits = 0,
+     .command_member = &Sy::seed, .command_field = "SynthCommandOptions::seed"},
+    {.field = "", .member = {}, .flags = "--alignment", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "32", .cls = C::kProduction,
+     .doc = "general.alignment (power of two)",
+     .key = "", .range = "32..2097152", .commands = "synth", .traits = 0,
+     .command_member = &Sy::alignment, .command_field = "SynthCommandOptions::alignment"},
+    {.field = "", .member = {}, .flags = "--attn-gain", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0.3", .cls = C::kProduction,
+     .doc = "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as chance; 1.0 (plain init) makes greedy output and routing repeat",
+     .key = "", .range = "0.001..4", .commands = "synth", .traits = 0,
+     .command_member = &Sy::attn_out_gain, .command_field = "SynthCommandOptions::attn_out_gain"},
+    {.field = "", .member = {}, .flags = "--nextn-layers", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "glm4moe: NextN layers after the last layer (kept in the file, not run)",
+     .key = "", .range = "0..4", .commands = "synth", .traits = 0,
+     .command_member = &Sy::nextn_layers, .command_field = "SynthCommandOptions::nextn_layers"},
+    {.field = "", .member = {}, .flags = "-o,--output", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "output file (written via temp + rename; required unless --dry-run)",
+     .key = "", .range = "FILE", .commands = "synth", .traits = 0,
+     .command_member = &Sy::out_path, .command_field = "SynthCommandOptions::out_path"},
+    {.field = "", .member = {}, .flags = "--force", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "overwrite an existing output file",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::force, .command_field = "SynthCommandOptions::force"},
+    {.field = "", .member = {}, .flags = "--progress", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "progress bar on stderr (automatic above 1 GB)",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::progress, .command_field = "SynthCommandOptions::progress"},
+    {.field = "", .member = {}, .flags = "--threads", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "generator threads (0 = auto; same bytes)",
+     .key = "", .range = "0..64", .commands = "synth", .traits = 0,
+     .command_member = &Sy::threads, .command_field = "SynthCommandOptions::threads"},
+    {.field = "", .member = {}, .flags = "--dry-run", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the planned file size, write nothing",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::dry_run, .command_field = "SynthCommandOptions::dry_run"},
 };
 
 // "a|b|c" -> {"a", "b", "c"}.
@@ -734,11 +796,19 @@ bool set_from_text(const Setting & s, const std::string & t, O * o) {
                         v = V(d);
                         return std::isfinite(double(v));
                     } else {  // an integer field holds it exactly, or it is refused
-                        if (!(d >= double(std::numeric_limits<V>::lowest()) &&
-                              d <= double(std::numeric_limits<V>::max())))
-                            return false;
-                        v = V(d);
-                        return double(v) == d;
+                        errno = 0;
+                        const long long n = std::strtoll(t.c_str(), &end, 10);
+                        if (errno != 0 || end != t.c_str() + t.size()) return false;
+                        if constexpr (std::is_signed_v<V>) {
+                            if (n < (long long)std::numeric_limits<V>::lowest() ||
+                                n > (long long)std::numeric_limits<V>::max())
+                                return false;
+                        } else {
+                            if (n < 0 || (unsigned long long)n > std::numeric_limits<V>::max())
+                                return false;
+                        }
+                        v = V(n);
+                        return true;
                     }
                 }
             }
@@ -786,6 +856,7 @@ NumKind num_kind(const Setting & s) {
 }
 
 std::string int_text(double v) {
+    if (v >= 9223372036854775807.0) return "9223372036854775807";  // the largest a flag takes
     return std::to_string(static_cast<long long>(v));
 }
 
@@ -1007,6 +1078,10 @@ bool set_setting_text(const Setting & s, const std::string & t, FallbackOptions 
     return set_text(s, t, opt, nullptr);
 }
 
+bool set_setting_text(const Setting & s, const std::string & t, SynthCommandOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
     return is_bool_row(s) &&
            with_default_options(s, [&s](auto & o) { return value_text(s, o) == "0"; });
@@ -1033,6 +1108,10 @@ std::string setting_value_text(const Setting & s, const InspectOptions & opt) {
 }
 
 std::string setting_value_text(const Setting & s, const FallbackOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const SynthCommandOptions & opt) {
     return value_text_of(s, opt);
 }
 
@@ -1260,7 +1339,7 @@ std::string settings_markdown() {
         }
     }
     // A command's own flags (Setting::command_member), one table per command.
-    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback"}) {
+    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback", "synth"}) {
         std::string type;  // the options' name: its rows' command_field before "::"
         for (const Setting & s : kSettings)
             if (is_command_row(s) && s.for_command(command) && type.empty())

@@ -289,7 +289,7 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
                     return true;
         return false;
     };
-    for (const char * cmd : {"run", "chat", "eval", "serve", "inspect", "make-fallback"}) {
+    for (const char * cmd : {"run", "chat", "eval", "serve", "inspect", "make-fallback", "synth"}) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << cmd << h.err;
         for (const Setting & s : settings_registry()) {
@@ -501,7 +501,8 @@ TEST(Settings, EveryCommandFlagIsARow) {
         "--reverse-prompt"};  // add_sampling_flags (run, chat and serve)
     // The command and how many flags its --help lists at least (the listing was read).
     const std::pair<const char *, size_t> commands[] = {
-        {"serve", 40}, {"chat", 40}, {"eval", 40}, {"inspect", 30}, {"make-fallback", 8}};
+        {"serve", 40}, {"chat", 40}, {"eval", 40}, {"inspect", 30}, {"make-fallback", 8},
+        {"synth", 14}};
     for (const auto & [cmd, at_least] : commands) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << h.err;
@@ -556,4 +557,20 @@ TEST(Settings, ChatRowsCheckChoicesAndPairs) {
     ASSERT_NE(escape, nullptr);
     EXPECT_EQ(escape, find_flag_setting("--escape"));  // one row of two flags
     EXPECT_EQ(setting_value_text(*escape, co), "1");   // on by default
+}
+
+// An integer row takes its flag's value exactly, beyond a double's 53 bits (synth --seed), and
+// refuses a negative one with its range. Control: the value read as a double is another number.
+TEST(Settings, IntegerRowsAreSetExactly) {
+    const Setting * seed = nullptr;
+    for (const Setting & s : settings_registry())
+        if (std::string(s.command_field) == "SynthCommandOptions::seed") seed = &s;
+    ASSERT_NE(seed, nullptr);
+    SynthCommandOptions o;
+    ASSERT_TRUE(set_setting_text(*seed, "9007199254740993", &o));
+    EXPECT_EQ(o.seed, 9007199254740993ull);
+    EXPECT_NE(uint64_t(std::strtod("9007199254740993", nullptr)), 9007199254740993ull);
+    EXPECT_EQ(check_setting_text(*seed, "-1"), "-1 is not in 0..9223372036854775807");
+    EXPECT_FALSE(set_setting_text(*seed, "-1", &o));
+    EXPECT_EQ(o.seed, 9007199254740993ull);
 }

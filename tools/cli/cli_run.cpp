@@ -511,6 +511,10 @@ void add_fallback_flags(CLI::App * sub, FallbackOptions * opt) {
     add_command_flags(sub, "make-fallback", opt);
 }
 
+void add_synth_flags(CLI::App * sub, SynthCommandOptions * opt) {
+    add_command_flags(sub, "synth", opt);
+}
+
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
 std::string flag_words(const std::string & msg) { return option_words(msg); }
 
