@@ -29,6 +29,7 @@ using Ev = EvalOptions;
 using In = InspectOptions;
 using Fb = FallbackOptions;
 using Sy = SynthCommandOptions;
+using Rp = ReplayOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -658,6 +659,82 @@ const std::vector<Setting> kSettings = {
      .doc = "print the planned file size, write nothing",
      .key = "", .range = "", .commands = "synth", .traits = 0,
      .command_member = &Sy::dry_run, .command_field = "SynthCommandOptions::dry_run"},
+    // --- replay's flags (ReplayOptions) ---
+    {.field = "", .member = {}, .flags = "trace", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "route trace file",
+     .key = "", .range = "FILE", .commands = "replay", .traits = kRequired,
+     .command_member = &Rp::trace, .command_field = "ReplayOptions::trace"},
+    {.field = "", .member = {}, .flags = "--budgets", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the recorded one", .cls = C::kProduction,
+     .doc = "cache budgets in MiB, comma-separated; 0 = cache off (default: the recorded one)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::budgets, .command_field = "ReplayOptions::budgets"},
+    {.field = "", .member = {}, .flags = "--policy", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "lru", .cls = C::kProduction,
+     .doc = "eviction policies: lru,lfu,belady (default lru)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::policies, .command_field = "ReplayOptions::policies"},
+    {.field = "", .member = {}, .flags = "--drop-cold", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the recorded one", .cls = C::kProduction,
+     .doc = "drop-cold fractions F in [0,1], comma-separated (default: the recorded one)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::drops, .command_field = "ReplayOptions::drops"},
+    {.field = "", .member = {}, .flags = "--drop-in-prefill", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "as recorded", .cls = C::kProduction,
+     .doc = "apply the drop policy in prefill too (default: as recorded)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::drop_in_prefill, .command_field = "ReplayOptions::drop_in_prefill"},
+    {.field = "", .member = {}, .flags = "--n-expert-used", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the trace's k", .cls = C::kProduction,
+     .doc = "experts per token K <= the trace's k, comma-separated",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::ks, .command_field = "ReplayOptions::ks"},
+    {.field = "", .member = {}, .flags = "--substitute-experts", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "estimate --substitute-experts margins M in [0,1], comma-separated (LOSSY; a trace recorded with --route-trace-scores; each at drop-cold 0)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::substitute, .command_field = "ReplayOptions::substitute"},
+    {.field = "", .member = {}, .flags = "--miss-fallback", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "estimate --miss-fallback with this companion's expert sizes (LOSSY; needs --fallback-threshold and a trace with final weights)",
+     .key = "", .range = "FILE", .commands = "replay", .traits = 0,
+     .command_member = &Rp::fallback, .command_field = "ReplayOptions::fallback"},
+    {.field = "", .member = {}, .flags = "--fallback-threshold", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "final router weight W in (0, 1] below which a miss reads the low-bit copy",
+     .key = "", .range = "(0..1", .commands = "replay", .traits = 0,
+     .command_member = &Rp::fallback_w, .command_field = "ReplayOptions::fallback_w"},
+    {.field = "", .member = {}, .flags = "--json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the results as one JSON object",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::json, .command_field = "ReplayOptions::json"},
+    {.field = "", .member = {}, .flags = "--plot", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write a PNG: hit rate vs budget; reads avoided vs weight discarded",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::plot, .command_field = "ReplayOptions::plot"},
+    {.field = "", .member = {}, .flags = "--validate", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "replay the recorded settings and require the recorded hits/misses/drops exactly",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::validate, .command_field = "ReplayOptions::validate"},
+    {.field = "", .member = {}, .flags = "--routing-stats", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print how the model routes (expert usage, reuse by the next token vs shuffled) instead of simulating",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::routing_stats, .command_field = "ReplayOptions::routing_stats"},
+    {.field = "", .member = {}, .flags = "--warm-split", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "estimate a warm expert set: learn it from the prompt and the first N decode tokens, then replay the rest cold and with it preloaded (lossless; --budgets default 2000,4000)",
+     .key = "", .range = "0..1073741824", .commands = "replay", .traits = 0,
+     .command_member = &Rp::warm_split, .command_field = "ReplayOptions::warm_split"},
+    {.field = "", .member = {}, .flags = "--warm-measure", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "64", .cls = C::kProduction,
+     .doc = "with --warm-split: decode tokens measured after the split",
+     .key = "", .range = "1..1073741824", .commands = "replay", .traits = 0,
+     .command_member = &Rp::warm_measure, .command_field = "ReplayOptions::warm_measure"},
 };
 
 // "a|b|c" -> {"a", "b", "c"}.
@@ -1082,6 +1159,10 @@ bool set_setting_text(const Setting & s, const std::string & t, SynthCommandOpti
     return set_text(s, t, opt, nullptr);
 }
 
+bool set_setting_text(const Setting & s, const std::string & t, ReplayOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
     return is_bool_row(s) &&
            with_default_options(s, [&s](auto & o) { return value_text(s, o) == "0"; });
@@ -1112,6 +1193,10 @@ std::string setting_value_text(const Setting & s, const FallbackOptions & opt) {
 }
 
 std::string setting_value_text(const Setting & s, const SynthCommandOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ReplayOptions & opt) {
     return value_text_of(s, opt);
 }
 
@@ -1339,7 +1424,7 @@ std::string settings_markdown() {
         }
     }
     // A command's own flags (Setting::command_member), one table per command.
-    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback", "synth"}) {
+    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback", "synth", "replay"}) {
         std::string type;  // the options' name: its rows' command_field before "::"
         for (const Setting & s : kSettings)
             if (is_command_row(s) && s.for_command(command) && type.empty())

@@ -289,7 +289,8 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
                     return true;
         return false;
     };
-    for (const char * cmd : {"run", "chat", "eval", "serve", "inspect", "make-fallback", "synth"}) {
+    for (const char * cmd :
+         {"run", "chat", "eval", "serve", "inspect", "make-fallback", "synth", "replay"}) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << cmd << h.err;
         for (const Setting & s : settings_registry()) {
@@ -502,7 +503,7 @@ TEST(Settings, EveryCommandFlagIsARow) {
     // The command and how many flags its --help lists at least (the listing was read).
     const std::pair<const char *, size_t> commands[] = {
         {"serve", 40}, {"chat", 40}, {"eval", 40}, {"inspect", 30}, {"make-fallback", 8},
-        {"synth", 14}};
+        {"synth", 14}, {"replay", 16}};
     for (const auto & [cmd, at_least] : commands) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << h.err;

@@ -515,6 +515,10 @@ void add_synth_flags(CLI::App * sub, SynthCommandOptions * opt) {
     add_command_flags(sub, "synth", opt);
 }
 
+void add_replay_flags(CLI::App * sub, ReplayOptions * opt) {
+    add_command_flags(sub, "replay", opt);
+}
+
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
 std::string flag_words(const std::string & msg) { return option_words(msg); }
 
