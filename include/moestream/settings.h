@@ -9,7 +9,9 @@
 // run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
 // (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
 // tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
-// The flags of serve and chat beyond the engine's are rows too, of ServeOptions / ChatOptions
+// The flags of serve, chat, eval, inspect, make-fallback, synth and replay beyond the engine's
+// are rows too, of ServeOptions / ChatOptions / EvalOptions / InspectOptions / FallbackOptions
+// / SynthCommandOptions / ReplayOptions
 // (Setting::command_member): bound, checked, shown in --help and tabled the same way.
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
@@ -27,6 +29,7 @@
 
 #include "moestream/moestream.h"
 #include "moestream/status.h"
+#include "moestream/synth.h"
 
 namespace moestream {
 
@@ -79,11 +82,71 @@ struct ChatOptions {
     bool verbose_prompt = false;     // --verbose-prompt
 };
 
+// The flags of `moestream eval` beyond the engine's: plain values, each a registry row
+// (Setting::command_member). The defaults are the flags' defaults.
+struct EvalOptions {
+    std::string text_file;  // -f,--file: the text to score (required)
+    int max_tokens = 512;   // --max-tokens: tokens of the text scored at most
+    int window = 0;         // --window: tokens per context (0 = the whole text in one)
+    std::string save_ref;   // --save-ref: keep the reference logits in this file ("" = none)
+    std::string ref;        // --ref: reuse the reference logits of this file ("" = compute)
+    int bootstrap = 1000;   // --bootstrap: resamples of the 95% intervals
+    bool json = false;      // --json: one JSON object instead of text
+};
+
+// The flags of `moestream inspect` beyond the engine's (which only shape --plan).
+struct InspectOptions {
+    bool json = false;  // --json: machine-readable output
+    bool plan = false;  // --plan: print the plan a run would get instead of the model
+};
+
+// The flags of `moestream make-fallback`: plain values, each a registry row; the CLI copies
+// them into MakeFallbackOptions (fallback.h). The defaults are the flags' defaults.
+struct FallbackOptions {
+    std::string model_path;     // -m,--model (required)
+    std::string out_path;       // -o,--output: the companion GGUF (required)
+    std::string type = "Q2_K";  // --type: llama-quantize's type of the expert copies
+    int n_threads = 0;          // -t,--threads: llama-quantize threads (0 = its default)
+    std::string quantize_tool;  // --quantize-tool: the command ("" = the prefix's, else PATH)
+};
+
+// The flags of `moestream synth`: the library's SynthOptions (synth.h; its defaults are the
+// flags') and what only the CLI does. Each a registry row.
+struct SynthCommandOptions : SynthOptions {
+    bool force = false;  // --force: overwrite an existing output file
+};
+
+// The flags of `moestream replay`: plain values, each a registry row. Lists are the flags'
+// comma-separated text (the command splits and checks them). The defaults are the flags'.
+struct ReplayOptions {
+    std::string trace;           // the route trace file (positional, required)
+    std::string budgets;         // --budgets: MiB list ("" = the recorded budget)
+    std::string policies = "lru";  // --policy: eviction policies, comma-separated
+    std::string drops;           // --drop-cold: fractions ("" = the recorded one)
+    bool drop_in_prefill = false;  // --drop-in-prefill
+    std::string ks;              // --n-expert-used: experts per token list ("" = the trace's)
+    std::string substitute;      // --substitute-experts: margins list ("" = none)
+    std::string fallback;        // --miss-fallback: the companion FILE ("" = none)
+    double fallback_w = 0;       // --fallback-threshold (0 = not given)
+    bool json = false;           // --json
+    std::string plot;            // --plot: the PNG to write ("" = none)
+    bool validate = false;       // --validate
+    bool routing_stats = false;  // --routing-stats
+    int warm_split = -1;         // --warm-split: decode tokens the warm set learns from (-1 = off)
+    int warm_measure = 64;       // --warm-measure: decode tokens measured after the split
+};
+
 // A typed accessor of one field of a command's own options (std::monostate: none).
 using CommandField =
     std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
                  bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
-                 bool ChatOptions::*, std::string ChatOptions::*>;
+                 bool ChatOptions::*, std::string ChatOptions::*, int EvalOptions::*,
+                 bool EvalOptions::*, std::string EvalOptions::*, bool InspectOptions::*,
+                 int FallbackOptions::*, std::string FallbackOptions::*,
+                 std::string SynthCommandOptions::*, uint64_t SynthCommandOptions::*,
+                 uint32_t SynthCommandOptions::*, bool SynthCommandOptions::*,
+                 float SynthCommandOptions::*, int ReplayOptions::*, bool ReplayOptions::*,
+                 double ReplayOptions::*, std::string ReplayOptions::*>;
 
 // The class and value type of a member pointer (Setting::member, Setting::command_member).
 template <class M>
@@ -168,6 +231,11 @@ bool set_setting_text(const Setting & s, const std::string & text, RunOptions * 
 // The same for a row of a command's own options (Setting::command_member).
 bool set_setting_text(const Setting & s, const std::string & text, ServeOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, ChatOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, EvalOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, InspectOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, FallbackOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, SynthCommandOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, ReplayOptions * opt);
 // The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
 // --no-stream and --cache-no-move set false; a command row's: of its options' default).
 bool setting_flag_value(const Setting & s);
@@ -176,6 +244,11 @@ bool setting_flag_value(const Setting & s);
 std::string setting_value_text(const Setting & s, const RunOptions & opt);
 std::string setting_value_text(const Setting & s, const ServeOptions & opt);
 std::string setting_value_text(const Setting & s, const ChatOptions & opt);
+std::string setting_value_text(const Setting & s, const EvalOptions & opt);
+std::string setting_value_text(const Setting & s, const InspectOptions & opt);
+std::string setting_value_text(const Setting & s, const FallbackOptions & opt);
+std::string setting_value_text(const Setting & s, const SynthCommandOptions & opt);
+std::string setting_value_text(const Setting & s, const ReplayOptions & opt);
 // The numbers the range admits, for --help ("16..4194304|0", "(0, 1]"; "" = any, or only
 // words).
 std::string setting_range_text(const Setting & s);

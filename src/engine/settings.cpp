@@ -25,6 +25,11 @@ using C = SettingClass;
 using R = RunOptions;
 using S = ServeOptions;
 using H = ChatOptions;
+using Ev = EvalOptions;
+using In = InspectOptions;
+using Fb = FallbackOptions;
+using Sy = SynthCommandOptions;
+using Rp = ReplayOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -520,6 +525,216 @@ const std::vector<Setting> kSettings = {
      C::kTestOnly,
      "`serve`: a prompt stays in prefill while this file exists (the browser test)",
      ""},
+    // --- eval's own flags (EvalOptions) ---
+    {.field = "", .member = {}, .flags = "-f,--file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "text to score",
+     .key = "", .range = "FILE", .commands = "eval", .traits = kRequired,
+     .command_member = &Ev::text_file, .command_field = "EvalOptions::text_file"},
+    {.field = "", .member = {}, .flags = "--max-tokens", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "512", .cls = C::kProduction,
+     .doc = "score at most N tokens of the text",
+     .key = "", .range = "2..1048576", .commands = "eval", .traits = 0,
+     .command_member = &Ev::max_tokens, .command_field = "EvalOptions::max_tokens"},
+    {.field = "", .member = {}, .flags = "--window", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "empty the context every N tokens (the expert cache stays): score within the model's training context; 0 = the whole text in one context",
+     .key = "", .range = "0..1048576", .commands = "eval", .traits = 0,
+     .command_member = &Ev::window, .command_field = "EvalOptions::window"},
+    {.field = "", .member = {}, .flags = "--save-ref", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "keep the reference logits in FILE",
+     .key = "", .range = "FILE", .commands = "eval", .traits = 0,
+     .command_member = &Ev::save_ref, .command_field = "EvalOptions::save_ref"},
+    {.field = "", .member = {}, .flags = "--ref", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "reuse reference logits from FILE (--save-ref)",
+     .key = "", .range = "FILE", .commands = "eval", .traits = 0,
+     .command_member = &Ev::ref, .command_field = "EvalOptions::ref"},
+    {.field = "", .member = {}, .flags = "--bootstrap", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1000", .cls = C::kProduction,
+     .doc = "bootstrap resamples",
+     .key = "", .range = "100..1000000", .commands = "eval", .traits = 0,
+     .command_member = &Ev::bootstrap, .command_field = "EvalOptions::bootstrap"},
+    {.field = "", .member = {}, .flags = "--json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print one JSON object",
+     .key = "", .range = "", .commands = "eval", .traits = 0,
+     .command_member = &Ev::json, .command_field = "EvalOptions::json"},
+    // --- inspect's own flags (InspectOptions) ---
+    {.field = "", .member = {}, .flags = "--json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "machine-readable output (exact byte counts)",
+     .key = "", .range = "", .commands = "inspect", .traits = 0,
+     .command_member = &In::json, .command_field = "InspectOptions::json"},
+    {.field = "", .member = {}, .flags = "--plan", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the plan `run` would get with the engine flags given here, on this machine now: each choice (store, budget, overlap, read-ahead, prefetch, lossy) and why (as --stats-json settings.plan)",
+     .key = "", .range = "", .commands = "inspect", .traits = 0,
+     .command_member = &In::plan, .command_field = "InspectOptions::plan"},
+    // --- make-fallback's flags (FallbackOptions) ---
+    {.field = "", .member = {}, .flags = "-m,--model", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "GGUF model file (or any shard of a split set)",
+     .key = "", .range = "FILE", .commands = "make-fallback", .traits = kRequired,
+     .command_member = &Fb::model_path, .command_field = "FallbackOptions::model_path"},
+    {.field = "", .member = {}, .flags = "-o,--output", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "the companion GGUF to write",
+     .key = "", .range = "FILE", .commands = "make-fallback", .traits = kRequired,
+     .command_member = &Fb::out_path, .command_field = "FallbackOptions::out_path"},
+    {.field = "", .member = {}, .flags = "--type", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "Q2_K", .cls = C::kProduction,
+     .doc = "llama-quantize type of the expert copies (Q2_K, Q3_K, IQ4_XS, Q4_0, ...)",
+     .key = "", .range = "", .commands = "make-fallback", .traits = 0,
+     .command_member = &Fb::type, .command_field = "FallbackOptions::type"},
+    {.field = "", .member = {}, .flags = "-t,--threads", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "llama-quantize threads (0: its default)",
+     .key = "", .range = "0..512", .commands = "make-fallback", .traits = 0,
+     .command_member = &Fb::n_threads, .command_field = "FallbackOptions::n_threads"},
+    {.field = "", .member = {}, .flags = "--quantize-tool", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the private prefix's, else PATH", .cls = C::kProduction,
+     .doc = "the llama-quantize command (default: the private prefix's, else PATH)",
+     .key = "", .range = "", .commands = "make-fallback", .traits = 0,
+     .command_member = &Fb::quantize_tool, .command_field = "FallbackOptions::quantize_tool"},
+    // --- synth's flags (SynthCommandOptions: the library's SynthOptions and --force) ---
+    {.field = "", .member = {}, .flags = "--preset", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "model shapes",
+     .key = "", .range = "", .commands = "synth", .traits = kRequired,
+     .command_member = &Sy::preset, .command_field = "SynthCommandOptions::preset"},
+    {.field = "", .member = {}, .flags = "--arch", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "qwen3moe", .cls = C::kProduction,
+     .doc = "architecture (router gating differs)",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::arch, .command_field = "SynthCommandOptions::arch"},
+    {.field = "", .member = {}, .flags = "--type", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "q8_0", .cls = C::kProduction,
+     .doc = "type of the expert tensors",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::expert_type, .command_field = "SynthCommandOptions::expert_type"},
+    {.field = "", .member = {}, .flags = "--seed", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1", .cls = C::kProduction,
+     .doc = "PRNG seed (same options => same bytes)",
+     .key = "", .range = "0..9223372036854775807", .commands = "synth", .traits = 0,
+     .command_member = &Sy::seed, .command_field = "SynthCommandOptions::seed"},
+    {.field = "", .member = {}, .flags = "--alignment", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "32", .cls = C::kProduction,
+     .doc = "general.alignment (power of two)",
+     .key = "", .range = "32..2097152", .commands = "synth", .traits = 0,
+     .command_member = &Sy::alignment, .command_field = "SynthCommandOptions::alignment"},
+    {.field = "", .member = {}, .flags = "--attn-gain", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0.3", .cls = C::kProduction,
+     .doc = "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as chance; 1.0 (plain init) makes greedy output and routing repeat",
+     .key = "", .range = "0.001..4", .commands = "synth", .traits = 0,
+     .command_member = &Sy::attn_out_gain, .command_field = "SynthCommandOptions::attn_out_gain"},
+    {.field = "", .member = {}, .flags = "--nextn-layers", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "glm4moe: NextN layers after the last layer (kept in the file, not run)",
+     .key = "", .range = "0..4", .commands = "synth", .traits = 0,
+     .command_member = &Sy::nextn_layers, .command_field = "SynthCommandOptions::nextn_layers"},
+    {.field = "", .member = {}, .flags = "-o,--output", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "output file (written via temp + rename; required unless --dry-run)",
+     .key = "", .range = "FILE", .commands = "synth", .traits = 0,
+     .command_member = &Sy::out_path, .command_field = "SynthCommandOptions::out_path"},
+    {.field = "", .member = {}, .flags = "--force", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "overwrite an existing output file",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::force, .command_field = "SynthCommandOptions::force"},
+    {.field = "", .member = {}, .flags = "--progress", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "progress bar on stderr (automatic above 1 GB)",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::progress, .command_field = "SynthCommandOptions::progress"},
+    {.field = "", .member = {}, .flags = "--threads", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "generator threads (0 = auto; same bytes)",
+     .key = "", .range = "0..64", .commands = "synth", .traits = 0,
+     .command_member = &Sy::threads, .command_field = "SynthCommandOptions::threads"},
+    {.field = "", .member = {}, .flags = "--dry-run", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the planned file size, write nothing",
+     .key = "", .range = "", .commands = "synth", .traits = 0,
+     .command_member = &Sy::dry_run, .command_field = "SynthCommandOptions::dry_run"},
+    // --- replay's flags (ReplayOptions) ---
+    {.field = "", .member = {}, .flags = "trace", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "(required)", .cls = C::kProduction,
+     .doc = "route trace file",
+     .key = "", .range = "FILE", .commands = "replay", .traits = kRequired,
+     .command_member = &Rp::trace, .command_field = "ReplayOptions::trace"},
+    {.field = "", .member = {}, .flags = "--budgets", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the recorded one", .cls = C::kProduction,
+     .doc = "cache budgets in MiB, comma-separated; 0 = cache off (default: the recorded one)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::budgets, .command_field = "ReplayOptions::budgets"},
+    {.field = "", .member = {}, .flags = "--policy", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "lru", .cls = C::kProduction,
+     .doc = "eviction policies: lru,lfu,belady (default lru)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::policies, .command_field = "ReplayOptions::policies"},
+    {.field = "", .member = {}, .flags = "--drop-cold", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the recorded one", .cls = C::kProduction,
+     .doc = "drop-cold fractions F in [0,1], comma-separated (default: the recorded one)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::drops, .command_field = "ReplayOptions::drops"},
+    {.field = "", .member = {}, .flags = "--drop-in-prefill", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "as recorded", .cls = C::kProduction,
+     .doc = "apply the drop policy in prefill too (default: as recorded)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::drop_in_prefill, .command_field = "ReplayOptions::drop_in_prefill"},
+    {.field = "", .member = {}, .flags = "--n-expert-used", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the trace's k", .cls = C::kProduction,
+     .doc = "experts per token K <= the trace's k, comma-separated",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::ks, .command_field = "ReplayOptions::ks"},
+    {.field = "", .member = {}, .flags = "--substitute-experts", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "estimate --substitute-experts margins M in [0,1], comma-separated (LOSSY; a trace recorded with --route-trace-scores; each at drop-cold 0)",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::substitute, .command_field = "ReplayOptions::substitute"},
+    {.field = "", .member = {}, .flags = "--miss-fallback", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "estimate --miss-fallback with this companion's expert sizes (LOSSY; needs --fallback-threshold and a trace with final weights)",
+     .key = "", .range = "FILE", .commands = "replay", .traits = 0,
+     .command_member = &Rp::fallback, .command_field = "ReplayOptions::fallback"},
+    {.field = "", .member = {}, .flags = "--fallback-threshold", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "final router weight W in (0, 1] below which a miss reads the low-bit copy",
+     .key = "", .range = "(0..1", .commands = "replay", .traits = 0,
+     .command_member = &Rp::fallback_w, .command_field = "ReplayOptions::fallback_w"},
+    {.field = "", .member = {}, .flags = "--json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the results as one JSON object",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::json, .command_field = "ReplayOptions::json"},
+    {.field = "", .member = {}, .flags = "--plot", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write a PNG: hit rate vs budget; reads avoided vs weight discarded",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::plot, .command_field = "ReplayOptions::plot"},
+    {.field = "", .member = {}, .flags = "--validate", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "replay the recorded settings and require the recorded hits/misses/drops exactly",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::validate, .command_field = "ReplayOptions::validate"},
+    {.field = "", .member = {}, .flags = "--routing-stats", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print how the model routes (expert usage, reuse by the next token vs shuffled) instead of simulating",
+     .key = "", .range = "", .commands = "replay", .traits = 0,
+     .command_member = &Rp::routing_stats, .command_field = "ReplayOptions::routing_stats"},
+    {.field = "", .member = {}, .flags = "--warm-split", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "estimate a warm expert set: learn it from the prompt and the first N decode tokens, then replay the rest cold and with it preloaded (lossless; --budgets default 2000,4000)",
+     .key = "", .range = "0..1073741824", .commands = "replay", .traits = 0,
+     .command_member = &Rp::warm_split, .command_field = "ReplayOptions::warm_split"},
+    {.field = "", .member = {}, .flags = "--warm-measure", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "64", .cls = C::kProduction,
+     .doc = "with --warm-split: decode tokens measured after the split",
+     .key = "", .range = "1..1073741824", .commands = "replay", .traits = 0,
+     .command_member = &Rp::warm_measure, .command_field = "ReplayOptions::warm_measure"},
 };
 
 // "a|b|c" -> {"a", "b", "c"}.
@@ -577,6 +792,35 @@ bool is_command_row(const Setting & s) {
     return !std::holds_alternative<std::monostate>(s.command_member);
 }
 
+// The options a row's field belongs to, default-made: f(options) — RunOptions, or the class
+// of its command_member.
+template <class F>
+auto with_default_options(const Setting & s, F && f) {
+    return std::visit(
+        [&f](auto m) {
+            using M = decltype(m);
+            if constexpr (std::is_same_v<M, std::monostate>) {
+                RunOptions o;
+                return f(o);
+            } else {
+                typename MemberOf<M>::Class o;
+                return f(o);
+            }
+        },
+        s.command_member);
+}
+
+// Whether a row's field is a bool (its flag takes no value).
+bool is_bool_row(const Setting & s) {
+    auto is_bool = [](auto m) {
+        if constexpr (std::is_same_v<decltype(m), std::monostate>)
+            return false;
+        else
+            return std::is_same_v<typename MemberOf<decltype(m)>::Value, bool>;
+    };
+    return is_command_row(s) ? std::visit(is_bool, s.command_member) : std::visit(is_bool, s.member);
+}
+
 // A field's value as a flag or variable value ("0.5", "1", "rows"; bools "1" / "0").
 template <class O>
 std::string value_text(const Setting & s, const O & o) {
@@ -629,15 +873,28 @@ bool set_from_text(const Setting & s, const std::string & t, O * o) {
                         v = V(d);
                         return std::isfinite(double(v));
                     } else {  // an integer field holds it exactly, or it is refused
-                        if (!(d >= double(std::numeric_limits<V>::lowest()) &&
-                              d <= double(std::numeric_limits<V>::max())))
-                            return false;
-                        v = V(d);
-                        return double(v) == d;
+                        errno = 0;
+                        const long long n = std::strtoll(t.c_str(), &end, 10);
+                        if (errno != 0 || end != t.c_str() + t.size()) return false;
+                        if constexpr (std::is_signed_v<V>) {
+                            if (n < (long long)std::numeric_limits<V>::lowest() ||
+                                n > (long long)std::numeric_limits<V>::max())
+                                return false;
+                        } else {
+                            if (n < 0 || (unsigned long long)n > std::numeric_limits<V>::max())
+                                return false;
+                        }
+                        v = V(n);
+                        return true;
                     }
                 }
             }
         });
+}
+
+// Whether text sets the row's field (of default-made options): it fits the field's type.
+bool fits_field(const Setting & s, const std::string & t) {
+    return with_default_options(s, [&](auto & o) { return set_from_text(s, t, &o); });
 }
 
 bool is_default(const Setting & s, const RunOptions & o) {
@@ -676,6 +933,7 @@ NumKind num_kind(const Setting & s) {
 }
 
 std::string int_text(double v) {
+    if (v >= 9223372036854775807.0) return "9223372036854775807";  // the largest a flag takes
     return std::to_string(static_cast<long long>(v));
 }
 
@@ -797,7 +1055,9 @@ std::string Setting::flag() const {
 }
 
 bool Setting::for_command(std::string_view command) const {
-    if (*commands == 0) return true;
+    if (*commands == 0)  // the engine's flags
+        return command == "run" || command == "chat" || command == "eval" ||
+               command == "serve" || command == "inspect";
     for (const std::string & c : split_choices(commands))
         if (c == command) return true;
     return false;
@@ -840,11 +1100,7 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
         else
             rest += (rest.empty() ? "" : ", ") + a.text;
     }
-    RunOptions probe;  // the value must fit the field's type too
-    ServeOptions serve_probe;
-    ChatOptions chat_probe;
-    if (ok && !(is_command_row(s) ? set_from_text(s, t, &serve_probe) || set_from_text(s, t, &chat_probe)
-                                  : set_from_text(s, t, &probe)))
+    if (ok && !fits_field(s, t))  // the value must fit the field's type too
         return t + " does not fit " + (is_command_row(s) ? s.command_field : s.field);
     if (ok) return "";
     if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
@@ -887,16 +1143,29 @@ bool set_setting_text(const Setting & s, const std::string & t, ChatOptions * op
     return set_text(s, t, opt, nullptr);
 }
 
+bool set_setting_text(const Setting & s, const std::string & t, EvalOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, InspectOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, FallbackOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, SynthCommandOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, ReplayOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
-    static const RunOptions kDefaults;
-    static const ServeOptions kServeDefaults;
-    static const ChatOptions kChatDefaults;
-    if (const auto * c = std::get_if<bool ServeOptions::*>(&s.command_member))
-        return !(kServeDefaults.**c);
-    if (const auto * c = std::get_if<bool ChatOptions::*>(&s.command_member))
-        return !(kChatDefaults.**c);
-    const auto * m = std::get_if<bool RunOptions::*>(&s.member);
-    return m != nullptr && !(kDefaults.**m);
+    return is_bool_row(s) &&
+           with_default_options(s, [&s](auto & o) { return value_text(s, o) == "0"; });
 }
 
 std::string setting_value_text(const Setting & s, const RunOptions & opt) {
@@ -908,6 +1177,26 @@ std::string setting_value_text(const Setting & s, const ServeOptions & opt) {
 }
 
 std::string setting_value_text(const Setting & s, const ChatOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const EvalOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const InspectOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const FallbackOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const SynthCommandOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ReplayOptions & opt) {
     return value_text_of(s, opt);
 }
 
@@ -923,10 +1212,7 @@ std::string setting_range_text(const Setting & s) {
 }
 
 std::string setting_type_name(const Setting & s) {
-    if (std::holds_alternative<bool RunOptions::*>(s.member) ||
-        std::holds_alternative<bool ServeOptions::*>(s.command_member) ||
-        std::holds_alternative<bool ChatOptions::*>(s.command_member))
-        return "";
+    if (is_bool_row(s)) return "";
     if (std::holds_alternative<std::monostate>(s.member) && !is_command_row(s)) return s.range;
     const NumKind k = num_kind(s);
     if (k == NumKind::kNone && is_command_row(s) && *s.choices) return s.choices;  // on|off|auto
@@ -1138,8 +1424,11 @@ std::string settings_markdown() {
         }
     }
     // A command's own flags (Setting::command_member), one table per command.
-    for (const char * command : {"serve", "chat"}) {
-        const std::string type = command == std::string("serve") ? "ServeOptions" : "ChatOptions";
+    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback", "synth", "replay"}) {
+        std::string type;  // the options' name: its rows' command_field before "::"
+        for (const Setting & s : kSettings)
+            if (is_command_row(s) && s.for_command(command) && type.empty())
+                type = std::string(s.command_field).substr(0, std::string(s.command_field).find("::"));
         md += "\n### `" + std::string(command) + "`\n\n| Flag | " + type +
               " | Values | Default | What it does |\n|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {

@@ -279,7 +279,18 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
         }
         return false;
     };
-    for (const char * cmd : {"run", "chat", "eval", "serve", "inspect"}) {
+    // Whether a row of `cmd` has the flag name (several commands' rows share a name: --json,
+    // make-fallback's -m and -t).
+    auto has_row = [](const std::string & flag, const char * cmd) {
+        for (const Setting & r : settings_registry())
+            for (const char * names : {r.flags, r.off_flags})
+                if (*names && r.for_command(cmd) &&
+                    ("," + std::string(names)).find("," + flag) != std::string::npos)
+                    return true;
+        return false;
+    };
+    for (const char * cmd :
+         {"run", "chat", "eval", "serve", "inspect", "make-fallback", "synth", "replay"}) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << cmd << h.err;
         for (const Setting & s : settings_registry()) {
@@ -287,11 +298,13 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
             for (std::string flag : {std::string(s.flags), std::string(s.off_flags)}) {
                 if (flag.empty()) continue;
                 flag = flag.substr(flag.rfind(',') + 1);  // the last spelling: its long name
-                // run binds its own -n and --escape pair (not rows yet), as chat's and
-                // serve's rows of those names are theirs only.
-                if ((flag == "--n-predict" || flag == "--escape" || flag == "--no-escape") &&
+                // run binds its own -n, -f and --escape pair (not rows yet), as chat's,
+                // serve's and eval's rows of those names are theirs only.
+                if ((flag == "--n-predict" || flag == "--escape" || flag == "--no-escape" ||
+                     flag == "--file") &&
                     !s.for_command(cmd))
                     continue;
+                if (!s.for_command(cmd) && has_row(flag, cmd)) continue;  // the other row's
                 EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
             }
         }
@@ -300,6 +313,8 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
     ASSERT_NE(trace, nullptr);
     EXPECT_TRUE(trace->for_command("run"));
     EXPECT_FALSE(trace->for_command("serve"));
+    EXPECT_TRUE(find_setting("n_ctx")->for_command("inspect"));  // the engine's flags
+    EXPECT_FALSE(find_setting("n_ctx")->for_command("make-fallback"));
 }
 
 // serve's lossy-knob text is the registry's: the app's default named by its flag.
@@ -473,11 +488,11 @@ static std::vector<std::string> flags_without_row(const std::string & help, cons
     return missing;
 }
 
-// Every flag serve's and chat's --help lists is a registry row of that command, or one of a
+// Every flag each command's --help lists is a registry row of that command, or one of a
 // short list of flags that are no setting (help, version, log level) or are bound by helpers
-// shared with run (the chat template, the sampling flags). Negative control: without that
-// list, the check names the shared flags.
-TEST(Settings, EveryServeAndChatFlagIsARow) {
+// shared with run (the chat template, the sampling flags). Negative controls: without that
+// list, the check names the shared flags; make-fallback's flags are no rows of synth's.
+TEST(Settings, EveryCommandFlagIsARow) {
     using namespace moestream::test;
     const std::set<std::string> not_settings = {
         "-h", "--help", "--version", "-v", "--verbose",  // no setting
@@ -485,16 +500,29 @@ TEST(Settings, EveryServeAndChatFlagIsARow) {
         "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
         "--presence-penalty", "--frequency-penalty", "--ignore-eos", "-r",
         "--reverse-prompt"};  // add_sampling_flags (run, chat and serve)
-    for (const char * cmd : {"serve", "chat"}) {
+    // The command and how many flags its --help lists at least (the listing was read).
+    const std::pair<const char *, size_t> commands[] = {
+        {"serve", 40}, {"chat", 40}, {"eval", 40}, {"inspect", 30}, {"make-fallback", 8},
+        {"synth", 14}, {"replay", 16}};
+    for (const auto & [cmd, at_least] : commands) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << h.err;
         const std::vector<std::string> missing = flags_without_row(h.out, cmd, not_settings);
         EXPECT_TRUE(missing.empty()) << cmd << " " << missing.front();
-        ASSERT_GE(help_flags(h.out).size(), 40u) << h.out;  // the listing was read
+        ASSERT_GE(help_flags(h.out).size(), at_least) << h.out;
+        const std::vector<std::string> control = flags_without_row(h.out, cmd, {});
+        EXPECT_NE(std::find(control.begin(), control.end(), "--help"), control.end()) << cmd;
+    }
+    for (const char * cmd : {"serve", "chat"}) {
+        const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         const std::vector<std::string> control = flags_without_row(h.out, cmd, {});
         EXPECT_NE(std::find(control.begin(), control.end(), "--chat-template"), control.end());
         EXPECT_EQ(std::find(control.begin(), control.end(), "-n"), control.end());
     }
+    const CmdResult fb = run_cmd(sh_quote(cli_bin()) + " make-fallback --help");
+    const std::vector<std::string> other = flags_without_row(fb.out, "synth", not_settings);
+    EXPECT_NE(std::find(other.begin(), other.end(), "--quantize-tool"), other.end());
+    EXPECT_NE(std::find(other.begin(), other.end(), "-t"), other.end());
 }
 
 // A serve row sets its ServeOptions field from the flag's text and refuses a value outside
@@ -530,4 +558,20 @@ TEST(Settings, ChatRowsCheckChoicesAndPairs) {
     ASSERT_NE(escape, nullptr);
     EXPECT_EQ(escape, find_flag_setting("--escape"));  // one row of two flags
     EXPECT_EQ(setting_value_text(*escape, co), "1");   // on by default
+}
+
+// An integer row takes its flag's value exactly, beyond a double's 53 bits (synth --seed), and
+// refuses a negative one with its range. Control: the value read as a double is another number.
+TEST(Settings, IntegerRowsAreSetExactly) {
+    const Setting * seed = nullptr;
+    for (const Setting & s : settings_registry())
+        if (std::string(s.command_field) == "SynthCommandOptions::seed") seed = &s;
+    ASSERT_NE(seed, nullptr);
+    SynthCommandOptions o;
+    ASSERT_TRUE(set_setting_text(*seed, "9007199254740993", &o));
+    EXPECT_EQ(o.seed, 9007199254740993ull);
+    EXPECT_NE(uint64_t(std::strtod("9007199254740993", nullptr)), 9007199254740993ull);
+    EXPECT_EQ(check_setting_text(*seed, "-1"), "-1 is not in 0..9223372036854775807");
+    EXPECT_FALSE(set_setting_text(*seed, "-1", &o));
+    EXPECT_EQ(o.seed, 9007199254740993ull);
 }

@@ -47,6 +47,14 @@ void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 void add_serve_flags(CLI::App * sub, moestream::ServeOptions * opt);
 // chat's own flags: every registry row of ChatOptions, bound the same way.
 void add_chat_flags(CLI::App * sub, moestream::ChatOptions * opt);
+// The own flags of eval, inspect, make-fallback, synth and replay: every registry row of
+// EvalOptions / InspectOptions / FallbackOptions / SynthCommandOptions / ReplayOptions, bound
+// the same way.
+void add_eval_flags(CLI::App * sub, moestream::EvalOptions * opt);
+void add_inspect_flags(CLI::App * sub, moestream::InspectOptions * opt);
+void add_fallback_flags(CLI::App * sub, moestream::FallbackOptions * opt);
+void add_synth_flags(CLI::App * sub, moestream::SynthCommandOptions * opt);
+void add_replay_flags(CLI::App * sub, moestream::ReplayOptions * opt);
 
 // The library names RunOptions fields in its messages (`RunOptions::n_ctx`, a boolean turned
 // off as `RunOptions::stream = false`); this rewrites them as the flags of add_engine_flags

@@ -27,12 +27,7 @@ namespace {
 
 struct EvalFlags {
     RunOptions opt;
-    std::string text_file;
-    int max_tokens = 512;
-    int window = 0;  // 0: one context for the whole text
-    std::string save_ref, ref;
-    bool json = false;
-    int bootstrap = 1000;
+    EvalOptions eval;  // eval's own flags (registry rows, settings.h)
     int verbose = 0;
     CLI::App * sub = nullptr;
 };
@@ -64,19 +59,19 @@ int do_eval(EvalFlags & f) {
         return rc;
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
     // Outputs before any work: the reference file (kept or temporary) and the trace.
-    const std::string tmp_ref_path = f.text_file + ".moestream-ref." + std::to_string(getpid());
+    const std::string tmp_ref_path = f.eval.text_file + ".moestream-ref." + std::to_string(getpid());
     auto inputs = model_inputs("-m", f.opt.model_path);
-    inputs.push_back({"-f", f.text_file});
-    inputs.push_back({"--ref", f.ref});
+    inputs.push_back({"-f", f.eval.text_file});
+    inputs.push_back({"--ref", f.eval.ref});
     inputs.push_back({"--miss-fallback", f.opt.miss_fallback});
-    Status st = check_output_paths({{"--save-ref", f.save_ref},
+    Status st = check_output_paths({{"--save-ref", f.eval.save_ref},
                                     {"--route-trace", f.opt.route_trace},
                                     {"the temporary reference next to -f",
-                                     f.ref.empty() && f.save_ref.empty() ? tmp_ref_path : ""}},
+                                     f.eval.ref.empty() && f.eval.save_ref.empty() ? tmp_ref_path : ""}},
                                    inputs);
     if (!st.ok()) return eval_fail(st);
     std::string text;
-    st = read_text(f.text_file, &text);
+    st = read_text(f.eval.text_file, &text);
     if (!st.ok()) return eval_fail(st);
     uint64_t model_bytes = 0;
     {
@@ -97,21 +92,21 @@ int do_eval(EvalFlags & f) {
     auto tokenize_with = [&](Engine & e) -> Status {
         Status s = e.tokenize(text, &toks);
         if (!s.ok()) return s;
-        if (toks.size() > size_t(f.max_tokens)) toks.resize(size_t(f.max_tokens));
+        if (toks.size() > size_t(f.eval.max_tokens)) toks.resize(size_t(f.eval.max_tokens));
         if (toks.size() < 2)
-            return Status::BadInput(f.text_file + ": the text is " + std::to_string(toks.size()) +
+            return Status::BadInput(f.eval.text_file + ": the text is " + std::to_string(toks.size()) +
                                     " token(s); scoring needs at least two");
         nv = e.n_vocab();
         return Status::Ok();
     };
 
     // 1) The reference logits: from --ref, or a lossless run written to a reference file.
-    std::string ref_path = f.ref;
+    std::string ref_path = f.eval.ref;
     std::string tmp_ref;
     nlohmann::json ref_info;
     if (ref_path.empty()) {
-        ref_path = f.save_ref.empty() ? tmp_ref_path : f.save_ref;
-        if (f.save_ref.empty()) tmp_ref = ref_path;
+        ref_path = f.eval.save_ref.empty() ? tmp_ref_path : f.eval.save_ref;
+        if (f.eval.save_ref.empty()) tmp_ref = ref_path;
         std::unique_ptr<Engine> ref;
         st = Engine::open(ref_opt, &ref);
         if (!st.ok()) return eval_fail(st);
@@ -119,12 +114,12 @@ int do_eval(EvalFlags & f) {
         st = tokenize_with(*ref);
         if (!st.ok()) return eval_fail(st);
         RefLogitsFile w;
-        st = w.create(ref_path, nv, uint32_t(toks.size() - 1), uint32_t(f.window),
+        st = w.create(ref_path, nv, uint32_t(toks.size() - 1), uint32_t(f.eval.window),
                       hash_tokens(toks), model_bytes);
         if (!st.ok()) return eval_fail(st);
         // On a terminal (not with --log-disable): positions scored of the text, as it goes.
         ProgressLine line("eval: reference", "positions");
-        st = ref->score(toks, uint32_t(f.window), [&](size_t i, const float * lg) {
+        st = ref->score(toks, uint32_t(f.eval.window), [&](size_t i, const float * lg) {
             line.update(int64_t(i) + 1, int64_t(toks.size()) - 1);
             return w.append(toks[i + 1], lg);
         });
@@ -133,12 +128,12 @@ int do_eval(EvalFlags & f) {
         st = w.finish();
         if (!st.ok()) return eval_fail(st);
         ref_info = {
-            {"source", f.save_ref.empty() ? "computed" : "computed, saved to " + f.save_ref},
+            {"source", f.eval.save_ref.empty() ? "computed" : "computed, saved to " + f.eval.save_ref},
             {"settings", nlohmann::json::parse(ref->settings_json())},
             {"decode_tok_s", ref->stats().decode_tok_s},
             {"bytes_per_token", ref->stats().bytes_per_token}};
     } else {
-        ref_info = {{"source", "read from " + f.ref}};
+        ref_info = {{"source", "read from " + f.eval.ref}};
     }
 
     std::unique_ptr<Engine> run;
@@ -154,13 +149,13 @@ int do_eval(EvalFlags & f) {
 
     // 2) The configured run, position by position against the reference.
     RefLogitsFile r;
-    st = r.open(ref_path, nv, n_pos, uint32_t(f.window), th, model_bytes);
+    st = r.open(ref_path, nv, n_pos, uint32_t(f.eval.window), th, model_bytes);
     if (!st.ok()) return eval_fail(st);
     std::vector<PositionMetrics> pos;
     pos.reserve(n_pos);
     std::vector<float> ref_logits;
     ProgressLine line("eval", "positions");
-    st = run->score(toks, uint32_t(f.window), [&](size_t i, const float * lg) {
+    st = run->score(toks, uint32_t(f.eval.window), [&](size_t i, const float * lg) {
         line.update(int64_t(i) + 1, int64_t(n_pos));
         Status s = r.read(toks[i + 1], &ref_logits);
         if (!s.ok()) return s;
@@ -171,15 +166,15 @@ int do_eval(EvalFlags & f) {
     if (!tmp_ref.empty()) std::remove(tmp_ref.c_str());
     if (!st.ok()) return eval_fail(st);
     EvalSummary sum;
-    st = summarize_eval(pos, f.bootstrap, &sum);
+    st = summarize_eval(pos, f.eval.bootstrap, &sum);
     if (!st.ok()) return eval_fail(st);
 
     const RunStats & rs = run->stats();
     nlohmann::json j;
-    j["text"] = f.text_file;
+    j["text"] = f.eval.text_file;
     j["tokens"] = toks.size();
     j["positions"] = sum.positions;
-    j["window"] = f.window;
+    j["window"] = f.eval.window;
     j["lossy"] = run->lossy();
     j["settings"] = nlohmann::json::parse(run->settings_json());
     j["reference"] = ref_info;
@@ -187,7 +182,7 @@ int do_eval(EvalFlags & f) {
     j["perplexity_reference"] = interval_json(sum.ppl_ref);
     j["mean_kl_nats"] = interval_json(sum.mean_kl);
     j["top1_agreement_pct"] = interval_json(sum.top1_pct);
-    j["bootstrap_resamples"] = f.bootstrap;
+    j["bootstrap_resamples"] = f.eval.bootstrap;
     j["decode_tok_s"] = rs.decode_tok_s;
     j["bytes_per_token"] = rs.bytes_per_token;
     if (ref_info.contains("bytes_per_token")) {
@@ -196,7 +191,7 @@ int do_eval(EvalFlags & f) {
         j["reads_avoided_pct"] = ref_b > 0 ? 100.0 * (ref_b - rs.bytes_per_token) / ref_b : 0.0;
     }
     j["cache_hit_pct"] = rs.cache_hit_pct;
-    if (f.json) {
+    if (f.eval.json) {
         std::printf("%s\n", j.dump(2).c_str());
     } else {
         auto iv = [](const Interval & x, int nd) {
@@ -205,12 +200,12 @@ int do_eval(EvalFlags & f) {
             return std::string(b);
         };
         const std::string win =
-            f.window ? ", windows of " + std::to_string(f.window) + " tokens" : std::string();
+            f.eval.window ? ", windows of " + std::to_string(f.eval.window) + " tokens" : std::string();
         // The lossy knobs by name (docs/lossy-knobs.md), from the registry (settings.h).
         const nlohmann::json & set = j["settings"];
         const std::string knobs =
             " " + lossy_knobs_text(f.opt, set.value("n_expert_used_model", 0u));
-        std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.text_file.c_str(),
+        std::printf("moestream eval: %s, %zu tokens (%llu positions%s), %s\n", f.eval.text_file.c_str(),
                     toks.size(), (unsigned long long)sum.positions, win.c_str(),
                     run->lossy() ? ("LOSSY:" + knobs).c_str() : "lossless settings");
         std::printf("  perplexity        %s   (reference %s)\n", iv(sum.ppl_run, 4).c_str(),
@@ -230,7 +225,7 @@ int do_eval(EvalFlags & f) {
                         "compute it, or see the --save-ref run)\n",
                         run_mib);
         }
-        std::printf("  95%% intervals: bootstrap over positions (%d resamples)\n", f.bootstrap);
+        std::printf("  95%% intervals: bootstrap over positions (%d resamples)\n", f.eval.bootstrap);
     }
     return 0;
 }
@@ -242,21 +237,10 @@ void add_eval_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "eval", "quality of a (lossy) configuration vs the lossless reference over a text");
     f->sub = sub;
-    sub->add_option("-f,--file", f->text_file, "text to score")->required();
-    sub->add_option("--max-tokens", f->max_tokens, "score at most N tokens of the text")
-        ->check(int_range(2, 1 << 20));
-    sub->add_option("--window", f->window,
-                    "empty the context every N tokens (the expert cache stays): score within "
-                    "the model's training context; 0 = the whole text in one context")
-        ->check(int_range(0, 1 << 20));
+    add_eval_flags(sub, &f->eval);
     // run's engine flags (lossy knobs included) and --route-trace (of the configured run)
     add_engine_flags(sub, &f->opt);
-    auto * save = sub->add_option("--save-ref", f->save_ref, "keep the reference logits in FILE");
-    sub->add_option("--ref", f->ref, "reuse reference logits from FILE (--save-ref)")
-        ->excludes(save);
-    sub->add_option("--bootstrap", f->bootstrap, "bootstrap resamples")
-        ->check(int_range(100, 1000000));
-    sub->add_flag("--json", f->json, "print one JSON object");
+    sub->get_option("--ref")->excludes(sub->get_option("--save-ref"));
     sub->add_flag("-v,--verbose", f->verbose, "more log");
     sub->callback([f, action] { *action = [f] { return do_eval(*f); }; });
 }

@@ -23,8 +23,7 @@ namespace moestream::cli {
 namespace {
 
 struct FallbackFlags {
-    MakeFallbackOptions opt;
-    std::string tool;
+    FallbackOptions own;  // the command's flags (registry rows, settings.h)
 };
 
 // The llama-quantize to run: --quantize-tool (split at spaces), else the source tree's
@@ -48,19 +47,15 @@ void add_fallback_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "make-fallback",
         "write the low-bit companion of a model's experts for --miss-fallback (LOSSY knob)");
-    sub->add_option("-m,--model", f->opt.model_path, "GGUF model file (or any shard of a split set)")
-        ->required();
-    sub->add_option("-o,--output", f->opt.out_path, "the companion GGUF to write")->required();
-    sub->add_option("--type", f->opt.type,
-                    "llama-quantize type of the expert copies (Q2_K, Q3_K, IQ4_XS, Q4_0, ...)");
-    sub->add_option("-t,--threads", f->opt.n_threads, "llama-quantize threads (0: its default)")
-        ->check(int_range(0, 512));
-    sub->add_option("--quantize-tool", f->tool,
-                    "the llama-quantize command (default: the private prefix's, else PATH)");
+    add_fallback_flags(sub, &f->own);
     sub->callback([f, action] {
         *action = [f] {
-            MakeFallbackOptions o = f->opt;
-            o.quantize_cmd = quantize_command(f->tool);
+            MakeFallbackOptions o;
+            o.model_path = f->own.model_path;
+            o.out_path = f->own.out_path;
+            o.type = f->own.type;
+            o.n_threads = f->own.n_threads;
+            o.quantize_cmd = quantize_command(f->own.quantize_tool);
             if (o.quantize_cmd.empty())
                 return usage_error("make-fallback", "--quantize-tool is empty");
             Status st = check_fallback_type(o.type);

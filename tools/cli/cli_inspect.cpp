@@ -354,16 +354,11 @@ void print_human(const ModelIndex & m, const Report & r) {
 void add_inspect_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand("inspect", "describe a MoE GGUF model (sizes, working set)");
     struct Opts {
-        bool json = false;
-        bool plan = false;
-        RunOptions run;  // -m, and with --plan the run's engine flags
+        InspectOptions own;  // --json, --plan (registry rows, settings.h)
+        RunOptions run;      // -m, and with --plan the run's engine flags
     };
     auto opts = std::make_shared<Opts>();
-    sub->add_flag("--json", opts->json, "machine-readable output (exact byte counts)");
-    sub->add_flag("--plan", opts->plan,
-                  "print the plan `run` would get with the engine flags given here, on this "
-                  "machine now: each choice (store, budget, overlap, read-ahead, prefetch, "
-                  "lossy) and why (as --stats-json settings.plan)");
+    add_inspect_flags(sub, &opts->own);
     const size_t before = sub->get_options().size();
     add_engine_flags(sub, &opts->run);
     std::vector<std::string> engine_flags;
@@ -372,15 +367,15 @@ void add_inspect_command(CLI::App & app, Action * action) {
             engine_flags.push_back(sub->get_options()[i]->get_name());
     sub->callback([action, opts, sub, engine_flags] {
         *action = [opts, sub, engine_flags] {
-            if (!opts->plan)  // the engine flags only shape a plan
+            if (!opts->own.plan)  // the engine flags only shape a plan
                 if (int rc = refuse_given(sub, engine_flags, "applies to --plan")) return rc;
-            if (opts->plan) {
+            if (opts->own.plan) {
                 if (int rc = check_engine_flags(sub, opts->run)) return rc;
                 std::string plan;
                 Status st = describe_plan(opts->run, &plan);
                 if (!st.ok()) return report(Status::Error(st.code(), flag_words(st.message())));
                 const nlohmann::json j = nlohmann::json::parse(plan);
-                if (opts->json) {
+                if (opts->own.json) {
                     std::printf("%s\n", j.dump(2).c_str());
                 } else {
                     for (const auto & c : j)
@@ -397,7 +392,7 @@ void add_inspect_command(CLI::App & app, Action * action) {
                 return st.exit_code();
             }
             Report r = make_report(m);
-            if (opts->json) {
+            if (opts->own.json) {
                 std::printf("%s\n", to_json(m, r).dump(2).c_str());
             } else {
                 print_human(m, r);

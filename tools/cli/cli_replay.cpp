@@ -32,18 +32,7 @@ namespace moestream::cli {
 namespace {
 
 struct ReplayFlags {
-    std::string trace;
-    std::string budgets, policies = "lru", drops, ks;
-    std::string substitute;  // --substitute-experts M,...: needs a trace with router scores
-    std::string fallback;    // --miss-fallback FILE: the companion whose expert sizes to use
-    double fallback_w = 0;   // --fallback-threshold
-    bool drop_in_prefill = false;
-    bool json = false;
-    std::string plot;
-    bool validate = false;
-    bool routing_stats = false;
-    int warm_split = -1;    // --warm-split N: the warm-start estimate (-1 = off)
-    int warm_measure = 64;  // --warm-measure M
+    ReplayOptions own;  // the command's flags (registry rows, settings.h)
     int verbose = 0;
     CLI::App * sub = nullptr;
 };
@@ -270,9 +259,9 @@ Status write_plot(const nlohmann::json & doc, const std::string & png) {
 int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
     RoutingStats rs;
     Status st = routing_stats(trace, 20261129, &rs);
-    if (!st.ok()) return replay_fail(Status::BadInput(f.trace + ": " + st.message()));
-    if (f.json) {
-        nlohmann::json j = {{"trace", f.trace},          {"n_expert", rs.n_expert},
+    if (!st.ok()) return replay_fail(Status::BadInput(f.own.trace + ": " + st.message()));
+    if (f.own.json) {
+        nlohmann::json j = {{"trace", f.own.trace},          {"n_expert", rs.n_expert},
                             {"k", rs.k},                 {"reuse_uniform", rs.reuse_uniform},
                             {"entropy_norm", rs.entropy_norm},
                             {"top_expert_share", rs.top_expert_share},
@@ -289,7 +278,7 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
         return 0;
     }
     std::printf("routing of %s (decode tokens; %u experts, k %u; uniform random reuse %.3f)\n",
-                f.trace.c_str(), rs.n_expert, rs.k, rs.reuse_uniform);
+                f.own.trace.c_str(), rs.n_expert, rs.k, rs.reuse_uniform);
     std::printf("%6s %7s %9s %9s %7s | %7s %9s\n", "layer", "tokens", "entropy", "top_share",
                 "unused", "reuse", "shuffled");
     for (const LayerRoutingStats & L : rs.layers)
@@ -305,11 +294,11 @@ int print_routing_stats(const ReplayFlags & f, const RouteTrace & trace) {
 // after the split, cold vs with the first part's hottest experts preloaded (replay.h).
 int print_warm_estimate(const ReplayFlags & f, const RouteTrace & trace) {
     std::vector<double> budgets_mib;
-    Status st = parse_doubles("--budgets", f.budgets.empty() ? "2000,4000" : f.budgets, 1, 1e9,
+    Status st = parse_doubles("--budgets", f.own.budgets.empty() ? "2000,4000" : f.own.budgets, 1, 1e9,
                               &budgets_mib);
     if (!st.ok()) return replay_fail(st);
     std::vector<std::string> names;
-    st = split("--policy", f.policies, &names);
+    st = split("--policy", f.own.policies, &names);
     if (!st.ok()) return replay_fail(st);
     nlohmann::json rows = nlohmann::json::array();
     for (const std::string & p : names) {
@@ -319,11 +308,11 @@ int print_warm_estimate(const ReplayFlags & f, const RouteTrace & trace) {
         for (double mib : budgets_mib) {
             s.budget_bytes = uint64_t(mib * double(kMiB));
             WarmEstimate w;
-            st = estimate_warm_start(trace, s, uint32_t(f.warm_split), uint32_t(f.warm_measure), &w);
+            st = estimate_warm_start(trace, s, uint32_t(f.own.warm_split), uint32_t(f.own.warm_measure), &w);
             if (!st.ok()) return replay_fail(st);
             rows.push_back({{"policy", p},
                             {"budget_mib", mib},
-                            {"warm_split", f.warm_split},
+                            {"warm_split", f.own.warm_split},
                             {"tokens", w.tokens},
                             {"lookups", w.lookups},
                             {"experts_preloaded", w.experts_preloaded},
@@ -332,13 +321,13 @@ int print_warm_estimate(const ReplayFlags & f, const RouteTrace & trace) {
                             {"warm_hit_pct", w.warm_hit_pct}});
         }
     }
-    if (f.json) {
+    if (f.own.json) {
         std::printf("%s\n", nlohmann::json{{"warm_start", rows}}.dump(2).c_str());
         return 0;
     }
     std::printf("warm start estimate: %s, split after decode token %d, the next %d decode tokens "
                 "measured\n%-7s %10s %10s %12s %10s %10s\n",
-                f.trace.c_str(), f.warm_split, f.warm_measure, "policy", "budget MiB", "preloaded",
+                f.own.trace.c_str(), f.own.warm_split, f.own.warm_measure, "policy", "budget MiB", "preloaded",
                 "preload MiB", "cold hit%", "warm hit%");
     for (const auto & r : rows)
         std::printf("%-7s %10.0f %10llu %12.1f %10.1f %10.1f\n",
@@ -356,8 +345,8 @@ int do_replay(const ReplayFlags & f) {
                                             "--drop-in-prefill",   "--plot",
                                             "--miss-fallback",     "--fallback-threshold",
                                             "--substitute-experts"};
-    if (f.warm_split >= 0) {
-        if (f.validate || f.routing_stats)
+    if (f.own.warm_split >= 0) {
+        if (f.own.validate || f.own.routing_stats)
             return usage_error("replay", "--warm-split excludes --validate and --routing-stats");
         if (int rc = refuse_given(f.sub,
                                   {"--drop-cold", "--n-expert-used", "--drop-in-prefill", "--plot",
@@ -368,49 +357,49 @@ int do_replay(const ReplayFlags & f) {
             return rc;
     } else if (int rc = refuse_given(f.sub, {"--warm-measure"}, "needs --warm-split N"))
         return rc;
-    if (f.validate && f.routing_stats)
+    if (f.own.validate && f.own.routing_stats)
         return usage_error("replay", "--validate and --routing-stats exclude each other");
-    if (f.validate)
+    if (f.own.validate)
         if (int rc = refuse_given(f.sub, sweep, "has no effect with --validate (it replays the "
                                                 "recorded settings)"))
             return rc;
-    if (f.routing_stats)
+    if (f.own.routing_stats)
         if (int rc = refuse_given(f.sub, sweep, "has no effect with --routing-stats (it "
                                                 "simulates no cache)"))
             return rc;
-    Status st = check_output_paths({{"--plot", f.plot}},
-                                   {{"the trace", f.trace}, {"--miss-fallback", f.fallback}});
+    Status st = check_output_paths({{"--plot", f.own.plot}},
+                                   {{"the trace", f.own.trace}, {"--miss-fallback", f.own.fallback}});
     if (!st.ok()) return replay_fail(st);
     RouteTrace trace;
     const auto t_load = std::chrono::steady_clock::now();
-    st = read_route_trace(f.trace, &trace);
+    st = read_route_trace(f.own.trace, &trace);
     if (!st.ok()) return replay_fail(st);
     const double load_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t_load).count();
     Replayer rp(trace);
     const TraceHeader & h = trace.header;
 
-    if (f.routing_stats) return print_routing_stats(f, trace);
-    if (f.warm_split >= 0) return print_warm_estimate(f, trace);
+    if (f.own.routing_stats) return print_routing_stats(f, trace);
+    if (f.own.warm_split >= 0) return print_warm_estimate(f, trace);
     std::vector<double> subs;  // --substitute-experts margins
-    if (!f.substitute.empty()) {
-        st = parse_doubles("--substitute-experts", f.substitute, 0, 1, &subs);
+    if (!f.own.substitute.empty()) {
+        st = parse_doubles("--substitute-experts", f.own.substitute, 0, 1, &subs);
         if (!st.ok()) return replay_fail(st);
         if (!h.scores)
             return usage_error(
                 "replay", "--substitute-experts needs the router's scores of every decode row, "
-                          "and " + f.trace + " was recorded without them: record it with "
+                          "and " + f.own.trace + " was recorded without them: record it with "
                           "`moestream run --route-trace FILE --route-trace-scores` (a trace "
                           "otherwise holds only the routed experts and their final weights)");
-        if (!f.fallback.empty())
+        if (!f.own.fallback.empty())
             return usage_error("replay", "--substitute-experts and --miss-fallback exclude each "
                                          "other (each decides what a miss becomes)");
-        if (f.policies.find("belady") != std::string::npos)
+        if (f.own.policies.find("belady") != std::string::npos)
             return usage_error("replay", "--substitute-experts cannot be replayed with --policy "
                                          "belady (a substitute's next use is not in the trace)");
     }
 
-    if (f.validate) {
+    if (f.own.validate) {
         for (uint8_t fl : trace.flags)
             if (fl & kSlotFallback)
                 return usage_error("replay",
@@ -426,7 +415,7 @@ int do_replay(const ReplayFlags & f) {
             "replay --validate: %s: budget %.2f MiB, drop-cold %g, substitute %g%s, k %u: %llu "
             "slots checked%s; recorded %llu hits / %llu misses / %llu drops / %llu "
             "substitutions, replay %llu / %llu / %llu / %llu: %s\n",
-            f.trace.c_str(), double(h.cache_budget_bytes) / kMiB, h.drop_cold, h.substitute,
+            f.own.trace.c_str(), double(h.cache_budget_bytes) / kMiB, h.drop_cold, h.substitute,
             h.substitute > 0 && !h.scores ? " (not replayed: no scores)" : "", h.k,
             (unsigned long long)v.slots_checked,
             v.slots_unchecked
@@ -443,11 +432,11 @@ int do_replay(const ReplayFlags & f) {
             (unsigned long long)v.replay_substitutions, v.ok ? "OK" : "MISMATCH");
         if (!v.ok) {
             MS_LOG_ERROR("%s: replay differs from the recording: %s (%llu slots differ)",
-                         f.trace.c_str(), v.first_mismatch.c_str(),
+                         f.own.trace.c_str(), v.first_mismatch.c_str(),
                          (unsigned long long)v.mismatches);
             return 1;
         }
-        if (f.json) {
+        if (f.own.json) {
             nlohmann::json j;
             j["validate"] = {{"ok", true},
                              {"slots_checked", v.slots_checked},
@@ -463,15 +452,15 @@ int do_replay(const ReplayFlags & f) {
 
     // The sweep.
     std::vector<double> budgets_mib, drops, ks;
-    if (!f.budgets.empty()) {
-        st = parse_doubles("--budgets", f.budgets, 0, 1e9, &budgets_mib);
+    if (!f.own.budgets.empty()) {
+        st = parse_doubles("--budgets", f.own.budgets, 0, 1e9, &budgets_mib);
         if (!st.ok()) return replay_fail(st);
     } else {
         budgets_mib.push_back(double(h.cache_budget_bytes) / kMiB);
     }
     std::vector<ReplayPolicy> policies;
     std::vector<std::string> policy_names;
-    st = split("--policy", f.policies, &policy_names);
+    st = split("--policy", f.own.policies, &policy_names);
     if (!st.ok()) return replay_fail(st);
     for (const std::string & p : policy_names) {
         ReplayPolicy pol;
@@ -479,14 +468,14 @@ int do_replay(const ReplayFlags & f) {
             return replay_fail(Status::Usage("--policy: unknown policy '" + p + "' (lru, lfu, belady)"));
         policies.push_back(pol);
     }
-    if (!f.drops.empty()) {
-        st = parse_doubles("--drop-cold", f.drops, 0, 1, &drops);
+    if (!f.own.drops.empty()) {
+        st = parse_doubles("--drop-cold", f.own.drops, 0, 1, &drops);
         if (!st.ok()) return replay_fail(st);
     } else {
         drops.push_back(h.drop_cold);
     }
-    if (!f.ks.empty()) {
-        st = parse_doubles("--n-expert-used", f.ks, 1, double(h.k), &ks);
+    if (!f.own.ks.empty()) {
+        st = parse_doubles("--n-expert-used", f.own.ks, 1, double(h.k), &ks);
         if (!st.ok()) return replay_fail(st);
         for (double k : ks)
             if (k != std::floor(k))
@@ -494,21 +483,21 @@ int do_replay(const ReplayFlags & f) {
     } else {
         ks.push_back(h.k);
     }
-    const bool in_prefill = f.drop_in_prefill || h.drop_in_prefill;
+    const bool in_prefill = f.own.drop_in_prefill || h.drop_in_prefill;
     std::vector<uint64_t> fb_bytes;  // --miss-fallback: the companion's expert bytes per layer
-    if (f.fallback.empty() != (f.fallback_w <= 0))
+    if (f.own.fallback.empty() != (f.own.fallback_w <= 0))
         return usage_error("replay", "--miss-fallback FILE and --fallback-threshold W go together");
-    if (!f.fallback.empty()) {
+    if (!f.own.fallback.empty()) {
         ModelIndex c;
-        st = load_model_index(f.fallback, &c);
-        if (!st.ok()) return replay_fail(Status::BadModel("--miss-fallback " + f.fallback + ": " + st.message()));
+        st = load_model_index(f.own.fallback, &c);
+        if (!st.ok()) return replay_fail(Status::BadModel("--miss-fallback " + f.own.fallback + ": " + st.message()));
         bool match = c.moe_layers.size() == h.moe_layers.size() && c.n_expert == h.n_expert;
         for (size_t i = 0; match && i < c.moe_layers.size(); ++i) {
             match = c.moe_layers[i].layer == h.moe_layers[i].layer;
             fb_bytes.push_back(c.moe_layers[i].expert_bytes);
         }
         if (!match)
-            return replay_fail(Status::BadModel("--miss-fallback " + f.fallback +
+            return replay_fail(Status::BadModel("--miss-fallback " + f.own.fallback +
                                          ": its MoE layers or expert count differ from the "
                                          "trace's model"));
         uint64_t known = 0;
@@ -523,12 +512,12 @@ int do_replay(const ReplayFlags & f) {
         if (known == 0)
             return usage_error("replay",
                                "--fallback-threshold needs the final router weights of decode "
-                               "rows, and " + f.trace + " holds none (record it with a decode "
+                               "rows, and " + f.own.trace + " holds none (record it with a decode "
                                "run, e.g. `moestream eval --route-trace`)");
     }
 
     nlohmann::json doc;
-    doc["trace"] = {{"path", f.trace},
+    doc["trace"] = {{"path", f.own.trace},
                     {"bytes", trace.file_bytes},
                     {"version", h.version},
                     {"n_layer", h.n_layer},
@@ -544,7 +533,7 @@ int do_replay(const ReplayFlags & f) {
                     {"substitute_experts", h.substitute},
                     {"routings", trace.routings.size()},
                     {"slots", trace.expert.size()}};
-    doc["title"] = f.trace;
+    doc["title"] = f.own.trace;
     // For the plot's markers: one token's routed working set (k experts of every MoE layer)
     // and the bytes of every expert (the budget beyond which nothing more is hit).
     double ws_bytes = 0, all_bytes = 0;
@@ -584,7 +573,7 @@ int do_replay(const ReplayFlags & f) {
                     ReplaySetting s = base_s;
                     s.k = uint32_t(k);
                     s.drop_cold = d;
-                    s.fallback_w = f.fallback_w;
+                    s.fallback_w = f.own.fallback_w;
                     ReplayResult r;
                     if (s.k == h.k && d == 0 && s.fallback_w == 0) {
                         r = baselines[key];
@@ -615,13 +604,13 @@ int do_replay(const ReplayFlags & f) {
                      {"routings_per_s", rps},
                      {"slots_per_s", sim_s > 0 ? double(sim_slots) / sim_s : 0}};
 
-    if (f.json) {
+    if (f.own.json) {
         std::printf("%s\n", doc.dump(2).c_str());
     } else {
         std::printf(
             "trace %s: %zu routings (%llu decode tokens), %u MoE layers x %u experts, k %u, "
             "recorded at %.0f MiB%s\n",
-            f.trace.c_str(), trace.routings.size(),
+            f.own.trace.c_str(), trace.routings.size(),
             (unsigned long long)(results.empty() ? 0 : results[0]["decode_tokens"].get<uint64_t>()),
             unsigned(h.moe_layers.size()), h.n_expert, h.k, double(h.cache_budget_bytes) / kMiB,
             h.drop_cold > 0 ? (", drop-cold " + std::to_string(h.drop_cold)).c_str() : "");
@@ -651,11 +640,11 @@ int do_replay(const ReplayFlags & f) {
                                       double(r["substitutions"].get<uint64_t>())
                                 : 0.0,
                             100 * r["weight_substituted_share"].get<double>());
-        if (!f.fallback.empty())
+        if (!f.own.fallback.empty())
             for (const auto & r : results)
                 std::printf("--miss-fallback %s --fallback-threshold %g (LOSSY estimate), %s "
                             "%.1f MiB: %llu expert reads from the low-bit copy, %.1f MiB saved\n",
-                            f.fallback.c_str(), f.fallback_w,
+                            f.own.fallback.c_str(), f.own.fallback_w,
                             r["policy"].get<std::string>().c_str(), r["budget_mib"].get<double>(),
                             (unsigned long long)r["fallbacks"].get<uint64_t>(),
                             double(r["fallback_bytes_saved"].get<uint64_t>()) / kMiB);
@@ -666,8 +655,8 @@ int do_replay(const ReplayFlags & f) {
         "parsed in %.3f s\n",
         (unsigned long long)sim_routings, sim_s, rps / 1e6,
         (sim_s > 0 ? double(sim_slots) / sim_s : 0) / 1e6, load_s);
-    if (!f.plot.empty()) {
-        st = write_plot(doc, f.plot);
+    if (!f.own.plot.empty()) {
+        st = write_plot(doc, f.own.plot);
         if (!st.ok()) return replay_fail(st);
     }
     return 0;
@@ -680,45 +669,10 @@ void add_replay_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "replay", "simulate the expert cache over a route trace (run --route-trace)");
     f->sub = sub;
-    sub->add_option("trace", f->trace, "route trace file")->required();
-    sub->add_option(
-        "--budgets", f->budgets,
-        "cache budgets in MiB, comma-separated; 0 = cache off (default: the recorded one)");
-    sub->add_option("--policy", f->policies, "eviction policies: lru,lfu,belady (default lru)");
-    sub->add_option("--drop-cold", f->drops,
-                    "drop-cold fractions F in [0,1], comma-separated (default: the recorded one)");
-    sub->add_flag("--drop-in-prefill", f->drop_in_prefill,
-                  "apply the drop policy in prefill too (default: as recorded)");
-    sub->add_option("--n-expert-used", f->ks,
-                    "experts per token K <= the trace's k, comma-separated");
-    sub->add_option("--substitute-experts", f->substitute,
-                    "estimate --substitute-experts margins M in [0,1], comma-separated (LOSSY; "
-                    "a trace recorded with --route-trace-scores; each at drop-cold 0)");
-    sub->add_option("--miss-fallback", f->fallback,
-                    "estimate --miss-fallback with this companion's expert sizes (LOSSY; needs "
-                    "--fallback-threshold and a trace with final weights)")
-        ->type_name("FILE");
-    sub->add_option("--fallback-threshold", f->fallback_w,
-                    "final router weight W in (0, 1] below which a miss reads the low-bit copy")
-        ->check(real_range(0.0, 1.0, true));
-    sub->add_flag("--json", f->json, "print the results as one JSON object");
-    sub->add_option("--plot", f->plot,
-                    "write a PNG: hit rate vs budget; reads avoided vs weight discarded");
-    sub->add_flag(
-        "--validate", f->validate,
-        "replay the recorded settings and require the recorded hits/misses/drops exactly");
-    sub->add_flag("--routing-stats", f->routing_stats,
-                  "print how the model routes (expert usage, reuse by the next token vs "
-                  "shuffled) instead of simulating");
-    sub->add_option("--warm-split", f->warm_split,
-                    "estimate a warm expert set: learn it from the prompt and the first N decode "
-                    "tokens, then replay the rest cold and with it preloaded (lossless; "
-                    "--budgets default 2000,4000)")
-        ->check(int_range(0, 1 << 30));
-    sub->add_option("--warm-measure", f->warm_measure,
-                    "with --warm-split: decode tokens measured after the split")
-        ->check(int_range(1, 1 << 30))
-        ->capture_default_str();
+    add_replay_flags(sub, &f->own);
+    // Their defaults mean "not given": none to show.
+    sub->get_option("--fallback-threshold")->default_str("");
+    sub->get_option("--warm-split")->default_str("");
     sub->add_flag("-v,--verbose", f->verbose, "more log");
     sub->callback([f, action] { *action = [f] { return do_replay(*f); }; });
 }

@@ -395,13 +395,16 @@ std::string long_flag(const char * flags) {
 // The row's bool member of options O (nullptr: none).
 template <class O>
 bool O::*bool_member(const Setting & s) {
-    const auto * p = [&s] {
-        if constexpr (std::is_same_v<O, RunOptions>)
-            return std::get_if<bool RunOptions::*>(&s.member);
+    auto of_o = [](auto m) -> bool O::* {  // m when it is a bool of O (O without one: none)
+        if constexpr (std::is_same_v<decltype(m), bool O::*>)
+            return m;
         else
-            return std::get_if<bool O::*>(&s.command_member);
-    }();
-    return p != nullptr ? *p : nullptr;
+            return nullptr;
+    };
+    if constexpr (std::is_same_v<O, RunOptions>)
+        return std::visit(of_o, s.member);
+    else
+        return std::visit(of_o, s.command_member);
 }
 
 // One registry row as a CLI11 flag: its names, help, the values its range admits (validated
@@ -445,9 +448,13 @@ void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
         },
         help);
     o->type_name(setting_type_name(s));
-    const bool text = std::holds_alternative<std::string RunOptions::*>(s.member) ||
-                      std::holds_alternative<std::string ServeOptions::*>(s.command_member) ||
-                      std::holds_alternative<std::string ChatOptions::*>(s.command_member);
+    auto is_text = [](auto m) {  // the row's field is a string
+        if constexpr (std::is_same_v<decltype(m), std::monostate>)
+            return false;
+        else
+            return std::is_same_v<typename MemberOf<decltype(m)>::Value, std::string>;
+    };
+    const bool text = std::visit(is_text, s.member) || std::visit(is_text, s.command_member);
     if (!text || *s.choices)  // a number's range, or a command's text of choices
         o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
                                 setting_range_text(s)));
@@ -493,6 +500,24 @@ void add_command_flags(CLI::App * sub, const char * command, O * opt) {
 void add_serve_flags(CLI::App * sub, ServeOptions * opt) { add_command_flags(sub, "serve", opt); }
 
 void add_chat_flags(CLI::App * sub, ChatOptions * opt) { add_command_flags(sub, "chat", opt); }
+
+void add_eval_flags(CLI::App * sub, EvalOptions * opt) { add_command_flags(sub, "eval", opt); }
+
+void add_inspect_flags(CLI::App * sub, InspectOptions * opt) {
+    add_command_flags(sub, "inspect", opt);
+}
+
+void add_fallback_flags(CLI::App * sub, FallbackOptions * opt) {
+    add_command_flags(sub, "make-fallback", opt);
+}
+
+void add_synth_flags(CLI::App * sub, SynthCommandOptions * opt) {
+    add_command_flags(sub, "synth", opt);
+}
+
+void add_replay_flags(CLI::App * sub, ReplayOptions * opt) {
+    add_command_flags(sub, "replay", opt);
+}
 
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
 std::string flag_words(const std::string & msg) { return option_words(msg); }

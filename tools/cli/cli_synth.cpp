@@ -49,29 +49,13 @@ CLI::Validator one_of(const std::vector<std::string> & names, const std::string 
 void add_synth_command(CLI::App & app, Action * action) {
     auto * sub = app.add_subcommand(
         "synth", "write a random-weight MoE GGUF model (deterministic, for tests and benchmarks)");
-    auto opt = std::make_shared<SynthOptions>();
+    auto opt = std::make_shared<SynthCommandOptions>();
     auto verbosity = std::make_shared<int>(0);
-    sub->add_option("--preset", opt->preset, "model shapes")
-        ->required()
-        ->default_str("")  // required: no default to show
-        ->transform(one_of(synth_presets(), "preset"));
-    sub->add_option("--arch", opt->arch, "architecture (router gating differs)")
-        ->transform(one_of(synth_archs(), "architecture"))
-        ->capture_default_str();
-    sub->add_option("--type", opt->expert_type, "type of the expert tensors")
-        ->transform(one_of(synth_types(), "type"))
-        ->capture_default_str();
-    sub->add_option("--seed", opt->seed, "PRNG seed (same options => same bytes)")
-        ->check(CLI::Validator(
-            [](std::string & v) -> std::string {
-                if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
-                    return "seed must be a non-negative integer";
-                return "";
-            },
-            "UINT64"))
-        ->capture_default_str();
-    sub->add_option("--alignment", opt->alignment, "general.alignment (power of two)")
-        ->check(int_range(32, 1 << 21))
+    add_synth_flags(sub, opt.get());  // registry rows (settings.h); the checks beyond a range:
+    sub->get_option("--preset")->transform(one_of(synth_presets(), "preset"));
+    sub->get_option("--arch")->transform(one_of(synth_archs(), "architecture"));
+    sub->get_option("--type")->transform(one_of(synth_types(), "type"));
+    sub->get_option("--alignment")
         ->check(CLI::Validator(
             [](std::string & v) -> std::string {
                 unsigned long n = 0;
@@ -82,29 +66,10 @@ void add_synth_command(CLI::App & app, Action * action) {
                 }
                 return (n & (n - 1)) == 0 ? "" : "alignment must be a power of two";
             },
-            "POW2"))
-        ->capture_default_str();
-    sub->add_option("--attn-gain", opt->attn_out_gain,
-                    "attention output gain x 1/sqrt(fan_in): 0.3 keeps routing as local as "
-                    "chance; 1.0 (plain init) makes greedy output and routing repeat")
-        ->check(real_range(0.001, 4.0))
-        ->capture_default_str();
-    sub->add_option("--nextn-layers", opt->nextn_layers,
-                    "glm4moe: NextN layers after the last layer (kept in the file, not run)")
-        ->check(int_range(0, 4))
-        ->capture_default_str();
-    sub->add_option("-o,--output", opt->out_path,
-                    "output file (written via temp + rename; required unless --dry-run)");
-    auto force = std::make_shared<bool>(false);
-    sub->add_flag("--force", *force, "overwrite an existing output file");
-    sub->add_flag("--progress", opt->progress, "progress bar on stderr (automatic above 1 GB)");
-    sub->add_option("--threads", opt->threads, "generator threads (0 = auto; same bytes)")
-        ->check(int_range(0, 64))
-        ->capture_default_str();
-    sub->add_flag("--dry-run", opt->dry_run, "print the planned file size, write nothing");
+            "POW2"));
     sub->add_flag("-v", *verbosity, "more log (-vv: debug)");
-    sub->callback([action, opt, verbosity, force, sub] {
-        *action = [opt, verbosity, force, sub] {
+    sub->callback([action, opt, verbosity, sub] {
+        *action = [opt, verbosity, sub] {
             apply_verbosity(*verbosity);
             if (opt->dry_run) {
                 if (int rc = refuse_given(sub, {"--force", "--progress"},
@@ -116,7 +81,7 @@ void add_synth_command(CLI::App & app, Action * action) {
                 Status ck = check_output_paths({{"synth: -o", opt->out_path}});
                 if (!ck.ok()) return report(ck);
                 std::error_code ec;
-                if (std::filesystem::exists(opt->out_path, ec) && !*force)
+                if (std::filesystem::exists(opt->out_path, ec) && !opt->force)
                     return usage_error("synth", "-o " + opt->out_path +
                                                     " exists; add --force to overwrite it");
             }
