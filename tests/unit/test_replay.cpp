@@ -616,27 +616,28 @@ TEST(ReplayValidate, ReproducesTheSharedSlotsAndNotAnotherStore) {
 const char * kReadAheadFlags = "--io-threads 2 --cache-mb 20 --force-cache --prefetch";
 struct ReadAheadRuns {
     StatsRun traced;
-    std::string path;
+    RouteTrace trace;  // its trace, read back (the file is removed)
+    Status read;
 };
 std::string read_ahead_model() { return synth_model("tiny", "qwen3moe", "q8_0"); }
 const ReadAheadRuns & read_ahead_runs() {
     static const ReadAheadRuns runs = [] {
         ReadAheadRuns r;
-        r.path = tmp_path("ra-engine.trace");
+        const std::string path = tmp_path("ra-engine.trace");
         r.traced = run_with_stats(read_ahead_model(), kRouterPrompt, 32,
-                                  std::string(kReadAheadFlags) + " --route-trace " + sh_quote(r.path));
+                                  std::string(kReadAheadFlags) + " --route-trace " + sh_quote(path));
+        r.read = read_route_trace(path, &r.trace);
+        std::remove(path.c_str());
         return r;
     }();
     return runs;
 }
-// The recording of read_ahead_runs(), read back.
+// The recording of read_ahead_runs() (a copy to tamper with).
 RouteTrace read_ahead_trace() {
     const ReadAheadRuns & r = read_ahead_runs();
     EXPECT_EQ(r.traced.rc, 0) << r.traced.err;
-    RouteTrace t;
-    const Status st = read_route_trace(r.path, &t);
-    EXPECT_TRUE(st.ok()) << st.message();
-    return t;
+    EXPECT_TRUE(r.read.ok()) << r.read.message();
+    return r.trace;
 }
 // --validate of t under the recorded setting, with one slot per layer fewer than recorded.
 ValidateReport validate_recorded(const RouteTrace & t, uint32_t fewer_slots = 0) {
@@ -676,35 +677,20 @@ TEST(RouteTraceRun, TracedRunReadsAndGeneratesAsTheUntracedRun) {
         EXPECT_EQ(a[key], b[key]) << key;
     EXPECT_EQ(a["settings"]["prefill_readahead"], b["settings"]["prefill_readahead"]);
     EXPECT_EQ(b["settings"]["cache_store"], "fixed slots");
-    std::remove(r.path.c_str());
 }
 
 // validate reproduces the traced run, read-ahead hits included; the controls: the same trace
 // without its read-ahead records, or with one slot fewer per layer, does not.
 TEST(ReplayValidate, ReproducesTheDefaultStoresReadAheadAndNotWithoutIt) {
-    const ReadAheadRuns & r = read_ahead_runs();
-    ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
-    RouteTrace t;
-    ASSERT_TRUE(read_route_trace(r.path, &t).ok());
+    RouteTrace t = read_ahead_trace();
     ASSERT_FALSE(t.read_aheads.empty());
     ASSERT_GT(t.header.slots_per_layer, 1u);
-    ReplayResult res;
-    ValidateReport v;
-    {
-        Replayer rp(t);
-        ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
-        EXPECT_TRUE(v.ok) << v.first_mismatch;
-        EXPECT_GT(v.replay_read_ahead, 0u);
-        ReplaySetting fewer = rp.recorded_setting();
-        fewer.slots_per_layer -= 1;
-        ASSERT_TRUE(rp.run(fewer, &res, &v).ok());
-        EXPECT_FALSE(v.ok);
-    }
+    const ValidateReport v = validate_recorded(t);
+    EXPECT_TRUE(v.ok) << v.first_mismatch;
+    EXPECT_GT(v.replay_read_ahead, 0u);
+    EXPECT_FALSE(validate_recorded(t, /*fewer_slots=*/1).ok);
     t.read_aheads.clear();
-    Replayer rp(t);
-    ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
-    EXPECT_FALSE(v.ok);
-    std::remove(r.path.c_str());
+    EXPECT_FALSE(validate_recorded(t).ok);
 }
 
 // The trace's hits and misses are the engine's, prompt batches included: a routing wider than
