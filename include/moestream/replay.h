@@ -51,11 +51,11 @@ struct ReplaySetting {
     double substitute = 0;
     // The fixed-slot cache (residency.h; TraceHeader::slots_per_layer): K slots per MoE layer,
     // the engine's slot ledger (expert_ledger.h, slot mode) instead of a byte budget. A routing
-    // of more than K distinct experts goes to the shared slots: every expert is read, the
-    // slots are untouched, and validate does not check it (read-ahead's guesses decide its
-    // hits there). slot_warm: after such a routing in the prompt's last ubatch, the slots are
-    // filled with its last tokens' experts, as the engine's warm start does. lru only; no
-    // fallback_w. 0 = the byte-budget cache (budget_bytes).
+    // of more than K distinct experts goes to the shared slots (a second ledger, in shared
+    // mode, with the read-ahead calls the trace made into them): only what read-ahead put
+    // there is a hit, the slots are untouched. slot_warm: after such a routing in the prompt's
+    // last ubatch, the slots are filled with its last tokens' experts, as the engine's warm
+    // start does. lru only; no fallback_w. 0 = the byte-budget cache (budget_bytes).
     uint32_t slots_per_layer = 0;
     bool slot_warm = false;
 };
@@ -92,9 +92,6 @@ struct ReplayResult {
 struct ValidateReport {
     bool ok = true;
     uint64_t slots_checked = 0, mismatches = 0;
-    // Fixed slots: slots of routings staged to the shared slots (too wide for the slots), not
-    // compared (ReplaySetting::slots_per_layer).
-    uint64_t slots_unchecked = 0;
     uint64_t recorded_hits = 0, recorded_misses = 0, recorded_drops = 0;
     uint64_t replay_hits = 0, replay_misses = 0, replay_drops = 0;
     uint64_t recorded_substitutions = 0, replay_substitutions = 0;

@@ -27,7 +27,9 @@
 
 namespace moestream {
 
-constexpr uint32_t kRouteTraceVersion = 8;  // this build writes 8, reads 1 to 8
+// Version 9: on the fixed slots, a routing wider than the slots flags as hits what the shared
+// slots it is read into hold (their read-ahead); version 8 flagged the experts holding a slot.
+constexpr uint32_t kRouteTraceVersion = 9;  // this build writes 9, reads 1 to 9
 constexpr char kRouteTraceMagic[8] = {'M', 'S', 'R', 'T', 'R', 'A', 'C', 'E'};
 
 // What a trace's shape may be (a real model's, with room): read_route_trace and

@@ -220,6 +220,14 @@ public:
     // Whether expert `e` of MoE layer `moe_idx` is resident now (a routing of it would hit;
     // includes the experts whose reads the last stage() handed out).
     virtual bool is_resident(size_t moe_idx, uint32_t e) const = 0;
+    // Per expert of `experts` (distinct, as stage() gets them), whether a stage() of them now
+    // would find it resident (a hit): is_resident(), but on the fixed slots, which read a
+    // routing wider than the slots into the shared slots (hits: what was read ahead there).
+    virtual void stage_hits(size_t moe_idx, const std::vector<uint32_t> & experts,
+                            std::vector<uint8_t> * hit) const {
+        hit->resize(experts.size());
+        for (size_t i = 0; i < experts.size(); ++i) (*hit)[i] = is_resident(moe_idx, experts[i]);
+    }
     // Speculative reads ahead of a routing (streamer.h, "Prefetch"): appends the reads that make
     // the absent ones among `experts` of MoE layer moe_idx resident, while that fits the
     // budget by evicting only experts that are neither routed in the last stage() nor being

@@ -179,6 +179,11 @@ public:
         // every expert into the shared slots, but for their read-ahead.
         return ledger_->live(uint32_t(m), e);
     }
+    void stage_hits(size_t m, const std::vector<uint32_t> & experts,
+                    std::vector<uint8_t> * hit) const override {
+        if (experts.size() > k_) return bank_->stage_hits(m, experts, hit);  // as stage()
+        ResidencyStore::stage_hits(m, experts, hit);
+    }
     size_t prefetch(size_t m, const std::vector<uint32_t> & experts,
                     std::vector<ReadRequest> * reads) override {
         // A guess of one token's routing goes into the layer's slots, where its stage looks;

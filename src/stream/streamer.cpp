@@ -216,9 +216,7 @@ Status Streamer::on_routing(const Routing & r) {
 
     if (tracer_ && tracer_->active()) {
         // Residency before the stage = hit or miss (routed experts are never evicted).
-        was_resident_.resize(experts_.size());
-        for (size_t i = 0; i < experts_.size(); ++i)
-            was_resident_[i] = store_->is_resident(size_t(slot), experts_[i]) ? 1 : 0;
+        store_->stage_hits(size_t(slot), experts_, &was_resident_);
     }
     reads_.clear();
     pending_ss_ = StageStats{};

@@ -151,6 +151,10 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
     const std::unique_ptr<ExpertLedger> ledger = make_replay_ledger(
         h, s.policy, n_slots > 0 ? std::max<uint64_t>(s.budget_bytes, 1) : s.budget_bytes, n_slots);
     const bool keeps = !ledger->shared();  // a store that keeps experts between routings
+    // Fixed slots: the shared slots a routing wider than the slots is read into (the ledger
+    // in shared mode, as with the cache off; SlotCache's bank), with their read-ahead.
+    const std::unique_ptr<ExpertLedger> bank =
+        n_slots > 0 ? make_replay_ledger(h, ReplayPolicy::kLru, 0, 0) : nullptr;
     // Fixed slots: per routing, whether it is in the last ubatch of a graph that ends the
     // prompt (from that graph's last routing of the first MoE layer on), where the engine's
     // warm start fills the slots (SlotRewriter).
@@ -169,7 +173,13 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         }
     }
     std::vector<uint32_t> warm_list;
+    // What the policies see (the store's is_resident: the fixed slots only, whatever the
+    // routing's width), and what the stage of a routing finds (a hit): on the fixed slots, a
+    // wide routing hits only what was read ahead into the shared slots.
     auto resident = [&](uint32_t moe, uint32_t e) { return ledger->would_hit(moe, e); };
+    auto hit = [&](bool wide, uint32_t moe, uint32_t e) {
+        return wide ? bank->would_hit(moe, e) : ledger->would_hit(moe, e);
+    };
     const uint32_t * nu = s.policy == ReplayPolicy::kBelady ? next_use(K).data() : nullptr;
 
     DropColdConfig cfg;
@@ -301,6 +311,16 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
         for (uint32_t e : experts) seen[e] = 0;
         // Fixed slots: wider than the slots, the routing is read into the shared slots.
         const bool wide = n_slots > 0 && experts.size() > n_slots;
+        if (v && h.version < 9 && h.slots_per_layer > 0 &&
+            experts.size() > h.slots_per_layer)
+            return Status::Usage(
+                "routing #" + std::to_string(i) + " at offset " + std::to_string(r.offset) +
+                " is wider than the recorded fixed slots (" + std::to_string(experts.size()) +
+                " experts, " + std::to_string(h.slots_per_layer) +
+                " slots per layer): trace format version " + std::to_string(h.version) +
+                " flags such a routing's experts by whether they held a slot, not by what the "
+                "shared slots it was read into held; --validate needs version 9 (record the "
+                "trace again)");
         if (nu)
             for (uint32_t row = 0; row < r.n_rows; ++row)
                 for (uint32_t j = 0; j < K; ++j)
@@ -309,8 +329,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                         nu_of[uint32_t(t_.expert[src])] = nu[src];
                     }
 
-        if (v && wide) v->slots_unchecked += n;
-        if (v && !wide) {  // residency before the stage, slot by slot, against the record
+        if (v) {  // residency before the stage, slot by slot, against the record
             for (uint32_t row = 0; row < r.n_rows; ++row)
                 for (uint32_t j = 0; j < K; ++j) {
                     const uint64_t src = r.first_slot + uint64_t(row) * kk + j;
@@ -322,7 +341,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
                     const uint8_t got = dropped[slot] ? kSlotDropped
                                         : sub_slot[slot]
                                             ? uint8_t(kSlotResident | kSlotSubstituted)
-                                        : (resident(moe, uint32_t(ids[slot])) ? kSlotResident : 0);
+                                        : (hit(wide, moe, uint32_t(ids[slot])) ? kSlotResident : 0);
                     ++v->slots_checked;
                     v->recorded_substitutions += (t_.flags[src] & kSlotSubstituted) ? 1 : 0;
                     v->replay_substitutions += sub_slot[slot];
@@ -386,8 +405,9 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             }
         }
         StageStats ss;
-        if (wide) {
-            ss.lookups = ss.misses = experts.size();
+        if (wide) {  // the shared slots; the fixed slots keep their experts and stamps
+            Status st = bank->stage(moe, experts, nullptr, &ss);
+            if (!st.ok()) return st;
             if (!last_ubatch.empty() && last_ubatch[i]) {
                 // The warm start: the experts of the ubatch's last tokens, most recent first,
                 // up to the slots; made resident oldest first (SlotCache::warm_slots).
@@ -407,25 +427,27 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             Status st = ledger->stage(moe, experts, nu ? nu_of.data() : nullptr, &ss);
             if (!st.ok()) return st;
         }
-        // The read-ahead calls made after this routing's stage, as recorded (the fixed-slot
-        // cache's calls into its shared slots are not replayed: its wide routings are not).
+        // The read-ahead calls made after this routing's stage, as recorded (on the fixed
+        // slots, a wide guess's into the shared slots).
         uint64_t ahead = 0;
         for (; ra < t_.read_aheads.size() && t_.read_aheads[ra].routing <= i; ++ra) {
             const TraceReadAhead & a = t_.read_aheads[ra];
-            if (n_slots > 0 && (a.flags & kReadAheadShared)) continue;
+            const bool into_bank = n_slots > 0 && (a.flags & kReadAheadShared);
+            ExpertLedger & into = into_bank ? *bank : *ledger;
             ra_list.clear();
             for (uint64_t q = a.first; q < a.first + a.n; ++q)
                 ra_list.push_back(t_.read_ahead_experts[q] & ~kReadAheadCommitted);
-            const size_t got = n_slots > 0 ? ledger->prefetch_slots(a.moe_idx, ra_list,
-                                                                     a.flags & kReadAheadOneToken)
-                                           : ledger->prefetch(a.moe_idx, ra_list);
+            const size_t got = n_slots > 0 && !into_bank
+                                   ? into.prefetch_slots(a.moe_idx, ra_list,
+                                                         a.flags & kReadAheadOneToken)
+                                   : into.prefetch(a.moe_idx, ra_list);
             // The same experts committed: each recorded one is among the replay's.
             size_t same = 0;
             if (v)
-                for (uint32_t e : ledger->prefetching())
+                for (uint32_t e : into.prefetching())
                     for (uint64_t q = a.first; q < a.first + a.n; ++q)
                         same += t_.read_ahead_experts[q] == (e | kReadAheadCommitted);
-            ledger->end_prefetch(a.flags & kReadAheadOk);
+            into.end_prefetch(a.flags & kReadAheadOk);
             ahead += got * h.moe_layers[a.moe_idx].expert_bytes;
             if (!v) continue;
             ++v->read_aheads;
@@ -471,7 +493,7 @@ Status Replayer::run(const ReplaySetting & s, ReplayResult * out, ValidateReport
             out->decode_misses += misses;
             out->decode_bytes_read += read;
         }
-        if (v && !wide) {  // (a wide routing's slots are not checked)
+        if (v) {
             v->replay_hits += hits;
             v->replay_misses += misses;
         }

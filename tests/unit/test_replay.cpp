@@ -10,6 +10,10 @@
 //    --n-expert-used), on the fixed slots (their slot ledger; one slot fewer or the LRU
 //    cache of the same budget fails), with the cache off (the shared slots' ledger in shared
 //    mode; replayed as an LRU cache it fails); tampering with one recorded hit makes it fail;
+//  - on the default store every slot is checked, the prompt batches wider than the slots
+//    included (the shared slots' ledger with their read-ahead): one slot fewer, or one wide
+//    routing's miss turned into a hit, fails; a version 8 trace of them is refused by name;
+//    the trace's hits and misses are the run's cache_hits / cache_misses;
 //  - the shared mode keeps nothing beyond the staged layer but its read-ahead (a ledger
 //    with a budget is the control);
 //  - the same trace and settings give the same numbers to the last digit;
@@ -386,7 +390,7 @@ TEST(ReplayValidate, ReproducesTheSharedSlotsReadAhead) {
     RouteTrace t;
     const Status st = read_route_trace(path, &t);
     ASSERT_TRUE(st.ok()) << st.message();
-    EXPECT_EQ(t.header.version, 8u);
+    EXPECT_EQ(t.header.version, kRouteTraceVersion);
     EXPECT_EQ(t.read_aheads.size(), 24u * 2u);
     ASSERT_GT(ls.prefetch_used, 0u);
     Replayer rp(t);
@@ -604,32 +608,68 @@ TEST(ReplayValidate, ReproducesTheSharedSlotsAndNotAnotherStore) {
     std::remove(path.c_str());
 }
 
-// The default store (fixed slots) with decode --prefetch and prefill read-ahead, traced and
-// not: one recording shared by the tests below.
-const char * kReadAheadFlags = "--io-threads 2 --cache-mb 12 --force-cache --prefetch";
+// The default store (fixed slots) with decode --prefetch and prefill read-ahead, traced (one
+// recording shared by the tests below, made once per test process) and not (on demand). The
+// prompt is one batch whose routings are wider than the slots (read into the shared slots);
+// 20 MiB leaves fewer slots than experts and two sets of shared slots (prefill read-ahead
+// reads the next layer's whole bank into the other set; with one set it reads nothing).
+const char * kReadAheadFlags = "--io-threads 2 --cache-mb 20 --force-cache --prefetch";
 struct ReadAheadRuns {
-    StatsRun plain, traced;
-    std::string path;
+    StatsRun traced;
+    RouteTrace trace;  // its trace, read back (the file is removed)
+    Status read;
 };
+std::string read_ahead_model() { return synth_model("tiny", "qwen3moe", "q8_0"); }
 const ReadAheadRuns & read_ahead_runs() {
     static const ReadAheadRuns runs = [] {
         ReadAheadRuns r;
-        const std::string model = synth_model("tiny", "qwen3moe", "q8_0");
-        r.path = tmp_path("ra-engine.trace");
-        r.plain = run_with_stats(model, kRouterPrompt, 32, kReadAheadFlags);
-        r.traced = run_with_stats(model, kRouterPrompt, 32,
-                                  std::string(kReadAheadFlags) + " --route-trace " + sh_quote(r.path));
+        const std::string path = tmp_path("ra-engine.trace");
+        r.traced = run_with_stats(read_ahead_model(), kRouterPrompt, 32,
+                                  std::string(kReadAheadFlags) + " --route-trace " + sh_quote(path));
+        r.read = read_route_trace(path, &r.trace);
+        std::remove(path.c_str());
         return r;
     }();
     return runs;
+}
+// The recording of read_ahead_runs() (a copy to tamper with).
+RouteTrace read_ahead_trace() {
+    const ReadAheadRuns & r = read_ahead_runs();
+    EXPECT_EQ(r.traced.rc, 0) << r.traced.err;
+    EXPECT_TRUE(r.read.ok()) << r.read.message();
+    return r.trace;
+}
+// --validate of t under the recorded setting, with one slot per layer fewer than recorded.
+ValidateReport validate_recorded(const RouteTrace & t, uint32_t fewer_slots = 0) {
+    Replayer rp(t);
+    ReplaySetting s = rp.recorded_setting();
+    s.slots_per_layer -= fewer_slots;
+    ReplayResult r;
+    ValidateReport v;
+    const Status st = rp.run(s, &r, &v);
+    EXPECT_TRUE(st.ok()) << st.message();
+    return v;
+}
+// Distinct experts of routing i (its slots at the trace's k).
+size_t distinct_experts(const RouteTrace & t, size_t i) {
+    const TraceRouting & r = t.routings[i];
+    std::vector<uint8_t> seen(t.header.n_expert, 0);
+    size_t n = 0;
+    for (uint64_t s = r.first_slot; s < r.first_slot + uint64_t(r.n_rows) * r.k; ++s)
+        if (!seen[uint32_t(t.expert[s])]) {
+            seen[uint32_t(t.expert[s])] = 1;
+            ++n;
+        }
+    return n;
 }
 
 // Tracing switches nothing: the same tokens, the same reads, read-ahead on in both.
 TEST(RouteTraceRun, TracedRunReadsAndGeneratesAsTheUntracedRun) {
     const ReadAheadRuns & r = read_ahead_runs();
-    ASSERT_EQ(r.plain.rc, 0) << r.plain.err;
+    const StatsRun plain = run_with_stats(read_ahead_model(), kRouterPrompt, 32, kReadAheadFlags);
+    ASSERT_EQ(plain.rc, 0) << plain.err;
     ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
-    const json a = json::parse(r.plain.stats), b = json::parse(r.traced.stats);
+    const json a = json::parse(plain.stats), b = json::parse(r.traced.stats);
     EXPECT_EQ(a["tokens"], b["tokens"]);
     EXPECT_GT(a["prefetch_experts"].get<uint64_t>(), 0u);
     for (const char * key : {"flash_bytes_read", "flash_reads", "cache_hits", "cache_misses",
@@ -637,35 +677,108 @@ TEST(RouteTraceRun, TracedRunReadsAndGeneratesAsTheUntracedRun) {
         EXPECT_EQ(a[key], b[key]) << key;
     EXPECT_EQ(a["settings"]["prefill_readahead"], b["settings"]["prefill_readahead"]);
     EXPECT_EQ(b["settings"]["cache_store"], "fixed slots");
-    std::remove(r.path.c_str());
 }
 
 // validate reproduces the traced run, read-ahead hits included; the controls: the same trace
 // without its read-ahead records, or with one slot fewer per layer, does not.
 TEST(ReplayValidate, ReproducesTheDefaultStoresReadAheadAndNotWithoutIt) {
-    const ReadAheadRuns & r = read_ahead_runs();
-    ASSERT_EQ(r.traced.rc, 0) << r.traced.err;
-    RouteTrace t;
-    ASSERT_TRUE(read_route_trace(r.path, &t).ok());
+    RouteTrace t = read_ahead_trace();
     ASSERT_FALSE(t.read_aheads.empty());
     ASSERT_GT(t.header.slots_per_layer, 1u);
+    const ValidateReport v = validate_recorded(t);
+    EXPECT_TRUE(v.ok) << v.first_mismatch;
+    EXPECT_GT(v.replay_read_ahead, 0u);
+    EXPECT_FALSE(validate_recorded(t, /*fewer_slots=*/1).ok);
+    t.read_aheads.clear();
+    EXPECT_FALSE(validate_recorded(t).ok);
+}
+
+// The trace's hits and misses are the engine's, prompt batches included: a routing wider than
+// the slots flags what the shared slots held (prefill read-ahead's experts), not the slots.
+TEST(RouteTraceRun, DefaultStoresTraceCountsTheRunsHitsAndMisses) {
+    const RouteTrace t = read_ahead_trace();
+    const json stats = json::parse(read_ahead_runs().traced.stats);
+    uint64_t hits = 0, misses = 0, wide_hits = 0;
+    std::vector<uint8_t> seen(t.header.n_expert, 0);
+    for (size_t i = 0; i < t.routings.size(); ++i) {
+        const TraceRouting & r = t.routings[i];
+        const bool wide = distinct_experts(t, i) > t.header.slots_per_layer;
+        for (uint64_t s = r.first_slot; s < r.first_slot + uint64_t(r.n_rows) * r.k; ++s) {
+            const uint32_t e = uint32_t(t.expert[s]);
+            if (seen[e]) continue;
+            seen[e] = 1;
+            const bool hit = t.flags[s] & kSlotResident;
+            ++(hit ? hits : misses);
+            wide_hits += wide && hit;
+        }
+        for (uint64_t s = r.first_slot; s < r.first_slot + uint64_t(r.n_rows) * r.k; ++s)
+            seen[uint32_t(t.expert[s])] = 0;
+    }
+    EXPECT_GT(wide_hits, 0u);  // prefill read-ahead's hits in the shared slots are recorded
+    EXPECT_EQ(hits, stats["cache_hits"].get<uint64_t>());
+    EXPECT_EQ(misses, stats["cache_misses"].get<uint64_t>());
+}
+
+// Every slot is checked, the prompt batches' (routings wider than the slots, replayed on the
+// shared slots' ledger) included; the control: one slot fewer per layer mismatches.
+TEST(ReplayValidate, ChecksTheDefaultStoresPromptBatchesWiderThanTheSlots) {
+    const RouteTrace t = read_ahead_trace();
+    ASSERT_GT(t.header.slots_per_layer, 1u);
+    size_t wide = 0;
+    for (size_t i = 0; i < t.routings.size(); ++i)
+        wide += distinct_experts(t, i) > t.header.slots_per_layer;
+    ASSERT_GT(wide, 0u);
+    size_t into_shared = 0;  // prefill read-ahead's calls into the shared slots
+    for (const TraceReadAhead & a : t.read_aheads)
+        into_shared += (a.flags & kReadAheadShared) && a.committed > 0;
+    ASSERT_GT(into_shared, 0u);
+    const ValidateReport v = validate_recorded(t);
+    EXPECT_TRUE(v.ok) << v.first_mismatch;
+    EXPECT_EQ(v.mismatches, 0u);
+    EXPECT_EQ(v.slots_checked, t.expert.size());
+    EXPECT_FALSE(validate_recorded(t, /*fewer_slots=*/1).ok);
+}
+
+// A wide routing's recorded miss turned into a hit is found, at that routing and slot.
+TEST(ReplayValidate, FailsWhenAWideRoutingsRecordedMissIsTamperedWith) {
+    RouteTrace t = read_ahead_trace();
+    size_t victim = t.routings.size();
+    uint64_t slot = 0;
+    for (size_t i = 0; i < t.routings.size() && victim == t.routings.size(); ++i) {
+        const TraceRouting & r = t.routings[i];
+        if (distinct_experts(t, i) <= t.header.slots_per_layer) continue;
+        for (uint64_t s = r.first_slot; s < r.first_slot + uint64_t(r.n_rows) * r.k; ++s)
+            if (t.flags[s] == 0) {
+                victim = i;
+                slot = s;
+                break;
+            }
+    }
+    ASSERT_LT(victim, t.routings.size());
+    t.flags[slot] = kSlotResident;
+    const ValidateReport v = validate_recorded(t);
+    EXPECT_FALSE(v.ok);
+    EXPECT_NE(v.first_mismatch.find("routing #" + std::to_string(victim) + " at offset " +
+                                    std::to_string(t.routings[victim].offset)),
+              std::string::npos)
+        << v.first_mismatch;
+    EXPECT_NE(v.first_mismatch.find("recorded hit, replay miss"), std::string::npos)
+        << v.first_mismatch;
+}
+
+// Format version 8 flagged a wide routing's experts by their slots: --validate refuses such a
+// trace by name (the same trace as version 9 validates: the test above).
+TEST(ReplayValidate, RefusesAVersion8FixedSlotTraceWithRoutingsWiderThanTheSlots) {
+    RouteTrace t = read_ahead_trace();
+    t.header.version = 8;
+    Replayer rp(t);
     ReplayResult res;
     ValidateReport v;
-    {
-        Replayer rp(t);
-        ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
-        EXPECT_TRUE(v.ok) << v.first_mismatch;
-        EXPECT_GT(v.replay_read_ahead, 0u);
-        ReplaySetting fewer = rp.recorded_setting();
-        fewer.slots_per_layer -= 1;
-        ASSERT_TRUE(rp.run(fewer, &res, &v).ok());
-        EXPECT_FALSE(v.ok);
-    }
-    t.read_aheads.clear();
-    Replayer rp(t);
-    ASSERT_TRUE(rp.run(rp.recorded_setting(), &res, &v).ok());
-    EXPECT_FALSE(v.ok);
-    std::remove(r.path.c_str());
+    const Status st = rp.run(rp.recorded_setting(), &res, &v);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("version 8"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("needs version 9"), std::string::npos) << st.message();
+    EXPECT_TRUE(rp.run(rp.recorded_setting(), &res).ok());  // a replay without --validate runs
 }
 
 TEST(ReplayValidate, FailsWhenOneRecordedHitIsTamperedWith) {

@@ -1015,6 +1015,34 @@ TEST(SlotCache, AWarmStartFromSharedSlotsReusedSinceCopiesNothing) {
     EXPECT_EQ(s->slot_placement()->slot_stats().warm_copies, 2u);
 }
 
+// What a stage will hit (what the route trace records): a routing of at most K experts hits
+// the layer's slots; a wider one is read into the shared slots and hits only what read-ahead
+// put there, not the experts holding a slot (which is_resident() still reports).
+TEST(SlotCache, AWideRoutingHitsTheSharedSlotsReadAheadNotTheSlots) {
+    const ModelIndex idx = slot_index();
+    auto s = slot_store(idx, 2);
+    ASSERT_TRUE(s);
+    EXPECT_EQ(stage_slots(*s, 1, {5}), 1u);        // 5 holds a slot of layer 1
+    EXPECT_EQ(stage_slots(*s, 0, {0, 1, 2}), 3u);  // wide: set 0
+    std::vector<ReadRequest> reads;
+    ASSERT_EQ(s->prefetch(1, {0, 1}, &reads), 2u);  // a wide guess: into set 1
+    ASSERT_TRUE(s->last_read_ahead().shared);
+    simulate_reads(reads);
+    s->end_prefetch(true);
+    std::vector<uint8_t> hit;
+    s->stage_hits(1, {5}, &hit);  // narrow: its slot
+    EXPECT_EQ(hit, std::vector<uint8_t>({1}));
+    s->stage_hits(1, {0, 5, 6}, &hit);  // wide: the read-ahead only
+    EXPECT_EQ(hit, std::vector<uint8_t>({1, 0, 0}));
+    EXPECT_TRUE(s->is_resident(1, 5));
+    std::vector<ReadRequest> stage_reads;
+    StageStats ss;
+    ASSERT_TRUE(s->stage(1, {0, 5, 6}, &stage_reads, &ss).ok());  // the stage agrees
+    simulate_reads(stage_reads);
+    EXPECT_EQ(ss.hits, 1u);
+    EXPECT_EQ(ss.misses, 2u);
+}
+
 // Fewer slots than the routing width cannot hold a token's routing: refused, naming both.
 TEST(SlotCache, ABudgetBelowTheRoutingWidthIsRefused) {
     ModelIndex idx = slot_index();

@@ -292,7 +292,7 @@ TEST(RouteTraceFormat, CorruptFieldsNameTheirOffset) {
     };
     const Case cases[] = {
         {0, "X", "offset 0: not a moestream route trace"},
-        {8, std::string("\x09\0\0\0", 4), "offset 8: unsupported trace version 9"},
+        {8, std::string("\x0a\0\0\0", 4), "offset 8: unsupported trace version 10"},
         {56, "\x10", "offset 56: unknown settings flags 16"},
         {68, std::string("\x09\0\0\0", 4), "offset 68: slots per layer 9 above the experts per layer 8"},
         {72, "\x02", "offset 72: unknown slot flags 2"},

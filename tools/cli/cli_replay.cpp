@@ -413,19 +413,11 @@ int do_replay(const ReplayFlags & f) {
         std::fprintf(
             stderr,
             "replay --validate: %s: budget %.2f MiB, drop-cold %g, substitute %g%s, k %u: %llu "
-            "slots checked%s; recorded %llu hits / %llu misses / %llu drops / %llu "
+            "slots checked; recorded %llu hits / %llu misses / %llu drops / %llu "
             "substitutions, replay %llu / %llu / %llu / %llu: %s\n",
             f.own.trace.c_str(), double(h.cache_budget_bytes) / kMiB, h.drop_cold, h.substitute,
             h.substitute > 0 && !h.scores ? " (not replayed: no scores)" : "", h.k,
-            (unsigned long long)v.slots_checked,
-            v.slots_unchecked
-                ? (" (fixed slots, " + std::to_string(h.slots_per_layer) + " per layer: " +
-                   std::to_string(v.slots_unchecked) +
-                   " more in routings wider than the slots, read into the shared slots, not "
-                   "checked)")
-                      .c_str()
-                : "",
-            (unsigned long long)v.recorded_hits,
+            (unsigned long long)v.slots_checked, (unsigned long long)v.recorded_hits,
             (unsigned long long)v.recorded_misses, (unsigned long long)v.recorded_drops,
             (unsigned long long)v.recorded_substitutions, (unsigned long long)v.replay_hits,
             (unsigned long long)v.replay_misses, (unsigned long long)v.replay_drops,
@@ -440,7 +432,6 @@ int do_replay(const ReplayFlags & f) {
             nlohmann::json j;
             j["validate"] = {{"ok", true},
                              {"slots_checked", v.slots_checked},
-                             {"slots_unchecked", v.slots_unchecked},
                              {"hits", v.replay_hits},
                              {"misses", v.replay_misses},
                              {"drops", v.replay_drops},
