@@ -9,8 +9,11 @@
 // run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
 // (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
 // tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
-// The flags of serve and chat beyond the engine's are rows too, of ServeOptions / ChatOptions
-// (Setting::command_member): bound, checked, shown in --help and tabled the same way.
+// The flags of serve, chat and run beyond the engine's are rows too, of ServeOptions /
+// ChatOptions / RunCmdOptions, as are the chat template's (ChatTemplateOptions) and the
+// sampling flags (SamplingParams, GenerateRequest::stop) (Setting::command_member): bound,
+// checked, shown in --help and tabled the same way; a pair of flags that exclude each other is
+// a column (Setting::excludes).
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
@@ -22,6 +25,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -79,11 +83,37 @@ struct ChatOptions {
     bool verbose_prompt = false;     // --verbose-prompt
 };
 
+// The flags of `moestream run` beyond the engine's and the sampling's: plain values, each a
+// registry row (Setting::command_member). The defaults are the flags' defaults.
+struct RunCmdOptions {
+    std::string prompt = "Once upon a time";  // -p: completed as is (no chat template)
+    std::string prompt_file;    // -f: the prompt's file; "-" = stdin ("" = none: -p)
+    int n_predict = 64;         // -n: tokens to generate; -1 = until the context is full
+    bool escape = true;         // -e,--escape / --no-escape: escapes in -p and -r
+    bool display_prompt = false;  // --display-prompt / --no-display-prompt
+    std::string stats_json;     // --stats-json: FILE of the run's figures ("" = none)
+    std::string stats_csv;      // --stats-csv: FILE of one row per decoded token ("" = none)
+    std::string dump_logits;    // --dump-logits: FILE of the last logits ("" = none)
+};
+
+// --chat-template / --chat-template-file of chat and serve: the template used instead of the
+// model's. The defaults are the flags' defaults (the model's own template).
+struct ChatTemplateOptions {
+    std::string value;  // --chat-template: the name chatml, a file, or Jinja text ("" = none)
+    std::string file;   // --chat-template-file: FILE of Jinja text ("" = none)
+};
+// The sampling flags of run, chat and serve beyond the engine's --temp / --seed are rows of
+// the library's SamplingParams (moestream.h), and -r of GenerateRequest::stop.
+
 // A typed accessor of one field of a command's own options (std::monostate: none).
 using CommandField =
     std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
                  bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
-                 bool ChatOptions::*, std::string ChatOptions::*>;
+                 bool ChatOptions::*, std::string ChatOptions::*, int RunCmdOptions::*,
+                 bool RunCmdOptions::*, std::string RunCmdOptions::*,
+                 std::string ChatTemplateOptions::*, int SamplingParams::*,
+                 float SamplingParams::*, bool SamplingParams::*,
+                 std::vector<std::string> GenerateRequest::*>;
 
 // The class and value type of a member pointer (Setting::member, Setting::command_member).
 template <class M>
@@ -137,12 +167,27 @@ struct Setting {
     // member and its name ("ServeOptions::port"); bound, checked and set like a field's row.
     CommandField command_member = {};
     const char * command_field = "";
+    // The long flag of another row of the same options that this flag cannot be given with
+    // ("--system-prompt" for --system-prompt-file): the CLI refuses the two together ("" = none).
+    const char * excludes = "";
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).
     std::string flag() const;
     // Whether `command` takes this row's flag (the commands column).
     bool for_command(std::string_view command) const;
 };
+
+// Whether the row's field (its RunOptions member or its command member) is of type V.
+template <class V>
+bool setting_holds(const Setting & s) {
+    auto is = [](auto m) {
+        if constexpr (std::is_same_v<decltype(m), std::monostate>)
+            return false;
+        else
+            return std::is_same_v<typename MemberOf<decltype(m)>::Value, V>;
+    };
+    return std::visit(is, s.member) || std::visit(is, s.command_member);
+}
 
 // Every row, in the order docs/cli.md lists them.
 const std::vector<Setting> & settings_registry();
@@ -168,6 +213,11 @@ bool set_setting_text(const Setting & s, const std::string & text, RunOptions * 
 // The same for a row of a command's own options (Setting::command_member).
 bool set_setting_text(const Setting & s, const std::string & text, ServeOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, ChatOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, RunCmdOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, ChatTemplateOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, SamplingParams * opt);
+// GenerateRequest::stop (-r): each value is added to the list.
+bool set_setting_text(const Setting & s, const std::string & text, GenerateRequest * opt);
 // The value a bool row's flag sets: the opposite of the field's default (--prefetch sets true,
 // --no-stream and --cache-no-move set false; a command row's: of its options' default).
 bool setting_flag_value(const Setting & s);
@@ -176,6 +226,10 @@ bool setting_flag_value(const Setting & s);
 std::string setting_value_text(const Setting & s, const RunOptions & opt);
 std::string setting_value_text(const Setting & s, const ServeOptions & opt);
 std::string setting_value_text(const Setting & s, const ChatOptions & opt);
+std::string setting_value_text(const Setting & s, const RunCmdOptions & opt);
+std::string setting_value_text(const Setting & s, const ChatTemplateOptions & opt);
+std::string setting_value_text(const Setting & s, const SamplingParams & opt);
+std::string setting_value_text(const Setting & s, const GenerateRequest & opt);  // -r: ' '-joined
 // The numbers the range admits, for --help ("16..4194304|0", "(0, 1]"; "" = any, or only
 // words).
 std::string setting_range_text(const Setting & s);

@@ -25,6 +25,10 @@ using C = SettingClass;
 using R = RunOptions;
 using S = ServeOptions;
 using H = ChatOptions;
+using P = SamplingParams;
+using G = GenerateRequest;
+using U = RunCmdOptions;
+using T = ChatTemplateOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -181,7 +185,8 @@ const std::vector<Setting> kSettings = {
      .dflt = "none", .cls = C::kProduction,
      .doc = "read the API key from the first line of this file (not shown by `ps`)",
      .key = "", .range = "", .commands = "serve", .traits = 0,
-     .command_member = &S::api_key_file, .command_field = "ServeOptions::api_key_file"},
+     .command_member = &S::api_key_file, .command_field = "ServeOptions::api_key_file",
+     .excludes = "--api-key"},
     {.field = "", .member = {}, .flags = "--alias", .env = "", .choices = "", .env_inverted = false,
      .dflt = "the file's name", .cls = C::kProduction,
      .doc = "the model's name in the API (/v1/models, `model` of replies; default: the file's name)",
@@ -207,7 +212,8 @@ const std::vector<Setting> kSettings = {
      .dflt = "none", .cls = C::kProduction,
      .doc = "read the system prompt from a file (-sysf)",
      .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
-     .off_doc = "", .command_member = &H::system_prompt_file, .command_field = "ChatOptions::system_prompt_file"},
+     .off_doc = "", .command_member = &H::system_prompt_file, .command_field = "ChatOptions::system_prompt_file",
+     .excludes = "--system-prompt"},
     {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
      .dflt = "-1", .cls = C::kProduction,
      .doc = "tokens per reply at most; -1 = until end-of-generation or the context is full",
@@ -247,12 +253,116 @@ const std::vector<Setting> kSettings = {
      .dflt = "none", .cls = C::kProduction,
      .doc = "read the --grammar from a file",
      .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
-     .off_doc = "", .command_member = &H::grammar_file, .command_field = "ChatOptions::grammar_file"},
+     .off_doc = "", .command_member = &H::grammar_file, .command_field = "ChatOptions::grammar_file",
+     .excludes = "--grammar"},
     {.field = "", .member = {}, .flags = "--verbose-prompt", .env = "", .choices = "", .env_inverted = false,
      .dflt = "off", .cls = C::kProduction,
      .doc = "print each turn's rendered prompt on stderr before its reply",
      .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
      .off_doc = "", .command_member = &H::verbose_prompt, .command_field = "ChatOptions::verbose_prompt"},
+    // --- the sampling flags of run, chat and serve (SamplingParams; -r: GenerateRequest) ---
+    {.field = "", .member = {}, .flags = "--top-k", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "with --temp > 0: keep the K likeliest tokens; 0 = off",
+     .key = "", .range = "0..1048576", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::top_k, .command_field = "SamplingParams::top_k"},
+    {.field = "", .member = {}, .flags = "--top-p", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1", .cls = C::kProduction,
+     .doc = "with --temp > 0: nucleus sampling; 1 = off",
+     .key = "", .range = "(0..1", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::top_p, .command_field = "SamplingParams::top_p"},
+    {.field = "", .member = {}, .flags = "--min-p", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off",
+     .key = "", .range = "0..1", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::min_p, .command_field = "SamplingParams::min_p"},
+    {.field = "", .member = {}, .flags = "--repeat-penalty", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1", .cls = C::kProduction,
+     .doc = "divide the logits of recent tokens by this (greedy too); 1 = off",
+     .key = "", .range = "(0..100", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::repeat_penalty, .command_field = "SamplingParams::repeat_penalty"},
+    {.field = "", .member = {}, .flags = "--repeat-last-n", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "64", .cls = C::kProduction,
+     .doc = "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context",
+     .key = "", .range = "-1..4194304", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::repeat_last_n, .command_field = "SamplingParams::repeat_last_n"},
+    {.field = "", .member = {}, .flags = "--presence-penalty", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "subtract this once from every recent token's logit; 0 = off",
+     .key = "", .range = "-2..2", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::presence_penalty, .command_field = "SamplingParams::presence_penalty"},
+    {.field = "", .member = {}, .flags = "--frequency-penalty", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "subtract this x its count from every recent token's logit; 0 = off",
+     .key = "", .range = "-2..2", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::frequency_penalty, .command_field = "SamplingParams::frequency_penalty"},
+    {.field = "", .member = {}, .flags = "--ignore-eos", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "never stop at an end-of-generation token",
+     .key = "", .range = "", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::ignore_eos, .command_field = "SamplingParams::ignore_eos"},
+    {.field = "", .member = {}, .flags = "-r,--reverse-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "stop when the text contains this (not printed); repeatable",
+     .key = "", .range = "", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &G::stop, .command_field = "GenerateRequest::stop"},
+    // --- run's own flags (RunCmdOptions) ---
+    {.field = "", .member = {}, .flags = "-p,--prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "Once upon a time", .cls = C::kProduction,
+     .doc = "prompt text, completed as is (no chat template)",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::prompt, .command_field = "RunCmdOptions::prompt"},
+    {.field = "", .member = {}, .flags = "-f,--file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the prompt from a file; - = stdin",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::prompt_file, .command_field = "RunCmdOptions::prompt_file",
+     .excludes = "--prompt"},
+    {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "64", .cls = C::kProduction,
+     .doc = "tokens to generate; -1 = until the context is full",
+     .key = "", .range = "-1..16777216", .commands = "run", .traits = 0,
+     .command_member = &U::n_predict, .command_field = "RunCmdOptions::n_predict"},
+    {.field = "", .member = {}, .flags = "-e,--escape", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "process escapes in -p (\\n \\t \\\\ \\xHH ...; the default)",
+     .key = "", .range = "", .commands = "run", .traits = 0, .off_flags = "--no-escape",
+     .off_doc = "take -p literally", .command_member = &U::escape,
+     .command_field = "RunCmdOptions::escape"},
+    {.field = "", .member = {}, .flags = "--display-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the prompt before the generated text",
+     .key = "", .range = "", .commands = "run", .traits = 0, .off_flags = "--no-display-prompt",
+     .off_doc = "print only the generated text (the default)", .command_member = &U::display_prompt,
+     .command_field = "RunCmdOptions::display_prompt"},
+    {.field = "", .member = {}, .flags = "--stats-json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write the run's figures as one JSON object",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::stats_json, .command_field = "RunCmdOptions::stats_json"},
+    {.field = "", .member = {}, .flags = "--stats-csv", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write one row per decoded token",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::stats_csv, .command_field = "RunCmdOptions::stats_csv"},
+    {.field = "", .member = {}, .flags = "--dump-logits", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write the last step's logits (raw float32)",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::dump_logits, .command_field = "RunCmdOptions::dump_logits"},
+    // --- the chat template of chat and serve (ChatTemplateOptions) ---
+    {.field = "", .member = {}, .flags = "--chat-template", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the model's", .cls = C::kProduction,
+     .doc = "use this chat template instead of the model's: the name chatml, a file, or the Jinja "
+            "text itself",
+     .key = "", .range = "", .commands = "chat|serve", .traits = 0,
+     .command_member = &T::value, .command_field = "ChatTemplateOptions::value"},
+    {.field = "", .member = {}, .flags = "--chat-template-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the chat template (Jinja) from a file instead of the model's",
+     .key = "", .range = "", .commands = "chat|serve", .traits = 0,
+     .command_member = &T::file, .command_field = "ChatTemplateOptions::file",
+     .excludes = "--chat-template"},
     {"",
      {},
      "",
@@ -589,14 +699,19 @@ std::string value_text(const Setting & s, const O & o) {
             } else {
                 const auto & v = o.*m;
                 using V = std::decay_t<decltype(v)>;
-                if constexpr (std::is_same_v<V, std::string>)
+                if constexpr (std::is_same_v<V, std::string>) {
                     return v;
-                else if constexpr (std::is_same_v<V, bool>)
+                } else if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+                    std::string all;  // a repeatable flag's values (-r)
+                    for (const std::string & x : v) all += (all.empty() ? "" : " ") + x;
+                    return all;
+                } else if constexpr (std::is_same_v<V, bool>) {
                     return v ? "1" : "0";
-                else if constexpr (std::is_floating_point_v<V>)
+                } else if constexpr (std::is_floating_point_v<V>) {
                     return num_text(double(v));
-                else
+                } else {
                     return std::to_string(v);
+                }
             }
         });
 }
@@ -616,6 +731,9 @@ bool set_from_text(const Setting & s, const std::string & t, O * o) {
                 using V = std::decay_t<decltype(v)>;
                 if constexpr (std::is_same_v<V, std::string>) {
                     v = t;
+                    return true;
+                } else if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+                    v.push_back(t);  // a repeatable flag: each value is one more
                     return true;
                 } else if constexpr (std::is_same_v<V, bool>) {
                     if (t != "0" && t != "1") return false;
@@ -638,6 +756,20 @@ bool set_from_text(const Setting & s, const std::string & t, O * o) {
                 }
             }
         });
+}
+
+// Whether `t` is a value of the row's field's type: it sets a default-made copy of the options.
+bool fits_field(const Setting & s, const std::string & t) {
+    auto fits = [&](auto m) {
+        using M = decltype(m);
+        if constexpr (std::is_same_v<M, std::monostate>) {
+            return false;
+        } else {
+            typename MemberOf<M>::Class probe{};
+            return set_from_text(s, t, &probe);
+        }
+    };
+    return is_command_row(s) ? std::visit(fits, s.command_member) : std::visit(fits, s.member);
 }
 
 bool is_default(const Setting & s, const RunOptions & o) {
@@ -840,11 +972,7 @@ std::string check_setting_text(const Setting & s, const std::string & t) {
         else
             rest += (rest.empty() ? "" : ", ") + a.text;
     }
-    RunOptions probe;  // the value must fit the field's type too
-    ServeOptions serve_probe;
-    ChatOptions chat_probe;
-    if (ok && !(is_command_row(s) ? set_from_text(s, t, &serve_probe) || set_from_text(s, t, &chat_probe)
-                                  : set_from_text(s, t, &probe)))
+    if (ok && !fits_field(s, t))  // the value must fit the field's type too
         return t + " does not fit " + (is_command_row(s) ? s.command_field : s.field);
     if (ok) return "";
     if (first.empty()) return t + " is not " + choices_text(all);  // "1 is not on, off or auto"
@@ -887,16 +1015,35 @@ bool set_setting_text(const Setting & s, const std::string & t, ChatOptions * op
     return set_text(s, t, opt, nullptr);
 }
 
+bool set_setting_text(const Setting & s, const std::string & t, RunCmdOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, ChatTemplateOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, SamplingParams * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, GenerateRequest * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
 bool setting_flag_value(const Setting & s) {
-    static const RunOptions kDefaults;
-    static const ServeOptions kServeDefaults;
-    static const ChatOptions kChatDefaults;
-    if (const auto * c = std::get_if<bool ServeOptions::*>(&s.command_member))
-        return !(kServeDefaults.**c);
-    if (const auto * c = std::get_if<bool ChatOptions::*>(&s.command_member))
-        return !(kChatDefaults.**c);
-    const auto * m = std::get_if<bool RunOptions::*>(&s.member);
-    return m != nullptr && !(kDefaults.**m);
+    auto flipped = [](auto m) {  // the opposite of the default of the row's options
+        using M = decltype(m);
+        if constexpr (std::is_same_v<M, std::monostate>) {
+            return false;
+        } else if constexpr (!std::is_same_v<typename MemberOf<M>::Value, bool>) {
+            return false;
+        } else {
+            static const typename MemberOf<M>::Class kDefaults{};
+            return !(kDefaults.*m);
+        }
+    };
+    return is_command_row(s) ? std::visit(flipped, s.command_member) : std::visit(flipped, s.member);
 }
 
 std::string setting_value_text(const Setting & s, const RunOptions & opt) {
@@ -908,6 +1055,22 @@ std::string setting_value_text(const Setting & s, const ServeOptions & opt) {
 }
 
 std::string setting_value_text(const Setting & s, const ChatOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const RunCmdOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ChatTemplateOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const SamplingParams & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const GenerateRequest & opt) {
     return value_text_of(s, opt);
 }
 
@@ -923,10 +1086,7 @@ std::string setting_range_text(const Setting & s) {
 }
 
 std::string setting_type_name(const Setting & s) {
-    if (std::holds_alternative<bool RunOptions::*>(s.member) ||
-        std::holds_alternative<bool ServeOptions::*>(s.command_member) ||
-        std::holds_alternative<bool ChatOptions::*>(s.command_member))
-        return "";
+    if (setting_holds<bool>(s)) return "";
     if (std::holds_alternative<std::monostate>(s.member) && !is_command_row(s)) return s.range;
     const NumKind k = num_kind(s);
     if (k == NumKind::kNone && is_command_row(s) && *s.choices) return s.choices;  // on|off|auto
@@ -1137,21 +1297,39 @@ std::string settings_markdown() {
                   " |\n";
         }
     }
-    // A command's own flags (Setting::command_member), one table per command.
-    for (const char * command : {"serve", "chat"}) {
-        const std::string type = command == std::string("serve") ? "ServeOptions" : "ChatOptions";
-        md += "\n### `" + std::string(command) + "`\n\n| Flag | " + type +
+    // A command's own flags (Setting::command_member), one table per options struct: its
+    // heading and the structs whose rows it lists (the first's names the field column; a row
+    // of another is named with its struct).
+    struct Table {
+        const char * heading;
+        std::vector<std::string> types;
+    };
+    const Table tables[] = {
+        {"`serve`", {"ServeOptions"}},
+        {"`chat`", {"ChatOptions"}},
+        {"Sampling (`run`, `chat`, `serve`)", {"SamplingParams", "GenerateRequest"}},
+        {"`run`", {"RunCmdOptions"}},
+        {"Chat template (`chat`, `serve`)", {"ChatTemplateOptions"}},
+    };
+    for (const Table & t : tables) {
+        const std::string & type = t.types[0];
+        md += "\n### " + std::string(t.heading) + "\n\n| Flag | " + type +
               " | Values | Default | What it does |\n|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {
-            if (!is_command_row(s) || !s.for_command(command)) continue;
+            const std::string cf = s.command_field;
+            const std::string of = cf.substr(0, cf.find("::"));
+            if (!is_command_row(s) ||
+                std::find(t.types.begin(), t.types.end(), of) == t.types.end())
+                continue;
             std::string values = setting_type_name(s);
             if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
-            const std::string field = std::string(s.command_field).substr(type.size() + 2);
+            const std::string field = of == type ? cf.substr(type.size() + 2) : cf;
             std::string flag = "`" + std::string(s.flags) + "`";
             if (*s.off_flags) flag += " / `" + std::string(s.off_flags) + "`";
             md += "| " + flag + " | `" + field + "` | " + md_cell(values) + " | " +
                   md_cell(s.dflt) + " | " + md_cell(s.doc) +
-                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") + " |\n";
+                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") +
+                  (*s.excludes ? std::string(" (not with ") + s.excludes + ")" : "") + " |\n";
         }
     }
     return md;

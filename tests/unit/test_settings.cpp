@@ -260,6 +260,18 @@ TEST(Settings, FlagValuesFollowTheRowsRange) {
     EXPECT_EQ(setting_type_name(*find_setting("miss_fallback")), "FILE");
 }
 
+namespace {
+// The row of `flag` (one of its names or off names) that `command` takes (nullptr: none).
+const Setting * find_command_flag(const std::string & command, const std::string & flag) {
+    for (const Setting & r : settings_registry())
+        for (const char * names : {r.flags, r.off_flags})
+            if (*names && ("," + std::string(names) + ",").find("," + flag + ",") != std::string::npos &&
+                r.for_command(command))
+                return &r;
+    return nullptr;
+}
+}  // namespace
+
 // Every row with a flag is an option of each command the row names (the CLI binds the
 // registry's rows); a row for one command is no other's. Control: `run`'s --route-trace is
 // not serve's.
@@ -287,11 +299,11 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
             for (std::string flag : {std::string(s.flags), std::string(s.off_flags)}) {
                 if (flag.empty()) continue;
                 flag = flag.substr(flag.rfind(',') + 1);  // the last spelling: its long name
-                // run binds its own -n and --escape pair (not rows yet), as chat's and
-                // serve's rows of those names are theirs only.
-                if ((flag == "--n-predict" || flag == "--escape" || flag == "--no-escape") &&
-                    !s.for_command(cmd))
-                    continue;
+                // Another row of this flag that this command takes (run's, chat's and serve's
+                // -n are three rows, each its command's only).
+                const Setting * own = find_command_flag(cmd, flag);
+                if (own != nullptr && own != &s) continue;
+                if (std::string(cmd) == "eval" && flag == "--file") continue;  // eval binds its -f
                 EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
             }
         }
@@ -461,40 +473,113 @@ static std::vector<std::string> help_flags(const std::string & help) {
 static std::vector<std::string> flags_without_row(const std::string & help, const char * command,
                                                   const std::set<std::string> & others) {
     std::vector<std::string> missing;
-    for (const std::string & f : help_flags(help)) {
-        const Setting * s = nullptr;
-        for (const Setting & r : settings_registry())
-            for (const char * names : {r.flags, r.off_flags})
-                if (*names && ("," + std::string(names) + ",").find("," + f + ",") != std::string::npos &&
-                    r.for_command(command))
-                    s = &r;
-        if (s == nullptr && others.count(f) == 0) missing.push_back(f);
-    }
+    for (const std::string & f : help_flags(help))
+        if (find_command_flag(command, f) == nullptr && others.count(f) == 0) missing.push_back(f);
     return missing;
 }
 
-// Every flag serve's and chat's --help lists is a registry row of that command, or one of a
-// short list of flags that are no setting (help, version, log level) or are bound by helpers
-// shared with run (the chat template, the sampling flags). Negative control: without that
-// list, the check names the shared flags.
-TEST(Settings, EveryServeAndChatFlagIsARow) {
+// Every flag run's, serve's and chat's --help lists is a registry row of that command (the
+// engine's, the command's own, the sampling flags, the chat template), or one of a short list
+// of flags that are no setting (help, version, log level). Negative controls: without that
+// list the check names them; a flag of another command's row (chat's --system-prompt) in
+// run's listing is named.
+TEST(Settings, EveryRunServeAndChatFlagIsARow) {
     using namespace moestream::test;
-    const std::set<std::string> not_settings = {
-        "-h", "--help", "--version", "-v", "--verbose",  // no setting
-        "--chat-template", "--chat-template-file",  // add_chat_template_flags (serve and chat)
-        "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
-        "--presence-penalty", "--frequency-penalty", "--ignore-eos", "-r",
-        "--reverse-prompt"};  // add_sampling_flags (run, chat and serve)
-    for (const char * cmd : {"serve", "chat"}) {
+    const std::set<std::string> not_settings = {"-h", "--help", "--version", "-v", "--verbose"};
+    for (const char * cmd : {"run", "serve", "chat"}) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << h.err;
         const std::vector<std::string> missing = flags_without_row(h.out, cmd, not_settings);
         EXPECT_TRUE(missing.empty()) << cmd << " " << missing.front();
         ASSERT_GE(help_flags(h.out).size(), 40u) << h.out;  // the listing was read
+        for (const char * shared : {"--top-k", "-r", "--ignore-eos"})  // the sampling rows
+            EXPECT_NE(find_command_flag(cmd, shared), nullptr) << cmd << " " << shared;
         const std::vector<std::string> control = flags_without_row(h.out, cmd, {});
-        EXPECT_NE(std::find(control.begin(), control.end(), "--chat-template"), control.end());
+        EXPECT_NE(std::find(control.begin(), control.end(), "--verbose"), control.end());
         EXPECT_EQ(std::find(control.begin(), control.end(), "-n"), control.end());
     }
+    const CmdResult run = run_cmd(sh_quote(cli_bin()) + " run --help");
+    const std::vector<std::string> foreign =
+        flags_without_row(run.out + "  --system-prompt TEXT\n", "run", not_settings);
+    EXPECT_EQ(foreign, std::vector<std::string>{"--system-prompt"});
+}
+
+// A row's `excludes` column: the CLI refuses its flag together with the one it names, with
+// CLI11's words, on every command that takes the pair; each names a row of the same options
+// and commands. Control: the second flag alone is not refused as a pair (the run then fails
+// on the missing model or file).
+TEST(Settings, ExcludesColumnRefusesThePair) {
+    using namespace moestream::test;
+    size_t pairs = 0;
+    for (const Setting & s : settings_registry()) {
+        if (!*s.excludes) continue;
+        const Setting * other = find_flag_setting(s.excludes);
+        ASSERT_NE(other, nullptr) << s.flags;
+        EXPECT_STREQ(other->commands, s.commands) << s.flags;
+        EXPECT_EQ(other->command_member.index(), s.command_member.index()) << s.flags;
+        ++pairs;
+    }
+    EXPECT_EQ(pairs, 5u);  // -f / -p, the system prompt, the grammar, the chat template, the key
+    const std::string bin = sh_quote(cli_bin()) + " ";
+    const std::string m = " -m /nonexistent/moestream-settings-model.gguf ";
+    struct Case {
+        const char * cmd, *a, *b, *message;
+    };
+    for (const Case & c : {Case{"run", "-p x", "-f /nonexistent/p.txt", "--prompt excludes --file"},
+                           Case{"chat", "--system-prompt x", "--system-prompt-file /nonexistent/s",
+                                "--system-prompt excludes --system-prompt-file"},
+                           Case{"chat", "--grammar x", "--grammar-file /nonexistent/g",
+                                "--grammar excludes --grammar-file"},
+                           Case{"serve", "--chat-template chatml", "--chat-template-file /nonexistent/t",
+                                "--chat-template excludes --chat-template-file"},
+                           Case{"serve", "--api-key k", "--api-key-file /nonexistent/k",
+                                "--api-key excludes --api-key-file"}}) {
+        const CmdResult both = run_cmd(bin + c.cmd + m + c.a + " " + c.b + " 2>&1");
+        EXPECT_EQ(both.exit_code, 64) << c.cmd << both.out;
+        EXPECT_NE(both.out.find(c.message), std::string::npos) << both.out;
+        const CmdResult one = run_cmd(bin + c.cmd + m + c.b + " 2>&1 </dev/null");
+        EXPECT_EQ(one.out.find("excludes"), std::string::npos) << one.out;
+    }
+}
+
+namespace {
+// The row refuses `bad` with `why`, the field keeping its value, then sets it from `good`.
+template <class O>
+void expect_refuses_then_sets(const Setting & s, O * o, const std::string & bad,
+                              const std::string & why, const std::string & good) {
+    const std::string before = setting_value_text(s, *o);
+    EXPECT_EQ(check_setting_text(s, bad), why);
+    EXPECT_FALSE(set_setting_text(s, bad, o));
+    EXPECT_EQ(setting_value_text(s, *o), before);
+    EXPECT_TRUE(set_setting_text(s, good, o));
+    EXPECT_EQ(setting_value_text(s, *o), good);
+}
+}  // namespace
+
+// A sampling row sets its SamplingParams field and refuses a value outside its range with the
+// registry's words; -r's row adds each value to GenerateRequest::stop; a run row's default is
+// run's (-p, -n). Control: a refused value leaves the field unchanged.
+TEST(Settings, SamplingAndRunRowsSetTheirFields) {
+    const Setting * top_p = find_flag_setting("--top-p");
+    ASSERT_NE(top_p, nullptr);
+    SamplingParams sp;
+    EXPECT_EQ(setting_value_text(*top_p, sp), "1");
+    expect_refuses_then_sets(*top_p, &sp, "0", "0 is not in (0, 1]", "0.5");
+    EXPECT_FLOAT_EQ(sp.top_p, 0.5f);
+    EXPECT_TRUE(setting_flag_value(*find_flag_setting("--ignore-eos")));
+    const Setting * stop = find_flag_setting("--reverse-prompt");
+    ASSERT_NE(stop, nullptr);
+    GenerateRequest req;
+    EXPECT_TRUE(set_setting_text(*stop, "User:", &req));
+    EXPECT_TRUE(set_setting_text(*stop, "###", &req));
+    EXPECT_EQ(req.stop, (std::vector<std::string>{"User:", "###"}));
+    RunCmdOptions ro;
+    const Setting * n = find_command_flag("run", "-n");
+    ASSERT_NE(n, nullptr);
+    EXPECT_STREQ(n->command_field, "RunCmdOptions::n_predict");
+    EXPECT_EQ(setting_value_text(*n, ro), "64");
+    EXPECT_EQ(check_setting_text(*n, "-2"), "-2 is not in -1..16777216");
+    EXPECT_EQ(setting_value_text(*find_command_flag("run", "-p"), ro), "Once upon a time");
 }
 
 // A serve row sets its ServeOptions field from the flag's text and refuses a value outside
@@ -505,10 +590,7 @@ TEST(Settings, ServeRowSetsItsField) {
     ASSERT_NE(port, nullptr);
     ServeOptions so;
     EXPECT_EQ(setting_value_text(*port, so), "8080");
-    EXPECT_EQ(check_setting_text(*port, "70000"), "70000 is not in 0..65535");
-    EXPECT_FALSE(set_setting_text(*port, "70000", &so));
-    EXPECT_EQ(so.port, 8080);
-    EXPECT_TRUE(set_setting_text(*port, "9000", &so));
+    expect_refuses_then_sets(*port, &so, "70000", "70000 is not in 0..65535", "9000");
     EXPECT_EQ(so.port, 9000);
     const Setting * webui = find_flag_setting("--no-webui");
     ASSERT_NE(webui, nullptr);
