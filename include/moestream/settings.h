@@ -17,7 +17,8 @@
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
-// a row's `choices` lists (or, without choices, a value of the field's type).
+// a row's `choices` lists (or, without choices, a value of the field's type); a row's
+// `excludes` names a flag of a row of the same options and commands.
 // Thread-safety: the registry is immutable; apply_env_overlay reads the process environment
 // (not safe against a concurrent setenv).
 #pragma once
