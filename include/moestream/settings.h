@@ -18,7 +18,7 @@
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
 // a row's `choices` lists (or, without choices, a value of the field's type); a row's
-// `excludes` names a flag of a row of the same options and commands.
+// `excludes` names a flag of a row that every command of the row takes.
 // Thread-safety: the registry is immutable; apply_env_overlay reads the process environment
 // (not safe against a concurrent setenv).
 #pragma once
@@ -168,8 +168,9 @@ struct Setting {
     // member and its name ("ServeOptions::port"); bound, checked and set like a field's row.
     CommandField command_member = {};
     const char * command_field = "";
-    // The long flag of another row of the same options that this flag cannot be given with
-    // ("--system-prompt" for --system-prompt-file): the CLI refuses the two together ("" = none).
+    // The long flag of another row that this flag cannot be given with ("--system-prompt" for
+    // --system-prompt-file; serve's --lossless: "--drop-cold-experts"): the CLI refuses the two
+    // together on every command that takes both ("" = none).
     const char * excludes = "";
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).

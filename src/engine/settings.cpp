@@ -201,7 +201,8 @@ const std::vector<Setting> kSettings = {
      .dflt = "the app's lossy defaults", .cls = C::kProduction,
      .doc = "start without the app's lossy defaults",
      .key = "", .range = "", .commands = "serve", .traits = 0,
-     .command_member = &S::lossless, .command_field = "ServeOptions::lossless"},
+     .command_member = &S::lossless, .command_field = "ServeOptions::lossless",
+     .excludes = "--drop-cold-experts"},
     // --- chat's own flags (ChatOptions) ---
     {.field = "", .member = {}, .flags = "--system-prompt", .env = "", .choices = "", .env_inverted = false,
      .dflt = "none", .cls = C::kProduction,

@@ -456,6 +456,21 @@ void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
 
 }  // namespace
 
+namespace {
+// Each row `sub` takes whose `excludes` names a flag `sub` has bound so far: the two exclude
+// each other (CLI11: "--file excludes --prompt"). Called after each group of flags is bound,
+// so that a pair across groups (serve's --lossless, the engine's --drop-cold-experts) is
+// wired once both are.
+void wire_excludes(CLI::App * sub) {
+    for (const Setting & s : settings_registry()) {
+        if (!*s.excludes || !*s.flags || !s.for_command(sub->get_name())) continue;
+        CLI::Option * a = sub->get_option_no_throw(long_flag(s.flags));
+        CLI::Option * b = sub->get_option_no_throw(s.excludes);
+        if (a != nullptr && b != nullptr) a->excludes(b);
+    }
+}
+}  // namespace
+
 void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     opt->n_threads = default_threads();
     opt->n_ctx = 0;
@@ -464,14 +479,14 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
         if (*s.flags && *s.field && s.for_command(sub->get_name())) bind_setting(sub, s, opt);
     // A combination rule of the flags: the cache's size needs the cache.
     sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
+    wire_excludes(sub);
 }
 
 namespace {
-// Every row of options O (a command's own) that the command `sub` takes; then each of them
-// with an `excludes` column excludes that flag (CLI11: "--file excludes --prompt").
+// Every row of options O (a command's own) that the command `sub` takes; then the pairs of
+// the `excludes` column whose two flags are bound.
 template <class O>
 void add_command_flags(CLI::App * sub, O * opt) {
-    std::vector<const Setting *> bound;
     for (const Setting & s : settings_registry()) {
         const bool of_o = std::visit(
             [](auto m) {
@@ -481,14 +496,9 @@ void add_command_flags(CLI::App * sub, O * opt) {
                     return std::is_same_v<typename MemberOf<decltype(m)>::Class, O>;
             },
             s.command_member);
-        if (of_o && *s.flags && s.for_command(sub->get_name())) {
-            bind_setting(sub, s, opt);
-            bound.push_back(&s);
-        }
+        if (of_o && *s.flags && s.for_command(sub->get_name())) bind_setting(sub, s, opt);
     }
-    for (const Setting * s : bound)
-        if (*s->excludes)
-            sub->get_option(long_flag(s->flags))->excludes(sub->get_option(s->excludes));
+    wire_excludes(sub);
 }
 }  // namespace
 

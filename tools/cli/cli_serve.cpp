@@ -111,9 +111,6 @@ void add_serve_command(CLI::App & app, Action * action) {
             // Without -c the server uses the model's context (capped by memory), as
             // llama-server does; `run` keeps its fixed default.
             if (sub->get_option("-c")->count() == 0) cfg.run.n_ctx = 0;
-            if (cfg.drop_cold_explicit && so.lossless) {
-                return usage_error("serve", "--lossless and --drop-cold-experts contradict");
-            }
             if (cfg.run.substitute > 0 && so.lossless)
                 return usage_error("serve", "--lossless and --substitute-experts contradict");
             cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
