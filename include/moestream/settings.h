@@ -9,14 +9,17 @@
 // run / chat / eval / serve, Engine::lossy(), every registry key of the `settings` JSON
 // (src/engine/settings_report.h), the environment overlay (apply_env_overlay) and the settings
 // tables of docs/cli.md (settings_markdown; a test fails when the doc and the registry differ).
-// The flags of serve, chat, eval, inspect, make-fallback, synth and replay beyond the engine's
-// are rows too, of ServeOptions / ChatOptions / EvalOptions / InspectOptions / FallbackOptions
-// / SynthCommandOptions / ReplayOptions
-// (Setting::command_member): bound, checked, shown in --help and tabled the same way.
+// The flags of serve, chat, run, eval, inspect, make-fallback, synth and replay beyond the
+// engine's are rows too, of ServeOptions / ChatOptions / RunCmdOptions / EvalOptions /
+// InspectOptions / FallbackOptions / SynthCommandOptions / ReplayOptions, as are the chat
+// template's (ChatTemplateOptions) and the sampling flags (SamplingParams,
+// GenerateRequest::stop) (Setting::command_member): bound, checked, shown in --help and tabled
+// the same way; a pair of flags that exclude each other is a column (Setting::excludes).
 //
 // Invariants: field names are unique; a row with a field has a value accessor of the field's
 // type; an environment name is set by exactly one row; the env overlay parses only the values
-// a row's `choices` lists (or, without choices, a value of the field's type).
+// a row's `choices` lists (or, without choices, a value of the field's type); a row's
+// `excludes` names a flag of a row that every command of the row takes.
 // Thread-safety: the registry is immutable; apply_env_overlay reads the process environment
 // (not safe against a concurrent setenv).
 #pragma once
@@ -24,6 +27,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <variant>
 #include <vector>
 
@@ -82,6 +86,27 @@ struct ChatOptions {
     bool verbose_prompt = false;     // --verbose-prompt
 };
 
+// The flags of `moestream run` beyond the engine's and the sampling's: plain values, each a
+// registry row (Setting::command_member). The defaults are the flags' defaults.
+struct RunCmdOptions {
+    std::string prompt = "Once upon a time";  // -p: completed as is (no chat template)
+    std::string prompt_file;    // -f: the prompt's file; "-" = stdin ("" = none: -p)
+    int n_predict = 64;         // -n: tokens to generate; -1 = until the context is full
+    bool escape = true;         // -e,--escape / --no-escape: escapes in -p and -r
+    bool display_prompt = false;  // --display-prompt / --no-display-prompt
+    std::string stats_json;     // --stats-json: FILE of the run's figures ("" = none)
+    std::string stats_csv;      // --stats-csv: FILE of one row per decoded token ("" = none)
+    std::string dump_logits;    // --dump-logits: FILE of the last logits ("" = none)
+};
+
+// --chat-template / --chat-template-file of chat and serve: the template used instead of the
+// model's. The defaults are the flags' defaults (the model's own template).
+struct ChatTemplateOptions {
+    std::string value;  // --chat-template: the name chatml, a file, or Jinja text ("" = none)
+    std::string file;   // --chat-template-file: FILE of Jinja text ("" = none)
+};
+// The sampling flags of run, chat and serve beyond the engine's --temp / --seed are rows of
+// the library's SamplingParams (moestream.h), and -r of GenerateRequest::stop.
 // The flags of `moestream eval` beyond the engine's: plain values, each a registry row
 // (Setting::command_member). The defaults are the flags' defaults.
 struct EvalOptions {
@@ -140,7 +165,11 @@ struct ReplayOptions {
 using CommandField =
     std::variant<std::monostate, int ServeOptions::*, int64_t ServeOptions::*,
                  bool ServeOptions::*, std::string ServeOptions::*, int ChatOptions::*,
-                 bool ChatOptions::*, std::string ChatOptions::*, int EvalOptions::*,
+                 bool ChatOptions::*, std::string ChatOptions::*, int RunCmdOptions::*,
+                 bool RunCmdOptions::*, std::string RunCmdOptions::*,
+                 std::string ChatTemplateOptions::*, int SamplingParams::*,
+                 float SamplingParams::*, bool SamplingParams::*,
+                 std::vector<std::string> GenerateRequest::*, int EvalOptions::*,
                  bool EvalOptions::*, std::string EvalOptions::*, bool InspectOptions::*,
                  int FallbackOptions::*, std::string FallbackOptions::*,
                  std::string SynthCommandOptions::*, uint64_t SynthCommandOptions::*,
@@ -200,12 +229,28 @@ struct Setting {
     // member and its name ("ServeOptions::port"); bound, checked and set like a field's row.
     CommandField command_member = {};
     const char * command_field = "";
+    // The long flag of another row that this flag cannot be given with ("--system-prompt" for
+    // --system-prompt-file; serve's --lossless: "--drop-cold-experts"): the CLI refuses the two
+    // together on every command that takes both ("" = none).
+    const char * excludes = "";
     // The flag a message names for this field: its short name (-c), else its first long name
     // ("" = none).
     std::string flag() const;
     // Whether `command` takes this row's flag (the commands column).
     bool for_command(std::string_view command) const;
 };
+
+// Whether the row's field (its RunOptions member or its command member) is of type V.
+template <class V>
+bool setting_holds(const Setting & s) {
+    auto is = [](auto m) {
+        if constexpr (std::is_same_v<decltype(m), std::monostate>)
+            return false;
+        else
+            return std::is_same_v<typename MemberOf<decltype(m)>::Value, V>;
+    };
+    return std::visit(is, s.member) || std::visit(is, s.command_member);
+}
 
 // Every row, in the order docs/cli.md lists them.
 const std::vector<Setting> & settings_registry();
@@ -231,6 +276,11 @@ bool set_setting_text(const Setting & s, const std::string & text, RunOptions * 
 // The same for a row of a command's own options (Setting::command_member).
 bool set_setting_text(const Setting & s, const std::string & text, ServeOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, ChatOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, RunCmdOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, ChatTemplateOptions * opt);
+bool set_setting_text(const Setting & s, const std::string & text, SamplingParams * opt);
+// GenerateRequest::stop (-r): each value is added to the list.
+bool set_setting_text(const Setting & s, const std::string & text, GenerateRequest * opt);
 bool set_setting_text(const Setting & s, const std::string & text, EvalOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, InspectOptions * opt);
 bool set_setting_text(const Setting & s, const std::string & text, FallbackOptions * opt);
@@ -244,6 +294,10 @@ bool setting_flag_value(const Setting & s);
 std::string setting_value_text(const Setting & s, const RunOptions & opt);
 std::string setting_value_text(const Setting & s, const ServeOptions & opt);
 std::string setting_value_text(const Setting & s, const ChatOptions & opt);
+std::string setting_value_text(const Setting & s, const RunCmdOptions & opt);
+std::string setting_value_text(const Setting & s, const ChatTemplateOptions & opt);
+std::string setting_value_text(const Setting & s, const SamplingParams & opt);
+std::string setting_value_text(const Setting & s, const GenerateRequest & opt);  // -r: ' '-joined
 std::string setting_value_text(const Setting & s, const EvalOptions & opt);
 std::string setting_value_text(const Setting & s, const InspectOptions & opt);
 std::string setting_value_text(const Setting & s, const FallbackOptions & opt);

@@ -30,6 +30,10 @@ using In = InspectOptions;
 using Fb = FallbackOptions;
 using Sy = SynthCommandOptions;
 using Rp = ReplayOptions;
+using P = SamplingParams;
+using G = GenerateRequest;
+using U = RunCmdOptions;
+using T = ChatTemplateOptions;
 
 // --seed -1: a random seed (Setting::draw).
 std::string draw_seed(const std::string & text, std::string * note) {
@@ -186,7 +190,8 @@ const std::vector<Setting> kSettings = {
      .dflt = "none", .cls = C::kProduction,
      .doc = "read the API key from the first line of this file (not shown by `ps`)",
      .key = "", .range = "", .commands = "serve", .traits = 0,
-     .command_member = &S::api_key_file, .command_field = "ServeOptions::api_key_file"},
+     .command_member = &S::api_key_file, .command_field = "ServeOptions::api_key_file",
+     .excludes = "--api-key"},
     {.field = "", .member = {}, .flags = "--alias", .env = "", .choices = "", .env_inverted = false,
      .dflt = "the file's name", .cls = C::kProduction,
      .doc = "the model's name in the API (/v1/models, `model` of replies; default: the file's name)",
@@ -201,7 +206,8 @@ const std::vector<Setting> kSettings = {
      .dflt = "the app's lossy defaults", .cls = C::kProduction,
      .doc = "start without the app's lossy defaults",
      .key = "", .range = "", .commands = "serve", .traits = 0,
-     .command_member = &S::lossless, .command_field = "ServeOptions::lossless"},
+     .command_member = &S::lossless, .command_field = "ServeOptions::lossless",
+     .excludes = "--drop-cold-experts"},
     // --- chat's own flags (ChatOptions) ---
     {.field = "", .member = {}, .flags = "--system-prompt", .env = "", .choices = "", .env_inverted = false,
      .dflt = "none", .cls = C::kProduction,
@@ -212,7 +218,8 @@ const std::vector<Setting> kSettings = {
      .dflt = "none", .cls = C::kProduction,
      .doc = "read the system prompt from a file (-sysf)",
      .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
-     .off_doc = "", .command_member = &H::system_prompt_file, .command_field = "ChatOptions::system_prompt_file"},
+     .off_doc = "", .command_member = &H::system_prompt_file, .command_field = "ChatOptions::system_prompt_file",
+     .excludes = "--system-prompt"},
     {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
      .dflt = "-1", .cls = C::kProduction,
      .doc = "tokens per reply at most; -1 = until end-of-generation or the context is full",
@@ -252,12 +259,116 @@ const std::vector<Setting> kSettings = {
      .dflt = "none", .cls = C::kProduction,
      .doc = "read the --grammar from a file",
      .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
-     .off_doc = "", .command_member = &H::grammar_file, .command_field = "ChatOptions::grammar_file"},
+     .off_doc = "", .command_member = &H::grammar_file, .command_field = "ChatOptions::grammar_file",
+     .excludes = "--grammar"},
     {.field = "", .member = {}, .flags = "--verbose-prompt", .env = "", .choices = "", .env_inverted = false,
      .dflt = "off", .cls = C::kProduction,
      .doc = "print each turn's rendered prompt on stderr before its reply",
      .key = "", .range = "", .commands = "chat", .traits = 0, .off_flags = "",
      .off_doc = "", .command_member = &H::verbose_prompt, .command_field = "ChatOptions::verbose_prompt"},
+    // --- the sampling flags of run, chat and serve (SamplingParams; -r: GenerateRequest) ---
+    {.field = "", .member = {}, .flags = "--top-k", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "with --temp > 0: keep the K likeliest tokens; 0 = off",
+     .key = "", .range = "0..1048576", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::top_k, .command_field = "SamplingParams::top_k"},
+    {.field = "", .member = {}, .flags = "--top-p", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1", .cls = C::kProduction,
+     .doc = "with --temp > 0: nucleus sampling; 1 = off",
+     .key = "", .range = "(0..1", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::top_p, .command_field = "SamplingParams::top_p"},
+    {.field = "", .member = {}, .flags = "--min-p", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off",
+     .key = "", .range = "0..1", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::min_p, .command_field = "SamplingParams::min_p"},
+    {.field = "", .member = {}, .flags = "--repeat-penalty", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "1", .cls = C::kProduction,
+     .doc = "divide the logits of recent tokens by this (greedy too); 1 = off",
+     .key = "", .range = "(0..100", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::repeat_penalty, .command_field = "SamplingParams::repeat_penalty"},
+    {.field = "", .member = {}, .flags = "--repeat-last-n", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "64", .cls = C::kProduction,
+     .doc = "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context",
+     .key = "", .range = "-1..4194304", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::repeat_last_n, .command_field = "SamplingParams::repeat_last_n"},
+    {.field = "", .member = {}, .flags = "--presence-penalty", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "subtract this once from every recent token's logit; 0 = off",
+     .key = "", .range = "-2..2", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::presence_penalty, .command_field = "SamplingParams::presence_penalty"},
+    {.field = "", .member = {}, .flags = "--frequency-penalty", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "0", .cls = C::kProduction,
+     .doc = "subtract this x its count from every recent token's logit; 0 = off",
+     .key = "", .range = "-2..2", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::frequency_penalty, .command_field = "SamplingParams::frequency_penalty"},
+    {.field = "", .member = {}, .flags = "--ignore-eos", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "never stop at an end-of-generation token",
+     .key = "", .range = "", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &P::ignore_eos, .command_field = "SamplingParams::ignore_eos"},
+    {.field = "", .member = {}, .flags = "-r,--reverse-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "stop when the text contains this (not printed); repeatable",
+     .key = "", .range = "", .commands = "run|chat|serve", .traits = 0,
+     .command_member = &G::stop, .command_field = "GenerateRequest::stop"},
+    // --- run's own flags (RunCmdOptions) ---
+    {.field = "", .member = {}, .flags = "-p,--prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "Once upon a time", .cls = C::kProduction,
+     .doc = "prompt text, completed as is (no chat template)",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::prompt, .command_field = "RunCmdOptions::prompt"},
+    {.field = "", .member = {}, .flags = "-f,--file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the prompt from a file; - = stdin",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::prompt_file, .command_field = "RunCmdOptions::prompt_file",
+     .excludes = "--prompt"},
+    {.field = "", .member = {}, .flags = "-n,--n-predict", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "64", .cls = C::kProduction,
+     .doc = "tokens to generate; -1 = until the context is full",
+     .key = "", .range = "-1..16777216", .commands = "run", .traits = 0,
+     .command_member = &U::n_predict, .command_field = "RunCmdOptions::n_predict"},
+    {.field = "", .member = {}, .flags = "-e,--escape", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "on", .cls = C::kProduction,
+     .doc = "process escapes in -p (\\n \\t \\\\ \\xHH ...; the default)",
+     .key = "", .range = "", .commands = "run", .traits = 0, .off_flags = "--no-escape",
+     .off_doc = "take -p literally", .command_member = &U::escape,
+     .command_field = "RunCmdOptions::escape"},
+    {.field = "", .member = {}, .flags = "--display-prompt", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "off", .cls = C::kProduction,
+     .doc = "print the prompt before the generated text",
+     .key = "", .range = "", .commands = "run", .traits = 0, .off_flags = "--no-display-prompt",
+     .off_doc = "print only the generated text (the default)", .command_member = &U::display_prompt,
+     .command_field = "RunCmdOptions::display_prompt"},
+    {.field = "", .member = {}, .flags = "--stats-json", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write the run's figures as one JSON object",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::stats_json, .command_field = "RunCmdOptions::stats_json"},
+    {.field = "", .member = {}, .flags = "--stats-csv", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write one row per decoded token",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::stats_csv, .command_field = "RunCmdOptions::stats_csv"},
+    {.field = "", .member = {}, .flags = "--dump-logits", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "write the last step's logits (raw float32)",
+     .key = "", .range = "", .commands = "run", .traits = 0,
+     .command_member = &U::dump_logits, .command_field = "RunCmdOptions::dump_logits"},
+    // --- the chat template of chat and serve (ChatTemplateOptions) ---
+    {.field = "", .member = {}, .flags = "--chat-template", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "the model's", .cls = C::kProduction,
+     .doc = "use this chat template instead of the model's: the name chatml, a file, or the Jinja "
+            "text itself",
+     .key = "", .range = "", .commands = "chat|serve", .traits = 0,
+     .command_member = &T::value, .command_field = "ChatTemplateOptions::value"},
+    {.field = "", .member = {}, .flags = "--chat-template-file", .env = "", .choices = "", .env_inverted = false,
+     .dflt = "none", .cls = C::kProduction,
+     .doc = "read the chat template (Jinja) from a file instead of the model's",
+     .key = "", .range = "", .commands = "chat|serve", .traits = 0,
+     .command_member = &T::file, .command_field = "ChatTemplateOptions::file",
+     .excludes = "--chat-template"},
     {"",
      {},
      "",
@@ -833,14 +944,19 @@ std::string value_text(const Setting & s, const O & o) {
             } else {
                 const auto & v = o.*m;
                 using V = std::decay_t<decltype(v)>;
-                if constexpr (std::is_same_v<V, std::string>)
+                if constexpr (std::is_same_v<V, std::string>) {
                     return v;
-                else if constexpr (std::is_same_v<V, bool>)
+                } else if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+                    std::string all;  // a repeatable flag's values (-r)
+                    for (const std::string & x : v) all += (all.empty() ? "" : " ") + x;
+                    return all;
+                } else if constexpr (std::is_same_v<V, bool>) {
                     return v ? "1" : "0";
-                else if constexpr (std::is_floating_point_v<V>)
+                } else if constexpr (std::is_floating_point_v<V>) {
                     return num_text(double(v));
-                else
+                } else {
                     return std::to_string(v);
+                }
             }
         });
 }
@@ -860,6 +976,9 @@ bool set_from_text(const Setting & s, const std::string & t, O * o) {
                 using V = std::decay_t<decltype(v)>;
                 if constexpr (std::is_same_v<V, std::string>) {
                     v = t;
+                    return true;
+                } else if constexpr (std::is_same_v<V, std::vector<std::string>>) {
+                    v.push_back(t);  // a repeatable flag: each value is one more
                     return true;
                 } else if constexpr (std::is_same_v<V, bool>) {
                     if (t != "0" && t != "1") return false;
@@ -1162,6 +1281,21 @@ bool set_setting_text(const Setting & s, const std::string & t, SynthCommandOpti
 bool set_setting_text(const Setting & s, const std::string & t, ReplayOptions * opt) {
     return set_text(s, t, opt, nullptr);
 }
+bool set_setting_text(const Setting & s, const std::string & t, RunCmdOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, ChatTemplateOptions * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, SamplingParams * opt) {
+    return set_text(s, t, opt, nullptr);
+}
+
+bool set_setting_text(const Setting & s, const std::string & t, GenerateRequest * opt) {
+    return set_text(s, t, opt, nullptr);
+}
 
 bool setting_flag_value(const Setting & s) {
     return is_bool_row(s) &&
@@ -1197,6 +1331,21 @@ std::string setting_value_text(const Setting & s, const SynthCommandOptions & op
 }
 
 std::string setting_value_text(const Setting & s, const ReplayOptions & opt) {
+    return value_text_of(s, opt);
+}
+std::string setting_value_text(const Setting & s, const RunCmdOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const ChatTemplateOptions & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const SamplingParams & opt) {
+    return value_text_of(s, opt);
+}
+
+std::string setting_value_text(const Setting & s, const GenerateRequest & opt) {
     return value_text_of(s, opt);
 }
 
@@ -1423,24 +1572,44 @@ std::string settings_markdown() {
                   " |\n";
         }
     }
-    // A command's own flags (Setting::command_member), one table per command.
-    for (const char * command : {"serve", "chat", "eval", "inspect", "make-fallback", "synth", "replay"}) {
-        std::string type;  // the options' name: its rows' command_field before "::"
-        for (const Setting & s : kSettings)
-            if (is_command_row(s) && s.for_command(command) && type.empty())
-                type = std::string(s.command_field).substr(0, std::string(s.command_field).find("::"));
-        md += "\n### `" + std::string(command) + "`\n\n| Flag | " + type +
+    // A command's own flags (Setting::command_member), one table per options struct: its
+    // heading and the structs whose rows it lists (the first's names the field column; a row
+    // of another is named with its struct).
+    struct Table {
+        const char * heading;
+        std::vector<std::string> types;
+    };
+    const Table tables[] = {
+        {"`serve`", {"ServeOptions"}},
+        {"`chat`", {"ChatOptions"}},
+        {"Sampling (`run`, `chat`, `serve`)", {"SamplingParams", "GenerateRequest"}},
+        {"`run`", {"RunCmdOptions"}},
+        {"Chat template (`chat`, `serve`)", {"ChatTemplateOptions"}},
+        {"`eval`", {"EvalOptions"}},
+        {"`inspect`", {"InspectOptions"}},
+        {"`make-fallback`", {"FallbackOptions"}},
+        {"`synth`", {"SynthCommandOptions"}},
+        {"`replay`", {"ReplayOptions"}},
+    };
+    for (const Table & t : tables) {
+        const std::string & type = t.types[0];
+        md += "\n### " + std::string(t.heading) + "\n\n| Flag | " + type +
               " | Values | Default | What it does |\n|---|---|---|---|---|\n";
         for (const Setting & s : kSettings) {
-            if (!is_command_row(s) || !s.for_command(command)) continue;
+            const std::string cf = s.command_field;
+            const std::string of = cf.substr(0, cf.find("::"));
+            if (!is_command_row(s) ||
+                std::find(t.types.begin(), t.types.end(), of) == t.types.end())
+                continue;
             std::string values = setting_type_name(s);
             if (const std::string r = setting_range_text(s); !r.empty()) values += ": " + r;
-            const std::string field = std::string(s.command_field).substr(type.size() + 2);
+            const std::string field = of == type ? cf.substr(type.size() + 2) : cf;
             std::string flag = "`" + std::string(s.flags) + "`";
             if (*s.off_flags) flag += " / `" + std::string(s.off_flags) + "`";
             md += "| " + flag + " | `" + field + "` | " + md_cell(values) + " | " +
                   md_cell(s.dflt) + " | " + md_cell(s.doc) +
-                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") + " |\n";
+                  (*s.off_flags ? std::string("; ") + s.off_flags + ": " + s.off_doc : "") +
+                  (*s.excludes ? std::string(" (not with ") + s.excludes + ")" : "") + " |\n";
         }
     }
     return md;

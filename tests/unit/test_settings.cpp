@@ -260,6 +260,18 @@ TEST(Settings, FlagValuesFollowTheRowsRange) {
     EXPECT_EQ(setting_type_name(*find_setting("miss_fallback")), "FILE");
 }
 
+namespace {
+// The row of `flag` (one of its names or off names) that `command` takes (nullptr: none).
+const Setting * find_command_flag(const std::string & command, const std::string & flag) {
+    for (const Setting & r : settings_registry())
+        for (const char * names : {r.flags, r.off_flags})
+            if (*names && ("," + std::string(names) + ",").find("," + flag + ",") != std::string::npos &&
+                r.for_command(command))
+                return &r;
+    return nullptr;
+}
+}  // namespace
+
 // Every row with a flag is an option of each command the row names (the CLI binds the
 // registry's rows); a row for one command is no other's. Control: `run`'s --route-trace is
 // not serve's.
@@ -279,16 +291,6 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
         }
         return false;
     };
-    // Whether a row of `cmd` has the flag name (several commands' rows share a name: --json,
-    // make-fallback's -m and -t).
-    auto has_row = [](const std::string & flag, const char * cmd) {
-        for (const Setting & r : settings_registry())
-            for (const char * names : {r.flags, r.off_flags})
-                if (*names && r.for_command(cmd) &&
-                    ("," + std::string(names)).find("," + flag) != std::string::npos)
-                    return true;
-        return false;
-    };
     for (const char * cmd :
          {"run", "chat", "eval", "serve", "inspect", "make-fallback", "synth", "replay"}) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
@@ -298,13 +300,11 @@ TEST(Settings, EveryRowsFlagIsBoundOnItsCommands) {
             for (std::string flag : {std::string(s.flags), std::string(s.off_flags)}) {
                 if (flag.empty()) continue;
                 flag = flag.substr(flag.rfind(',') + 1);  // the last spelling: its long name
-                // run binds its own -n, -f and --escape pair (not rows yet), as chat's,
-                // serve's and eval's rows of those names are theirs only.
-                if ((flag == "--n-predict" || flag == "--escape" || flag == "--no-escape" ||
-                     flag == "--file") &&
-                    !s.for_command(cmd))
-                    continue;
-                if (!s.for_command(cmd) && has_row(flag, cmd)) continue;  // the other row's
+                // Another row of this flag that this command takes (run's, chat's and serve's
+                // -n are three rows, each its command's only).
+                const Setting * own = find_command_flag(cmd, flag);
+                if (own != nullptr && own != &s) continue;
+                if (std::string(cmd) == "eval" && flag == "--file") continue;  // eval binds its -f
                 EXPECT_EQ(lists(h.out, flag), s.for_command(cmd)) << cmd << " " << flag;
             }
         }
@@ -476,34 +476,23 @@ static std::vector<std::string> help_flags(const std::string & help) {
 static std::vector<std::string> flags_without_row(const std::string & help, const char * command,
                                                   const std::set<std::string> & others) {
     std::vector<std::string> missing;
-    for (const std::string & f : help_flags(help)) {
-        const Setting * s = nullptr;
-        for (const Setting & r : settings_registry())
-            for (const char * names : {r.flags, r.off_flags})
-                if (*names && ("," + std::string(names) + ",").find("," + f + ",") != std::string::npos &&
-                    r.for_command(command))
-                    s = &r;
-        if (s == nullptr && others.count(f) == 0) missing.push_back(f);
-    }
+    for (const std::string & f : help_flags(help))
+        if (find_command_flag(command, f) == nullptr && others.count(f) == 0) missing.push_back(f);
     return missing;
 }
 
-// Every flag each command's --help lists is a registry row of that command, or one of a
-// short list of flags that are no setting (help, version, log level) or are bound by helpers
-// shared with run (the chat template, the sampling flags). Negative controls: without that
-// list, the check names the shared flags; make-fallback's flags are no rows of synth's.
+// Every flag each command's --help lists is a registry row of that command (the engine's, the
+// command's own, the sampling flags, the chat template), or one of a short list of flags that
+// are no setting (help, version, log level). Negative controls: without that list the check
+// names them; make-fallback's flags are no rows of synth's; a flag of another command's row
+// (chat's --system-prompt) in run's listing is named.
 TEST(Settings, EveryCommandFlagIsARow) {
     using namespace moestream::test;
-    const std::set<std::string> not_settings = {
-        "-h", "--help", "--version", "-v", "--verbose",  // no setting
-        "--chat-template", "--chat-template-file",  // add_chat_template_flags (serve and chat)
-        "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--repeat-last-n",
-        "--presence-penalty", "--frequency-penalty", "--ignore-eos", "-r",
-        "--reverse-prompt"};  // add_sampling_flags (run, chat and serve)
+    const std::set<std::string> not_settings = {"-h", "--help", "--version", "-v", "--verbose"};
     // The command and how many flags its --help lists at least (the listing was read).
     const std::pair<const char *, size_t> commands[] = {
-        {"serve", 40}, {"chat", 40}, {"eval", 40}, {"inspect", 30}, {"make-fallback", 8},
-        {"synth", 14}, {"replay", 16}};
+        {"run", 40},  {"serve", 40},        {"chat", 40},  {"eval", 40},
+        {"inspect", 30}, {"make-fallback", 8}, {"synth", 14}, {"replay", 16}};
     for (const auto & [cmd, at_least] : commands) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
         ASSERT_EQ(h.exit_code, 0) << h.err;
@@ -513,16 +502,105 @@ TEST(Settings, EveryCommandFlagIsARow) {
         const std::vector<std::string> control = flags_without_row(h.out, cmd, {});
         EXPECT_NE(std::find(control.begin(), control.end(), "--help"), control.end()) << cmd;
     }
-    for (const char * cmd : {"serve", "chat"}) {
+    for (const char * cmd : {"run", "serve", "chat"}) {
         const CmdResult h = run_cmd(sh_quote(cli_bin()) + " " + cmd + " --help");
+        for (const char * shared : {"--top-k", "-r", "--ignore-eos"})  // the sampling rows
+            EXPECT_NE(find_command_flag(cmd, shared), nullptr) << cmd << " " << shared;
         const std::vector<std::string> control = flags_without_row(h.out, cmd, {});
-        EXPECT_NE(std::find(control.begin(), control.end(), "--chat-template"), control.end());
+        EXPECT_NE(std::find(control.begin(), control.end(), "--verbose"), control.end());
         EXPECT_EQ(std::find(control.begin(), control.end(), "-n"), control.end());
     }
     const CmdResult fb = run_cmd(sh_quote(cli_bin()) + " make-fallback --help");
     const std::vector<std::string> other = flags_without_row(fb.out, "synth", not_settings);
     EXPECT_NE(std::find(other.begin(), other.end(), "--quantize-tool"), other.end());
     EXPECT_NE(std::find(other.begin(), other.end(), "-t"), other.end());
+    const CmdResult run = run_cmd(sh_quote(cli_bin()) + " run --help");
+    const std::vector<std::string> foreign =
+        flags_without_row(run.out + "  --system-prompt TEXT\n", "run", not_settings);
+    EXPECT_EQ(foreign, std::vector<std::string>{"--system-prompt"});
+}
+
+// A row's `excludes` column: the CLI refuses its flag together with the one it names, with
+// CLI11's words, on every command that takes the pair; each names a row that the row's
+// commands take. Control: the second flag alone is not refused as a pair (the run then fails
+// on the missing model or file).
+TEST(Settings, ExcludesColumnRefusesThePair) {
+    using namespace moestream::test;
+    size_t pairs = 0;
+    for (const Setting & s : settings_registry()) {
+        if (!*s.excludes) continue;
+        const Setting * other = find_flag_setting(s.excludes);
+        ASSERT_NE(other, nullptr) << s.flags;
+        for (const char * cmd : {"run", "chat", "serve", "eval", "inspect"})
+            if (s.for_command(cmd)) {
+                EXPECT_TRUE(other->for_command(cmd)) << s.flags << " " << cmd;
+            }
+        ++pairs;
+    }
+    // -f / -p, the system prompt, the grammar, the chat template, the key, --lossless
+    EXPECT_EQ(pairs, 6u);
+    const std::string bin = sh_quote(cli_bin()) + " ";
+    const std::string m = " -m /nonexistent/moestream-settings-model.gguf ";
+    struct Case {
+        const char * cmd, *a, *b, *message;
+    };
+    for (const Case & c : {Case{"run", "-p x", "-f /nonexistent/p.txt", "--prompt excludes --file"},
+                           Case{"chat", "--system-prompt x", "--system-prompt-file /nonexistent/s",
+                                "--system-prompt excludes --system-prompt-file"},
+                           Case{"chat", "--grammar x", "--grammar-file /nonexistent/g",
+                                "--grammar excludes --grammar-file"},
+                           Case{"serve", "--chat-template chatml", "--chat-template-file /nonexistent/t",
+                                "--chat-template excludes --chat-template-file"},
+                           Case{"serve", "--api-key k", "--api-key-file /nonexistent/k",
+                                "--api-key excludes --api-key-file"},
+                           Case{"serve", "--lossless", "--drop-cold-experts 0.5",
+                                "--lossless excludes --drop-cold-experts"}}) {
+        const CmdResult both = run_cmd(bin + c.cmd + m + c.a + " " + c.b + " 2>&1");
+        EXPECT_EQ(both.exit_code, 64) << c.cmd << both.out;
+        EXPECT_NE(both.out.find(c.message), std::string::npos) << both.out;
+        const CmdResult one = run_cmd(bin + c.cmd + m + c.b + " 2>&1 </dev/null");
+        EXPECT_EQ(one.out.find("excludes"), std::string::npos) << one.out;
+    }
+}
+
+namespace {
+// The row refuses `bad` with `why`, the field keeping its value, then sets it from `good`.
+template <class O>
+void expect_refuses_then_sets(const Setting & s, O * o, const std::string & bad,
+                              const std::string & why, const std::string & good) {
+    const std::string before = setting_value_text(s, *o);
+    EXPECT_EQ(check_setting_text(s, bad), why);
+    EXPECT_FALSE(set_setting_text(s, bad, o));
+    EXPECT_EQ(setting_value_text(s, *o), before);
+    EXPECT_TRUE(set_setting_text(s, good, o));
+    EXPECT_EQ(setting_value_text(s, *o), good);
+}
+}  // namespace
+
+// A sampling row sets its SamplingParams field and refuses a value outside its range with the
+// registry's words; -r's row adds each value to GenerateRequest::stop; a run row's default is
+// run's (-p, -n). Control: a refused value leaves the field unchanged.
+TEST(Settings, SamplingAndRunRowsSetTheirFields) {
+    const Setting * top_p = find_flag_setting("--top-p");
+    ASSERT_NE(top_p, nullptr);
+    SamplingParams sp;
+    EXPECT_EQ(setting_value_text(*top_p, sp), "1");
+    expect_refuses_then_sets(*top_p, &sp, "0", "0 is not in (0, 1]", "0.5");
+    EXPECT_FLOAT_EQ(sp.top_p, 0.5f);
+    EXPECT_TRUE(setting_flag_value(*find_flag_setting("--ignore-eos")));
+    const Setting * stop = find_flag_setting("--reverse-prompt");
+    ASSERT_NE(stop, nullptr);
+    GenerateRequest req;
+    EXPECT_TRUE(set_setting_text(*stop, "User:", &req));
+    EXPECT_TRUE(set_setting_text(*stop, "###", &req));
+    EXPECT_EQ(req.stop, (std::vector<std::string>{"User:", "###"}));
+    RunCmdOptions ro;
+    const Setting * n = find_command_flag("run", "-n");
+    ASSERT_NE(n, nullptr);
+    EXPECT_STREQ(n->command_field, "RunCmdOptions::n_predict");
+    EXPECT_EQ(setting_value_text(*n, ro), "64");
+    EXPECT_EQ(check_setting_text(*n, "-2"), "-2 is not in -1..16777216");
+    EXPECT_EQ(setting_value_text(*find_command_flag("run", "-p"), ro), "Once upon a time");
 }
 
 // A serve row sets its ServeOptions field from the flag's text and refuses a value outside
@@ -533,10 +611,7 @@ TEST(Settings, ServeRowSetsItsField) {
     ASSERT_NE(port, nullptr);
     ServeOptions so;
     EXPECT_EQ(setting_value_text(*port, so), "8080");
-    EXPECT_EQ(check_setting_text(*port, "70000"), "70000 is not in 0..65535");
-    EXPECT_FALSE(set_setting_text(*port, "70000", &so));
-    EXPECT_EQ(so.port, 8080);
-    EXPECT_TRUE(set_setting_text(*port, "9000", &so));
+    expect_refuses_then_sets(*port, &so, "70000", "70000 is not in 0..65535", "9000");
     EXPECT_EQ(so.port, 9000);
     const Setting * webui = find_flag_setting("--no-webui");
     ASSERT_NE(webui, nullptr);

@@ -47,6 +47,15 @@ void add_engine_flags(CLI::App * sub, moestream::RunOptions * opt);
 void add_serve_flags(CLI::App * sub, moestream::ServeOptions * opt);
 // chat's own flags: every registry row of ChatOptions, bound the same way.
 void add_chat_flags(CLI::App * sub, moestream::ChatOptions * opt);
+// run's own flags: every registry row of RunCmdOptions, bound the same way.
+void add_run_flags(CLI::App * sub, moestream::RunCmdOptions * opt);
+// The sampling flags (--top-k --top-p --min-p, the penalties, --ignore-eos, -r): the registry
+// rows of SamplingParams, bound into req->sampling, and -r into req->stop. Shared by run, chat
+// and serve; *req must outlive the app.
+void add_sampling_flags(CLI::App * sub, moestream::GenerateRequest * req);
+// --chat-template / --chat-template-file of chat and serve: the registry rows of
+// ChatTemplateOptions (the two exclude each other).
+void add_chat_template_flags(CLI::App * sub, moestream::ChatTemplateOptions * opt);
 // The own flags of eval, inspect, make-fallback, synth and replay: every registry row of
 // EvalOptions / InspectOptions / FallbackOptions / SynthCommandOptions / ReplayOptions, bound
 // the same way.
@@ -66,13 +75,6 @@ std::string flag_words(const std::string & msg);
 // Returns 0 or the exit code (64).
 int check_engine_flags(CLI::App * sub, const moestream::RunOptions & opt);
 
-// The sampling flags of a generation (--top-k --top-p --min-p, the penalties, --ignore-eos,
-// -r), shared by run and chat; *sampling and *stop must outlive the app.
-// An on/off pair of flags for one bool (`--escape` / `--no-escape`): `on` sets it, `off`
-// clears it, and the two exclude each other. `on` may carry a short alias ("-e,--escape").
-void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & off, bool * value,
-                   const std::string & on_help, const std::string & off_help);
-
 // -co / --color [on|off|auto] (llama.cpp's spelling; the bare flag is on): *mode is set to
 // "on", "off" or "auto" (its default).
 void add_color_flag(CLI::App * sub, std::string * mode);
@@ -84,8 +86,6 @@ constexpr const char * kColourPrompt = "\033[33m";
 constexpr const char * kColourInput = "\033[1;32m";
 constexpr const char * kColourReset = "\033[0m";
 
-void add_sampling_flags(CLI::App * sub, moestream::SamplingParams * sampling,
-                        std::vector<std::string> * stop);
 // After parsing: --top-k / --top-p / --min-p under greedy are refused, --seed under greedy
 // warned about. Returns 0 or the exit code (64).
 int check_sampling_flags(CLI::App * sub, const moestream::RunOptions & opt);
@@ -124,14 +124,11 @@ private:
 void show_load_progress(moestream::RunOptions * opt);
 
 // --- chat and serve (cli_chat.cpp): the chat template given instead of the model's ---
-struct ChatTemplateFlags {
-    std::string value;  // --chat-template NAME|FILE|TEXT ("chatml", a file, or Jinja text)
-    std::string file;   // --chat-template-file FILE
-};
-void add_chat_template_flags(CLI::App * sub, ChatTemplateFlags * f);
-// The template text (*text; "" = the model's own) and how to name it in messages (*from).
-// kBadInput naming the flag and the file when a file cannot be read.
-Status resolve_chat_template(const ChatTemplateFlags & f, std::string * text, std::string * from);
+// The template text of --chat-template / --chat-template-file (*text; "" = the model's own)
+// and how to name it in messages (*from). kBadInput naming the flag and the file when a file
+// cannot be read.
+Status resolve_chat_template(const moestream::ChatTemplateOptions & f, std::string * text,
+                             std::string * from);
 
 // `inspect`: the model's chat template (first file of a split set) as serve would take it:
 // {"present", "bytes", "renders", "name", "renderer", "thinking"} or {"renders": false, "error"}.

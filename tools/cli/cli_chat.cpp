@@ -46,11 +46,10 @@ namespace {
 
 struct ChatFlags {
     RunOptions opt;
-    SamplingParams sampling;  // temp and seed come from opt (the engine flags)
-    std::vector<std::string> stop;  // -r
+    GenerateRequest gen;  // the sampling flags and -r; temp and seed come from opt
     ChatOptions chat;  // chat's own flags (registry rows, settings.h)
     int verbose = 0;
-    ChatTemplateFlags tmpl;      // --chat-template, --chat-template-file
+    ChatTemplateOptions tmpl;    // --chat-template, --chat-template-file
     std::string color = "auto";  // --color: on | off | auto
     CLI::App * sub = nullptr;
 };
@@ -360,16 +359,16 @@ int do_chat(ChatFlags & f) {
     apply_verbosity(f.verbose);
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
     if (int rc = check_sampling_flags(f.sub, f.opt)) return rc;
-    Status st = process_reverse_prompts(f.chat.escape, &f.stop);
+    Status st = process_reverse_prompts(f.chat.escape, &f.gen.stop);
     if (!st.ok()) return report(st);
     if (!f.chat.system_prompt_file.empty()) {
         st = read_text_file(f.chat.system_prompt_file, "system prompt", &f.chat.system_prompt);
         if (!st.ok()) return report(st);
     }
 
-    f.sampling.grammar = f.chat.grammar;
+    f.gen.sampling.grammar = f.chat.grammar;
     if (!f.chat.grammar_file.empty()) {
-        st = read_text_file(f.chat.grammar_file, "grammar", &f.sampling.grammar);
+        st = read_text_file(f.chat.grammar_file, "grammar", &f.gen.sampling.grammar);
         if (!st.ok()) return report(st);
     }
 
@@ -424,9 +423,9 @@ int do_chat(ChatFlags & f) {
         probe.prompt = "hi";
         probe.n_predict = f.chat.n_predict;
         probe.clamp_to_context = true;
-        probe.sampling = f.sampling;
+        probe.sampling = f.gen.sampling;
         probe.sampling.temp = f.opt.temp;
-        probe.stop = f.stop;
+        probe.stop = f.gen.stop;
         int n = 0;
         st = engine->check_request(probe, &n);
         if (!st.ok()) return report(st);
@@ -555,12 +554,12 @@ int do_chat(ChatFlags & f) {
         GenerateRequest req;
         req.n_predict = f.chat.n_predict;
         req.clamp_to_context = true;
-        req.sampling = f.sampling;
+        req.sampling = f.gen.sampling;
         req.sampling.temp = f.opt.temp;
         // One draw per reply, not the same draw again: reply i is seeded with seed + i, so a
         // session replays exactly with the same --seed and inputs.
         req.sampling.seed = f.opt.seed + uint32_t(t.replies);
-        req.stop = f.stop;
+        req.stop = f.gen.stop;
         req.reuse_prefix = f.chat.cache_prompt;
         req.on_prefill = [](int, int) { return g_sigint == 0; };  // Ctrl-C between micro-batches
         // A full context drops the oldest turns after the system prompt (as llama.cpp's
@@ -726,18 +725,7 @@ nlohmann::ordered_json inspect_chat_template(const std::string & path) {
     return j;
 }
 
-void add_chat_template_flags(CLI::App * sub, ChatTemplateFlags * f) {
-    auto * t = sub->add_option("--chat-template", f->value,
-                               "use this chat template instead of the model's: the name chatml, "
-                               "a file, or the Jinja text itself")
-                   ->default_str("");
-    sub->add_option("--chat-template-file", f->file,
-                    "read the chat template (Jinja) from a file instead of the model's")
-        ->excludes(t)
-        ->default_str("");
-}
-
-Status resolve_chat_template(const ChatTemplateFlags & f, std::string * text, std::string * from) {
+Status resolve_chat_template(const ChatTemplateOptions & f, std::string * text, std::string * from) {
     text->clear();
     from->clear();
     if (!f.file.empty()) {
@@ -770,12 +758,10 @@ void add_chat_command(CLI::App & app, Action * action) {
         "chat", "a conversation with the model's chat template (/exit ends; from a pipe: a turn per line)");
     f->sub = sub;
     add_chat_flags(sub, &f->chat);
-    sub->get_option("--system-prompt-file")->excludes(sub->get_option("--system-prompt"));
-    sub->get_option("--grammar-file")->excludes(sub->get_option("--grammar"));
     add_chat_template_flags(sub, &f->tmpl);
     add_color_flag(sub, &f->color);
     add_engine_flags(sub, &f->opt);
-    add_sampling_flags(sub, &f->sampling, &f->stop);
+    add_sampling_flags(sub, &f->gen);
     sub->add_flag("-v,--verbose", f->verbose,
                   "more detail: the template, a second line per reply (-vv: debug, llama.cpp's log too)");
     sub->callback([f, action] { *action = [f] { return do_chat(*f); }; });

@@ -25,22 +25,12 @@
 namespace moestream::cli {
 namespace {
 
-constexpr const char * kDefaultPrompt = "Once upon a time";
-
 struct RunFlags {
     RunOptions opt;
-    std::string prompt = kDefaultPrompt;
-    std::string prompt_file;
-    int n_predict = 64;
-    SamplingParams sampling;  // temp and seed come from opt (the engine flags)
-    std::vector<std::string> stop;  // -r
-    bool escape = true;
-    bool display_prompt = false;
+    RunCmdOptions run;    // run's own flags (registry rows, settings.h)
+    GenerateRequest gen;  // the sampling flags and -r; temp and seed come from opt
     std::string color = "auto";  // --color: on | off | auto
     CLI::App * sub = nullptr;
-    std::string stats_json;
-    std::string stats_csv;
-    std::string dump_logits;
     int verbose = 0;
 };
 
@@ -154,51 +144,50 @@ int fail(const Status & st) {
 int do_run(RunFlags & f) {
     apply_verbosity(f.verbose);
     if (int rc = check_engine_flags(f.sub, f.opt)) return rc;
-    if (!f.prompt_file.empty())
+    if (!f.run.prompt_file.empty())
         if (int rc = refuse_given(f.sub, {"--no-escape", "--escape"},
                                   "applies to -p, and the prompt comes from -f (read as is)"))
             return rc;
     if (int rc = check_sampling_flags(f.sub, f.opt)) return rc;
     auto inputs = model_inputs("-m", f.opt.model_path);
-    inputs.push_back({"-f", f.prompt_file});
+    inputs.push_back({"-f", f.run.prompt_file});
     inputs.push_back({"--miss-fallback", f.opt.miss_fallback});
-    Status st = check_output_paths({{"--stats-json", f.stats_json},
-                                    {"--stats-csv", f.stats_csv},
-                                    {"--dump-logits", f.dump_logits},
+    Status st = check_output_paths({{"--stats-json", f.run.stats_json},
+                                    {"--stats-csv", f.run.stats_csv},
+                                    {"--dump-logits", f.run.dump_logits},
                                     {"--route-trace", f.opt.route_trace}},
                                    inputs);
     if (!st.ok()) return fail(st);
-    if (!f.prompt_file.empty()) {
-        Status rs = read_text_file(f.prompt_file, "prompt", &f.prompt);
+    if (!f.run.prompt_file.empty()) {
+        Status rs = read_text_file(f.run.prompt_file, "prompt", &f.run.prompt);
         if (!rs.ok()) return fail(rs);
     } else if (f.sub->get_option("--prompt")->count() == 0) {
-        std::fprintf(stderr, "moestream: no -p or -f given: the prompt is \"%s\"\n", kDefaultPrompt);
-    } else if (f.escape) {
-        st = process_escapes("-p", &f.prompt);
+        std::fprintf(stderr, "moestream: no -p or -f given: the prompt is \"%s\"\n",
+                     RunCmdOptions{}.prompt.c_str());
+    } else if (f.run.escape) {
+        st = process_escapes("-p", &f.run.prompt);
         if (!st.ok()) return fail(st);
     }
-    st = process_reverse_prompts(f.escape, &f.stop);
+    st = process_reverse_prompts(f.run.escape, &f.gen.stop);
     if (!st.ok()) return fail(st);
     std::unique_ptr<Engine> engine;
     show_load_progress(&f.opt);
     st = Engine::open(f.opt, &engine);
     if (!st.ok()) return fail(st);
 
-    if (f.display_prompt) {
+    if (f.run.display_prompt) {
         // With --color on a terminal the prompt is coloured apart from the generated text.
         const bool colour = colour_stdout(f.color);
         if (colour) std::fputs(kColourPrompt, stdout);
-        std::fwrite(f.prompt.data(), 1, f.prompt.size(), stdout);
+        std::fwrite(f.run.prompt.data(), 1, f.run.prompt.size(), stdout);
         if (colour) std::fputs(kColourReset, stdout);
         std::fflush(stdout);
     }
-    GenerateRequest req;
-    req.prompt = f.prompt;
-    req.n_predict = f.n_predict;
-    req.sampling = f.sampling;
+    GenerateRequest req = f.gen;  // the sampling flags and -r
+    req.prompt = f.run.prompt;
+    req.n_predict = f.run.n_predict;
     req.sampling.temp = f.opt.temp;
     req.sampling.seed = f.opt.seed;
-    req.stop = f.stop;
     // On a terminal (and without --log-disable) a live prefill line: tokens done of the
     // prompt, rate, time left. Ctrl-C is looked at after each micro-batch.
     ProgressLine prefill_line("prefill", "tokens");
@@ -352,11 +341,11 @@ int do_run(RunFlags & f) {
         std::fprintf(stderr, "moestream: --n-expert-used %d: fewer experts per token than the model's "
                              "top-k: output differs from the model's\n", f.opt.n_expert_used);
 
-    if (!f.stats_json.empty()) {
-        st = write_output_file("--stats-json", f.stats_json, stats_to_json(s, g, *engine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+    if (!f.run.stats_json.empty()) {
+        st = write_output_file("--stats-json", f.run.stats_json, stats_to_json(s, g, *engine).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
         if (!st.ok()) return fail(st);
     }
-    if (!f.stats_csv.empty()) {
+    if (!f.run.stats_csv.empty()) {
         std::ostringstream o;
         o << "step,token,decode_s,io_s,flash_bytes_read,flash_reads,token_demand_bytes,"
              "layer_demand_bytes,cache_hits,cache_misses,prefetch_bytes,stage_s,"
@@ -370,11 +359,11 @@ int do_run(RunFlags & f) {
               << t.hook_s << ',' << t.sampling_s << ',' << t.other_s << ',' << t.step_s << ','
               << t.read_max_s << '\n';
         }
-        st = write_output_file("--stats-csv", f.stats_csv, o.str());
+        st = write_output_file("--stats-csv", f.run.stats_csv, o.str());
         if (!st.ok()) return fail(st);
     }
-    if (!f.dump_logits.empty()) {
-        st = write_output_file("--dump-logits", f.dump_logits,
+    if (!f.run.dump_logits.empty()) {
+        st = write_output_file("--dump-logits", f.run.dump_logits,
                         std::string(reinterpret_cast<const char *>(g.final_logits.data()),
                                     g.final_logits.size() * sizeof(float)));
         if (!st.ok()) return fail(st);
@@ -392,19 +381,18 @@ std::string long_flag(const char * flags) {
     return f.substr(f.rfind(',') + 1);
 }
 
-// The row's bool member of options O (nullptr: none).
-template <class O>
-bool O::*bool_member(const Setting & s) {
-    auto of_o = [](auto m) -> bool O::* {  // m when it is a bool of O (O without one: none)
-        if constexpr (std::is_same_v<decltype(m), bool O::*>)
-            return m;
-        else
-            return nullptr;
+// The row's member of options O of type V (nullptr: none).
+template <class V, class O>
+V O::*typed_member(const Setting & s) {
+    V O::*out = nullptr;
+    auto take = [&out](auto m) {
+        if constexpr (std::is_same_v<decltype(m), V O::*>) out = m;
     };
     if constexpr (std::is_same_v<O, RunOptions>)
-        return std::visit(of_o, s.member);
+        std::visit(take, s.member);
     else
-        return std::visit(of_o, s.command_member);
+        std::visit(take, s.command_member);
+    return out;
 }
 
 // One registry row as a CLI11 flag: its names, help, the values its range admits (validated
@@ -415,7 +403,7 @@ bool O::*bool_member(const Setting & s) {
 template <class O>
 void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
     const Setting * row = &s;
-    bool O::*const bm = bool_member<O>(s);
+    bool O::*const bm = typed_member<bool, O>(s);
     const std::string help = *s.field ? setting_help(s.field) : std::string(s.doc);
     if (*s.off_flags) {
         auto set = [opt, row, bm](bool on) {
@@ -434,6 +422,12 @@ void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
         sub->add_flag(s.flags, [opt, m, value](int64_t) { opt->*m = value; }, help);
         return;
     }
+    if (auto list = typed_member<std::vector<std::string>, O>(s)) {  // repeatable (-r)
+        sub->add_option(s.flags, opt->*list, help)
+            ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
+            ->default_str("");
+        return;
+    }
     auto * o = sub->add_option_function<std::string>(
         s.flags,
         [opt, row](const std::string & v) {
@@ -448,14 +442,7 @@ void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
         },
         help);
     o->type_name(setting_type_name(s));
-    auto is_text = [](auto m) {  // the row's field is a string
-        if constexpr (std::is_same_v<decltype(m), std::monostate>)
-            return false;
-        else
-            return std::is_same_v<typename MemberOf<decltype(m)>::Value, std::string>;
-    };
-    const bool text = std::visit(is_text, s.member) || std::visit(is_text, s.command_member);
-    if (!text || *s.choices)  // a number's range, or a command's text of choices
+    if (!setting_holds<std::string>(s) || *s.choices)  // a number's range, or a command's text of choices
         o->check(CLI::Validator([row](std::string & v) { return check_setting_text(*row, v); },
                                 setting_range_text(s)));
     if (s.traits & kExistingDir) o->check(CLI::ExistingDirectory);
@@ -469,6 +456,21 @@ void bind_setting(CLI::App * sub, const Setting & s, O * opt) {
 
 }  // namespace
 
+namespace {
+// Each row `sub` takes whose `excludes` names a flag `sub` has bound so far: the two exclude
+// each other (CLI11: "--file excludes --prompt"). Called after each group of flags is bound,
+// so that a pair across groups (serve's --lossless, the engine's --drop-cold-experts) is
+// wired once both are.
+void wire_excludes(CLI::App * sub) {
+    for (const Setting & s : settings_registry()) {
+        if (!*s.excludes || !*s.flags || !s.for_command(sub->get_name())) continue;
+        CLI::Option * a = sub->get_option_no_throw(long_flag(s.flags));
+        CLI::Option * b = sub->get_option_no_throw(s.excludes);
+        if (a != nullptr && b != nullptr) a->excludes(b);
+    }
+}
+}  // namespace
+
 void add_engine_flags(CLI::App * sub, RunOptions * opt) {
     opt->n_threads = default_threads();
     opt->n_ctx = 0;
@@ -477,12 +479,14 @@ void add_engine_flags(CLI::App * sub, RunOptions * opt) {
         if (*s.flags && *s.field && s.for_command(sub->get_name())) bind_setting(sub, s, opt);
     // A combination rule of the flags: the cache's size needs the cache.
     sub->get_option("--prompt-cache-mb")->needs(sub->get_option("--prompt-cache"));
+    wire_excludes(sub);
 }
 
 namespace {
-// Every row of options O (a command's own) that `command` takes.
+// Every row of options O (a command's own) that the command `sub` takes; then the pairs of
+// the `excludes` column whose two flags are bound.
 template <class O>
-void add_command_flags(CLI::App * sub, const char * command, O * opt) {
+void add_command_flags(CLI::App * sub, O * opt) {
     for (const Setting & s : settings_registry()) {
         const bool of_o = std::visit(
             [](auto m) {
@@ -492,31 +496,43 @@ void add_command_flags(CLI::App * sub, const char * command, O * opt) {
                     return std::is_same_v<typename MemberOf<decltype(m)>::Class, O>;
             },
             s.command_member);
-        if (of_o && *s.flags && s.for_command(command)) bind_setting(sub, s, opt);
+        if (of_o && *s.flags && s.for_command(sub->get_name())) bind_setting(sub, s, opt);
     }
+    wire_excludes(sub);
 }
 }  // namespace
 
-void add_serve_flags(CLI::App * sub, ServeOptions * opt) { add_command_flags(sub, "serve", opt); }
+void add_serve_flags(CLI::App * sub, ServeOptions * opt) { add_command_flags(sub, opt); }
 
-void add_chat_flags(CLI::App * sub, ChatOptions * opt) { add_command_flags(sub, "chat", opt); }
+void add_chat_flags(CLI::App * sub, ChatOptions * opt) { add_command_flags(sub, opt); }
 
-void add_eval_flags(CLI::App * sub, EvalOptions * opt) { add_command_flags(sub, "eval", opt); }
+void add_run_flags(CLI::App * sub, RunCmdOptions * opt) { add_command_flags(sub, opt); }
+
+void add_chat_template_flags(CLI::App * sub, ChatTemplateOptions * opt) {
+    add_command_flags(sub, opt);
+}
+
+void add_sampling_flags(CLI::App * sub, GenerateRequest * req) {
+    add_command_flags(sub, &req->sampling);
+    add_command_flags(sub, req);  // -r
+}
+
+void add_eval_flags(CLI::App * sub, EvalOptions * opt) { add_command_flags(sub, opt); }
 
 void add_inspect_flags(CLI::App * sub, InspectOptions * opt) {
-    add_command_flags(sub, "inspect", opt);
+    add_command_flags(sub, opt);
 }
 
 void add_fallback_flags(CLI::App * sub, FallbackOptions * opt) {
-    add_command_flags(sub, "make-fallback", opt);
+    add_command_flags(sub, opt);
 }
 
 void add_synth_flags(CLI::App * sub, SynthCommandOptions * opt) {
-    add_command_flags(sub, "synth", opt);
+    add_command_flags(sub, opt);
 }
 
 void add_replay_flags(CLI::App * sub, ReplayOptions * opt) {
-    add_command_flags(sub, "replay", opt);
+    add_command_flags(sub, opt);
 }
 
 // The registry rewrites the library's RunOptions names (settings.h, option_words).
@@ -539,12 +555,6 @@ int check_engine_flags(CLI::App * sub, const RunOptions & opt) {
     return 0;
 }
 
-void add_flag_pair(CLI::App * sub, const std::string & on, const std::string & off, bool * value,
-                   const std::string & on_help, const std::string & off_help) {
-    auto * yes = sub->add_flag(on, *value, on_help);
-    sub->add_flag(off, [value](int64_t) { *value = false; }, off_help)->excludes(yes);
-}
-
 void add_color_flag(CLI::App * sub, std::string * mode) {
     const Setting * row = find_flag_setting("--color");
     const std::string doc = row ? row->doc : "";
@@ -562,34 +572,6 @@ bool colour_stdout(const std::string & mode) {
     const char * no_color = std::getenv("NO_COLOR");
     const char * term = std::getenv("TERM");
     return !(no_color && *no_color) && !(term && std::string(term) == "dumb");
-}
-
-void add_sampling_flags(CLI::App * sub, SamplingParams * sampling, std::vector<std::string> * stop) {
-    SamplingParams & sp = *sampling;
-    sub->add_option("--top-k", sp.top_k, "with --temp > 0: keep the K likeliest tokens; 0 = off")
-        ->check(int_range(0, 1 << 20));
-    sub->add_option("--top-p", sp.top_p, "with --temp > 0: nucleus sampling; 1 = off")
-        ->check(real_range(0.0, 1.0, true));
-    sub->add_option("--min-p", sp.min_p,
-                    "with --temp > 0: drop tokens below P x the likeliest's probability; 0 = off")
-        ->check(real_range(0.0, 1.0));
-    sub->add_option("--repeat-penalty", sp.repeat_penalty,
-                    "divide the logits of recent tokens by this (greedy too); 1 = off")
-        ->check(real_range(0.0, 100.0, true));
-    sub->add_option("--repeat-last-n", sp.repeat_last_n,
-                    "tokens (prompt included) the penalties look back on; 0 = off, -1 = the context")
-        ->check(int_range(-1, 1 << 22));
-    sub->add_option("--presence-penalty", sp.presence_penalty,
-                    "subtract this once from every recent token's logit; 0 = off")
-        ->check(real_range(-2.0, 2.0));
-    sub->add_option("--frequency-penalty", sp.frequency_penalty,
-                    "subtract this x its count from every recent token's logit; 0 = off")
-        ->check(real_range(-2.0, 2.0));
-    sub->add_flag("--ignore-eos", sp.ignore_eos, "never stop at an end-of-generation token");
-    sub->add_option("-r,--reverse-prompt", *stop,
-                    "stop when the text contains this (not printed); repeatable")
-        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
-        ->default_str("");
 }
 
 int check_sampling_flags(CLI::App * sub, const RunOptions & opt) {
@@ -617,26 +599,10 @@ void add_run_command(CLI::App & app, Action * action) {
     auto f = std::make_shared<RunFlags>();
     auto * sub = app.add_subcommand("run", "generate text, streaming the routed experts from flash");
     f->sub = sub;
-    auto * p = sub->add_option("-p,--prompt", f->prompt,
-                               "prompt text, completed as is (no chat template)");
-    sub->add_option("-f,--file", f->prompt_file, "read the prompt from a file; - = stdin")
-        ->excludes(p)
-        ->default_str("");
-    sub->add_option("-n,--n-predict", f->n_predict,
-                    "tokens to generate; -1 = until the context is full")
-        ->check(int_range(-1, 1 << 24));
-    add_flag_pair(sub, "-e,--escape", "--no-escape", &f->escape,
-                  "process escapes in -p (\\n \\t \\\\ \\xHH ...; the default)",
-                  "take -p literally");
-    add_flag_pair(sub, "--display-prompt", "--no-display-prompt", &f->display_prompt,
-                  "print the prompt before the generated text",
-                  "print only the generated text (the default)");
+    add_run_flags(sub, &f->run);
     add_color_flag(sub, &f->color);
     add_engine_flags(sub, &f->opt);
-    add_sampling_flags(sub, &f->sampling, &f->stop);
-    sub->add_option("--stats-json", f->stats_json, "write the run's figures as one JSON object");
-    sub->add_option("--stats-csv", f->stats_csv, "write one row per decoded token");
-    sub->add_option("--dump-logits", f->dump_logits, "write the last step's logits (raw float32)");
+    add_sampling_flags(sub, &f->gen);
     sub->add_flag("-v,--verbose", f->verbose, "more log (-vv: debug, llama.cpp's log too)");
     sub->callback([f, action] { *action = [f] { return do_run(*f); }; });
 }

@@ -25,9 +25,9 @@ constexpr double kAppDropCold = 0.75;  // the app's performance default (docs/se
 struct ServeFlags {
     server::ServeConfig cfg;  // run options and request defaults; the rest from `serve`
     ServeOptions serve;       // serve's own flags (registry rows, settings.h)
-    ChatTemplateFlags tmpl;   // --chat-template, --chat-template-file
+    ChatTemplateOptions tmpl;  // --chat-template, --chat-template-file
     int verbose = 0;
-    std::vector<std::string> stop;  // -r: refused (a request's `stop`)
+    GenerateRequest gen;  // the sampling flags (request defaults); -r and --ignore-eos refused
 };
 
 // The first line of FILE without surrounding blanks; "" and *why on failure.
@@ -60,7 +60,7 @@ void add_serve_command(CLI::App & app, Action * action) {
     sub->get_option("--lossless")
         ->description(find_flag_setting("--lossless")->doc + std::string(" (") + app_lossy + ")");
     add_chat_template_flags(sub, &f->tmpl);
-    add_sampling_flags(sub, &f->cfg.defaults.sampling, &f->stop);
+    add_sampling_flags(sub, &f->gen);
     add_engine_flags(sub, &f->cfg.run);
     auto * dc = sub->get_option("--drop-cold-experts");
     dc->default_str(fmt_num(kAppDropCold) + " (the app default; --lossless: off)");
@@ -76,9 +76,8 @@ void add_serve_command(CLI::App & app, Action * action) {
                                       "is not a serve flag: a request sets it (`stop`, `ignore_eos`)"))
                 return rc;
             const ServeOptions & so = f->serve;
-            if (!so.api_key_file.empty() && sub->get_option("--api-key")->count() > 0)
-                return usage_error("serve", "--api-key and --api-key-file contradict");
             server::ServeConfig cfg = f->cfg;
+            cfg.defaults.sampling = f->gen.sampling;
             cfg.host = so.host;
             cfg.port = so.port;
             cfg.api_key = so.api_key;
@@ -112,9 +111,6 @@ void add_serve_command(CLI::App & app, Action * action) {
             // Without -c the server uses the model's context (capped by memory), as
             // llama-server does; `run` keeps its fixed default.
             if (sub->get_option("-c")->count() == 0) cfg.run.n_ctx = 0;
-            if (cfg.drop_cold_explicit && so.lossless) {
-                return usage_error("serve", "--lossless and --drop-cold-experts contradict");
-            }
             if (cfg.run.substitute > 0 && so.lossless)
                 return usage_error("serve", "--lossless and --substitute-experts contradict");
             cfg.defaults.drop_cold = cfg.drop_cold_explicit ? cfg.run.drop_cold
