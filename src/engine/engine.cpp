@@ -239,6 +239,9 @@ Status EngineImpl::init(const RunOptions & opt) {
                                                         : DropColdBlock::kNone;
     MS_LOG_INFO("model ready in %.2f s (%s)", stats_.load_s,
                 opt.stream ? "streaming" : "resident");
+    // The warm set's preload (streamer.h, "Warm preload"): read in the background from now
+    // until the first decode step stops it; not part of load_s.
+    if (streamer_) streamer_->start_preload();
     return Status::Ok();
 }
 
