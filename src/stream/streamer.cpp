@@ -103,7 +103,8 @@ uint64_t Streamer::warm_not_read() const {
 }
 
 void Streamer::start_preload() {
-    if (warm_left_ == 0 || lanes_->n_lanes() < 2 || hooks_.warm_preload_off || preload_.joinable())
+    IoLanes * const lanes = preload_lanes_ ? preload_lanes_ : lanes_;
+    if (warm_left_ == 0 || lanes->n_lanes() < 2 || hooks_.warm_preload_off || preload_.joinable())
         return;
     preload_stop_ = false;
     preload_ = std::thread([this] { preload_run(); });
@@ -118,7 +119,8 @@ void Streamer::stop_preload() {
         {
             std::lock_guard<std::mutex> lk(preload_mu_);
             preload_stop_ = true;
-            (void)lanes_->stop_claims();  // the batch on the lanes, if any: no more claims
+            // The batch on the lanes, if any: no more claims.
+            (void)(preload_lanes_ ? preload_lanes_ : lanes_)->stop_claims();
         }
         preload_.join();
     }
@@ -133,59 +135,63 @@ void Streamer::stop_preload() {
     preload_max_read_s_ = 0;
 }
 
-// The preload thread: layer by layer, each list's absent experts as one batch (above, "Warm
-// preload"). It owns the store and the lanes until stop_preload() joins it.
+// The preload thread: in rounds over the MoE layers, each round the next n_expert_used absent
+// experts of every list (the hottest of every layer first), each layer's as one batch (above,
+// "Warm preload"). It owns the store until stop_preload() joins it.
 void Streamer::preload_run() {
-    for (size_t m = 0; m < warm_.size(); ++m) {
-        const std::vector<uint32_t> & l = warm_[m];
-        size_t & pos = warm_pos_[m];
-        if (pos >= l.size()) continue;
-        while (pos < l.size() && store_->is_resident(m, l[pos])) ++pos;
-        preload_chunk_.clear();
-        for (size_t p = pos; p < l.size(); ++p)
-            if (!store_->is_resident(m, l[p])) preload_chunk_.push_back(l[p]);
-        if (preload_chunk_.empty()) {
-            pos = l.size();
-            --warm_left_;
-            continue;
-        }
-        preload_reads_.clear();
-        const size_t n = store_->prefetch_free(m, preload_chunk_, &preload_reads_);
-        if (n == 0) {  // no room in this layer (or the store): nothing to read
-            pos = l.size();
-            --warm_left_;
-            continue;
-        }
-        {
-            std::lock_guard<std::mutex> lk(preload_mu_);
-            if (preload_stop_) {  // stopped before this batch started: none of it was read
-                store_->end_prefetch_first(0);
+    IoLanes * const lanes = preload_lanes_ ? preload_lanes_ : lanes_;
+    const size_t per_round = std::max<size_t>(index_.n_expert_used, 1);
+    while (warm_left_ > 0) {  // every round reads from each list left or finishes it
+        for (size_t m = 0; m < warm_.size(); ++m) {
+            const std::vector<uint32_t> & l = warm_[m];
+            size_t & pos = warm_pos_[m];
+            if (pos >= l.size()) continue;
+            while (pos < l.size() && store_->is_resident(m, l[pos])) ++pos;
+            preload_chunk_.clear();
+            for (size_t p = pos; p < l.size() && preload_chunk_.size() < per_round; ++p)
+                if (!store_->is_resident(m, l[p])) preload_chunk_.push_back(l[p]);
+            preload_reads_.clear();
+            const size_t n = preload_chunk_.empty()
+                                 ? 0
+                                 : store_->prefetch_free(m, preload_chunk_, &preload_reads_);
+            if (n == 0) {  // the list is read, or no room for it in this layer (or the store)
+                pos = l.size();
+                --warm_left_;
+                continue;
+            }
+            {
+                std::lock_guard<std::mutex> lk(preload_mu_);
+                if (preload_stop_) {  // stopped before this batch started: none of it was read
+                    store_->end_prefetch_first(0);
+                    return;
+                }
+                lanes->start(preload_reads_, 0, 0);  // all of it a tail: the worker lanes and us
+            }
+            IoBatchStats io;
+            const Status st = lanes->finish(&io);
+            const size_t taken = lanes->last_stopped_at();
+            preload_bytes_ += io.bytes_read;
+            preload_count_ += io.reads;
+            preload_max_read_s_ = std::max(preload_max_read_s_, io.max_read_s);
+            if (!st.ok()) {  // released: a routing reads them again and reports the error
+                store_->end_prefetch(false);
+                MS_LOG_WARN("a warm-set read failed (%s); those experts are read again when "
+                            "routed",
+                            st.message().c_str());
                 return;
             }
-            lanes_->start(preload_reads_, 0, 0);  // all of it a tail: the worker lanes and us
-        }
-        IoBatchStats io;
-        const Status st = lanes_->finish(&io);
-        const size_t taken = lanes_->last_stopped_at();
-        preload_bytes_ += io.bytes_read;
-        preload_count_ += io.reads;
-        preload_max_read_s_ = std::max(preload_max_read_s_, io.max_read_s);
-        if (!st.ok()) {  // released: a routing reads them again and reports the error
-            store_->end_prefetch(false);
-            MS_LOG_WARN("a warm-set read failed (%s); those experts are read again when routed",
-                        st.message().c_str());
-            return;
-        }
-        const size_t per = std::max<size_t>(preload_reads_.size() / n, 1);
-        const size_t read = taken == SIZE_MAX ? n : std::min(n, taken / per);
-        store_->end_prefetch_first(read);
-        mark_warm_in(m, preload_chunk_);
-        warm_experts_ += read;
-        warm_preloaded_ += read;
-        if (read < n) return;  // stopped: the tails go on from pos
-        if (n < preload_chunk_.size()) {  // the store takes no more of this list
-            pos = l.size();
-            --warm_left_;
+            const size_t per = std::max<size_t>(preload_reads_.size() / n, 1);
+            const size_t read = taken == SIZE_MAX ? n : std::min(n, taken / per);
+            store_->end_prefetch_first(read);
+            mark_warm_in(m, preload_chunk_);
+            warm_experts_ += read;
+            warm_preloaded_ += read;
+            if (read < n) return;  // stopped: the tails go on from pos
+            // The store takes no more of this list (or did not keep it: never read it again).
+            if (n < preload_chunk_.size() || !store_->is_resident(m, preload_chunk_[0])) {
+                pos = l.size();
+                --warm_left_;
+            }
         }
     }
 }

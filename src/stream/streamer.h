@@ -73,17 +73,20 @@
 // changes what is resident. Usage (set_record_usage): per (MoE layer, expert), the decode
 // (one-row) routings that routed it, for the usage file.
 //
-// Warm preload (start_preload; the engine starts it at the end of open): the warm lists read
-// before the first routing, on a thread of the streamer's own, layer by layer (MoE layer 0
-// first, each list hottest first): per layer one prefetch_free() of the list's absent experts
-// (free room only, as above) read as one batch on the lanes (the thread is the batch's lane 0).
-// It runs while nothing else uses the store or the lanes (between open and the first decode:
-// the prompt-cache restore, tokenization, a server waiting for its first request). The first
-// begin_step() (before any graph runs) stops it with stop_preload(): the batch is stopped where
-// the lanes are (IoLanes::stop_claims from this thread; the reads in flight finish, at most one
-// slice per lane, the rest are dropped and their experts released), the thread is joined, and
-// the warm tails above take the lists from where it stopped. Every other use of the store and
-// the lanes is on the decode thread after that join, so the store needs no locking. The test
+// Warm preload (start_preload; the engine starts it as soon as the store exists, before the
+// dense weights are read): the warm lists read before the first routing, on a thread of the
+// streamer's own, in rounds over the MoE layers (each round the next n_expert_used experts of
+// every list, so the hottest of every layer come first): per layer and round one
+// prefetch_free() of those absent experts (free room only, as above) read as one batch
+// on the preload's lanes (set_preload_lanes: lanes of its own, so the engine's dense read
+// goes on meanwhile on the streamer's; the thread is the batch's lane 0). It runs while
+// nothing else uses the store (the rest of open, the prompt-cache restore, tokenization, a
+// server waiting for its first request). The first begin_step() (before any graph runs)
+// stops it with stop_preload(): the batch is stopped where the lanes are (IoLanes::stop_claims
+// from this thread; the reads in flight finish, at most one slice per lane, the rest are
+// dropped and their experts released), the thread is joined, and the warm tails above take the
+// lists from where it stopped. Every other use of the store is on the decode thread after that
+// join, so the store needs no locking. The test
 // hook warm_preload_wait makes start_preload() return only when the preload is done (no stop:
 // deterministic counts); warm_preload_off turns it off (the tails only).
 //
@@ -189,6 +192,9 @@ public:
     // Stops the preload where the lanes are and joins its thread (above); idempotent. Before
     // anything else uses the store or the lanes.
     void stop_preload();
+    // The lanes the preload reads on (null: the streamer's own; not owned). Lanes of its own
+    // let it run while the streamer's lanes read something else (the engine's dense read).
+    void set_preload_lanes(IoLanes * l) { preload_lanes_ = l; }
     // Counts decode routings per (MoE layer, expert) from now on (usage()).
     void set_record_usage(bool on);
     // [moe_layer * n_expert + e]: decode routings that routed e (empty unless recording).
@@ -298,6 +304,7 @@ private:
     // batch only under it, so a stop either finds the batch on the lanes or keeps it from
     // starting), its batch and its reads (merged into total_ when joined).
     std::thread preload_;
+    IoLanes * preload_lanes_ = nullptr;
     std::mutex preload_mu_;
     bool preload_stop_ = false;
     std::vector<ReadRequest> preload_reads_;
