@@ -125,12 +125,11 @@ void Streamer::stop_preload() {
         preload_.join();
     }
     if (preload_count_ == 0) return;
-    for (StepCounters * c : {&step_, &total_}) {  // read, not waited for: no io_s
-        c->bytes_read += preload_bytes_;
-        c->reads += preload_count_;
-        c->prefetch_bytes += preload_bytes_;
-        c->max_read_s = std::max(c->max_read_s, preload_max_read_s_);
-    }
+    // Into the totals only (no step read them), and read, not waited for: no io_s.
+    total_.bytes_read += preload_bytes_;
+    total_.reads += preload_count_;
+    total_.prefetch_bytes += preload_bytes_;
+    total_.max_read_s = std::max(total_.max_read_s, preload_max_read_s_);
     preload_bytes_ = preload_count_ = 0;
     preload_max_read_s_ = 0;
 }
