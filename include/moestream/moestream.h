@@ -280,11 +280,15 @@ struct RunStats {
     uint64_t prompt_cache_written_bytes = 0;
     // --warm-experts (docs/prompt-cache.md): the usage file, experts listed in it at start
     // (the hottest that fit the cache), why it was not used ("" = used or missing), and the
-    // experts the background reads have loaded so far (over the engine's life).
+    // experts the background reads have loaded so far (over the engine's life); of those, the
+    // ones read before the first decode (the preload at open); the listed experts never made
+    // resident so far (neither a warm read nor a routing read them).
     std::string warm_experts_file;
     uint64_t warm_experts_listed = 0;
     std::string warm_experts_refused;
     uint64_t warm_experts_preloaded = 0;
+    uint64_t warm_experts_before_decode = 0;
+    uint64_t warm_experts_not_read = 0;
     std::vector<TokenStats> tokens;   // decode steps, in order
 };
 

@@ -299,6 +299,7 @@ Status EngineImpl::generate(const GenerateRequest & req,
             if (on_piece) on_piece(held);
         }
     }
+    if (streamer_) streamer_->stop_preload();  // (done by the first decode, if one ran)
     stats.finish();
     write_warm_usage();
     if (tracer_) tracer_->finish();  // one trace per engine: later generates are not traced
@@ -386,6 +387,7 @@ Status EngineImpl::score(const std::vector<int32_t> & tokens, uint32_t window,
         const double te = now_s();
         stats.decode_step(stats.step(tokens[i + 1], td - ts, te - td, te - ts));
     }
+    if (streamer_) streamer_->stop_preload();  // (done by the first decode, if one ran)
     stats.finish();
     write_warm_usage();
     if (tracer_) tracer_->finish();  // one trace per engine, as for generate()

@@ -154,10 +154,9 @@ Status EngineImpl::init(const RunOptions & opt) {
     }
 
     if (opt.stream) {
-        uint64_t max_slice = 0;
         for (const auto & L : index_.moe_layers)
-            for (const auto & t : L.tensors) max_slice = std::max(max_slice, t.slice_bytes);
-        st = lanes_.open(shard_paths(index_), opt.io_threads, opt.odirect, max_slice);
+            for (const auto & t : L.tensors) max_slice_ = std::max(max_slice_, t.slice_bytes);
+        st = lanes_.open(shard_paths(index_), opt.io_threads, opt.odirect, max_slice_);
         if (!st.ok()) return st;
         // Planted I/O faults (tests only; env_knobs.h): checked against the lanes now, so
         // a bad plan fails before loading; the lanes' hook goes in once the dense weights
@@ -225,11 +224,12 @@ Status EngineImpl::init(const RunOptions & opt) {
     }
 
     if (opt.stream) {
-        st = make_store();
+        st = make_store();  // (the warm set too, init_warm_experts)
+        if (!st.ok()) return st;
+    } else {
+        st = init_warm_experts();  // (refused: no streaming)
         if (!st.ok()) return st;
     }
-    st = init_warm_experts();
-    if (!st.ok()) return st;
 
     stats_.load_s = now_s() - t_open_;
     stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
@@ -355,6 +355,14 @@ Status EngineImpl::make_store() {
         use_check_ = std::make_unique<ExpertUseCheck>(std::move(streamed));
     }
     binder_ = std::make_unique<WeightBinder>(index_, store_.get(), lm_);
+    overlap_ = p.overlap;
+    streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
+    streamer_->set_test_hooks(knobs_.stream_hooks);
+    // The warm set (--warm-experts) before the dense read: its preload (streamer.h, "Warm
+    // preload") reads on lanes of its own while the dense weights are read on the engine's,
+    // until the first decode step stops it.
+    st = init_warm_experts();
+    if (!st.ok()) return st;
     // Dense weights now, in parallel on the lanes (model_loader.h): part of load_s.
     st = binder_->read_dense(&lanes_, WeightBinder::kDenseChunkBytes,
                              WeightBinder::kDenseBatchBytes, opt_.huge_pages,
@@ -363,11 +371,9 @@ Status EngineImpl::make_store() {
     stats_.dense_read_s = binder_->dense_read_s();
     if (fault_plan_.kind != IoFaultPlan::Kind::kNone)
         lanes_.set_pread_hook(&io_fault_preadv, &fault_plan_);
-    // Overlap of down reads with gate/up compute needs a worker lane, and stays off under
-    // RunOptions::cache_debug, whose check must see every slice before the layer's first matmul.
-    overlap_ = p.overlap;
-    streamer_ = std::make_unique<Streamer>(index_, store_.get(), &lanes_, overlap_);
-    streamer_->set_test_hooks(knobs_.stream_hooks);
+    // Overlap of down reads with gate/up compute (above) needs a worker lane, and stays off
+    // under RunOptions::cache_debug, whose check must see every slice before the layer's first
+    // matmul.
     streamer_->set_overlap_stages(opt_.overlap_stages);
     lanes_.set_staged(overlap_ && opt_.staged_reads);
     streamer_->set_stage_split(opt_.stage_split);

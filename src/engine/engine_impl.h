@@ -119,6 +119,8 @@ private:
     EnvKnobs knobs_;          // the environment knobs, read at open (env_knobs.h)
     IoFaultPlan fault_plan_;  // before lanes_: the lanes' threads may use it until joined
     IoLanes lanes_;
+    IoLanes warm_lanes_;  // the warm set's preload (streamer.h, "Warm preload"), when on
+    uint64_t max_slice_ = 0;  // the largest expert slice, bytes (the lanes' bounce buffers)
     std::unique_ptr<WeightBinder> binder_;
     bool bind_checked_ = false;
     std::unique_ptr<Streamer> streamer_;

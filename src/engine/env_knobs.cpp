@@ -87,6 +87,14 @@ Status read_env_knobs(EnvKnobs * k) {
                                  ": expected a count of experts >= 1 (tests only)");
         k->stream_hooks.warm_tail_experts = n;
     }
+    const std::string warm_preload = env("MOESTREAM_DEBUG_WARM_PRELOAD");
+    if (warm_preload == "wait")
+        k->stream_hooks.warm_preload_wait = true;
+    else if (warm_preload == "off")
+        k->stream_hooks.warm_preload_off = true;
+    else if (!warm_preload.empty())
+        return Status::Usage("MOESTREAM_DEBUG_WARM_PRELOAD=" + warm_preload +
+                             ": expected wait or off (tests only)");
     k->io_fault = env("MOESTREAM_DEBUG_IO_FAULT");
     if (!k->io_fault.empty()) {
         IoFaultPlan plan;

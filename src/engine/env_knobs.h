@@ -50,6 +50,8 @@ struct EnvKnobs {
     // (stream_hooks.skip_second_wait: MOESTREAM_DEBUG_SKIP_SECOND_WAIT=1, tests only.)
     // (stream_hooks.warm_tail_experts: MOESTREAM_DEBUG_WARM_TAIL=N, tests only: every warm
     // tail is N experts, read in full.)
+    // (stream_hooks.warm_preload_wait / _off: MOESTREAM_DEBUG_WARM_PRELOAD=wait|off, tests
+    // only: the warm preload at open is waited for in full, or not started.)
     // Tests only. MOESTREAM_DEBUG_SUBSTITUTE_UNROUTED=1: --substitute-experts plants a bug (a
     // non-resident substitute the streamer is not told about): the negative control of the
     // --cache-debug check of the experts each matmul reads (policy_substitute.h).

@@ -205,6 +205,8 @@ void RunStatsAssembly::finish() {
         s.prefetch_bytes = tot.prefetch_bytes;
         s.prefetch_wait_s = tot.prefetch_wait_s;
         s.warm_experts_preloaded = src_.streamer->warm_experts();
+        s.warm_experts_before_decode = src_.streamer->warm_preloaded();
+        s.warm_experts_not_read = src_.streamer->warm_not_read();
     }
     if (src_.predictor) {  // the guess's own cost and prefill read-ahead's per-row guesses
         const PredictCounters & pc = src_.predictor->counters();

@@ -1,6 +1,7 @@
 // warm_start.cpp — the engine's side of --warm-experts (warm_experts.h, docs/prompt-cache.md,
 // "Warm expert set"): at open, the usage file's hottest experts that fit the cache become the
-// streamer's warm set (streamer.h, "Warm set": read in the background as prefetch tails);
+// streamer's warm set (streamer.h, "Warm set" and "Warm preload": read in the background from
+// before the dense read, on lanes of their own, then as prefetch tails);
 // after every generation the file is rewritten with this engine's decode routings added.
 // Thread-safety: the engine's (one generation at a time).
 #include <algorithm>
@@ -69,6 +70,13 @@ Status EngineImpl::init_warm_experts() {
     MS_LOG_INFO("--warm-experts %s: %llu experts to read in the background (%llu per MoE layer "
                 "at most)",
                 path.c_str(), (unsigned long long)listed, (unsigned long long)per_layer);
+    // The preload's own lanes (as many as the engine's): it reads while open goes on.
+    if (listed > 0) {
+        Status st = warm_lanes_.open(shard_paths(index_), lanes_.n_lanes(), opt_.odirect, max_slice_);
+        if (!st.ok()) return st;
+        streamer_->set_preload_lanes(&warm_lanes_);
+        streamer_->start_preload();
+    }
     return Status::Ok();
 }
 

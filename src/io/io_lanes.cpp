@@ -390,6 +390,7 @@ void IoLanes::cancel_unreleased(const Status & why) {
 }
 
 size_t IoLanes::stop_claims() {
+    std::lock_guard<std::mutex> lk(stop_mu_);  // (any thread: batch_ changes under it)
     if (batch_ == nullptr) return 0;
     // A lane takes request i by moving next_ from i to i + 1: moving it past the end instead
     // leaves every later claim failing, and what it held is the count taken.
@@ -417,11 +418,14 @@ void IoLanes::worker(int lane) {
 
 void IoLanes::start(const std::vector<ReadRequest> & reqs, size_t prefix, size_t own,
                     size_t mid, size_t released) {
-    batch_ = &reqs;
-    next_.store(0);
+    {
+        std::lock_guard<std::mutex> lk(stop_mu_);
+        batch_ = &reqs;
+        next_.store(0);
+        stopped_at_ = SIZE_MAX;
+    }
     released_.store(released);
     cancelled_ = false;
-    stopped_at_ = SIZE_MAX;
     bytes_.store(0);
     direct_reads_.store(0);
     max_read_ns_.store(0);
@@ -500,10 +504,16 @@ Status IoLanes::finish(IoBatchStats * stats) {
     release(SIZE_MAX);
     run_lane(0, SIZE_MAX);
     wait_lanes_idle();
-    batch_ = nullptr;
+    size_t stopped_at = SIZE_MAX;
+    {
+        std::lock_guard<std::mutex> lk(stop_mu_);
+        batch_ = nullptr;
+        stopped_at = stopped_at_;
+    }
+    last_stopped_at_ = stopped_at;
     if (stats) {
         stats->bytes_read += bytes_.load() - (own_reported_ ? own_bytes_.load() : 0);
-        stats->reads += std::min(reqs.size(), stopped_at_) - (own_reported_ ? own_ : 0);
+        stats->reads += std::min(reqs.size(), stopped_at) - (own_reported_ ? own_ : 0);
         stats->direct_reads += direct_reads_.load();
         stats->seconds +=
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -515,7 +525,7 @@ Status IoLanes::finish(IoBatchStats * stats) {
         // Requests past the release watermark of a cancelled batch may have no memory under
         // them: never touched.
         // A stopped batch's requests past the stop are never touched either.
-        size_t started = stopped_at_ != SIZE_MAX ? reqs.size() : next_.load();
+        size_t started = stopped_at != SIZE_MAX ? reqs.size() : next_.load();
         const size_t end = std::min(reqs.size(), released_.load());
         for (size_t i = started; i < end; ++i) std::memset(reqs[i].dest, 0, reqs[i].len);
         return err_;

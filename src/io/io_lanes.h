@@ -157,8 +157,13 @@ public:
     // Stops the batch at its claim point (above, "Stopped batches"): returns n such that
     // requests [0, n) were taken by a lane (finish() waits for them; a failure among them is
     // the batch's error as usual) and [n, size) are never read nor touched. Not a failure.
-    // Called by the batch's driving thread, after the waits for what it needs.
+    // Called by the batch's driving thread, after the waits for what it needs, or by any other
+    // thread while the driving thread is in finish() (the streamer's warm preload, driven by
+    // its own thread and stopped by the decode thread); between batches it does nothing.
     size_t stop_claims();
+    // After finish(): where the finished batch was stopped (stop_claims' n), SIZE_MAX if it
+    // was not. Driving thread.
+    size_t last_stopped_at() const { return last_stopped_at_; }
     // Ok once requests [0, prefix) are done; on a failure anywhere in the batch, the batch's
     // error (after every lane stopped). stats->seconds gets the time spent waiting.
     Status wait_prefix(IoBatchStats * stats);
@@ -246,7 +251,11 @@ private:
     std::atomic<size_t> next_{0};
     std::atomic<size_t> released_{SIZE_MAX};  // requests [0, released_) may be taken
     bool cancelled_ = false;                  // cancel_unreleased() (driving thread only)
-    size_t stopped_at_ = SIZE_MAX;            // stop_claims(): requests taken (driving thread)
+    // stop_claims() may come from another thread: batch_'s changes, next_'s reset and
+    // stopped_at_ are made under stop_mu_.
+    std::mutex stop_mu_;
+    size_t stopped_at_ = SIZE_MAX;       // stop_claims(): requests taken (guarded by stop_mu_)
+    size_t last_stopped_at_ = SIZE_MAX;  // the last finished batch's (driving thread)
     size_t prefix_ = 0;                   // requests [0, prefix_) for wait_prefix (set by start)
     std::atomic<size_t> prefix_done_{0};  // completed requests with index < prefix_
     size_t mid_ = 0;                      // requests [0, mid_) for wait_mid (set by start)

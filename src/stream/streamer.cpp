@@ -23,6 +23,8 @@ Streamer::Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * l
     seen_.assign(index.n_expert, 0);
 }
 
+Streamer::~Streamer() { stop_preload(); }
+
 void Streamer::corrupt_for_test(int slot) {
     for (uint32_t e : experts_) {
         if (int(e) != hooks_.corrupt_expert && hooks_.corrupt_expert != StreamTestHooks::kAllExperts)
@@ -85,6 +87,112 @@ void Streamer::set_warm(std::vector<std::vector<uint32_t>> lists) {
     warm_ = std::move(lists);
     warm_pos_.assign(warm_.size(), 0);
     for (const auto & l : warm_) warm_left_ += l.empty() ? 0 : 1;
+    warm_in_.assign(warm_.size() * index_.n_expert, 0);
+}
+
+void Streamer::mark_warm_in(size_t m, const std::vector<uint32_t> & experts) {
+    for (uint32_t e : experts)
+        if (store_->is_resident(m, e)) warm_in_[m * index_.n_expert + e] = 1;
+}
+
+uint64_t Streamer::warm_not_read() const {
+    uint64_t n = 0;
+    for (size_t m = 0; m < warm_.size(); ++m)
+        for (uint32_t e : warm_[m]) n += warm_in_[m * index_.n_expert + e] ? 0 : 1;
+    return n;
+}
+
+void Streamer::start_preload() {
+    IoLanes * const lanes = preload_lanes_ ? preload_lanes_ : lanes_;
+    if (warm_left_ == 0 || lanes->n_lanes() < 2 || hooks_.warm_preload_off || preload_.joinable())
+        return;
+    preload_stop_ = false;
+    preload_ = std::thread([this] { preload_run(); });
+    if (hooks_.warm_preload_wait) {  // test only: the whole preload, never stopped
+        preload_.join();
+        stop_preload();  // (merges its counters)
+    }
+}
+
+void Streamer::stop_preload() {
+    if (preload_.joinable()) {
+        {
+            std::lock_guard<std::mutex> lk(preload_mu_);
+            preload_stop_ = true;
+            // The batch on the lanes, if any: no more claims.
+            (void)(preload_lanes_ ? preload_lanes_ : lanes_)->stop_claims();
+        }
+        preload_.join();
+    }
+    if (preload_count_ == 0) return;
+    // Into the totals only (no step read them), and read, not waited for: no io_s.
+    total_.bytes_read += preload_bytes_;
+    total_.reads += preload_count_;
+    total_.prefetch_bytes += preload_bytes_;
+    total_.max_read_s = std::max(total_.max_read_s, preload_max_read_s_);
+    preload_bytes_ = preload_count_ = 0;
+    preload_max_read_s_ = 0;
+}
+
+// The preload thread: in rounds over the MoE layers, each round the next n_expert_used absent
+// experts of every list (the hottest of every layer first), each layer's as one batch (above,
+// "Warm preload"). It owns the store until stop_preload() joins it.
+void Streamer::preload_run() {
+    IoLanes * const lanes = preload_lanes_ ? preload_lanes_ : lanes_;
+    const size_t per_round = std::max<size_t>(index_.n_expert_used, 1);
+    while (warm_left_ > 0) {  // every round reads from each list left or finishes it
+        for (size_t m = 0; m < warm_.size(); ++m) {
+            const std::vector<uint32_t> & l = warm_[m];
+            size_t & pos = warm_pos_[m];
+            if (pos >= l.size()) continue;
+            while (pos < l.size() && store_->is_resident(m, l[pos])) ++pos;
+            preload_chunk_.clear();
+            for (size_t p = pos; p < l.size() && preload_chunk_.size() < per_round; ++p)
+                if (!store_->is_resident(m, l[p])) preload_chunk_.push_back(l[p]);
+            preload_reads_.clear();
+            const size_t n = preload_chunk_.empty()
+                                 ? 0
+                                 : store_->prefetch_free(m, preload_chunk_, &preload_reads_);
+            if (n == 0) {  // the list is read, or no room for it in this layer (or the store)
+                pos = l.size();
+                --warm_left_;
+                continue;
+            }
+            {
+                std::lock_guard<std::mutex> lk(preload_mu_);
+                if (preload_stop_) {  // stopped before this batch started: none of it was read
+                    store_->end_prefetch_first(0);
+                    return;
+                }
+                lanes->start(preload_reads_, 0, 0);  // all of it a tail: the worker lanes and us
+            }
+            IoBatchStats io;
+            const Status st = lanes->finish(&io);
+            const size_t taken = lanes->last_stopped_at();
+            preload_bytes_ += io.bytes_read;
+            preload_count_ += io.reads;
+            preload_max_read_s_ = std::max(preload_max_read_s_, io.max_read_s);
+            if (!st.ok()) {  // released: a routing reads them again and reports the error
+                store_->end_prefetch(false);
+                MS_LOG_WARN("a warm-set read failed (%s); those experts are read again when "
+                            "routed",
+                            st.message().c_str());
+                return;
+            }
+            const size_t per = std::max<size_t>(preload_reads_.size() / n, 1);
+            const size_t read = taken == SIZE_MAX ? n : std::min(n, taken / per);
+            store_->end_prefetch_first(read);
+            mark_warm_in(m, preload_chunk_);
+            warm_experts_ += read;
+            warm_preloaded_ += read;
+            if (read < n) return;  // stopped: the tails go on from pos
+            // The store takes no more of this list (or did not keep it: never read it again).
+            if (n < preload_chunk_.size() || !store_->is_resident(m, preload_chunk_[0])) {
+                pos = l.size();
+                --warm_left_;
+            }
+        }
+    }
 }
 
 void Streamer::set_record_usage(bool on) {
@@ -120,6 +228,7 @@ void Streamer::warm_tail(int slot, int rows) {
         warm_open_ = n > 0;
         warm_issued_ = n;
         warm_tail_at_ = at;
+        warm_tail_m_ = m;
         warm_reads_per_ = n > 0 ? std::max<size_t>((reads_.size() - at) / n, 1) : 1;
         return;
     }
@@ -157,6 +266,7 @@ void Streamer::stop_warm_tail() {
                             : std::min(warm_issued_, (taken - warm_tail_at_) / warm_reads_per_);
     const double t0 = now_s();
     store_->end_prefetch_first(read);
+    mark_warm_in(warm_tail_m_, warm_chunk_);
     add_stage_s(now_s() - t0);
     warm_open_ = false;
     warm_experts_ += read;
@@ -213,6 +323,8 @@ Status Streamer::on_routing(const Routing & r) {
         for (uint32_t e : experts_) ++u[e];
         ++usage_routings_;
     }
+    if (!warm_in_.empty())  // a routed expert is read (or resident) by the stage below
+        for (uint32_t e : experts_) warm_in_[size_t(slot) * index_.n_expert + e] = 1;
 
     if (tracer_ && tracer_->active()) {
         // Residency before the stage = hit or miss (routed experts are never evicted).

@@ -73,6 +73,23 @@
 // changes what is resident. Usage (set_record_usage): per (MoE layer, expert), the decode
 // (one-row) routings that routed it, for the usage file.
 //
+// Warm preload (start_preload; the engine starts it as soon as the store exists, before the
+// dense weights are read): the warm lists read before the first routing, on a thread of the
+// streamer's own, in rounds over the MoE layers (each round the next n_expert_used experts of
+// every list, so the hottest of every layer come first): per layer and round one
+// prefetch_free() of those absent experts (free room only, as above) read as one batch
+// on the preload's lanes (set_preload_lanes: lanes of its own, so the engine's dense read
+// goes on meanwhile on the streamer's; the thread is the batch's lane 0). It runs while
+// nothing else uses the store (the rest of open, the prompt-cache restore, tokenization, a
+// server waiting for its first request). The first begin_step() (before any graph runs)
+// stops it with stop_preload(): the batch is stopped where the lanes are (IoLanes::stop_claims
+// from this thread; the reads in flight finish, at most one slice per lane, the rest are
+// dropped and their experts released), the thread is joined, and the warm tails above take the
+// lists from where it stopped. Every other use of the store is on the decode thread after that
+// join, so the store needs no locking. The test
+// hook warm_preload_wait makes start_preload() return only when the preload is done (no stop:
+// deterministic counts); warm_preload_off turns it off (the tails only).
+//
 // Accounting per token (decode step): bytes and reads issued, time blocked on reads,
 // token demand (distinct expert bytes routed over all layers) and layer demand (the widest
 // layer's routed bytes). See docs/metrics.md.
@@ -82,6 +99,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "moestream/gguf_index.h"
@@ -127,12 +146,17 @@ struct StreamTestHooks {
     // > 0: every warm tail asks for exactly this many experts and is read in full, never
     // stopped (above, "Warm set"): counts that do not depend on timing. 0 = adaptive.
     int warm_tail_experts = 0;
+    // The warm preload (above, "Warm preload"): start_preload() waits until it is done
+    // (deterministic: nothing is stopped), or does not start it (off).
+    bool warm_preload_wait = false;
+    bool warm_preload_off = false;
 };
 
 class Streamer final : public RouteSink {
 public:
     Streamer(const ModelIndex & index, ResidencyStore * store, IoLanes * lanes,
              bool overlap = false);
+    ~Streamer() override;  // stops the warm preload
     // Prefetch tails through io_uring (null: through the worker lanes). Not owned.
     void set_uring(UringTail * u) { uring_ = u; }
     // Prefill read-ahead: at a multi-row routing, prefetch the next MoE layer's whole bank.
@@ -153,7 +177,24 @@ public:
     // Warm set (above): lists[m] = MoE layer m's experts to read ahead, hottest first (one
     // list per MoE layer; anything else turns the warm set off).
     void set_warm(std::vector<std::vector<uint32_t>> lists);
-    uint64_t warm_experts() const { return warm_experts_; }  // experts the warm tails read
+    // Experts the warm preload and tails read (whole). Decode thread, after stop_preload().
+    uint64_t warm_experts() const { return warm_experts_; }
+    // Of those, read by the preload (before the first routing).
+    uint64_t warm_preloaded() const { return warm_preloaded_; }
+    // Experts of the warm lists never made resident so far: neither a warm read nor a
+    // routing read them (the preload stopped, the tails did not reach them, no free room).
+    // Decode thread, after stop_preload().
+    uint64_t warm_not_read() const;
+    // Warm preload (above): starts reading the warm lists on the preload thread (nothing
+    // without a warm set or a worker lane, or with the test hook off; with the wait hook it
+    // returns when the preload is done). Call once, before the first begin_step().
+    void start_preload();
+    // Stops the preload where the lanes are and joins its thread (above); idempotent. Before
+    // anything else uses the store or the lanes.
+    void stop_preload();
+    // The lanes the preload reads on (null: the streamer's own; not owned). Lanes of its own
+    // let it run while the streamer's lanes read something else (the engine's dense read).
+    void set_preload_lanes(IoLanes * l) { preload_lanes_ = l; }
     // Counts decode routings per (MoE layer, expert) from now on (usage()).
     void set_record_usage(bool on);
     // [moe_layer * n_expert + e]: decode routings that routed e (empty unless recording).
@@ -166,6 +207,7 @@ public:
     // Step accounting: begin_step() zeroes the current step's counters (and completes the
     // abandon of a failed stage: no graph is running between steps).
     void begin_step() {
+        stop_preload();  // (no graph may run beside the preload)
         step_ = StepCounters{};
         flush_abandon();  // (its store time counts for this step)
     }
@@ -203,6 +245,9 @@ private:
     void add_tail_io(const IoBatchStats & io);  // a finished tail's reads, into the counters
     // Appends a warm-set tail (above) after the routing of MoE layer `slot` with `rows` rows.
     void warm_tail(int slot, int rows);
+    void preload_run();  // the preload thread's body
+    // After a warm read of MoE layer m's `experts` ended: those now resident count as in.
+    void mark_warm_in(size_t m, const std::vector<uint32_t> & experts);
     // Orders reads_[0, n) by stage (early, second, late); returns the early and second counts
     // via *n_early and *n_mid (early + second). Sets early_tensor_.
     void order_stages(const MoeLayer & L, size_t n, size_t * n_early, size_t * n_mid);
@@ -253,10 +298,24 @@ private:
     std::vector<size_t> warm_pos_;
     size_t warm_left_ = 0;  // layers whose list is not done
     uint64_t warm_experts_ = 0;
+    uint64_t warm_preloaded_ = 0;
+    std::vector<uint8_t> warm_in_;  // [m * n_expert + e]: a warm read or a routing read it
+    // The warm preload: its thread, the stop (guarded by preload_mu_: the thread starts a
+    // batch only under it, so a stop either finds the batch on the lanes or keeps it from
+    // starting), its batch and its reads (merged into total_ when joined).
+    std::thread preload_;
+    IoLanes * preload_lanes_ = nullptr;
+    std::mutex preload_mu_;
+    bool preload_stop_ = false;
+    std::vector<ReadRequest> preload_reads_;
+    std::vector<uint32_t> preload_chunk_;
+    uint64_t preload_bytes_ = 0, preload_count_ = 0;
+    double preload_max_read_s_ = 0;
     // The warm tail in flight (tail_ is set): its experts, the index of its first read in
     // reads_, and the reads per expert. warm_ask_: experts the next decode tail asks for.
     bool warm_open_ = false;
     size_t warm_issued_ = 0, warm_tail_at_ = 0, warm_reads_per_ = 1;
+    size_t warm_tail_m_ = 0;  // its MoE layer (its experts: warm_chunk_)
     size_t warm_ask_ = 1;
     std::vector<uint32_t> warm_chunk_;  // scratch
     std::vector<uint32_t> usage_;

@@ -509,7 +509,7 @@ try {
   // This server has --prompt-cache and --warm-experts: once the request ended, /stats carries
   // both and the page shows them (control: the open server's page hides both rows, above).
   await desk.waitForFunction(() => /tokens restored \(/.test(document.getElementById("stat-pcache").textContent) &&
-                             / read; first 16 tokens .* % hits/.test(document.getElementById("stat-warm").textContent),
+                             / read \(\d+ before decode\), \d+ not read; first 16 tokens .* % hits/.test(document.getElementById("stat-warm").textContent),
                              null, { timeout: 30000 });
   assert.ok(await desk.isVisible("#stat-pcache") && await desk.isVisible("#stat-warm"));
   assert.deepEqual(deskSeen, ["", "Bearer " + theKey], "first without a key (401), then with it");

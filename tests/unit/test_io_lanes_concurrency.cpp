@@ -6,7 +6,9 @@
 //    and the next batch succeeds;
 //  - a file truncated under the lanes gives "unexpected end of file", never stale bytes;
 //  - a batch stopped with stop_claims() (the warm set's tail) reads exactly the requests taken
-//    before the stop, whole, and never touches the rest; unstopped, it reads them all.
+//    before the stop, whole, and never touches the rest; unstopped, it reads them all;
+//  - the same from another thread while the driving thread is in finish() (the warm preload,
+//    stopped by the decode thread): one request per lane is read, the rest never touched.
 #include <gtest/gtest.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -21,6 +23,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "io_faults.h"
@@ -211,6 +214,19 @@ long gated(int fd, const struct iovec * iov, int iovcnt, uint64_t off, int, void
     return ::preadv(fd, iov, iovcnt, off_t(off));
 }
 
+// Requests [0, n) hold the file's bytes; the rest were never touched (still 0xAB).
+void expect_read_up_to(const std::vector<ReadRequest> & reqs,
+                       const std::vector<std::vector<uint8_t>> & bufs, size_t n) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+        if (i < n) {
+            EXPECT_TRUE(bytes_match(reqs[i])) << i;
+        } else {
+            EXPECT_TRUE(std::all_of(bufs[i].begin(), bufs[i].end(), [](uint8_t b) { return b == 0xAB; }))
+                << "request " << i << " past the stop was touched";
+        }
+    }
+}
+
 // One own request, then a tail of 12 that the worker lanes read, each held in the hook.
 // stop: stop_claims() once a tail read is in flight. Returns the count stop_claims() gave
 // (the batch size without a stop); every request's bytes are checked against it.
@@ -241,14 +257,7 @@ size_t run_tail_batch(bool stop) {
     IoBatchStats io;
     EXPECT_TRUE(lanes.finish(&io).ok());
     EXPECT_EQ(io.reads, taken);
-    for (size_t i = 0; i < kAll; ++i) {
-        if (i < taken) {
-            EXPECT_TRUE(bytes_match(reqs[i])) << i;
-        } else {
-            EXPECT_TRUE(std::all_of(bufs[i].begin(), bufs[i].end(), [](uint8_t b) { return b == 0xAB; }))
-                << "request " << i << " past the stop was touched";
-        }
-    }
+    expect_read_up_to(reqs, bufs, taken);
     return taken;
 }
 
@@ -260,5 +269,65 @@ TEST(IoLanesConcurrency, StoppedTailReadsExactlyTheRequestsTakenBeforeTheStop) {
 
 // The negative control: the same batch, not stopped, reads its whole tail.
 TEST(IoLanesConcurrency, UnstoppedTailIsReadWhole) { EXPECT_EQ(run_tail_batch(false), 13u); }
+
+// A batch of 13 requests, all a tail, driven by its own thread (start, then finish: that
+// thread is lane 0), every read held in the hook. stop: this thread calls stop_claims() once
+// all 4 lanes hold a read. Returns what the driving thread saw: last_stopped_at() (SIZE_MAX
+// when not stopped) and the reads finish() counted; every request's bytes are checked.
+std::pair<size_t, uint64_t> run_driven_batch(bool stop) {
+    TempFile f(4 << 20);
+    IoLanes lanes;
+    EXPECT_TRUE(lanes.open(f.path, 4, false, 256 << 10).ok());
+    TailGate g;  // tail_from 0: every read waits
+    lanes.set_pread_hook(&gated, &g);
+    constexpr size_t kAll = 13;
+    std::vector<std::vector<uint8_t>> bufs(kAll, std::vector<uint8_t>(100 << 10, 0xAB));
+    std::vector<ReadRequest> reqs;
+    for (size_t i = 0; i < kAll; ++i)
+        reqs.push_back({i * (256 << 10) + 17, 100 << 10, bufs[i].data()});
+    size_t stopped_at = 0;
+    IoBatchStats io;
+    Status st;
+    std::mutex start_mu;  // the driver starts under it, as the streamer's preload does
+    std::thread driver([&] {
+        {
+            std::lock_guard<std::mutex> lk(start_mu);
+            lanes.start(reqs, 0, 0);
+        }
+        st = lanes.finish(&io);
+        stopped_at = lanes.last_stopped_at();
+    });
+    {
+        std::unique_lock<std::mutex> lk(g.mu);  // every lane (the driver too) holds a read
+        g.cv.wait(lk, [&] { return g.entered == 4; });
+    }
+    if (stop) {
+        std::lock_guard<std::mutex> lk(start_mu);
+        EXPECT_EQ(lanes.stop_claims(), 4u);
+    }
+    {
+        std::lock_guard<std::mutex> lk(g.mu);
+        g.go = true;
+    }
+    g.cv.notify_all();
+    driver.join();
+    EXPECT_TRUE(st.ok()) << st.message();
+    const size_t read = stop ? 4 : kAll;
+    expect_read_up_to(reqs, bufs, read);
+    return {stopped_at, io.reads};
+}
+
+TEST(IoLanesConcurrency, StopFromAnotherThreadReadsOneRequestPerLane) {
+    const auto [stopped_at, reads] = run_driven_batch(/*stop=*/true);
+    EXPECT_EQ(stopped_at, 4u);
+    EXPECT_EQ(reads, 4u) << "only the reads in flight at the stop, one per lane";
+}
+
+// The negative control: the same driven batch, not stopped, reads all 13.
+TEST(IoLanesConcurrency, DrivenBatchNotStoppedIsReadWhole) {
+    const auto [stopped_at, reads] = run_driven_batch(/*stop=*/false);
+    EXPECT_EQ(stopped_at, SIZE_MAX);
+    EXPECT_EQ(reads, 13u);
+}
 
 }  // namespace

@@ -9,7 +9,12 @@
 // the adaptive, stoppable tails (no test hook) are byte-identical too; the file is validated
 // like any input (truncated, bit-flipped, another model's, another shape: refused in one line,
 // the run exact, the file replaced); `auto` writes only under $XDG_CACHE_HOME/moestream/warm;
-// no cache refuses. One model (the trained demo model), a handful of 24-token runs.
+// no cache refuses. The preload at open (the warm lists read before the first decode): with it
+// waited for (MOESTREAM_DEBUG_WARM_PRELOAD=wait: deterministic) the first decode token misses
+// nothing and no listed expert is left unread, while without it (=off, the control) the first
+// token misses and a one-token run leaves listed experts unread; the suite's other runs turn
+// it off (their counts are the tails'), the adaptive run keeps it (in the background).
+// One model (the trained demo model), a handful of 24-token runs.
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -40,19 +45,20 @@ RunOptions warm_options(const std::string & usage) {
 
 constexpr const char * kTailKnob = "MOESTREAM_DEBUG_WARM_TAIL";
 constexpr const char * kTail = "4";  // the suite's fixed tail size (experts per tail)
+constexpr const char * kPreloadKnob = "MOESTREAM_DEBUG_WARM_PRELOAD";
 
 struct WarmRun {
     GenerateResult r;
     RunStats s;
 };
 
-WarmRun run_once(const RunOptions & o) {
+WarmRun run_once(const RunOptions & o, int n_tokens = kTokens) {
     WarmRun out;
     std::unique_ptr<Engine> e;
     Status st = Engine::open(o, &e);
     EXPECT_TRUE(st.ok()) << st.message();
     if (!e) return out;
-    st = e->generate(kPrompt, kTokens, nullptr, &out.r);
+    st = e->generate(kPrompt, n_tokens, nullptr, &out.r);
     EXPECT_TRUE(st.ok()) << st.message();
     out.s = e->stats();
     return out;
@@ -72,6 +78,7 @@ protected:
     static void SetUpTestSuite() {
         dir_ = new TempDir("warm");
         setenv(kTailKnob, kTail, 1);
+        setenv(kPreloadKnob, "off", 1);
         cold_ = new WarmRun(run_once(restored(dir_->path("cold.usage"))));
         usage_ = new std::string(slurp(dir_->path("cold.usage")));
         // (It records its usage too: no file yet, so it reads nothing ahead.)
@@ -80,6 +87,7 @@ protected:
     }
     static void TearDownTestSuite() {
         unsetenv(kTailKnob);
+        unsetenv(kPreloadKnob);
         delete cold_;
         delete restored_;
         delete restored_usage_;
@@ -150,10 +158,60 @@ TEST_F(WarmExperts, TailsOfSeveralExpertsHitMoreThanTailsOfOne) {
 // The production tails (sized by what the last one read, stopped when the next routing comes)
 // depend on timing in what they read, never in what the run computes.
 TEST_F(WarmExperts, AdaptiveTailsAreByteIdentical) {
+    unsetenv(kPreloadKnob);  // the production preload too, in the background
     const WarmRun w = warm_run(restored(dir_->path("adaptive.usage")), *usage_, "adaptive", nullptr);
+    setenv(kPreloadKnob, "off", 1);
     EXPECT_EQ(w.s.warm_experts_refused, "");
     EXPECT_LE(w.s.warm_experts_preloaded, w.s.warm_experts_listed);
     expect_same_output(w, *cold_);
+}
+
+// A warm run with the preload at open set by `preload` (wait|off), tails of one expert, a
+// cache that holds every expert (nothing the preload reads is evicted) and n_tokens tokens.
+WarmRun preload_run(const RunOptions & base, const std::string & usage, const char * preload,
+                    int n_tokens = kTokens) {
+    RunOptions o = base;
+    o.cache_mb = 32;  // the whole demo model's experts
+    EXPECT_TRUE(write_bytes(o.warm_experts, usage));
+    setenv(kPreloadKnob, preload, 1);
+    setenv(kTailKnob, "1", 1);
+    WarmRun w = run_once(o, n_tokens);
+    setenv(kPreloadKnob, "off", 1);
+    setenv(kTailKnob, kTail, 1);
+    return w;
+}
+
+// The cold run's usage lists every expert its decode routed, and the warm run decodes the
+// same tokens: read in full before decode, the list leaves its first token nothing to read.
+TEST_F(WarmExperts, PreloadDoneBeforeDecodeLeavesTheFirstTokenNoMiss) {
+    const WarmRun w = preload_run(restored(dir_->path("pre.usage")), *usage_, "wait");
+    expect_same_output(w, *cold_);
+    EXPECT_GT(w.s.prompt_cache_tokens, 0);
+    ASSERT_FALSE(w.s.tokens.empty());
+    EXPECT_GT(w.s.warm_experts_listed, 0u);
+    EXPECT_EQ(w.s.warm_experts_before_decode, w.s.warm_experts_listed);
+    EXPECT_EQ(w.s.tokens[0].cache_misses, 0u);
+    EXPECT_GT(w.s.tokens[0].cache_hits, 0u);
+}
+
+// The control: without the preload (tails of one expert only) the first token misses.
+TEST_F(WarmExperts, WithoutThePreloadTheFirstTokenMisses) {
+    const WarmRun w = preload_run(restored(dir_->path("nopre.usage")), *usage_, "off");
+    expect_same_output(w, *cold_);
+    ASSERT_FALSE(w.s.tokens.empty());
+    EXPECT_EQ(w.s.warm_experts_before_decode, 0u);
+    EXPECT_GT(w.s.tokens[0].cache_misses, 0u);
+}
+
+// warm_experts_not_read: the listed experts neither a warm read nor a routing made resident.
+TEST_F(WarmExperts, NotReadCountsTheListedExpertsLeftUnread) {
+    const WarmRun done = preload_run(restored(dir_->path("nr-wait.usage")), *usage_, "wait", 1);
+    EXPECT_EQ(done.s.warm_experts_not_read, 0u);
+    // The control: a one-token run on tails of one expert reaches only part of the list.
+    const WarmRun left = preload_run(restored(dir_->path("nr-off.usage")), *usage_, "off", 1);
+    EXPECT_GT(left.s.warm_experts_not_read, 0u);
+    EXPECT_LE(left.s.warm_experts_not_read + left.s.warm_experts_preloaded,
+              left.s.warm_experts_listed);
 }
 
 // The negative control: a file that lists only experts the run never routes in decode.

@@ -53,6 +53,8 @@ nlohmann::json stats_to_json(const RunStats & s, const GenerateResult & g, const
     j["warm_experts_file"] = s.warm_experts_file;
     j["warm_experts_listed"] = s.warm_experts_listed;
     j["warm_experts_preloaded"] = s.warm_experts_preloaded;
+    j["warm_experts_before_decode"] = s.warm_experts_before_decode;
+    j["warm_experts_not_read"] = s.warm_experts_not_read;
     j["warm_experts_refused"] = s.warm_experts_refused;
     j["decode_s"] = s.decode_s;
     j["decode_tok_s"] = s.decode_tok_s;
@@ -234,10 +236,13 @@ int do_run(RunFlags & f) {
                      s.prompt_cache_restore_s, mib(double(s.prompt_cache_written_bytes)));
     if (!f.opt.warm_experts.empty())
         std::fprintf(stderr,
-                     "moestream: warm experts: %llu of %llu listed read in the background | first "
-                     "16 decode tokens hit %.1f%% | usage file %s%s%s\n",
+                     "moestream: warm experts: %llu of %llu listed read in the background (%llu "
+                     "before decode), %llu not read | first 16 decode tokens hit %.1f%% | usage "
+                     "file %s%s%s\n",
                      (unsigned long long)s.warm_experts_preloaded,
-                     (unsigned long long)s.warm_experts_listed, s.first16_hit_pct,
+                     (unsigned long long)s.warm_experts_listed,
+                     (unsigned long long)s.warm_experts_before_decode,
+                     (unsigned long long)s.warm_experts_not_read, s.first16_hit_pct,
                      s.warm_experts_file.c_str(), s.warm_experts_refused.empty() ? "" : " (ignored: ",
                      s.warm_experts_refused.empty() ? "" : (s.warm_experts_refused + ")").c_str());
     if (f.opt.stream)

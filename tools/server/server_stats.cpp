@@ -72,6 +72,8 @@ void ServerMetrics::publish_after_job(const RunStats & s, json engine_settings, 
         snap_.warm_experts = json{{"file", s.warm_experts_file},
                                   {"listed", s.warm_experts_listed},
                                   {"preloaded", s.warm_experts_preloaded},
+                                  {"before_decode", s.warm_experts_before_decode},
+                                  {"not_read", s.warm_experts_not_read},
                                   {"first16_hit_pct", s.first16_hit_pct},
                                   {"refused", s.warm_experts_refused}};
     snap_.read_latency = s.reads_timed == 0 ? json(nullptr)

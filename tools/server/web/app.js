@@ -305,7 +305,8 @@ function showStats(s) {
   if (pc) $("stat-pcache").textContent = pc.tokens_restored + " tokens restored (" +
     fmt(pc.read_mib, 1) + " MiB in " + fmt(pc.restore_s, 2) + " s)";
   if (warm) $("stat-warm").textContent = warm.preloaded + " of " + warm.listed +
-    " read; first 16 tokens " + fmt(warm.first16_hit_pct, 1) + " % hits";
+    " read (" + warm.before_decode + " before decode), " + warm.not_read + " not read" +
+    "; first 16 tokens " + fmt(warm.first16_hit_pct, 1) + " % hits";
   $("stat-tokens").textContent = String(s.n_generated);
   $("stat-queue").textContent = s.queue_waiting + " waiting";
   $("model").textContent = s.model;
