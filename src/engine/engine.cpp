@@ -232,7 +232,9 @@ Status EngineImpl::init(const RunOptions & opt) {
     }
 
     stats_.load_s = now_s() - t_open_;
-    stats_.expert_buffer_bytes = store_ ? store_->reserved_bytes() : 0;
+    stats_.expert_buffer_bytes =
+        !store_ ? 0 : streamer_ ? streamer_->with_store_quiet([&] { return store_->reserved_bytes(); })
+                                : store_->reserved_bytes();
     drop_cold_block_ = !hook_                           ? DropColdBlock::kResident
                        : fallback_                      ? DropColdBlock::kMissFallback
                        : stats_.cache_budget_bytes == 0 ? DropColdBlock::kCacheOff
@@ -555,10 +557,23 @@ std::string EngineImpl::settings_json() const {
     // The paths taken where the kernel (or an emulator) may lack a feature: the cache's
     // page size, page moves (mremap MREMAP_DONTUNMAP) still on, the read-ahead's reader.
     j["page_bytes"] = system_page_bytes();
-    const PagedMemory * mem = store_ ? store_->paged_memory() : nullptr;
-    j["cache_move_used"] = mem ? mem->page_stats().move_pages : false;
-    const SlotPlacement * slots = store_ ? store_->slot_placement() : nullptr;
-    const SlotStats ss = slots ? slots->slot_stats() : SlotStats{};
+    // The store's figures, read with the store quiet: a server reads its settings while the
+    // warm preload may still fill the store (streamer.h, "Warm preload").
+    bool move_used = false;
+    SlotStats ss;
+    uint64_t store_huge = 0;
+    auto read_store = [&] {
+        const PagedMemory * mem = store_ ? store_->paged_memory() : nullptr;
+        move_used = mem ? mem->page_stats().move_pages : false;
+        const SlotPlacement * slots = store_ ? store_->slot_placement() : nullptr;
+        ss = slots ? slots->slot_stats() : SlotStats{};
+        store_huge = store_ ? store_->huge_page_bytes() : 0;
+    };
+    if (streamer_)
+        streamer_->with_store_quiet(read_store);
+    else
+        read_store();
+    j["cache_move_used"] = move_used;
     // The fixed slots: slots per MoE layer (0: not this cache), the layer routings whose
     // expert ids were rewritten to slots so far, the experts the warm start copied so far; why
     // not the fixed slots when the LRU cache holds the budget (empty otherwise).
@@ -568,8 +583,7 @@ std::string EngineImpl::settings_json() const {
     j["cache_slot_warm_copies"] = ss.warm_copies;
     // Transparent huge pages (MOESTREAM_HUGEPAGES; docs/design.md): the bytes of expert slots
     // and dense copies the kernel accepted the advice for.
-    j["huge_page_bytes"] = (store_ ? store_->huge_page_bytes() : 0) +
-                           (binder_ ? binder_->dense_huge_bytes() : 0);
+    j["huge_page_bytes"] = store_huge + (binder_ ? binder_->dense_huge_bytes() : 0);
     j["cache_slot_warm_s"] = ss.warm_s;
     if (!uring_fallback_.empty()) j["prefetch_io_fallback"] = uring_fallback_;
     j["prefetch"] = prefetch_on();

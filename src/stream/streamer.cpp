@@ -140,6 +140,9 @@ void Streamer::stop_preload() {
 void Streamer::preload_run() {
     IoLanes * const lanes = preload_lanes_ ? preload_lanes_ : lanes_;
     const size_t per_round = std::max<size_t>(index_.n_expert_used, 1);
+    // The store is touched only under preload_mu_ (let go while the lanes read), so that
+    // with_store_quiet() may read its figures from another thread meanwhile.
+    std::unique_lock<std::mutex> lk(preload_mu_);
     while (warm_left_ > 0) {  // every round reads from each list left or finishes it
         for (size_t m = 0; m < warm_.size(); ++m) {
             const std::vector<uint32_t> & l = warm_[m];
@@ -158,16 +161,15 @@ void Streamer::preload_run() {
                 --warm_left_;
                 continue;
             }
-            {
-                std::lock_guard<std::mutex> lk(preload_mu_);
-                if (preload_stop_) {  // stopped before this batch started: none of it was read
-                    store_->end_prefetch_first(0);
-                    return;
-                }
-                lanes->start(preload_reads_, 0, 0);  // all of it a tail: the worker lanes and us
+            if (preload_stop_) {  // stopped before this batch started: none of it was read
+                store_->end_prefetch_first(0);
+                return;
             }
+            lanes->start(preload_reads_, 0, 0);  // all of it a tail: the worker lanes and us
+            lk.unlock();  // a stop now finds the batch on the lanes
             IoBatchStats io;
             const Status st = lanes->finish(&io);
+            lk.lock();
             const size_t taken = lanes->last_stopped_at();
             preload_bytes_ += io.bytes_read;
             preload_count_ += io.reads;

@@ -85,8 +85,9 @@
 // stops it with stop_preload(): the batch is stopped where the lanes are (IoLanes::stop_claims
 // from this thread; the reads in flight finish, at most one slice per lane, the rest are
 // dropped and their experts released), the thread is joined, and the warm tails above take the
-// lists from where it stopped. Every other use of the store is on the decode thread after that
-// join, so the store needs no locking. The test
+// lists from where it stopped. The preload holds preload_mu_ whenever it uses the store (not
+// while its lanes read); another thread reads the store's figures meanwhile only through
+// with_store_quiet(); every other use of the store is on the decode thread after the join. The test
 // hook warm_preload_wait makes start_preload() return only when the preload is done (no stop:
 // deterministic counts); warm_preload_off turns it off (the tails only).
 //
@@ -192,6 +193,14 @@ public:
     // Stops the preload where the lanes are and joins its thread (above); idempotent. Before
     // anything else uses the store or the lanes.
     void stop_preload();
+    // f() with the store quiet: while the preload runs, under the lock it holds whenever it
+    // uses the store, so f may read the store's figures from another thread (the engine's
+    // settings while a server waits for its first request). Not from the preload itself.
+    template <class F>
+    auto with_store_quiet(F && f) const {
+        std::lock_guard<std::mutex> lk(preload_mu_);
+        return f();
+    }
     // The lanes the preload reads on (null: the streamer's own; not owned). Lanes of its own
     // let it run while the streamer's lanes read something else (the engine's dense read).
     void set_preload_lanes(IoLanes * l) { preload_lanes_ = l; }
@@ -305,7 +314,7 @@ private:
     // starting), its batch and its reads (merged into total_ when joined).
     std::thread preload_;
     IoLanes * preload_lanes_ = nullptr;
-    std::mutex preload_mu_;
+    mutable std::mutex preload_mu_;  // also held by the preload whenever it uses the store
     bool preload_stop_ = false;
     std::vector<ReadRequest> preload_reads_;
     std::vector<uint32_t> preload_chunk_;
