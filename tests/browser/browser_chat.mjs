@@ -496,13 +496,32 @@ try {
   await desk.goto(keyUrl);
   await desk.waitForSelector("#key-form:not([hidden])", { timeout: 10000 });
   assert.match(await desk.textContent("#key-why"), /API key/);
+  // The poll that follows the refused send carries no key: it is held here and answered (401)
+  // only once the key is entered. A refusal of the key a request carried must not ask again
+  // for the key now in use (the form stays hidden below).
+  let releaseStale, onStaleHeld;
+  const staleReleased = new Promise((res) => { releaseStale = res; });
+  const staleHeld = new Promise((res) => { onStaleHeld = res; });
+  let staleTaken = false;
+  await desk.route(/\/stats$/, async (route) => {
+    if (!staleTaken && !route.request().headers()["authorization"]) {
+      staleTaken = true;
+      onStaleHeld();
+      await staleReleased;
+    }
+    await route.continue();
+  });
   await desk.fill("#prompt", "hello with a key");
   await desk.click("#send");
   await desk.waitForFunction(() => document.getElementById("error").textContent.includes("401"), null, { timeout: 10000 });
   assert.equal(await desk.locator(".msg").count(), 0, "the refused turn leaves no bubble");
   assert.equal(await desk.inputValue("#prompt"), "hello with a key");
+  await staleHeld;
   await desk.fill("#key-input", theKey);
   await desk.click("#key-form button");
+  const staleAnswer = desk.waitForResponse((r) => r.url().endsWith("/stats") && r.status() === 401);
+  releaseStale();
+  await staleAnswer;
   await desk.waitForFunction(() => document.querySelectorAll(".msg.assistant:not(.streaming)").length === 1 &&
                              document.querySelector(".msg.assistant .body").textContent.length > 0, null, { timeout: 60000 });
   assert.ok(await desk.isHidden("#key-form"), "the key prompt is gone once the key works");

@@ -41,8 +41,7 @@ function storageSet(k, v) {
 }
 
 function apiKey() { return $("set-api-key").value; }
-function authHeaders() {
-  const key = apiKey();
+function authHeaders(key = apiKey()) {
   return key ? { Authorization: "Bearer " + key } : {};
 }
 
@@ -321,8 +320,14 @@ function showStats(s) {
 
 async function refreshStats() {
   try {
-    const r = await fetch("/stats", { headers: authHeaders() });
-    if (r.status === 401) { askForKey("This server needs an API key."); return null; }
+    const sentKey = apiKey();
+    const r = await fetch("/stats", { headers: authHeaders(sentKey) });
+    // A 401 refuses the key the request carried: a poll sent before a key was entered is no
+    // reason to ask again for the one now in use.
+    if (r.status === 401) {
+      if (apiKey() === sentKey) askForKey("This server needs an API key.");
+      return null;
+    }
     if (!r.ok) return null;
     const s = await r.json();
     showStats(s);
@@ -466,11 +471,12 @@ async function streamReply(chat, undo) {
     updateView(view, true);
     if (follow) toBottom();
   };
+  const sentKey = apiKey();
   try {
     const body = Object.assign({ messages, stream: true }, requestSettings());
     const r = await fetch("/v1/chat/completions", {
       method: "POST",
-      headers: Object.assign({ "Content-Type": "application/json" }, authHeaders()),
+      headers: Object.assign({ "Content-Type": "application/json" }, authHeaders(sentKey)),
       body: JSON.stringify(body),
       signal: me.controller.signal,
     });
@@ -512,7 +518,7 @@ async function streamReply(chat, undo) {
       view.div.remove();
       undo();
       showError(String(e.message || e));
-      if (e.status === 401) askForKey("This server needs an API key: " + e.message);
+      if (e.status === 401 && apiKey() === sentKey) askForKey("This server needs an API key: " + e.message);
     }
   } finally {
     if (frame) cancelAnimationFrame(frame);
