@@ -130,7 +130,6 @@ struct RunOptions {
     std::string prefill_guess = "rows";  // MOESTREAM_PREFILL_GUESS: rows or bank
     bool pool_warm = false;              // MOESTREAM_POOL_WARM
     std::string slot_cache = "auto";     // MOESTREAM_SLOT_CACHE: auto, 1 (fixed slots), 0 (LRU)
-    bool slot_warm = true;               // MOESTREAM_SLOT_WARM
     bool huge_pages = true;              // MOESTREAM_HUGEPAGES
     std::string slot_populate = "idle";  // MOESTREAM_SLOT_POPULATE: idle, nice or off
     // Not a setting: called by Engine::open while it reads the dense weights, with the bytes

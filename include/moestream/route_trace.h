@@ -108,7 +108,8 @@ struct TraceHeader {
     double substitute = 0;
     // Version 7. The store that recorded the trace was the fixed-slot cache (residency.h) with
     // this many slots per MoE layer (0: the LRU cache or the cache off); slot_warm: its warm
-    // start after the prompt's last ubatch was on (MOESTREAM_SLOT_WARM).
+    // start after the prompt's last ubatch was on (the engine writes true with the fixed slots;
+    // replay follows the header either way).
     uint32_t slots_per_layer = 0;
     bool slot_warm = false;
     std::vector<TraceLayerShape> moe_layers;  // ascending layer

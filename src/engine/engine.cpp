@@ -408,7 +408,6 @@ Status EngineImpl::make_store() {
     if (slot_cache) {
         slot_rewriter_ = std::make_unique<SlotRewriter>(index_, store_.get(), streamer_.get());
         slot_rewriter_->plant_misplace(knobs_.slot_misplace);
-        slot_rewriter_->set_warm(opt_.slot_warm);
         observers.push_back(slot_rewriter_.get());
     }
     if (!opt_.route_trace.empty()) open_trace();  // its settings name the store built above
@@ -455,7 +454,7 @@ void EngineImpl::open_trace() {
     h.drop_renorm = opt_.drop_renorm;
     h.cache_chunks = ps.recycle_pages;
     h.slots_per_layer = slot_rewriter_ ? store_->slot_placement()->slot_stats().slots_per_layer : 0;
-    h.slot_warm = slot_rewriter_ != nullptr && opt_.slot_warm;
+    h.slot_warm = slot_rewriter_ != nullptr;
     h.scores = opt_.route_trace_scores;
     h.substitute = opt_.substitute;
     h.settings_json = settings_json();
@@ -521,12 +520,11 @@ std::string EngineImpl::settings_json() const {
     r["io_overlap"] = overlap_;
     r["io_overlap_stages"] = overlap_ ? opt_.overlap_stages : 0;
     r["io_staged_reads"] = overlap_ && opt_.staged_reads;
-    // Which store holds the budget ("fixed slots", "lru", "off"); the fixed slots' warm start
-    // (MOESTREAM_SLOT_WARM) and page population (MOESTREAM_SLOT_POPULATE; docs/cache.md).
+    // Which store holds the budget ("fixed slots", "lru", "off") and the fixed slots' page
+    // population (MOESTREAM_SLOT_POPULATE; docs/cache.md).
     r["cache_store"] = !store_ || stats_.cache_budget_bytes == 0 ? "off"
                        : slot_rewriter_                          ? "fixed slots"
                                                                  : "lru";
-    r["cache_slot_warm"] = slot_rewriter_ != nullptr && opt_.slot_warm;
     r["cache_slot_populate"] = slot_rewriter_ ? opt_.slot_populate : std::string("none");
     r["prefetch_io"] = !prefetch_on() ? "off" : uring_ ? "io_uring" : "lanes";
     r["prefill_guess"] =
@@ -599,6 +597,7 @@ std::string EngineImpl::settings_json() const {
     for (const PlanChoice & c : plan_.choices)
         plan.push_back({{"name", c.name}, {"value", c.value}, {"reason", c.reason}});
     j["plan"] = plan;
+    j["cache_slot_warm"] = slot_rewriter_ != nullptr;  // always, with the fixed slots
     nlohmann::json out;
     const Status st = settings_object(opt_, r, j, &out);
     if (!st.ok()) MS_LOG_ERROR("%s", st.message().c_str());  // a test catches the drift

@@ -452,54 +452,80 @@ const std::vector<Setting> kSettings = {
      "cache_recycle", "", "", kStreaming},
     {"cache_move", &R::cache_move, "--cache-no-move", "", "", false, "move", C::kExperiment,
      "unmap an evicted expert's recycled pages and map them afresh for the next miss (default: "
-     "move the mapping with mremap)",
+     "move the mapping with mremap). Not settled (cache-move benchmark): moving decodes at "
+     "1.07x [0.98, 1.16] / 0.92x [0.83, 1.03] / 1.03x [0.96, 1.09] of unmapping at 4000 / 6000 "
+     "MiB / auto; kept because unmapping is the path taken where mremap(MREMAP_DONTUNMAP) is "
+     "missing (docs/arm64.md) and this reproduces it on any host for its tests",
      "cache_move", "", "", kStreaming},
     {"prefetch_uring", &R::prefetch_uring, "", "MOESTREAM_PREFETCH_NO_URING", "0|1", true, "0",
-     C::kExperiment, "1: --prefetch tails are read by the worker lanes instead of io_uring",
+     C::kExperiment,
+     "1: --prefetch tails are read by the worker lanes instead of io_uring. Not settled: no "
+     "published benchmark compares the two for prefetch tails (decode-knobs measures demand "
+     "reads only: io_uring at 0.99x-1.00x of the lanes); kept because the lanes are the path "
+     "taken where the kernel refuses a ring or reads are buffered, and this reproduces it on "
+     "any host",
      "prefetch_io"},
     {"overlap_stages", &R::overlap_stages, "", "MOESTREAM_OVERLAP_STAGES", "2|3", false, "3",
      C::kExperiment,
      "which expert reads a layer waits for before its first expert matmul: 2 gate and up; 3 "
      "only the projection the graph multiplies first, the second waited for before its own "
-     "matmul (docs/design.md). Off with the overlap",
+     "matmul (docs/design.md). Off with the overlap. Not settled (decode-split benchmark): "
+     "three stages decode at 1.02x [0.92, 1.14] / 1.01x [0.91, 1.12] / 0.99x [0.94, 1.06] / "
+     "0.97x [0.91, 1.04] of two at 2000 / 4000 / 6000 MiB / auto; kept because the overlap "
+     "and split-staging tests run the two-stage wait with it",
      "io_overlap_stages"},
     {"staged_reads", &R::staged_reads, "", "MOESTREAM_STAGED_READS", "0|1", false, "1",
      C::kExperiment,
-     "1: the read lanes start a stage's reads only once the earlier stages' reads are in",
+     "1: the read lanes start a stage's reads only once the earlier stages' reads are in. Not "
+     "settled (decode-split benchmark): staged reads decode at 1.00x [0.88, 1.13] / 1.02x "
+     "[0.91, 1.13] / 0.99x [0.92, 1.05] / 1.00x [0.93, 1.07] of unstaged at 2000 / 4000 / "
+     "6000 MiB / auto; kept because the overlap tests run byte-identity cases both ways",
      "io_staged_reads"},
     {"stage_split", &R::stage_split, "", "MOESTREAM_STAGE_SPLIT", "0|1", false, "1", C::kExperiment,
      "1: a routing's reads start once the first stage's slices are committed, the rest "
-     "committed while they read (docs/cache.md, \"Split staging\")",
+     "committed while they read (docs/cache.md, \"Split staging\"). Not settled "
+     "(engine-defaults benchmark): split staging decodes at 1.02x [0.91, 1.13] / 1.02x [0.95, "
+     "1.11] / 1.01x [0.94, 1.08] / 0.95x [0.88, 1.04] of none at 2000 / 4000 / 6000 MiB / "
+     "auto; kept because the split-staging and server tests use 0 as their control (no slice "
+     "deferred)",
      "io_stage_split"},
     {"prefill_guess", &R::prefill_guess, "", "MOESTREAM_PREFILL_GUESS", "rows|bank", false, "rows",
      C::kExperiment,
      "what prefill read-ahead reads for the next MoE layer: the union of the ubatch rows' "
-     "guesses, or the layer's whole bank (docs/prefetch.md)",
+     "guesses, or the layer's whole bank (docs/prefetch.md). Not settled: no published "
+     "benchmark compares the two (prefill-readahead measures rows against no read-ahead); "
+     "kept because the prefill tests check both guesses byte-identical and compare their reads",
      "prefill_guess"},
     {"pool_warm", &R::pool_warm, "", "MOESTREAM_POOL_WARM", "0|1", false, "0", C::kExperiment,
      "1: the LRU cache's page pool zero-fills up to the budget's worth of pages in a "
-     "low-priority thread from the cache's creation on (docs/cache.md, \"Pool warm-up\")",
+     "low-priority thread from the cache's creation on (docs/cache.md, \"Pool warm-up\"). Not "
+     "settled (engine-defaults benchmark): warm-up decodes at 0.98x [0.93, 1.04] of none at "
+     "auto after a 1000-token prompt; kept because the memory-limit and cache tests check its "
+     "pages and counters under a cap with it",
      "cache_pool_warm"},
     {"slot_cache", &R::slot_cache, "", "MOESTREAM_SLOT_CACHE", "auto|0|1", false, "auto",
      C::kExperiment,
      "which store holds a cache budget: auto, the fixed-slot cache where it can run, else the "
      "LRU cache; 0 the LRU cache; 1 the fixed-slot cache, refused by name where it cannot run "
-     "(docs/cache.md)",
+     "(docs/cache.md). Settled for the fixed slots (slot-default benchmark: 1.04x-1.06x of the "
+     "LRU cache at 2000 / 4000 / 6000 MiB / auto, 1.07x [1.02, 1.11] at 2000 MiB after a "
+     "1000-token prompt); kept because the LRU cache is the store taken where the fixed slots "
+     "cannot run, and the tests reach it with 0",
      "cache_store"},
-    {"slot_warm", &R::slot_warm, "", "MOESTREAM_SLOT_WARM", "0|1", false, "1", C::kExperiment,
-     "1: with the fixed-slot cache, the prompt's last ubatch fills the slots from the shared "
-     "slots; 0 starts decode with empty slots",
-     "cache_slot_warm"},
     {"huge_pages", &R::huge_pages, "", "MOESTREAM_HUGEPAGES", "0|1", false, "1", C::kExperiment,
      "1: the engine's own large buffers (expert slots, shared slots, dense weight copies) are "
      "advised for transparent huge pages; 0: 4 KiB pages. Not settled (huge-pages benchmark): "
      "decode 1.18x with the cache off and 1.02-1.10x at 2000-6000 MiB, but 0.95x [0.80, 1.13] "
-     "at the default budget and a slower dense read under a memory cap",
+     "at the default budget and a slower dense read under a memory cap; kept because 4 KiB "
+     "pages may yet win at the default budget",
      "huge_pages"},
     {"slot_populate", &R::slot_populate, "", "MOESTREAM_SLOT_POPULATE", "idle|nice|off", false,
      "idle", C::kExperiment,
      "how the fixed slots' pages are populated before first use: a SCHED_IDLE thread, a nice "
-     "+10 thread, or not at all (docs/cache.md, \"Fixed slots\")",
+     "+10 thread, or not at all (docs/cache.md, \"Fixed slots\"). Settled against off "
+     "(slot-populate benchmark: no population decodes at 0.84x-0.95x of nice +10); idle "
+     "against nice not settled (0.92x-0.98x, every interval reaching 1.00) but idle loads in "
+     "2.3 s against 4.6-6.7 s at 6000 MiB; kept because the huge-page tests check each mode",
      "cache_slot_populate"},
     // --- test-only ---
     {"cache_debug", &R::cache_debug, "--cache-debug", "", "", false, "off", C::kTestOnly,

@@ -69,7 +69,7 @@ void SlotRewriter::on_loaded(const Routing & r, const Status & st, RouterHook &)
     // Deliver the matmuls (one callback each) while a node may read the ids between them:
     // in the first graph, and for good once one did.
     want_matmuls_ = late_readers_ || !graph_seen_;
-    if (warm_ && last_ubatch_ && moe_ >= 0 && map_ == nullptr) {
+    if (last_ubatch_ && moe_ >= 0 && map_ == nullptr) {
         // Staged to the shared slots: once the matmuls have run, warm the layer's slots with
         // the experts of the ubatch's last tokens, most recent first.
         warm_list_.clear();

@@ -52,8 +52,6 @@ public:
     void end_graph(RouterHook & hook) override;
 
     uint64_t rewrites() const { return rewrites_; }  // layers whose ids were rewritten
-    // MOESTREAM_SLOT_WARM=0: no warm start (A/B benchmarks).
-    void set_warm(bool on) { warm_ = on; }
     // Tests only (MOESTREAM_DEBUG_SLOT_MISPLACE=1): every id is rewritten to the slot after
     // the right one (modulo the slots), the negative control of the rewrite.
     void plant_misplace(bool on) { misplace_ = on; }
@@ -88,7 +86,6 @@ private:
     uint64_t rewrites_ = 0;
     bool misplace_ = false;
     uint32_t n_slots_ = 1;  // slots per layer (the store's)
-    bool warm_ = true;
     bool prompt_end_ = false;      // this graph ends the prompt
     uint32_t graph_tokens_ = 0;    // tokens in this graph's batch
     uint64_t ubatch_tokens_ = 0;   // of those, routed so far at the first MoE layer

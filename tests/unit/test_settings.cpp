@@ -650,3 +650,36 @@ TEST(Settings, IntegerRowsAreSetExactly) {
     EXPECT_FALSE(set_setting_text(*seed, "-1", &o));
     EXPECT_EQ(o.seed, 9007199254740993ull);
 }
+
+namespace {
+
+// The experiment rows of `rows` whose doc line states no verdict: neither "Settled" nor "Not
+// settled", or no "kept because" (why the knob stays).
+std::vector<std::string> experiments_without_verdict(const std::vector<Setting> & rows) {
+    std::vector<std::string> out;
+    for (const Setting & s : rows) {
+        if (s.cls != SettingClass::kExperiment) continue;
+        const std::string doc = s.doc;
+        const bool verdict = doc.find("Settled") != std::string::npos ||
+                             doc.find("Not settled") != std::string::npos;
+        if (!verdict || doc.find("kept because") == std::string::npos) {
+            out.push_back(*s.flags ? s.flags : s.env);
+        }
+    }
+    return out;
+}
+
+}  // namespace
+
+// Every A/B experiment row says in its doc line what its benchmark showed and why the knob
+// stays. Negative control: an experiment row whose doc has no verdict is named.
+TEST(Settings, EveryExperimentRowStatesItsVerdict) {
+    std::vector<Setting> rows = settings_registry();
+    EXPECT_EQ(experiments_without_verdict(rows), std::vector<std::string>{});
+    auto it = std::find_if(rows.begin(), rows.end(), [](const Setting & s) {
+        return s.cls == SettingClass::kExperiment && std::string(s.env) == "MOESTREAM_SLOT_CACHE";
+    });
+    ASSERT_NE(it, rows.end());
+    it->doc = "which store holds a cache budget";
+    EXPECT_EQ(experiments_without_verdict(rows), std::vector<std::string>{"MOESTREAM_SLOT_CACHE"});
+}
