@@ -233,8 +233,7 @@ Status EngineImpl::init(const RunOptions & opt) {
 
     stats_.load_s = now_s() - t_open_;
     stats_.expert_buffer_bytes =
-        !store_ ? 0 : streamer_ ? streamer_->with_store_quiet([&] { return store_->reserved_bytes(); })
-                                : store_->reserved_bytes();
+        store_ ? store_quiet([&] { return store_->reserved_bytes(); }) : 0;
     drop_cold_block_ = !hook_                           ? DropColdBlock::kResident
                        : fallback_                      ? DropColdBlock::kMissFallback
                        : stats_.cache_budget_bytes == 0 ? DropColdBlock::kCacheOff
@@ -567,10 +566,7 @@ std::string EngineImpl::settings_json() const {
         ss = slots ? slots->slot_stats() : SlotStats{};
         store_huge = store_ ? store_->huge_page_bytes() : 0;
     };
-    if (streamer_)
-        streamer_->with_store_quiet(read_store);
-    else
-        read_store();
+    store_quiet(read_store);
     j["cache_move_used"] = move_used;
     // The fixed slots: slots per MoE layer (0: not this cache), the layer routings whose
     // expert ids were rewritten to slots so far, the experts the warm start copied so far; why

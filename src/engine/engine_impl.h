@@ -153,6 +153,12 @@ private:
     WarmUsage warm_base_;
     Status init_warm_experts();  // after make_store: reads the file, hands the streamer its list
     void write_warm_usage();     // after a generation: the file with this engine's counts added
+    // f() with the store quiet (Streamer::with_store_quiet: the warm preload may be filling it);
+    // plain f() before the streamer exists. For reading the store's figures off the decode thread.
+    template <class F>
+    auto store_quiet(F && f) const {
+        return streamer_ ? streamer_->with_store_quiet(f) : f();
+    }
     std::string n_ctx_reason_;  // RunOptions::n_ctx 0: how the context length was chosen
     bool kv_lossy_ = false;     // the KV cache holds state computed with lossy settings
     RunStats stats_;
